@@ -1,0 +1,257 @@
+use super::*;
+use crate::range::{parse_set, RangeAllocator, RangeSpec};
+use proptest::prelude::*;
+
+fn cfg(capacity: usize, cooldown_ms: Millis) -> PoolConfig {
+    PoolConfig {
+        min_idle: 0,
+        max_idle: 4,
+        capacity,
+        cooldown_ms,
+    }
+}
+
+fn source(subnet: &str) -> RangeAllocator {
+    RangeAllocator::new(
+        parse_set(&[RangeSpec {
+            subnet: subnet.into(),
+            range_start: None,
+            range_end: None,
+            gateway: None,
+        }])
+        .expect("valid"),
+    )
+}
+
+/// The engine's acquisition loop, without I/O: plan, fetch from the source when told, take.
+fn acquire(
+    pool: &mut Pool<u32>,
+    src: &mut RangeAllocator,
+    owner: u32,
+    now: Millis,
+) -> Result<IpAddr, PoolError> {
+    let mut dry = false;
+    loop {
+        match pool.plan(now, dry)? {
+            Plan::Idle(ip) => {
+                pool.take(ip, owner)?;
+                return Ok(ip);
+            }
+            Plan::Source => match src.allocate_next() {
+                Some(ip) => pool.receive(ip, 0)?,
+                None => dry = true,
+            },
+        }
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test address")
+}
+
+#[test]
+fn fresh_addresses_in_source_order_and_cooldown_respected() {
+    let mut pool = Pool::new(cfg(100, 1_000));
+    let mut src = source("10.0.0.0/24");
+    let a = acquire(&mut pool, &mut src, 1, 0).expect("free");
+    assert_eq!(a, ip("10.0.0.2"));
+    assert_eq!(pool.release(a, 10), Some(1));
+    // Still cooling: a fresh one is taken instead.
+    assert_eq!(acquire(&mut pool, &mut src, 2, 20), Ok(ip("10.0.0.3")));
+    assert_eq!(pool.cooling(20), 1);
+    assert_eq!(
+        src.free(),
+        251,
+        "only one fresh address was drawn from the source"
+    );
+    // Past the cooldown the released one is reused before any fresh one.
+    assert_eq!(acquire(&mut pool, &mut src, 3, 1_010), Ok(a));
+}
+
+#[test]
+fn least_recently_released_first() {
+    let mut pool = Pool::new(cfg(100, 0));
+    let mut src = source("10.0.0.0/24");
+    let xs: Vec<_> = (0..3)
+        .map(|o| acquire(&mut pool, &mut src, o, 0).expect("free"))
+        .collect();
+    pool.release(xs[2], 5);
+    pool.release(xs[0], 6);
+    pool.release(xs[1], 7);
+    assert_eq!(acquire(&mut pool, &mut src, 9, 100), Ok(xs[2]));
+    assert_eq!(acquire(&mut pool, &mut src, 9, 100), Ok(xs[0]));
+    assert_eq!(acquire(&mut pool, &mut src, 9, 100), Ok(xs[1]));
+}
+
+#[test]
+fn cooling_address_is_used_only_when_nothing_else_can_be_had() {
+    let mut pool = Pool::new(cfg(2, 60_000));
+    let mut src = source("10.0.0.0/24");
+    let a = acquire(&mut pool, &mut src, 1, 0).expect("free");
+    let _b = acquire(&mut pool, &mut src, 2, 0).expect("free");
+    pool.release(a, 1);
+    // Capacity 2 is used up (1 idle + 1 in use): the cooling one is the only choice.
+    assert_eq!(acquire(&mut pool, &mut src, 3, 2), Ok(a));
+    let e = acquire(&mut pool, &mut src, 4, 3).expect_err("exhausted");
+    assert!(
+        matches!(
+            e,
+            PoolError::Exhausted {
+                in_use: 2,
+                capacity: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn dry_source_is_exhaustion_with_counts() {
+    let mut pool = Pool::new(cfg(1_000, 0));
+    let mut src = source("10.0.0.0/30"); // one address: .2
+    acquire(&mut pool, &mut src, 1, 0).expect("free");
+    let e = acquire(&mut pool, &mut src, 2, 0).expect_err("exhausted");
+    assert_eq!(
+        e.to_string(),
+        "no address left: 1 in use of capacity 1000, source empty"
+    );
+}
+
+#[test]
+fn untake_restores_release_time() {
+    let mut pool = Pool::new(cfg(10, 100));
+    pool.receive(ip("10.0.0.9"), 42).expect("token");
+    let at = pool.take(ip("10.0.0.9"), 1).expect("idle");
+    assert_eq!(at, 42);
+    assert_eq!(pool.untake(ip("10.0.0.9"), at), Some(1));
+    assert_eq!(pool.idle_since(ip("10.0.0.9")), Some(42));
+    assert_eq!(
+        pool.receive(ip("10.0.0.9"), 0),
+        Err(PoolError::AlreadyHeld(ip("10.0.0.9")))
+    );
+}
+
+#[test]
+fn maintenance_preloads_and_trims_only_cooled() {
+    let mut pool: Pool<u32> = Pool::new(PoolConfig {
+        min_idle: 3,
+        max_idle: 4,
+        capacity: 5,
+        cooldown_ms: 100,
+    });
+    assert_eq!(pool.maintenance(0, false).fetch, 3);
+    assert_eq!(pool.maintenance(0, true).fetch, 0);
+    for i in 1..=5u8 {
+        pool.receive(IpAddr::from([10, 0, 0, i]), i as Millis * 10)
+            .expect("token");
+    }
+    assert_eq!(pool.tokens(), 0);
+    // 5 idle, max 4: one to give back, but only once it has cooled.
+    assert_eq!(pool.maintenance(50, false).give_back, Vec::<IpAddr>::new());
+    assert_eq!(pool.maintenance(110, false).give_back, vec![ip("10.0.0.1")]);
+    assert!(pool.give_back(ip("10.0.0.1")));
+    assert_eq!(pool.tokens(), 1);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Acquire,
+    Release(usize),
+    Tick(Millis),
+    Maintain,
+}
+
+fn arb_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => Just(Op::Acquire),
+        3 => any::<usize>().prop_map(Op::Release),
+        2 => (0u64..500).prop_map(Op::Tick),
+        1 => Just(Op::Maintain),
+    ]
+}
+
+proptest! {
+    /// Invariants 1, 4 and 5 of design.md under random acquire/release/maintenance sequences.
+    #[test]
+    fn invariants_hold(
+        ops in proptest::collection::vec(arb_op(), 1..300),
+        capacity in 1usize..40,
+        min_idle in 0usize..6,
+        extra_idle in 0usize..6,
+        cooldown in 0u64..1_000,
+    ) {
+        let mut pool = Pool::new(PoolConfig { min_idle, max_idle: min_idle + extra_idle, capacity, cooldown_ms: cooldown });
+        let mut src = source("10.9.0.0/27"); // 29 addresses
+        let mut now: Millis = 1;
+        let mut held: Vec<(IpAddr, u32)> = Vec::new();
+        let mut next_owner = 0u32;
+        for op in ops {
+            match op {
+                Op::Acquire => {
+                    let before: Vec<(Millis, IpAddr)> = pool.idle.iter().copied().collect();
+                    let tokens = pool.tokens();
+                    let src_free = src.free();
+                    next_owner += 1;
+                    match acquire(&mut pool, &mut src, next_owner, now) {
+                        Ok(ip) => {
+                            // 1: never an address that is held.
+                            prop_assert!(held.iter().all(|(h, _)| *h != ip), "{ip} handed out twice");
+                            if let Some(&(at, _)) = before.iter().find(|(_, i)| *i == ip) {
+                                // 4: an idle address is the least recently released one...
+                                prop_assert_eq!(before[0].1, ip);
+                                // ...and a cooling one only when nothing else could be had.
+                                if at != 0 && at + cooldown > now {
+                                    prop_assert!(tokens == 0 || src_free == 0);
+                                }
+                            }
+                            held.push((ip, next_owner));
+                        }
+                        Err(PoolError::Exhausted { .. }) => {
+                            prop_assert!(before.is_empty());
+                            prop_assert!(tokens == 0 || src_free == 0);
+                        }
+                        Err(e) => prop_assert!(false, "unexpected {e}"),
+                    }
+                }
+                Op::Release(i) if !held.is_empty() => {
+                    let (ip, owner) = held.swap_remove(i % held.len());
+                    prop_assert_eq!(pool.release(ip, now), Some(owner));
+                }
+                Op::Release(_) => {}
+                Op::Tick(d) => now += d,
+                Op::Maintain => {
+                    let m = pool.maintenance(now, src.free() == 0);
+                    for _ in 0..m.fetch {
+                        if let Some(ip) = src.allocate_next() {
+                            pool.receive(ip, 0).expect("maintenance fetch within tokens");
+                        }
+                    }
+                    for ip in m.give_back {
+                        prop_assert!(pool.idle_since(ip).is_some_and(|at| at == 0 || at + cooldown <= now));
+                        prop_assert!(pool.give_back(ip));
+                        prop_assert!(src.release(ip));
+                    }
+                    prop_assert!(pool.idle() <= (min_idle + extra_idle).max(min_idle)
+                        || pool.cooling(now) > 0);
+                }
+            }
+            // 5: idle + in use never above capacity; what the pool holds is what the source lent.
+            prop_assert!(pool.idle() + pool.in_use() <= capacity);
+            prop_assert_eq!(pool.in_use(), held.len());
+            prop_assert_eq!((pool.idle() + pool.in_use()) as u128, src.size() - src.free());
+        }
+    }
+
+    /// Factory calls never exceed the bucket's rate: over any prefix, successes <= burst + rate*t.
+    #[test]
+    fn bucket_never_exceeds_rate(steps in proptest::collection::vec(0u64..300, 1..200), rate in 1u32..50, burst in 1u32..10) {
+        let mut b = TokenBucket::new(rate as f64, burst, 0);
+        let (mut now, mut ok) = (0u64, 0u64);
+        for d in steps {
+            now += d;
+            if b.try_take(now).is_ok() { ok += 1; }
+            prop_assert!(ok as f64 <= burst as f64 + rate as f64 * now as f64 / 1000.0 + 1e-9);
+        }
+    }
+}
