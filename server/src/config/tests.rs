@@ -1,0 +1,128 @@
+use super::*;
+
+#[test]
+fn embedded_default_parses() {
+    let c = DaemonConfig::embedded();
+    assert_eq!(c.defaults.cooldown_secs, 130);
+    assert!(c.networks.is_empty());
+}
+
+#[test]
+fn file_overrides_only_what_it_sets() {
+    let c = DaemonConfig::parse(
+        r#"
+        [defaults]
+        min_idle = 2
+        [[network]]
+        name = "pods"
+        ranges = [[{ subnet = "10.10.0.0/24", rangeStart = "10.10.0.10" }]]
+        routes = [{ dst = "0.0.0.0/0" }]
+        max_idle = 9
+        "#,
+    )
+    .expect("valid");
+    assert_eq!(c.defaults.min_idle, 2);
+    assert_eq!(c.defaults.cooldown_secs, 130);
+    let defs = c.network_defs().expect("valid");
+    assert_eq!(defs[0].tuning.max_idle, 9);
+    assert_eq!(defs[0].tuning.min_idle, 2);
+    assert_eq!(defs[0].origin, Origin::Config);
+    assert_eq!(
+        defs[0].range_sets[0][0].range_start.as_deref(),
+        Some("10.10.0.10")
+    );
+}
+
+#[test]
+fn bad_toml_is_named() {
+    for (text, needle) in [
+        ("[defaults]\nmin_idl = 1", "min_idl"),
+        ("[defaults]\nmin_idle = 5\nmax_idle = 1", "max_idle"),
+        (
+            "[[network]]\nname = \"a\"\nranges = [[{ subnet = \"10.0.0.1/24\" }]]",
+            "host bits",
+        ),
+        (
+            "[[network]]\nname = \"a\"\nranges = [[{ subnet = \"10.0.0.0/24\" }]]\n[[network]]\nname = \"a\"\nranges = [[{ subnet = \"10.1.0.0/24\" }]]",
+            "twice",
+        ),
+        ("[[network]]\nname = \"a b\"\nranges = []", "network name"),
+    ] {
+        let e = DaemonConfig::parse(text).expect_err(text).to_string();
+        assert!(e.contains(needle), "{text:?}: {e}");
+    }
+}
+
+#[test]
+fn ipam_section_host_local_forms() {
+    let t = DaemonConfig::embedded().defaults;
+    let s = IpamSection::parse(
+        r#"{"type":"ipool","subnet":"10.1.0.0/24","gateway":"10.1.0.254",
+            "ranges":[[{"subnet":"fd00::/64"}]],"routes":[{"dst":"0.0.0.0/0"}],
+            "somethingElse": {"x": 1}}"#,
+    )
+    .expect("valid")
+    .expect("present");
+    let def = s.network_def("net", &t).expect("valid").expect("declares");
+    assert_eq!(def.range_sets.len(), 2);
+    assert_eq!(def.range_sets[0][0].gateway.as_deref(), Some("10.1.0.254"));
+    assert_eq!(def.routes.len(), 1);
+
+    let none = IpamSection::parse(r#"{"type":"ipool"}"#)
+        .expect("valid")
+        .expect("present");
+    assert!(none.network_def("net", &t).expect("valid").is_none());
+    assert!(IpamSection::parse("").expect("empty is fine").is_none());
+}
+
+#[test]
+fn ipam_section_errors_name_the_key() {
+    let t = DaemonConfig::embedded().defaults;
+    for (json, needle) in [
+        (r#"{"subnet": 5}"#, "ipam"),
+        (r#"{"subnet":"10.0.0.0/33"}"#, "10.0.0.0/33"),
+        (
+            r#"{"ranges":[[{"subnet":"10.0.0.0/24","rangeEnd":"10.1.0.9"}]]}"#,
+            "rangeEnd",
+        ),
+        (
+            r#"{"subnet":"10.0.0.0/16","ranges":[[{"subnet":"10.0.1.0/24"}]]}"#,
+            "overlap",
+        ),
+        (
+            r#"{"subnet":"10.0.0.0/24","routes":[{"dst":"x"}]}"#,
+            "routes[0].dst",
+        ),
+    ] {
+        let e = IpamSection::parse(json)
+            .and_then(|s| s.expect("present").network_def("n", &t))
+            .expect_err(json)
+            .to_string();
+        assert!(e.contains(needle), "{json}: {e}");
+    }
+}
+
+#[test]
+fn same_addresses_ignores_spelling() {
+    let t = DaemonConfig::embedded().defaults;
+    let a = IpamSection::parse(r#"{"subnet":"10.0.0.0/24"}"#)
+        .expect("valid")
+        .expect("present")
+        .network_def("n", &t)
+        .expect("valid")
+        .expect("declares");
+    let b = IpamSection::parse(r#"{"ranges":[[{"subnet":"10.0.0.0/24","gateway":"10.0.0.1"}]]}"#)
+        .expect("valid")
+        .expect("present")
+        .network_def("n", &t)
+        .expect("valid")
+        .expect("declares");
+    let c = IpamSection::parse(r#"{"subnet":"10.0.0.0/25"}"#)
+        .expect("valid")
+        .expect("present")
+        .network_def("n", &t)
+        .expect("valid")
+        .expect("declares");
+    assert!(a.same_addresses(&b));
+    assert!(!a.same_addresses(&c));
+}

@@ -1,0 +1,78 @@
+//! Where a pool's addresses come from. Every call is made by the engine behind the pool's
+//! token bucket. `local` (ranges from the daemon config or the CNI `ipam` section) is the
+//! embedded default; the cluster mode (blocks claimed from etcd) will be a second impl.
+
+use std::net::IpAddr;
+
+use crate::range::{OccupyError, Range, RangeAllocator};
+
+pub trait Factory: Send {
+    /// The ranges, for status and error messages (e.g. "10.1.0.1-10.1.0.254").
+    fn describe(&self) -> String;
+    /// A fresh address, or None when the source has nothing left.
+    fn allocate(&mut self) -> Option<IpAddr>;
+    /// Claims a given address (rebuilding after a restart).
+    fn occupy(&mut self, ip: IpAddr) -> Result<(), OccupyError>;
+    /// Takes an address back.
+    fn release(&mut self, ip: IpAddr) -> bool;
+    /// True if `ip` is an address this source may hand out.
+    fn contains(&self, ip: IpAddr) -> bool;
+    /// The prefix length and gateway to report with `ip`.
+    fn interface_of(&self, ip: IpAddr) -> Option<(u8, Option<IpAddr>)>;
+    /// Addresses the source could still hand out.
+    fn free(&self) -> u128;
+    /// All addresses the source can hand out.
+    fn size(&self) -> u128;
+    /// Where the next search starts (persisted so that a restart continues the sequence).
+    fn cursor(&self) -> Option<IpAddr>;
+    fn set_cursor(&mut self, cursor: Option<IpAddr>);
+}
+
+/// Addresses from local ranges with host-local semantics.
+pub struct LocalFactory {
+    alloc: RangeAllocator,
+}
+
+impl LocalFactory {
+    pub fn new(ranges: Vec<Range>) -> LocalFactory {
+        LocalFactory {
+            alloc: RangeAllocator::new(ranges),
+        }
+    }
+}
+
+impl Factory for LocalFactory {
+    fn describe(&self) -> String {
+        let parts: Vec<String> = self.alloc.ranges().iter().map(|r| r.to_string()).collect();
+        parts.join(",")
+    }
+    fn allocate(&mut self) -> Option<IpAddr> {
+        self.alloc.allocate_next()
+    }
+    fn occupy(&mut self, ip: IpAddr) -> Result<(), OccupyError> {
+        self.alloc.occupy(ip)
+    }
+    fn release(&mut self, ip: IpAddr) -> bool {
+        self.alloc.release(ip)
+    }
+    fn contains(&self, ip: IpAddr) -> bool {
+        self.alloc.contains(ip)
+    }
+    fn interface_of(&self, ip: IpAddr) -> Option<(u8, Option<IpAddr>)> {
+        self.alloc
+            .range_of(ip)
+            .map(|r| (r.subnet.prefix_len(), r.gateway))
+    }
+    fn free(&self) -> u128 {
+        self.alloc.free()
+    }
+    fn size(&self) -> u128 {
+        self.alloc.size()
+    }
+    fn cursor(&self) -> Option<IpAddr> {
+        self.alloc.cursor()
+    }
+    fn set_cursor(&mut self, cursor: Option<IpAddr>) {
+        self.alloc.set_cursor(cursor)
+    }
+}

@@ -1,0 +1,614 @@
+//! The engine: networks, attachments, and the ADD/DEL/CHECK operations.
+//!
+//! A request takes the state lock, lets the pools decide, applies the resulting [`Change`]s to
+//! the store in one transaction (still under the lock, so the store sees changes in decision
+//! order), releases the lock, and then waits for the store to flush before it replies. If the
+//! store refuses a write, the pools are put back as they were: nothing half-done stays behind.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::clock::Clock;
+use crate::config::{IpamSection, NetworkDef, RouteSpec, Tuning};
+use crate::error::Error;
+use crate::factory::{Factory, LocalFactory};
+use crate::pool::{Millis, Plan, Pool, PoolConfig, PoolError, TokenBucket};
+use crate::range::Family;
+use crate::store::{AttachmentKey, AttachmentRecord, Change, Pod, Store};
+
+mod maintain;
+mod recover;
+pub use maintain::spawn_maintenance;
+
+/// How long an ADD may wait for the source's token bucket before it settles for what the pool
+/// has (a cooling address) or fails with a retryable error.
+const MAX_SOURCE_WAIT: Duration = Duration::from_secs(2);
+
+/// Cheap-to-clone handle on the engine.
+#[derive(Clone)]
+pub struct Ipam {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    /// Tuning for networks declared by a CNI `ipam` section.
+    defaults: Tuning,
+    /// Wakes the background loop after a change.
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    networks: BTreeMap<String, Network>,
+    attachments: HashMap<AttachmentKey, AttachmentRecord>,
+}
+
+struct Network {
+    def: NetworkDef,
+    /// One per range set, in order.
+    pools: Vec<FamilyPool>,
+}
+
+struct FamilyPool {
+    family: Family,
+    pool: Pool<AttachmentKey>,
+    factory: Box<dyn Factory>,
+    bucket: TokenBucket,
+}
+
+/// An address as a reply reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub ip: IpAddr,
+    pub prefix_len: u8,
+    pub gateway: Option<IpAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddReply {
+    pub leases: Vec<Lease>,
+    pub routes: Vec<RouteSpec>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct AddRequest {
+    pub key: AttachmentKey,
+    pub pod: Pod,
+    pub netns: String,
+    /// The CNI `ipam` section, if the request carried one.
+    pub ipam: Option<IpamSection>,
+}
+
+/// A pool's numbers, for status reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolStatus {
+    pub network: String,
+    pub family: Family,
+    pub ranges: String,
+    pub capacity: usize,
+    pub in_use: usize,
+    pub idle: usize,
+    pub cooling: usize,
+    pub free_in_source: u128,
+    pub min_idle: usize,
+    pub max_idle: usize,
+    pub bucket_tokens: f64,
+}
+
+/// How one family's address was obtained, so it can be undone.
+#[derive(Clone, Copy, Debug)]
+enum Origin {
+    Idle { released_at: Millis },
+    Source { prev_cursor: Option<IpAddr> },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Acquired {
+    set: usize,
+    ip: IpAddr,
+    origin: Origin,
+}
+
+enum Step<T> {
+    Done(T),
+    /// The source's bucket is empty: try again after this many ms.
+    Wait(Millis),
+}
+
+/// Checks a container ID or network name: non-empty, starts alphanumeric, then
+/// alphanumerics, `_`, `.`, `-` (the CNI spec's charset).
+pub fn validate_name(what: &str, s: &str) -> Result<(), String> {
+    let mut chars = s.chars();
+    match chars.next() {
+        None => return Err(format!("{what} is empty")),
+        Some(c) if !c.is_ascii_alphanumeric() => {
+            return Err(format!("{what} {s:?} must start with a letter or digit"))
+        }
+        _ => {}
+    }
+    if let Some(c) = chars.find(|c| !(c.is_ascii_alphanumeric() || "_.-".contains(*c))) {
+        return Err(format!(
+            "{what} {s:?} has {c:?}; only letters, digits, '_', '.' and '-' are allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an interface name: non-empty, not `.` or `..`, under 16 bytes, no `/`, `:`, space.
+pub fn validate_ifname(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("interface name is empty".into());
+    }
+    if s == "." || s == ".." {
+        return Err(format!("interface name {s:?} is not allowed"));
+    }
+    if s.len() > 15 {
+        return Err(format!(
+            "interface name {s:?} is {} bytes long; the limit is 15",
+            s.len()
+        ));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| *c == '/' || *c == ':' || c.is_whitespace())
+    {
+        return Err(format!("interface name {s:?} must not contain {c:?}"));
+    }
+    Ok(())
+}
+
+pub fn validate_key(key: &AttachmentKey) -> Result<(), Error> {
+    validate_name("network name", &key.network)
+        .and_then(|_| validate_name("container ID", &key.container_id))
+        .and_then(|_| validate_ifname(&key.ifname))
+        .map_err(Error::InvalidRequest)
+}
+
+// === impl FamilyPool ===
+
+impl FamilyPool {
+    fn new(family: Family, factory: Box<dyn Factory>, tuning: &Tuning, now: Millis) -> Self {
+        let size = usize::try_from(factory.size()).unwrap_or(usize::MAX);
+        FamilyPool {
+            family,
+            pool: Pool::new(PoolConfig {
+                min_idle: tuning.min_idle,
+                max_idle: tuning.max_idle,
+                capacity: tuning.capacity.map_or(size, |c| c.min(size)),
+                cooldown_ms: tuning.cooldown_secs.saturating_mul(1000),
+            }),
+            factory,
+            bucket: TokenBucket::new(tuning.source_rate, tuning.source_burst, now),
+        }
+    }
+
+    /// One address for `key`. `may_wait`: an empty bucket is reported as a wait instead of
+    /// treating the source as dry.
+    fn acquire(
+        &mut self,
+        set: usize,
+        key: &AttachmentKey,
+        now: Millis,
+        may_wait: bool,
+    ) -> Result<Step<Acquired>, PoolError> {
+        let mut dry = self.factory.free() == 0;
+        loop {
+            match self.pool.plan(now, dry)? {
+                Plan::Idle(ip) => {
+                    let released_at = self.pool.take(ip, key.clone())?;
+                    return Ok(Step::Done(Acquired {
+                        set,
+                        ip,
+                        origin: Origin::Idle { released_at },
+                    }));
+                }
+                Plan::Source => {
+                    if let Err(wait) = self.bucket.try_take(now) {
+                        if may_wait {
+                            return Ok(Step::Wait(wait));
+                        }
+                        dry = true;
+                        continue;
+                    }
+                    let prev_cursor = self.factory.cursor();
+                    match self.factory.allocate() {
+                        Some(ip) => {
+                            self.pool.receive(ip, 0)?;
+                            self.pool.take(ip, key.clone())?;
+                            return Ok(Step::Done(Acquired {
+                                set,
+                                ip,
+                                origin: Origin::Source { prev_cursor },
+                            }));
+                        }
+                        None => dry = true,
+                    }
+                }
+            }
+        }
+    }
+
+    fn unwind(&mut self, a: &Acquired) {
+        match a.origin {
+            Origin::Idle { released_at } => {
+                self.pool.untake(a.ip, released_at);
+            }
+            Origin::Source { prev_cursor } => {
+                self.pool.untake(a.ip, 0);
+                self.pool.give_back(a.ip);
+                self.factory.release(a.ip);
+                self.factory.set_cursor(prev_cursor);
+            }
+        }
+    }
+
+    fn lease(&self, ip: IpAddr) -> Lease {
+        let (prefix_len, gateway) = self
+            .factory
+            .interface_of(ip)
+            .unwrap_or((if ip.is_ipv4() { 32 } else { 128 }, None));
+        Lease {
+            ip,
+            prefix_len,
+            gateway,
+        }
+    }
+}
+
+impl Network {
+    fn new(def: NetworkDef, now: Millis) -> Result<Network, Error> {
+        let pools = def
+            .ranges()?
+            .into_iter()
+            .map(|set| {
+                let family = set[0].family();
+                FamilyPool::new(family, Box::new(LocalFactory::new(set)), &def.tuning, now)
+            })
+            .collect();
+        Ok(Network { def, pools })
+    }
+
+    /// The pool (range-set index) whose ranges hand out `ip`.
+    fn set_of(&self, ip: IpAddr) -> Option<usize> {
+        self.pools.iter().position(|p| p.factory.contains(ip))
+    }
+}
+
+// === impl Ipam ===
+
+impl Ipam {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied store write (the store
+        // is transactional); the pools may be off, so recovering the guard is the lesser evil
+        // compared with refusing every later request.
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> Millis {
+        self.shared.clock.now_ms()
+    }
+
+    async fn flush(&self) -> Result<(), Error> {
+        let store = self.shared.store.clone();
+        tokio::task::spawn_blocking(move || store.flush())
+            .await
+            .map_err(|e| Error::Busy(format!("flush task failed: {e}")))??;
+        Ok(())
+    }
+
+    /// Allocates one address per range set of the network, or returns the attachment's
+    /// addresses if it exists (ADD is idempotent). Replies only once the allocation is durable.
+    pub async fn add(&self, req: AddRequest) -> Result<AddReply, Error> {
+        validate_key(&req.key)?;
+        let declared = match &req.ipam {
+            Some(s) => s.network_def(&req.key.network, &self.shared.defaults)?,
+            None => None,
+        };
+        let routes_override = req.ipam.as_ref().and_then(|s| s.routes.clone());
+        let started = tokio::time::Instant::now();
+        loop {
+            let may_wait = started.elapsed() < MAX_SOURCE_WAIT;
+            let step = self.try_add(&req, declared.as_ref(), may_wait)?;
+            match step {
+                Step::Done(mut reply) => {
+                    self.flush().await?;
+                    if let Some(r) = &routes_override {
+                        reply.routes = r.clone();
+                    }
+                    self.shared.changed.notify_one();
+                    return Ok(reply);
+                }
+                Step::Wait(ms) => {
+                    let left = MAX_SOURCE_WAIT.saturating_sub(started.elapsed());
+                    tokio::time::sleep(Duration::from_millis(ms).min(left)).await;
+                }
+            }
+        }
+    }
+
+    fn try_add(
+        &self,
+        req: &AddRequest,
+        declared: Option<&NetworkDef>,
+        may_wait: bool,
+    ) -> Result<Step<AddReply>, Error> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if let Some(existing) = st.attachments.get(&req.key) {
+            let net = st
+                .networks
+                .get(&req.key.network)
+                .ok_or_else(|| Error::NotFound(format!("network {:?} is gone", req.key.network)))?;
+            return Ok(Step::Done(reply_for(net, &existing.addresses)));
+        }
+        let now = self.now();
+        self.ensure_network(st, &req.key.network, declared, now)?;
+        let net = st
+            .networks
+            .get_mut(&req.key.network)
+            .ok_or_else(|| Error::NotFound(format!("network {:?} is unknown", req.key.network)))?;
+
+        let mut got: Vec<Acquired> = Vec::with_capacity(net.pools.len());
+        let unwind = |net: &mut Network, got: &[Acquired]| {
+            for a in got.iter().rev() {
+                net.pools[a.set].unwind(a);
+            }
+        };
+        for set in 0..net.pools.len() {
+            match net.pools[set].acquire(set, &req.key, now, may_wait) {
+                Ok(Step::Done(a)) => got.push(a),
+                Ok(Step::Wait(ms)) => {
+                    unwind(net, &got);
+                    return Ok(Step::Wait(ms));
+                }
+                Err(e) => {
+                    unwind(net, &got);
+                    let p = &net.pools[set];
+                    return Err(Error::Exhausted(format!(
+                        "pool {:?} IPv{} ({}) is exhausted: {e}; {} idle, {} cooling",
+                        req.key.network,
+                        p.family.as_str(),
+                        p.factory.describe(),
+                        p.pool.idle(),
+                        p.pool.cooling(now)
+                    )));
+                }
+            }
+        }
+        let record = AttachmentRecord {
+            key: req.key.clone(),
+            pod: req.pod.clone(),
+            netns: req.netns.clone(),
+            addresses: got.iter().map(|a| a.ip).collect(),
+            created_at_ms: now,
+        };
+        let mut changes = vec![Change::PutAttachment(record.clone())];
+        for a in &got {
+            changes.push(match a.origin {
+                Origin::Idle { .. } => Change::DeleteIdle {
+                    network: req.key.network.clone(),
+                    ip: a.ip,
+                },
+                Origin::Source { .. } => Change::PutCursor {
+                    network: req.key.network.clone(),
+                    set: a.set,
+                    cursor: net.pools[a.set].factory.cursor(),
+                },
+            });
+        }
+        if let Err(e) = self.shared.store.apply(&changes) {
+            unwind(net, &got);
+            return Err(e.into());
+        }
+        let reply = reply_for(net, &record.addresses);
+        st.attachments.insert(req.key.clone(), record);
+        Ok(Step::Done(reply))
+    }
+
+    /// Makes sure the network exists, declaring it from the CNI config if it is new.
+    /// A declaration that hands out other addresses than the known one is an error while the
+    /// network has attachments; without attachments it replaces the old definition.
+    fn ensure_network(
+        &self,
+        st: &mut State,
+        name: &str,
+        declared: Option<&NetworkDef>,
+        now: Millis,
+    ) -> Result<(), Error> {
+        match (st.networks.get(name), declared) {
+            (Some(_), None) => return Ok(()),
+            (Some(known), Some(d)) if known.def.same_addresses(d) => return Ok(()),
+            (Some(known), Some(d)) => {
+                let live = st.attachments.keys().filter(|k| k.network == name).count();
+                if live > 0 {
+                    return Err(Error::InvalidConfig(format!(
+                        "network {name:?} is already defined (by {}) with ranges {}; this config asks for {}, but {live} attachment(s) still hold addresses of the old ranges (delete them first, or use a new network name)",
+                        match known.def.origin {
+                            crate::config::Origin::Config => "ipoold's config file",
+                            crate::config::Origin::Cni => "an earlier CNI config",
+                        },
+                        known.def.describe_ranges(),
+                        d.describe_ranges()
+                    )));
+                }
+                if known.def.origin == crate::config::Origin::Config {
+                    return Err(Error::InvalidConfig(format!(
+                        "network {name:?} is defined in ipoold's config file with ranges {}; the CNI config asks for {} (change one of them so they agree, or drop the ranges from the CNI config)",
+                        known.def.describe_ranges(),
+                        d.describe_ranges()
+                    )));
+                }
+                tracing::warn!(network = name, old = %known.def.describe_ranges(), new = %d.describe_ranges(), "network redefined by a CNI config; it had no attachments");
+            }
+            (None, Some(_)) => {}
+            (None, None) => {
+                return Err(Error::InvalidConfig(format!(
+                    "network {name:?} is unknown to ipoold and the CNI config's ipam section declares no ranges (set ipam.ranges or ipam.subnet, or declare the network in ipoold's config)"
+                )))
+            }
+        }
+        let def = declared
+            .cloned()
+            .ok_or_else(|| Error::InvalidConfig(format!("network {name:?}: no definition")))?;
+        let net = Network::new(def.clone(), now)?;
+        let mut changes = vec![Change::PutNetwork(def)];
+        if let Some(old) = st.networks.get(name) {
+            for (set, p) in old.pools.iter().enumerate() {
+                for (ip, _) in p.pool.idle_addresses() {
+                    changes.push(Change::DeleteIdle {
+                        network: name.to_string(),
+                        ip,
+                    });
+                }
+                changes.push(Change::PutCursor {
+                    network: name.to_string(),
+                    set,
+                    cursor: None,
+                });
+            }
+        }
+        self.shared.store.apply(&changes)?;
+        tracing::info!(network = name, ranges = %net.def.describe_ranges(), "network declared by CNI config");
+        st.networks.insert(name.to_string(), net);
+        Ok(())
+    }
+
+    /// Releases the attachment's addresses (they go idle, cooling). Unknown keys succeed.
+    /// Returns the addresses released.
+    pub async fn del(&self, key: &AttachmentKey) -> Result<Vec<IpAddr>, Error> {
+        validate_key(key)?;
+        let released = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let Some(record) = st.attachments.get(key) else {
+                return Ok(Vec::new());
+            };
+            let now = self.now();
+            let mut changes = vec![Change::DeleteAttachment(key.clone())];
+            let mut done: Vec<(usize, IpAddr)> = Vec::new();
+            if let Some(net) = st.networks.get_mut(&key.network) {
+                for ip in &record.addresses {
+                    if let Some(set) = net.set_of(*ip) {
+                        if net.pools[set].pool.release(*ip, now).is_some() {
+                            done.push((set, *ip));
+                            changes.push(Change::PutIdle {
+                                network: key.network.clone(),
+                                ip: *ip,
+                                released_at: now,
+                            });
+                        }
+                    }
+                }
+                if let Err(e) = self.shared.store.apply(&changes) {
+                    for (set, ip) in done {
+                        // Back into use by the same owner, as before the release.
+                        let _ = net.pools[set].pool.take(ip, key.clone());
+                    }
+                    return Err(e.into());
+                }
+            } else {
+                self.shared.store.apply(&changes)?;
+            }
+            let record = st.attachments.remove(key);
+            record.map(|r| r.addresses).unwrap_or_default()
+        };
+        self.flush().await?;
+        self.shared.changed.notify_one();
+        Ok(released)
+    }
+
+    /// Confirms the attachment exists and holds every address in `addresses`.
+    pub fn check(&self, key: &AttachmentKey, addresses: &[IpAddr]) -> Result<(), Error> {
+        validate_key(key)?;
+        let st = self.lock();
+        let record = st.attachments.get(key).ok_or_else(|| {
+            Error::NotFound(format!(
+                "no attachment {key} in ipoold: the container holds no address of this network"
+            ))
+        })?;
+        for ip in addresses {
+            if !record.addresses.contains(ip) {
+                let holder = st
+                    .attachments
+                    .values()
+                    .find(|r| r.key.network == key.network && r.addresses.contains(ip))
+                    .map(|r| format!("held by {}", r.key))
+                    .unwrap_or_else(|| "not held by anyone".into());
+                return Err(Error::Mismatch(format!(
+                    "{ip} is not held by attachment {key} ({holder}); it holds {}",
+                    join(&record.addresses)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn pool_status(&self, network: Option<&str>) -> Vec<PoolStatus> {
+        let st = self.lock();
+        let now = self.now();
+        st.networks
+            .values()
+            .filter(|n| network.is_none_or(|w| w == n.def.name))
+            .flat_map(|n| {
+                n.pools.iter().map(move |p| PoolStatus {
+                    network: n.def.name.clone(),
+                    family: p.family,
+                    ranges: p.factory.describe(),
+                    capacity: p.pool.config().capacity,
+                    in_use: p.pool.in_use(),
+                    idle: p.pool.idle(),
+                    cooling: p.pool.cooling(now),
+                    free_in_source: p.factory.free(),
+                    min_idle: p.pool.config().min_idle,
+                    max_idle: p.pool.config().max_idle,
+                    bucket_tokens: p.bucket.level(now),
+                })
+            })
+            .collect()
+    }
+
+    pub fn attachments(&self, network: Option<&str>) -> Vec<AttachmentRecord> {
+        let st = self.lock();
+        let mut v: Vec<AttachmentRecord> = st
+            .attachments
+            .values()
+            .filter(|r| network.is_none_or(|w| w == r.key.network))
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
+    }
+}
+
+fn reply_for(net: &Network, addresses: &[IpAddr]) -> AddReply {
+    let leases = addresses
+        .iter()
+        .map(|ip| match net.set_of(*ip) {
+            Some(set) => net.pools[set].lease(*ip),
+            None => Lease {
+                ip: *ip,
+                prefix_len: if ip.is_ipv4() { 32 } else { 128 },
+                gateway: None,
+            },
+        })
+        .collect();
+    AddReply {
+        leases,
+        routes: net.def.routes.clone(),
+    }
+}
+
+fn join(ips: &[IpAddr]) -> String {
+    let v: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
+    v.join(", ")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,226 @@
+//! Durable state. The engine describes each change as a list of [`Change`]s that a [`Store`]
+//! applies atomically; `flush` makes everything applied so far durable. The engine replies only
+//! after `flush` returns.
+//!
+//! What is stored (sled trees):
+//! - `networks`: network name -> [`NetworkDef`] (JSON)
+//! - `attachments`: network \0 container ID \0 ifname -> [`AttachmentRecord`] (JSON); the
+//!   addresses in use are exactly those named by attachments
+//! - `idle`: network \0 address -> release time (Unix ms, u64 big-endian); 0 = never used
+//! - `cursors`: network \0 range-set index -> last address handed out by the source
+//! - `meta`: `schema_version`
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::NetworkDef;
+use crate::pool::Millis;
+
+mod sled_store;
+pub use sled_store::SledStore;
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The key of an attachment: (network name, CNI_CONTAINERID, CNI_IFNAME).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AttachmentKey {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl AttachmentKey {
+    /// Store key. The parts never contain NUL (they are validated before they get here).
+    pub fn encode(&self) -> Vec<u8> {
+        format!("{}\0{}\0{}", self.network, self.container_id, self.ifname).into_bytes()
+    }
+}
+
+impl std::fmt::Display for AttachmentKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.network, self.container_id, self.ifname)
+    }
+}
+
+/// The pod behind an attachment (from K8S_POD_* in CNI_ARGS); empty strings when unknown.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentRecord {
+    pub key: AttachmentKey,
+    #[serde(default)]
+    pub pod: Pod,
+    #[serde(default)]
+    pub netns: String,
+    /// One per range set of the network, in range-set order.
+    pub addresses: Vec<IpAddr>,
+    pub created_at_ms: Millis,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    PutNetwork(NetworkDef),
+    DeleteNetwork(String),
+    PutAttachment(AttachmentRecord),
+    DeleteAttachment(AttachmentKey),
+    PutIdle {
+        network: String,
+        ip: IpAddr,
+        released_at: Millis,
+    },
+    DeleteIdle {
+        network: String,
+        ip: IpAddr,
+    },
+    PutCursor {
+        network: String,
+        set: usize,
+        cursor: Option<IpAddr>,
+    },
+}
+
+/// Everything in a store, as loaded at start.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub networks: Vec<NetworkDef>,
+    pub attachments: Vec<AttachmentRecord>,
+    pub idle: Vec<(String, IpAddr, Millis)>,
+    pub cursors: Vec<(String, usize, IpAddr)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the store at {path}: {msg}")]
+    Open { path: PathBuf, msg: String },
+    #[error("the store at {path} was written by schema version {found}; this ipoold reads version {SCHEMA_VERSION} (run the newer ipoold, or move the state dir away to start empty)")]
+    NewerSchema { path: PathBuf, found: u32 },
+    #[error("the store at {path} is corrupt: {msg} (repair or move it away; ipoold will not start empty over old data)")]
+    Corrupt { path: PathBuf, msg: String },
+    #[error("store I/O at {path}: {msg}")]
+    Io { path: PathBuf, msg: String },
+}
+
+pub trait Store: Send + Sync {
+    fn load(&self) -> Result<Snapshot, StoreError>;
+    /// Applies all changes or none.
+    fn apply(&self, changes: &[Change]) -> Result<(), StoreError>;
+    /// Blocks until everything applied so far is durable.
+    fn flush(&self) -> Result<(), StoreError>;
+}
+
+// === impl MemStore ===
+
+/// The in-memory twin of [`SledStore`], for tests of the engine.
+#[derive(Debug, Default)]
+pub struct MemStore {
+    inner: Mutex<MemInner>,
+}
+
+#[derive(Debug, Default)]
+struct MemInner {
+    networks: BTreeMap<String, NetworkDef>,
+    attachments: BTreeMap<AttachmentKey, AttachmentRecord>,
+    idle: BTreeMap<(String, IpAddr), Millis>,
+    cursors: BTreeMap<(String, usize), IpAddr>,
+    /// When set, `apply` fails: lets tests check that a failed write changes nothing.
+    fail_writes: bool,
+}
+
+impl MemStore {
+    pub fn new() -> MemStore {
+        MemStore::default()
+    }
+
+    pub fn fail_writes(&self, fail: bool) {
+        self.lock().fail_writes = fail;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Store for MemStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let m = self.lock();
+        Ok(Snapshot {
+            networks: m.networks.values().cloned().collect(),
+            attachments: m.attachments.values().cloned().collect(),
+            idle: m
+                .idle
+                .iter()
+                .map(|((n, ip), at)| (n.clone(), *ip, *at))
+                .collect(),
+            cursors: m
+                .cursors
+                .iter()
+                .map(|((n, s), ip)| (n.clone(), *s, *ip))
+                .collect(),
+        })
+    }
+
+    fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
+        let mut m = self.lock();
+        if m.fail_writes {
+            return Err(StoreError::Io {
+                path: Path::new("memory").into(),
+                msg: "writes disabled by the test".into(),
+            });
+        }
+        for c in changes {
+            match c.clone() {
+                Change::PutNetwork(d) => {
+                    m.networks.insert(d.name.clone(), d);
+                }
+                Change::DeleteNetwork(n) => {
+                    m.networks.remove(&n);
+                }
+                Change::PutAttachment(a) => {
+                    m.attachments.insert(a.key.clone(), a);
+                }
+                Change::DeleteAttachment(k) => {
+                    m.attachments.remove(&k);
+                }
+                Change::PutIdle {
+                    network,
+                    ip,
+                    released_at,
+                } => {
+                    m.idle.insert((network, ip), released_at);
+                }
+                Change::DeleteIdle { network, ip } => {
+                    m.idle.remove(&(network, ip));
+                }
+                Change::PutCursor {
+                    network,
+                    set,
+                    cursor,
+                } => match cursor {
+                    Some(ip) => {
+                        m.cursors.insert((network, set), ip);
+                    }
+                    None => {
+                        m.cursors.remove(&(network, set));
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

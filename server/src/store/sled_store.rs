@@ -1,0 +1,250 @@
+//! The sled implementation of [`Store`].
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
+
+use super::{AttachmentRecord, Change, Snapshot, Store, StoreError, SCHEMA_VERSION};
+use crate::config::NetworkDef;
+
+pub struct SledStore {
+    path: PathBuf,
+    db: sled::Db,
+    networks: sled::Tree,
+    attachments: sled::Tree,
+    idle: sled::Tree,
+    cursors: sled::Tree,
+}
+
+/// A change turned into bytes before the transaction (which may run more than once).
+enum Op {
+    Put(usize, Vec<u8>, Vec<u8>),
+    Del(usize, Vec<u8>),
+}
+
+const NETWORKS: usize = 0;
+const ATTACHMENTS: usize = 1;
+const IDLE: usize = 2;
+const CURSORS: usize = 3;
+
+fn ip_key(network: &str, ip: &IpAddr) -> Vec<u8> {
+    format!("{network}\0{ip}").into_bytes()
+}
+
+impl SledStore {
+    /// Opens (or creates) the database in `dir`. Refuses a store of a newer schema, or one it
+    /// cannot read, naming the path.
+    pub fn open(dir: &Path) -> Result<SledStore, StoreError> {
+        let path = dir.join("db");
+        let open_err = |e: sled::Error| StoreError::Open {
+            path: path.clone(),
+            msg: match e {
+                sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                    "it is locked by another process (is another ipoold running?)".into()
+                }
+                other => other.to_string(),
+            },
+        };
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
+            path: dir.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        let db = sled::Config::new()
+            .path(&path)
+            .open()
+            .map_err(|e| match e {
+                sled::Error::Corruption { .. } => StoreError::Corrupt {
+                    path: path.clone(),
+                    msg: e.to_string(),
+                },
+                other => open_err(other),
+            })?;
+        let tree = |name: &str| db.open_tree(name).map_err(open_err);
+        let meta = tree("meta")?;
+        let store = SledStore {
+            networks: tree("networks")?,
+            attachments: tree("attachments")?,
+            idle: tree("idle")?,
+            cursors: tree("cursors")?,
+            db,
+            path: path.clone(),
+        };
+        match meta.get("schema_version").map_err(open_err)? {
+            Some(v) => {
+                let found = <[u8; 4]>::try_from(v.as_ref())
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| StoreError::Corrupt {
+                        path: path.clone(),
+                        msg: "schema_version is not a 4-byte number".into(),
+                    })?;
+                if found > SCHEMA_VERSION {
+                    return Err(StoreError::NewerSchema { path, found });
+                }
+            }
+            None => {
+                let has_data = [
+                    &store.networks,
+                    &store.attachments,
+                    &store.idle,
+                    &store.cursors,
+                ]
+                .iter()
+                .any(|t| !t.is_empty());
+                if has_data {
+                    return Err(StoreError::Corrupt {
+                        path,
+                        msg: "it holds data but no schema_version".into(),
+                    });
+                }
+                meta.insert("schema_version", &SCHEMA_VERSION.to_be_bytes())
+                    .map_err(open_err)?;
+                store.db.flush().map_err(open_err)?;
+            }
+        }
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn corrupt(&self, what: &str, key: &[u8], e: impl std::fmt::Display) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.clone(),
+            msg: format!("{what} {:?}: {e}", String::from_utf8_lossy(key)),
+        }
+    }
+
+    fn io(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Io {
+            path: self.path.clone(),
+            msg: e.to_string(),
+        }
+    }
+
+    fn encode(&self, changes: &[Change]) -> Result<Vec<Op>, StoreError> {
+        let json = |v: &dyn erased::Json| v.to_vec().map_err(|e| self.io(e));
+        changes
+            .iter()
+            .map(|c| {
+                Ok(match c {
+                    Change::PutNetwork(d) => {
+                        Op::Put(NETWORKS, d.name.as_bytes().to_vec(), json(d)?)
+                    }
+                    Change::DeleteNetwork(n) => Op::Del(NETWORKS, n.as_bytes().to_vec()),
+                    Change::PutAttachment(a) => Op::Put(ATTACHMENTS, a.key.encode(), json(a)?),
+                    Change::DeleteAttachment(k) => Op::Del(ATTACHMENTS, k.encode()),
+                    Change::PutIdle {
+                        network,
+                        ip,
+                        released_at,
+                    } => Op::Put(
+                        IDLE,
+                        ip_key(network, ip),
+                        released_at.to_be_bytes().to_vec(),
+                    ),
+                    Change::DeleteIdle { network, ip } => Op::Del(IDLE, ip_key(network, ip)),
+                    Change::PutCursor {
+                        network,
+                        set,
+                        cursor,
+                    } => {
+                        let k = format!("{network}\0{set}").into_bytes();
+                        match cursor {
+                            Some(ip) => Op::Put(CURSORS, k, ip.to_string().into_bytes()),
+                            None => Op::Del(CURSORS, k),
+                        }
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// serde_json behind a trait object, so `encode` can take any record.
+mod erased {
+    pub trait Json {
+        fn to_vec(&self) -> serde_json::Result<Vec<u8>>;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
+            serde_json::to_vec(self)
+        }
+    }
+}
+
+fn split2(key: &[u8]) -> Option<(String, String)> {
+    let s = std::str::from_utf8(key).ok()?;
+    let (a, b) = s.split_once('\0')?;
+    Some((a.to_string(), b.to_string()))
+}
+
+impl Store for SledStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let mut snap = Snapshot::default();
+        for kv in self.networks.iter() {
+            let (k, v) = kv.map_err(|e| self.io(e))?;
+            let d: NetworkDef =
+                serde_json::from_slice(&v).map_err(|e| self.corrupt("network", &k, e))?;
+            snap.networks.push(d);
+        }
+        for kv in self.attachments.iter() {
+            let (k, v) = kv.map_err(|e| self.io(e))?;
+            let a: AttachmentRecord =
+                serde_json::from_slice(&v).map_err(|e| self.corrupt("attachment", &k, e))?;
+            snap.attachments.push(a);
+        }
+        for kv in self.idle.iter() {
+            let (k, v) = kv.map_err(|e| self.io(e))?;
+            let (net, ip) = split2(&k).ok_or_else(|| self.corrupt("idle key", &k, "bad key"))?;
+            let ip: IpAddr = ip.parse().map_err(|e| self.corrupt("idle key", &k, e))?;
+            let at = <[u8; 8]>::try_from(v.as_ref())
+                .map(u64::from_be_bytes)
+                .map_err(|e| self.corrupt("idle value", &k, e))?;
+            snap.idle.push((net, ip, at));
+        }
+        for kv in self.cursors.iter() {
+            let (k, v) = kv.map_err(|e| self.io(e))?;
+            let (net, set) = split2(&k).ok_or_else(|| self.corrupt("cursor key", &k, "bad key"))?;
+            let set: usize = set.parse().map_err(|e| self.corrupt("cursor key", &k, e))?;
+            let ip: IpAddr = std::str::from_utf8(&v)
+                .map_err(|e| self.corrupt("cursor", &k, e))?
+                .parse()
+                .map_err(|e| self.corrupt("cursor", &k, e))?;
+            snap.cursors.push((net, set, ip));
+        }
+        Ok(snap)
+    }
+
+    fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
+        let ops = self.encode(changes)?;
+        let trees = (&self.networks, &self.attachments, &self.idle, &self.cursors);
+        trees
+            .transaction(|(n, a, i, c)| {
+                for op in &ops {
+                    let t = |idx: usize| match idx {
+                        NETWORKS => n,
+                        ATTACHMENTS => a,
+                        IDLE => i,
+                        _ => c,
+                    };
+                    match op {
+                        Op::Put(idx, k, v) => {
+                            t(*idx).insert(k.as_slice(), v.as_slice())?;
+                        }
+                        Op::Del(idx, k) => {
+                            t(*idx).remove(k.as_slice())?;
+                        }
+                    }
+                }
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e: TransactionError<()>| self.io(format!("{e:?}")))
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map(|_| ()).map_err(|e| self.io(e))
+    }
+}

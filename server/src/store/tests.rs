@@ -1,0 +1,131 @@
+use super::*;
+use crate::config::{DaemonConfig, IpamSection};
+
+fn net(name: &str) -> NetworkDef {
+    IpamSection::parse(r#"{"subnet":"10.0.0.0/24"}"#)
+        .expect("valid")
+        .expect("present")
+        .network_def(name, &DaemonConfig::embedded().defaults)
+        .expect("valid")
+        .expect("declares")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test address")
+}
+
+fn sample() -> Vec<Change> {
+    let key = AttachmentKey {
+        network: "n".into(),
+        container_id: "c1".into(),
+        ifname: "eth0".into(),
+    };
+    vec![
+        Change::PutNetwork(net("n")),
+        Change::PutAttachment(AttachmentRecord {
+            key,
+            pod: Pod {
+                namespace: "default".into(),
+                name: "web-0".into(),
+                uid: "u".into(),
+            },
+            netns: "/var/run/netns/x".into(),
+            addresses: vec![ip("10.0.0.2")],
+            created_at_ms: 7,
+        }),
+        Change::PutIdle {
+            network: "n".into(),
+            ip: ip("10.0.0.3"),
+            released_at: 99,
+        },
+        Change::PutCursor {
+            network: "n".into(),
+            set: 0,
+            cursor: Some(ip("10.0.0.3")),
+        },
+    ]
+}
+
+fn check_roundtrip(store: &dyn Store) {
+    store.apply(&sample()).expect("apply");
+    store.flush().expect("flush");
+    let snap = store.load().expect("load");
+    assert_eq!(snap.networks, vec![net("n")]);
+    assert_eq!(snap.attachments.len(), 1);
+    assert_eq!(snap.attachments[0].pod.name, "web-0");
+    assert_eq!(snap.idle, vec![("n".to_string(), ip("10.0.0.3"), 99)]);
+    assert_eq!(snap.cursors, vec![("n".to_string(), 0, ip("10.0.0.3"))]);
+    let key = snap.attachments[0].key.clone();
+    store
+        .apply(&[
+            Change::DeleteAttachment(key),
+            Change::DeleteIdle {
+                network: "n".into(),
+                ip: ip("10.0.0.3"),
+            },
+            Change::PutCursor {
+                network: "n".into(),
+                set: 0,
+                cursor: None,
+            },
+        ])
+        .expect("apply");
+    let snap = store.load().expect("load");
+    assert!(snap.attachments.is_empty() && snap.idle.is_empty() && snap.cursors.is_empty());
+}
+
+#[test]
+fn mem_store_roundtrip() {
+    check_roundtrip(&MemStore::new());
+}
+
+#[test]
+fn sled_store_roundtrip_and_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = SledStore::open(dir.path()).expect("open");
+        check_roundtrip(&s);
+        s.apply(&sample()).expect("apply");
+        s.flush().expect("flush");
+    }
+    let s = SledStore::open(dir.path()).expect("reopen");
+    let snap = s.load().expect("load");
+    assert_eq!(snap.attachments.len(), 1);
+    assert_eq!(snap.idle.len(), 1);
+}
+
+#[test]
+fn sled_store_refuses_newer_schema_naming_the_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let db = sled::open(dir.path().join("db")).expect("open");
+        db.open_tree("meta")
+            .expect("tree")
+            .insert("schema_version", &(SCHEMA_VERSION + 1).to_be_bytes())
+            .expect("insert");
+        db.flush().expect("flush");
+    }
+    let e = SledStore::open(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("schema version 2"), "{e}");
+    assert!(e.contains(&dir.path().display().to_string()), "{e}");
+}
+
+#[test]
+fn sled_store_refuses_undecodable_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    drop(SledStore::open(dir.path()).expect("open"));
+    {
+        let db = sled::open(dir.path().join("db")).expect("raw open");
+        db.open_tree("attachments")
+            .expect("tree")
+            .insert("n\0c\0eth0", "not json")
+            .expect("insert");
+        db.flush().expect("flush");
+    }
+    let s = SledStore::open(dir.path()).expect("open");
+    let e = s.load().expect_err("corrupt").to_string();
+    assert!(e.contains("corrupt") && e.contains("attachment"), "{e}");
+}
