@@ -41,8 +41,11 @@ impl SledStore {
         let open_err = |e: sled::Error| StoreError::Open {
             path: path.clone(),
             msg: match e {
-                sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
-                    "it is locked by another process (is another ipoold running?)".into()
+                sled::Error::Io(io)
+                    if io.kind() == std::io::ErrorKind::WouldBlock
+                        || io.to_string().contains("could not acquire lock") =>
+                {
+                    format!("it is locked by another process (is another ipoold running on this state dir?): {io}")
                 }
                 other => other.to_string(),
             },

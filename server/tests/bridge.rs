@@ -1,0 +1,187 @@
+//! The runtime-side check: Debian's real `bridge` CNI plugin execs `ipool` as its IPAM plugin
+//! in two network namespaces; the addresses must be configured inside them, the namespaces
+//! must ping each other, CHECK must pass and DEL must be idempotent.
+//!
+//! Needs root, ip(8), ping(8) and containernetworking-plugins; skips with a printed reason
+//! otherwise (CI runs as root and installs them).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+struct Netns(String);
+
+impl Netns {
+    fn new(name: String) -> Netns {
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("ip netns add");
+        assert!(ok.success(), "cannot create netns {name}");
+        Netns(name)
+    }
+    fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.0)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+struct Link(String);
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
+    }
+}
+
+fn missing_prerequisite() -> Option<String> {
+    // SAFETY-free root check: /proc/self/status Uid line.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let root = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        == Some("0");
+    if !root {
+        return Some("needs root".into());
+    }
+    if !Path::new("/usr/lib/cni/bridge").exists() {
+        return Some("needs /usr/lib/cni/bridge (apt-get install containernetworking-plugins)".into());
+    }
+    for tool in ["ip", "ping"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !found {
+            return Some(format!("needs {tool}(8) (iproute2, iputils-ping)"));
+        }
+    }
+    None
+}
+
+fn bridge(cmd: &str, ns: &Netns, conf: &str, plugin_dir: &Path) -> Run {
+    let cni_path = format!("{}:/usr/lib/cni", plugin_dir.display());
+    let bin = "/usr/lib/cni/bridge";
+    let mut child = Command::new(bin)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", cmd)
+        .env("CNI_CONTAINERID", format!("ctr-{}", ns.0))
+        .env("CNI_NETNS", ns.path())
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", cni_path)
+        .env(
+            "CNI_ARGS",
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bridge;K8S_POD_NAME={}", ns.0),
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn bridge");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(conf.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("bridge");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    Run {
+        ok: out.status.success(),
+        json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
+        stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: std::time::Duration::ZERO,
+    }
+}
+
+fn run_bridge_check(version: &str, subnet: &str, tag: &str) {
+    if let Some(why) = missing_prerequisite() {
+        println!("skipped: {why}");
+        return;
+    }
+    let d = Daemon::start();
+    let plugin_dir = plugin_bin().parent().expect("dir").to_path_buf();
+    let pid = std::process::id();
+    let br = Link(format!("ipt{tag}{}", pid % 100_000));
+    let conf = |extra: &str| {
+        format!(
+            r#"{{"cniVersion":"{version}","name":"br-{tag}","type":"bridge","bridge":"{}","isGateway":true,"ipMasq":false,"ipam":{{"type":"ipool","socket":"{}","subnet":"{subnet}"}}{extra}}}"#,
+            br.0,
+            d.socket.display()
+        )
+    };
+    let a = Netns::new(format!("ipool-{tag}-a-{pid}"));
+    let b = Netns::new(format!("ipool-{tag}-b-{pid}"));
+
+    let ra = bridge("ADD", &a, &conf(""), &plugin_dir);
+    assert!(ra.ok, "ADD a: {ra:?}\n{}", d.log());
+    let rb = bridge("ADD", &b, &conf(""), &plugin_dir);
+    assert!(rb.ok, "ADD b: {rb:?}\n{}", d.log());
+    let addr = |r: &Run| r.json["ips"][0]["address"].as_str().expect("address").to_string();
+    let (addr_a, addr_b) = (addr(&ra), addr(&rb));
+    assert_ne!(addr_a, addr_b);
+
+    for (ns, want) in [(&a, &addr_a), (&b, &addr_b)] {
+        let out = Command::new("ip")
+            .args(["-n", &ns.0, "-o", "addr", "show", "dev", "eth0"])
+            .output()
+            .expect("ip addr");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(&format!(" {want} ")), "{want} not on eth0 in {}: {text}", ns.0);
+    }
+    let peer = addr_b.split('/').next().expect("ip");
+    let ping = Command::new("ip")
+        .args(["netns", "exec", &a.0, "ping", "-c", "1", "-W", "2", peer])
+        .output()
+        .expect("ping");
+    assert!(
+        ping.status.success(),
+        "ping {} -> {peer}: {}",
+        a.0,
+        String::from_utf8_lossy(&ping.stdout)
+    );
+
+    if !version.starts_with("0.3.") {
+        for (ns, r) in [(&a, &ra), (&b, &rb)] {
+            let check = bridge("CHECK", ns, &conf(&format!(",\"prevResult\":{}", r.stdout.trim())), &plugin_dir);
+            assert!(check.ok, "CHECK {}: {check:?}", ns.0);
+        }
+    }
+    for ns in [&a, &b] {
+        for i in 1..=2 {
+            let del = bridge("DEL", ns, &conf(""), &plugin_dir);
+            assert!(del.ok, "DEL #{i} {}: {del:?}", ns.0);
+        }
+    }
+    let status = d.ctl(&["-o", "json", "status"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).expect("json");
+    assert_eq!(status[0]["inUse"], 0, "both DELs released their address");
+}
+
+#[test]
+fn bridge_in_two_namespaces_v1_0_0() {
+    run_bridge_check("1.0.0", "10.201.0.0/24", "a");
+}
+
+#[test]
+fn bridge_in_two_namespaces_v0_4_0() {
+    run_bridge_check("0.4.0", "10.202.0.0/24", "b");
+}
+
+#[test]
+fn bridge_in_two_namespaces_v0_3_1() {
+    run_bridge_check("0.3.1", "10.203.0.0/24", "c");
+}

@@ -1,0 +1,246 @@
+//! Test harness: a real `ipoold` on a temp socket and state dir, and the real `ipool` plugin.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn ipoold_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ipoold"))
+}
+
+pub fn ipoolctl_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ipoolctl"))
+}
+
+/// The plugin binary, built beside ipoold by `cargo test --workspace`.
+pub fn plugin_bin() -> PathBuf {
+    let p = ipoold_bin().with_file_name("ipool");
+    assert!(
+        p.exists(),
+        "{} is missing: run the tests with `cargo test --workspace` so the plugin is built",
+        p.display()
+    );
+    p
+}
+
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub state: PathBuf,
+    child: Option<Child>,
+    extra_args: Vec<String>,
+}
+
+impl Daemon {
+    pub fn start() -> Daemon {
+        Daemon::start_with(&[])
+    }
+
+    pub fn start_with(args: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("run/ipool.sock");
+        let state = dir.path().join("state");
+        let mut d = Daemon {
+            dir,
+            socket,
+            state,
+            child: None,
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+        };
+        d.spawn();
+        d
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(ipoold_bin());
+        c.arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(&self.extra_args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.path().join("ipoold.log"))
+                    .expect("log file"),
+            ));
+        c
+    }
+
+    /// Starts ipoold and waits until its socket answers.
+    pub fn spawn(&mut self) {
+        let mut child = self.command().spawn().expect("spawn ipoold");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("ipoold exited with {status} at start:\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ipoold did not serve within 20 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.child = Some(child);
+    }
+
+    /// Runs ipoold in the foreground expecting it to fail; returns its stderr.
+    pub fn run_expecting_failure(&self) -> String {
+        let out = self
+            .command()
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run ipoold");
+        assert!(!out.status.success(), "ipoold was expected to refuse to start");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().expect("kill -9");
+            c.wait().expect("wait");
+        }
+    }
+
+    /// SIGTERM; returns the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let ok = Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status()
+            .expect("kill -TERM");
+        assert!(ok.success());
+        c.wait().expect("wait")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("ipoold.log")).unwrap_or_default()
+    }
+
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(ipoolctl_bin())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("run ipoolctl")
+    }
+
+    /// A network config whose ipam section points at this daemon.
+    pub fn conf(&self, version: &str, name: &str, ipam_extra: &str) -> String {
+        conf(version, name, &self.socket, ipam_extra)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn conf(version: &str, name: &str, socket: &Path, ipam_extra: &str) -> String {
+    let sep = if ipam_extra.is_empty() { "" } else { "," };
+    format!(
+        r#"{{"cniVersion":"{version}","name":"{name}","type":"bridge","ipam":{{"type":"ipool","socket":"{}"{sep}{ipam_extra}}}}}"#,
+        socket.display()
+    )
+}
+
+/// Result of one plugin run.
+#[derive(Debug)]
+pub struct Run {
+    pub ok: bool,
+    pub json: Value,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn code(&self) -> u64 {
+        self.json["code"].as_u64().unwrap_or(0)
+    }
+    pub fn addresses(&self) -> Vec<String> {
+        self.json["ips"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|ip| ip["address"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Executes the plugin with `env` (CNI_* and more) and `stdin`.
+pub fn plugin(env: &[(&str, &str)], stdin: &str) -> Run {
+    let started = Instant::now();
+    let mut child = Command::new(plugin_bin())
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ipool");
+    // A plugin that exits before reading stdin closes the pipe; that is its business.
+    let _ = child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes());
+    let out = child.wait_with_output().expect("wait ipool");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json = if stdout.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("plugin stdout is not JSON ({e}): {stdout:?}"))
+    };
+    Run {
+        ok: out.status.success(),
+        json,
+        stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// ADD/DEL/CHECK for a container with the usual env.
+pub fn cni(cmd: &str, container: &str, stdin: &str) -> Run {
+    let netns = format!("/var/run/netns/{container}");
+    plugin(
+        &[
+            ("CNI_COMMAND", cmd),
+            ("CNI_CONTAINERID", container),
+            ("CNI_NETNS", &netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/usr/lib/cni"),
+            (
+                "CNI_ARGS",
+                &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME={container}"),
+            ),
+        ],
+        stdin,
+    )
+}
+
+/// A CHECK config: `conf` with `prevResult` set to an earlier ADD's output.
+pub fn with_prev(conf: &str, prev: &Value) -> String {
+    let mut v: Value = serde_json::from_str(conf).expect("conf json");
+    v["prevResult"] = prev.clone();
+    v.to_string()
+}
