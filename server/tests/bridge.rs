@@ -54,7 +54,9 @@ fn missing_prerequisite() -> Option<String> {
         return Some("needs root".into());
     }
     if !Path::new("/usr/lib/cni/bridge").exists() {
-        return Some("needs /usr/lib/cni/bridge (apt-get install containernetworking-plugins)".into());
+        return Some(
+            "needs /usr/lib/cni/bridge (apt-get install containernetworking-plugins)".into(),
+        );
     }
     for tool in ["ip", "ping"] {
         let found = Command::new("sh")
@@ -82,7 +84,10 @@ fn bridge(cmd: &str, ns: &Netns, conf: &str, plugin_dir: &Path) -> Run {
         .env("CNI_PATH", cni_path)
         .env(
             "CNI_ARGS",
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bridge;K8S_POD_NAME={}", ns.0),
+            format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=bridge;K8S_POD_NAME={}",
+                ns.0
+            ),
         )
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -130,7 +135,12 @@ fn run_bridge_check(version: &str, subnet: &str, tag: &str) {
     assert!(ra.ok, "ADD a: {ra:?}\n{}", d.log());
     let rb = bridge("ADD", &b, &conf(""), &plugin_dir);
     assert!(rb.ok, "ADD b: {rb:?}\n{}", d.log());
-    let addr = |r: &Run| r.json["ips"][0]["address"].as_str().expect("address").to_string();
+    let addr = |r: &Run| {
+        r.json["ips"][0]["address"]
+            .as_str()
+            .expect("address")
+            .to_string()
+    };
     let (addr_a, addr_b) = (addr(&ra), addr(&rb));
     assert_ne!(addr_a, addr_b);
 
@@ -140,7 +150,11 @@ fn run_bridge_check(version: &str, subnet: &str, tag: &str) {
             .output()
             .expect("ip addr");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains(&format!(" {want} ")), "{want} not on eth0 in {}: {text}", ns.0);
+        assert!(
+            text.contains(&format!(" {want} ")),
+            "{want} not on eth0 in {}: {text}",
+            ns.0
+        );
     }
     let peer = addr_b.split('/').next().expect("ip");
     let ping = Command::new("ip")
@@ -156,7 +170,12 @@ fn run_bridge_check(version: &str, subnet: &str, tag: &str) {
 
     if !version.starts_with("0.3.") {
         for (ns, r) in [(&a, &ra), (&b, &rb)] {
-            let check = bridge("CHECK", ns, &conf(&format!(",\"prevResult\":{}", r.stdout.trim())), &plugin_dir);
+            let check = bridge(
+                "CHECK",
+                ns,
+                &conf(&format!(",\"prevResult\":{}", r.stdout.trim())),
+                &plugin_dir,
+            );
             assert!(check.ok, "CHECK {}: {check:?}", ns.0);
         }
     }

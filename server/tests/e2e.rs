@@ -51,7 +51,10 @@ fn add_check_del_through_the_real_plugin() {
 
     for _ in 0..2 {
         let del = cni("DEL", "ctr-a", &conf);
-        assert!(del.ok && del.stdout.is_empty(), "DEL is permissive: {del:?}");
+        assert!(
+            del.ok && del.stdout.is_empty(),
+            "DEL is permissive: {del:?}"
+        );
     }
     assert!(cni("DEL", "never-added", &conf).ok);
 
@@ -65,7 +68,10 @@ fn add_check_del_through_the_real_plugin() {
     let c = cni("ADD", "ctr-c", &conf);
     assert_eq!(c.addresses(), vec!["10.42.0.4/24"]);
     let table = String::from_utf8_lossy(&d.ctl(&["status"]).stdout).into_owned();
-    assert!(table.contains("NETWORK") && table.contains("e2e"), "{table}");
+    assert!(
+        table.contains("NETWORK") && table.contains("e2e"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -130,7 +136,10 @@ fn restart_after_kill_keeps_every_allocation() {
 #[test]
 fn socket_is_private_and_not_taken_over() {
     let mut d = Daemon::start();
-    let mode = std::fs::metadata(&d.socket).expect("socket").permissions().mode();
+    let mode = std::fs::metadata(&d.socket)
+        .expect("socket")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
     // Same state dir: the store's lock refuses it.
     let err = d.run_expecting_failure();
@@ -159,7 +168,9 @@ fn unreachable_or_silent_daemon_is_error_11_not_a_hang() {
     let absent = dir.path().join("absent.sock");
     let r = cni("ADD", "c1", &conf("1.0.0", "n", &absent, SUBNET));
     assert_eq!(r.code(), 11, "{r:?}");
-    assert!(r.json["details"].as_str().is_some_and(|d| d.contains("absent.sock")));
+    assert!(r.json["details"]
+        .as_str()
+        .is_some_and(|d| d.contains("absent.sock")));
 
     // A socket that accepts connections but never speaks.
     let silent = dir.path().join("silent.sock");
@@ -182,20 +193,38 @@ fn daemon_errors_reach_the_runtime_as_cni_errors() {
     // Unknown network without ranges: invalid config, naming the keys to set.
     let r = cni("ADD", "c1", &d.conf("1.0.0", "bare", ""));
     assert_eq!(r.code(), 7, "{r:?}");
-    assert!(r.json["details"].as_str().is_some_and(|m| m.contains("ipam.subnet")));
+    assert!(r.json["details"]
+        .as_str()
+        .is_some_and(|m| m.contains("ipam.subnet")));
     // Invalid range: invalid config naming the value.
-    let r = cni("ADD", "c1", &d.conf("1.0.0", "bad", r#""subnet":"10.0.0.1/24""#));
+    let r = cni(
+        "ADD",
+        "c1",
+        &d.conf("1.0.0", "bad", r#""subnet":"10.0.0.1/24""#),
+    );
     assert_eq!(r.code(), 7, "{r:?}");
-    assert!(r.json["details"].as_str().is_some_and(|m| m.contains("host bits")));
+    assert!(r.json["details"]
+        .as_str()
+        .is_some_and(|m| m.contains("host bits")));
     // Exhaustion: a /30 has one address to give.
     let tiny = d.conf("1.0.0", "tiny", r#""subnet":"10.9.9.0/30""#);
     assert!(cni("ADD", "c1", &tiny).ok);
     let r = cni("ADD", "c2", &tiny);
     assert_eq!(r.code(), 100, "{r:?}");
     let details = r.json["details"].as_str().unwrap_or_default();
-    assert!(details.contains("tiny") && details.contains("1 in use"), "{details}");
+    assert!(
+        details.contains("tiny") && details.contains("1 in use"),
+        "{details}"
+    );
     // Nothing already allocated was lost on the way.
-    assert!(cni("CHECK", "c1", &with_prev(&tiny, &cni("ADD", "c1", &tiny).json)).ok);
+    assert!(
+        cni(
+            "CHECK",
+            "c1",
+            &with_prev(&tiny, &cni("ADD", "c1", &tiny).json)
+        )
+        .ok
+    );
     // Plugin-side validation: the daemon is never asked.
     let r = plugin(&[("CNI_COMMAND", "ADD")], &tiny);
     assert_eq!(r.code(), 4, "{r:?}");
@@ -242,5 +271,8 @@ fn config_file_networks_and_bad_config_refused() {
         .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("min_idl") && err.contains("ipoold.toml"), "{err}");
+    assert!(
+        err.contains("min_idl") && err.contains("ipoold.toml"),
+        "{err}"
+    );
 }

@@ -103,7 +103,10 @@ impl Daemon {
             .stderr(Stdio::piped())
             .output()
             .expect("run ipoold");
-        assert!(!out.status.success(), "ipoold was expected to refuse to start");
+        assert!(
+            !out.status.success(),
+            "ipoold was expected to refuse to start"
+        );
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 

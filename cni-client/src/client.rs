@@ -1,0 +1,112 @@
+//! The one gRPC call to ipoold over its Unix socket, bounded by a deadline: a daemon that is
+//! absent or does not answer is CNI error 11 (try again later), never a hang.
+
+use std::future::Future;
+
+use ipool_proto::v1 as pb;
+use pb::cni_client::CniClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::CniError;
+use crate::invocation::{Call, Command};
+use crate::result::{add_result, version_result};
+
+/// Executes the call; returns what to print on success.
+pub fn execute(call: &Call) -> Result<String, CniError> {
+    if call.command == Command::Version {
+        return Ok(version_result(&call.version));
+    }
+    // One thread is enough for one call, and starts fastest.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CniError::Daemon(format!("cannot start the async runtime: {e}")))?;
+    rt.block_on(within_deadline(call, rpc(call)))
+}
+
+async fn within_deadline<F>(call: &Call, f: F) -> Result<String, CniError>
+where
+    F: Future<Output = Result<String, CniError>>,
+{
+    match tokio::time::timeout(call.timeout, f).await {
+        Ok(r) => r,
+        Err(_) => Err(CniError::TryAgainLater(format!(
+            "ipoold at {} did not answer within {} ms (set ipam.timeoutMs to wait longer)",
+            call.socket,
+            call.timeout.as_millis()
+        ))),
+    }
+}
+
+async fn connect(call: &Call) -> Result<CniClient<Channel>, CniError> {
+    let endpoint = Endpoint::from_shared(format!("unix://{}", call.socket)).map_err(|e| {
+        CniError::InvalidConfig(format!("ipam.socket {:?} is not usable: {e}", call.socket))
+    })?;
+    let channel = endpoint
+        .connect_timeout(call.timeout)
+        .connect()
+        .await
+        .map_err(|e| {
+            let cause = std::error::Error::source(&e)
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| e.to_string());
+            CniError::TryAgainLater(format!(
+                "cannot reach ipoold at {}: {cause} (is the ipool daemon running on this node?)",
+                call.socket
+            ))
+        })?;
+    Ok(CniClient::new(channel))
+}
+
+fn key(call: &Call) -> Option<pb::AttachmentKey> {
+    Some(pb::AttachmentKey {
+        network: call.network.clone(),
+        container_id: call.container_id.clone(),
+        ifname: call.ifname.clone(),
+    })
+}
+
+async fn rpc(call: &Call) -> Result<String, CniError> {
+    let mut client = connect(call).await?;
+    let status = |s: tonic::Status| CniError::from_status(&s);
+    match call.command {
+        Command::Add => {
+            let reply = client
+                .add(pb::AddRequest {
+                    key: key(call),
+                    pod: Some(pb::PodIdentity {
+                        namespace: call.pod.namespace.clone(),
+                        name: call.pod.name.clone(),
+                        uid: call.pod.uid.clone(),
+                    }),
+                    ipam_json: call.ipam_json.clone(),
+                    netns: call.netns.clone(),
+                })
+                .await
+                .map_err(status)?;
+            Ok(add_result(&call.version, reply.get_ref()))
+        }
+        Command::Del => {
+            client
+                .del(pb::DelRequest {
+                    key: key(call),
+                    ipam_json: call.ipam_json.clone(),
+                })
+                .await
+                .map_err(status)?;
+            Ok(String::new())
+        }
+        Command::Check => {
+            client
+                .check(pb::CheckRequest {
+                    key: key(call),
+                    ipam_json: call.ipam_json.clone(),
+                    addresses: call.prev_addresses.clone(),
+                })
+                .await
+                .map_err(status)?;
+            Ok(String::new())
+        }
+        Command::Version => Ok(version_result(&call.version)),
+    }
+}
