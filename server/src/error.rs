@@ -18,6 +18,9 @@ pub enum Error {
     /// The state differs from what the caller expects (CHECK with a foreign address).
     #[error("{0}")]
     Mismatch(String),
+    /// A requested static address is held by another attachment.
+    #[error("{0}")]
+    InUse(String),
     /// No address left in a pool.
     #[error("{0}")]
     Exhausted(String),
@@ -35,6 +38,7 @@ impl From<Error> for Status {
             Error::InvalidRequest(_) | Error::InvalidConfig(_) => Code::InvalidArgument,
             Error::NotFound(_) => Code::NotFound,
             Error::Mismatch(_) => Code::FailedPrecondition,
+            Error::InUse(_) => Code::AlreadyExists,
             Error::Exhausted(_) => Code::ResourceExhausted,
             Error::Busy(_) => Code::Unavailable,
             Error::Store(_) => Code::Internal,

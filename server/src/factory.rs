@@ -17,6 +17,8 @@ pub trait Factory: Send {
     fn release(&mut self, ip: IpAddr) -> bool;
     /// True if `ip` is an address this source may hand out.
     fn contains(&self, ip: IpAddr) -> bool;
+    /// True if `ip` is in one of the source's subnets (handed out or not: gateway, network...).
+    fn covers(&self, ip: IpAddr) -> bool;
     /// The prefix length and gateway to report with `ip`.
     fn interface_of(&self, ip: IpAddr) -> Option<(u8, Option<IpAddr>)>;
     /// Addresses the source could still hand out.
@@ -57,6 +59,9 @@ impl Factory for LocalFactory {
     }
     fn contains(&self, ip: IpAddr) -> bool {
         self.alloc.contains(ip)
+    }
+    fn covers(&self, ip: IpAddr) -> bool {
+        self.alloc.ranges().iter().any(|r| r.subnet.contains(&ip))
     }
     fn interface_of(&self, ip: IpAddr) -> Option<(u8, Option<IpAddr>)> {
         self.alloc

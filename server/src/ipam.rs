@@ -20,6 +20,7 @@ use crate::pool::{Millis, Plan, Pool, PoolConfig, PoolError, TokenBucket};
 use crate::range::Family;
 use crate::store::{AttachmentKey, AttachmentRecord, Change, Pod, Store};
 
+mod gc;
 mod maintain;
 mod recover;
 pub use maintain::spawn_maintenance;
@@ -84,6 +85,9 @@ pub struct AddRequest {
     pub netns: String,
     /// The CNI `ipam` section, if the request carried one.
     pub ipam: Option<IpamSection>,
+    /// Static addresses asked for: at most one per range set; sets without one get a
+    /// dynamic address (as host-local does).
+    pub requested: Vec<IpAddr>,
 }
 
 /// A pool's numbers, for status reports.
@@ -105,8 +109,21 @@ pub struct PoolStatus {
 /// How one family's address was obtained, so it can be undone.
 #[derive(Clone, Copy, Debug)]
 enum Origin {
-    Idle { released_at: Millis },
-    Source { prev_cursor: Option<IpAddr> },
+    Idle {
+        released_at: Millis,
+    },
+    Source {
+        prev_cursor: Option<IpAddr>,
+    },
+    /// A requested address claimed straight from the source.
+    Claimed,
+}
+
+/// Why a requested address could not be claimed.
+enum ClaimError {
+    Held(AttachmentKey),
+    NotHandedOut(String),
+    Pool(PoolError),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -235,8 +252,47 @@ impl FamilyPool {
         }
     }
 
+    /// The requested address `ip` for `key`: from idle (even if cooling: it was asked for by
+    /// name), or straight from the source.
+    fn claim(
+        &mut self,
+        set: usize,
+        ip: IpAddr,
+        key: &AttachmentKey,
+    ) -> Result<Acquired, ClaimError> {
+        if let Some(holder) = self.pool.owner(ip) {
+            return Err(ClaimError::Held(holder.clone()));
+        }
+        if self.pool.idle_since(ip).is_some() {
+            let released_at = self.pool.take(ip, key.clone()).map_err(ClaimError::Pool)?;
+            return Ok(Acquired {
+                set,
+                ip,
+                origin: Origin::Idle { released_at },
+            });
+        }
+        self.factory
+            .occupy(ip)
+            .map_err(|e| ClaimError::NotHandedOut(e.to_string()))?;
+        if let Err(e) = self.pool.receive(ip, 0) {
+            self.factory.release(ip);
+            return Err(ClaimError::Pool(e));
+        }
+        self.pool.take(ip, key.clone()).map_err(ClaimError::Pool)?;
+        Ok(Acquired {
+            set,
+            ip,
+            origin: Origin::Claimed,
+        })
+    }
+
     fn unwind(&mut self, a: &Acquired) {
         match a.origin {
+            Origin::Claimed => {
+                self.pool.untake(a.ip, 0);
+                self.pool.give_back(a.ip);
+                self.factory.release(a.ip);
+            }
             Origin::Idle { released_at } => {
                 self.pool.untake(a.ip, released_at);
             }
@@ -355,13 +411,61 @@ impl Ipam {
             .get_mut(&req.key.network)
             .ok_or_else(|| Error::NotFound(format!("network {:?} is unknown", req.key.network)))?;
 
+        let mut wanted: Vec<Option<IpAddr>> = vec![None; net.pools.len()];
+        for ip in &req.requested {
+            let set = net.pools.iter().position(|p| p.factory.covers(*ip));
+            let set = set.ok_or_else(|| {
+                Error::InvalidConfig(format!(
+                    "requested address {ip} is outside every range of network {:?} ({})",
+                    req.key.network,
+                    net.def.describe_ranges()
+                ))
+            })?;
+            if let Some(other) = wanted[set].replace(*ip) {
+                return Err(Error::InvalidConfig(format!(
+                    "requested addresses {other} and {ip} fall in the same range set of network {:?}; ask for one address per range set",
+                    req.key.network
+                )));
+            }
+        }
         let mut got: Vec<Acquired> = Vec::with_capacity(net.pools.len());
         let unwind = |net: &mut Network, got: &[Acquired]| {
             for a in got.iter().rev() {
                 net.pools[a.set].unwind(a);
             }
         };
-        for set in 0..net.pools.len() {
+        for (set, want) in wanted.iter().enumerate() {
+            if let Some(ip) = *want {
+                match net.pools[set].claim(set, ip, &req.key) {
+                    Ok(a) => {
+                        got.push(a);
+                        continue;
+                    }
+                    Err(e) => {
+                        unwind(net, &got);
+                        return Err(match e {
+                            ClaimError::Held(holder) => {
+                                let pod = st
+                                    .attachments
+                                    .get(&holder)
+                                    .filter(|r| !r.pod.name.is_empty())
+                                    .map(|r| format!(" (pod {}/{})", r.pod.namespace, r.pod.name))
+                                    .unwrap_or_default();
+                                Error::InUse(format!(
+                                    "requested address {ip} is already held by attachment {holder}{pod}"
+                                ))
+                            }
+                            ClaimError::NotHandedOut(why) => Error::InvalidConfig(format!(
+                                "requested address {ip}: {why} (network, broadcast and gateway addresses are never handed out)"
+                            )),
+                            ClaimError::Pool(e) => Error::Exhausted(format!(
+                                "requested address {ip} of network {:?}: {e}",
+                                req.key.network
+                            )),
+                        });
+                    }
+                }
+            }
             match net.pools[set].acquire(set, &req.key, now, may_wait) {
                 Ok(Step::Done(a)) => got.push(a),
                 Ok(Step::Wait(ms)) => {
@@ -401,6 +505,7 @@ impl Ipam {
                     set: a.set,
                     cursor: net.pools[a.set].factory.cursor(),
                 },
+                Origin::Claimed => continue,
             });
         }
         if let Err(e) = self.shared.store.apply(&changes) {
@@ -548,6 +653,11 @@ impl Ipam {
             }
         }
         Ok(())
+    }
+
+    /// Tuning for networks that CNI configs declare.
+    pub fn defaults(&self) -> &Tuning {
+        &self.shared.defaults
     }
 
     pub fn pool_status(&self, network: Option<&str>) -> Vec<PoolStatus> {

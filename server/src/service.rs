@@ -60,12 +60,14 @@ impl pb::cni_server::Cni for CniService {
         });
         let result = async {
             let ipam = IpamSection::parse(&r.ipam_json)?;
+            let requested = parse_ips(&r.requested_ips)?;
             self.ipam
                 .add(AddRequest {
                     key: key.clone(),
                     pod: pod.clone().unwrap_or_default(),
                     netns: r.netns,
                     ipam,
+                    requested,
                 })
                 .await
         }
@@ -133,6 +135,51 @@ impl pb::cni_server::Cni for CniService {
                 Err(e.into())
             }
         }
+    }
+
+    async fn gc(&self, req: Request<pb::GcRequest>) -> Result<Response<pb::GcResponse>, Status> {
+        let r = req.into_inner();
+        let valid = r
+            .valid
+            .into_iter()
+            .map(|v| (v.container_id, v.ifname))
+            .collect();
+        match self.ipam.gc(&r.network, &valid).await {
+            Ok(released) => {
+                tracing::info!(op = "GC", network = %r.network, valid = valid.len(), released = released.len(), outcome = "ok");
+                let released = released
+                    .into_iter()
+                    .map(|(k, ips)| {
+                        let ips: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
+                        format!("{}/{}={}", k.container_id, k.ifname, ips.join(","))
+                    })
+                    .collect();
+                Ok(Response::new(pb::GcResponse { released }))
+            }
+            Err(e) => {
+                tracing::warn!(op = "GC", network = %r.network, outcome = "error", error = %e);
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn status(
+        &self,
+        req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let r = req.into_inner();
+        let declared = IpamSection::parse(&r.ipam_json)
+            .and_then(|s| match s {
+                Some(s) => s.network_def(&r.network, self.ipam.defaults()),
+                None => Ok(None),
+            })
+            .map_err(Status::from)?;
+        let (available, reason) = match self.ipam.status(&r.network, declared.as_ref()) {
+            Ok(()) => (true, String::new()),
+            Err(why) => (false, why),
+        };
+        tracing::debug!(op = "STATUS", network = %r.network, available, reason = %reason);
+        Ok(Response::new(pb::StatusResponse { available, reason }))
     }
 }
 

@@ -51,6 +51,7 @@ fn req(net: &str, cid: &str, ipam_json: &str) -> AddRequest {
         pod: Pod::default(),
         netns: format!("/var/run/netns/{cid}"),
         ipam: IpamSection::parse(ipam_json).expect("test ipam json"),
+        requested: Vec::new(),
     }
 }
 
@@ -361,4 +362,144 @@ async fn token_bucket_limits_source_calls() {
     assert_eq!(c, ip("10.1.0.2"));
     rig.clock.advance(1_000);
     rig.ipam.add(req("n", "d", V4)).await.expect("refilled");
+}
+
+fn with_ips(mut r: AddRequest, ips: &[&str]) -> AddRequest {
+    r.requested = ips.iter().map(|s| ip(s)).collect();
+    r
+}
+
+#[tokio::test]
+async fn static_addresses_are_claimed_or_refused_with_the_holder() {
+    let rig = Rig::new("");
+    let ds = r#"{"ranges":[[{"subnet":"10.4.0.0/24"}],[{"subnet":"fd04::/64"}]]}"#;
+    // One set asked for, the other dynamic (as host-local does).
+    let r = rig
+        .ipam
+        .add(with_ips(req("s", "a", ds), &["10.4.0.77"]))
+        .await
+        .expect("claim");
+    assert_eq!(ips(&r), vec![ip("10.4.0.77"), ip("fd04::2")]);
+    // The source does not hand out a claimed address later.
+    let mut pod = req("s", "b", ds);
+    pod.pod.name = "web-1".into();
+    pod.pod.namespace = "prod".into();
+    let b = rig
+        .ipam
+        .add(with_ips(pod, &["fd04::99"]))
+        .await
+        .expect("claim v6");
+    assert_eq!(ips(&b), vec![ip("10.4.0.2"), ip("fd04::99")]);
+
+    let e = rig
+        .ipam
+        .add(with_ips(req("s", "c", ds), &["fd04::99"]))
+        .await
+        .expect_err("held");
+    assert!(matches!(e, Error::InUse(_)), "{e}");
+    assert!(
+        e.to_string().contains("s/b/eth0") && e.to_string().contains("prod/web-1"),
+        "{e}"
+    );
+    for (asked, needle) in [
+        ("10.9.9.9", "outside every range"),
+        ("10.4.0.1", "never handed out"),
+        ("10.4.0.255", "never handed out"),
+    ] {
+        let e = rig
+            .ipam
+            .add(with_ips(req("s", "c", ds), &[asked]))
+            .await
+            .expect_err(asked);
+        assert!(
+            matches!(e, Error::InvalidConfig(_)) && e.to_string().contains(needle),
+            "{e}"
+        );
+    }
+    let e = rig
+        .ipam
+        .add(with_ips(req("s", "c", ds), &["10.4.0.5", "10.4.0.6"]))
+        .await
+        .expect_err("two in one set");
+    assert!(e.to_string().contains("same range set"), "{e}");
+    // Failed claims left nothing behind; a released address can be asked for by name at once.
+    let st = rig.ipam.pool_status(Some("s"));
+    assert_eq!((st[0].in_use, st[1].in_use), (2, 2));
+    rig.ipam.del(&key("s", "a")).await.expect("del");
+    let again = rig
+        .ipam
+        .add(with_ips(req("s", "d", ds), &["10.4.0.77"]))
+        .await
+        .expect("claim from idle, cooling or not");
+    assert_eq!(ips(&again)[0], ip("10.4.0.77"));
+    let ipam = rig.reopen().expect("reopen");
+    ipam.check(&key("s", "d"), &[ip("10.4.0.77")])
+        .expect("durable");
+}
+
+#[tokio::test]
+async fn gc_releases_only_what_the_runtime_no_longer_lists() {
+    let rig = Rig::new("");
+    for c in ["a", "b", "c"] {
+        rig.ipam.add(req("g", c, V4)).await.expect("add");
+    }
+    rig.ipam
+        .add(req("other", "a", r#"{"subnet":"10.8.0.0/24"}"#))
+        .await
+        .expect("add");
+    let valid = [("b".to_string(), "eth0".to_string())]
+        .into_iter()
+        .collect();
+    let released = rig.ipam.gc("g", &valid).await.expect("gc");
+    let keys: Vec<String> = released
+        .iter()
+        .map(|(k, _)| k.container_id.clone())
+        .collect();
+    assert_eq!(keys.len(), 2);
+    assert!(keys.contains(&"a".to_string()) && keys.contains(&"c".to_string()));
+    assert_eq!(rig.ipam.attachments(Some("g")).len(), 1);
+    assert_eq!(
+        rig.ipam.attachments(Some("other")).len(),
+        1,
+        "other networks untouched"
+    );
+    let st = &rig.ipam.pool_status(Some("g"))[0];
+    assert_eq!((st.in_use, st.cooling), (1, 2));
+    assert!(rig.ipam.gc("g", &valid).await.expect("gc again").is_empty());
+    assert_eq!(
+        rig.reopen().expect("reopen").attachments(Some("g")).len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn status_says_why_an_add_cannot_be_served() {
+    let rig = Rig::new("");
+    let tiny = IpamSection::parse(r#"{"subnet":"10.5.0.0/30"}"#)
+        .expect("json")
+        .expect("present")
+        .network_def("t", rig.ipam.defaults())
+        .expect("valid");
+    assert_eq!(
+        rig.ipam.status("t", tiny.as_ref()),
+        Ok(()),
+        "would be declared"
+    );
+    let e = rig.ipam.status("t", None).expect_err("unknown, no ranges");
+    assert!(e.contains("unknown"), "{e}");
+    rig.ipam
+        .add(req("t", "a", r#"{"subnet":"10.5.0.0/30"}"#))
+        .await
+        .expect("add");
+    let e = rig.ipam.status("t", None).expect_err("exhausted");
+    assert!(
+        e.contains("10.5.0.1-10.5.0.2") && e.contains("1 in use"),
+        "{e}"
+    );
+    rig.ipam.del(&key("t", "a")).await.expect("del");
+    assert_eq!(
+        rig.ipam.status("t", None),
+        Ok(()),
+        "a cooling address can still be served"
+    );
 }
