@@ -9,7 +9,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::error::CniError;
 use crate::invocation::{Call, Command};
-use crate::result::{add_result, version_result};
+use crate::result::{add_result, dns_from_resolv_conf, version_result};
 
 /// Executes the call; returns what to print on success.
 pub fn execute(call: &Call) -> Result<String, CniError> {
@@ -21,7 +21,26 @@ pub fn execute(call: &Call) -> Result<String, CniError> {
         .enable_all()
         .build()
         .map_err(|e| CniError::Daemon(format!("cannot start the async runtime: {e}")))?;
-    rt.block_on(within_deadline(call, rpc(call)))
+    let out = rt.block_on(within_deadline(call, rpc(call)));
+    if call.command == Command::Status {
+        // STATUS reports every failure, the daemon's absence included, as "cannot serve ADD".
+        return out.map_err(|e| match e {
+            CniError::NotAvailable(_) => e,
+            other => CniError::NotAvailable(other.details().to_string()),
+        });
+    }
+    out
+}
+
+/// The result's `dns`: the `resolvConf` file's contents, else `ipam.dns`, else empty.
+fn result_dns(call: &Call) -> Result<serde_json::Value, CniError> {
+    if let Some(path) = &call.resolv_conf {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            CniError::InvalidConfig(format!("ipam.resolvConf {path:?} cannot be read: {e}"))
+        })?;
+        return Ok(dns_from_resolv_conf(&text));
+    }
+    Ok(call.dns.clone().unwrap_or_else(|| serde_json::json!({})))
 }
 
 async fn within_deadline<F>(call: &Call, f: F) -> Result<String, CniError>
@@ -67,6 +86,11 @@ fn key(call: &Call) -> Option<pb::AttachmentKey> {
 }
 
 async fn rpc(call: &Call) -> Result<String, CniError> {
+    // Read the local dns source first: a bad resolvConf must not leave an allocation behind.
+    let dns = match call.command {
+        Command::Add => result_dns(call)?,
+        _ => serde_json::Value::Null,
+    };
     let mut client = connect(call).await?;
     let status = |s: tonic::Status| CniError::from_status(&s);
     match call.command {
@@ -81,10 +105,11 @@ async fn rpc(call: &Call) -> Result<String, CniError> {
                     }),
                     ipam_json: call.ipam_json.clone(),
                     netns: call.netns.clone(),
+                    requested_ips: call.requested_ips.clone(),
                 })
                 .await
                 .map_err(status)?;
-            Ok(add_result(&call.version, reply.get_ref()))
+            Ok(add_result(&call.version, reply.get_ref(), &dns))
         }
         Command::Del => {
             client
@@ -106,6 +131,38 @@ async fn rpc(call: &Call) -> Result<String, CniError> {
                 .await
                 .map_err(status)?;
             Ok(String::new())
+        }
+        Command::Gc => {
+            client
+                .gc(pb::GcRequest {
+                    network: call.network.clone(),
+                    valid: call
+                        .valid_attachments
+                        .iter()
+                        .map(|(c, i)| pb::AttachmentRef {
+                            container_id: c.clone(),
+                            ifname: i.clone(),
+                        })
+                        .collect(),
+                })
+                .await
+                .map_err(status)?;
+            Ok(String::new())
+        }
+        Command::Status => {
+            let r = client
+                .status(pb::StatusRequest {
+                    network: call.network.clone(),
+                    ipam_json: call.ipam_json.clone(),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if r.available {
+                Ok(String::new())
+            } else {
+                Err(CniError::NotAvailable(r.reason))
+            }
         }
         Command::Version => Ok(version_result(&call.version)),
     }

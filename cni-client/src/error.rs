@@ -7,8 +7,6 @@ use serde_json::json;
 pub enum CniError {
     /// 1: the config's cniVersion is not one this plugin speaks.
     IncompatibleVersion(String),
-    /// 2: a field of the network config this plugin does not support.
-    UnsupportedField(String),
     /// 3: the container (attachment) is unknown.
     UnknownContainer(String),
     /// 4: a missing or invalid CNI_* environment variable.
@@ -21,6 +19,8 @@ pub enum CniError {
     InvalidConfig(String),
     /// 11: the daemon is unreachable or did not answer in time; try again later.
     TryAgainLater(String),
+    /// 50: STATUS: the plugin cannot serve an ADD now (the reason says why).
+    NotAvailable(String),
     /// 100: the pool has no address left.
     PoolExhausted(String),
     /// 101: the daemon failed in a way that is not the caller's fault.
@@ -29,23 +29,26 @@ pub enum CniError {
     AddressNotHeld(String),
     /// 103: the daemon refused the caller.
     PermissionDenied(String),
+    /// 104: a requested static address is held by another attachment.
+    AddressInUse(String),
 }
 
 impl CniError {
     pub fn code(&self) -> u32 {
         match self {
             CniError::IncompatibleVersion(_) => 1,
-            CniError::UnsupportedField(_) => 2,
             CniError::UnknownContainer(_) => 3,
             CniError::InvalidEnv(_) => 4,
             CniError::Io(_) => 5,
             CniError::Decode(_) => 6,
             CniError::InvalidConfig(_) => 7,
             CniError::TryAgainLater(_) => 11,
+            CniError::NotAvailable(_) => 50,
             CniError::PoolExhausted(_) => 100,
             CniError::Daemon(_) => 101,
             CniError::AddressNotHeld(_) => 102,
             CniError::PermissionDenied(_) => 103,
+            CniError::AddressInUse(_) => 104,
         }
     }
 
@@ -53,30 +56,32 @@ impl CniError {
     fn msg(&self) -> &'static str {
         match self {
             CniError::IncompatibleVersion(_) => "incompatible CNI version",
-            CniError::UnsupportedField(_) => "unsupported field in network configuration",
             CniError::UnknownContainer(_) => "container unknown",
             CniError::InvalidEnv(_) => "invalid environment variables",
             CniError::Io(_) => "I/O failure",
             CniError::Decode(_) => "failed to decode content",
             CniError::InvalidConfig(_) => "invalid network config",
             CniError::TryAgainLater(_) => "try again later",
+            CniError::NotAvailable(_) => "plugin not available",
             CniError::PoolExhausted(_) => "address pool exhausted",
             CniError::Daemon(_) => "ipoold failed",
             CniError::AddressNotHeld(_) => "address not held by this container",
             CniError::PermissionDenied(_) => "permission denied",
+            CniError::AddressInUse(_) => "requested address in use",
         }
     }
 
     pub fn details(&self) -> &str {
         match self {
             CniError::IncompatibleVersion(d)
-            | CniError::UnsupportedField(d)
             | CniError::UnknownContainer(d)
             | CniError::InvalidEnv(d)
             | CniError::Io(d)
             | CniError::Decode(d)
             | CniError::InvalidConfig(d)
             | CniError::TryAgainLater(d)
+            | CniError::NotAvailable(d)
+            | CniError::AddressInUse(d)
             | CniError::PoolExhausted(d)
             | CniError::Daemon(d)
             | CniError::AddressNotHeld(d)
@@ -106,7 +111,8 @@ impl CniError {
         match s.code() {
             Code::InvalidArgument | Code::OutOfRange => CniError::InvalidConfig(m),
             Code::NotFound => CniError::UnknownContainer(m),
-            Code::FailedPrecondition | Code::AlreadyExists => CniError::AddressNotHeld(m),
+            Code::FailedPrecondition => CniError::AddressNotHeld(m),
+            Code::AlreadyExists => CniError::AddressInUse(m),
             Code::ResourceExhausted => CniError::PoolExhausted(m),
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
                 CniError::TryAgainLater(format!("ipoold: {m}"))
@@ -159,6 +165,7 @@ mod tests {
             (Code::DeadlineExceeded, 11),
             (Code::Internal, 101),
             (Code::PermissionDenied, 103),
+            (Code::AlreadyExists, 104),
         ] {
             assert_eq!(
                 CniError::from_status(&Status::new(code, "x")).code(),

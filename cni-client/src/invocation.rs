@@ -16,6 +16,8 @@ pub enum Command {
     Del,
     Check,
     Version,
+    Gc,
+    Status,
 }
 
 /// The pod identity from CNI_ARGS.
@@ -42,6 +44,14 @@ pub struct Call {
     pub ipam_json: String,
     /// Addresses named by `prevResult` (CHECK).
     pub prev_addresses: Vec<String>,
+    /// Static addresses asked for (ADD), without prefix length.
+    pub requested_ips: Vec<String>,
+    /// `cni.dev/valid-attachments` as (container ID, ifname) (GC).
+    pub valid_attachments: Vec<(String, String)>,
+    /// `ipam.resolvConf`: a resolv.conf file whose contents become the result's `dns`.
+    pub resolv_conf: Option<String>,
+    /// `ipam.dns`, passed through to the result when there is no `resolvConf`.
+    pub dns: Option<Value>,
     pub socket: String,
     pub timeout: Duration,
 }
@@ -92,8 +102,9 @@ pub fn check_ifname(s: &str) -> Result<(), String> {
     }
 }
 
-/// Parses `K=V;K=V`. Unknown keys are an error unless `IgnoreUnknown` is 1 or true.
-fn parse_cni_args(raw: &str) -> Result<PodArgs, String> {
+/// Parses `K=V;K=V` into the pod identity and the `IP=` addresses (comma-separated).
+/// Unknown keys are an error unless `IgnoreUnknown` is 1 or true.
+fn parse_cni_args(raw: &str) -> Result<(PodArgs, Vec<String>), String> {
     let mut pairs = Vec::new();
     for part in raw.split(';').filter(|p| !p.is_empty()) {
         let (k, v) = part
@@ -105,6 +116,7 @@ fn parse_cni_args(raw: &str) -> Result<PodArgs, String> {
         .iter()
         .any(|(k, v)| *k == "IgnoreUnknown" && (v.eq_ignore_ascii_case("true") || *v == "1"));
     let mut pod = PodArgs::default();
+    let mut ips = Vec::new();
     for (k, v) in pairs {
         match k {
             "K8S_POD_NAMESPACE" => pod.namespace = v.to_string(),
@@ -112,9 +124,10 @@ fn parse_cni_args(raw: &str) -> Result<PodArgs, String> {
             "K8S_POD_UID" => pod.uid = v.to_string(),
             "K8S_POD_INFRA_CONTAINER_ID" | "IgnoreUnknown" => {}
             "IP" => {
-                return Err(
-                    "CNI_ARGS IP= (a static address) is not supported by this ipool version".into(),
-                )
+                ips = v
+                    .split(',')
+                    .map(|a| bare_ip(a).map_err(|e| format!("CNI_ARGS IP={v}: {e}")))
+                    .collect::<Result<_, _>>()?;
             }
             _ if ignore_unknown => {}
             _ => {
@@ -124,7 +137,30 @@ fn parse_cni_args(raw: &str) -> Result<PodArgs, String> {
             }
         }
     }
-    Ok(pod)
+    Ok((pod, ips))
+}
+
+/// An address as `args.cni.ips`, `runtimeConfig.ips` or `IP=` give it ("10.1.0.5" or
+/// "10.1.0.5/24"), without its prefix length.
+fn bare_ip(s: &str) -> Result<String, String> {
+    let addr = s.trim().split('/').next().unwrap_or_default();
+    addr.parse::<std::net::IpAddr>()
+        .map(|ip| ip.to_string())
+        .map_err(|_| format!("{s:?} is not an IP address"))
+}
+
+/// Picks from a `cniVersions` list the newest version ipool speaks.
+fn newest_supported(list: &[Value]) -> Option<String> {
+    SUPPORTED_VERSIONS
+        .iter()
+        .rev()
+        .find(|v| list.iter().any(|x| x.as_str() == Some(**v)))
+        .map(|v| v.to_string())
+}
+
+/// True for the versions that define GC and STATUS.
+fn at_least_1_1(version: &str) -> bool {
+    !version.starts_with("0.") && version != "1.0.0"
 }
 
 fn version_of(conf: &Value) -> Result<String, CniError> {
@@ -137,10 +173,22 @@ fn version_of(conf: &Value) -> Result<String, CniError> {
         Some(other) => Err(CniError::InvalidConfig(format!(
             "cniVersion must be a string, not {other}"
         ))),
-        None => Err(CniError::IncompatibleVersion(format!(
-            "the network config has no cniVersion; ipool speaks {}",
-            SUPPORTED_VERSIONS.join(", ")
-        ))),
+        None => match conf.get("cniVersions") {
+            Some(Value::Array(list)) => newest_supported(list).ok_or_else(|| {
+                CniError::IncompatibleVersion(format!(
+                    "none of cniVersions {} is supported; ipool speaks {}",
+                    Value::Array(list.clone()),
+                    SUPPORTED_VERSIONS.join(", ")
+                ))
+            }),
+            Some(other) => Err(CniError::InvalidConfig(format!(
+                "cniVersions must be a list of strings, not {other}"
+            ))),
+            None => Err(CniError::IncompatibleVersion(format!(
+                "the network config has no cniVersion; ipool speaks {}",
+                SUPPORTED_VERSIONS.join(", ")
+            ))),
+        },
     }
 }
 
@@ -154,10 +202,12 @@ pub fn parse(
         Some("ADD") => Command::Add,
         Some("DEL") => Command::Del,
         Some("CHECK") => Command::Check,
-        Some("VERSION") => Command::Version,
+                Some("VERSION") => Command::Version,
+        Some("GC") => Command::Gc,
+        Some("STATUS") => Command::Status,
         Some(other) => {
             return Err(CniError::InvalidEnv(format!(
-                "CNI_COMMAND {other:?} is not supported; ipool handles ADD, DEL, CHECK and VERSION"
+                "CNI_COMMAND {other:?} is not a CNI command; ipool handles ADD, DEL, CHECK, VERSION, GC and STATUS"
             ))
             .into())
         }
@@ -181,6 +231,10 @@ pub fn parse(
             pod: PodArgs::default(),
             ipam_json: String::new(),
             prev_addresses: Vec::new(),
+            requested_ips: Vec::new(),
+            valid_attachments: Vec::new(),
+            resolv_conf: None,
+            dns: None,
             socket: String::new(),
             timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
         });
@@ -203,12 +257,24 @@ pub fn parse(
             "CHECK is defined from cniVersion 0.4.0 on; this config says {version}"
         ))));
     }
+    if matches!(command, Command::Gc | Command::Status) && !at_least_1_1(&version) {
+        return Err(fail(CniError::IncompatibleVersion(format!(
+            "{} is defined from cniVersion 1.1.0 on; this config says {version}",
+            if command == Command::Gc {
+                "GC"
+            } else {
+                "STATUS"
+            }
+        ))));
+    }
 
     // Environment: name every missing variable at once.
     let needs: &[&str] = match command {
         Command::Add | Command::Check => &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"],
-        _ => &["CNI_CONTAINERID", "CNI_IFNAME"],
+        Command::Del => &["CNI_CONTAINERID", "CNI_IFNAME"],
+        Command::Gc | Command::Status | Command::Version => &[],
     };
+    let per_container = !needs.is_empty();
     let missing: Vec<&str> = needs
         .iter()
         .copied()
@@ -228,9 +294,11 @@ pub fn parse(
         .to_string();
     let ifname = env_get(env, "CNI_IFNAME").unwrap_or_default().to_string();
     let netns = env_get(env, "CNI_NETNS").unwrap_or_default().to_string();
-    check_name("CNI_CONTAINERID", &container_id).map_err(|m| fail(CniError::InvalidEnv(m)))?;
-    check_ifname(&ifname).map_err(|m| fail(CniError::InvalidEnv(m)))?;
-    let pod = parse_cni_args(env_get(env, "CNI_ARGS").unwrap_or_default())
+    if per_container {
+        check_name("CNI_CONTAINERID", &container_id).map_err(|m| fail(CniError::InvalidEnv(m)))?;
+        check_ifname(&ifname).map_err(|m| fail(CniError::InvalidEnv(m)))?;
+    }
+    let (pod, arg_ips) = parse_cni_args(env_get(env, "CNI_ARGS").unwrap_or_default())
         .map_err(|m| fail(CniError::InvalidEnv(m)))?;
 
     // Network config.
@@ -261,25 +329,63 @@ pub fn parse(
             )))
         }
     };
+    // Static addresses: runtimeConfig.ips (the runtime's `ips` capability) wins over
+    // args.cni.ips, which wins over CNI_ARGS IP=; the first source that names any is used.
+    let mut requested_ips = Vec::new();
     for (path, v) in [
-        ("args.cni.ips", conf.pointer("/args/cni/ips")),
         ("runtimeConfig.ips", conf.pointer("/runtimeConfig/ips")),
+        ("args.cni.ips", conf.pointer("/args/cni/ips")),
     ] {
-        match v {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(a)) if a.is_empty() => {}
-            Some(Value::Array(_)) => {
-                return Err(fail(CniError::UnsupportedField(format!(
-                    "{path} (static addresses) is not supported by this ipool version"
-                ))))
-            }
+        let list = match v {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(a)) => a,
             Some(other) => {
                 return Err(fail(CniError::InvalidConfig(format!(
                     "{path} must be a list of addresses, not {other}"
                 ))))
             }
+        };
+        if !requested_ips.is_empty() {
+            continue;
+        }
+        for (i, item) in list.iter().enumerate() {
+            let ip = item
+                .as_str()
+                .ok_or_else(|| format!("{path}[{i}] must be a string, not {item}"))
+                .and_then(|a| bare_ip(a).map_err(|e| format!("{path}[{i}]: {e}")))
+                .map_err(|m| fail(CniError::InvalidConfig(m)))?;
+            requested_ips.push(ip);
         }
     }
+    if requested_ips.is_empty() {
+        requested_ips = arg_ips;
+    }
+    if command != Command::Add {
+        requested_ips.clear();
+    }
+    let resolv_conf = match ipam.get("resolvConf") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(p)) if !p.is_empty() => Some(p.clone()),
+        Some(other) => {
+            return Err(fail(CniError::InvalidConfig(format!(
+                "ipam.resolvConf must be a file path, not {other}"
+            ))))
+        }
+    };
+    let dns = match ipam.get("dns") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v.clone()),
+        Some(other) => {
+            return Err(fail(CniError::InvalidConfig(format!(
+                "ipam.dns must be an object, not {other}"
+            ))))
+        }
+    };
+    let valid_attachments = if command == Command::Gc {
+        valid_attachments(&conf).map_err(|m| fail(CniError::InvalidConfig(m)))?
+    } else {
+        Vec::new()
+    };
     let socket = match ipam.get("socket") {
         None => DEFAULT_SOCKET.to_string(),
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
@@ -315,6 +421,10 @@ pub fn parse(
         pod,
         ipam_json: raw_ipam(&bytes).unwrap_or_else(|| ipam.to_string()),
         prev_addresses,
+        requested_ips,
+        valid_attachments,
+        resolv_conf,
+        dns,
         socket,
         timeout: Duration::from_millis(timeout_ms),
     })
@@ -330,6 +440,29 @@ fn raw_ipam(bytes: &[u8]) -> Option<String> {
     serde_json::from_slice::<Raw>(bytes)
         .ok()
         .map(|r| r.ipam.get().to_string())
+}
+
+/// `cni.dev/valid-attachments` (GC): the attachments the runtime still uses. Required: without
+/// it GC would release everything.
+fn valid_attachments(conf: &Value) -> Result<Vec<(String, String)>, String> {
+    const KEY: &str = "cni.dev/valid-attachments";
+    let list = match conf.get(KEY) {
+        Some(Value::Array(a)) => a,
+        Some(other) => return Err(format!("{KEY} must be a list, not {other}")),
+        None => return Err(format!("GC needs {KEY} in the network config")),
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let field = |f: &str| {
+                a.get(f)
+                    .and_then(Value::as_str)
+                    .map(String::from)
+                    .ok_or_else(|| format!("{KEY}[{i}].{f} is missing or not a string"))
+            };
+            Ok((field("containerID")?, field("ifname")?))
+        })
+        .collect()
 }
 
 /// The addresses of `prevResult.ips[].address` (CIDR form), for CHECK.

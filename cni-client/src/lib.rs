@@ -16,7 +16,7 @@ pub mod invocation;
 pub mod result;
 
 /// CNI spec versions this plugin speaks, oldest first.
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 /// Socket of ipoold when the `ipam` section has no `socket` key.
 pub const DEFAULT_SOCKET: &str = "/run/ipool/ipool.sock";

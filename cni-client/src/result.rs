@@ -7,7 +7,39 @@ use serde_json::{json, Map, Value};
 /// The version errors are printed in when the config's own is unknown or unsupported.
 pub const FALLBACK_VERSION: &str = "1.0.0";
 
-pub fn add_result(version: &str, reply: &pb::AddResponse) -> String {
+/// The `dns` object of a result from a resolv.conf file's text, as host-local reads it:
+/// `nameserver`, `domain`, `search`, `options`; `#` and `;` start comments.
+pub fn dns_from_resolv_conf(text: &str) -> Value {
+    let (mut ns, mut search, mut options) = (Vec::new(), Vec::new(), Vec::new());
+    let mut domain = None;
+    for line in text.lines() {
+        let line = line.split(['#', ';']).next().unwrap_or_default();
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => ns.extend(words.map(String::from)),
+            Some("domain") => domain = words.next().map(String::from),
+            Some("search") => search.extend(words.map(String::from)),
+            Some("options") => options.extend(words.map(String::from)),
+            _ => {}
+        }
+    }
+    let mut o = Map::new();
+    if !ns.is_empty() {
+        o.insert("nameservers".into(), json!(ns));
+    }
+    if let Some(d) = domain {
+        o.insert("domain".into(), json!(d));
+    }
+    if !search.is_empty() {
+        o.insert("search".into(), json!(search));
+    }
+    if !options.is_empty() {
+        o.insert("options".into(), json!(options));
+    }
+    Value::Object(o)
+}
+
+pub fn add_result(version: &str, reply: &pb::AddResponse, dns: &Value) -> String {
     let legacy = version.starts_with("0.");
     let ips: Vec<Value> = reply
         .ips
@@ -42,7 +74,7 @@ pub fn add_result(version: &str, reply: &pb::AddResponse) -> String {
     if !routes.is_empty() {
         out.insert("routes".into(), Value::Array(routes));
     }
-    out.insert("dns".into(), json!({}));
+    out.insert("dns".into(), dns.clone());
     Value::Object(out).to_string()
 }
 
@@ -81,7 +113,8 @@ mod tests {
             ("0.4.0", true),
             ("1.0.0", false),
         ] {
-            let r: Value = serde_json::from_str(&add_result(v, &reply())).expect("json");
+            let r: Value =
+                serde_json::from_str(&add_result(v, &reply(), &json!({}))).expect("json");
             assert_eq!(r["cniVersion"], v);
             assert_eq!(r["ips"][0]["address"], "10.1.0.2/24");
             assert_eq!(r["ips"][0]["gateway"], "10.1.0.1");
@@ -95,5 +128,19 @@ mod tests {
                 assert!(r["ips"][0].get("version").is_none());
             }
         }
+    }
+
+    #[test]
+    fn resolv_conf_like_host_local() {
+        let dns = dns_from_resolv_conf(
+            "# generated\nnameserver 10.96.0.10\nnameserver fd00::10 ; v6\nsearch default.svc.cluster.local svc.cluster.local\ndomain cluster.local\noptions ndots:5 edns0\n",
+        );
+        assert_eq!(
+            dns,
+            json!({"nameservers": ["10.96.0.10", "fd00::10"], "domain": "cluster.local",
+                   "search": ["default.svc.cluster.local", "svc.cluster.local"],
+                   "options": ["ndots:5", "edns0"]})
+        );
+        assert_eq!(dns_from_resolv_conf(""), json!({}));
     }
 }

@@ -324,7 +324,7 @@ fn missing_command_is_code_4() {
 #[test]
 fn unknown_command_is_code_4_and_named() {
     for cmd in [
-        "FOO", "add", "Add", "GC", "STATUS", " ADD", "ADD ", "DELETE",
+        "FOO", "add", "Add", "gc", "Status", " ADD", "ADD ", "DELETE",
     ] {
         let e = parse_err(&full_env(cmd), stdin_of(&conf("1.0.0")));
         assert_err(&e, 4, &["CNI_COMMAND", cmd]);
@@ -498,12 +498,29 @@ fn unknown_cni_args_key_needs_ignore_unknown() {
 }
 
 #[test]
-fn cni_args_ip_is_code_4_even_with_ignore_unknown() {
-    for args in ["IP=10.1.0.9", "IgnoreUnknown=1;IP=10.1.0.9", "IP="] {
+fn cni_args_ip_requests_static_addresses() {
+    for (args, want) in [
+        ("IP=10.1.0.9", vec!["10.1.0.9"]),
+        (
+            "IgnoreUnknown=1;IP=10.1.0.9,fd00::9",
+            vec!["10.1.0.9", "fd00::9"],
+        ),
+        ("IP=10.1.0.9/16", vec!["10.1.0.9"]),
+    ] {
+        let env = with(full_env("ADD"), "CNI_ARGS", args);
+        let call = parse_ok(&env, stdin_of(&conf("1.0.0")));
+        assert_eq!(call.requested_ips, want, "{args}");
+    }
+    for args in ["IP=", "IP=10.1.0.300", "IP=10.1.0.9,,fd00::1", "IP=host"] {
         let env = with(full_env("ADD"), "CNI_ARGS", args);
         let e = parse_err(&env, stdin_of(&conf("1.0.0")));
         assert_err(&e, 4, &["CNI_ARGS", "IP"]);
     }
+    // Only ADD asks for addresses.
+    let env = with(full_env("DEL"), "CNI_ARGS", "IP=10.1.0.9");
+    assert!(parse_ok(&env, stdin_of(&conf("1.0.0")))
+        .requested_ips
+        .is_empty());
 }
 
 #[test]
@@ -579,7 +596,7 @@ fn missing_cni_version_is_code_1() {
 #[test]
 fn unsupported_cni_version_is_code_1_and_named() {
     for v in [
-        "0.1.0", "0.2.0", "1.1.0", "2.0.0", "1.0", "", "v1.0.0", "1.0.0 ",
+        "0.1.0", "0.2.0", "1.2.0", "2.0.0", "1.0", "", "v1.0.0", "1.0.0 ",
     ] {
         let e = parse_err(&full_env("ADD"), stdin_of(&conf(v)));
         assert_err(&e, 1, &["cniVersion", &format!("{v:?}")]);
@@ -656,22 +673,122 @@ fn missing_or_non_object_ipam_is_code_7() {
 }
 
 #[test]
-fn static_ips_in_config_are_code_2() {
+fn static_ips_precedence_runtime_config_then_args_then_cni_args() {
+    let env = with(full_env("ADD"), "CNI_ARGS", "IgnoreUnknown=1;IP=10.1.0.7");
     let mut c = conf("1.0.0");
-    c["args"] = json!({"cni": {"ips": ["10.1.0.9/16"]}});
-    let e = parse_err(&full_env("ADD"), stdin_of(&c));
-    assert_err(&e, 2, &["args.cni.ips"]);
-    assert_eq!(e.version, "1.0.0");
-
-    let mut c = conf("0.4.0");
-    c["runtimeConfig"] = json!({"ips": ["10.1.0.9/16"]});
-    let e = parse_err(&full_env("ADD"), stdin_of(&c));
-    assert_err(&e, 2, &["runtimeConfig.ips"]);
-    assert_eq!(e.version, "0.4.0");
+    assert_eq!(parse_ok(&env, stdin_of(&c)).requested_ips, vec!["10.1.0.7"]);
+    c["args"] = json!({"cni": {"ips": ["10.1.0.8/16"]}});
+    assert_eq!(parse_ok(&env, stdin_of(&c)).requested_ips, vec!["10.1.0.8"]);
+    c["runtimeConfig"] = json!({"ips": ["10.1.0.9/16", "fd00::9/64"]});
+    assert_eq!(
+        parse_ok(&env, stdin_of(&c)).requested_ips,
+        vec!["10.1.0.9", "fd00::9"]
+    );
+    // An empty list names nothing and does not win.
+    c["runtimeConfig"] = json!({"ips": []});
+    assert_eq!(parse_ok(&env, stdin_of(&c)).requested_ips, vec!["10.1.0.8"]);
 }
 
-/// Known issue: static addresses given in a shape other than a list (`"ips": "10.1.0.9/16"`)
-/// are silently ignored, and the pod gets a dynamic address instead of an error.
+#[test]
+fn bad_static_ips_are_code_7_naming_the_key() {
+    for (key, v) in [
+        (
+            "args.cni.ips[0]",
+            json!({"args": {"cni": {"ips": ["nope"]}}}),
+        ),
+        (
+            "args.cni.ips[1]",
+            json!({"args": {"cni": {"ips": ["10.1.0.1", 5]}}}),
+        ),
+        (
+            "runtimeConfig.ips[0]",
+            json!({"runtimeConfig": {"ips": ["10.1.0.300/16"]}}),
+        ),
+    ] {
+        let mut c = conf("1.0.0");
+        for (k, x) in v.as_object().expect("object") {
+            c[k] = x.clone();
+        }
+        let e = parse_err(&full_env("ADD"), stdin_of(&c));
+        assert_err(&e, 7, &[key]);
+    }
+}
+
+#[test]
+fn gc_and_status_need_1_1_0_and_no_container() {
+    let env = env_of(&[("CNI_COMMAND", "GC"), ("CNI_PATH", "/opt/cni/bin")]);
+    let mut c = conf("1.1.0");
+    c["cni.dev/valid-attachments"] =
+        json!([{"containerID": "abc", "ifname": "eth0"}, {"containerID": "def", "ifname": "net1"}]);
+    let call = parse_ok(&env, stdin_of(&c));
+    assert_eq!(call.command, Command::Gc);
+    assert_eq!(
+        call.valid_attachments,
+        vec![
+            ("abc".to_string(), "eth0".to_string()),
+            ("def".to_string(), "net1".to_string())
+        ]
+    );
+    // Without the list GC would release everything: refused.
+    let e = parse_err(&env, stdin_of(&conf("1.1.0")));
+    assert_err(&e, 7, &["cni.dev/valid-attachments"]);
+    c["cni.dev/valid-attachments"] = json!([{"containerID": "abc"}]);
+    let e = parse_err(&env, stdin_of(&c));
+    assert_err(&e, 7, &["[0].ifname"]);
+    // Defined from 1.1.0 on.
+    let e = parse_err(&env, stdin_of(&conf("1.0.0")));
+    assert_err(&e, 1, &["GC", "1.1.0"]);
+
+    let env = env_of(&[("CNI_COMMAND", "STATUS")]);
+    assert_eq!(
+        parse_ok(&env, stdin_of(&conf("1.1.0"))).command,
+        Command::Status
+    );
+    let e = parse_err(&env, stdin_of(&conf("0.4.0")));
+    assert_err(&e, 1, &["STATUS"]);
+}
+
+#[test]
+fn cni_versions_list_picks_the_newest_supported() {
+    let mut c = conf("1.0.0");
+    let o = c.as_object_mut().expect("object");
+    o.remove("cniVersion");
+    o.insert("cniVersions".into(), json!(["0.4.0", "1.0.0", "9.9.9"]));
+    let call = parse_ok(&full_env("ADD"), stdin_of(&c));
+    assert_eq!(call.version, "1.0.0");
+    c["cniVersions"] = json!(["0.1.0", "9.9.9"]);
+    assert_err(
+        &parse_err(&full_env("ADD"), stdin_of(&c)),
+        1,
+        &["cniVersions"],
+    );
+    c["cniVersions"] = json!("1.0.0");
+    assert_err(
+        &parse_err(&full_env("ADD"), stdin_of(&c)),
+        7,
+        &["cniVersions"],
+    );
+}
+
+#[test]
+fn resolv_conf_and_dns_keys() {
+    let mut c = conf("1.0.0");
+    c["ipam"]["resolvConf"] = json!("/etc/resolv.conf");
+    c["ipam"]["dns"] = json!({"nameservers": ["10.0.0.10"]});
+    let call = parse_ok(&full_env("ADD"), stdin_of(&c));
+    assert_eq!(call.resolv_conf.as_deref(), Some("/etc/resolv.conf"));
+    assert_eq!(call.dns, Some(json!({"nameservers": ["10.0.0.10"]})));
+    c["ipam"]["resolvConf"] = json!(5);
+    assert_err(
+        &parse_err(&full_env("ADD"), stdin_of(&c)),
+        7,
+        &["ipam.resolvConf"],
+    );
+    c["ipam"]["resolvConf"] = json!(null);
+    c["ipam"]["dns"] = json!(["x"]);
+    assert_err(&parse_err(&full_env("ADD"), stdin_of(&c)), 7, &["ipam.dns"]);
+}
+
 #[test]
 fn static_ips_that_are_not_a_list_are_rejected() {
     for (key, c) in [

@@ -1,0 +1,153 @@
+//! The real `ipool` binary without a daemon: VERSION, plugin-side errors, and the deadline.
+//! (The tests with a daemon are in server/tests; they need this binary built, which this
+//! integration test makes `cargo test --workspace` do.)
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Out {
+    ok: bool,
+    json: Value,
+    stdout: String,
+    elapsed: Duration,
+}
+
+fn plugin(env: &[(&str, &str)], stdin: &str) -> Out {
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ipool"))
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ipool");
+    // A plugin that exits before reading stdin closes the pipe; that is its business.
+    let _ = child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes());
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json = if stdout.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout:?}"))
+    };
+    Out {
+        ok: out.status.success(),
+        json,
+        stdout,
+        elapsed: started.elapsed(),
+    }
+}
+
+fn add_env(cmd: &str) -> Vec<(&str, &str)> {
+    vec![
+        ("CNI_COMMAND", cmd),
+        ("CNI_CONTAINERID", "c1"),
+        ("CNI_NETNS", "/var/run/netns/c1"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/usr/lib/cni"),
+    ]
+}
+
+fn conf(version: &str, socket: &str, extra: &str) -> String {
+    format!(
+        r#"{{"cniVersion":"{version}","name":"n","type":"bridge","ipam":{{"type":"ipool","subnet":"10.42.0.0/24","socket":"{socket}"{extra}}}}}"#
+    )
+}
+
+#[test]
+fn version_lists_every_supported_version_in_the_asked_version() {
+    for v in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let r = plugin(
+            &[("CNI_COMMAND", "VERSION")],
+            &format!(r#"{{"cniVersion":"{v}"}}"#),
+        );
+        assert!(r.ok, "{}", r.stdout);
+        assert_eq!(r.json["cniVersion"], v);
+        assert_eq!(
+            r.json["supportedVersions"],
+            serde_json::json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+        );
+    }
+}
+
+#[test]
+fn absent_daemon_is_error_11_and_status_50() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("absent.sock");
+    let sock = sock.to_str().expect("utf8");
+    for cmd in ["ADD", "DEL", "CHECK"] {
+        let mut c: Value = serde_json::from_str(&conf("1.0.0", sock, "")).expect("json");
+        c["prevResult"] = serde_json::json!({"ips": [{"address": "10.42.0.2/24"}]});
+        let r = plugin(&add_env(cmd), &c.to_string());
+        assert!(!r.ok);
+        assert_eq!(r.json["code"], 11, "{cmd}: {}", r.stdout);
+        assert!(r.json["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("absent.sock")));
+    }
+    let r = plugin(&[("CNI_COMMAND", "STATUS")], &conf("1.1.0", sock, ""));
+    assert_eq!(r.json["code"], 50, "{}", r.stdout);
+    assert!(r.json["details"]
+        .as_str()
+        .is_some_and(|d| d.contains("cannot reach ipoold")));
+}
+
+#[test]
+fn silent_daemon_is_error_11_within_the_deadline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("silent.sock");
+    // Accepts connections (the kernel backlog) but never speaks.
+    let _listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let sock = path.to_str().expect("utf8");
+    for cmd in ["ADD", "DEL"] {
+        let r = plugin(&add_env(cmd), &conf("1.0.0", sock, r#","timeoutMs":300"#));
+        assert_eq!(r.json["code"], 11, "{cmd}: {}", r.stdout);
+        assert!(
+            r.elapsed < Duration::from_secs(5),
+            "{cmd} took {:?}: the deadline did not hold",
+            r.elapsed
+        );
+    }
+}
+
+#[test]
+fn plugin_side_errors_never_reach_the_daemon() {
+    let sock = "/nonexistent/never-used.sock";
+    type Case<'a> = (Vec<(&'a str, &'a str)>, String, u64);
+    let cases: Vec<Case> = vec![
+        (vec![], conf("1.0.0", sock, ""), 4),
+        (vec![("CNI_COMMAND", "ADD")], conf("1.0.0", sock, ""), 4),
+        (add_env("ADD"), "{not json".into(), 6),
+        (add_env("ADD"), conf("9.9.9", sock, ""), 1),
+        (
+            add_env("ADD"),
+            r#"{"cniVersion":"1.0.0","name":"n"}"#.into(),
+            7,
+        ),
+        (
+            add_env("ADD"),
+            conf("1.0.0", sock, r#","timeoutMs":"soon""#),
+            7,
+        ),
+        (
+            add_env("ADD"),
+            r#"{"cniVersion":"1.0.0","name":"n","ipam":{},"args":{"cni":{"ips":["x"]}}}"#.into(),
+            7,
+        ),
+    ];
+    for (env, stdin, code) in cases {
+        let r = plugin(&env, &stdin);
+        assert!(!r.ok, "{stdin}");
+        assert_eq!(r.json["code"], code, "{env:?} {stdin}: {}", r.stdout);
+        // Exactly one JSON document on stdout, nothing else.
+        assert_eq!(r.stdout.trim().lines().count(), 1);
+    }
+}

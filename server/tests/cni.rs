@@ -1,0 +1,311 @@
+//! The plugin against a real daemon: every version x verb, GC, STATUS, static addresses,
+//! dual-stack, resolvConf, and the same address sequence as the real host-local plugin.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use serde_json::{json, Value};
+
+const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+fn set(conf: &str, key: &str, v: Value) -> String {
+    let mut c: Value = serde_json::from_str(conf).expect("conf");
+    c[key] = v;
+    c.to_string()
+}
+
+#[test]
+fn every_version_and_verb() {
+    let d = Daemon::start();
+    for (i, v) in VERSIONS.iter().enumerate() {
+        let net = format!("m{i}");
+        let conf = d.conf(v, &net, &format!(r#""subnet":"10.{}.0.0/24""#, 60 + i));
+        let cid = format!("c{i}");
+        let add = cni("ADD", &cid, &conf);
+        assert!(add.ok, "{v} ADD: {add:?}");
+        assert_eq!(add.json["cniVersion"], *v);
+        let legacy = v.starts_with("0.");
+        assert_eq!(
+            add.json["ips"][0].get("version").is_some(),
+            legacy,
+            "{v}: {}",
+            add.stdout
+        );
+
+        let check = cni("CHECK", &cid, &with_prev(&conf, &add.json));
+        if v.starts_with("0.3.") {
+            assert_eq!(check.code(), 1, "{v} CHECK is not defined: {check:?}");
+        } else {
+            assert!(check.ok && check.stdout.is_empty(), "{v} CHECK: {check:?}");
+        }
+
+        let gc_conf = set(
+            &conf,
+            "cni.dev/valid-attachments",
+            json!([{"containerID": cid, "ifname": "eth0"}]),
+        );
+        let gc = plugin(
+            &[("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
+            &gc_conf,
+        );
+        let status = plugin(
+            &[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")],
+            &conf,
+        );
+        if *v == "1.1.0" {
+            assert!(gc.ok && gc.stdout.is_empty(), "{v} GC: {gc:?}");
+            assert!(
+                status.ok && status.stdout.is_empty(),
+                "{v} STATUS: {status:?}"
+            );
+            assert!(
+                cni("CHECK", &cid, &with_prev(&conf, &add.json)).ok,
+                "GC kept the listed one"
+            );
+        } else {
+            assert_eq!(gc.code(), 1, "{v} GC: {gc:?}");
+            assert_eq!(status.code(), 1, "{v} STATUS: {status:?}");
+        }
+
+        let ver = plugin(&[("CNI_COMMAND", "VERSION")], &conf);
+        assert_eq!(ver.json["cniVersion"], *v);
+
+        for _ in 0..2 {
+            let del = cni("DEL", &cid, &conf);
+            assert!(del.ok && del.stdout.is_empty(), "{v} DEL: {del:?}");
+        }
+    }
+}
+
+#[test]
+fn gc_releases_unlisted_attachments() {
+    let d = Daemon::start();
+    let conf = d.conf("1.1.0", "gc", r#""subnet":"10.70.0.0/24""#);
+    let adds: Vec<Run> = ["a", "b", "c"]
+        .iter()
+        .map(|c| cni("ADD", c, &conf))
+        .collect();
+    let gc_conf = set(
+        &conf,
+        "cni.dev/valid-attachments",
+        json!([{"containerID": "b", "ifname": "eth0"}]),
+    );
+    let gc = plugin(
+        &[("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
+        &gc_conf,
+    );
+    assert!(gc.ok, "{gc:?}");
+    assert_eq!(
+        cni("CHECK", "a", &with_prev(&conf, &adds[0].json)).code(),
+        3
+    );
+    assert!(cni("CHECK", "b", &with_prev(&conf, &adds[1].json)).ok);
+    assert_eq!(
+        cni("CHECK", "c", &with_prev(&conf, &adds[2].json)).code(),
+        3
+    );
+    let log = d.log();
+    assert!(
+        log.contains("GC") && log.contains("valid-attachments"),
+        "the release is logged:\n{log}"
+    );
+    // A GC without the list is refused rather than releasing everything.
+    let bad = plugin(&[("CNI_COMMAND", "GC")], &conf);
+    assert_eq!(bad.code(), 7, "{bad:?}");
+    assert!(cni("CHECK", "b", &with_prev(&conf, &adds[1].json)).ok);
+}
+
+#[test]
+fn status_is_50_with_the_reason() {
+    let d = Daemon::start();
+    let tiny = d.conf("1.1.0", "st", r#""subnet":"10.71.0.0/30""#);
+    let status = || plugin(&[("CNI_COMMAND", "STATUS")], &tiny);
+    assert!(status().ok, "a network that would be declared can serve");
+    assert!(cni("ADD", "a", &tiny).ok);
+    let r = status();
+    assert_eq!(r.code(), 50, "{r:?}");
+    assert!(
+        r.json["details"]
+            .as_str()
+            .is_some_and(|m| m.contains("st") && m.contains("1 in use")),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn static_addresses_from_cni_args_args_and_runtime_config() {
+    let d = Daemon::start();
+    let conf = d.conf("1.0.0", "static", r#""subnet":"10.72.0.0/24""#);
+    let by_env = |cid: &str, ip: &str| {
+        plugin(
+            &[
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", cid),
+                ("CNI_NETNS", "/var/run/netns/x"),
+                ("CNI_IFNAME", "eth0"),
+                (
+                    "CNI_ARGS",
+                    &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME={cid};IP={ip}"),
+                ),
+            ],
+            &conf,
+        )
+    };
+    let a = by_env("a", "10.72.0.50");
+    assert_eq!(a.addresses(), vec!["10.72.0.50/24"], "{a:?}");
+    let args = set(&conf, "args", json!({"cni": {"ips": ["10.72.0.51/24"]}}));
+    assert_eq!(cni("ADD", "b", &args).addresses(), vec!["10.72.0.51/24"]);
+    let rc = set(&args, "runtimeConfig", json!({"ips": ["10.72.0.52"]}));
+    assert_eq!(
+        cni("ADD", "c", &rc).addresses(),
+        vec!["10.72.0.52/24"],
+        "runtimeConfig wins"
+    );
+
+    let taken = by_env("d", "10.72.0.50");
+    assert_eq!(taken.code(), 104, "{taken:?}");
+    let details = taken.json["details"].as_str().unwrap_or_default();
+    assert!(
+        details.contains("10.72.0.50") && details.contains("ns/a"),
+        "{details}"
+    );
+    let outside = by_env("d", "10.99.0.1");
+    assert_eq!(outside.code(), 7, "{outside:?}");
+    assert!(outside.json["details"]
+        .as_str()
+        .is_some_and(|m| m.contains("10.99.0.1")));
+    // Dynamic allocation skips the claimed addresses.
+    let e = cni("ADD", "e", &conf);
+    assert_eq!(e.addresses(), vec!["10.72.0.2/24"]);
+}
+
+#[test]
+fn dual_stack_result_and_resolv_conf() {
+    let d = Daemon::start();
+    let resolv = d.dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "nameserver 10.96.0.10\nsearch svc.cluster.local\noptions ndots:5\n",
+    )
+    .expect("write");
+    let extra = format!(
+        r#""ranges":[[{{"subnet":"10.73.0.0/24"}}],[{{"subnet":"fd73::/64"}}]],"resolvConf":"{}""#,
+        resolv.display()
+    );
+    for v in ["0.4.0", "1.1.0"] {
+        let conf = d.conf(v, "ds", &extra);
+        let r = cni("ADD", &format!("ds-{}", v.replace('.', "")), &conf);
+        assert!(r.ok, "{r:?}");
+        let ips = r.json["ips"].as_array().expect("ips");
+        assert_eq!(ips.len(), 2);
+        assert!(ips[1]["address"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("fd73::")));
+        if v == "0.4.0" {
+            assert_eq!(ips[1]["version"], "6");
+        }
+        assert_eq!(r.json["dns"]["nameservers"], json!(["10.96.0.10"]));
+        assert_eq!(r.json["dns"]["options"], json!(["ndots:5"]));
+    }
+    let missing = d.conf("1.0.0", "ds", r#""resolvConf":"/nonexistent/resolv.conf""#);
+    let r = cni("ADD", "ds-x", &missing);
+    assert_eq!(r.code(), 7, "{r:?}");
+    assert!(
+        cni("CHECK", "ds-x", &with_prev(&missing, &json!({"ips": []}))).code() == 3,
+        "a bad resolvConf allocated nothing"
+    );
+}
+
+/// Runs the real host-local with `ipam` (plus a private dataDir).
+fn host_local(cmd: &str, cid: &str, ipam: &Value, data_dir: &Path) -> Run {
+    let mut ipam = ipam.clone();
+    ipam["type"] = json!("host-local");
+    ipam["dataDir"] = json!(data_dir);
+    let conf = json!({"cniVersion": "1.0.0", "name": "parity", "type": "bridge", "ipam": ipam});
+    let out = std::process::Command::new("/usr/lib/cni/host-local")
+        .env_clear()
+        .env("CNI_COMMAND", cmd)
+        .env("CNI_CONTAINERID", cid)
+        .env("CNI_NETNS", "/var/run/netns/x")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(conf.to_string().as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("host-local");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    Run {
+        ok: out.status.success(),
+        json: serde_json::from_str(&stdout).unwrap_or(Value::Null),
+        stdout,
+        stderr: String::new(),
+        elapsed: std::time::Duration::ZERO,
+    }
+}
+
+#[test]
+fn same_address_sequence_as_host_local() {
+    if !Path::new("/usr/lib/cni/host-local").exists() {
+        println!(
+            "skipped: needs /usr/lib/cni/host-local (apt-get install containernetworking-plugins)"
+        );
+        return;
+    }
+    let d = Daemon::start();
+    let cases = [
+        json!({"subnet": "10.80.0.0/24"}),
+        json!({"subnet": "10.81.0.0/28", "rangeStart": "10.81.0.5", "rangeEnd": "10.81.0.9", "gateway": "10.81.0.7"}),
+        json!({"ranges": [[{"subnet": "10.82.0.0/29"}, {"subnet": "10.82.1.0/30"}]]}),
+        json!({"ranges": [[{"subnet": "10.83.0.0/24", "rangeStart": "10.83.0.250"}], [{"subnet": "fd83::/120", "rangeStart": "fd83::fd"}]]}),
+    ];
+    // ADD x6 (exhausting the small ranges), DEL one, ADD two more.
+    let script: Vec<(&str, &str)> = vec![
+        ("ADD", "a"),
+        ("ADD", "b"),
+        ("ADD", "c"),
+        ("DEL", "b"),
+        ("ADD", "d"),
+        ("ADD", "e"),
+        ("ADD", "f"),
+        ("ADD", "g"),
+        ("ADD", "h"),
+    ];
+    for (i, ipam) in cases.iter().enumerate() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let mut ours = ipam.clone();
+        ours["type"] = json!("ipool");
+        ours["socket"] = json!(d.socket);
+        let conf = json!({"cniVersion": "1.0.0", "name": format!("parity{i}"), "type": "bridge", "ipam": ours}).to_string();
+        let mut seq_hl = Vec::new();
+        let mut seq_ip = Vec::new();
+        for (cmd, cid) in &script {
+            let hl = host_local(cmd, cid, ipam, data.path());
+            let ip = cni(cmd, cid, &conf);
+            if *cmd == "ADD" {
+                let fmt = |r: &Run| {
+                    if r.ok {
+                        r.addresses().join(",")
+                    } else {
+                        "error".to_string()
+                    }
+                };
+                seq_hl.push(fmt(&hl));
+                seq_ip.push(fmt(&ip));
+            } else {
+                assert!(hl.ok && ip.ok);
+            }
+        }
+        println!("case {i}: {seq_hl:?}");
+        assert_eq!(seq_ip, seq_hl, "case {i} {ipam}: ipool vs host-local");
+    }
+}
