@@ -405,7 +405,32 @@ impl Ipam {
             return Ok(Step::Done(reply_for(net, &existing.addresses)));
         }
         let now = self.now();
+        let existed = st.networks.contains_key(&req.key.network);
         self.ensure_network(st, &req.key.network, declared, now)?;
+        let result = self.allocate(st, req, now, may_wait);
+        if result.is_err() && !existed {
+            // The request that declared the network failed: declare nothing.
+            if self
+                .shared
+                .store
+                .apply(&[Change::DeleteNetwork(req.key.network.clone())])
+                .is_ok()
+            {
+                st.networks.remove(&req.key.network);
+            }
+        }
+        result
+    }
+
+    /// Allocates for `req` in its (existing) network: requested addresses first, then one
+    /// address for every other range set; all or nothing.
+    fn allocate(
+        &self,
+        st: &mut State,
+        req: &AddRequest,
+        now: Millis,
+        may_wait: bool,
+    ) -> Result<Step<AddReply>, Error> {
         let net = st
             .networks
             .get_mut(&req.key.network)

@@ -503,3 +503,19 @@ async fn status_says_why_an_add_cannot_be_served() {
         "a cooling address can still be served"
     );
 }
+
+#[tokio::test]
+async fn a_failed_add_declares_no_network() {
+    let rig = Rig::new("");
+    let e = rig
+        .ipam
+        .add(with_ips(req("fresh", "a", V4), &["10.99.0.1"]))
+        .await
+        .expect_err("outside");
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    assert!(rig.ipam.pool_status(None).is_empty());
+    assert!(rig.store.load().expect("load").networks.is_empty());
+    // The same network with a good request is declared as usual.
+    rig.ipam.add(req("fresh", "a", V4)).await.expect("add");
+    assert_eq!(rig.store.load().expect("load").networks.len(), 1);
+}
