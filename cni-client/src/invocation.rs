@@ -60,46 +60,11 @@ fn env_get<'a>(env: &'a HashMap<String, String>, k: &str) -> Option<&'a str> {
     env.get(k).map(String::as_str).filter(|v| !v.is_empty())
 }
 
-/// Checks a container ID or network name (CNI spec: non-empty, starts alphanumeric, then
-/// alphanumerics, `_`, `.`, `-`).
-pub fn check_name(what: &str, s: &str) -> Result<(), String> {
-    let mut chars = s.chars();
-    match chars.next() {
-        None => return Err(format!("{what} is empty")),
-        Some(c) if !c.is_ascii_alphanumeric() => {
-            return Err(format!("{what} {s:?} must start with a letter or digit"))
-        }
-        _ => {}
-    }
-    match chars.find(|c| !(c.is_ascii_alphanumeric() || "_.-".contains(*c))) {
-        Some(c) => Err(format!(
-            "{what} {s:?} has {c:?}; only letters, digits, '_', '.' and '-' are allowed"
-        )),
-        None => Ok(()),
-    }
-}
+pub use ipool_proto::names::check_name;
 
-/// Checks an interface name (non-empty, not `.`/`..`, at most 15 bytes, no `/`, `:`, space).
+/// Checks CNI_IFNAME (the CNI spec's interface-name rules).
 pub fn check_ifname(s: &str) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("CNI_IFNAME is empty".into());
-    }
-    if s == "." || s == ".." {
-        return Err(format!("CNI_IFNAME {s:?} is not allowed"));
-    }
-    if s.len() > 15 {
-        return Err(format!(
-            "CNI_IFNAME {s:?} is {} bytes long; the limit is 15",
-            s.len()
-        ));
-    }
-    match s
-        .chars()
-        .find(|c| *c == '/' || *c == ':' || c.is_whitespace())
-    {
-        Some(c) => Err(format!("CNI_IFNAME {s:?} must not contain {c:?}")),
-        None => Ok(()),
-    }
+    ipool_proto::names::check_ifname("CNI_IFNAME", s)
 }
 
 /// Parses `K=V;K=V` into the pod identity and the `IP=` addresses (comma-separated).

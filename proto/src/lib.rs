@@ -1,6 +1,8 @@
 //! Generated code of the `ipool.v1` gRPC API (see `ipool/v1/*.proto`).
 #![allow(clippy::all, missing_docs)]
 
+pub mod names;
+
 pub mod v1 {
     tonic::include_proto!("ipool.v1");
 

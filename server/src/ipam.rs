@@ -139,52 +139,12 @@ enum Step<T> {
     Wait(Millis),
 }
 
-/// Checks a container ID or network name: non-empty, starts alphanumeric, then
-/// alphanumerics, `_`, `.`, `-` (the CNI spec's charset).
-pub fn validate_name(what: &str, s: &str) -> Result<(), String> {
-    let mut chars = s.chars();
-    match chars.next() {
-        None => return Err(format!("{what} is empty")),
-        Some(c) if !c.is_ascii_alphanumeric() => {
-            return Err(format!("{what} {s:?} must start with a letter or digit"))
-        }
-        _ => {}
-    }
-    if let Some(c) = chars.find(|c| !(c.is_ascii_alphanumeric() || "_.-".contains(*c))) {
-        return Err(format!(
-            "{what} {s:?} has {c:?}; only letters, digits, '_', '.' and '-' are allowed"
-        ));
-    }
-    Ok(())
-}
-
-/// Checks an interface name: non-empty, not `.` or `..`, under 16 bytes, no `/`, `:`, space.
-pub fn validate_ifname(s: &str) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("interface name is empty".into());
-    }
-    if s == "." || s == ".." {
-        return Err(format!("interface name {s:?} is not allowed"));
-    }
-    if s.len() > 15 {
-        return Err(format!(
-            "interface name {s:?} is {} bytes long; the limit is 15",
-            s.len()
-        ));
-    }
-    if let Some(c) = s
-        .chars()
-        .find(|c| *c == '/' || *c == ':' || c.is_whitespace())
-    {
-        return Err(format!("interface name {s:?} must not contain {c:?}"));
-    }
-    Ok(())
-}
+pub use ipool_proto::names::check_name as validate_name;
 
 pub fn validate_key(key: &AttachmentKey) -> Result<(), Error> {
     validate_name("network name", &key.network)
         .and_then(|_| validate_name("container ID", &key.container_id))
-        .and_then(|_| validate_ifname(&key.ifname))
+        .and_then(|_| ipool_proto::names::check_ifname("interface name", &key.ifname))
         .map_err(Error::InvalidRequest)
 }
 
@@ -616,42 +576,14 @@ impl Ipam {
         validate_key(key)?;
         let released = {
             let mut guard = self.lock();
-            let st = &mut *guard;
-            let Some(record) = st.attachments.get(key) else {
+            if !guard.attachments.contains_key(key) {
                 return Ok(Vec::new());
-            };
-            let now = self.now();
-            let mut changes = vec![Change::DeleteAttachment(key.clone())];
-            let mut done: Vec<(usize, IpAddr)> = Vec::new();
-            if let Some(net) = st.networks.get_mut(&key.network) {
-                for ip in &record.addresses {
-                    if let Some(set) = net.set_of(*ip) {
-                        if net.pools[set].pool.release(*ip, now).is_some() {
-                            done.push((set, *ip));
-                            changes.push(Change::PutIdle {
-                                network: key.network.clone(),
-                                ip: *ip,
-                                released_at: now,
-                            });
-                        }
-                    }
-                }
-                if let Err(e) = self.shared.store.apply(&changes) {
-                    for (set, ip) in done {
-                        // Back into use by the same owner, as before the release.
-                        let _ = net.pools[set].pool.take(ip, key.clone());
-                    }
-                    return Err(e.into());
-                }
-            } else {
-                self.shared.store.apply(&changes)?;
             }
-            let record = st.attachments.remove(key);
-            record.map(|r| r.addresses).unwrap_or_default()
+            self.release_all(&mut guard, std::slice::from_ref(key))?
         };
         self.flush().await?;
         self.shared.changed.notify_one();
-        Ok(released)
+        Ok(released.into_iter().flat_map(|(_, ips)| ips).collect())
     }
 
     /// Confirms the attachment exists and holds every address in `addresses`.

@@ -43,8 +43,9 @@ impl Ipam {
         Ok(released)
     }
 
-    /// Releases `keys` in one store transaction; on a store error nothing changes.
-    fn release_all(
+    /// Releases `keys` (in use -> idle, cooling from now) in one store transaction; on a store
+    /// error nothing changes. Shared by DEL and GC.
+    pub(super) fn release_all(
         &self,
         st: &mut State,
         keys: &[AttachmentKey],
