@@ -15,11 +15,13 @@ use tokio::sync::Notify;
 use crate::clock::Clock;
 use crate::config::{IpamSection, NetworkDef, RouteSpec, Tuning};
 use crate::error::Error;
-use crate::factory::{Factory, LocalFactory};
-use crate::pool::{Millis, Plan, Pool, PoolConfig, PoolError, TokenBucket};
+use crate::factory::LocalFactory;
+use crate::pool::Millis;
 use crate::range::Family;
 use crate::store::{AttachmentKey, AttachmentRecord, Change, Pod, Store};
+use family::{Acquired, ClaimError, FamilyPool, Origin};
 
+mod family;
 mod gc;
 mod maintain;
 mod recover;
@@ -57,13 +59,6 @@ struct Network {
     pools: Vec<FamilyPool>,
 }
 
-struct FamilyPool {
-    family: Family,
-    pool: Pool<AttachmentKey>,
-    factory: Box<dyn Factory>,
-    bucket: TokenBucket,
-}
-
 /// An address as a reply reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -78,7 +73,7 @@ pub struct AddReply {
     pub routes: Vec<RouteSpec>,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct AddRequest {
     pub key: AttachmentKey,
     pub pod: Pod,
@@ -106,33 +101,6 @@ pub struct PoolStatus {
     pub bucket_tokens: f64,
 }
 
-/// How one family's address was obtained, so it can be undone.
-#[derive(Clone, Copy, Debug)]
-enum Origin {
-    Idle {
-        released_at: Millis,
-    },
-    Source {
-        prev_cursor: Option<IpAddr>,
-    },
-    /// A requested address claimed straight from the source.
-    Claimed,
-}
-
-/// Why a requested address could not be claimed.
-enum ClaimError {
-    Held(AttachmentKey),
-    NotHandedOut(String),
-    Pool(PoolError),
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Acquired {
-    set: usize,
-    ip: IpAddr,
-    origin: Origin,
-}
-
 enum Step<T> {
     Done(T),
     /// The source's bucket is empty: try again after this many ms.
@@ -146,136 +114,6 @@ pub fn validate_key(key: &AttachmentKey) -> Result<(), Error> {
         .and_then(|_| validate_name("container ID", &key.container_id))
         .and_then(|_| ipool_proto::names::check_ifname("interface name", &key.ifname))
         .map_err(Error::InvalidRequest)
-}
-
-// === impl FamilyPool ===
-
-impl FamilyPool {
-    fn new(family: Family, factory: Box<dyn Factory>, tuning: &Tuning, now: Millis) -> Self {
-        let size = usize::try_from(factory.size()).unwrap_or(usize::MAX);
-        FamilyPool {
-            family,
-            pool: Pool::new(PoolConfig {
-                min_idle: tuning.min_idle,
-                max_idle: tuning.max_idle,
-                capacity: tuning.capacity.map_or(size, |c| c.min(size)),
-                cooldown_ms: tuning.cooldown_secs.saturating_mul(1000),
-            }),
-            factory,
-            bucket: TokenBucket::new(tuning.source_rate, tuning.source_burst, now),
-        }
-    }
-
-    /// One address for `key`. `may_wait`: an empty bucket is reported as a wait instead of
-    /// treating the source as dry.
-    fn acquire(
-        &mut self,
-        set: usize,
-        key: &AttachmentKey,
-        now: Millis,
-        may_wait: bool,
-    ) -> Result<Step<Acquired>, PoolError> {
-        let mut dry = self.factory.free() == 0;
-        loop {
-            match self.pool.plan(now, dry)? {
-                Plan::Idle(ip) => {
-                    let released_at = self.pool.take(ip, key.clone())?;
-                    return Ok(Step::Done(Acquired {
-                        set,
-                        ip,
-                        origin: Origin::Idle { released_at },
-                    }));
-                }
-                Plan::Source => {
-                    if let Err(wait) = self.bucket.try_take(now) {
-                        if may_wait {
-                            return Ok(Step::Wait(wait));
-                        }
-                        dry = true;
-                        continue;
-                    }
-                    let prev_cursor = self.factory.cursor();
-                    match self.factory.allocate() {
-                        Some(ip) => {
-                            self.pool.receive(ip, 0)?;
-                            self.pool.take(ip, key.clone())?;
-                            return Ok(Step::Done(Acquired {
-                                set,
-                                ip,
-                                origin: Origin::Source { prev_cursor },
-                            }));
-                        }
-                        None => dry = true,
-                    }
-                }
-            }
-        }
-    }
-
-    /// The requested address `ip` for `key`: from idle (even if cooling: it was asked for by
-    /// name), or straight from the source.
-    fn claim(
-        &mut self,
-        set: usize,
-        ip: IpAddr,
-        key: &AttachmentKey,
-    ) -> Result<Acquired, ClaimError> {
-        if let Some(holder) = self.pool.owner(ip) {
-            return Err(ClaimError::Held(holder.clone()));
-        }
-        if self.pool.idle_since(ip).is_some() {
-            let released_at = self.pool.take(ip, key.clone()).map_err(ClaimError::Pool)?;
-            return Ok(Acquired {
-                set,
-                ip,
-                origin: Origin::Idle { released_at },
-            });
-        }
-        self.factory
-            .occupy(ip)
-            .map_err(|e| ClaimError::NotHandedOut(e.to_string()))?;
-        if let Err(e) = self.pool.receive(ip, 0) {
-            self.factory.release(ip);
-            return Err(ClaimError::Pool(e));
-        }
-        self.pool.take(ip, key.clone()).map_err(ClaimError::Pool)?;
-        Ok(Acquired {
-            set,
-            ip,
-            origin: Origin::Claimed,
-        })
-    }
-
-    fn unwind(&mut self, a: &Acquired) {
-        match a.origin {
-            Origin::Claimed => {
-                self.pool.untake(a.ip, 0);
-                self.pool.give_back(a.ip);
-                self.factory.release(a.ip);
-            }
-            Origin::Idle { released_at } => {
-                self.pool.untake(a.ip, released_at);
-            }
-            Origin::Source { prev_cursor } => {
-                self.pool.untake(a.ip, 0);
-                self.pool.give_back(a.ip);
-                self.factory.release(a.ip);
-                self.factory.set_cursor(prev_cursor);
-            }
-        }
-    }
-
-    fn lease(&self, ip: IpAddr) -> Lease {
-        let (prefix_len, gateway) = self
-            .factory
-            .interface_of(ip)
-            .unwrap_or((if ip.is_ipv4() { 32 } else { 128 }, None));
-        Lease {
-            ip,
-            prefix_len,
-            gateway,
-        }
-    }
 }
 
 impl Network {

@@ -26,7 +26,7 @@ pub use sled_store::SledStore;
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// The key of an attachment: (network name, CNI_CONTAINERID, CNI_IFNAME).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct AttachmentKey {
     pub network: String,
     pub container_id: String,

@@ -1,0 +1,180 @@
+//! One address family's pool of a network: the pure [`Pool`], its source ([`Factory`]) and the
+//! source's token bucket, and how an address is acquired, claimed and given back.
+
+use std::net::IpAddr;
+
+use super::{Lease, Step};
+use crate::config::Tuning;
+use crate::factory::Factory;
+use crate::pool::{Millis, Plan, Pool, PoolConfig, PoolError, TokenBucket};
+use crate::range::Family;
+use crate::store::AttachmentKey;
+
+pub(super) struct FamilyPool {
+    pub(super) family: Family,
+    pub(super) pool: Pool<AttachmentKey>,
+    pub(super) factory: Box<dyn Factory>,
+    pub(super) bucket: TokenBucket,
+}
+
+/// How one family's address was obtained, so it can be undone.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Origin {
+    Idle {
+        released_at: Millis,
+    },
+    Source {
+        prev_cursor: Option<IpAddr>,
+    },
+    /// A requested address claimed straight from the source.
+    Claimed,
+}
+
+/// Why a requested address could not be claimed.
+pub(super) enum ClaimError {
+    Held(AttachmentKey),
+    NotHandedOut(String),
+    Pool(PoolError),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Acquired {
+    pub(super) set: usize,
+    pub(super) ip: IpAddr,
+    pub(super) origin: Origin,
+}
+
+// === impl FamilyPool ===
+
+impl FamilyPool {
+    pub(super) fn new(
+        family: Family,
+        factory: Box<dyn Factory>,
+        tuning: &Tuning,
+        now: Millis,
+    ) -> Self {
+        let size = usize::try_from(factory.size()).unwrap_or(usize::MAX);
+        FamilyPool {
+            family,
+            pool: Pool::new(PoolConfig {
+                min_idle: tuning.min_idle,
+                max_idle: tuning.max_idle,
+                capacity: tuning.capacity.map_or(size, |c| c.min(size)),
+                cooldown_ms: tuning.cooldown_secs.saturating_mul(1000),
+            }),
+            factory,
+            bucket: TokenBucket::new(tuning.source_rate, tuning.source_burst, now),
+        }
+    }
+
+    /// One address for `key`. `may_wait`: an empty bucket is reported as a wait instead of
+    /// treating the source as dry.
+    pub(super) fn acquire(
+        &mut self,
+        set: usize,
+        key: &AttachmentKey,
+        now: Millis,
+        may_wait: bool,
+    ) -> Result<Step<Acquired>, PoolError> {
+        let mut dry = self.factory.free() == 0;
+        loop {
+            match self.pool.plan(now, dry)? {
+                Plan::Idle(ip) => {
+                    let released_at = self.pool.take(ip, key.clone())?;
+                    return Ok(Step::Done(Acquired {
+                        set,
+                        ip,
+                        origin: Origin::Idle { released_at },
+                    }));
+                }
+                Plan::Source => {
+                    if let Err(wait) = self.bucket.try_take(now) {
+                        if may_wait {
+                            return Ok(Step::Wait(wait));
+                        }
+                        dry = true;
+                        continue;
+                    }
+                    let prev_cursor = self.factory.cursor();
+                    match self.factory.allocate() {
+                        Some(ip) => {
+                            self.pool.receive(ip, 0)?;
+                            self.pool.take(ip, key.clone())?;
+                            return Ok(Step::Done(Acquired {
+                                set,
+                                ip,
+                                origin: Origin::Source { prev_cursor },
+                            }));
+                        }
+                        None => dry = true,
+                    }
+                }
+            }
+        }
+    }
+
+    /// The requested address `ip` for `key`: from idle (even if cooling: it was asked for by
+    /// name), or straight from the source.
+    pub(super) fn claim(
+        &mut self,
+        set: usize,
+        ip: IpAddr,
+        key: &AttachmentKey,
+    ) -> Result<Acquired, ClaimError> {
+        if let Some(holder) = self.pool.owner(ip) {
+            return Err(ClaimError::Held(holder.clone()));
+        }
+        if self.pool.idle_since(ip).is_some() {
+            let released_at = self.pool.take(ip, key.clone()).map_err(ClaimError::Pool)?;
+            return Ok(Acquired {
+                set,
+                ip,
+                origin: Origin::Idle { released_at },
+            });
+        }
+        self.factory
+            .occupy(ip)
+            .map_err(|e| ClaimError::NotHandedOut(e.to_string()))?;
+        if let Err(e) = self.pool.receive(ip, 0) {
+            self.factory.release(ip);
+            return Err(ClaimError::Pool(e));
+        }
+        self.pool.take(ip, key.clone()).map_err(ClaimError::Pool)?;
+        Ok(Acquired {
+            set,
+            ip,
+            origin: Origin::Claimed,
+        })
+    }
+
+    pub(super) fn unwind(&mut self, a: &Acquired) {
+        match a.origin {
+            Origin::Claimed => {
+                self.pool.untake(a.ip, 0);
+                self.pool.give_back(a.ip);
+                self.factory.release(a.ip);
+            }
+            Origin::Idle { released_at } => {
+                self.pool.untake(a.ip, released_at);
+            }
+            Origin::Source { prev_cursor } => {
+                self.pool.untake(a.ip, 0);
+                self.pool.give_back(a.ip);
+                self.factory.release(a.ip);
+                self.factory.set_cursor(prev_cursor);
+            }
+        }
+    }
+
+    pub(super) fn lease(&self, ip: IpAddr) -> Lease {
+        let (prefix_len, gateway) = self
+            .factory
+            .interface_of(ip)
+            .unwrap_or((if ip.is_ipv4() { 32 } else { 128 }, None));
+        Lease {
+            ip,
+            prefix_len,
+            gateway,
+        }
+    }
+}
