@@ -30,6 +30,48 @@ pub struct Tuning {
     /// Calls per second into the address source, and how many may come at once.
     pub source_rate: f64,
     pub source_burst: u32,
+    /// Which pods keep their addresses after a DEL (as a reservation for their namespace/name).
+    #[serde(default)]
+    pub sticky: Sticky,
+    /// How long such a reservation lasts.
+    #[serde(default = "default_sticky_ttl")]
+    pub sticky_ttl_secs: u64,
+}
+
+fn default_sticky_ttl() -> u64 {
+    600
+}
+
+/// Which pods are sticky: their address is reserved for their namespace/name when they go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sticky {
+    /// Nobody (host-local's behaviour).
+    #[default]
+    None,
+    /// Pods named like a StatefulSet's: `<name>-<ordinal>`.
+    StatefulSet,
+    /// Every pod with a name.
+    All,
+}
+
+impl Sticky {
+    /// Whether a pod called `name` keeps its address under this policy.
+    pub fn applies_to(self, name: &str) -> bool {
+        match self {
+            Sticky::None => false,
+            Sticky::All => !name.is_empty(),
+            Sticky::StatefulSet => match name.rsplit_once('-') {
+                Some((base, ordinal)) => {
+                    !base.is_empty()
+                        && !ordinal.is_empty()
+                        && ordinal.bytes().all(|b| b.is_ascii_digit())
+                        && (ordinal == "0" || !ordinal.starts_with('0'))
+                }
+                None => false,
+            },
+        }
+    }
 }
 
 /// Per-network overrides of [`Tuning`] in the TOML.
@@ -42,6 +84,8 @@ pub struct TuningPatch {
     pub cooldown_secs: Option<u64>,
     pub source_rate: Option<f64>,
     pub source_burst: Option<u32>,
+    pub sticky: Option<Sticky>,
+    pub sticky_ttl_secs: Option<u64>,
 }
 
 impl TuningPatch {
@@ -53,6 +97,8 @@ impl TuningPatch {
             cooldown_secs: self.cooldown_secs.unwrap_or(base.cooldown_secs),
             source_rate: self.source_rate.unwrap_or(base.source_rate),
             source_burst: self.source_burst.unwrap_or(base.source_burst),
+            sticky: self.sticky.unwrap_or(base.sticky),
+            sticky_ttl_secs: self.sticky_ttl_secs.unwrap_or(base.sticky_ttl_secs),
         }
     }
 }
@@ -77,6 +123,9 @@ impl Tuning {
         }
         if self.source_burst == 0 {
             return bad("source_burst must be at least 1".into());
+        }
+        if self.sticky != Sticky::None && self.sticky_ttl_secs == 0 {
+            return bad("sticky_ttl_secs must be at least 1 when sticky is on".into());
         }
         Ok(())
     }
@@ -255,8 +304,19 @@ impl IpamSection {
 #[serde(deny_unknown_fields)]
 pub struct DaemonConfig {
     pub defaults: Tuning,
+    #[serde(default)]
+    pub leak_check: LeakCheck,
     #[serde(default, rename = "network")]
     pub networks: Vec<NetworkSpec>,
+}
+
+/// The `[leak_check]` table: release attachments whose network namespace is gone.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeakCheck {
+    /// Seconds between checks (the first runs at start); 0: no checks.
+    #[serde(default)]
+    pub interval_secs: u64,
 }
 
 /// A `[[network]]` table.

@@ -2,8 +2,9 @@
 //!
 //! A request takes the state lock, lets the pools decide, applies the resulting [`Change`]s to
 //! the store in one transaction (still under the lock, so the store sees changes in decision
-//! order), releases the lock, and then waits for the store to flush before it replies. If the
-//! store refuses a write, the pools are put back as they were: nothing half-done stays behind.
+//! order), releases the lock, and then waits for the store's group commit to make it durable
+//! before it replies. If the store refuses a write, the pools are put back as they were:
+//! nothing half-done stays behind.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -18,13 +19,19 @@ use crate::error::Error;
 use crate::factory::LocalFactory;
 use crate::pool::Millis;
 use crate::range::Family;
-use crate::store::{AttachmentKey, AttachmentRecord, Change, Pod, Store};
+use crate::store::{
+    AttachmentKey, AttachmentRecord, Change, Committer, Pod, Reservation, ReservationKey,
+};
 use family::{Acquired, ClaimError, FamilyPool, Origin};
 
 mod family;
 mod gc;
+mod leak;
 mod maintain;
 mod recover;
+mod sticky;
+pub use gc::{ReleaseBy, Released};
+pub use leak::LeakSuspects;
 pub use maintain::spawn_maintenance;
 
 /// How long an ADD may wait for the source's token bucket before it settles for what the pool
@@ -39,18 +46,21 @@ pub struct Ipam {
 
 struct Shared {
     state: Mutex<State>,
-    store: Arc<dyn Store>,
+    store: Committer,
     clock: Arc<dyn Clock>,
     /// Tuning for networks declared by a CNI `ipam` section.
     defaults: Tuning,
     /// Wakes the background loop after a change.
     changed: Notify,
+    /// Time between leak checks; zero: none.
+    leak_check: Duration,
 }
 
 #[derive(Default)]
 struct State {
     networks: BTreeMap<String, Network>,
     attachments: HashMap<AttachmentKey, AttachmentRecord>,
+    reservations: BTreeMap<ReservationKey, Reservation>,
 }
 
 struct Network {
@@ -95,6 +105,7 @@ pub struct PoolStatus {
     pub in_use: usize,
     pub idle: usize,
     pub cooling: usize,
+    pub reserved: usize,
     pub free_in_source: u128,
     pub min_idle: usize,
     pub max_idle: usize,
@@ -149,12 +160,14 @@ impl Ipam {
         self.shared.clock.now_ms()
     }
 
+    /// Waits until every change applied so far is durable (shared with concurrent requests).
     async fn flush(&self) -> Result<(), Error> {
-        let store = self.shared.store.clone();
-        tokio::task::spawn_blocking(move || store.flush())
-            .await
-            .map_err(|e| Error::Busy(format!("flush task failed: {e}")))??;
-        Ok(())
+        Ok(self.shared.store.durable().await?)
+    }
+
+    /// The store's group-commit counters.
+    pub fn commit_stats(&self) -> crate::store::CommitStats {
+        self.shared.store.stats()
     }
 
     /// Allocates one address per range set of the network, or returns the attachment's
@@ -205,7 +218,11 @@ impl Ipam {
         let now = self.now();
         let existed = st.networks.contains_key(&req.key.network);
         self.ensure_network(st, &req.key.network, declared, now)?;
-        let result = self.allocate(st, req, now, may_wait);
+        let reservation = sticky::identity(&req.key.network, &req.pod)
+            .and_then(|k| st.reservations.get(&k))
+            .filter(|r| r.expires_at_ms > now)
+            .cloned();
+        let result = self.allocate(st, req, reservation.as_ref(), now, may_wait);
         if result.is_err() && !existed {
             // The request that declared the network failed: declare nothing.
             if self
@@ -226,6 +243,7 @@ impl Ipam {
         &self,
         st: &mut State,
         req: &AddRequest,
+        reservation: Option<&Reservation>,
         now: Millis,
         may_wait: bool,
     ) -> Result<Step<AddReply>, Error> {
@@ -258,6 +276,18 @@ impl Ipam {
             }
         };
         for (set, want) in wanted.iter().enumerate() {
+            // The pod's reservation, unless the request names another address.
+            let kept = reservation.and_then(|r| {
+                r.addresses.iter().copied().find(|ip| {
+                    want.is_none_or(|w| w == *ip) && net.pools[set].pool.is_reserved(*ip)
+                })
+            });
+            if let Some(ip) = kept {
+                if let Some(a) = net.pools[set].take_reserved(set, ip, &req.key) {
+                    got.push(a);
+                    continue;
+                }
+            }
             if let Some(ip) = *want {
                 match net.pools[set].claim(set, ip, &req.key) {
                     Ok(a) => {
@@ -276,6 +306,19 @@ impl Ipam {
                                     .unwrap_or_default();
                                 Error::InUse(format!(
                                     "requested address {ip} is already held by attachment {holder}{pod}"
+                                ))
+                            }
+                            ClaimError::Reserved => {
+                                let whose = st
+                                    .reservations
+                                    .values()
+                                    .find(|r| {
+                                        r.key.network == req.key.network && r.addresses.contains(&ip)
+                                    })
+                                    .map(|r| format!(" for pod {}/{} until {} (Unix ms)", r.key.namespace, r.key.name, r.expires_at_ms))
+                                    .unwrap_or_default();
+                                Error::InUse(format!(
+                                    "requested address {ip} is reserved{whose}; cancel the reservation to use it elsewhere"
                                 ))
                             }
                             ClaimError::NotHandedOut(why) => Error::InvalidConfig(format!(
@@ -299,12 +342,13 @@ impl Ipam {
                     unwind(net, &got);
                     let p = &net.pools[set];
                     return Err(Error::Exhausted(format!(
-                        "pool {:?} IPv{} ({}) is exhausted: {e}; {} idle, {} cooling",
+                        "pool {:?} IPv{} ({}) is exhausted: {e}; {} idle, {} cooling, {} reserved for sticky pods",
                         req.key.network,
                         p.family.as_str(),
                         p.factory.describe(),
                         p.pool.idle(),
-                        p.pool.cooling(now)
+                        p.pool.cooling(now),
+                        p.pool.reserved()
                     )));
                 }
             }
@@ -328,12 +372,39 @@ impl Ipam {
                     set: a.set,
                     cursor: net.pools[a.set].factory.cursor(),
                 },
-                Origin::Claimed => continue,
+                Origin::Claimed | Origin::Reserved => continue,
+            });
+        }
+        // A used reservation ends; its addresses the pod did not get back go idle, cooling.
+        let used = reservation.filter(|_| got.iter().any(|a| matches!(a.origin, Origin::Reserved)));
+        let leftover: Vec<(usize, IpAddr)> = match used {
+            Some(r) => {
+                changes.push(Change::DeleteReservation(r.key.clone()));
+                r.addresses
+                    .iter()
+                    .filter(|ip| !record.addresses.contains(ip))
+                    .filter_map(|ip| net.set_of(*ip).map(|set| (set, *ip)))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        for (_, ip) in &leftover {
+            changes.push(Change::PutIdle {
+                network: req.key.network.clone(),
+                ip: *ip,
+                released_at: now,
             });
         }
         if let Err(e) = self.shared.store.apply(&changes) {
             unwind(net, &got);
             return Err(e.into());
+        }
+        for (set, ip) in leftover {
+            net.pools[set].pool.unreserve(ip, now);
+        }
+        if let Some(r) = used {
+            st.reservations.remove(&r.key);
+            tracing::info!(network = %req.key.network, pod = %format!("{}/{}", r.key.namespace, r.key.name), container = %req.key.container_id, address = %join(&record.addresses), "sticky pod back: its reservation is used");
         }
         let reply = reply_for(net, &record.addresses);
         st.attachments.insert(req.key.clone(), record);
@@ -354,10 +425,11 @@ impl Ipam {
             (Some(_), None) => return Ok(()),
             (Some(known), Some(d)) if known.def.same_addresses(d) => return Ok(()),
             (Some(known), Some(d)) => {
-                let live = st.attachments.keys().filter(|k| k.network == name).count();
+                let live = st.attachments.keys().filter(|k| k.network == name).count()
+                    + st.reservations.keys().filter(|k| k.network == name).count();
                 if live > 0 {
                     return Err(Error::InvalidConfig(format!(
-                        "network {name:?} is already defined (by {}) with ranges {}; this config asks for {}, but {live} attachment(s) still hold addresses of the old ranges (delete them first, or use a new network name)",
+                        "network {name:?} is already defined (by {}) with ranges {}; this config asks for {}, but {live} attachment(s) or reservation(s) still hold addresses of the old ranges (delete them first, or use a new network name)",
                         match known.def.origin {
                             crate::config::Origin::Config => "ipoold's config file",
                             crate::config::Origin::Cni => "an earlier CNI config",
@@ -417,11 +489,11 @@ impl Ipam {
             if !guard.attachments.contains_key(key) {
                 return Ok(Vec::new());
             }
-            self.release_all(&mut guard, std::slice::from_ref(key))?
+            self.release_all(&mut guard, std::slice::from_ref(key), ReleaseBy::Del)?
         };
         self.flush().await?;
         self.shared.changed.notify_one();
-        Ok(released.into_iter().flat_map(|(_, ips)| ips).collect())
+        Ok(released.into_iter().flat_map(|r| r.addresses).collect())
     }
 
     /// Confirms the attachment exists and holds every address in `addresses`.
@@ -470,6 +542,7 @@ impl Ipam {
                     in_use: p.pool.in_use(),
                     idle: p.pool.idle(),
                     cooling: p.pool.cooling(now),
+                    reserved: p.pool.reserved(),
                     free_in_source: p.factory.free(),
                     min_idle: p.pool.config().min_idle,
                     max_idle: p.pool.config().max_idle,

@@ -5,15 +5,16 @@
 //! store around it.
 //!
 //! Every address the pool holds is either *idle* (ordered by release time; never-used addresses
-//! count as released at 0) or *in use* by an owner. Holding an address costs one capacity token:
-//! `idle + in_use <= capacity` always.
+//! count as released at 0), *in use* by an owner, or *reserved* (kept for a pod identity that
+//! is away; the engine knows for whom). Holding an address costs one capacity token:
+//! `idle + in_use + reserved <= capacity` always.
 //!
 //! Choosing an address (`plan`): the idle address released longest ago, if its cooldown has
 //! passed; else a fresh one from the source if a token is left and the source is not dry; else
 //! the idle address released longest ago even though it is still cooling (nothing else can be
 //! had); else the pool is exhausted.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 mod bucket;
@@ -55,6 +56,8 @@ pub enum PoolError {
     NotIdle(IpAddr),
     #[error("{0} is already held by this pool")]
     AlreadyHeld(IpAddr),
+    #[error("{0} is not in use")]
+    NotInUse(IpAddr),
     #[error("no capacity token left (capacity {0})")]
     NoToken(usize),
 }
@@ -75,6 +78,7 @@ pub struct Pool<O> {
     idle: BTreeSet<(Millis, IpAddr)>,
     idle_since: HashMap<IpAddr, Millis>,
     in_use: HashMap<IpAddr, O>,
+    reserved: HashSet<IpAddr>,
 }
 
 impl<O: Clone> Pool<O> {
@@ -84,6 +88,7 @@ impl<O: Clone> Pool<O> {
             idle: BTreeSet::new(),
             idle_since: HashMap::new(),
             in_use: HashMap::new(),
+            reserved: HashSet::new(),
         }
     }
 
@@ -99,11 +104,25 @@ impl<O: Clone> Pool<O> {
         self.idle.len()
     }
 
+    pub fn reserved(&self) -> usize {
+        self.reserved.len()
+    }
+
+    pub fn is_reserved(&self, ip: IpAddr) -> bool {
+        self.reserved.contains(&ip)
+    }
+
     /// Idle addresses still inside their cooldown at `now`.
     pub fn cooling(&self, now: Millis) -> usize {
+        self.idle.len() - self.cooled_idle(now)
+    }
+
+    /// Idle addresses past their cooldown at `now`: what an ADD can have without waiting.
+    /// The idle set is ordered by release time, so they are a prefix of it.
+    fn cooled_idle(&self, now: Millis) -> usize {
         self.idle
             .iter()
-            .filter(|(at, _)| !self.cooled(*at, now))
+            .take_while(|(at, _)| self.cooled(*at, now))
             .count()
     }
 
@@ -111,7 +130,7 @@ impl<O: Clone> Pool<O> {
     pub fn tokens(&self) -> usize {
         self.cfg
             .capacity
-            .saturating_sub(self.idle.len() + self.in_use.len())
+            .saturating_sub(self.idle.len() + self.in_use.len() + self.reserved.len())
     }
 
     pub fn owner(&self, ip: IpAddr) -> Option<&O> {
@@ -154,7 +173,10 @@ impl<O: Clone> Pool<O> {
     /// Puts an address fresh from the source into idle, stamped `released_at` (0 for never used).
     /// Takes a capacity token.
     pub fn receive(&mut self, ip: IpAddr, released_at: Millis) -> Result<(), PoolError> {
-        if self.idle_since.contains_key(&ip) || self.in_use.contains_key(&ip) {
+        if self.idle_since.contains_key(&ip)
+            || self.in_use.contains_key(&ip)
+            || self.reserved.contains(&ip)
+        {
             return Err(PoolError::AlreadyHeld(ip));
         }
         if self.tokens() == 0 {
@@ -192,6 +214,40 @@ impl<O: Clone> Pool<O> {
         self.untake(ip, now)
     }
 
+    /// In use -> reserved. Returns the owner it had.
+    pub fn reserve(&mut self, ip: IpAddr) -> Result<O, PoolError> {
+        let owner = self.in_use.remove(&ip).ok_or(PoolError::NotInUse(ip))?;
+        self.reserved.insert(ip);
+        Ok(owner)
+    }
+
+    /// Puts an address straight into reserved (a restart rebuilding the pool). Takes a token.
+    pub fn restore_reserved(&mut self, ip: IpAddr) -> Result<(), PoolError> {
+        self.receive(ip, 0)?;
+        self.give_back(ip);
+        self.reserved.insert(ip);
+        Ok(())
+    }
+
+    /// Reserved -> in use by `owner`. False if `ip` was not reserved.
+    pub fn take_reserved(&mut self, ip: IpAddr, owner: O) -> bool {
+        if !self.reserved.remove(&ip) {
+            return false;
+        }
+        self.in_use.insert(ip, owner);
+        true
+    }
+
+    /// Reserved -> idle, stamped `now` (its cooldown starts). False if `ip` was not reserved.
+    pub fn unreserve(&mut self, ip: IpAddr, now: Millis) -> bool {
+        if !self.reserved.remove(&ip) {
+            return false;
+        }
+        self.idle.insert((now, ip));
+        self.idle_since.insert(ip, now);
+        true
+    }
+
     /// Idle -> back to the source; returns the token. False if `ip` was not idle.
     pub fn give_back(&mut self, ip: IpAddr) -> bool {
         match self.idle_since.remove(&ip) {
@@ -204,16 +260,19 @@ impl<O: Clone> Pool<O> {
     }
 
     /// What the background loop should do to bring idle within [min_idle, max_idle].
-    /// Only addresses past their cooldown are given back, so the source cannot hand a
+    ///
+    /// Both bounds count only addresses past their cooldown: a cooling address cannot serve the
+    /// next ADD, so it does not stop the loop from fetching (AWS VPC CNI #2896 counted them and
+    /// left pods without addresses), and it is never given back, so the source cannot hand a
     /// just-released address to someone else.
     pub fn maintenance(&self, now: Millis, source_dry: bool) -> Maintenance {
-        let idle = self.idle.len();
+        let ready = self.cooled_idle(now);
         let fetch = if source_dry {
             0
         } else {
-            self.cfg.min_idle.saturating_sub(idle).min(self.tokens())
+            self.cfg.min_idle.saturating_sub(ready).min(self.tokens())
         };
-        let surplus = idle.saturating_sub(self.cfg.max_idle.max(self.cfg.min_idle));
+        let surplus = ready.saturating_sub(self.cfg.max_idle.max(self.cfg.min_idle));
         let give_back = self
             .idle
             .iter()

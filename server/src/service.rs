@@ -149,9 +149,9 @@ impl pb::cni_server::Cni for CniService {
                 tracing::info!(op = "GC", network = %r.network, valid = valid.len(), released = released.len(), outcome = "ok");
                 let released = released
                     .into_iter()
-                    .map(|(k, ips)| {
-                        let ips: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
-                        format!("{}/{}={}", k.container_id, k.ifname, ips.join(","))
+                    .map(|r| {
+                        let ips: Vec<String> = r.addresses.iter().map(|i| i.to_string()).collect();
+                        format!("{}/{}={}", r.key.container_id, r.key.ifname, ips.join(","))
                     })
                     .collect();
                 Ok(Response::new(pb::GcResponse { released }))
@@ -218,6 +218,7 @@ impl pb::ops_server::Ops for OpsService {
                 in_use: p.in_use as u64,
                 idle: p.idle as u64,
                 cooling: p.cooling as u64,
+                reserved: p.reserved as u64,
                 free_in_source: u64::try_from(p.free_in_source).unwrap_or(u64::MAX),
                 min_idle: p.min_idle as u64,
                 max_idle: p.max_idle as u64,

@@ -8,7 +8,12 @@
 //!   addresses in use are exactly those named by attachments
 //! - `idle`: network \0 address -> release time (Unix ms, u64 big-endian); 0 = never used
 //! - `cursors`: network \0 range-set index -> last address handed out by the source
-//! - `meta`: `schema_version`
+//! - `reservations`: network \0 namespace \0 pod name -> [`Reservation`] (JSON)
+//! - `meta`: `schema_version` (u32 big-endian), `boot_id` (the machine's boot ID at the last
+//!   start, text)
+//!
+//! Schema history: 1 = networks, attachments, idle, cursors; 2 = adds reservations and boot_id
+//! (a version-1 store is read as is and marked 2 at open).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -20,10 +25,12 @@ use serde::{Deserialize, Serialize};
 use crate::config::NetworkDef;
 use crate::pool::Millis;
 
+mod commit;
 mod sled_store;
+pub use commit::{CommitStats, Committer};
 pub use sled_store::SledStore;
 
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The key of an attachment: (network name, CNI_CONTAINERID, CNI_IFNAME).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -66,6 +73,39 @@ pub struct AttachmentRecord {
     pub created_at_ms: Millis,
 }
 
+/// Whose a reservation is: a pod identity within a network.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ReservationKey {
+    pub network: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ReservationKey {
+    pub fn encode(&self) -> Vec<u8> {
+        format!("{}\0{}\0{}", self.network, self.namespace, self.name).into_bytes()
+    }
+}
+
+impl std::fmt::Display for ReservationKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}/{}", self.network, self.namespace, self.name)
+    }
+}
+
+/// Addresses kept for a pod identity (a sticky pod that went away) until `expires_at_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub key: ReservationKey,
+    /// At most one per range set of the network.
+    pub addresses: Vec<IpAddr>,
+    pub created_at_ms: Millis,
+    pub expires_at_ms: Millis,
+    /// Why it exists, for operators: "sticky pod deleted", "reboot", ...
+    #[serde(default)]
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
     PutNetwork(NetworkDef),
@@ -86,6 +126,9 @@ pub enum Change {
         set: usize,
         cursor: Option<IpAddr>,
     },
+    PutReservation(Reservation),
+    DeleteReservation(ReservationKey),
+    PutBootId(String),
 }
 
 /// Everything in a store, as loaded at start.
@@ -95,6 +138,9 @@ pub struct Snapshot {
     pub attachments: Vec<AttachmentRecord>,
     pub idle: Vec<(String, IpAddr, Millis)>,
     pub cursors: Vec<(String, usize, IpAddr)>,
+    pub reservations: Vec<Reservation>,
+    /// The boot ID recorded at the last start (None in a new or a version-1 store).
+    pub boot_id: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +177,10 @@ struct MemInner {
     attachments: BTreeMap<AttachmentKey, AttachmentRecord>,
     idle: BTreeMap<(String, IpAddr), Millis>,
     cursors: BTreeMap<(String, usize), IpAddr>,
+    reservations: BTreeMap<ReservationKey, Reservation>,
+    boot_id: Option<String>,
+    /// Flushes so far.
+    flushes: u64,
     /// When set, `apply` fails: lets tests check that a failed write changes nothing.
     fail_writes: bool,
 }
@@ -142,6 +192,10 @@ impl MemStore {
 
     pub fn fail_writes(&self, fail: bool) {
         self.lock().fail_writes = fail;
+    }
+
+    pub fn flushes(&self) -> u64 {
+        self.lock().flushes
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MemInner> {
@@ -165,6 +219,8 @@ impl Store for MemStore {
                 .iter()
                 .map(|((n, s), ip)| (n.clone(), *s, *ip))
                 .collect(),
+            reservations: m.reservations.values().cloned().collect(),
+            boot_id: m.boot_id.clone(),
         })
     }
 
@@ -212,12 +268,20 @@ impl Store for MemStore {
                         m.cursors.remove(&(network, set));
                     }
                 },
+                Change::PutReservation(r) => {
+                    m.reservations.insert(r.key.clone(), r);
+                }
+                Change::DeleteReservation(k) => {
+                    m.reservations.remove(&k);
+                }
+                Change::PutBootId(id) => m.boot_id = Some(id),
             }
         }
         Ok(())
     }
 
     fn flush(&self) -> Result<(), StoreError> {
+        self.lock().flushes += 1;
         Ok(())
     }
 }

@@ -146,7 +146,7 @@ fn print_status(r: &pb::PoolStatusResponse, out: Output) {
                 serde_json::json!({
                     "network": p.network, "family": p.family, "ranges": p.ranges,
                     "capacity": p.capacity, "inUse": p.in_use, "idle": p.idle,
-                    "cooling": p.cooling, "freeInSource": p.free_in_source,
+                    "cooling": p.cooling, "reserved": p.reserved, "freeInSource": p.free_in_source,
                     "minIdle": p.min_idle, "maxIdle": p.max_idle, "bucketTokens": p.bucket_tokens,
                 })
             })
@@ -165,6 +165,7 @@ fn print_status(r: &pb::PoolStatusResponse, out: Output) {
                 p.in_use.to_string(),
                 p.idle.to_string(),
                 p.cooling.to_string(),
+                p.reserved.to_string(),
                 p.capacity.to_string(),
                 p.free_in_source.to_string(),
             ]
@@ -172,7 +173,8 @@ fn print_status(r: &pb::PoolStatusResponse, out: Output) {
         .collect();
     table(
         &[
-            "NETWORK", "FAMILY", "RANGES", "IN-USE", "IDLE", "COOLING", "CAPACITY", "FREE",
+            "NETWORK", "FAMILY", "RANGES", "IN-USE", "IDLE", "COOLING", "RESERVED", "CAPACITY",
+            "FREE",
         ],
         rows,
     );

@@ -29,6 +29,14 @@ struct Args {
     /// TOML file with pool tuning and networks; without it, the embedded default.
     #[arg(long, env = "IPOOL_CONFIG")]
     config: Option<PathBuf>,
+    /// Where the machine's boot ID is read. A boot ID other than the one in the store means the
+    /// machine rebooted: every attachment of the old boot is released at start.
+    #[arg(
+        long,
+        env = "IPOOL_BOOT_ID_FILE",
+        default_value = "/proc/sys/kernel/random/boot_id"
+    )]
+    boot_id_file: PathBuf,
     /// Print the embedded default config and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -87,10 +95,23 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         }
         None => DaemonConfig::embedded(),
     };
+    let boot_id = match std::fs::read_to_string(&args.boot_id_file) {
+        Ok(id) if !id.trim().is_empty() => Some(id.trim().to_string()),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(path = %args.boot_id_file.display(), error = %e, "cannot read the boot ID; reboots will not be detected");
+            None
+        }
+    };
     let store = SledStore::open(&args.state_dir)?;
-    tracing::info!(path = %store.path().display(), "store open");
-    let ipam =
-        Ipam::open(Arc::new(store), Arc::new(SystemClock), &config).context("recovering state")?;
+    tracing::info!(path = %store.path().display(), boot_id = boot_id.as_deref().unwrap_or("unknown"), "store open");
+    let ipam = Ipam::open(
+        Arc::new(store),
+        Arc::new(SystemClock),
+        &config,
+        boot_id.as_deref(),
+    )
+    .context("recovering state")?;
     ipam.maintain().context("preloading pools")?;
     let listener = bind_socket(&args.socket)
         .with_context(|| format!("binding socket {}", args.socket.display()))?;

@@ -28,11 +28,15 @@ pub(super) enum Origin {
     },
     /// A requested address claimed straight from the source.
     Claimed,
+    /// The address reserved for the pod's identity.
+    Reserved,
 }
 
 /// Why a requested address could not be claimed.
 pub(super) enum ClaimError {
     Held(AttachmentKey),
+    /// Reserved for another pod identity.
+    Reserved,
     NotHandedOut(String),
     Pool(PoolError),
 }
@@ -124,6 +128,9 @@ impl FamilyPool {
         if let Some(holder) = self.pool.owner(ip) {
             return Err(ClaimError::Held(holder.clone()));
         }
+        if self.pool.is_reserved(ip) {
+            return Err(ClaimError::Reserved);
+        }
         if self.pool.idle_since(ip).is_some() {
             let released_at = self.pool.take(ip, key.clone()).map_err(ClaimError::Pool)?;
             return Ok(Acquired {
@@ -147,8 +154,27 @@ impl FamilyPool {
         })
     }
 
+    /// The address `ip`, reserved for the requester's identity, goes into use by `key`.
+    pub(super) fn take_reserved(
+        &mut self,
+        set: usize,
+        ip: IpAddr,
+        key: &AttachmentKey,
+    ) -> Option<Acquired> {
+        self.pool
+            .take_reserved(ip, key.clone())
+            .then_some(Acquired {
+                set,
+                ip,
+                origin: Origin::Reserved,
+            })
+    }
+
     pub(super) fn unwind(&mut self, a: &Acquired) {
         match a.origin {
+            Origin::Reserved => {
+                let _ = self.pool.reserve(a.ip);
+            }
             Origin::Claimed => {
                 self.pool.untake(a.ip, 0);
                 self.pool.give_back(a.ip);

@@ -1,21 +1,24 @@
-//! The background loop: keeps each pool's idle set within [min_idle, max_idle], through the
-//! source's token bucket. Woken after every change, and by a ticker.
+//! The background loop: ends reservations whose TTL passed, keeps each pool's idle set within
+//! [min_idle, max_idle] through the source's token bucket, and (when configured) reclaims
+//! attachments whose network namespace is gone. Woken after every change, and by a ticker.
 
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::Ipam;
+use super::{Ipam, LeakSuspects};
 use crate::store::Change;
 
 /// How often the loop runs when nothing wakes it.
 const TICK: Duration = Duration::from_secs(1);
 
 impl Ipam {
-    /// One pass over every pool. Returns how many addresses were fetched and given back.
+    /// One pass over every pool. Returns how many addresses were fetched and given back
+    /// (after ending the reservations whose TTL passed).
     pub fn maintain(&self) -> Result<(usize, usize), crate::error::Error> {
         let mut guard = self.lock();
         let now = self.now();
+        self.expire_reservations(&mut guard, now)?;
         let mut changes = Vec::new();
         let (mut fetched, mut returned) = (Vec::new(), Vec::new());
         for (name, net) in guard.networks.iter_mut() {
@@ -85,9 +88,13 @@ impl Ipam {
     }
 }
 
-/// Runs [`Ipam::maintain`] until the handle is aborted (the server aborts it on shutdown).
+/// Runs [`Ipam::maintain`] (and, every `[leak_check] interval_secs` unless 0, [`Ipam::leak_check`])
+/// until the handle is aborted (the server aborts it on shutdown).
 pub fn spawn_maintenance(ipam: Ipam) -> JoinHandle<()> {
+    let leak_check = ipam.shared.leak_check;
     tokio::spawn(async move {
+        let mut suspects = LeakSuspects::default();
+        let mut next_leak_check = tokio::time::Instant::now();
         loop {
             match ipam.maintain() {
                 Ok((0, 0)) => {}
@@ -95,6 +102,16 @@ pub fn spawn_maintenance(ipam: Ipam) -> JoinHandle<()> {
                     tracing::debug!(fetched, returned, "pools topped up / trimmed")
                 }
                 Err(e) => tracing::warn!(error = %e, "pool maintenance failed"),
+            }
+            if !leak_check.is_zero() && tokio::time::Instant::now() >= next_leak_check {
+                next_leak_check = tokio::time::Instant::now() + leak_check;
+                if let Err(e) = ipam.leak_check(&mut suspects, leak_check).await {
+                    tracing::warn!(error = %e, "leak check failed");
+                }
+            }
+            // What the pass wrote becomes durable in the background (nobody waits for it).
+            if let Err(e) = ipam.flush().await {
+                tracing::warn!(error = %e, "flushing maintenance changes failed");
             }
             tokio::select! {
                 _ = ipam.shared.changed.notified() => {}

@@ -1,32 +1,41 @@
 //! Start-up: the pools are rebuilt from the store (and reconciled with the config) before the
-//! daemon accepts a single call.
+//! daemon accepts a single call. Attachments, reservations, idle addresses with their cooldown
+//! deadlines and source cursors all come back; capacity tokens follow from them. When the
+//! machine's boot ID differs from the stored one, every attachment of the old boot is released
+//! (sticky pods' addresses become reservations): their network namespaces died with the boot.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use super::{Ipam, Network, Shared, State};
+use super::{Ipam, Network, ReleaseBy, Shared, State};
 use crate::clock::Clock;
 use crate::config::{DaemonConfig, NetworkDef, Origin};
 use crate::error::Error;
-use crate::store::{Change, Store};
+use crate::store::{Change, Committer, Store};
 
 impl Ipam {
     /// Loads the store, applies the config's network definitions, and rebuilds every pool.
     ///
     /// A config network whose ranges differ from the stored definition replaces it only when
     /// no attachment holds an address of it; otherwise start-up fails with a message saying so.
+    ///
+    /// `boot_id` is the machine's current boot ID (None: unknown, nothing is released).
     pub fn open(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         config: &DaemonConfig,
+        boot_id: Option<&str>,
     ) -> Result<Ipam, Error> {
         let snap = store.load()?;
         let now = clock.now_ms();
         let mut live: HashMap<&str, usize> = HashMap::new();
         for a in &snap.attachments {
             *live.entry(a.key.network.as_str()).or_default() += 1;
+        }
+        for r in &snap.reservations {
+            *live.entry(r.key.network.as_str()).or_default() += 1;
         }
 
         let mut defs: BTreeMap<String, NetworkDef> = snap
@@ -36,6 +45,13 @@ impl Ipam {
             .collect();
         let mut changes = Vec::new();
         let mut reset: Vec<String> = Vec::new();
+        // Networks that CNI configs declared follow the daemon's current [defaults].
+        for def in defs.values_mut() {
+            if def.origin == Origin::Cni && def.tuning != config.defaults {
+                def.tuning = config.defaults.clone();
+                changes.push(Change::PutNetwork(def.clone()));
+            }
+        }
         for def in config.network_defs()? {
             match defs.get(&def.name) {
                 Some(old) if old.same_addresses(&def) => {
@@ -48,7 +64,7 @@ impl Ipam {
                     let n = live.get(def.name.as_str()).copied().unwrap_or(0);
                     if n > 0 {
                         return Err(Error::InvalidConfig(format!(
-                            "network {:?}: the config now says ranges {}, but the store holds {n} attachment(s) in its ranges {} (restore the old ranges, or release those attachments first)",
+                            "network {:?}: the config now says ranges {}, but the store holds {n} attachment(s) or reservation(s) in its ranges {} (restore the old ranges, or release them first)",
                             def.name,
                             def.describe_ranges(),
                             old.describe_ranges()
@@ -74,6 +90,7 @@ impl Ipam {
         let mut state = State {
             networks,
             attachments: HashMap::new(),
+            reservations: BTreeMap::new(),
         };
         for rec in snap.attachments {
             let Some(net) = state.networks.get_mut(&rec.key.network) else {
@@ -103,6 +120,35 @@ impl Ipam {
                     .map_err(|e| Error::InvalidConfig(format!("attachment {}: {e}", rec.key)))?;
             }
             state.attachments.insert(rec.key.clone(), rec);
+        }
+        for r in snap.reservations {
+            let Some(net) = state.networks.get_mut(&r.key.network) else {
+                return Err(Error::InvalidConfig(format!(
+                    "the store holds a reservation for {} in network {:?}, which has no definition",
+                    r.key, r.key.network
+                )));
+            };
+            for ip in &r.addresses {
+                let set = net.set_of(*ip).ok_or_else(|| {
+                    Error::InvalidConfig(format!(
+                        "reservation {} holds {ip}, outside the ranges of network {:?} ({})",
+                        r.key,
+                        r.key.network,
+                        net.def.describe_ranges()
+                    ))
+                })?;
+                let p = &mut net.pools[set];
+                p.factory.occupy(*ip).map_err(|e| {
+                    Error::InvalidConfig(format!(
+                        "reservation {}: {e} (held twice in the store)",
+                        r.key
+                    ))
+                })?;
+                p.pool
+                    .restore_reserved(*ip)
+                    .map_err(|e| Error::InvalidConfig(format!("reservation {}: {e}", r.key)))?;
+            }
+            state.reservations.insert(r.key.clone(), r);
         }
         for (network, ip, released_at) in snap.idle {
             let known = state.networks.get_mut(&network).and_then(|net| {
@@ -137,9 +183,23 @@ impl Ipam {
                 }),
             }
         }
+        let rebooted = match (snap.boot_id.as_deref(), boot_id) {
+            (Some(old), Some(new)) if old != new => {
+                tracing::warn!(old_boot_id = old, boot_id = new, "the machine rebooted since the last start: releasing every attachment of the old boot");
+                true
+            }
+            (None, Some(_)) if !state.attachments.is_empty() => {
+                tracing::info!("no boot ID in the store (first start of this version): keeping the attachments");
+                false
+            }
+            _ => false,
+        };
+        if let Some(id) = boot_id.filter(|id| snap.boot_id.as_deref() != Some(*id)) {
+            changes.push(Change::PutBootId(id.to_string()));
+        }
+        let committer = Committer::new(store);
         if !changes.is_empty() {
-            store.apply(&changes)?;
-            store.flush()?;
+            committer.apply(&changes)?;
         }
         let (nets, atts) = (state.networks.len(), state.attachments.len());
         for n in state.networks.values() {
@@ -151,15 +211,38 @@ impl Ipam {
                 tracing::info!(network = %n.def.name, origin, family = p.family.as_str(), ranges = %p.factory.describe(), in_use = p.pool.in_use(), idle = p.pool.idle(), "pool ready");
             }
         }
-        tracing::info!(networks = nets, attachments = atts, "state recovered");
-        Ok(Ipam {
+        let reservations = state.reservations.len();
+        let ipam = Ipam {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
-                store,
+                store: committer,
                 clock,
                 defaults: config.defaults.clone(),
                 changed: Notify::new(),
+                leak_check: std::time::Duration::from_secs(config.leak_check.interval_secs),
             }),
-        })
+        };
+        if rebooted {
+            let released = {
+                let mut guard = ipam.lock();
+                let keys: Vec<_> = guard.attachments.keys().cloned().collect();
+                ipam.release_all(&mut guard, &keys, ReleaseBy::Reboot)?
+            };
+            for r in &released {
+                r.log(ReleaseBy::Reboot);
+            }
+            tracing::warn!(
+                released = released.len(),
+                "attachments of the old boot released"
+            );
+        }
+        ipam.shared.store.flush_now()?;
+        tracing::info!(
+            networks = nets,
+            attachments = atts,
+            reservations,
+            "state recovered"
+        );
+        Ok(ipam)
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::*;
 use crate::clock::ManualClock;
 use crate::config::DaemonConfig;
-use crate::store::MemStore;
+use crate::store::{MemStore, Store};
 
 const T0: Millis = 1_700_000_000_000;
 
@@ -22,7 +22,7 @@ impl Rig {
         let store = Arc::new(MemStore::new());
         let clock = Arc::new(ManualClock::new(T0));
         let config = DaemonConfig::parse(toml).expect("test config");
-        let ipam = Ipam::open(store.clone(), clock.clone(), &config).expect("open");
+        let ipam = Ipam::open(store.clone(), clock.clone(), &config, Some("boot-1")).expect("open");
         Rig {
             store,
             clock,
@@ -33,7 +33,12 @@ impl Rig {
 
     /// A restart: a new engine over the same store.
     fn reopen(&self) -> Result<Ipam, Error> {
-        Ipam::open(self.store.clone(), self.clock.clone(), &self.config)
+        Ipam::open(
+            self.store.clone(),
+            self.clock.clone(),
+            &self.config,
+            Some("boot-1"),
+        )
     }
 }
 
@@ -260,9 +265,14 @@ async fn config_networks_win_and_conflicts_are_errors() {
         "[[network]]\nname = \"pods\"\nranges = [[{ subnet = \"10.70.0.0/24\" }]]",
     )
     .expect("config");
-    let e = Ipam::open(rig.store.clone(), rig.clock.clone(), &changed)
-        .err()
-        .expect("refused");
+    let e = Ipam::open(
+        rig.store.clone(),
+        rig.clock.clone(),
+        &changed,
+        Some("boot-1"),
+    )
+    .err()
+    .expect("refused");
     assert!(e.to_string().contains("1 attachment"), "{e}");
 }
 
@@ -333,11 +343,16 @@ async fn maintenance_preloads_min_idle_durably_and_trims() {
     assert_eq!(rig.ipam.maintain().expect("maintain"), (1, 0));
     let ipam = rig.reopen().expect("reopen");
     assert_eq!(ipam.pool_status(None)[0].idle, 3);
-    // Releasing pushes idle above max_idle; the surplus goes back only after its cooldown.
+    // Releasing pushes idle above max_idle; a cooling address does not count, so nothing
+    // goes back until it has cooled.
     ipam.del(&key("pre", "a")).await.expect("del");
+    assert_eq!(ipam.maintain().expect("maintain"), (0, 0));
+    let st = &ipam.pool_status(None)[0];
+    assert_eq!((st.idle, st.cooling), (4, 1), "the cooling address stays");
+    rig.clock.advance(10_000);
     assert_eq!(ipam.maintain().expect("maintain"), (0, 1));
     let st = &ipam.pool_status(None)[0];
-    assert_eq!((st.idle, st.cooling), (3, 1), "the cooling address stays");
+    assert_eq!((st.idle, st.cooling), (3, 0));
 }
 
 #[tokio::test]
@@ -453,7 +468,7 @@ async fn gc_releases_only_what_the_runtime_no_longer_lists() {
     let released = rig.ipam.gc("g", &valid).await.expect("gc");
     let keys: Vec<String> = released
         .iter()
-        .map(|(k, _)| k.container_id.clone())
+        .map(|r| r.key.container_id.clone())
         .collect();
     assert_eq!(keys.len(), 2);
     assert!(keys.contains(&"a".to_string()) && keys.contains(&"c".to_string()));
@@ -519,3 +534,5 @@ async fn a_failed_add_declares_no_network() {
     rig.ipam.add(req("fresh", "a", V4)).await.expect("add");
     assert_eq!(rig.store.load().expect("load").networks.len(), 1);
 }
+
+mod lifecycle;

@@ -147,11 +147,82 @@ fn maintenance_preloads_and_trims_only_cooled() {
             .expect("token");
     }
     assert_eq!(pool.tokens(), 0);
-    // 5 idle, max 4: one to give back, but only once it has cooled.
+    // 5 idle, max 4: one to give back, but only once more than 4 have cooled.
     assert_eq!(pool.maintenance(50, false).give_back, Vec::<IpAddr>::new());
-    assert_eq!(pool.maintenance(110, false).give_back, vec![ip("10.0.0.1")]);
+    assert_eq!(pool.maintenance(110, false).give_back, Vec::<IpAddr>::new());
+    assert_eq!(pool.maintenance(150, false).give_back, vec![ip("10.0.0.1")]);
     assert!(pool.give_back(ip("10.0.0.1")));
     assert_eq!(pool.tokens(), 1);
+}
+
+/// AWS VPC CNI #2896: cooling addresses counted as available kept the pool from fetching, and
+/// pods waited. Here only cooled idle addresses count toward min_idle.
+#[test]
+fn cooling_addresses_do_not_count_toward_min_idle() {
+    let mut pool: Pool<u32> = Pool::new(PoolConfig {
+        min_idle: 2,
+        max_idle: 4,
+        capacity: 10,
+        cooldown_ms: 100,
+    });
+    for i in 1..=3u8 {
+        pool.receive(IpAddr::from([10, 0, 0, i]), 1000)
+            .expect("token");
+    }
+    assert_eq!(pool.cooling(1050), 3);
+    assert_eq!(
+        pool.maintenance(1050, false).fetch,
+        2,
+        "3 idle, none usable"
+    );
+    assert_eq!(
+        pool.maintenance(1050, false).give_back,
+        Vec::<IpAddr>::new()
+    );
+    // Once cooled they count: 3 is within [2, 4], nothing to do.
+    assert_eq!(pool.maintenance(1100, false), Maintenance::default());
+}
+
+#[test]
+fn reserved_addresses_hold_a_token_and_are_never_planned() {
+    let mut pool: Pool<u32> = Pool::new(PoolConfig {
+        min_idle: 0,
+        max_idle: 4,
+        capacity: 2,
+        cooldown_ms: 100,
+    });
+    pool.receive(ip("10.0.0.1"), 0).expect("token");
+    pool.take(ip("10.0.0.1"), 7).expect("idle");
+    assert_eq!(pool.reserve(ip("10.0.0.1")), Ok(7));
+    assert_eq!(
+        pool.reserve(ip("10.0.0.1")),
+        Err(PoolError::NotInUse(ip("10.0.0.1")))
+    );
+    assert_eq!((pool.in_use(), pool.idle(), pool.reserved()), (0, 0, 1));
+    assert_eq!(pool.tokens(), 1);
+    assert_eq!(
+        pool.plan(0, true),
+        Err(PoolError::Exhausted {
+            in_use: 0,
+            capacity: 2,
+            source_state: "empty"
+        })
+    );
+    assert_eq!(
+        pool.receive(ip("10.0.0.1"), 0),
+        Err(PoolError::AlreadyHeld(ip("10.0.0.1")))
+    );
+    // Back to its pod...
+    assert!(pool.take_reserved(ip("10.0.0.1"), 8));
+    assert_eq!(pool.owner(ip("10.0.0.1")), Some(&8));
+    // ...or, once the reservation ends, idle and cooling from then.
+    pool.reserve(ip("10.0.0.1")).expect("in use");
+    assert!(pool.unreserve(ip("10.0.0.1"), 500));
+    assert!(!pool.unreserve(ip("10.0.0.1"), 500));
+    assert_eq!(pool.idle_since(ip("10.0.0.1")), Some(500));
+    assert_eq!(pool.cooling(550), 1);
+    pool.restore_reserved(ip("10.0.0.2")).expect("token");
+    assert_eq!((pool.reserved(), pool.tokens()), (1, 0));
 }
 
 #[derive(Clone, Debug)]

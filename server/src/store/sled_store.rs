@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
-use super::{AttachmentRecord, Change, Snapshot, Store, StoreError, SCHEMA_VERSION};
+use super::{AttachmentRecord, Change, Reservation, Snapshot, Store, StoreError, SCHEMA_VERSION};
 use crate::config::NetworkDef;
 
 pub struct SledStore {
@@ -16,6 +16,11 @@ pub struct SledStore {
     attachments: sled::Tree,
     idle: sled::Tree,
     cursors: sled::Tree,
+    reservations: sled::Tree,
+    meta: sled::Tree,
+    /// sled's data file, synced (fdatasync) after every flush: sled's own flush ends in
+    /// `sync_file_range`, which survives a crash of the process but not a power loss.
+    data_file: std::fs::File,
 }
 
 /// A change turned into bytes before the transaction (which may run more than once).
@@ -28,6 +33,10 @@ const NETWORKS: usize = 0;
 const ATTACHMENTS: usize = 1;
 const IDLE: usize = 2;
 const CURSORS: usize = 3;
+const RESERVATIONS: usize = 4;
+const META: usize = 5;
+
+const BOOT_ID: &str = "boot_id";
 
 fn ip_key(network: &str, ip: &IpAddr) -> Vec<u8> {
     format!("{network}\0{ip}").into_bytes()
@@ -66,13 +75,26 @@ impl SledStore {
             })?;
         let tree = |name: &str| db.open_tree(name).map_err(open_err);
         let meta = tree("meta")?;
+        // sled 0.34 keeps everything in one file, `db`, inside its directory.
+        let data_file = std::fs::File::open(path.join("db")).map_err(|e| StoreError::Open {
+            path: path.join("db"),
+            msg: e.to_string(),
+        })?;
         let store = SledStore {
             networks: tree("networks")?,
             attachments: tree("attachments")?,
             idle: tree("idle")?,
             cursors: tree("cursors")?,
+            reservations: tree("reservations")?,
+            meta: meta.clone(),
+            data_file,
             db,
             path: path.clone(),
+        };
+        let write_version = || -> Result<(), StoreError> {
+            meta.insert("schema_version", &SCHEMA_VERSION.to_be_bytes())
+                .map_err(open_err)?;
+            store.flush()
         };
         match meta.get("schema_version").map_err(open_err)? {
             Some(v) => {
@@ -85,6 +107,11 @@ impl SledStore {
                 if found > SCHEMA_VERSION {
                     return Err(StoreError::NewerSchema { path, found });
                 }
+                if found < SCHEMA_VERSION {
+                    // 1 -> 2 only adds a tree and a meta key; mark the store so an older
+                    // ipoold, which would not see reservations, refuses it.
+                    write_version()?;
+                }
             }
             None => {
                 let has_data = [
@@ -92,6 +119,7 @@ impl SledStore {
                     &store.attachments,
                     &store.idle,
                     &store.cursors,
+                    &store.reservations,
                 ]
                 .iter()
                 .any(|t| !t.is_empty());
@@ -101,9 +129,7 @@ impl SledStore {
                         msg: "it holds data but no schema_version".into(),
                     });
                 }
-                meta.insert("schema_version", &SCHEMA_VERSION.to_be_bytes())
-                    .map_err(open_err)?;
-                store.db.flush().map_err(open_err)?;
+                write_version()?;
             }
         }
         Ok(store)
@@ -159,6 +185,11 @@ impl SledStore {
                             Some(ip) => Op::Put(CURSORS, k, ip.to_string().into_bytes()),
                             None => Op::Del(CURSORS, k),
                         }
+                    }
+                    Change::PutReservation(r) => Op::Put(RESERVATIONS, r.key.encode(), json(r)?),
+                    Change::DeleteReservation(k) => Op::Del(RESERVATIONS, k.encode()),
+                    Change::PutBootId(id) => {
+                        Op::Put(META, BOOT_ID.as_bytes().to_vec(), id.as_bytes().to_vec())
                     }
                 })
             })
@@ -218,20 +249,40 @@ impl Store for SledStore {
                 .map_err(|e| self.corrupt("cursor", &k, e))?;
             snap.cursors.push((net, set, ip));
         }
+        for kv in self.reservations.iter() {
+            let (k, v) = kv.map_err(|e| self.io(e))?;
+            let r: Reservation =
+                serde_json::from_slice(&v).map_err(|e| self.corrupt("reservation", &k, e))?;
+            snap.reservations.push(r);
+        }
+        if let Some(v) = self.meta.get(BOOT_ID).map_err(|e| self.io(e))? {
+            let id =
+                std::str::from_utf8(&v).map_err(|e| self.corrupt("meta", BOOT_ID.as_bytes(), e))?;
+            snap.boot_id = Some(id.to_string());
+        }
         Ok(snap)
     }
 
     fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
         let ops = self.encode(changes)?;
-        let trees = (&self.networks, &self.attachments, &self.idle, &self.cursors);
+        let trees = (
+            &self.networks,
+            &self.attachments,
+            &self.idle,
+            &self.cursors,
+            &self.reservations,
+            &self.meta,
+        );
         trees
-            .transaction(|(n, a, i, c)| {
+            .transaction(|(n, a, i, c, r, m)| {
                 for op in &ops {
                     let t = |idx: usize| match idx {
                         NETWORKS => n,
                         ATTACHMENTS => a,
                         IDLE => i,
-                        _ => c,
+                        CURSORS => c,
+                        RESERVATIONS => r,
+                        _ => m,
                     };
                     match op {
                         Op::Put(idx, k, v) => {
@@ -248,6 +299,9 @@ impl Store for SledStore {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush().map(|_| ()).map_err(|e| self.io(e))
+        self.db.flush().map_err(|e| self.io(e))?;
+        self.data_file
+            .sync_data()
+            .map_err(|e| self.io(format!("fdatasync: {e}")))
     }
 }

@@ -43,7 +43,23 @@ fn sample() -> Vec<Change> {
             set: 0,
             cursor: Some(ip("10.0.0.3")),
         },
+        Change::PutReservation(reservation()),
+        Change::PutBootId("b-1".into()),
     ]
+}
+
+fn reservation() -> Reservation {
+    Reservation {
+        key: ReservationKey {
+            network: "n".into(),
+            namespace: "db".into(),
+            name: "web-1".into(),
+        },
+        addresses: vec![ip("10.0.0.4")],
+        created_at_ms: 5,
+        expires_at_ms: 600_005,
+        reason: "sticky pod released: CNI DEL".into(),
+    }
 }
 
 fn check_roundtrip(store: &dyn Store) {
@@ -55,6 +71,8 @@ fn check_roundtrip(store: &dyn Store) {
     assert_eq!(snap.attachments[0].pod.name, "web-0");
     assert_eq!(snap.idle, vec![("n".to_string(), ip("10.0.0.3"), 99)]);
     assert_eq!(snap.cursors, vec![("n".to_string(), 0, ip("10.0.0.3"))]);
+    assert_eq!(snap.reservations, vec![reservation()]);
+    assert_eq!(snap.boot_id.as_deref(), Some("b-1"));
     let key = snap.attachments[0].key.clone();
     store
         .apply(&[
@@ -68,10 +86,44 @@ fn check_roundtrip(store: &dyn Store) {
                 set: 0,
                 cursor: None,
             },
+            Change::DeleteReservation(reservation().key),
+            Change::PutBootId("b-2".into()),
         ])
         .expect("apply");
     let snap = store.load().expect("load");
     assert!(snap.attachments.is_empty() && snap.idle.is_empty() && snap.cursors.is_empty());
+    assert!(snap.reservations.is_empty());
+    assert_eq!(snap.boot_id.as_deref(), Some("b-2"));
+}
+
+#[test]
+fn sled_store_reads_a_version_1_store_and_marks_it_version_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let db = sled::open(dir.path().join("db")).expect("open");
+        db.open_tree("meta")
+            .expect("tree")
+            .insert("schema_version", &1u32.to_be_bytes())
+            .expect("insert");
+        db.open_tree("idle")
+            .expect("tree")
+            .insert("n\u{0}10.0.0.9", &42u64.to_be_bytes())
+            .expect("insert");
+        db.flush().expect("flush");
+    }
+    let s = SledStore::open(dir.path()).expect("a version-1 store opens");
+    let snap = s.load().expect("load");
+    assert_eq!(snap.idle, vec![("n".to_string(), ip("10.0.0.9"), 42)]);
+    assert_eq!(snap.boot_id, None);
+    drop(s);
+    let db = sled::open(dir.path().join("db")).expect("raw open");
+    let v = db
+        .open_tree("meta")
+        .expect("tree")
+        .get("schema_version")
+        .expect("get")
+        .expect("present");
+    assert_eq!(v.as_ref(), &SCHEMA_VERSION.to_be_bytes());
 }
 
 #[test]
@@ -109,7 +161,10 @@ fn sled_store_refuses_newer_schema_naming_the_path() {
         .err()
         .expect("refused")
         .to_string();
-    assert!(e.contains("schema version 2"), "{e}");
+    assert!(
+        e.contains(&format!("schema version {}", SCHEMA_VERSION + 1)),
+        "{e}"
+    );
     assert!(e.contains(&dir.path().display().to_string()), "{e}");
 }
 

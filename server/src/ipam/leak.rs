@@ -1,0 +1,118 @@
+//! Leak reclaim without Kubernetes: an attachment whose network namespace path no longer exists
+//! lost its DEL. It is released only when two checks at least `min_gap` apart both find the path
+//! missing (Calico's rule: one observation can race a runtime that is still setting up), never
+//! for a sticky pod, and never when the path's directory itself is not visible (ipoold cannot
+//! tell, e.g. /var/run/netns is not mounted into its container).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use super::{Ipam, ReleaseBy, Released};
+use crate::error::Error;
+use crate::pool::Millis;
+use crate::store::AttachmentKey;
+
+/// Attachments seen without their network namespace: key -> (the record's creation time, when
+/// first seen missing). Kept by the caller between checks.
+#[derive(Debug, Default)]
+pub struct LeakSuspects {
+    seen: HashMap<AttachmentKey, (Millis, Millis)>,
+}
+
+impl LeakSuspects {
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+}
+
+/// Some(true): the namespace is gone; Some(false): it is there; None: ipoold cannot tell.
+fn netns_gone(path: &str) -> Option<bool> {
+    let p = Path::new(path);
+    if p.symlink_metadata().is_ok() {
+        return Some(false);
+    }
+    let judge_by = if path.starts_with("/proc/") {
+        // /proc/<pid>/ns/net disappears with its process; /proc must be mounted to judge.
+        Path::new("/proc/self")
+    } else {
+        p.parent()?
+    };
+    judge_by.exists().then_some(true)
+}
+
+impl Ipam {
+    /// One leak check. Releases the attachments whose namespace was missing now and at a check
+    /// at least `min_gap` earlier; returns them (each is logged with its reason).
+    pub async fn leak_check(
+        &self,
+        suspects: &mut LeakSuspects,
+        min_gap: Duration,
+    ) -> Result<Vec<Released>, Error> {
+        let candidates: Vec<(AttachmentKey, Millis, String)> = {
+            let st = self.lock();
+            st.attachments
+                .values()
+                .filter(|r| !r.netns.is_empty())
+                .filter(|r| {
+                    st.networks
+                        .get(&r.key.network)
+                        .is_none_or(|n| !n.def.tuning.sticky.applies_to(&r.pod.name))
+                })
+                .map(|r| (r.key.clone(), r.created_at_ms, r.netns.clone()))
+                .collect()
+        };
+        // Filesystem checks happen outside the state lock.
+        let now = self.now();
+        let gap = u64::try_from(min_gap.as_millis()).unwrap_or(u64::MAX);
+        let mut due: Vec<(AttachmentKey, Millis)> = Vec::new();
+        let mut still = HashMap::new();
+        for (key, created, netns) in candidates {
+            if netns_gone(&netns) != Some(true) {
+                continue;
+            }
+            let first = suspects
+                .seen
+                .get(&key)
+                .filter(|(c, _)| *c == created)
+                .map_or(now, |(_, f)| *f);
+            if first < now && now - first >= gap {
+                due.push((key, created));
+            } else {
+                if first == now {
+                    tracing::info!(network = %key.network, container = %key.container_id, ifname = %key.ifname, %netns, "network namespace missing; released if still missing at the next check");
+                }
+                still.insert(key, (created, first));
+            }
+        }
+        suspects.seen = still;
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        let released = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            // Only the attachments that are still the ones observed (not re-created since).
+            let keys: Vec<AttachmentKey> = due
+                .into_iter()
+                .filter(|(k, created)| {
+                    st.attachments
+                        .get(k)
+                        .is_some_and(|r| r.created_at_ms == *created)
+                })
+                .map(|(k, _)| k)
+                .collect();
+            self.release_all(st, &keys, ReleaseBy::Leak)?
+        };
+        self.flush().await?;
+        for r in &released {
+            r.log(ReleaseBy::Leak);
+        }
+        self.shared.changed.notify_one();
+        Ok(released)
+    }
+}

@@ -1,0 +1,114 @@
+//! Sticky addresses: reservations that keep a pod's addresses for its namespace/name while it
+//! is away (after OpenKruise's reserved IPs and Terway's StatefulSet stickiness).
+//!
+//! A DEL (or GC, or a reboot) of a pod the network's `sticky` policy selects turns its addresses
+//! into a reservation that lasts `sticky_ttl_secs`; the next ADD for the same namespace/name
+//! gets them back, whatever its container ID. An expired or cancelled reservation's addresses go
+//! idle, cooling from that moment. The pools count reserved addresses against their capacity and
+//! never hand them to anyone else.
+
+use std::net::IpAddr;
+
+use super::{Ipam, State};
+use crate::error::Error;
+use crate::pool::Millis;
+use crate::store::{Change, Pod, Reservation, ReservationKey};
+
+/// The reservation key of a pod in a network; None for an unnamed pod.
+pub(super) fn identity(network: &str, pod: &Pod) -> Option<ReservationKey> {
+    (!pod.name.is_empty()).then(|| ReservationKey {
+        network: network.to_string(),
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+    })
+}
+
+impl Ipam {
+    /// Live reservations, optionally of one network, in key order.
+    pub fn reservations(&self, network: Option<&str>) -> Vec<Reservation> {
+        self.lock()
+            .reservations
+            .values()
+            .filter(|r| network.is_none_or(|n| n == r.key.network))
+            .cloned()
+            .collect()
+    }
+
+    /// Ends a reservation now: its addresses go idle (cooling). Returns it.
+    pub async fn cancel_reservation(&self, key: &ReservationKey) -> Result<Reservation, Error> {
+        let r = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let Some(r) = st.reservations.get(key).cloned() else {
+                return Err(Error::NotFound(format!(
+                    "no reservation for pod {}/{} in network {:?}",
+                    key.namespace, key.name, key.network
+                )));
+            };
+            self.end_reservations(st, std::slice::from_ref(&r))?;
+            r
+        };
+        self.flush().await?;
+        tracing::info!(network = %key.network, pod = %format!("{}/{}", key.namespace, key.name), address = %super::join(&r.addresses), reason = "cancelled", "reservation ended");
+        self.shared.changed.notify_one();
+        Ok(r)
+    }
+
+    /// Ends every reservation whose TTL has passed at `now`. Returns them.
+    pub(super) fn expire_reservations(
+        &self,
+        st: &mut State,
+        now: Millis,
+    ) -> Result<Vec<Reservation>, Error> {
+        let expired: Vec<Reservation> = st
+            .reservations
+            .values()
+            .filter(|r| r.expires_at_ms <= now)
+            .cloned()
+            .collect();
+        if expired.is_empty() {
+            return Ok(expired);
+        }
+        self.end_reservations(st, &expired)?;
+        for r in &expired {
+            tracing::info!(network = %r.key.network, pod = %format!("{}/{}", r.key.namespace, r.key.name), address = %super::join(&r.addresses), reason = "TTL passed", "reservation ended");
+        }
+        Ok(expired)
+    }
+
+    /// Reservations -> their addresses idle, stamped now; written first, then made in memory.
+    fn end_reservations(&self, st: &mut State, ended: &[Reservation]) -> Result<(), Error> {
+        let now = self.now();
+        let mut changes = Vec::new();
+        let mut moves: Vec<(&str, usize, IpAddr)> = Vec::new();
+        for r in ended {
+            changes.push(Change::DeleteReservation(r.key.clone()));
+            let Some(net) = st.networks.get(&r.key.network) else {
+                continue;
+            };
+            for ip in &r.addresses {
+                if let Some(set) = net
+                    .set_of(*ip)
+                    .filter(|s| net.pools[*s].pool.is_reserved(*ip))
+                {
+                    moves.push((&r.key.network, set, *ip));
+                    changes.push(Change::PutIdle {
+                        network: r.key.network.clone(),
+                        ip: *ip,
+                        released_at: now,
+                    });
+                }
+            }
+        }
+        self.shared.store.apply(&changes)?;
+        for (net, set, ip) in moves {
+            if let Some(n) = st.networks.get_mut(net) {
+                n.pools[set].pool.unreserve(ip, now);
+            }
+        }
+        for r in ended {
+            st.reservations.remove(&r.key);
+        }
+        Ok(())
+    }
+}
