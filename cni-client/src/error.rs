@@ -109,6 +109,12 @@ impl CniError {
         use tonic::Code;
         let m = s.message().to_string();
         match s.code() {
+            // Made on this side from a broken connection (the daemon died mid-call): a status the
+            // daemon sent has no source. The outcome is unknown and repeating the call is safe
+            // (ADD is idempotent, DEL permissive), so: try again later.
+            Code::Unknown if std::error::Error::source(s).is_some() => CniError::TryAgainLater(
+                format!("the connection to ipoold broke during the call ({m}); it may or may not have taken effect, and repeating it is safe"),
+            ),
             Code::InvalidArgument | Code::OutOfRange => CniError::InvalidConfig(m),
             Code::NotFound => CniError::UnknownContainer(m),
             Code::FailedPrecondition => CniError::AddressNotHeld(m),
@@ -166,6 +172,7 @@ mod tests {
             (Code::Internal, 101),
             (Code::PermissionDenied, 103),
             (Code::AlreadyExists, 104),
+            (Code::Unknown, 101),
         ] {
             assert_eq!(
                 CniError::from_status(&Status::new(code, "x")).code(),
@@ -173,6 +180,16 @@ mod tests {
                 "{code:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_connection_broken_mid_call_is_try_again_later() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let s = Status::from_error(Box::new(io));
+        assert_eq!(s.code(), Code::Unknown);
+        let e = CniError::from_status(&s);
+        assert_eq!(e.code(), 11, "{e:?}");
+        assert!(e.details().contains("repeating it is safe"), "{e:?}");
     }
 
     #[test]

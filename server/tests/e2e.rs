@@ -236,3 +236,56 @@ fn config_file_networks_and_bad_config_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_reboot_releases_old_attachments_and_sticky_pods_get_theirs_back() {
+    let aux = tempfile::tempdir().expect("tempdir");
+    let boot = aux.path().join("boot_id");
+    let config = aux.path().join("ipoold.toml");
+    std::fs::write(&boot, "11111111-aaaa\n").expect("boot id");
+    std::fs::write(
+        &config,
+        "[defaults]\nsticky = \"statefulset\"\nsticky_ttl_secs = 300\n",
+    )
+    .expect("config");
+    let boot_arg = boot.display().to_string();
+    let config_arg = config.display().to_string();
+    let mut d = Daemon::start_with(&["--boot-id-file", &boot_arg, "--config", &config_arg]);
+    let conf = d.conf("1.0.0", "boot", SUBNET);
+    // cni() names the pod after the container: "web-0" is StatefulSet-like, "plain" is not.
+    let web = cni("ADD", "web-0", &conf);
+    let plain = cni("ADD", "plain", &conf);
+    assert!(web.ok && plain.ok, "{web:?} {plain:?}");
+
+    // Same boot: a restart keeps both.
+    assert!(d.terminate().success());
+    d.spawn();
+    let list = d.ctl(&["list", "-o", "json"]);
+    let v: Value = serde_json::from_slice(&list.stdout).expect("json");
+    assert_eq!(v.as_array().map(Vec::len), Some(2), "{v}");
+
+    // Reboot: both network namespaces died with the old boot.
+    assert!(d.terminate().success());
+    std::fs::write(&boot, "22222222-bbbb\n").expect("boot id");
+    d.spawn();
+    let list = d.ctl(&["list", "-o", "json"]);
+    let v: Value = serde_json::from_slice(&list.stdout).expect("json");
+    assert_eq!(v, serde_json::json!([]), "nothing of the old boot is held");
+    let log = d.log();
+    assert!(log.contains("the machine rebooted"), "{log}");
+    assert!(
+        log.contains("kept as a reservation for the sticky pod") && log.contains("web-0"),
+        "{log}"
+    );
+    let status = d.ctl(&["status", "-o", "json"]);
+    let s: Value = serde_json::from_slice(&status.stdout).expect("json");
+    assert_eq!(s[0]["reserved"], 1, "{s}");
+    assert_eq!(s[0]["inUse"], 0, "{s}");
+
+    // The sticky pod comes back and gets its address; the other one's is cooling.
+    let again = cni("ADD", "web-0", &conf);
+    assert!(again.ok, "{again:?}");
+    assert_eq!(again.addresses(), web.addresses());
+    let other = cni("ADD", "plain-2", &conf);
+    assert_ne!(other.addresses(), plain.addresses());
+}

@@ -63,8 +63,11 @@ impl SledStore {
             path: dir.to_path_buf(),
             msg: e.to_string(),
         })?;
+        // No background flusher: every durable write goes through our group commit (flush +
+        // fdatasync), so what a reply acknowledged never depends on a timer.
         let db = sled::Config::new()
             .path(&path)
+            .flush_every_ms(None)
             .open()
             .map_err(|e| match e {
                 sled::Error::Corruption { .. } => StoreError::Corrupt {

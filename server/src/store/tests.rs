@@ -100,7 +100,7 @@ fn check_roundtrip(store: &dyn Store) {
 fn sled_store_reads_a_version_1_store_and_marks_it_version_2() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
-        let db = sled::open(dir.path().join("db")).expect("open");
+        let db = raw_sled(dir.path()).expect("open");
         db.open_tree("meta")
             .expect("tree")
             .insert("schema_version", &1u32.to_be_bytes())
@@ -116,7 +116,7 @@ fn sled_store_reads_a_version_1_store_and_marks_it_version_2() {
     assert_eq!(snap.idle, vec![("n".to_string(), ip("10.0.0.9"), 42)]);
     assert_eq!(snap.boot_id, None);
     drop(s);
-    let db = sled::open(dir.path().join("db")).expect("raw open");
+    let db = raw_sled(dir.path()).expect("raw open");
     let v = db
         .open_tree("meta")
         .expect("tree")
@@ -150,7 +150,7 @@ fn sled_store_roundtrip_and_reopen() {
 fn sled_store_refuses_newer_schema_naming_the_path() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
-        let db = sled::open(dir.path().join("db")).expect("open");
+        let db = raw_sled(dir.path()).expect("open");
         db.open_tree("meta")
             .expect("tree")
             .insert("schema_version", &(SCHEMA_VERSION + 1).to_be_bytes())
@@ -173,7 +173,7 @@ fn sled_store_refuses_undecodable_records() {
     let dir = tempfile::tempdir().expect("tempdir");
     drop(SledStore::open(dir.path()).expect("open"));
     {
-        let db = sled::open(dir.path().join("db")).expect("raw open");
+        let db = raw_sled(dir.path()).expect("raw open");
         db.open_tree("attachments")
             .expect("tree")
             .insert("n\0c\0eth0", "not json")
@@ -183,4 +183,13 @@ fn sled_store_refuses_undecodable_records() {
     let s = SledStore::open(dir.path()).expect("open");
     let e = s.load().expect_err("corrupt").to_string();
     assert!(e.contains("corrupt") && e.contains("attachment"), "{e}");
+}
+
+/// sled opened directly, as an older or a foreign writer would. No background flusher: its
+/// thread could still hold the file lock after the handle is dropped.
+fn raw_sled(dir: &Path) -> sled::Result<sled::Db> {
+    sled::Config::new()
+        .path(dir.join("db"))
+        .flush_every_ms(None)
+        .open()
 }
