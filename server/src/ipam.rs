@@ -28,11 +28,13 @@ mod family;
 mod gc;
 mod leak;
 mod maintain;
+mod ops;
 mod recover;
 mod sticky;
 pub use gc::{ReleaseBy, Released};
 pub use leak::LeakSuspects;
 pub use maintain::spawn_maintenance;
+pub use ops::{Event, EventKind, Filter, ALL_NETWORKS};
 
 /// How long an ADD may wait for the source's token bucket before it settles for what the pool
 /// has (a cooling address) or fails with a retryable error.
@@ -54,6 +56,10 @@ struct Shared {
     changed: Notify,
     /// Time between leak checks; zero: none.
     leak_check: Duration,
+    /// Allocation events, for `Watch`.
+    events: tokio::sync::broadcast::Sender<Event>,
+    /// True while every network is drained.
+    all_drained: tokio::sync::watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -61,6 +67,8 @@ struct State {
     networks: BTreeMap<String, Network>,
     attachments: HashMap<AttachmentKey, AttachmentRecord>,
     reservations: BTreeMap<ReservationKey, Reservation>,
+    /// Networks that take no new ADDs ([`ALL_NETWORKS`]: every one).
+    drained: std::collections::BTreeSet<String>,
 }
 
 struct Network {
@@ -106,6 +114,9 @@ pub struct PoolStatus {
     pub idle: usize,
     pub cooling: usize,
     pub reserved: usize,
+    pub drained: bool,
+    /// When the pool last failed to serve, and why.
+    pub last_error: Option<(Millis, String)>,
     pub free_in_source: u128,
     pub min_idle: usize,
     pub max_idle: usize,
@@ -215,6 +226,12 @@ impl Ipam {
                 .ok_or_else(|| Error::NotFound(format!("network {:?} is gone", req.key.network)))?;
             return Ok(Step::Done(reply_for(net, &existing.addresses)));
         }
+        if st.drained.contains(ALL_NETWORKS) || st.drained.contains(&req.key.network) {
+            return Err(Error::Busy(format!(
+                "network {:?} is drained by an operator: no new addresses until it is undrained (ipoolctl drain --undo)",
+                req.key.network
+            )));
+        }
         let now = self.now();
         let existed = st.networks.contains_key(&req.key.network);
         self.ensure_network(st, &req.key.network, declared, now)?;
@@ -237,35 +254,37 @@ impl Ipam {
         result
     }
 
-    /// Allocates for `req` in its (existing) network: requested addresses first, then one
-    /// address for every other range set; all or nothing.
-    fn allocate(
+    /// Takes one address per range set of `key.network` for `key`: a requested address where
+    /// one is given, else the reservation's, else one from the pool; all or nothing (on an
+    /// error or a wait, what was taken is put back). The pools change; the store does not.
+    fn take_addresses(
         &self,
         st: &mut State,
-        req: &AddRequest,
+        key: &AttachmentKey,
+        requested: &[IpAddr],
         reservation: Option<&Reservation>,
         now: Millis,
         may_wait: bool,
-    ) -> Result<Step<AddReply>, Error> {
+    ) -> Result<Step<Vec<Acquired>>, Error> {
         let net = st
             .networks
-            .get_mut(&req.key.network)
-            .ok_or_else(|| Error::NotFound(format!("network {:?} is unknown", req.key.network)))?;
+            .get_mut(&key.network)
+            .ok_or_else(|| Error::NotFound(format!("network {:?} is unknown", key.network)))?;
 
         let mut wanted: Vec<Option<IpAddr>> = vec![None; net.pools.len()];
-        for ip in &req.requested {
+        for ip in requested {
             let set = net.pools.iter().position(|p| p.factory.covers(*ip));
             let set = set.ok_or_else(|| {
                 Error::InvalidConfig(format!(
                     "requested address {ip} is outside every range of network {:?} ({})",
-                    req.key.network,
+                    key.network,
                     net.def.describe_ranges()
                 ))
             })?;
             if let Some(other) = wanted[set].replace(*ip) {
                 return Err(Error::InvalidConfig(format!(
                     "requested addresses {other} and {ip} fall in the same range set of network {:?}; ask for one address per range set",
-                    req.key.network
+                    key.network
                 )));
             }
         }
@@ -283,13 +302,13 @@ impl Ipam {
                 })
             });
             if let Some(ip) = kept {
-                if let Some(a) = net.pools[set].take_reserved(set, ip, &req.key) {
+                if let Some(a) = net.pools[set].take_reserved(set, ip, key) {
                     got.push(a);
                     continue;
                 }
             }
             if let Some(ip) = *want {
-                match net.pools[set].claim(set, ip, &req.key) {
+                match net.pools[set].claim(set, ip, key) {
                     Ok(a) => {
                         got.push(a);
                         continue;
@@ -313,7 +332,7 @@ impl Ipam {
                                     .reservations
                                     .values()
                                     .find(|r| {
-                                        r.key.network == req.key.network && r.addresses.contains(&ip)
+                                        r.key.network == key.network && r.addresses.contains(&ip)
                                     })
                                     .map(|r| format!(" for pod {}/{} until {} (Unix ms)", r.key.namespace, r.key.name, r.expires_at_ms))
                                     .unwrap_or_default();
@@ -326,13 +345,13 @@ impl Ipam {
                             )),
                             ClaimError::Pool(e) => Error::Exhausted(format!(
                                 "requested address {ip} of network {:?}: {e}",
-                                req.key.network
+                                key.network
                             )),
                         });
                     }
                 }
             }
-            match net.pools[set].acquire(set, &req.key, now, may_wait) {
+            match net.pools[set].acquire(set, key, now, may_wait) {
                 Ok(Step::Done(a)) => got.push(a),
                 Ok(Step::Wait(ms)) => {
                     unwind(net, &got);
@@ -340,19 +359,48 @@ impl Ipam {
                 }
                 Err(e) => {
                     unwind(net, &got);
-                    let p = &net.pools[set];
-                    return Err(Error::Exhausted(format!(
+                    let p = &mut net.pools[set];
+                    let msg = format!(
                         "pool {:?} IPv{} ({}) is exhausted: {e}; {} idle, {} cooling, {} reserved for sticky pods",
-                        req.key.network,
+                        key.network,
                         p.family.as_str(),
                         p.factory.describe(),
                         p.pool.idle(),
                         p.pool.cooling(now),
                         p.pool.reserved()
-                    )));
+                    );
+                    p.last_error = Some((now, msg.clone()));
+                    return Err(Error::Exhausted(msg));
                 }
             }
         }
+        Ok(Step::Done(got))
+    }
+
+    /// Allocates for `req` in its (existing) network: requested addresses first, then one
+    /// address for every other range set; all or nothing.
+    fn allocate(
+        &self,
+        st: &mut State,
+        req: &AddRequest,
+        reservation: Option<&Reservation>,
+        now: Millis,
+        may_wait: bool,
+    ) -> Result<Step<AddReply>, Error> {
+        let got =
+            match self.take_addresses(st, &req.key, &req.requested, reservation, now, may_wait)? {
+                Step::Done(got) => got,
+                Step::Wait(ms) => return Ok(Step::Wait(ms)),
+            };
+        let net = st
+            .networks
+            .get_mut(&req.key.network)
+            .ok_or_else(|| Error::NotFound(format!("network {:?} is unknown", req.key.network)))?;
+        let unwind = |net: &mut Network, got: &[Acquired]| {
+            for a in got.iter().rev() {
+                net.pools[a.set].unwind(a);
+            }
+        };
         let record = AttachmentRecord {
             key: req.key.clone(),
             pod: req.pod.clone(),
@@ -361,20 +409,7 @@ impl Ipam {
             created_at_ms: now,
         };
         let mut changes = vec![Change::PutAttachment(record.clone())];
-        for a in &got {
-            changes.push(match a.origin {
-                Origin::Idle { .. } => Change::DeleteIdle {
-                    network: req.key.network.clone(),
-                    ip: a.ip,
-                },
-                Origin::Source { .. } => Change::PutCursor {
-                    network: req.key.network.clone(),
-                    set: a.set,
-                    cursor: net.pools[a.set].factory.cursor(),
-                },
-                Origin::Claimed | Origin::Reserved => continue,
-            });
-        }
+        changes.extend(source_changes(&req.key.network, net, &got));
         // A used reservation ends; its addresses the pod did not get back go idle, cooling.
         let used = reservation.filter(|_| got.iter().any(|a| matches!(a.origin, Origin::Reserved)));
         let leftover: Vec<(usize, IpAddr)> = match used {
@@ -407,6 +442,12 @@ impl Ipam {
             tracing::info!(network = %req.key.network, pod = %format!("{}/{}", r.key.namespace, r.key.name), container = %req.key.container_id, address = %join(&record.addresses), "sticky pod back: its reservation is used");
         }
         let reply = reply_for(net, &record.addresses);
+        let reason = if used.is_some() {
+            "sticky pod back"
+        } else {
+            "CNI ADD"
+        };
+        self.emit(Event::of_record(EventKind::Add, now, &record, reason));
         st.attachments.insert(req.key.clone(), record);
         Ok(Step::Done(reply))
     }
@@ -492,6 +533,7 @@ impl Ipam {
             self.release_all(&mut guard, std::slice::from_ref(key), ReleaseBy::Del)?
         };
         self.flush().await?;
+        self.emit_released(&released, ReleaseBy::Del, ReleaseBy::Del.reason());
         self.shared.changed.notify_one();
         Ok(released.into_iter().flat_map(|r| r.addresses).collect())
     }
@@ -530,10 +572,12 @@ impl Ipam {
     pub fn pool_status(&self, network: Option<&str>) -> Vec<PoolStatus> {
         let st = self.lock();
         let now = self.now();
+        let drained = &st.drained;
         st.networks
             .values()
             .filter(|n| network.is_none_or(|w| w == n.def.name))
             .flat_map(|n| {
+                let drained = drained.contains(ALL_NETWORKS) || drained.contains(&n.def.name);
                 n.pools.iter().map(move |p| PoolStatus {
                     network: n.def.name.clone(),
                     family: p.family,
@@ -543,6 +587,8 @@ impl Ipam {
                     idle: p.pool.idle(),
                     cooling: p.pool.cooling(now),
                     reserved: p.pool.reserved(),
+                    drained,
+                    last_error: p.last_error.clone(),
                     free_in_source: p.factory.free(),
                     min_idle: p.pool.config().min_idle,
                     max_idle: p.pool.config().max_idle,
@@ -563,6 +609,24 @@ impl Ipam {
         v.sort_by(|a, b| a.key.cmp(&b.key));
         v
     }
+}
+
+/// What taking `got` changed outside the attachment: idle entries gone, source cursors moved.
+fn source_changes(network: &str, net: &Network, got: &[Acquired]) -> Vec<Change> {
+    got.iter()
+        .filter_map(|a| match a.origin {
+            Origin::Idle { .. } => Some(Change::DeleteIdle {
+                network: network.to_string(),
+                ip: a.ip,
+            }),
+            Origin::Source { .. } => Some(Change::PutCursor {
+                network: network.to_string(),
+                set: a.set,
+                cursor: net.pools[a.set].factory.cursor(),
+            }),
+            Origin::Claimed | Origin::Reserved => None,
+        })
+        .collect()
 }
 
 fn reply_for(net: &Network, addresses: &[IpAddr]) -> AddReply {

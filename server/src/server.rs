@@ -6,11 +6,16 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::{Server, ServerTlsConfig};
+use tonic_health::ServingStatus;
+use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::ipam::{spawn_maintenance, Ipam};
-use crate::service::{CniServer, CniService, OpsServer, OpsService};
+use crate::service::{Access, CniServer, CniService, OpsServer, OpsService};
 
 /// Longest a single call may run on the server (a client usually gives up sooner).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,6 +58,30 @@ pub fn bind_socket(path: &Path) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// Most calls one listener serves at once (further ones wait their turn).
+const MAX_IN_FLIGHT: usize = 1024;
+/// Largest request accepted (a CNI config is a few KiB).
+const MAX_REQUEST_BYTES: usize = 256 * 1024;
+
+/// Where the daemon serves.
+pub struct Listeners {
+    /// The Unix socket: `Cni`, `Ops` (everything allowed: the socket is root-only), health,
+    /// reflection.
+    pub socket: UnixListener,
+    /// Besides root, the uid allowed on the CNI service (the daemon's own).
+    pub own_uid: Option<u32>,
+    /// `--ops-listen`: `Ops`, health and reflection over TCP.
+    pub ops_tcp: Option<OpsTcp>,
+}
+
+pub struct OpsTcp {
+    pub listener: TcpListener,
+    pub token: Option<Arc<str>>,
+    /// With a client CA: mutual TLS, every connection authenticated.
+    pub tls: Option<ServerTlsConfig>,
+    pub mtls: bool,
+}
+
 /// Serves the `Cni` and `Ops` services on `listener` until `shutdown` completes; runs the pool
 /// maintenance loop meanwhile. The caller recovers `ipam` before (so no call is accepted
 /// before the state is rebuilt) and owns the listener (so tests can use a temp socket).
@@ -61,13 +90,102 @@ pub async fn run(
     ipam: Ipam,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    serve(
+        Listeners {
+            socket: listener,
+            own_uid: None,
+            ops_tcp: None,
+        },
+        ipam,
+        shutdown,
+    )
+    .await
+}
+
+/// Serves every listener until `shutdown` completes.
+pub async fn serve(
+    l: Listeners,
+    ipam: Ipam,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
     let maintenance = AbortOnDrop(spawn_maintenance(ipam.clone()));
-    let result = tonic::transport::Server::builder()
+
+    // Health: SERVING now that recovery is done; NOT_SERVING while every network is drained.
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let health_task = {
+        let mut drained = ipam.drained_all();
+        AbortOnDrop(tokio::spawn(async move {
+            loop {
+                let status = if *drained.borrow_and_update() {
+                    ServingStatus::NotServing
+                } else {
+                    ServingStatus::Serving
+                };
+                for name in ["", "ipool.v1.Cni", "ipool.v1.Ops"] {
+                    reporter.set_service_status(name, status).await;
+                }
+                if drained.changed().await.is_err() {
+                    return;
+                }
+            }
+        }))
+    };
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ipool_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the embedded descriptor sets are valid");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let uds = Server::builder()
         .timeout(CALL_TIMEOUT)
-        .add_service(CniServer::new(CniService::new(ipam.clone())))
-        .add_service(OpsServer::new(OpsService::new(ipam)))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await;
+        .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
+        .add_service(
+            CniServer::new(CniService::new(ipam.clone(), l.own_uid))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(
+            OpsServer::new(OpsService::new(ipam.clone(), Access::Local))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(health.clone())
+        .add_service(reflection.clone())
+        .serve_with_incoming_shutdown(UnixListenerStream::new(l.socket), stopped(stop_rx.clone()));
+    let tcp = async {
+        let Some(t) = l.ops_tcp else {
+            return Ok(());
+        };
+        let mut b = Server::builder();
+        if let Some(tls) = t.tls {
+            b = b.tls_config(tls)?;
+        }
+        b.timeout(CALL_TIMEOUT)
+            .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
+            .add_service(
+                OpsServer::new(OpsService::new(
+                    ipam.clone(),
+                    Access::Tcp {
+                        token: t.token,
+                        mtls: t.mtls,
+                    },
+                ))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            )
+            .add_service(health)
+            .add_service(reflection)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(t.listener), stopped(stop_rx))
+            .await
+    };
+    let signal = async {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+        Ok(())
+    };
+    let result = tokio::try_join!(uds, tcp, signal).map(|_| ());
+    drop(health_task);
     drop(maintenance);
     result
 }

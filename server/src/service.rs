@@ -3,6 +3,7 @@
 //! `From<Error> for Status`.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use ipool_proto::v1 as pb;
@@ -10,8 +11,8 @@ use tonic::{Request, Response, Status};
 
 use crate::config::IpamSection;
 use crate::error::Error;
-use crate::ipam::{AddRequest, Ipam};
-use crate::store::{AttachmentKey, Pod};
+use crate::ipam::{AddRequest, Event, EventKind, Filter, Ipam};
+use crate::store::{AttachmentKey, AttachmentRecord, Pod, Reservation, ReservationKey};
 
 pub use pb::cni_server::CniServer;
 pub use pb::ops_server::OpsServer;
@@ -39,17 +40,42 @@ fn parse_ips(v: &[String]) -> Result<Vec<IpAddr>, Error> {
 
 pub struct CniService {
     ipam: Ipam,
+    /// Peer uids allowed besides root: the daemon's own (it owns the socket anyway).
+    own_uid: Option<u32>,
 }
 
 impl CniService {
-    pub fn new(ipam: Ipam) -> CniService {
-        CniService { ipam }
+    pub fn new(ipam: Ipam, own_uid: Option<u32>) -> CniService {
+        CniService { ipam, own_uid }
+    }
+
+    /// Only root (and the daemon's own user) may call the CNI service: the runtime runs
+    /// plugins as root. Checked with the Unix socket's peer credentials.
+    fn check_peer<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let cred = req
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|i| i.peer_cred);
+        match cred {
+            Some(c) if c.uid() == 0 || Some(c.uid()) == self.own_uid => Ok(()),
+            Some(c) => Err(Status::permission_denied(format!(
+                "the CNI service accepts only uid 0 (root){}; this caller runs as uid {} (container runtimes run CNI plugins as root; operators use the Ops service)",
+                self.own_uid
+                    .filter(|u| *u != 0)
+                    .map(|u| format!(" and ipoold's own uid {u}"))
+                    .unwrap_or_default(),
+                c.uid()
+            ))),
+            // Not over the Unix socket (the service is only served there): nothing to check.
+            None => Ok(()),
+        }
     }
 }
 
 #[tonic::async_trait]
 impl pb::cni_server::Cni for CniService {
     async fn add(&self, req: Request<pb::AddRequest>) -> Result<Response<pb::AddResponse>, Status> {
+        self.check_peer(&req)?;
         let started = Instant::now();
         let r = req.into_inner();
         let key = key_of(r.key)?;
@@ -104,6 +130,7 @@ impl pb::cni_server::Cni for CniService {
     }
 
     async fn del(&self, req: Request<pb::DelRequest>) -> Result<Response<pb::DelResponse>, Status> {
+        self.check_peer(&req)?;
         let key = key_of(req.into_inner().key)?;
         match self.ipam.del(&key).await {
             Ok(released) => {
@@ -122,6 +149,7 @@ impl pb::cni_server::Cni for CniService {
         &self,
         req: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
+        self.check_peer(&req)?;
         let r = req.into_inner();
         let key = key_of(r.key)?;
         let result = parse_ips(&r.addresses).and_then(|ips| self.ipam.check(&key, &ips));
@@ -138,6 +166,7 @@ impl pb::cni_server::Cni for CniService {
     }
 
     async fn gc(&self, req: Request<pb::GcRequest>) -> Result<Response<pb::GcResponse>, Status> {
+        self.check_peer(&req)?;
         let r = req.into_inner();
         let valid = r
             .valid
@@ -167,6 +196,7 @@ impl pb::cni_server::Cni for CniService {
         &self,
         req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
+        self.check_peer(&req)?;
         let r = req.into_inner();
         let declared = IpamSection::parse(&r.ipam_json)
             .and_then(|s| match s {
@@ -185,13 +215,63 @@ impl pb::cni_server::Cni for CniService {
 
 // === impl OpsService ===
 
+/// Who may call what on a listener.
+#[derive(Clone, Debug)]
+pub enum Access {
+    /// The Unix socket: only root can connect (0600); every call is allowed.
+    Local,
+    /// TCP. Read-only calls from loopback are open; everything else needs the bearer token, or
+    /// a client certificate (with mTLS every connection has one, checked by the TLS layer).
+    Tcp { token: Option<Arc<str>>, mtls: bool },
+}
+
+impl Access {
+    fn check<T>(&self, req: &Request<T>, call: &str, mutating: bool) -> Result<(), Status> {
+        let Access::Tcp { token, mtls } = self else {
+            return Ok(());
+        };
+        if *mtls {
+            return Ok(());
+        }
+        let loopback = req.remote_addr().is_some_and(|a| a.ip().is_loopback());
+        if !mutating && loopback {
+            return Ok(());
+        }
+        let Some(token) = token else {
+            return Err(Status::permission_denied(format!(
+                "{call} over TCP needs authentication, and ipoold has none configured: start it with --ops-token-file or --tls-client-ca, or use the Unix socket"
+            )));
+        };
+        let sent = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match sent {
+            Some(s) if same_secret(s.as_bytes(), token.as_bytes()) => Ok(()),
+            Some(_) => Err(Status::unauthenticated(format!(
+                "{call}: the bearer token is wrong"
+            ))),
+            None => Err(Status::unauthenticated(format!(
+                "{call} needs the header 'authorization: Bearer <token>' (ipoolctl --token-file)"
+            ))),
+        }
+    }
+}
+
+/// Compares without stopping at the first difference.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 pub struct OpsService {
     ipam: Ipam,
+    access: Access,
 }
 
 impl OpsService {
-    pub fn new(ipam: Ipam) -> OpsService {
-        OpsService { ipam }
+    pub fn new(ipam: Ipam, access: Access) -> OpsService {
+        OpsService { ipam, access }
     }
 }
 
@@ -199,12 +279,108 @@ fn filter(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
 }
 
+fn owned(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+fn one_ip(s: &str, what: &str) -> Result<Option<IpAddr>, Error> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|_| Error::InvalidRequest(format!("{what} {s:?} is not an IP address")))
+}
+
+fn ifname_or_default(s: String) -> String {
+    if s.is_empty() {
+        "eth0".into()
+    } else {
+        s
+    }
+}
+
+fn allocation_pb(a: AttachmentRecord) -> pb::Allocation {
+    pb::Allocation {
+        network: a.key.network,
+        container_id: a.key.container_id,
+        ifname: a.key.ifname,
+        pod_namespace: a.pod.namespace,
+        pod_name: a.pod.name,
+        pod_uid: a.pod.uid,
+        addresses: a.addresses.iter().map(|i| i.to_string()).collect(),
+        netns: a.netns,
+        created_at_ms: a.created_at_ms,
+    }
+}
+
+fn reservation_pb(r: Reservation) -> pb::Reservation {
+    pb::Reservation {
+        network: r.key.network,
+        namespace: r.key.namespace,
+        name: r.key.name,
+        addresses: r.addresses.iter().map(|i| i.to_string()).collect(),
+        created_at_ms: r.created_at_ms,
+        expires_at_ms: r.expires_at_ms,
+        reason: r.reason,
+    }
+}
+
+fn event_pb(e: Event) -> pb::Event {
+    use pb::event::Kind;
+    let kind = match e.kind {
+        EventKind::Add => Kind::Add,
+        EventKind::Release => Kind::Release,
+        EventKind::Reserve => Kind::Reserve,
+        EventKind::Expire => Kind::Expire,
+        EventKind::Gc => Kind::Gc,
+    };
+    pb::Event {
+        kind: kind as i32,
+        at_ms: e.at_ms,
+        network: e.network,
+        container_id: e.container_id,
+        ifname: e.ifname,
+        namespace: e.namespace,
+        pod: e.pod,
+        addresses: e.addresses.iter().map(|i| i.to_string()).collect(),
+        reason: e.reason,
+    }
+}
+
+/// Page tokens are the last key of the previous page: network/container/ifname (none of the
+/// three may contain '/').
+fn page_token(k: &AttachmentKey) -> String {
+    format!("{}/{}/{}", k.network, k.container_id, k.ifname)
+}
+
+fn parse_page_token(t: &str) -> Result<Option<AttachmentKey>, Error> {
+    if t.is_empty() {
+        return Ok(None);
+    }
+    let mut parts = t.splitn(3, '/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(n), Some(c), Some(i)) => Ok(Some(AttachmentKey {
+            network: n.into(),
+            container_id: c.into(),
+            ifname: i.into(),
+        })),
+        _ => Err(Error::InvalidRequest(format!(
+            "page_token {t:?} is not one this daemon gave out"
+        ))),
+    }
+}
+
+type EventStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Event, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl pb::ops_server::Ops for OpsService {
     async fn pool_status(
         &self,
         req: Request<pb::PoolStatusRequest>,
     ) -> Result<Response<pb::PoolStatusResponse>, Status> {
+        self.access.check(&req, "PoolStatus", false)?;
         let r = req.into_inner();
         let pools = self
             .ipam
@@ -219,6 +395,11 @@ impl pb::ops_server::Ops for OpsService {
                 idle: p.idle as u64,
                 cooling: p.cooling as u64,
                 reserved: p.reserved as u64,
+                drained: p.drained,
+                last_source_error: p
+                    .last_error
+                    .map(|(at, e)| format!("{e} (at {at} Unix ms)"))
+                    .unwrap_or_default(),
                 free_in_source: u64::try_from(p.free_in_source).unwrap_or(u64::MAX),
                 min_idle: p.min_idle as u64,
                 max_idle: p.max_idle as u64,
@@ -232,23 +413,162 @@ impl pb::ops_server::Ops for OpsService {
         &self,
         req: Request<pb::ListAllocationsRequest>,
     ) -> Result<Response<pb::ListAllocationsResponse>, Status> {
+        self.access.check(&req, "ListAllocations", false)?;
         let r = req.into_inner();
-        let allocations = self
+        let f = Filter {
+            address: one_ip(&r.address, "address")?,
+            after: parse_page_token(&r.page_token)?,
+            network: owned(r.network),
+            namespace: owned(r.namespace),
+            pod: owned(r.pod),
+            container_id: owned(r.container_id),
+            limit: r.page_size as usize,
+        };
+        let found = self.ipam.find(&f);
+        let next_page_token = match found.last() {
+            Some(last) if f.limit > 0 && found.len() == f.limit => page_token(&last.key),
+            _ => String::new(),
+        };
+        let allocations = found.into_iter().map(allocation_pb).collect();
+        Ok(Response::new(pb::ListAllocationsResponse {
+            allocations,
+            next_page_token,
+        }))
+    }
+
+    async fn get_allocation(
+        &self,
+        req: Request<pb::GetAllocationRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
+        self.access.check(&req, "GetAllocation", false)?;
+        let r = req.into_inner();
+        if r.network.is_empty() {
+            return Err(Error::InvalidRequest("network is required".into()).into());
+        }
+        let found = match (one_ip(&r.address, "address")?, r.container_id.is_empty()) {
+            (Some(ip), true) => self.ipam.holder_of(&r.network, ip).ok_or_else(|| {
+                Error::NotFound(format!("{ip} is not held in network {:?}", r.network))
+            })?,
+            (None, false) => {
+                let key = AttachmentKey {
+                    network: r.network,
+                    container_id: r.container_id,
+                    ifname: ifname_or_default(r.ifname),
+                };
+                self.ipam
+                    .get(&key)
+                    .ok_or_else(|| Error::NotFound(format!("no attachment {key}")))?
+            }
+            _ => {
+                return Err(Error::InvalidRequest(
+                    "give either container_id (and ifname) or address".into(),
+                )
+                .into())
+            }
+        };
+        Ok(Response::new(allocation_pb(found)))
+    }
+
+    async fn list_reservations(
+        &self,
+        req: Request<pb::ListReservationsRequest>,
+    ) -> Result<Response<pb::ListReservationsResponse>, Status> {
+        self.access.check(&req, "ListReservations", false)?;
+        let r = req.into_inner();
+        let reservations = self
             .ipam
-            .attachments(filter(&r.network))
+            .reservations(filter(&r.network))
             .into_iter()
-            .map(|a| pb::Allocation {
-                network: a.key.network,
-                container_id: a.key.container_id,
-                ifname: a.key.ifname,
-                pod_namespace: a.pod.namespace,
-                pod_name: a.pod.name,
-                pod_uid: a.pod.uid,
-                addresses: a.addresses.iter().map(|i| i.to_string()).collect(),
-                netns: a.netns,
-                created_at_ms: a.created_at_ms,
-            })
+            .map(reservation_pb)
             .collect();
-        Ok(Response::new(pb::ListAllocationsResponse { allocations }))
+        Ok(Response::new(pb::ListReservationsResponse { reservations }))
+    }
+
+    async fn reserve(
+        &self,
+        req: Request<pb::ReserveRequest>,
+    ) -> Result<Response<pb::Reservation>, Status> {
+        self.access.check(&req, "Reserve", true)?;
+        let r = req.into_inner();
+        let key = ReservationKey {
+            network: r.network,
+            namespace: r.namespace,
+            name: r.name,
+        };
+        let reason = if r.reason.is_empty() {
+            "no reason given".to_string()
+        } else {
+            r.reason
+        };
+        let res = self
+            .ipam
+            .reserve(key, parse_ips(&r.addresses)?, r.ttl_secs, &reason)
+            .await
+            .inspect_err(|e| tracing::warn!(op = "Reserve", error = %e, outcome = "error"))?;
+        Ok(Response::new(reservation_pb(res)))
+    }
+
+    async fn unreserve(
+        &self,
+        req: Request<pb::UnreserveRequest>,
+    ) -> Result<Response<pb::Reservation>, Status> {
+        self.access.check(&req, "Unreserve", true)?;
+        let r = req.into_inner();
+        let key = ReservationKey {
+            network: r.network,
+            namespace: r.namespace,
+            name: r.name,
+        };
+        let res = self.ipam.cancel_reservation(&key).await?;
+        Ok(Response::new(reservation_pb(res)))
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        self.access.check(&req, "Release", true)?;
+        let r = req.into_inner();
+        let key = AttachmentKey {
+            network: r.network,
+            container_id: r.container_id,
+            ifname: ifname_or_default(r.ifname),
+        };
+        let released = self.ipam.force_release(&key, &r.reason).await?;
+        Ok(Response::new(pb::ReleaseResponse {
+            released: released.addresses.iter().map(|i| i.to_string()).collect(),
+        }))
+    }
+
+    async fn drain(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainResponse>, Status> {
+        self.access.check(&req, "Drain", true)?;
+        let r = req.into_inner();
+        let drained = self.ipam.drain(filter(&r.network), r.drain).await?;
+        Ok(Response::new(pb::DrainResponse { drained }))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        use tokio_stream::wrappers::{errors::BroadcastStreamRecvError, BroadcastStream};
+        use tokio_stream::StreamExt;
+        self.access.check(&req, "Watch", false)?;
+        let network = req.into_inner().network;
+        let stream = BroadcastStream::new(self.ipam.watch()).filter_map(move |item| match item {
+            Ok(e) if network.is_empty() || e.network == network => Some(Ok(event_pb(e))),
+            Ok(_) => None,
+            Err(BroadcastStreamRecvError::Lagged(n)) => Some(Ok(pb::Event {
+                kind: pb::event::Kind::Lagged as i32,
+                reason: format!("{n} events missed: this watcher fell behind"),
+                ..Default::default()
+            })),
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -10,7 +10,7 @@
 //! - `cursors`: network \0 range-set index -> last address handed out by the source
 //! - `reservations`: network \0 namespace \0 pod name -> [`Reservation`] (JSON)
 //! - `meta`: `schema_version` (u32 big-endian), `boot_id` (the machine's boot ID at the last
-//!   start, text)
+//!   start, text), `drain\0<network>` (present while the network is drained; `*` = all)
 //!
 //! Schema history: 1 = networks, attachments, idle, cursors; 2 = adds reservations and boot_id
 //! (a version-1 store is read as is and marked 2 at open).
@@ -129,6 +129,11 @@ pub enum Change {
     PutReservation(Reservation),
     DeleteReservation(ReservationKey),
     PutBootId(String),
+    /// A network ("*": every network) is drained, or no longer.
+    PutDrain {
+        network: String,
+        drained: bool,
+    },
 }
 
 /// Everything in a store, as loaded at start.
@@ -141,6 +146,8 @@ pub struct Snapshot {
     pub reservations: Vec<Reservation>,
     /// The boot ID recorded at the last start (None in a new or a version-1 store).
     pub boot_id: Option<String>,
+    /// Drained networks ("*": all).
+    pub drained: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +186,7 @@ struct MemInner {
     cursors: BTreeMap<(String, usize), IpAddr>,
     reservations: BTreeMap<ReservationKey, Reservation>,
     boot_id: Option<String>,
+    drained: std::collections::BTreeSet<String>,
     /// Flushes so far.
     flushes: u64,
     /// When set, `apply` fails: lets tests check that a failed write changes nothing.
@@ -221,6 +229,7 @@ impl Store for MemStore {
                 .collect(),
             reservations: m.reservations.values().cloned().collect(),
             boot_id: m.boot_id.clone(),
+            drained: m.drained.iter().cloned().collect(),
         })
     }
 
@@ -275,6 +284,13 @@ impl Store for MemStore {
                     m.reservations.remove(&k);
                 }
                 Change::PutBootId(id) => m.boot_id = Some(id),
+                Change::PutDrain { network, drained } => {
+                    if drained {
+                        m.drained.insert(network);
+                    } else {
+                        m.drained.remove(&network);
+                    }
+                }
             }
         }
         Ok(())

@@ -10,7 +10,7 @@ use ipool_server::{
     clock::SystemClock,
     config::DaemonConfig,
     ipam::Ipam,
-    server::{bind_socket, run, shutdown_signal},
+    server::{bind_socket, serve, shutdown_signal, Listeners, OpsTcp},
     store::SledStore,
 };
 
@@ -37,6 +37,22 @@ struct Args {
         default_value = "/proc/sys/kernel/random/boot_id"
     )]
     boot_id_file: PathBuf,
+    /// Also serve the Ops API (and health, reflection) on this TCP address, e.g.
+    /// 127.0.0.1:9654. Read-only calls are open on loopback; mutating calls need
+    /// --ops-token-file or mTLS. A non-loopback address needs one of them.
+    #[arg(long, env = "IPOOL_OPS_LISTEN")]
+    ops_listen: Option<std::net::SocketAddr>,
+    /// File holding the bearer token for the TCP Ops API ("authorization: Bearer <token>").
+    #[arg(long, env = "IPOOL_OPS_TOKEN_FILE")]
+    ops_token_file: Option<PathBuf>,
+    /// TLS certificate and key (PEM) for the TCP Ops API.
+    #[arg(long, env = "IPOOL_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, env = "IPOOL_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// CA (PEM) that client certificates must chain to: mutual TLS, every call authenticated.
+    #[arg(long, env = "IPOOL_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     /// Print the embedded default config and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -86,6 +102,60 @@ fn main() -> ExitCode {
     }
 }
 
+/// The TCP Ops listener, checked before anything else starts.
+async fn ops_tcp(args: &Args) -> anyhow::Result<Option<OpsTcp>> {
+    let Some(addr) = args.ops_listen else {
+        return Ok(None);
+    };
+    let token = match &args.ops_token_file {
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .with_context(|| format!("reading --ops-token-file {}", p.display()))?;
+            let t = t.trim().to_string();
+            anyhow::ensure!(
+                t.len() >= 16,
+                "the token in {} is shorter than 16 characters; use a long random one (e.g. `head -c 32 /dev/urandom | base64`)",
+                p.display()
+            );
+            Some(std::sync::Arc::<str>::from(t))
+        }
+        None => None,
+    };
+    let mtls = args.tls_client_ca.is_some();
+    anyhow::ensure!(
+        addr.ip().is_loopback() || token.is_some() || mtls,
+        "--ops-listen {addr} is not a loopback address: refusing to serve it without authentication (give --ops-token-file, or --tls-cert/--tls-key/--tls-client-ca for mTLS)"
+    );
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => {
+            let read = |p: &PathBuf, what: &str| {
+                std::fs::read(p).with_context(|| format!("reading {what} {}", p.display()))
+            };
+            let mut tls = tonic::transport::ServerTlsConfig::new().identity(
+                tonic::transport::Identity::from_pem(read(c, "--tls-cert")?, read(k, "--tls-key")?),
+            );
+            if let Some(ca) = &args.tls_client_ca {
+                tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read(
+                    ca,
+                    "--tls-client-ca",
+                )?));
+            }
+            Some(tls)
+        }
+        _ => None,
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --ops-listen {addr}"))?;
+    tracing::info!(%addr, token = token.is_some(), tls = tls.is_some(), mtls, "serving the Ops API over TCP");
+    Ok(Some(OpsTcp {
+        listener,
+        token,
+        tls,
+        mtls,
+    }))
+}
+
 async fn daemon(args: Args) -> anyhow::Result<()> {
     let config = match &args.config {
         Some(path) => {
@@ -113,10 +183,20 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     )
     .context("recovering state")?;
     ipam.maintain().context("preloading pools")?;
+    let ops_tcp = ops_tcp(&args).await?;
     let listener = bind_socket(&args.socket)
         .with_context(|| format!("binding socket {}", args.socket.display()))?;
+    let own_uid = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&args.socket).ok().map(|m| m.uid())
+    };
     tracing::info!(socket = %args.socket.display(), "serving");
-    let served = run(listener, ipam, shutdown_signal()).await;
+    let listeners = Listeners {
+        socket: listener,
+        own_uid,
+        ops_tcp,
+    };
+    let served = serve(listeners, ipam, shutdown_signal()).await;
     let _ = std::fs::remove_file(&args.socket);
     served.context("gRPC server")?;
     tracing::info!("stopped");

@@ -15,6 +15,8 @@ pub(super) struct FamilyPool {
     pub(super) pool: Pool<AttachmentKey>,
     pub(super) factory: Box<dyn Factory>,
     pub(super) bucket: TokenBucket,
+    /// The last time the pool could not serve an acquisition, and why.
+    pub(super) last_error: Option<(Millis, String)>,
 }
 
 /// How one family's address was obtained, so it can be undone.
@@ -68,6 +70,7 @@ impl FamilyPool {
             }),
             factory,
             bucket: TokenBucket::new(tuning.source_rate, tuning.source_burst, now),
+            last_error: None,
         }
     }
 

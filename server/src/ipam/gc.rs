@@ -22,6 +22,8 @@ pub enum ReleaseBy {
     Reboot,
     /// Its network namespace path was missing at two checks some time apart.
     Leak,
+    /// An operator's forced release (`Ops.Release`).
+    Operator,
 }
 
 impl ReleaseBy {
@@ -31,12 +33,13 @@ impl ReleaseBy {
             ReleaseBy::Gc => "not in the runtime's cni.dev/valid-attachments (CNI GC)",
             ReleaseBy::Reboot => "the machine rebooted (boot ID changed)",
             ReleaseBy::Leak => "its network namespace is gone (seen missing twice)",
+            ReleaseBy::Operator => "released by an operator",
         }
     }
 
     /// Whether a sticky pod's addresses become a reservation rather than idle.
     fn keeps_sticky(self) -> bool {
-        self != ReleaseBy::Leak
+        !matches!(self, ReleaseBy::Leak | ReleaseBy::Operator)
     }
 }
 
@@ -95,6 +98,7 @@ impl Ipam {
         for r in &released {
             r.log(ReleaseBy::Gc);
         }
+        self.emit_released(&released, ReleaseBy::Gc, ReleaseBy::Gc.reason());
         self.shared.changed.notify_one();
         Ok(released)
     }

@@ -112,6 +112,7 @@ impl Ipam {
         for r in &released {
             r.log(ReleaseBy::Leak);
         }
+        self.emit_released(&released, ReleaseBy::Leak, ReleaseBy::Leak.reason());
         self.shared.changed.notify_one();
         Ok(released)
     }

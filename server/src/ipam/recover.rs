@@ -91,6 +91,7 @@ impl Ipam {
             networks,
             attachments: HashMap::new(),
             reservations: BTreeMap::new(),
+            drained: snap.drained.iter().cloned().collect(),
         };
         for rec in snap.attachments {
             let Some(net) = state.networks.get_mut(&rec.key.network) else {
@@ -220,6 +221,10 @@ impl Ipam {
                 defaults: config.defaults.clone(),
                 changed: Notify::new(),
                 leak_check: std::time::Duration::from_secs(config.leak_check.interval_secs),
+                events: tokio::sync::broadcast::Sender::new(super::ops::EVENT_BUFFER),
+                all_drained: tokio::sync::watch::Sender::new(
+                    snap.drained.iter().any(|n| n == super::ALL_NETWORKS),
+                ),
             }),
         };
         if rebooted {
@@ -231,6 +236,7 @@ impl Ipam {
             for r in &released {
                 r.log(ReleaseBy::Reboot);
             }
+            ipam.emit_released(&released, ReleaseBy::Reboot, ReleaseBy::Reboot.reason());
             tracing::warn!(
                 released = released.len(),
                 "attachments of the old boot released"

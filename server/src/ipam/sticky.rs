@@ -9,7 +9,7 @@
 
 use std::net::IpAddr;
 
-use super::{Ipam, State};
+use super::{Event, EventKind, Ipam, State};
 use crate::error::Error;
 use crate::pool::Millis;
 use crate::store::{Change, Pod, Reservation, ReservationKey};
@@ -50,6 +50,12 @@ impl Ipam {
         };
         self.flush().await?;
         tracing::info!(network = %key.network, pod = %format!("{}/{}", key.namespace, key.name), address = %super::join(&r.addresses), reason = "cancelled", "reservation ended");
+        self.emit(Event::of_reservation(
+            EventKind::Release,
+            self.now(),
+            &r,
+            "reservation cancelled",
+        ));
         self.shared.changed.notify_one();
         Ok(r)
     }
@@ -71,6 +77,12 @@ impl Ipam {
         }
         self.end_reservations(st, &expired)?;
         for r in &expired {
+            self.emit(Event::of_reservation(
+                EventKind::Expire,
+                now,
+                r,
+                "TTL passed",
+            ));
             tracing::info!(network = %r.key.network, pod = %format!("{}/{}", r.key.namespace, r.key.name), address = %super::join(&r.addresses), reason = "TTL passed", "reservation ended");
         }
         Ok(expired)

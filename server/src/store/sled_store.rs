@@ -37,6 +37,7 @@ const RESERVATIONS: usize = 4;
 const META: usize = 5;
 
 const BOOT_ID: &str = "boot_id";
+const DRAIN_PREFIX: &str = "drain\0";
 
 fn ip_key(network: &str, ip: &IpAddr) -> Vec<u8> {
     format!("{network}\0{ip}").into_bytes()
@@ -194,6 +195,14 @@ impl SledStore {
                     Change::PutBootId(id) => {
                         Op::Put(META, BOOT_ID.as_bytes().to_vec(), id.as_bytes().to_vec())
                     }
+                    Change::PutDrain { network, drained } => {
+                        let k = format!("{DRAIN_PREFIX}{network}").into_bytes();
+                        if *drained {
+                            Op::Put(META, k, b"1".to_vec())
+                        } else {
+                            Op::Del(META, k)
+                        }
+                    }
                 })
             })
             .collect()
@@ -262,6 +271,12 @@ impl Store for SledStore {
             let id =
                 std::str::from_utf8(&v).map_err(|e| self.corrupt("meta", BOOT_ID.as_bytes(), e))?;
             snap.boot_id = Some(id.to_string());
+        }
+        for kv in self.meta.scan_prefix(DRAIN_PREFIX) {
+            let (k, _) = kv.map_err(|e| self.io(e))?;
+            let net = std::str::from_utf8(&k[DRAIN_PREFIX.len()..])
+                .map_err(|e| self.corrupt("meta", &k, e))?;
+            snap.drained.push(net.to_string());
         }
         Ok(snap)
     }

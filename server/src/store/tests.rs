@@ -45,6 +45,10 @@ fn sample() -> Vec<Change> {
         },
         Change::PutReservation(reservation()),
         Change::PutBootId("b-1".into()),
+        Change::PutDrain {
+            network: "n".into(),
+            drained: true,
+        },
     ]
 }
 
@@ -73,6 +77,7 @@ fn check_roundtrip(store: &dyn Store) {
     assert_eq!(snap.cursors, vec![("n".to_string(), 0, ip("10.0.0.3"))]);
     assert_eq!(snap.reservations, vec![reservation()]);
     assert_eq!(snap.boot_id.as_deref(), Some("b-1"));
+    assert_eq!(snap.drained, vec!["n".to_string()]);
     let key = snap.attachments[0].key.clone();
     store
         .apply(&[
@@ -88,11 +93,15 @@ fn check_roundtrip(store: &dyn Store) {
             },
             Change::DeleteReservation(reservation().key),
             Change::PutBootId("b-2".into()),
+            Change::PutDrain {
+                network: "n".into(),
+                drained: false,
+            },
         ])
         .expect("apply");
     let snap = store.load().expect("load");
     assert!(snap.attachments.is_empty() && snap.idle.is_empty() && snap.cursors.is_empty());
-    assert!(snap.reservations.is_empty());
+    assert!(snap.reservations.is_empty() && snap.drained.is_empty());
     assert_eq!(snap.boot_id.as_deref(), Some("b-2"));
 }
 
