@@ -41,18 +41,23 @@ impl Daemon {
     }
 
     pub fn start_with(args: &[&str]) -> Daemon {
+        let mut d = Daemon::prepare(args);
+        d.spawn();
+        d
+    }
+
+    /// A daemon's directories and arguments, not started.
+    pub fn prepare(args: &[&str]) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("run/ipool.sock");
         let state = dir.path().join("state");
-        let mut d = Daemon {
+        Daemon {
             dir,
             socket,
             state,
             child: None,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
-        };
-        d.spawn();
-        d
+        }
     }
 
     fn command(&self) -> Command {
