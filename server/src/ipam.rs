@@ -60,6 +60,7 @@ struct Shared {
     events: tokio::sync::broadcast::Sender<Event>,
     /// True while every network is drained.
     all_drained: tokio::sync::watch::Sender<bool>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 #[derive(Default)]
@@ -117,6 +118,9 @@ pub struct PoolStatus {
     pub drained: bool,
     /// When the pool last failed to serve, and why.
     pub last_error: Option<(Millis, String)>,
+    pub source_calls: u64,
+    pub source_errors: u64,
+    pub bucket_waits: u64,
     pub free_in_source: u128,
     pub min_idle: usize,
     pub max_idle: usize,
@@ -174,6 +178,10 @@ impl Ipam {
     /// Waits until every change applied so far is durable (shared with concurrent requests).
     async fn flush(&self) -> Result<(), Error> {
         Ok(self.shared.store.durable().await?)
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.shared.metrics
     }
 
     /// The store's group-commit counters.
@@ -589,6 +597,9 @@ impl Ipam {
                     reserved: p.pool.reserved(),
                     drained,
                     last_error: p.last_error.clone(),
+                    source_calls: p.source_calls,
+                    source_errors: p.source_errors,
+                    bucket_waits: p.bucket_waits,
                     free_in_source: p.factory.free(),
                     min_idle: p.pool.config().min_idle,
                     max_idle: p.pool.config().max_idle,

@@ -11,6 +11,7 @@
 //! - [`store`]: durable state (sled), behind a trait with an in-memory twin for tests.
 //! - [`ipam`]: the engine: networks, attachments, ADD/DEL/CHECK, recovery at start,
 //!   the background loop. Drives pool, factory and store.
+//! - [`metrics`]: Prometheus metrics and the `/metrics` endpoint.
 //! - [`service`]: the tonic services (`Cni`, `Ops`) and the error -> gRPC status mapping.
 //! - [`server`]: the Unix socket and `run(listener, ipam, shutdown)`.
 //! - [`clock`]: wall clock and a manual clock for tests.
@@ -21,6 +22,7 @@ pub mod config;
 pub mod error;
 pub mod factory;
 pub mod ipam;
+pub mod metrics;
 pub mod pool;
 pub mod range;
 pub mod server;

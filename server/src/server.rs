@@ -72,6 +72,8 @@ pub struct Listeners {
     pub own_uid: Option<u32>,
     /// `--ops-listen`: `Ops`, health and reflection over TCP.
     pub ops_tcp: Option<OpsTcp>,
+    /// `--metrics-listen`: Prometheus `/metrics` over HTTP.
+    pub metrics: Option<TcpListener>,
 }
 
 pub struct OpsTcp {
@@ -95,6 +97,7 @@ pub async fn run(
             socket: listener,
             own_uid: None,
             ops_tcp: None,
+            metrics: None,
         },
         ipam,
         shutdown,
@@ -137,6 +140,7 @@ pub async fn serve(
         .expect("the embedded descriptor sets are valid");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_rx_metrics = stop_rx.clone();
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -179,12 +183,19 @@ pub async fn serve(
             .serve_with_incoming_shutdown(TcpListenerStream::new(t.listener), stopped(stop_rx))
             .await
     };
+    let metrics = async {
+        if let Some(listener) = l.metrics {
+            let registry = Arc::new(crate::metrics::registry(&ipam));
+            crate::metrics::serve_metrics(listener, registry, stopped(stop_rx_metrics)).await;
+        }
+        Ok(())
+    };
     let signal = async {
         shutdown.await;
         let _ = stop_tx.send(true);
         Ok(())
     };
-    let result = tokio::try_join!(uds, tcp, signal).map(|_| ());
+    let result = tokio::try_join!(uds, tcp, metrics, signal).map(|_| ());
     drop(health_task);
     drop(maintenance);
     result

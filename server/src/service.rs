@@ -72,9 +72,11 @@ impl CniService {
     }
 }
 
-#[tonic::async_trait]
-impl pb::cni_server::Cni for CniService {
-    async fn add(&self, req: Request<pb::AddRequest>) -> Result<Response<pb::AddResponse>, Status> {
+impl CniService {
+    async fn add_inner(
+        &self,
+        req: Request<pb::AddRequest>,
+    ) -> Result<Response<pb::AddResponse>, Status> {
         self.check_peer(&req)?;
         let started = Instant::now();
         let r = req.into_inner();
@@ -129,7 +131,10 @@ impl pb::cni_server::Cni for CniService {
         }
     }
 
-    async fn del(&self, req: Request<pb::DelRequest>) -> Result<Response<pb::DelResponse>, Status> {
+    async fn del_inner(
+        &self,
+        req: Request<pb::DelRequest>,
+    ) -> Result<Response<pb::DelResponse>, Status> {
         self.check_peer(&req)?;
         let key = key_of(req.into_inner().key)?;
         match self.ipam.del(&key).await {
@@ -145,7 +150,7 @@ impl pb::cni_server::Cni for CniService {
         }
     }
 
-    async fn check(
+    async fn check_inner(
         &self,
         req: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
@@ -165,7 +170,10 @@ impl pb::cni_server::Cni for CniService {
         }
     }
 
-    async fn gc(&self, req: Request<pb::GcRequest>) -> Result<Response<pb::GcResponse>, Status> {
+    async fn gc_inner(
+        &self,
+        req: Request<pb::GcRequest>,
+    ) -> Result<Response<pb::GcResponse>, Status> {
         self.check_peer(&req)?;
         let r = req.into_inner();
         let valid = r
@@ -192,7 +200,7 @@ impl pb::cni_server::Cni for CniService {
         }
     }
 
-    async fn status(
+    async fn status_inner(
         &self,
         req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
@@ -210,6 +218,60 @@ impl pb::cni_server::Cni for CniService {
         };
         tracing::debug!(op = "STATUS", network = %r.network, available, reason = %reason);
         Ok(Response::new(pb::StatusResponse { available, reason }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cni_server::Cni for CniService {
+    async fn add(&self, req: Request<pb::AddRequest>) -> Result<Response<pb::AddResponse>, Status> {
+        let started = Instant::now();
+        let result = self.add_inner(req).await;
+        self.ipam
+            .metrics()
+            .observe("ADD", result.as_ref().err(), started.elapsed());
+        result
+    }
+
+    async fn del(&self, req: Request<pb::DelRequest>) -> Result<Response<pb::DelResponse>, Status> {
+        let started = Instant::now();
+        let result = self.del_inner(req).await;
+        self.ipam
+            .metrics()
+            .observe("DEL", result.as_ref().err(), started.elapsed());
+        result
+    }
+
+    async fn check(
+        &self,
+        req: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        let started = Instant::now();
+        let result = self.check_inner(req).await;
+        self.ipam
+            .metrics()
+            .observe("CHECK", result.as_ref().err(), started.elapsed());
+        result
+    }
+
+    async fn gc(&self, req: Request<pb::GcRequest>) -> Result<Response<pb::GcResponse>, Status> {
+        let started = Instant::now();
+        let result = self.gc_inner(req).await;
+        self.ipam
+            .metrics()
+            .observe("GC", result.as_ref().err(), started.elapsed());
+        result
+    }
+
+    async fn status(
+        &self,
+        req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let started = Instant::now();
+        let result = self.status_inner(req).await;
+        self.ipam
+            .metrics()
+            .observe("STATUS", result.as_ref().err(), started.elapsed());
+        result
     }
 }
 

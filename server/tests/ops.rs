@@ -629,3 +629,108 @@ fn the_cni_service_refuses_callers_other_than_root() {
     // Root still gets through.
     assert!(cni("ADD", "root-ok", &conf).ok);
 }
+
+/// GET over plain HTTP/1.1; returns (status line, body).
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("http response");
+    (
+        head.lines().next().expect("status").to_string(),
+        body.to_string(),
+    )
+}
+
+/// Sample lines of an OpenMetrics text body: "name{labels}" -> value.
+fn samples(body: &str) -> std::collections::HashMap<String, f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_match_the_pools_after_a_known_sequence() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let d = Daemon::start_with(&["--metrics-listen", &addr]);
+    let conf = d.conf("1.0.0", "m", SUBNET);
+    let mut adds = Vec::new();
+    for i in 0..5 {
+        let r = cni("ADD", &format!("m-{i}"), &conf);
+        assert!(r.ok, "{r:?}");
+        adds.push(r);
+    }
+    assert!(cni("DEL", "m-0", &conf).ok);
+    assert!(cni("DEL", "m-1", &conf).ok);
+    assert!(cni("CHECK", "m-2", &with_prev(&conf, &adds[2].json)).ok);
+    assert_eq!(
+        cni("CHECK", "m-0", &with_prev(&conf, &adds[0].json)).code(),
+        3
+    );
+    let outside = plugin(
+        &[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "m-bad"),
+            ("CNI_NETNS", "/var/run/netns/m-bad"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/usr/lib/cni"),
+            ("CNI_ARGS", "IP=192.168.77.7"),
+        ],
+        &conf,
+    );
+    assert_eq!(outside.code(), 7, "{outside:?}");
+
+    let (status, body) = http_get(&addr, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    let m = samples(&body);
+    let get = |k: &str| {
+        *m.get(k)
+            .unwrap_or_else(|| panic!("{k} missing in:\n{body}"))
+    };
+    let pool = json(&d.ctl(&["status", "-o", "json"]));
+    let l = r#"{network="m",family="ipv4"}"#;
+    for (metric, field) in [
+        ("ipool_pool_in_use", "inUse"),
+        ("ipool_pool_idle", "idle"),
+        ("ipool_pool_cooling", "cooling"),
+        ("ipool_pool_reserved", "reserved"),
+        ("ipool_pool_capacity", "capacity"),
+        ("ipool_pool_free_in_source", "freeInSource"),
+    ] {
+        assert_eq!(
+            get(&format!("{metric}{l}")),
+            pool[0][field].as_f64().expect("number"),
+            "{metric} vs status {field}"
+        );
+    }
+    assert_eq!(get(&format!("ipool_pool_in_use{l}")), 3.0);
+    assert_eq!(get(&format!("ipool_pool_cooling{l}")), 2.0);
+    assert_eq!(get(&format!("ipool_source_calls_total{l}")), 5.0);
+    assert_eq!(get(r#"ipool_requests_total{op="ADD",result="ok"}"#), 5.0);
+    assert_eq!(
+        get(r#"ipool_requests_total{op="ADD",result="invalidargument"}"#),
+        1.0
+    );
+    assert_eq!(get(r#"ipool_requests_total{op="DEL",result="ok"}"#), 2.0);
+    assert_eq!(get(r#"ipool_requests_total{op="CHECK",result="ok"}"#), 1.0);
+    assert_eq!(
+        get(r#"ipool_requests_total{op="CHECK",result="notfound"}"#),
+        1.0
+    );
+    assert_eq!(get("ipool_add_duration_seconds_count"), 5.0);
+    assert!(get("ipool_store_flush_duration_seconds_count") >= 1.0);
+    assert!(get("ipool_store_commits_total") >= 7.0, "5 ADDs, 2 DELs");
+
+    let (status, _) = http_get(&addr, "/nope");
+    assert!(status.contains("404"), "{status}");
+}

@@ -53,6 +53,9 @@ struct Args {
     /// CA (PEM) that client certificates must chain to: mutual TLS, every call authenticated.
     #[arg(long, env = "IPOOL_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9655.
+    #[arg(long, env = "IPOOL_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Print the embedded default config and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -184,6 +187,16 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     .context("recovering state")?;
     ipam.maintain().context("preloading pools")?;
     let ops_tcp = ops_tcp(&args).await?;
+    let metrics = match args.metrics_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --metrics-listen {addr}"))?;
+            tracing::info!(%addr, "serving metrics at /metrics");
+            Some(l)
+        }
+        None => None,
+    };
     let listener = bind_socket(&args.socket)
         .with_context(|| format!("binding socket {}", args.socket.display()))?;
     let own_uid = {
@@ -195,6 +208,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         socket: listener,
         own_uid,
         ops_tcp,
+        metrics,
     };
     let served = serve(listeners, ipam, shutdown_signal()).await;
     let _ = std::fs::remove_file(&args.socket);

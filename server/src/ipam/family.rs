@@ -17,6 +17,10 @@ pub(super) struct FamilyPool {
     pub(super) bucket: TokenBucket,
     /// The last time the pool could not serve an acquisition, and why.
     pub(super) last_error: Option<(Millis, String)>,
+    /// Addresses asked of the source, times it had none, times its bucket was empty.
+    pub(super) source_calls: u64,
+    pub(super) source_errors: u64,
+    pub(super) bucket_waits: u64,
 }
 
 /// How one family's address was obtained, so it can be undone.
@@ -71,6 +75,9 @@ impl FamilyPool {
             factory,
             bucket: TokenBucket::new(tuning.source_rate, tuning.source_burst, now),
             last_error: None,
+            source_calls: 0,
+            source_errors: 0,
+            bucket_waits: 0,
         }
     }
 
@@ -96,6 +103,7 @@ impl FamilyPool {
                 }
                 Plan::Source => {
                     if let Err(wait) = self.bucket.try_take(now) {
+                        self.bucket_waits += 1;
                         if may_wait {
                             return Ok(Step::Wait(wait));
                         }
@@ -103,6 +111,7 @@ impl FamilyPool {
                         continue;
                     }
                     let prev_cursor = self.factory.cursor();
+                    self.source_calls += 1;
                     match self.factory.allocate() {
                         Some(ip) => {
                             self.pool.receive(ip, 0)?;
@@ -113,7 +122,10 @@ impl FamilyPool {
                                 origin: Origin::Source { prev_cursor },
                             }));
                         }
-                        None => dry = true,
+                        None => {
+                            self.source_errors += 1;
+                            dry = true;
+                        }
                     }
                 }
             }
@@ -142,9 +154,11 @@ impl FamilyPool {
                 origin: Origin::Idle { released_at },
             });
         }
-        self.factory
-            .occupy(ip)
-            .map_err(|e| ClaimError::NotHandedOut(e.to_string()))?;
+        self.source_calls += 1;
+        self.factory.occupy(ip).map_err(|e| {
+            self.source_errors += 1;
+            ClaimError::NotHandedOut(e.to_string())
+        })?;
         if let Err(e) = self.pool.receive(ip, 0) {
             self.factory.release(ip);
             return Err(ClaimError::Pool(e));

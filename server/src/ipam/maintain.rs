@@ -27,9 +27,12 @@ impl Ipam {
                 let cursor_before = p.factory.cursor();
                 for _ in 0..work.fetch {
                     if p.bucket.try_take(now).is_err() {
+                        p.bucket_waits += 1;
                         break;
                     }
+                    p.source_calls += 1;
                     let Some(ip) = p.factory.allocate() else {
+                        p.source_errors += 1;
                         break;
                     };
                     if p.pool.receive(ip, 0).is_err() {

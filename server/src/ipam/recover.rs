@@ -198,7 +198,8 @@ impl Ipam {
         if let Some(id) = boot_id.filter(|id| snap.boot_id.as_deref() != Some(*id)) {
             changes.push(Change::PutBootId(id.to_string()));
         }
-        let committer = Committer::new(store);
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        let committer = Committer::new(store, Some(metrics.flush_seconds.clone()));
         if !changes.is_empty() {
             committer.apply(&changes)?;
         }
@@ -225,6 +226,7 @@ impl Ipam {
                 all_drained: tokio::sync::watch::Sender::new(
                     snap.drained.iter().any(|n| n == super::ALL_NETWORKS),
                 ),
+                metrics,
             }),
         };
         if rebooted {

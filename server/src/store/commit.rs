@@ -54,7 +54,11 @@ struct Flushed {
 }
 
 impl Committer {
-    pub fn new(store: Arc<dyn Store>) -> Committer {
+    /// `flush_seconds`, when given, observes every flush's duration.
+    pub fn new(
+        store: Arc<dyn Store>,
+        flush_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
+    ) -> Committer {
         let shared = Arc::new(Shared {
             applied: AtomicU64::new(0),
             wanted: Mutex::new((0, false)),
@@ -65,7 +69,7 @@ impl Committer {
             let (store, shared) = (store.clone(), shared.clone());
             std::thread::Builder::new()
                 .name("ipool-flush".into())
-                .spawn(move || flusher(&*store, &shared))
+                .spawn(move || flusher(&*store, &shared, flush_seconds))
                 .expect("spawning the store flusher thread")
         };
         Committer {
@@ -153,7 +157,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn flusher(store: &dyn Store, shared: &Shared) {
+fn flusher(
+    store: &dyn Store,
+    shared: &Shared,
+    flush_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
+) {
     loop {
         {
             let mut w = lock(&shared.wanted);
@@ -172,6 +180,9 @@ fn flusher(store: &dyn Store, shared: &Shared) {
         let started = Instant::now();
         let result = store.flush();
         let took = started.elapsed();
+        if let Some(h) = &flush_seconds {
+            h.observe(took.as_secs_f64());
+        }
         shared.done.send_modify(|f| {
             f.attempted = f.attempted.max(target);
             f.stats.flushes += 1;
@@ -202,7 +213,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_waiters_share_flushes_and_all_become_durable() {
         let mem = Arc::new(MemStore::new());
-        let c = Arc::new(Committer::new(mem.clone()));
+        let c = Arc::new(Committer::new(mem.clone(), None));
         let mut tasks = Vec::new();
         for i in 0..200u64 {
             let c = c.clone();
@@ -254,7 +265,7 @@ mod tests {
             inner: MemStore::new(),
             fail: true.into(),
         });
-        let c = Committer::new(flaky.clone());
+        let c = Committer::new(flaky.clone(), None);
         c.apply(&boot_change(1)).expect("apply");
         let err = c.durable().await.expect_err("the flush fails");
         assert!(err.to_string().contains("disk on fire"), "{err}");
