@@ -1,0 +1,138 @@
+//! An `ipoold` of the benchmark's own: temp socket, temp state dir, killed when dropped (also on
+//! an error or a panic).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+pub struct Daemon {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    config: Option<PathBuf>,
+    pub socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// Starts ipoold and waits until its socket accepts a connection.
+    pub fn start(bin: &Path, config: Option<&Path>) -> Result<Daemon> {
+        let dir = tempfile::Builder::new()
+            .prefix("ipool-bench-")
+            .tempdir()
+            .context("creating a temp dir for ipoold")?;
+        let mut d = Daemon {
+            socket: dir.path().join("ipool.sock"),
+            dir,
+            bin: bin.to_path_buf(),
+            config: config.map(Path::to_path_buf),
+            child: None,
+        };
+        d.spawn()?;
+        d.wait_serving(Duration::from_secs(60))?;
+        Ok(d)
+    }
+
+    /// Spawns ipoold on this daemon's socket and state dir; does not wait.
+    pub fn spawn(&mut self) -> Result<()> {
+        if self.child.is_some() {
+            bail!("ipoold is already running");
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .context("opening ipoold's log file")?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(self.dir.path().join("state"))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.bin.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until the socket accepts a connection; an early exit is an error with the log.
+    pub fn wait_serving(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return Ok(());
+            }
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                bail!(
+                    "ipoold did not accept connections on {} within {timeout:?}; its log:\n{}",
+                    self.socket.display(),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// An error (with the log) if ipoold has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        let child = self.child.as_mut().context("ipoold is not running")?;
+        if let Some(status) = child.try_wait().context("waiting for ipoold")? {
+            self.child = None;
+            bail!("ipoold exited with {status}; its log:\n{}", self.log());
+        }
+        Ok(())
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill9(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill().context("SIGKILL to ipoold")?;
+            c.wait().context("reaping ipoold")?;
+        }
+        Ok(())
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// VmRSS of the running daemon, in KiB.
+    pub fn rss_kib(&self) -> Result<u64> {
+        let pid = self.pid().context("ipoold is not running")?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("reading /proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("no VmRSS line in /proc/<pid>/status")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("ipoold.log")
+    }
+
+    pub fn log(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The measurements, printed as markdown tables and written as JSON.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::plugin::Op;
+use crate::stats::{micros, Summary};
+
+/// The machine the numbers come from.
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub kernel: String,
+    pub host_local: String,
+    pub temp_fs: String,
+    pub command: String,
+}
+
+/// Sequential latency of one op at one fill level, both plugins.
+pub struct LatencyRow {
+    pub op: Op,
+    pub fill: usize,
+    pub ipool: Vec<Duration>,
+    pub host_local: Vec<Duration>,
+}
+
+/// Calls per second through the plugin binaries at one concurrency level.
+pub struct ThroughputRow {
+    pub concurrency: usize,
+    pub calls: usize,
+    pub ipool_add: f64,
+    pub host_local_add: f64,
+    pub ipool_del: f64,
+    pub host_local_del: f64,
+}
+
+/// Where a call's time goes: exec alone (VERSION), and the daemon's part without exec.
+pub struct Breakdown {
+    pub version_ipool: Vec<Duration>,
+    pub version_host_local: Vec<Duration>,
+    pub connect: Vec<Duration>,
+    pub add: Vec<Duration>,
+    pub del: Vec<Duration>,
+}
+
+/// Daemon-only load: durable Add+Del pairs.
+pub struct LoadRow {
+    pub connections: usize,
+    pub in_flight: usize,
+    pub pairs: usize,
+    pub elapsed: Duration,
+    pub latencies: Vec<Duration>,
+}
+
+impl LoadRow {
+    fn rate(&self) -> f64 {
+        self.pairs as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+pub struct Restart {
+    pub allocations: usize,
+    pub subnet: String,
+    pub fill_time: Duration,
+    pub rss_before_kib: u64,
+    pub connected: Duration,
+    pub first_add: Duration,
+    pub rss_after_kib: u64,
+}
+
+pub struct Report {
+    pub machine: Machine,
+    pub mode: &'static str,
+    pub samples: usize,
+    pub host_local_check: String,
+    pub breakdown: Breakdown,
+    pub latency: Vec<LatencyRow>,
+    pub throughput: Vec<ThroughputRow>,
+    pub load: Vec<LoadRow>,
+    pub restart: Restart,
+    pub phases: Vec<(String, Duration)>,
+    /// Printed under the ipoold table.
+    pub notes: Vec<String>,
+}
+
+fn ms(x: f64) -> String {
+    format!("{x:.2}")
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}", a / b)
+    } else {
+        "-".to_string()
+    }
+}
+
+fn rate(x: f64) -> String {
+    format!("{x:.0}")
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// 65536 -> "65 536".
+fn grouped(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl Report {
+    pub fn markdown(&self) -> String {
+        let mut o = String::new();
+        let m = &self.machine;
+        let _ = writeln!(o, "# ipool vs host-local\n");
+        let _ = writeln!(o, "| machine | |\n|---|---|");
+        let _ = writeln!(o, "| CPU | {} |", m.cpu);
+        let _ = writeln!(o, "| cores | {} |", m.cores);
+        let _ = writeln!(o, "| kernel | {} |", m.kernel);
+        let _ = writeln!(o, "| host-local | {} |", m.host_local);
+        let _ = writeln!(
+            o,
+            "| temp dir (ipoold state, host-local dataDir) | {} |",
+            m.temp_fs
+        );
+        let _ = writeln!(o, "| command | `{}` |", m.command);
+        let _ = writeln!(
+            o,
+            "| mode | {}, {} sequential samples per latency row |",
+            self.mode, self.samples
+        );
+        let _ = writeln!(o, "\nhost-local format check: {}\n", self.host_local_check);
+
+        let _ = writeln!(
+            o,
+            "## Sequential latency (ms; each call is one exec of the plugin, ipool and host-local calls interleaved)\n"
+        );
+        let _ = writeln!(
+            o,
+            "| op | fill | ipool p50 | ipool p90 | ipool p99 | host-local p50 | host-local p90 | host-local p99 | ipool/host-local p50 |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &self.latency {
+            let (a, b) = (Summary::of(&r.ipool), Summary::of(&r.host_local));
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.op.verb(),
+                grouped(r.fill),
+                ms(a.p50),
+                ms(a.p90),
+                ms(a.p99),
+                ms(b.p50),
+                ms(b.p90),
+                ms(b.p99),
+                ratio(a.p50, b.p50)
+            );
+        }
+
+        let _ = writeln!(
+            o,
+            "\n## Where a call's time goes (ms, fill 0, sequential)\n"
+        );
+        let b = &self.breakdown;
+        let _ = writeln!(
+            o,
+            "| step | ipool p50 | ipool p99 | host-local p50 | host-local p99 |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|");
+        let (vi, vh) = (
+            Summary::of(&b.version_ipool),
+            Summary::of(&b.version_host_local),
+        );
+        let _ = writeln!(
+            o,
+            "| exec with CNI_COMMAND=VERSION (process start and exit, no IPAM) | {} | {} | {} | {} |",
+            ms(vi.p50),
+            ms(vi.p99),
+            ms(vh.p50),
+            ms(vh.p99)
+        );
+        for (what, s) in [
+            ("gRPC connect over the socket (no exec)", &b.connect),
+            ("gRPC Add, durable (no exec)", &b.add),
+            ("gRPC Del, durable (no exec)", &b.del),
+        ] {
+            let s = Summary::of(s);
+            let _ = writeln!(o, "| {what} | {} | {} | - | - |", ms(s.p50), ms(s.p99));
+        }
+
+        let _ = writeln!(
+            o,
+            "\n## Throughput through the plugin binaries (calls/s; `concurrency` threads each exec'ing the plugin in a loop)\n\n\
+             Fresh networks per level; the ADD run grows each network from 0 to `calls per run` attachments, \
+             the DEL run empties it again (so host-local's per-call directory scan grows during a run).\n"
+        );
+        let _ = writeln!(
+            o,
+            "| concurrency | calls per run | ipool ADD/s | host-local ADD/s | ADD ratio | ipool DEL/s | host-local DEL/s | DEL ratio |"
+        );
+        let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &self.throughput {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.concurrency,
+                r.calls,
+                rate(r.ipool_add),
+                rate(r.host_local_add),
+                ratio(r.ipool_add, r.host_local_add),
+                rate(r.ipool_del),
+                rate(r.host_local_del),
+                ratio(r.ipool_del, r.host_local_del)
+            );
+        }
+
+        let _ = writeln!(o, "\n## ipoold alone\n");
+        let _ = writeln!(o, "| measurement | value |\n|---|---:|");
+        for r in &self.load {
+            let s = Summary::of(&r.latencies);
+            let _ = writeln!(
+                o,
+                "| durable ADD+DEL pairs/s over {} UDS connection{}, {} in flight ({} pairs in {:.1} s; pair p50 {} ms, p99 {} ms) | {} |",
+                r.connections,
+                if r.connections == 1 { "" } else { "s" },
+                r.in_flight,
+                r.pairs,
+                r.elapsed.as_secs_f64(),
+                ms(s.p50),
+                ms(s.p99),
+                rate(r.rate())
+            );
+        }
+        let x = &self.restart;
+        let n = grouped(x.allocations);
+        let _ = writeln!(
+            o,
+            "| fill: {n} Adds over gRPC into {} (4 connections, 64 in flight) | {} ({}/s) |",
+            x.subnet,
+            secs(x.fill_time),
+            rate(x.allocations as f64 / x.fill_time.as_secs_f64())
+        );
+        let _ = writeln!(
+            o,
+            "| RSS with {n} allocations, before SIGKILL | {} |",
+            mib(x.rss_before_kib)
+        );
+        let _ = writeln!(
+            o,
+            "| restart after SIGKILL with {n} allocations: spawn -> socket accepts | {} ms |",
+            ms(x.connected.as_secs_f64() * 1e3)
+        );
+        let _ = writeln!(
+            o,
+            "| restart after SIGKILL with {n} allocations: spawn -> first successful ADD reply | {} ms |",
+            ms(x.first_add.as_secs_f64() * 1e3)
+        );
+        let _ = writeln!(
+            o,
+            "| RSS with {n} allocations, after the restart | {} |",
+            mib(x.rss_after_kib)
+        );
+
+        for n in &self.notes {
+            let _ = writeln!(o, "\nNote: {n}");
+        }
+
+        let _ = writeln!(o, "\n## Run time\n\n| phase | time |\n|---|---:|");
+        for (p, d) in &self.phases {
+            let _ = writeln!(o, "| {p} | {} |", secs(*d));
+        }
+        o
+    }
+
+    pub fn json(&self) -> Value {
+        let m = &self.machine;
+        let b = &self.breakdown;
+        let x = &self.restart;
+        json!({
+            "machine": {
+                "cpu": m.cpu,
+                "cores": m.cores,
+                "kernel": m.kernel,
+                "host_local": m.host_local,
+                "temp_fs": m.temp_fs,
+                "command": m.command,
+            },
+            "mode": self.mode,
+            "samples": self.samples,
+            "host_local_check": self.host_local_check,
+            "latency": self.latency.iter().map(|r| json!({
+                "op": r.op.verb(),
+                "fill": r.fill,
+                "ipool": Summary::of(&r.ipool).json(),
+                "host_local": Summary::of(&r.host_local).json(),
+                "ipool_us": micros(&r.ipool),
+                "host_local_us": micros(&r.host_local),
+            })).collect::<Vec<_>>(),
+            "breakdown": {
+                "version_ipool_us": micros(&b.version_ipool),
+                "version_host_local_us": micros(&b.version_host_local),
+                "grpc_connect_us": micros(&b.connect),
+                "grpc_add_us": micros(&b.add),
+                "grpc_del_us": micros(&b.del),
+            },
+            "throughput": self.throughput.iter().map(|r| json!({
+                "concurrency": r.concurrency,
+                "calls": r.calls,
+                "ipool_add_per_s": r.ipool_add,
+                "host_local_add_per_s": r.host_local_add,
+                "ipool_del_per_s": r.ipool_del,
+                "host_local_del_per_s": r.host_local_del,
+            })).collect::<Vec<_>>(),
+            "daemon_load": self.load.iter().map(|r| json!({
+                "connections": r.connections,
+                "in_flight": r.in_flight,
+                "pairs": r.pairs,
+                "elapsed_s": r.elapsed.as_secs_f64(),
+                "pairs_per_s": r.rate(),
+                "pair_latency": Summary::of(&r.latencies).json(),
+            })).collect::<Vec<_>>(),
+            "restart": {
+                "allocations": x.allocations,
+                "subnet": x.subnet,
+                "fill_s": x.fill_time.as_secs_f64(),
+                "rss_before_kib": x.rss_before_kib,
+                "spawn_to_accept_ms": x.connected.as_secs_f64() * 1e3,
+                "spawn_to_first_add_ms": x.first_add.as_secs_f64() * 1e3,
+                "rss_after_kib": x.rss_after_kib,
+            },
+            "notes": self.notes,
+            "phases_s": self.phases.iter().map(|(p, d)| json!({"phase": p, "s": d.as_secs_f64()})).collect::<Vec<_>>(),
+        })
+    }
+}
