@@ -243,7 +243,10 @@ impl Ipam {
         let now = self.now();
         let existed = st.networks.contains_key(&req.key.network);
         self.ensure_network(st, &req.key.network, declared, now)?;
-        let reservation = sticky::identity(&req.key.network, &req.pod)
+        // Most nodes hold no reservation: then no key is built on the ADD path.
+        let reservation = (!st.reservations.is_empty())
+            .then(|| sticky::identity(&req.key.network, &req.pod))
+            .flatten()
             .and_then(|k| st.reservations.get(&k))
             .filter(|r| r.expires_at_ms > now)
             .cloned();
@@ -455,7 +458,7 @@ impl Ipam {
         } else {
             "CNI ADD"
         };
-        self.emit(Event::of_record(EventKind::Add, now, &record, reason));
+        self.emit(|| Event::of_record(EventKind::Add, now, &record, reason));
         st.attachments.insert(req.key.clone(), record);
         Ok(Step::Done(reply))
     }

@@ -66,23 +66,48 @@ impl Filter {
 }
 
 impl Event {
+    /// `key`: the attachment, if the event is about one (a reservation's events have none).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        kind: EventKind,
+        at_ms: Millis,
+        network: &str,
+        key: Option<&AttachmentKey>,
+        namespace: &str,
+        pod: &str,
+        addresses: &[IpAddr],
+        reason: &str,
+    ) -> Event {
+        Event {
+            kind,
+            at_ms,
+            network: network.to_string(),
+            container_id: key.map(|k| k.container_id.clone()).unwrap_or_default(),
+            ifname: key.map(|k| k.ifname.clone()).unwrap_or_default(),
+            namespace: namespace.to_string(),
+            pod: pod.to_string(),
+            addresses: addresses.to_vec(),
+            reason: reason.to_string(),
+        }
+    }
+
     pub(super) fn of_record(
         kind: EventKind,
         at_ms: Millis,
         r: &AttachmentRecord,
         reason: &str,
     ) -> Event {
-        Event {
+        let (k, p) = (&r.key, &r.pod);
+        Event::new(
             kind,
             at_ms,
-            network: r.key.network.clone(),
-            container_id: r.key.container_id.clone(),
-            ifname: r.key.ifname.clone(),
-            namespace: r.pod.namespace.clone(),
-            pod: r.pod.name.clone(),
-            addresses: r.addresses.clone(),
-            reason: reason.to_string(),
-        }
+            &k.network,
+            Some(k),
+            &p.namespace,
+            &p.name,
+            &r.addresses,
+            reason,
+        )
     }
 
     pub(super) fn of_reservation(
@@ -91,55 +116,62 @@ impl Event {
         r: &Reservation,
         reason: &str,
     ) -> Event {
-        Event {
+        let k = &r.key;
+        Event::new(
             kind,
             at_ms,
-            network: r.key.network.clone(),
-            container_id: String::new(),
-            ifname: String::new(),
-            namespace: r.key.namespace.clone(),
-            pod: r.key.name.clone(),
-            addresses: r.addresses.clone(),
-            reason: reason.to_string(),
-        }
+            &k.network,
+            None,
+            &k.namespace,
+            &k.name,
+            &r.addresses,
+            reason,
+        )
     }
 }
 
 impl Ipam {
-    /// Sends an event to every watcher; never blocks (a slow watcher lags instead).
-    pub(super) fn emit(&self, e: Event) {
-        let _ = self.shared.events.send(e);
+    /// Sends an event to every watcher; never blocks (a slow watcher lags instead). The event
+    /// is only built when somebody watches: the ADD path pays nothing otherwise.
+    pub(super) fn emit(&self, e: impl FnOnce() -> Event) {
+        if self.shared.events.receiver_count() > 0 {
+            let _ = self.shared.events.send(e());
+        }
     }
 
     pub(super) fn emit_released(&self, released: &[Released], by: ReleaseBy, reason: &str) {
         let now = self.now();
+        let kind = match by {
+            ReleaseBy::Gc | ReleaseBy::Leak => EventKind::Gc,
+            _ => EventKind::Release,
+        };
         for r in released {
-            let kind = match by {
-                ReleaseBy::Gc | ReleaseBy::Leak => EventKind::Gc,
-                _ => EventKind::Release,
-            };
-            self.emit(Event {
-                kind,
-                at_ms: now,
-                network: r.key.network.clone(),
-                container_id: r.key.container_id.clone(),
-                ifname: r.key.ifname.clone(),
-                namespace: r.pod.namespace.clone(),
-                pod: r.pod.name.clone(),
-                addresses: r.addresses.clone(),
-                reason: reason.to_string(),
+            let (k, p) = (&r.key, &r.pod);
+            self.emit(|| {
+                Event::new(
+                    kind,
+                    now,
+                    &k.network,
+                    Some(k),
+                    &p.namespace,
+                    &p.name,
+                    &r.addresses,
+                    reason,
+                )
             });
             if let Some(until) = r.reserved_until {
-                self.emit(Event {
-                    kind: EventKind::Reserve,
-                    at_ms: now,
-                    network: r.key.network.clone(),
-                    container_id: String::new(),
-                    ifname: String::new(),
-                    namespace: r.pod.namespace.clone(),
-                    pod: r.pod.name.clone(),
-                    addresses: r.addresses.clone(),
-                    reason: format!("sticky pod; until {until} (Unix ms)"),
+                self.emit(|| {
+                    let why = format!("sticky pod; until {until} (Unix ms)");
+                    Event::new(
+                        EventKind::Reserve,
+                        now,
+                        &k.network,
+                        None,
+                        &p.namespace,
+                        &p.name,
+                        &r.addresses,
+                        &why,
+                    )
                 });
             }
         }
@@ -259,12 +291,7 @@ impl Ipam {
         };
         self.flush().await?;
         tracing::info!(network = %key.network, pod = %format!("{}/{}", key.namespace, key.name), address = %super::join(&r.addresses), expires_at_ms = r.expires_at_ms, %reason, "reserved by an operator");
-        self.emit(Event::of_reservation(
-            EventKind::Reserve,
-            r.created_at_ms,
-            &r,
-            &r.reason,
-        ));
+        self.emit(|| Event::of_reservation(EventKind::Reserve, r.created_at_ms, &r, &r.reason));
         self.shared.changed.notify_one();
         Ok(r)
     }

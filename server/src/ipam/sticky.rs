@@ -50,12 +50,9 @@ impl Ipam {
         };
         self.flush().await?;
         tracing::info!(network = %key.network, pod = %format!("{}/{}", key.namespace, key.name), address = %super::join(&r.addresses), reason = "cancelled", "reservation ended");
-        self.emit(Event::of_reservation(
-            EventKind::Release,
-            self.now(),
-            &r,
-            "reservation cancelled",
-        ));
+        self.emit(|| {
+            Event::of_reservation(EventKind::Release, self.now(), &r, "reservation cancelled")
+        });
         self.shared.changed.notify_one();
         Ok(r)
     }
@@ -77,12 +74,7 @@ impl Ipam {
         }
         self.end_reservations(st, &expired)?;
         for r in &expired {
-            self.emit(Event::of_reservation(
-                EventKind::Expire,
-                now,
-                r,
-                "TTL passed",
-            ));
+            self.emit(|| Event::of_reservation(EventKind::Expire, now, r, "TTL passed"));
             tracing::info!(network = %r.key.network, pod = %format!("{}/{}", r.key.namespace, r.key.name), address = %super::join(&r.addresses), reason = "TTL passed", "reservation ended");
         }
         Ok(expired)
