@@ -201,6 +201,29 @@ pub async fn sequential(
     Ok(out)
 }
 
+/// Sequential first calls of `Status` (which reads the pool and writes nothing) on fresh
+/// connections: what a call costs before the engine and the store do any work.
+pub async fn sequential_status(
+    socket: &Path,
+    net: &NetSpec,
+    samples: usize,
+) -> Result<Vec<Duration>> {
+    let mut out = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let mut client = connect(socket).await?;
+        let t = Instant::now();
+        client
+            .status(pb::StatusRequest {
+                network: net.network.clone(),
+                ipam_json: net.ipam_json.clone(),
+            })
+            .await
+            .context("Status")?;
+        out.push(t.elapsed());
+    }
+    Ok(out)
+}
+
 /// When the restarted daemon first accepted a connection and first answered an Add, both
 /// measured from `spawned`.
 pub struct FirstAdd {

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use crate::report::Machine;
 
-pub fn probe(host_local: &Path) -> Machine {
+pub fn probe(host_local: &Path, plugin: &Path) -> Machine {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo
         .lines()
@@ -27,6 +27,7 @@ pub fn probe(host_local: &Path) -> Machine {
         cores,
         kernel: output("uname", &["-r"]).unwrap_or_else(|| "unknown".to_string()),
         host_local: host_local_version(host_local),
+        plugin: plugin_build(plugin),
         temp_fs: temp_fs(),
         command: std::env::args()
             .map(|a| {
@@ -88,4 +89,36 @@ fn temp_fs() -> String {
         Some((mount, fs, dev)) => format!("{} on {fs} ({dev} at {mount})", tmp.display()),
         None => tmp.display().to_string(),
     }
+}
+
+/// The plugin's path, size and whether it is statically linked (no ELF interpreter): exec time
+/// depends on both.
+fn plugin_build(path: &Path) -> String {
+    let Ok(bytes) = std::fs::read(path) else {
+        return format!("{} (unreadable)", path.display());
+    };
+    let linking = match has_interpreter(&bytes) {
+        Some(true) => "dynamically linked",
+        Some(false) => "statically linked",
+        None => "not a 64-bit ELF",
+    };
+    format!("{} ({} KiB, {linking})", path.display(), bytes.len() / 1024)
+}
+
+/// Whether a little-endian ELF64 file has a PT_INTERP program header (a dynamic loader).
+fn has_interpreter(elf: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if elf.get(..5)? != b"\x7fELF\x02" {
+        return None;
+    }
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
+    let phoff = usize::try_from(u64::from_le_bytes(elf.get(0x20..0x28)?.try_into().ok()?)).ok()?;
+    let (entsize, count) = (usize::from(u16_at(0x36)?), usize::from(u16_at(0x38)?));
+    let mut found = false;
+    for i in 0..count {
+        let at = phoff + i * entsize;
+        let kind = u32::from_le_bytes(elf.get(at..at + 4)?.try_into().ok()?);
+        found |= kind == PT_INTERP;
+    }
+    Some(found)
 }

@@ -50,6 +50,10 @@ struct Args {
     /// embedded default configuration].
     #[arg(long)]
     ipoold_config: Option<PathBuf>,
+    /// The ipool plugin binary to run [default: target/plugin/ipool, the shipped build made by
+    /// `cargo build-plugin`, when it exists; else the ipool next to this executable].
+    #[arg(long)]
+    plugin: Option<PathBuf>,
 }
 
 /// How much of everything to do.
@@ -113,7 +117,7 @@ struct Bins {
 }
 
 impl Bins {
-    fn locate(host_local: &Path) -> Result<Bins> {
+    fn locate(host_local: &Path, plugin: Option<&Path>) -> Result<Bins> {
         let exe = std::env::current_exe().context("cannot find this executable's path")?;
         let dir = exe
             .parent()
@@ -132,9 +136,20 @@ impl Bins {
             "host-local is missing at {} (install containernetworking-plugins, or pass --host-local PATH)",
             host_local.display()
         );
+        // The shipped plugin is the static, size-optimised build of `cargo build-plugin`
+        // (profile `plugin`, in target/plugin/), which sits beside target/release/.
+        let shipped = dir.parent().map(|t| t.join("plugin").join("ipool"));
+        let ipool = match (plugin, shipped) {
+            (Some(p), _) => {
+                ensure!(p.is_file(), "--plugin {} is not a file", p.display());
+                p.to_path_buf()
+            }
+            (None, Some(s)) if s.is_file() => s,
+            (None, _) => find("ipool")?,
+        };
         Ok(Bins {
             ipoold: find("ipoold")?,
-            ipool: find("ipool")?,
+            ipool,
             host_local: host_local.to_path_buf(),
         })
     }
@@ -170,8 +185,8 @@ fn run(args: &Args) -> Result<()> {
     let total = Instant::now();
     let plan = Plan::of(args);
     ensure!(plan.samples > 0, "--samples must be at least 1");
-    let bins = Bins::locate(&args.host_local)?;
-    let machine = machine::probe(&bins.host_local);
+    let bins = Bins::locate(&args.host_local, args.plugin.as_deref())?;
+    let machine = machine::probe(&bins.host_local, &bins.ipool);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -344,7 +359,13 @@ fn breakdown(
         &live,
     ))?;
     let direct = &direct[plan.warmup..];
+    let status = rt.block_on(grpc::sequential_status(
+        &daemon.socket,
+        &spec,
+        plan.warmup + plan.samples,
+    ))?;
     Ok(Breakdown {
+        status: status[plan.warmup..].to_vec(),
         version_ipool,
         version_host_local,
         connect: direct.iter().map(|d| d.0).collect(),

@@ -14,6 +14,8 @@ pub struct Machine {
     pub cores: usize,
     pub kernel: String,
     pub host_local: String,
+    /// The ipool plugin binary measured: path, size and linking.
+    pub plugin: String,
     pub temp_fs: String,
     pub command: String,
 }
@@ -41,6 +43,8 @@ pub struct Breakdown {
     pub version_ipool: Vec<Duration>,
     pub version_host_local: Vec<Duration>,
     pub connect: Vec<Duration>,
+    /// First call of `Status` on a fresh connection (no store write).
+    pub status: Vec<Duration>,
     pub add: Vec<Duration>,
     pub del: Vec<Duration>,
 }
@@ -132,6 +136,7 @@ impl Report {
         let _ = writeln!(o, "| cores | {} |", m.cores);
         let _ = writeln!(o, "| kernel | {} |", m.kernel);
         let _ = writeln!(o, "| host-local | {} |", m.host_local);
+        let _ = writeln!(o, "| ipool plugin | {} |", m.plugin);
         let _ = writeln!(
             o,
             "| temp dir (ipoold state, host-local dataDir) | {} |",
@@ -195,6 +200,10 @@ impl Report {
         );
         for (what, s) in [
             ("gRPC connect over the socket (no exec)", &b.connect),
+            (
+                "gRPC Status, first call on the connection (no store write, no exec)",
+                &b.status,
+            ),
             ("gRPC Add, durable (no exec)", &b.add),
             ("gRPC Del, durable (no exec)", &b.del),
         ] {
@@ -314,6 +323,7 @@ impl Report {
                 "version_ipool_us": micros(&b.version_ipool),
                 "version_host_local_us": micros(&b.version_host_local),
                 "grpc_connect_us": micros(&b.connect),
+                "grpc_status_us": micros(&b.status),
                 "grpc_add_us": micros(&b.add),
                 "grpc_del_us": micros(&b.del),
             },

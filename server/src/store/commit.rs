@@ -2,22 +2,25 @@
 //!
 //! Every [`Committer::apply`] numbers the write it made (a sequence number, in the order the
 //! engine applied them: it applies under its state lock). A request that needs its write to be
-//! durable calls [`Committer::durable`], which waits until a flush has covered the newest
-//! sequence number at the time of the call. One flusher thread runs the flushes: when it
-//! starts one, it covers everything applied so far, so requests that arrive while a flush runs
-//! share the next one. Under load a flush covers many requests; alone, a request pays one
-//! flush and nothing more (no timer, no batching delay).
+//! durable calls [`Committer::durable`], which returns once a flush has covered the newest
+//! sequence number at the time of the call.
+//!
+//! There is no flusher thread: the first waiter that finds no flush running becomes the leader
+//! and runs the flush itself, on its own worker thread (`block_in_place`), covering everything
+//! applied when the flush starts. Waiters that arrive meanwhile wait for that flush; if it does
+//! not cover them, one of them leads the next. Under load a flush covers many requests; alone,
+//! a request pays one flush and no thread hand-off (no condvar wake of a flusher, no wake-up of
+//! the request's task by another thread).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use super::{Change, Store, StoreError};
 
-/// What the flusher has done so far.
+/// What the flushes have done so far.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CommitStats {
     /// Writes applied (the newest sequence number).
@@ -34,16 +37,12 @@ pub struct CommitStats {
 
 pub struct Committer {
     store: Arc<dyn Store>,
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
-}
-
-struct Shared {
     applied: AtomicU64,
-    /// The highest sequence number somebody waits for, and whether to stop.
-    wanted: Mutex<(u64, bool)>,
-    wake: Condvar,
+    /// Set while a leader runs a flush; cleared in the same `send_modify` that publishes the
+    /// flush's outcome, so a woken waiter never sees the outcome with the flag still set.
+    flushing: AtomicBool,
     done: watch::Sender<Flushed>,
+    flush_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -59,23 +58,12 @@ impl Committer {
         store: Arc<dyn Store>,
         flush_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
     ) -> Committer {
-        let shared = Arc::new(Shared {
-            applied: AtomicU64::new(0),
-            wanted: Mutex::new((0, false)),
-            wake: Condvar::new(),
-            done: watch::Sender::new(Flushed::default()),
-        });
-        let thread = {
-            let (store, shared) = (store.clone(), shared.clone());
-            std::thread::Builder::new()
-                .name("ipool-flush".into())
-                .spawn(move || flusher(&*store, &shared, flush_seconds))
-                .expect("spawning the store flusher thread")
-        };
         Committer {
             store,
-            shared,
-            thread: Some(thread),
+            applied: AtomicU64::new(0),
+            flushing: AtomicBool::new(false),
+            done: watch::Sender::new(Flushed::default()),
+            flush_seconds,
         }
     }
 
@@ -86,104 +74,87 @@ impl Committer {
     /// Applies `changes` atomically (see [`Store::apply`]); not yet durable.
     pub fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
         self.store.apply(changes)?;
-        self.shared.applied.fetch_add(1, Ordering::SeqCst);
+        self.applied.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
     /// Waits until every write applied before this call is durable. Requests waiting at the
     /// same time share one flush.
     pub async fn durable(&self) -> Result<(), StoreError> {
-        let target = self.shared.applied.load(Ordering::SeqCst);
-        let mut rx = self.shared.done.subscribe();
-        if rx.borrow().stats.durable >= target {
-            return Ok(());
+        let target = self.applied.load(Ordering::SeqCst);
+        let mut rx = self.done.subscribe();
+        loop {
+            {
+                let f = rx.borrow_and_update();
+                if f.attempted >= target {
+                    if f.stats.durable >= target {
+                        return Ok(());
+                    }
+                    return Err(StoreError::Io {
+                        path: "flush".into(),
+                        msg: f
+                            .stats
+                            .last_error
+                            .clone()
+                            .unwrap_or_else(|| "flush failed".into()),
+                    });
+                }
+            }
+            if !self.flushing.swap(true, Ordering::SeqCst) {
+                self.lead_flush().await;
+                continue;
+            }
+            // A flush is running: its outcome (published with `flushing` cleared) wakes us.
+            rx.changed().await.map_err(|_| StoreError::Io {
+                path: "flush".into(),
+                msg: "the committer was dropped".into(),
+            })?;
         }
-        {
-            let mut w = lock(&self.shared.wanted);
-            if w.0 < target {
-                w.0 = target;
-                self.shared.wake.notify_one();
+    }
+
+    /// Runs one flush as the leader, covering everything applied so far, and publishes the
+    /// outcome. The caller has set `flushing`.
+    async fn lead_flush(&self) {
+        // If this future is dropped before it publishes (the current-thread branch awaits),
+        // the flag must not stay set: the guard clears it and wakes the waiters, who retry.
+        struct Abandoned<'a>(Option<&'a Committer>);
+        impl Drop for Abandoned<'_> {
+            fn drop(&mut self) {
+                if let Some(c) = self.0 {
+                    c.done
+                        .send_modify(|_| c.flushing.store(false, Ordering::SeqCst));
+                }
             }
         }
-        let flushed = rx
-            .wait_for(|f| f.attempted >= target)
-            .await
-            .map_err(|_| StoreError::Io {
-                path: "flusher".into(),
-                msg: "the flusher thread stopped".into(),
-            })?
-            .clone();
-        if flushed.stats.durable >= target {
-            return Ok(());
-        }
-        Err(StoreError::Io {
-            path: "flush".into(),
-            msg: flushed
-                .stats
-                .last_error
-                .unwrap_or_else(|| "flush failed".into()),
-        })
-    }
-
-    /// Flushes now, on the calling thread (start-up, before anything is served).
-    pub fn flush_now(&self) -> Result<(), StoreError> {
-        let target = self.shared.applied.load(Ordering::SeqCst);
-        self.store.flush()?;
-        self.shared.done.send_modify(|f| {
-            f.stats.durable = f.stats.durable.max(target);
-            f.attempted = f.attempted.max(target);
-        });
-        Ok(())
-    }
-
-    pub fn stats(&self) -> CommitStats {
-        let mut s = self.shared.done.borrow().stats.clone();
-        s.applied = self.shared.applied.load(Ordering::SeqCst);
-        s
-    }
-}
-
-impl Drop for Committer {
-    fn drop(&mut self) {
-        lock(&self.shared.wanted).1 = true;
-        self.shared.wake.notify_one();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn flusher(
-    store: &dyn Store,
-    shared: &Shared,
-    flush_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
-) {
-    loop {
-        {
-            let mut w = lock(&shared.wanted);
-            loop {
-                if w.1 {
-                    return;
-                }
-                if w.0 > shared.done.borrow().attempted {
-                    break;
-                }
-                w = shared.wake.wait(w).unwrap_or_else(|p| p.into_inner());
-            }
-        }
-        // Everything applied up to here is covered by this flush.
-        let target = shared.applied.load(Ordering::SeqCst);
+        let mut guard = Abandoned(Some(self));
+        let target = self.applied.load(Ordering::SeqCst);
         let started = Instant::now();
-        let result = store.flush();
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let result = if multi_thread {
+            // The flush blocks for a disk sync: the runtime moves this worker's other tasks
+            // to another thread meanwhile.
+            tokio::task::block_in_place(|| self.store.flush())
+        } else {
+            // A current-thread runtime (tests, tools) must not block its only thread.
+            let store = self.store.clone();
+            tokio::task::spawn_blocking(move || store.flush())
+                .await
+                .unwrap_or_else(|e| {
+                    Err(StoreError::Io {
+                        path: "flush".into(),
+                        msg: format!("the flush task failed: {e}"),
+                    })
+                })
+        };
         let took = started.elapsed();
-        if let Some(h) = &flush_seconds {
+        if let Some(h) = &self.flush_seconds {
             h.observe(took.as_secs_f64());
         }
-        shared.done.send_modify(|f| {
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "store flush failed; the requests waiting for it fail");
+        }
+        self.done.send_modify(|f| {
             f.attempted = f.attempted.max(target);
             f.stats.flushes += 1;
             f.stats.flush_time += took;
@@ -194,10 +165,26 @@ fn flusher(
                 }
                 Err(e) => f.stats.last_error = Some(e.to_string()),
             }
+            self.flushing.store(false, Ordering::SeqCst);
         });
-        if let Err(e) = result {
-            tracing::error!(error = %e, "store flush failed; the requests waiting for it fail");
-        }
+        guard.0 = None;
+    }
+
+    /// Flushes now, on the calling thread (start-up, before anything is served).
+    pub fn flush_now(&self) -> Result<(), StoreError> {
+        let target = self.applied.load(Ordering::SeqCst);
+        self.store.flush()?;
+        self.done.send_modify(|f| {
+            f.stats.durable = f.stats.durable.max(target);
+            f.attempted = f.attempted.max(target);
+        });
+        Ok(())
+    }
+
+    pub fn stats(&self) -> CommitStats {
+        let mut s = self.done.borrow().stats.clone();
+        s.applied = self.applied.load(Ordering::SeqCst);
+        s
     }
 }
 
@@ -275,5 +262,65 @@ mod tests {
         c.durable().await.expect("durable now");
         assert_eq!(c.stats().durable, 2);
         assert_eq!(c.stats().last_error, None);
+    }
+
+    /// A store whose flush takes a while.
+    struct Slow(MemStore);
+
+    impl Store for Slow {
+        fn load(&self) -> Result<crate::store::Snapshot, StoreError> {
+            self.0.load()
+        }
+        fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
+            self.0.apply(changes)
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            std::thread::sleep(Duration::from_millis(100));
+            self.0.flush()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_leader_dropped_mid_flush_does_not_strand_the_others() {
+        let c = Committer::new(Arc::new(Slow(MemStore::new())), None);
+        c.apply(&boot_change(1)).expect("apply");
+        // This waiter leads the flush, then is dropped while the flush runs.
+        let abandoned = tokio::time::timeout(Duration::from_millis(5), c.durable()).await;
+        assert!(
+            abandoned.is_err(),
+            "the first waiter should still be waiting"
+        );
+        c.apply(&boot_change(2)).expect("apply");
+        tokio::time::timeout(Duration::from_secs(10), c.durable())
+            .await
+            .expect("a later waiter is not stranded")
+            .expect("durable");
+        assert_eq!(c.stats().durable, 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_during_a_flush_are_covered_by_the_next_one() {
+        let c = Arc::new(Committer::new(Arc::new(Slow(MemStore::new())), None));
+        c.apply(&boot_change(1)).expect("apply");
+        let first = tokio::spawn({
+            let c = c.clone();
+            async move { c.durable().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Applied while the first flush runs: that flush does not cover it.
+        let mut later = Vec::new();
+        for i in 2..10 {
+            c.apply(&boot_change(i)).expect("apply");
+            let c = c.clone();
+            later.push(tokio::spawn(async move { c.durable().await }));
+        }
+        first.await.expect("task").expect("durable");
+        for t in later {
+            t.await.expect("task").expect("durable");
+        }
+        let s = c.stats();
+        assert_eq!(s.durable, 9);
+        // One flush for the first, one shared by the eight that came during it.
+        assert_eq!(s.flushes, 2, "{s:?}");
     }
 }
