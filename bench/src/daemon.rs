@@ -12,7 +12,16 @@ pub struct Daemon {
     bin: PathBuf,
     config: Option<PathBuf>,
     pub socket: PathBuf,
+    /// Where ipoold serves /metrics (loopback, a port free when it started).
+    metrics: std::net::SocketAddr,
     child: Option<Child>,
+}
+
+/// What the group commit has done, from ipoold's /metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CommitCounters {
+    pub writes: f64,
+    pub flushes: f64,
 }
 
 impl Daemon {
@@ -22,7 +31,11 @@ impl Daemon {
             .prefix("ipool-bench-")
             .tempdir()
             .context("creating a temp dir for ipoold")?;
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("finding a free loopback port for ipoold's metrics")?;
         let mut d = Daemon {
+            metrics,
             socket: dir.path().join("ipool.sock"),
             dir,
             bin: bin.to_path_buf(),
@@ -49,7 +62,10 @@ impl Daemon {
             .arg(&self.socket)
             .arg("--state-dir")
             .arg(self.dir.path().join("state"))
-            .env("RUST_LOG", "warn")
+            .arg("--metrics-listen")
+            .arg(self.metrics.to_string())
+            // Its default log level (info: one line per request), as an operator runs it.
+            .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
@@ -117,6 +133,56 @@ impl Daemon {
             .context("no VmRSS line in /proc/<pid>/status")
     }
 
+    /// CPU time the daemon has used so far (user + system, all threads), from /proc/PID/stat.
+    pub fn cpu_time(&self) -> Result<Duration> {
+        let pid = self.pid().context("ipoold is not running")?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("reading /proc/{pid}/stat"))?;
+        // Fields after the command (which may contain spaces) start at state, field 3;
+        // utime and stime are fields 14 and 15, in clock ticks.
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .context("malformed /proc/<pid>/stat")?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> Result<u64> {
+            f.get(i)
+                .and_then(|v| v.parse().ok())
+                .context("malformed /proc/<pid>/stat")
+        };
+        let total = ticks(11)? + ticks(12)?;
+        Ok(Duration::from_secs_f64(
+            total as f64 / clock_ticks_per_second(),
+        ))
+    }
+
+    /// Durable writes and flushes so far (`ipool_store_commits_total`, the flush histogram's
+    /// count).
+    pub fn commit_counters(&self) -> Result<CommitCounters> {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(self.metrics)
+            .with_context(|| format!("connecting to ipoold's metrics at {}", self.metrics))?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            conn,
+            "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.metrics
+        )?;
+        let mut text = String::new();
+        conn.read_to_string(&mut text)
+            .context("reading ipoold's /metrics")?;
+        let value = |name: &str| -> Result<f64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+                .with_context(|| format!("no {name} in ipoold's /metrics"))
+        };
+        Ok(CommitCounters {
+            writes: value("ipool_store_commits_total")?,
+            flushes: value("ipool_store_flush_duration_seconds_count")?,
+        })
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("ipoold.log")
     }
@@ -135,4 +201,16 @@ impl Drop for Daemon {
             let _ = c.wait();
         }
     }
+}
+
+/// USER_HZ: what /proc/PID/stat counts CPU time in (`getconf CLK_TCK`; 100 on Linux unless
+/// told otherwise).
+fn clock_ticks_per_second() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
 }

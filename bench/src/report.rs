@@ -26,6 +26,8 @@ pub struct LatencyRow {
     pub fill: usize,
     pub ipool: Vec<Duration>,
     pub host_local: Vec<Duration>,
+    /// ipool in the same network with no host-local call in between.
+    pub ipool_alone: Vec<Duration>,
 }
 
 /// Calls per second through the plugin binaries at one concurrency level.
@@ -56,9 +58,18 @@ pub struct LoadRow {
     pub pairs: usize,
     pub elapsed: Duration,
     pub latencies: Vec<Duration>,
+    /// CPU time ipoold used during the run (user + system).
+    pub daemon_cpu: Duration,
+    /// Durable writes per group-commit flush during the run.
+    pub writes_per_flush: f64,
 }
 
 impl LoadRow {
+    /// ipoold's CPU time per pair, in microseconds.
+    fn cpu_per_pair_us(&self) -> f64 {
+        self.daemon_cpu.as_secs_f64() * 1e6 / self.pairs.max(1) as f64
+    }
+
     fn rate(&self) -> f64 {
         self.pairs as f64 / self.elapsed.as_secs_f64()
     }
@@ -178,6 +189,37 @@ impl Report {
 
         let _ = writeln!(
             o,
+            "\n## ipool alone (ms; the same networks, ipool calls back to back, no host-local call in between)\n\n\
+             Flatness with fill, without the interference of host-local's own call just before each \
+             measurement (at 10 000 it spends ~90 ms of CPU and cache; see docs/performance.md).\n"
+        );
+        let _ = writeln!(
+            o,
+            "| op | fill | ipool p50 | ipool p90 | ipool p99 | p50 vs fill 0 |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|");
+        for r in &self.latency {
+            let a = Summary::of(&r.ipool_alone);
+            let base = self
+                .latency
+                .iter()
+                .find(|b| b.op == r.op && b.fill == 0)
+                .map(|b| Summary::of(&b.ipool_alone).p50)
+                .unwrap_or(0.0);
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} |",
+                r.op.verb(),
+                grouped(r.fill),
+                ms(a.p50),
+                ms(a.p90),
+                ms(a.p99),
+                ratio(a.p50, base)
+            );
+        }
+
+        let _ = writeln!(
+            o,
             "\n## Where a call's time goes (ms, fill 0, sequential)\n"
         );
         let b = &self.breakdown;
@@ -243,7 +285,7 @@ impl Report {
             let s = Summary::of(&r.latencies);
             let _ = writeln!(
                 o,
-                "| durable ADD+DEL pairs/s over {} UDS connection{}, {} in flight ({} pairs in {:.1} s; pair p50 {} ms, p99 {} ms) | {} |",
+                "| durable ADD+DEL pairs/s over {} UDS connection{}, {} in flight ({} pairs in {:.1} s; pair p50 {} ms, p99 {} ms; ipoold CPU {:.0} us per pair; {:.1} writes per flush) | {} |",
                 r.connections,
                 if r.connections == 1 { "" } else { "s" },
                 r.in_flight,
@@ -251,6 +293,8 @@ impl Report {
                 r.elapsed.as_secs_f64(),
                 ms(s.p50),
                 ms(s.p99),
+                r.cpu_per_pair_us(),
+                r.writes_per_flush,
                 rate(r.rate())
             );
         }
@@ -316,7 +360,9 @@ impl Report {
                 "fill": r.fill,
                 "ipool": Summary::of(&r.ipool).json(),
                 "host_local": Summary::of(&r.host_local).json(),
+                "ipool_alone": Summary::of(&r.ipool_alone).json(),
                 "ipool_us": micros(&r.ipool),
+                "ipool_alone_us": micros(&r.ipool_alone),
                 "host_local_us": micros(&r.host_local),
             })).collect::<Vec<_>>(),
             "breakdown": {
@@ -339,6 +385,8 @@ impl Report {
                 "connections": r.connections,
                 "in_flight": r.in_flight,
                 "pairs": r.pairs,
+                "daemon_cpu_us_per_pair": r.cpu_per_pair_us(),
+                "writes_per_flush": r.writes_per_flush,
                 "elapsed_s": r.elapsed.as_secs_f64(),
                 "pairs_per_s": r.rate(),
                 "pair_latency": Summary::of(&r.latencies).json(),

@@ -20,6 +20,9 @@ use tokio::sync::watch;
 
 use super::{Change, Store, StoreError};
 
+/// Most times a leader yields to let concurrent requests apply before it flushes.
+const GATHER_YIELDS: usize = 16;
+
 /// What the flushes have done so far.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CommitStats {
@@ -127,6 +130,18 @@ impl Committer {
             }
         }
         let mut guard = Abandoned(Some(self));
+        // Gather: while other requests are still applying writes (their tasks are ready to
+        // run), let them, so that this flush covers them too. A lone request sees no new
+        // write after one yield and flushes at once.
+        let mut seen = self.applied.load(Ordering::SeqCst);
+        for _ in 0..GATHER_YIELDS {
+            tokio::task::yield_now().await;
+            let now = self.applied.load(Ordering::SeqCst);
+            if now == seen {
+                break;
+            }
+            seen = now;
+        }
         let target = self.applied.load(Ordering::SeqCst);
         let started = Instant::now();
         let multi_thread = tokio::runtime::Handle::try_current()
