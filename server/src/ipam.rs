@@ -1,7 +1,7 @@
 //! The engine: networks, attachments, and the ADD/DEL/CHECK operations.
 //!
 //! A request takes the state lock, lets the pools decide, applies the resulting [`Change`]s to
-//! the store in one transaction (still under the lock, so the store sees changes in decision
+//! the store as one atomic write (still under the lock, so the store sees changes in decision
 //! order), releases the lock, and then waits for the store's group commit to make it durable
 //! before it replies. If the store refuses a write, the pools are put back as they were:
 //! nothing half-done stays behind.
@@ -166,7 +166,7 @@ impl Network {
 impl Ipam {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave a half-applied store write (the store
-        // is transactional); the pools may be off, so recovering the guard is the lesser evil
+        // is atomic); the pools may be off, so recovering the guard is the lesser evil
         // compared with refusing every later request.
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }

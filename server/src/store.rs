@@ -30,7 +30,9 @@ mod sled_store;
 pub use commit::{CommitStats, Committer};
 pub use sled_store::SledStore;
 
-pub const SCHEMA_VERSION: u32 = 2;
+/// 1: the first release. 2: reservations, boot ID, drains. 3: the write journal (an older
+/// ipoold would not finish a change set a crash interrupted, so it must refuse the store).
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The key of an attachment: (network name, CNI_CONTAINERID, CNI_IFNAME).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -103,7 +103,7 @@ impl Ipam {
         Ok(released)
     }
 
-    /// Releases `keys` in one store transaction: in use -> idle (cooling from now), or, for a
+    /// Releases `keys` in one atomic store write: in use -> idle (cooling from now), or, for a
     /// sticky pod, -> a reservation for its namespace/name (replacing an older one, whose
     /// addresses go idle). The changes are worked out first, written, and only then made in
     /// memory: on a store error nothing changes. Shared by DEL, GC, reboot and leak reclaim.

@@ -106,7 +106,7 @@ fn check_roundtrip(store: &dyn Store) {
 }
 
 #[test]
-fn sled_store_reads_a_version_1_store_and_marks_it_version_2() {
+fn sled_store_reads_a_version_1_store_and_marks_it_current() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let db = raw_sled(dir.path()).expect("open");
