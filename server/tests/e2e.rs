@@ -71,6 +71,10 @@ fn add_check_del_through_the_real_plugin() {
         table.contains("NETWORK") && table.contains("e2e"),
         "{table}"
     );
+    // One log line per request, readable in a file (no terminal colour codes).
+    let log = d.log();
+    assert!(log.contains("ctr-c") && log.contains("10.42.0.4"), "{log}");
+    assert!(!log.contains('\x1b'), "colour codes in a log file: {log}");
 }
 
 #[test]
