@@ -313,13 +313,13 @@ impl Ipam {
                 })
             });
             if let Some(ip) = kept {
-                if let Some(a) = net.pools[set].take_reserved(set, ip, key) {
+                if let Some(a) = net.pools[set].take_reserved(set, ip) {
                     got.push(a);
                     continue;
                 }
             }
             if let Some(ip) = *want {
-                match net.pools[set].claim(set, ip, key) {
+                match net.pools[set].claim(set, ip) {
                     Ok(a) => {
                         got.push(a);
                         continue;
@@ -327,15 +327,21 @@ impl Ipam {
                     Err(e) => {
                         unwind(net, &got);
                         return Err(match e {
-                            ClaimError::Held(holder) => {
-                                let pod = st
-                                    .attachments
-                                    .get(&holder)
+                            ClaimError::Held => {
+                                // The pools do not record holders: find it (a scan, on this
+                                // error path only).
+                                let holder = st.attachments.values().find(|r| {
+                                    r.key.network == key.network && r.addresses.contains(&ip)
+                                });
+                                let who = holder
+                                    .map(|r| format!(" by attachment {}", r.key))
+                                    .unwrap_or_default();
+                                let pod = holder
                                     .filter(|r| !r.pod.name.is_empty())
                                     .map(|r| format!(" (pod {}/{})", r.pod.namespace, r.pod.name))
                                     .unwrap_or_default();
                                 Error::InUse(format!(
-                                    "requested address {ip} is already held by attachment {holder}{pod}"
+                                    "requested address {ip} is already held{who}{pod}"
                                 ))
                             }
                             ClaimError::Reserved => {
@@ -362,7 +368,7 @@ impl Ipam {
                     }
                 }
             }
-            match net.pools[set].acquire(set, key, now, may_wait) {
+            match net.pools[set].acquire(set, now, may_wait) {
                 Ok(Step::Done(a)) => got.push(a),
                 Ok(Step::Wait(ms)) => {
                     unwind(net, &got);

@@ -137,7 +137,7 @@ impl Ipam {
                 .iter()
                 .filter_map(|ip| {
                     let set = net.set_of(*ip)?;
-                    (net.pools[set].pool.owner(*ip) == Some(key)).then_some((set, *ip))
+                    net.pools[set].pool.is_in_use(*ip).then_some((set, *ip))
                 })
                 .collect();
             let mut reserved_until = None;
@@ -195,11 +195,7 @@ impl Ipam {
         changes.extend(new_res.values().cloned().map(Change::PutReservation));
         self.shared.store.apply(&changes)?;
 
-        fn pool<'a>(
-            st: &'a mut State,
-            net: &str,
-            set: usize,
-        ) -> Option<&'a mut Pool<AttachmentKey>> {
+        fn pool<'a>(st: &'a mut State, net: &str, set: usize) -> Option<&'a mut Pool<()>> {
             st.networks.get_mut(net).map(|n| &mut n.pools[set].pool)
         }
         for (net, set, ip) in unreserved {

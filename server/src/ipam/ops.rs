@@ -249,8 +249,8 @@ impl Ipam {
                 )));
             }
             let now = self.now();
-            // The pool's owner of a reserved address is never looked at; this one names the
-            // reservation in case an error message does.
+            // `take_addresses` looks only at the key's network; the rest names the reservation
+            // in case a message ever shows it.
             let owner = AttachmentKey {
                 network: key.network.clone(),
                 container_id: format!("reservation-{}-{}", key.namespace, key.name),

@@ -117,7 +117,7 @@ impl Ipam {
                     ))
                 })?;
                 p.pool
-                    .restore_in_use(*ip, rec.key.clone())
+                    .restore_in_use(*ip, ())
                     .map_err(|e| Error::InvalidConfig(format!("attachment {}: {e}", rec.key)))?;
             }
             state.attachments.insert(rec.key.clone(), rec);
