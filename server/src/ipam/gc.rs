@@ -82,12 +82,12 @@ impl Ipam {
             let st = &mut *guard;
             let stale: Vec<AttachmentKey> = st
                 .attachments
-                .keys()
-                .filter(|k| {
-                    k.network == network
-                        && !valid.contains(&(k.container_id.clone(), k.ifname.clone()))
+                .iter()
+                .filter(|a| {
+                    a.network() == network
+                        && !valid.contains(&(a.container_id().to_string(), a.ifname().to_string()))
                 })
-                .cloned()
+                .map(|a| a.key())
                 .collect();
             if stale.is_empty() {
                 return Ok(Vec::new());
@@ -129,11 +129,11 @@ impl Ipam {
             let Some(net) = st.networks.get(&key.network) else {
                 continue;
             };
-            let sticky = sticky::identity(&key.network, &record.pod).filter(|_| {
-                by.keeps_sticky() && net.def.tuning.sticky.applies_to(&record.pod.name)
-            });
+            let pod = record.pod();
+            let sticky = sticky::identity(&key.network, &pod)
+                .filter(|_| by.keeps_sticky() && net.def.tuning.sticky.applies_to(&pod.name));
             let held: Vec<(usize, IpAddr)> = record
-                .addresses
+                .addresses()
                 .iter()
                 .filter_map(|ip| {
                     let set = net.set_of(*ip)?;
@@ -187,8 +187,8 @@ impl Ipam {
             }
             out.push(Released {
                 key: key.clone(),
-                pod: record.pod.clone(),
-                addresses: record.addresses.clone(),
+                pod,
+                addresses: record.addresses().to_vec(),
                 reserved_until,
             });
         }
@@ -236,7 +236,7 @@ impl Ipam {
             };
         };
         if let Some(d) = declared {
-            if !net.def.same_addresses(d) && st.attachments.keys().any(|k| k.network == network) {
+            if !net.def.same_addresses(d) && st.attachments.iter().any(|a| a.network() == network) {
                 return Err(format!(
                     "network {network:?} is defined with ranges {}, the config asks for {}",
                     net.def.describe_ranges(),

@@ -89,7 +89,7 @@ impl Ipam {
 
         let mut state = State {
             networks,
-            attachments: HashMap::new(),
+            attachments: super::Attachments::default(),
             reservations: BTreeMap::new(),
             drained: snap.drained.iter().cloned().collect(),
         };
@@ -120,7 +120,7 @@ impl Ipam {
                     .restore_in_use(*ip, ())
                     .map_err(|e| Error::InvalidConfig(format!("attachment {}: {e}", rec.key)))?;
             }
-            state.attachments.insert(rec.key.clone(), rec);
+            state.attachments.insert(&rec);
         }
         for r in snap.reservations {
             let Some(net) = state.networks.get_mut(&r.key.network) else {
@@ -232,7 +232,7 @@ impl Ipam {
         if rebooted {
             let released = {
                 let mut guard = ipam.lock();
-                let keys: Vec<_> = guard.attachments.keys().cloned().collect();
+                let keys: Vec<_> = guard.attachments.iter().map(|a| a.key()).collect();
                 ipam.release_all(&mut guard, &keys, ReleaseBy::Reboot)?
             };
             for r in &released {
