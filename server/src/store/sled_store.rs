@@ -233,6 +233,18 @@ fn split2(key: &[u8]) -> Option<(String, String)> {
 
 impl Store for SledStore {
     fn load(&self) -> Result<Snapshot, StoreError> {
+        let mut attachments = Vec::new();
+        let snap = self.load_with(&mut |a| attachments.push(a))?;
+        Ok(Snapshot {
+            attachments,
+            ..snap
+        })
+    }
+
+    fn load_with(
+        &self,
+        each_attachment: &mut dyn FnMut(AttachmentRecord),
+    ) -> Result<Snapshot, StoreError> {
         let mut snap = Snapshot::default();
         for kv in self.networks.iter() {
             let (k, v) = kv.map_err(|e| self.io(e))?;
@@ -244,7 +256,7 @@ impl Store for SledStore {
             let (k, v) = kv.map_err(|e| self.io(e))?;
             let a: AttachmentRecord =
                 serde_json::from_slice(&v).map_err(|e| self.corrupt("attachment", &k, e))?;
-            snap.attachments.push(a);
+            each_attachment(a);
         }
         for kv in self.idle.iter() {
             let (k, v) = kv.map_err(|e| self.io(e))?;
