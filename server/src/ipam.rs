@@ -6,7 +6,7 @@
 //! before it replies. If the store refuses a write, the pools are put back as they were:
 //! nothing half-done stays behind.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -22,8 +22,10 @@ use crate::range::Family;
 use crate::store::{
     AttachmentKey, AttachmentRecord, Change, Committer, Pod, Reservation, ReservationKey,
 };
+use attachments::Attachments;
 use family::{Acquired, ClaimError, FamilyPool, Origin};
 
+mod attachments;
 mod family;
 mod gc;
 mod leak;
@@ -66,7 +68,7 @@ struct Shared {
 #[derive(Default)]
 struct State {
     networks: BTreeMap<String, Network>,
-    attachments: HashMap<AttachmentKey, AttachmentRecord>,
+    attachments: Attachments,
     reservations: BTreeMap<ReservationKey, Reservation>,
     /// Networks that take no new ADDs ([`ALL_NETWORKS`]: every one).
     drained: std::collections::BTreeSet<String>,
@@ -232,7 +234,7 @@ impl Ipam {
                 .networks
                 .get(&req.key.network)
                 .ok_or_else(|| Error::NotFound(format!("network {:?} is gone", req.key.network)))?;
-            return Ok(Step::Done(reply_for(net, &existing.addresses)));
+            return Ok(Step::Done(reply_for(net, existing.addresses())));
         }
         if st.drained.contains(ALL_NETWORKS) || st.drained.contains(&req.key.network) {
             return Err(Error::Busy(format!(
@@ -313,13 +315,13 @@ impl Ipam {
                 })
             });
             if let Some(ip) = kept {
-                if let Some(a) = net.pools[set].take_reserved(set, ip, key) {
+                if let Some(a) = net.pools[set].take_reserved(set, ip) {
                     got.push(a);
                     continue;
                 }
             }
             if let Some(ip) = *want {
-                match net.pools[set].claim(set, ip, key) {
+                match net.pools[set].claim(set, ip) {
                     Ok(a) => {
                         got.push(a);
                         continue;
@@ -327,15 +329,19 @@ impl Ipam {
                     Err(e) => {
                         unwind(net, &got);
                         return Err(match e {
-                            ClaimError::Held(holder) => {
-                                let pod = st
-                                    .attachments
-                                    .get(&holder)
-                                    .filter(|r| !r.pod.name.is_empty())
-                                    .map(|r| format!(" (pod {}/{})", r.pod.namespace, r.pod.name))
+                            ClaimError::Held => {
+                                // The pools do not record holders: find it (a scan, on this
+                                // error path only).
+                                let holder = st.attachments.holder_of(&key.network, ip);
+                                let who = holder
+                                    .map(|r| format!(" by attachment {}", r.key()))
+                                    .unwrap_or_default();
+                                let pod = holder
+                                    .filter(|r| !r.pod_name().is_empty())
+                                    .map(|r| format!(" (pod {}/{})", r.pod_namespace(), r.pod_name()))
                                     .unwrap_or_default();
                                 Error::InUse(format!(
-                                    "requested address {ip} is already held by attachment {holder}{pod}"
+                                    "requested address {ip} is already held{who}{pod}"
                                 ))
                             }
                             ClaimError::Reserved => {
@@ -362,7 +368,7 @@ impl Ipam {
                     }
                 }
             }
-            match net.pools[set].acquire(set, key, now, may_wait) {
+            match net.pools[set].acquire(set, now, may_wait) {
                 Ok(Step::Done(a)) => got.push(a),
                 Ok(Step::Wait(ms)) => {
                     unwind(net, &got);
@@ -459,7 +465,7 @@ impl Ipam {
             "CNI ADD"
         };
         self.emit(|| Event::of_record(EventKind::Add, now, &record, reason));
-        st.attachments.insert(req.key.clone(), record);
+        st.attachments.insert(&record);
         Ok(Step::Done(reply))
     }
 
@@ -477,7 +483,7 @@ impl Ipam {
             (Some(_), None) => return Ok(()),
             (Some(known), Some(d)) if known.def.same_addresses(d) => return Ok(()),
             (Some(known), Some(d)) => {
-                let live = st.attachments.keys().filter(|k| k.network == name).count()
+                let live = st.attachments.iter().filter(|a| a.network() == name).count()
                     + st.reservations.keys().filter(|k| k.network == name).count();
                 if live > 0 {
                     return Err(Error::InvalidConfig(format!(
@@ -559,16 +565,15 @@ impl Ipam {
             ))
         })?;
         for ip in addresses {
-            if !record.addresses.contains(ip) {
+            if !record.addresses().contains(ip) {
                 let holder = st
                     .attachments
-                    .values()
-                    .find(|r| r.key.network == key.network && r.addresses.contains(ip))
-                    .map(|r| format!("held by {}", r.key))
+                    .holder_of(&key.network, *ip)
+                    .map(|r| format!("held by {}", r.key()))
                     .unwrap_or_else(|| "not held by anyone".into());
                 return Err(Error::Mismatch(format!(
                     "{ip} is not held by attachment {key} ({holder}); it holds {}",
-                    join(&record.addresses)
+                    join(record.addresses())
                 )));
             }
         }
@@ -616,9 +621,9 @@ impl Ipam {
         let st = self.lock();
         let mut v: Vec<AttachmentRecord> = st
             .attachments
-            .values()
-            .filter(|r| network.is_none_or(|w| w == r.key.network))
-            .cloned()
+            .iter()
+            .filter(|r| network.is_none_or(|w| w == r.network()))
+            .map(|r| r.to_record())
             .collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         v

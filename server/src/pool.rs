@@ -133,6 +133,10 @@ impl<O: Clone> Pool<O> {
             .saturating_sub(self.idle.len() + self.in_use.len() + self.reserved.len())
     }
 
+    pub fn is_in_use(&self, ip: IpAddr) -> bool {
+        self.in_use.contains_key(&ip)
+    }
+
     pub fn owner(&self, ip: IpAddr) -> Option<&O> {
         self.in_use.get(&ip)
     }

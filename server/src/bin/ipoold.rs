@@ -188,6 +188,9 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     )
     .context("recovering state")?;
     ipam.maintain().context("preloading pools")?;
+    // Recovery decoded every stored record; hand the memory it freed back before serving.
+    trim_heap();
+    spawn_heap_trimmer();
     let ops_tcp = ops_tcp(&args).await?;
     let metrics = match args.metrics_listen {
         Some(addr) => {
@@ -218,3 +221,45 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     tracing::info!("stopped");
     Ok(())
 }
+
+/// How often the heap is trimmed while serving. A DEL, a GC or a leak reclaim frees memory that
+/// glibc keeps in its arenas; without a trim a node's RSS stays at its high-water mark. A trim
+/// walks the free chunks of a heap of tens of MB and holds an arena's lock while it does, so
+/// it is kept rare: every 5 s is soon enough for an RSS that is scraped or read by a person,
+/// and keeps the trim off the request path nearly all the time (its duration is logged at
+/// trace level). Measured at 65 536 allocations, trimming every 250 ms or every second gave
+/// the same RSS.
+const HEAP_TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A thread that trims the heap every [`HEAP_TRIM_EVERY`] (none where there is no trim).
+fn spawn_heap_trimmer() {
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("heap-trim".into())
+        .spawn(|| loop {
+            std::thread::sleep(HEAP_TRIM_EVERY);
+            let t = std::time::Instant::now();
+            trim_heap();
+            tracing::trace!(took = ?t.elapsed(), "heap trimmed");
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the heap-trim thread; freed memory stays in the allocator");
+    }
+}
+
+/// Gives the memory glibc's allocator holds free back to the OS (glibc returns it only from
+/// the top of the main heap by itself).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn trim_heap() {
+    // SAFETY: malloc_trim takes no pointers from us; it works on glibc's own free lists under
+    // its arena locks and is MT-Safe (malloc_trim(3)), so any thread may call it at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_heap() {}

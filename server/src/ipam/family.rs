@@ -8,11 +8,12 @@ use crate::config::Tuning;
 use crate::factory::Factory;
 use crate::pool::{Millis, Plan, Pool, PoolConfig, PoolError, TokenBucket};
 use crate::range::Family;
-use crate::store::AttachmentKey;
 
 pub(super) struct FamilyPool {
     pub(super) family: Family,
-    pub(super) pool: Pool<AttachmentKey>,
+    /// The pool tracks which addresses are in use, not by whom: the engine's attachments say
+    /// that, and a second copy of every key would cost memory on a node with many pods.
+    pub(super) pool: Pool<()>,
     pub(super) factory: Box<dyn Factory>,
     pub(super) bucket: TokenBucket,
     /// The last time the pool could not serve an acquisition, and why.
@@ -40,7 +41,8 @@ pub(super) enum Origin {
 
 /// Why a requested address could not be claimed.
 pub(super) enum ClaimError {
-    Held(AttachmentKey),
+    /// In use by an attachment (the engine finds which).
+    Held,
     /// Reserved for another pod identity.
     Reserved,
     NotHandedOut(String),
@@ -81,12 +83,11 @@ impl FamilyPool {
         }
     }
 
-    /// One address for `key`. `may_wait`: an empty bucket is reported as a wait instead of
+    /// One address. `may_wait`: an empty bucket is reported as a wait instead of
     /// treating the source as dry.
     pub(super) fn acquire(
         &mut self,
         set: usize,
-        key: &AttachmentKey,
         now: Millis,
         may_wait: bool,
     ) -> Result<Step<Acquired>, PoolError> {
@@ -94,7 +95,7 @@ impl FamilyPool {
         loop {
             match self.pool.plan(now, dry)? {
                 Plan::Idle(ip) => {
-                    let released_at = self.pool.take(ip, key.clone())?;
+                    let released_at = self.pool.take(ip, ())?;
                     return Ok(Step::Done(Acquired {
                         set,
                         ip,
@@ -115,7 +116,7 @@ impl FamilyPool {
                     match self.factory.allocate() {
                         Some(ip) => {
                             self.pool.receive(ip, 0)?;
-                            self.pool.take(ip, key.clone())?;
+                            self.pool.take(ip, ())?;
                             return Ok(Step::Done(Acquired {
                                 set,
                                 ip,
@@ -132,22 +133,17 @@ impl FamilyPool {
         }
     }
 
-    /// The requested address `ip` for `key`: from idle (even if cooling: it was asked for by
+    /// The requested address `ip`: from idle (even if cooling: it was asked for by
     /// name), or straight from the source.
-    pub(super) fn claim(
-        &mut self,
-        set: usize,
-        ip: IpAddr,
-        key: &AttachmentKey,
-    ) -> Result<Acquired, ClaimError> {
-        if let Some(holder) = self.pool.owner(ip) {
-            return Err(ClaimError::Held(holder.clone()));
+    pub(super) fn claim(&mut self, set: usize, ip: IpAddr) -> Result<Acquired, ClaimError> {
+        if self.pool.is_in_use(ip) {
+            return Err(ClaimError::Held);
         }
         if self.pool.is_reserved(ip) {
             return Err(ClaimError::Reserved);
         }
         if self.pool.idle_since(ip).is_some() {
-            let released_at = self.pool.take(ip, key.clone()).map_err(ClaimError::Pool)?;
+            let released_at = self.pool.take(ip, ()).map_err(ClaimError::Pool)?;
             return Ok(Acquired {
                 set,
                 ip,
@@ -163,7 +159,7 @@ impl FamilyPool {
             self.factory.release(ip);
             return Err(ClaimError::Pool(e));
         }
-        self.pool.take(ip, key.clone()).map_err(ClaimError::Pool)?;
+        self.pool.take(ip, ()).map_err(ClaimError::Pool)?;
         Ok(Acquired {
             set,
             ip,
@@ -171,20 +167,13 @@ impl FamilyPool {
         })
     }
 
-    /// The address `ip`, reserved for the requester's identity, goes into use by `key`.
-    pub(super) fn take_reserved(
-        &mut self,
-        set: usize,
-        ip: IpAddr,
-        key: &AttachmentKey,
-    ) -> Option<Acquired> {
-        self.pool
-            .take_reserved(ip, key.clone())
-            .then_some(Acquired {
-                set,
-                ip,
-                origin: Origin::Reserved,
-            })
+    /// The address `ip`, reserved for the requester's identity, goes into use.
+    pub(super) fn take_reserved(&mut self, set: usize, ip: IpAddr) -> Option<Acquired> {
+        self.pool.take_reserved(ip, ()).then_some(Acquired {
+            set,
+            ip,
+            origin: Origin::Reserved,
+        })
     }
 
     pub(super) fn unwind(&mut self, a: &Acquired) {

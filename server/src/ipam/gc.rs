@@ -82,12 +82,12 @@ impl Ipam {
             let st = &mut *guard;
             let stale: Vec<AttachmentKey> = st
                 .attachments
-                .keys()
-                .filter(|k| {
-                    k.network == network
-                        && !valid.contains(&(k.container_id.clone(), k.ifname.clone()))
+                .iter()
+                .filter(|a| {
+                    a.network() == network
+                        && !valid.contains(&(a.container_id().to_string(), a.ifname().to_string()))
                 })
-                .cloned()
+                .map(|a| a.key())
                 .collect();
             if stale.is_empty() {
                 return Ok(Vec::new());
@@ -129,15 +129,15 @@ impl Ipam {
             let Some(net) = st.networks.get(&key.network) else {
                 continue;
             };
-            let sticky = sticky::identity(&key.network, &record.pod).filter(|_| {
-                by.keeps_sticky() && net.def.tuning.sticky.applies_to(&record.pod.name)
-            });
+            let pod = record.pod();
+            let sticky = sticky::identity(&key.network, &pod)
+                .filter(|_| by.keeps_sticky() && net.def.tuning.sticky.applies_to(&pod.name));
             let held: Vec<(usize, IpAddr)> = record
-                .addresses
+                .addresses()
                 .iter()
                 .filter_map(|ip| {
                     let set = net.set_of(*ip)?;
-                    (net.pools[set].pool.owner(*ip) == Some(key)).then_some((set, *ip))
+                    net.pools[set].pool.is_in_use(*ip).then_some((set, *ip))
                 })
                 .collect();
             let mut reserved_until = None;
@@ -187,19 +187,15 @@ impl Ipam {
             }
             out.push(Released {
                 key: key.clone(),
-                pod: record.pod.clone(),
-                addresses: record.addresses.clone(),
+                pod,
+                addresses: record.addresses().to_vec(),
                 reserved_until,
             });
         }
         changes.extend(new_res.values().cloned().map(Change::PutReservation));
         self.shared.store.apply(&changes)?;
 
-        fn pool<'a>(
-            st: &'a mut State,
-            net: &str,
-            set: usize,
-        ) -> Option<&'a mut Pool<AttachmentKey>> {
+        fn pool<'a>(st: &'a mut State, net: &str, set: usize) -> Option<&'a mut Pool<()>> {
             st.networks.get_mut(net).map(|n| &mut n.pools[set].pool)
         }
         for (net, set, ip) in unreserved {
@@ -240,7 +236,7 @@ impl Ipam {
             };
         };
         if let Some(d) = declared {
-            if !net.def.same_addresses(d) && st.attachments.keys().any(|k| k.network == network) {
+            if !net.def.same_addresses(d) && st.attachments.iter().any(|a| a.network() == network) {
                 return Err(format!(
                     "network {network:?} is defined with ranges {}, the config asks for {}",
                     net.def.describe_ranges(),

@@ -56,14 +56,14 @@ impl Ipam {
         let candidates: Vec<(AttachmentKey, Millis, String)> = {
             let st = self.lock();
             st.attachments
-                .values()
-                .filter(|r| !r.netns.is_empty())
+                .iter()
+                .filter(|r| !r.netns().is_empty())
                 .filter(|r| {
                     st.networks
-                        .get(&r.key.network)
-                        .is_none_or(|n| !n.def.tuning.sticky.applies_to(&r.pod.name))
+                        .get(r.network())
+                        .is_none_or(|n| !n.def.tuning.sticky.applies_to(r.pod_name()))
                 })
-                .map(|r| (r.key.clone(), r.created_at_ms, r.netns.clone()))
+                .map(|r| (r.key(), r.created_at_ms(), r.netns().to_string()))
                 .collect()
         };
         // Filesystem checks happen outside the state lock.
@@ -102,7 +102,7 @@ impl Ipam {
                 .filter(|(k, created)| {
                     st.attachments
                         .get(k)
-                        .is_some_and(|r| r.created_at_ms == *created)
+                        .is_some_and(|r| r.created_at_ms() == *created)
                 })
                 .map(|(k, _)| k)
                 .collect();

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use tokio::sync::broadcast;
 
+use super::attachments::Attachment;
 use super::{Ipam, ReleaseBy, Released, Step};
 use crate::error::Error;
 use crate::pool::Millis;
@@ -54,14 +55,14 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, r: &AttachmentRecord) -> bool {
+    fn matches(&self, r: &Attachment<'_>) -> bool {
         let eq = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
-        eq(&self.network, &r.key.network)
-            && eq(&self.namespace, &r.pod.namespace)
-            && eq(&self.pod, &r.pod.name)
-            && eq(&self.container_id, &r.key.container_id)
-            && self.address.is_none_or(|a| r.addresses.contains(&a))
-            && self.after.as_ref().is_none_or(|k| &r.key > k)
+        eq(&self.network, r.network())
+            && eq(&self.namespace, r.pod_namespace())
+            && eq(&self.pod, r.pod_name())
+            && eq(&self.container_id, r.container_id())
+            && self.address.is_none_or(|a| r.addresses().contains(&a))
+            && self.after.as_ref().is_none_or(|k| r.cmp_key(k).is_gt())
     }
 }
 
@@ -187,9 +188,9 @@ impl Ipam {
         let st = self.lock();
         let mut v: Vec<AttachmentRecord> = st
             .attachments
-            .values()
+            .iter()
             .filter(|r| f.matches(r))
-            .cloned()
+            .map(|r| r.to_record())
             .collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         if f.limit > 0 {
@@ -202,13 +203,12 @@ impl Ipam {
     pub fn holder_of(&self, network: &str, ip: IpAddr) -> Option<AttachmentRecord> {
         self.lock()
             .attachments
-            .values()
-            .find(|r| r.key.network == network && r.addresses.contains(&ip))
-            .cloned()
+            .holder_of(network, ip)
+            .map(|r| r.to_record())
     }
 
     pub fn get(&self, key: &AttachmentKey) -> Option<AttachmentRecord> {
-        self.lock().attachments.get(key).cloned()
+        self.lock().attachments.get(key).map(|r| r.to_record())
     }
 
     /// Reserves addresses of `key.network` for the pod identity `key` for `ttl_secs`: the
@@ -249,8 +249,8 @@ impl Ipam {
                 )));
             }
             let now = self.now();
-            // The pool's owner of a reserved address is never looked at; this one names the
-            // reservation in case an error message does.
+            // `take_addresses` looks only at the key's network; the rest names the reservation
+            // in case a message ever shows it.
             let owner = AttachmentKey {
                 network: key.network.clone(),
                 container_id: format!("reservation-{}-{}", key.namespace, key.name),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use super::{Ipam, Network, ReleaseBy, Shared, State};
+use super::{Attachments, Ipam, Network, ReleaseBy, Shared, State};
 use crate::clock::Clock;
 use crate::config::{DaemonConfig, NetworkDef, Origin};
 use crate::error::Error;
@@ -28,11 +28,13 @@ impl Ipam {
         config: &DaemonConfig,
         boot_id: Option<&str>,
     ) -> Result<Ipam, Error> {
-        let snap = store.load()?;
+        // Attachments go straight into their compact form as they are read.
+        let mut attachments = Attachments::default();
+        let snap = store.load_with(&mut |a| attachments.insert(&a))?;
         let now = clock.now_ms();
         let mut live: HashMap<&str, usize> = HashMap::new();
-        for a in &snap.attachments {
-            *live.entry(a.key.network.as_str()).or_default() += 1;
+        for a in attachments.iter() {
+            *live.entry(a.network()).or_default() += 1;
         }
         for r in &snap.reservations {
             *live.entry(r.key.network.as_str()).or_default() += 1;
@@ -87,25 +89,20 @@ impl Ipam {
             networks.insert(name, Network::new(def, now)?);
         }
 
-        let mut state = State {
-            networks,
-            attachments: HashMap::new(),
-            reservations: BTreeMap::new(),
-            drained: snap.drained.iter().cloned().collect(),
-        };
-        for rec in snap.attachments {
-            let Some(net) = state.networks.get_mut(&rec.key.network) else {
+        for rec in attachments.iter() {
+            let Some(net) = networks.get_mut(rec.network()) else {
                 return Err(Error::InvalidConfig(format!(
                     "the store holds attachment {} of network {:?}, which has no definition",
-                    rec.key, rec.key.network
+                    rec.key(),
+                    rec.network()
                 )));
             };
-            for ip in &rec.addresses {
+            for ip in rec.addresses() {
                 let set = net.set_of(*ip).ok_or_else(|| {
                     Error::InvalidConfig(format!(
                         "attachment {} holds {ip}, which is outside the ranges of network {:?} ({})",
-                        rec.key,
-                        rec.key.network,
+                        rec.key(),
+                        rec.network(),
                         net.def.describe_ranges()
                     ))
                 })?;
@@ -113,15 +110,20 @@ impl Ipam {
                 p.factory.occupy(*ip).map_err(|e| {
                     Error::InvalidConfig(format!(
                         "attachment {}: {e} (held twice in the store)",
-                        rec.key
+                        rec.key()
                     ))
                 })?;
                 p.pool
-                    .restore_in_use(*ip, rec.key.clone())
-                    .map_err(|e| Error::InvalidConfig(format!("attachment {}: {e}", rec.key)))?;
+                    .restore_in_use(*ip, ())
+                    .map_err(|e| Error::InvalidConfig(format!("attachment {}: {e}", rec.key())))?;
             }
-            state.attachments.insert(rec.key.clone(), rec);
         }
+        let mut state = State {
+            networks,
+            attachments,
+            reservations: BTreeMap::new(),
+            drained: snap.drained.iter().cloned().collect(),
+        };
         for r in snap.reservations {
             let Some(net) = state.networks.get_mut(&r.key.network) else {
                 return Err(Error::InvalidConfig(format!(
@@ -232,7 +234,7 @@ impl Ipam {
         if rebooted {
             let released = {
                 let mut guard = ipam.lock();
-                let keys: Vec<_> = guard.attachments.keys().cloned().collect();
+                let keys: Vec<_> = guard.attachments.iter().map(|a| a.key()).collect();
                 ipam.release_all(&mut guard, &keys, ReleaseBy::Reboot)?
             };
             for r in &released {

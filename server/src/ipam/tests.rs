@@ -450,6 +450,17 @@ async fn static_addresses_are_claimed_or_refused_with_the_holder() {
     let ipam = rig.reopen().expect("reopen");
     ipam.check(&key("s", "d"), &[ip("10.4.0.77")])
         .expect("durable");
+    // The pools do not record holders; the holder is still named after a restart.
+    let e = ipam
+        .add(with_ips(req("s", "e", ds), &["fd04::99"]))
+        .await
+        .expect_err("held after restart");
+    assert!(
+        matches!(e, Error::InUse(_))
+            && e.to_string()
+                .contains("held by attachment s/b/eth0 (pod prod/web-1)"),
+        "{e}"
+    );
 }
 
 #[tokio::test]

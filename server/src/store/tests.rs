@@ -78,6 +78,19 @@ fn check_roundtrip(store: &dyn Store) {
     assert_eq!(snap.reservations, vec![reservation()]);
     assert_eq!(snap.boot_id.as_deref(), Some("b-1"));
     assert_eq!(snap.drained, vec!["n".to_string()]);
+    // The streaming load hands out the same attachments and leaves them out of the snapshot.
+    let mut streamed = Vec::new();
+    let rest = store
+        .load_with(&mut |a| streamed.push(a))
+        .expect("load_with");
+    assert_eq!(streamed, snap.attachments);
+    assert_eq!(
+        rest,
+        Snapshot {
+            attachments: Vec::new(),
+            ..snap.clone()
+        }
+    );
     let key = snap.attachments[0].key.clone();
     store
         .apply(&[
