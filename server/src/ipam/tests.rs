@@ -547,3 +547,43 @@ async fn a_failed_add_declares_no_network() {
 }
 
 mod lifecycle;
+
+/// ipoold's start-up: read through one sled handle, serve through a second one opened after the
+/// first is dropped (sled locks its directory, so this also proves the reader is gone).
+#[tokio::test]
+async fn open_with_reads_through_one_handle_and_serves_through_another() {
+    use crate::store::SledStore;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = DaemonConfig::parse("").expect("config");
+    {
+        let store = Arc::new(SledStore::open(dir.path()).expect("open"));
+        let ipam = Ipam::open(store, clock.clone(), &config, Some("boot-1")).expect("open");
+        for c in ["a", "b"] {
+            ipam.add(req("n", c, V4)).await.expect("add");
+        }
+    }
+    let reader = Arc::new(SledStore::open(dir.path()).expect("open the reader"));
+    let path = dir.path().to_path_buf();
+    let ipam = Ipam::open_with(
+        reader,
+        move || Ok(Arc::new(SledStore::open(&path)?)),
+        clock.clone(),
+        &config,
+        Some("boot-1"),
+    )
+    .expect("open_with");
+    assert_eq!(ipam.attachments(None).len(), 2);
+    // Writes go through the serving handle and are durable there.
+    let c = ips(&ipam.add(req("n", "c", "")).await.expect("add"))[0];
+    assert_eq!(c, ip("10.1.0.4"));
+    drop(ipam);
+    let again = Ipam::open(
+        Arc::new(SledStore::open(dir.path()).expect("reopen")),
+        clock,
+        &config,
+        Some("boot-1"),
+    )
+    .expect("open");
+    assert_eq!(again.attachments(None).len(), 3);
+}
