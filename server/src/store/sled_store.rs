@@ -63,6 +63,13 @@ const META: usize = 5;
 const BOOT_ID: &str = "boot_id";
 const DRAIN_PREFIX: &str = "drain\0";
 
+/// How long opening waits for sled's file lock before it says another process holds it.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn is_lock_error(io: &std::io::Error) -> bool {
+    io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("could not acquire lock")
+}
+
 fn ip_key(network: &str, ip: &IpAddr) -> Vec<u8> {
     format!("{network}\0{ip}").into_bytes()
 }
@@ -75,10 +82,7 @@ impl SledStore {
         let open_err = |e: sled::Error| StoreError::Open {
             path: path.clone(),
             msg: match e {
-                sled::Error::Io(io)
-                    if io.kind() == std::io::ErrorKind::WouldBlock
-                        || io.to_string().contains("could not acquire lock") =>
-                {
+                sled::Error::Io(io) if is_lock_error(&io) => {
                     format!("it is locked by another process (is another ipoold running on this state dir?): {io}")
                 }
                 other => other.to_string(),
@@ -90,21 +94,33 @@ impl SledStore {
         })?;
         // No background flusher: every durable write goes through our group commit (flush +
         // fdatasync), so what a reply acknowledged never depends on a timer.
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(&path)
             .flush_every_ms(None)
             // sled's page cache defaults to 1 GiB and grows towards it with the data: about
             // 20 MiB at 65 536 attachments. Everything is read once at start and then kept in
             // the engine; writes need only the pages they touch, which the OS caches anyway.
-            .cache_capacity(1 << 20)
-            .open()
-            .map_err(|e| match e {
-                sled::Error::Corruption { .. } => StoreError::Corrupt {
-                    path: path.clone(),
-                    msg: e.to_string(),
-                },
-                other => open_err(other),
-            })?;
+            .cache_capacity(1 << 20);
+        // The lock on sled's file is released when the last holder of the file lets go, and
+        // sled's I/O threads may still hold it for a moment after a handle is dropped (a
+        // reopen in the same process, as at start-up, can race them). Another ipoold holds it
+        // for good: after LOCK_WAIT the error says so.
+        let started = std::time::Instant::now();
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                Err(sled::Error::Io(io)) if is_lock_error(&io) && started.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e @ sled::Error::Corruption { .. }) => {
+                    return Err(StoreError::Corrupt {
+                        path: path.clone(),
+                        msg: e.to_string(),
+                    })
+                }
+                Err(other) => return Err(open_err(other)),
+            }
+        };
         let tree = |name: &str| db.open_tree(name).map_err(open_err);
         let meta = tree("meta")?;
         // sled 0.34 keeps everything in one file, `db`, inside its directory.
