@@ -165,21 +165,22 @@ pub enum StoreError {
 }
 
 pub trait Store: Send + Sync {
-    /// Everything in the store.
-    fn load(&self) -> Result<Snapshot, StoreError>;
-    /// `load`, but the attachments are handed to `each_attachment` one at a time as they are
-    /// read instead of collected (the returned snapshot has none): recovery keeps them in its
-    /// own compact form, and tens of thousands of records at once would be the daemon's peak
-    /// memory.
+    /// Everything in the store, but the attachments are handed to `each_attachment` one at a
+    /// time as they are read instead of collected (the returned snapshot has none): recovery
+    /// keeps them in its own compact form, and tens of thousands of records at once would be
+    /// the daemon's peak memory.
     fn load_with(
         &self,
         each_attachment: &mut dyn FnMut(AttachmentRecord),
-    ) -> Result<Snapshot, StoreError> {
-        let mut snap = self.load()?;
-        std::mem::take(&mut snap.attachments)
-            .into_iter()
-            .for_each(each_attachment);
-        Ok(snap)
+    ) -> Result<Snapshot, StoreError>;
+    /// Everything in the store, attachments included.
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let mut attachments = Vec::new();
+        let snap = self.load_with(&mut |a| attachments.push(a))?;
+        Ok(Snapshot {
+            attachments,
+            ..snap
+        })
     }
     /// Applies all changes or none.
     fn apply(&self, changes: &[Change]) -> Result<(), StoreError>;
@@ -229,15 +230,6 @@ impl MemStore {
 }
 
 impl Store for MemStore {
-    fn load(&self) -> Result<Snapshot, StoreError> {
-        let mut attachments = Vec::new();
-        let snap = self.load_with(&mut |a| attachments.push(a))?;
-        Ok(Snapshot {
-            attachments,
-            ..snap
-        })
-    }
-
     fn load_with(
         &self,
         each_attachment: &mut dyn FnMut(AttachmentRecord),

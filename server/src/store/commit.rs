@@ -244,8 +244,11 @@ mod tests {
     }
 
     impl Store for Flaky {
-        fn load(&self) -> Result<crate::store::Snapshot, StoreError> {
-            self.inner.load()
+        fn load_with(
+            &self,
+            each: &mut dyn FnMut(crate::store::AttachmentRecord),
+        ) -> Result<crate::store::Snapshot, StoreError> {
+            self.inner.load_with(each)
         }
         fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
             self.inner.apply(changes)
@@ -283,8 +286,11 @@ mod tests {
     struct Slow(MemStore);
 
     impl Store for Slow {
-        fn load(&self) -> Result<crate::store::Snapshot, StoreError> {
-            self.0.load()
+        fn load_with(
+            &self,
+            each: &mut dyn FnMut(crate::store::AttachmentRecord),
+        ) -> Result<crate::store::Snapshot, StoreError> {
+            self.0.load_with(each)
         }
         fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
             self.0.apply(changes)

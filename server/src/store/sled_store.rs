@@ -335,15 +335,6 @@ fn split2(key: &[u8]) -> Option<(String, String)> {
 }
 
 impl Store for SledStore {
-    fn load(&self) -> Result<Snapshot, StoreError> {
-        let mut attachments = Vec::new();
-        let snap = self.load_with(&mut |a| attachments.push(a))?;
-        Ok(Snapshot {
-            attachments,
-            ..snap
-        })
-    }
-
     fn load_with(
         &self,
         each_attachment: &mut dyn FnMut(AttachmentRecord),
