@@ -12,8 +12,12 @@
 //! - `meta`: `schema_version` (u32 big-endian), `boot_id` (the machine's boot ID at the last
 //!   start, text), `drain\0<network>` (present while the network is drained; `*` = all)
 //!
+//! - `meta` also holds `wal_checkpoint` and `wal_epoch` (u64 big-endian): how far sled's trees
+//!   are known durable, and which log records may need replaying (see `sled_store`)
+//!
 //! Schema history: 1 = networks, attachments, idle, cursors; 2 = adds reservations and boot_id
-//! (a version-1 store is read as is and marked 2 at open).
+//! (a version-1 store is read as is and marked 2 at open); 3 = the journal tree; 4 = the
+//! write-ahead log (`wal-0`, `wal-1`). An older store opens and is marked current.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -27,12 +31,15 @@ use crate::pool::Millis;
 
 mod commit;
 mod sled_store;
+mod wal;
 pub use commit::{CommitStats, Committer};
 pub use sled_store::SledStore;
 
 /// 1: the first release. 2: reservations, boot ID, drains. 3: the write journal (an older
 /// ipoold would not finish a change set a crash interrupted, so it must refuse the store).
-pub const SCHEMA_VERSION: u32 = 3;
+/// 4: the write-ahead log files `wal-0` and `wal-1` next to `db` (an older ipoold would not
+/// replay them).
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// The key of an attachment: (network name, CNI_CONTAINERID, CNI_IFNAME).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -87,7 +87,11 @@ fn main() -> ExitCode {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One thread: a request is a few tens of microseconds of work, and on a node's few cores
+    // the wake-ups between worker threads cost more than they spread (docs/performance.md).
+    // Store flushes block it briefly (store/commit.rs); sled's checkpoints and the heap trims
+    // run on threads of their own.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

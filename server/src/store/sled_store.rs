@@ -1,30 +1,49 @@
 //! The sled implementation of [`Store`].
 //!
-//! ## Atomic writes without sled transactions
+//! ## Durability through a log of our own
 //!
-//! A sled transaction (or `Tree::apply_batch`) seals and writes the current log buffer twice
-//! (`pin_log`: before and after its batch manifest), each write a `pwrite` plus a
-//! `sync_file_range` on sled's I/O threads: under load that was most of ipoold's CPU, and a lone
-//! request paid for it in its flush. So a request's changes are written as single-key
-//! operations, made atomic by a journal of our own:
+//! A reply waits for its change set to be durable. sled makes writes durable with
+//! `Db::flush`: it seals its log buffer and writes it on one of its I/O threads with a `pwrite`
+//! and a `sync_file_range`, which survives a crash of the process but not a power loss, so an
+//! `fdatasync` had to follow. That was about 180 us per flush, and a lone request paid all of
+//! it. (sled's transactions were dropped earlier for the same reason: each seals and writes the
+//! log buffer twice.)
 //!
-//! 1. the whole change set goes into the `journal` tree as one value under a sequence number
-//!    (one insert: atomic on its own);
-//! 2. each change is applied to its tree (plain inserts and removes);
-//! 3. the journal entry is removed.
+//! So each change set is written twice: as one record in a write-ahead log of our own ([`wal`],
+//! two preallocated files written in turn), and as plain single-key inserts and removes in the
+//! sled trees, in the same order, one writer at a time. A flush writes the new log records with
+//! one `pwrite` and one `fdatasync` (about 90 us); sled's trees are flushed only at a
+//! *checkpoint*:
 //!
-//! sled recovers a prefix of its log after a crash, and these three steps are issued in order
-//! by one writer at a time. So a recovered store either lacks the entry and everything after
-//! it, or has the entry with some of its changes applied; [`SledStore::open`] replays what the
-//! journal holds (puts and removes are idempotent) before anything reads the trees.
+//! - When the active log file is full, the writer lock records `wal_checkpoint` = the newest
+//!   sequence number in the `meta` tree (after every change it covers, in sled's log order),
+//!   switches to the other file, and sled is flushed (and its file synced). The other file is
+//!   not written before that flush has succeeded: until then its records may be needed.
+//! - On a clean close (drop) the same, without the switch.
+//!
+//! sled recovers a prefix of its log after a crash. [`SledStore::open`] reads `wal_checkpoint`
+//! and `wal_epoch` from what sled recovered, replays every log record of that epoch numbered
+//! after the checkpoint (puts and removes are idempotent, and replaying them in order on top of
+//! any prefix of the same writes gives the state after the last one), then writes a new
+//! checkpoint, bumps the epoch and flushes sled. Records of an older epoch are never replayed:
+//! after a restart the files are written from the start again, and a stale record further on
+//! could otherwise carry the next number by chance.
+//!
+//! Before schema 4 the atomicity came from a `journal` tree (entry, single-key writes, entry
+//! removed); a store from then may hold an entry a crash left, and opening finishes it.
 
 use std::net::IpAddr;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
+use super::wal;
 use super::{AttachmentRecord, Change, Reservation, Snapshot, Store, StoreError, SCHEMA_VERSION};
 use crate::config::NetworkDef;
+
+/// Each log file's size when created; a file is full (and the log switches files) once the
+/// records written to it reach this. A bigger change set is written whole: the file grows.
+pub const WAL_CAPACITY: u64 = 1 << 20;
 
 pub struct SledStore {
     path: PathBuf,
@@ -35,15 +54,55 @@ pub struct SledStore {
     cursors: sled::Tree,
     reservations: sled::Tree,
     meta: sled::Tree,
-    /// Change sets in flight (see the module docs); empty except after a crash.
+    /// Change sets a schema-3 store left after a crash (module docs); replayed, then empty.
     journal: sled::Tree,
-    /// The next journal sequence number.
-    next_seq: AtomicU64,
-    /// One writer at a time, so that each change set's three steps are contiguous in the log.
-    writer: Mutex<()>,
-    /// sled's data file, synced (fdatasync) after every flush: sled's own flush ends in
+    /// One writer at a time: the log records and sled's writes are in the same order.
+    writer: Mutex<Writer>,
+    /// One flush at a time.
+    flushing: Mutex<()>,
+    /// The two log files and their paths.
+    wal: [(std::fs::File, PathBuf); 2],
+    /// The epoch this handle writes its log records in (module docs).
+    epoch: u64,
+    wal_capacity: u64,
+    /// sled's data file, synced (fdatasync) after every sled flush: sled's own flush ends in
     /// `sync_file_range`, which survives a crash of the process but not a power loss.
     data_file: std::fs::File,
+    checkpoints: Shared<Checkpoints>,
+    /// Flushes sled for each checkpoint, off the request path.
+    checkpointer: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The log's write position and what is waiting to be written.
+struct Writer {
+    /// Records applied and not written to the log yet.
+    pending: Vec<u8>,
+    /// The sequence number of the next change set.
+    next_seq: u64,
+    /// The log file written now (0 or 1) and where its next record goes.
+    active: usize,
+    offset: u64,
+}
+
+/// Checkpoints, counted: recorded at each switch of log files, made durable by a sled flush on
+/// the checkpoint thread (or inline, at the next switch, if that thread has not got there).
+#[derive(Default)]
+struct Checkpoints {
+    recorded: u64,
+    /// The newest checkpoint the thread has tried to make durable.
+    attempted: u64,
+    durable: u64,
+    closing: bool,
+    /// The thread is flushing sled.
+    busy: bool,
+    /// Tests hold the thread back, to see what a crash before its flush leaves.
+    paused: bool,
+}
+
+type Shared<T> = std::sync::Arc<(Mutex<T>, std::sync::Condvar)>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A change turned into bytes: a put or a removal in one tree.
@@ -61,6 +120,10 @@ const RESERVATIONS: usize = 4;
 const META: usize = 5;
 
 const BOOT_ID: &str = "boot_id";
+/// In `meta`: every change set up to this sequence number is in sled's trees (u64 big-endian).
+const WAL_CHECKPOINT: &str = "wal_checkpoint";
+/// In `meta`: the epoch of the log records that may need replaying (u64 big-endian).
+const WAL_EPOCH: &str = "wal_epoch";
 const DRAIN_PREFIX: &str = "drain\0";
 
 /// How long opening waits for sled's file lock before it says another process holds it.
@@ -68,6 +131,22 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn is_lock_error(io: &std::io::Error) -> bool {
     io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("could not acquire lock")
+}
+
+/// Opens sled, waiting up to [`LOCK_WAIT`] for its file lock. The lock is released when the last
+/// holder of the file lets go, and sled's I/O threads may still hold it for a moment after a
+/// handle is dropped (a reopen in the same process, as at start-up, can race them). Another
+/// ipoold holds it for good: after LOCK_WAIT the error says so.
+pub(super) fn open_waiting(config: &sled::Config) -> sled::Result<sled::Db> {
+    let started = std::time::Instant::now();
+    loop {
+        match config.open() {
+            Err(sled::Error::Io(io)) if is_lock_error(&io) && started.elapsed() < LOCK_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn ip_key(network: &str, ip: &IpAddr) -> Vec<u8> {
@@ -78,6 +157,12 @@ impl SledStore {
     /// Opens (or creates) the database in `dir`. Refuses a store of a newer schema, or one it
     /// cannot read, naming the path.
     pub fn open(dir: &Path) -> Result<SledStore, StoreError> {
+        SledStore::open_with_log_capacity(dir, WAL_CAPACITY)
+    }
+
+    /// [`SledStore::open`] with log files of `wal_capacity` bytes (tests use small ones, to
+    /// switch files often).
+    pub fn open_with_log_capacity(dir: &Path, wal_capacity: u64) -> Result<SledStore, StoreError> {
         let path = dir.join("db");
         let open_err = |e: sled::Error| StoreError::Open {
             path: path.clone(),
@@ -92,8 +177,8 @@ impl SledStore {
             path: dir.to_path_buf(),
             msg: e.to_string(),
         })?;
-        // No background flusher: every durable write goes through our group commit (flush +
-        // fdatasync), so what a reply acknowledged never depends on a timer.
+        // No background flusher: what a reply acknowledged is in our log, and sled is flushed at
+        // checkpoints (module docs).
         let config = sled::Config::new()
             .path(&path)
             .flush_every_ms(None)
@@ -101,25 +186,15 @@ impl SledStore {
             // 20 MiB at 65 536 attachments. Everything is read once at start and then kept in
             // the engine; writes need only the pages they touch, which the OS caches anyway.
             .cache_capacity(1 << 20);
-        // The lock on sled's file is released when the last holder of the file lets go, and
-        // sled's I/O threads may still hold it for a moment after a handle is dropped (a
-        // reopen in the same process, as at start-up, can race them). Another ipoold holds it
-        // for good: after LOCK_WAIT the error says so.
-        let started = std::time::Instant::now();
-        let db = loop {
-            match config.open() {
-                Ok(db) => break db,
-                Err(sled::Error::Io(io)) if is_lock_error(&io) && started.elapsed() < LOCK_WAIT => {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                Err(e @ sled::Error::Corruption { .. }) => {
-                    return Err(StoreError::Corrupt {
-                        path: path.clone(),
-                        msg: e.to_string(),
-                    })
-                }
-                Err(other) => return Err(open_err(other)),
+        let db = match open_waiting(&config) {
+            Ok(db) => db,
+            Err(e @ sled::Error::Corruption { .. }) => {
+                return Err(StoreError::Corrupt {
+                    path: path.clone(),
+                    msg: e.to_string(),
+                })
             }
+            Err(other) => return Err(open_err(other)),
         };
         let tree = |name: &str| db.open_tree(name).map_err(open_err);
         let meta = tree("meta")?;
@@ -128,6 +203,15 @@ impl SledStore {
             path: path.join("db"),
             msg: e.to_string(),
         })?;
+        let wal_file = |i: usize| {
+            let p = dir.join(format!("wal-{i}"));
+            wal::open_file(&p, wal_capacity)
+                .map(|f| (f, p.clone()))
+                .map_err(|e| StoreError::Open {
+                    path: p,
+                    msg: e.to_string(),
+                })
+        };
         let store = SledStore {
             networks: tree("networks")?,
             attachments: tree("attachments")?,
@@ -135,17 +219,27 @@ impl SledStore {
             cursors: tree("cursors")?,
             reservations: tree("reservations")?,
             journal: tree("journal")?,
-            next_seq: AtomicU64::new(0),
-            writer: Mutex::new(()),
+            writer: Mutex::new(Writer {
+                pending: Vec::new(),
+                next_seq: 1,
+                active: 0,
+                offset: 0,
+            }),
+            flushing: Mutex::new(()),
+            wal: [wal_file(0)?, wal_file(1)?],
+            epoch: 0,
+            wal_capacity,
             meta: meta.clone(),
             data_file,
+            checkpoints: Default::default(),
+            checkpointer: None,
             db,
             path: path.clone(),
         };
         let write_version = || -> Result<(), StoreError> {
             meta.insert("schema_version", &SCHEMA_VERSION.to_be_bytes())
                 .map_err(open_err)?;
-            store.flush()
+            store.sync_sled()
         };
         match meta.get("schema_version").map_err(open_err)? {
             Some(v) => {
@@ -159,9 +253,9 @@ impl SledStore {
                     return Err(StoreError::NewerSchema { path, found });
                 }
                 if found < SCHEMA_VERSION {
-                    // 1 -> 2 -> 3 only add trees and meta keys; mark the store so an older
-                    // ipoold (which would not see reservations, or would not replay the
-                    // journal) refuses it.
+                    // 1 -> 2 -> 3 -> 4 only add trees, meta keys and the log files; mark the
+                    // store so an older ipoold (which would not see reservations, or would not
+                    // replay the journal or the log) refuses it.
                     write_version()?;
                 }
             }
@@ -185,23 +279,68 @@ impl SledStore {
             }
         }
         store.replay_journal()?;
+        let mut store = store;
+        store.replay_log()?;
+        store.checkpointer = Some(store.spawn_checkpointer()?);
         Ok(store)
     }
 
-    /// Finishes the change sets a crash interrupted (module docs), in order, then empties the
-    /// journal and flushes. Sets the next sequence number.
+    /// The thread that flushes sled when a checkpoint is recorded, so that no request waits for
+    /// it (a sled flush writes everything since the last one: milliseconds).
+    fn spawn_checkpointer(&self) -> Result<std::thread::JoinHandle<()>, StoreError> {
+        let db = self.db.clone();
+        let data_file = self.data_file.try_clone().map_err(|e| self.io(e))?;
+        let shared = self.checkpoints.clone();
+        let path = self.path.clone();
+        std::thread::Builder::new()
+            .name("ipool-checkpoint".into())
+            .spawn(move || {
+                let (m, cv) = &*shared;
+                loop {
+                    let target = {
+                        let mut c = lock(m);
+                        while (c.attempted >= c.recorded || c.paused) && !c.closing {
+                            c = cv.wait(c).unwrap_or_else(|p| p.into_inner());
+                        }
+                        if c.closing {
+                            return;
+                        }
+                        c.attempted = c.recorded;
+                        c.busy = true;
+                        c.recorded
+                    };
+                    let synced = db
+                        .flush()
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                        .and_then(|()| {
+                            data_file.sync_data().map_err(|e| format!("fdatasync: {e}"))
+                        });
+                    let mut c = lock(m);
+                    c.busy = false;
+                    cv.notify_all();
+                    match synced {
+                        Ok(()) => c.durable = c.durable.max(target),
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            path = %path.display(),
+                            "checkpoint: sled flush failed; retried when the log switches files"
+                        ),
+                    }
+                }
+            })
+            .map_err(|e| self.io(format!("starting the checkpoint thread: {e}")))
+    }
+
+    /// Finishes the change sets a crash interrupted in a schema-3 store (module docs), in
+    /// order, then empties the journal and flushes.
     fn replay_journal(&self) -> Result<(), StoreError> {
         let mut replayed = 0usize;
-        let mut next = 0u64;
         for kv in self.journal.iter() {
             let (k, v) = kv.map_err(|e| self.io(e))?;
-            let seq = <[u8; 8]>::try_from(k.as_ref())
-                .map(u64::from_be_bytes)
-                .map_err(|_| self.corrupt("journal key", &k, "not an 8-byte number"))?;
             let ops = decode_entry(&v).map_err(|e| self.corrupt("journal entry", &k, e))?;
             self.materialize(&ops)?;
             self.journal.remove(&k).map_err(|e| self.io(e))?;
-            next = seq + 1;
             replayed += 1;
         }
         if replayed > 0 {
@@ -210,9 +349,168 @@ impl SledStore {
                 path = %self.path.display(),
                 "finished change sets interrupted by a crash"
             );
-            self.flush()?;
+            self.sync_sled()?;
         }
-        self.next_seq.store(next, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn meta_u64(&self, key: &str) -> Result<u64, StoreError> {
+        match self.meta.get(key).map_err(|e| self.io(e))? {
+            None => Ok(0),
+            Some(v) => <[u8; 8]>::try_from(v.as_ref())
+                .map(u64::from_be_bytes)
+                .map_err(|_| self.corrupt("meta", key.as_bytes(), "not an 8-byte number")),
+        }
+    }
+
+    /// Replays the log records sled may lack (module docs), then records a checkpoint after
+    /// them and a new epoch for this handle's records, and flushes sled.
+    fn replay_log(&mut self) -> Result<(), StoreError> {
+        let epoch = self.meta_u64(WAL_EPOCH)?;
+        let checkpoint = self.meta_u64(WAL_CHECKPOINT)?;
+        let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (file, path) in &self.wal {
+            wal::read_run(file, epoch, &mut |seq, payload| {
+                if seq > checkpoint {
+                    records.push((seq, payload));
+                }
+            })
+            .map_err(|e| StoreError::Io {
+                path: path.clone(),
+                msg: format!("reading the write-ahead log: {e}"),
+            })?;
+        }
+        records.sort_unstable_by_key(|r| r.0);
+        // What follows the checkpoint must be every change set after it, none missing: a hole
+        // means acknowledged writes are gone, and starting would hand their addresses out again.
+        for (i, (seq, _)) in records.iter().enumerate() {
+            if *seq != checkpoint + 1 + i as u64 {
+                return Err(StoreError::Corrupt {
+                    path: self.wal[0].1.with_file_name("wal-*"),
+                    msg: format!(
+                        "the write-ahead log continues checkpoint {checkpoint} with change set \
+                         {seq} where {} was expected",
+                        checkpoint + 1 + i as u64
+                    ),
+                });
+            }
+        }
+        let last = records.last().map_or(checkpoint, |r| r.0);
+        for (seq, payload) in &records {
+            let ops = decode_entry(payload).map_err(|e| StoreError::Corrupt {
+                path: self.wal[0].1.with_file_name("wal-*"),
+                msg: format!("log record {seq}: {e}"),
+            })?;
+            self.materialize(&ops)?;
+        }
+        if !records.is_empty() {
+            tracing::warn!(
+                change_sets = records.len(),
+                path = %self.path.display(),
+                "replayed change sets from the write-ahead log that sled had not made durable"
+            );
+        }
+        self.meta
+            .insert(WAL_CHECKPOINT, &last.to_be_bytes())
+            .map_err(|e| self.io(e))?;
+        self.epoch = epoch + 1;
+        self.meta
+            .insert(WAL_EPOCH, &self.epoch.to_be_bytes())
+            .map_err(|e| self.io(e))?;
+        self.sync_sled()?;
+        let w = self.writer.get_mut().unwrap_or_else(|p| p.into_inner());
+        w.next_seq = last + 1;
+        Ok(())
+    }
+
+    /// Holds the checkpoint thread back (or lets it go), and waits until it is not flushing.
+    #[cfg(test)]
+    pub(super) fn pause_checkpoints(&self, paused: bool) {
+        let (m, cv) = &*self.checkpoints;
+        let mut c = lock(m);
+        c.paused = paused;
+        cv.notify_all();
+        while c.busy || (!paused && c.attempted < c.recorded) {
+            c = cv.wait(c).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Where the next log record goes in the active file.
+    #[cfg(test)]
+    pub(super) fn log_offset(&self) -> u64 {
+        self.lock_writer().offset
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, Writer> {
+        lock(&self.writer)
+    }
+
+    /// Flushes sled and syncs its data file: everything in its trees is durable.
+    fn sync_sled(&self) -> Result<(), StoreError> {
+        self.db.flush().map_err(|e| self.io(e))?;
+        self.data_file
+            .sync_data()
+            .map_err(|e| self.io(format!("fdatasync: {e}")))
+    }
+
+    /// Records a checkpoint at the newest change set in sled's `meta` tree (module docs).
+    fn record_checkpoint(&self, w: &Writer) -> Result<(), StoreError> {
+        let newest = w.next_seq - 1;
+        self.meta
+            .insert(WAL_CHECKPOINT, &newest.to_be_bytes())
+            .map_err(|e| self.io(e))
+            .map(|_| ())
+    }
+
+    /// Moves the log to its other file, recording a checkpoint that the checkpoint thread makes
+    /// durable. The other file holds the records from before the last switch: it is written
+    /// only once the checkpoint recorded then is durable (normally long since; if not, sled is
+    /// flushed here).
+    fn switch_files(&self) -> Result<(), StoreError> {
+        let (m, cv) = &*self.checkpoints;
+        let previous = lock(m).recorded;
+        if lock(m).durable < previous {
+            self.sync_sled()?;
+            let mut c = lock(m);
+            c.durable = c.durable.max(previous);
+        }
+        {
+            let mut w = self.lock_writer();
+            self.record_checkpoint(&w)?;
+            w.active ^= 1;
+            w.offset = 0;
+        }
+        lock(m).recorded += 1;
+        cv.notify_one();
+        Ok(())
+    }
+
+    /// Writes the pending log records to the active file and syncs it.
+    fn write_log(&self) -> Result<(), StoreError> {
+        let (records, file, at) = {
+            let mut w = self.lock_writer();
+            if w.pending.is_empty() {
+                return Ok(());
+            }
+            let records = std::mem::take(&mut w.pending);
+            let at = w.offset;
+            w.offset += records.len() as u64;
+            (records, w.active, at)
+        };
+        let (f, path) = &self.wal[file];
+        if let Err(e) = f.write_all_at(&records, at).and_then(|()| f.sync_data()) {
+            // Put the records back, in front of any applied meanwhile, to be written again at
+            // the same place: a hole in the log would end its run there.
+            let mut w = self.lock_writer();
+            let mut back = records;
+            back.append(&mut w.pending);
+            w.pending = back;
+            w.offset = at;
+            return Err(StoreError::Io {
+                path: path.clone(),
+                msg: format!("writing the write-ahead log: {e}"),
+            });
+        }
         Ok(())
     }
 
@@ -397,21 +695,48 @@ impl Store for SledStore {
             return Ok(());
         }
         let entry = encode_entry(&ops);
-        let _one_writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let key = self.next_seq.fetch_add(1, Ordering::SeqCst).to_be_bytes();
-        self.journal.insert(key, entry).map_err(|e| self.io(e))?;
-        // If a step below fails, sled itself is failing (its log cannot be written); the
-        // entry stays, and the next start finishes the change set.
-        self.materialize(&ops)?;
-        self.journal.remove(key).map_err(|e| self.io(e))?;
-        Ok(())
+        let mut w = self.lock_writer();
+        let seq = w.next_seq;
+        w.next_seq += 1;
+        wal::encode_record(&mut w.pending, self.epoch, seq, &entry);
+        // If this fails, sled itself is failing (its log cannot be written); the record is in
+        // the log's queue, and the next start finishes the change set.
+        self.materialize(&ops)
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush().map_err(|e| self.io(e))?;
-        self.data_file
-            .sync_data()
-            .map_err(|e| self.io(format!("fdatasync: {e}")))
+        let _one = lock(&self.flushing);
+        self.write_log()?;
+        if self.lock_writer().offset >= self.wal_capacity {
+            // What this flush wrote is durable in the log already. If the switch fails, the log
+            // stays in this file (it grows) and the next flush tries again.
+            if let Err(e) = self.switch_files() {
+                tracing::warn!(error = %e, "switching write-ahead log files failed; retried at the next flush");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SledStore {
+    /// Stops the checkpoint thread. A clean close leaves nothing to replay: a checkpoint at the
+    /// newest change set, made durable here.
+    fn drop(&mut self) {
+        {
+            let (m, cv) = &*self.checkpoints;
+            lock(m).closing = true;
+            cv.notify_all();
+        }
+        if let Some(t) = self.checkpointer.take() {
+            let _ = t.join();
+        }
+        let _one = lock(&self.flushing);
+        let closed = self
+            .record_checkpoint(&self.lock_writer())
+            .and_then(|()| self.sync_sled());
+        if let Err(e) = closed {
+            tracing::warn!(error = %e, path = %self.path.display(), "closing the store: checkpoint failed; the next start replays the log");
+        }
     }
 }
 
@@ -484,11 +809,12 @@ mod journal_tests {
     use proptest::prelude::*;
 
     fn raw(dir: &Path) -> sled::Db {
-        sled::Config::new()
-            .path(dir.join("db"))
-            .flush_every_ms(None)
-            .open()
-            .expect("raw open")
+        open_waiting(
+            &sled::Config::new()
+                .path(dir.join("db"))
+                .flush_every_ms(None),
+        )
+        .expect("raw open")
     }
 
     fn record(container: &str, ip: &str) -> AttachmentRecord {
@@ -595,8 +921,6 @@ mod journal_tests {
         assert_eq!(containers, ["c1"]);
         assert!(snap.idle.is_empty(), "{:?}", snap.idle);
         assert!(s.journal.is_empty());
-        // New entries continue after the replayed one.
-        assert_eq!(s.next_seq.load(Ordering::SeqCst), 42);
     }
 
     #[test]
