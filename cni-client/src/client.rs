@@ -1,13 +1,13 @@
-//! The one gRPC call to ipoold over its Unix socket, bounded by a deadline: a daemon that is
-//! absent or does not answer is CNI error 11 (try again later), never a hang.
+//! The one gRPC call to ipoold over its Unix socket ([`crate::grpc`]), bounded by a deadline: a
+//! daemon that is absent or does not answer is CNI error 11 (try again later), never a hang.
 
-use std::future::Future;
+use std::path::Path;
+use std::time::Instant;
 
 use ipool_proto::v1 as pb;
-use pb::cni_client::CniClient;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::error::CniError;
+use crate::grpc::{self, CallError};
 use crate::invocation::{Call, Command};
 use crate::result::{add_result, dns_from_resolv_conf, version_result};
 
@@ -16,12 +16,7 @@ pub fn execute(call: &Call) -> Result<String, CniError> {
     if call.command == Command::Version {
         return Ok(version_result(&call.version));
     }
-    // One thread is enough for one call, and starts fastest.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CniError::Daemon(format!("cannot start the async runtime: {e}")))?;
-    let out = rt.block_on(within_deadline(call, rpc(call)));
+    let out = rpc(call, Instant::now() + call.timeout);
     if call.command == Command::Status {
         // STATUS reports every failure, the daemon's absence included, as "cannot serve ADD".
         return out.map_err(|e| match e {
@@ -43,38 +38,53 @@ fn result_dns(call: &Call) -> Result<serde_json::Value, CniError> {
     Ok(call.dns.clone().unwrap_or_else(|| serde_json::json!({})))
 }
 
-async fn within_deadline<F>(call: &Call, f: F) -> Result<String, CniError>
+/// Calls `Cni/<method>` on ipoold; every way it can fail becomes its CNI error here.
+fn invoke<Req, Resp>(
+    call: &Call,
+    method: &str,
+    request: &Req,
+    deadline: Instant,
+) -> Result<Resp, CniError>
 where
-    F: Future<Output = Result<String, CniError>>,
+    Req: prost::Message,
+    Resp: prost::Message + Default,
 {
-    match tokio::time::timeout(call.timeout, f).await {
-        Ok(r) => r,
-        Err(_) => Err(CniError::TryAgainLater(format!(
+    let path = format!("/ipool.v1.Cni/{method}");
+    let reply = grpc::unary(
+        Path::new(&call.socket),
+        &path,
+        &request.encode_to_vec(),
+        deadline,
+    )
+    .map_err(|e| call_error(call, e))?;
+    if reply.code != 0 {
+        return Err(CniError::from_grpc(reply.code, reply.message));
+    }
+    Resp::decode(reply.body.as_slice())
+        .map_err(|e| CniError::Daemon(format!("cannot decode ipoold's {method} reply: {e}")))
+}
+
+/// A call that got no gRPC status: the daemon is absent, slow, or the connection broke.
+fn call_error(call: &Call, e: CallError) -> CniError {
+    match e {
+        CallError::Connect(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            CniError::InvalidConfig(format!("ipam.socket {:?} is not usable: {e}", call.socket))
+        }
+        CallError::Connect(e) => CniError::TryAgainLater(format!(
+            "cannot reach ipoold at {}: {e} (is the ipool daemon running on this node?)",
+            call.socket
+        )),
+        CallError::Deadline => CniError::TryAgainLater(format!(
             "ipoold at {} did not answer within {} ms (set ipam.timeoutMs to wait longer)",
             call.socket,
             call.timeout.as_millis()
-        ))),
+        )),
+        // The outcome is unknown and repeating the call is safe (ADD is idempotent, DEL
+        // permissive), so: try again later.
+        CallError::Broken(why) => CniError::TryAgainLater(format!(
+            "the connection to ipoold broke during the call ({why}); it may or may not have taken effect, and repeating it is safe"
+        )),
     }
-}
-
-async fn connect(call: &Call) -> Result<CniClient<Channel>, CniError> {
-    let endpoint = Endpoint::from_shared(format!("unix://{}", call.socket)).map_err(|e| {
-        CniError::InvalidConfig(format!("ipam.socket {:?} is not usable: {e}", call.socket))
-    })?;
-    let channel = endpoint
-        .connect_timeout(call.timeout)
-        .connect()
-        .await
-        .map_err(|e| {
-            let cause = std::error::Error::source(&e)
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| e.to_string());
-            CniError::TryAgainLater(format!(
-                "cannot reach ipoold at {}: {cause} (is the ipool daemon running on this node?)",
-                call.socket
-            ))
-        })?;
-    Ok(CniClient::new(channel))
 }
 
 fn key(call: &Call) -> Option<pb::AttachmentKey> {
@@ -85,18 +95,18 @@ fn key(call: &Call) -> Option<pb::AttachmentKey> {
     })
 }
 
-async fn rpc(call: &Call) -> Result<String, CniError> {
+fn rpc(call: &Call, deadline: Instant) -> Result<String, CniError> {
     // Read the local dns source first: a bad resolvConf must not leave an allocation behind.
     let dns = match call.command {
         Command::Add => result_dns(call)?,
         _ => serde_json::Value::Null,
     };
-    let mut client = connect(call).await?;
-    let status = |s: tonic::Status| CniError::from_status(&s);
     match call.command {
         Command::Add => {
-            let reply = client
-                .add(pb::AddRequest {
+            let reply: pb::AddResponse = invoke(
+                call,
+                "Add",
+                &pb::AddRequest {
                     key: key(call),
                     pod: Some(pb::PodIdentity {
                         namespace: call.pod.namespace.clone(),
@@ -106,35 +116,41 @@ async fn rpc(call: &Call) -> Result<String, CniError> {
                     ipam_json: call.ipam_json.clone(),
                     netns: call.netns.clone(),
                     requested_ips: call.requested_ips.clone(),
-                })
-                .await
-                .map_err(status)?;
-            Ok(add_result(&call.version, reply.get_ref(), &dns))
+                },
+                deadline,
+            )?;
+            Ok(add_result(&call.version, &reply, &dns))
         }
         Command::Del => {
-            client
-                .del(pb::DelRequest {
+            let _: pb::DelResponse = invoke(
+                call,
+                "Del",
+                &pb::DelRequest {
                     key: key(call),
                     ipam_json: call.ipam_json.clone(),
-                })
-                .await
-                .map_err(status)?;
+                },
+                deadline,
+            )?;
             Ok(String::new())
         }
         Command::Check => {
-            client
-                .check(pb::CheckRequest {
+            let _: pb::CheckResponse = invoke(
+                call,
+                "Check",
+                &pb::CheckRequest {
                     key: key(call),
                     ipam_json: call.ipam_json.clone(),
                     addresses: call.prev_addresses.clone(),
-                })
-                .await
-                .map_err(status)?;
+                },
+                deadline,
+            )?;
             Ok(String::new())
         }
         Command::Gc => {
-            client
-                .gc(pb::GcRequest {
+            let _: pb::GcResponse = invoke(
+                call,
+                "Gc",
+                &pb::GcRequest {
                     network: call.network.clone(),
                     valid: call
                         .valid_attachments
@@ -144,20 +160,21 @@ async fn rpc(call: &Call) -> Result<String, CniError> {
                             ifname: i.clone(),
                         })
                         .collect(),
-                })
-                .await
-                .map_err(status)?;
+                },
+                deadline,
+            )?;
             Ok(String::new())
         }
         Command::Status => {
-            let r = client
-                .status(pb::StatusRequest {
+            let r: pb::StatusResponse = invoke(
+                call,
+                "Status",
+                &pb::StatusRequest {
                     network: call.network.clone(),
                     ipam_json: call.ipam_json.clone(),
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
+                },
+                deadline,
+            )?;
             if r.available {
                 Ok(String::new())
             } else {

@@ -7,11 +7,15 @@
 //! - [`error`]: the CNI error (one enum, an exhaustive `code()`) and the gRPC -> CNI mapping.
 //! - [`invocation`]: env and stdin parsing and validation, into a [`invocation::Call`]. Pure.
 //! - [`result`]: CNI result JSON in the requested version's format.
-//! - [`client`]: the gRPC call over the daemon's Unix socket, with a deadline.
+//! - [`client`]: the call to the daemon for each CNI verb, with a deadline, and the mapping of
+//!   calls that got no gRPC status.
+//! - [`grpc`]: one unary gRPC call over HTTP/2 on a Unix socket, blocking (no async runtime:
+//!   the plugin makes one call and exits).
 #![forbid(unsafe_code)]
 
 pub mod client;
 pub mod error;
+pub mod grpc;
 pub mod invocation;
 pub mod result;
 

@@ -117,6 +117,30 @@ fn gc_releases_unlisted_attachments() {
     assert!(cni("CHECK", "b", &with_prev(&conf, &adds[1].json)).ok);
 }
 
+/// A runtime with thousands of containers sends a GC list far over HTTP/2's initial 64 KiB
+/// window: the plugin waits for the daemon's window updates, in 16 KiB frames.
+#[test]
+fn a_gc_list_bigger_than_the_initial_window() {
+    let d = Daemon::start();
+    let conf = d.conf("1.1.0", "gcbig", r#""subnet":"10.71.0.0/24""#);
+    let a = cni("ADD", "a", &conf);
+    let b = cni("ADD", "b", &conf);
+    assert!(a.ok && b.ok, "{a:?} {b:?}");
+    let mut valid: Vec<Value> = (0..3000)
+        .map(|i| json!({"containerID": format!("{i:064x}"), "ifname": "eth0"}))
+        .collect();
+    valid.push(json!({"containerID": "b", "ifname": "eth0"}));
+    let gc_conf = set(&conf, "cni.dev/valid-attachments", Value::Array(valid));
+    assert!(gc_conf.len() > 200_000, "{}", gc_conf.len());
+    let gc = plugin(
+        &[("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
+        &gc_conf,
+    );
+    assert!(gc.ok, "{gc:?}");
+    assert_eq!(cni("CHECK", "a", &with_prev(&conf, &a.json)).code(), 3);
+    assert!(cni("CHECK", "b", &with_prev(&conf, &b.json)).ok);
+}
+
 #[test]
 fn status_is_50_with_the_reason() {
     let d = Daemon::start();
