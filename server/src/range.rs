@@ -9,7 +9,7 @@
 //! A range set (one per address family) is a list of non-overlapping ranges walked in order;
 //! allocation continues after the last address handed out and wraps around, as host-local does.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -234,12 +234,13 @@ pub fn parse_set(specs: &[RangeSpec]) -> Result<Vec<Range>, RangeError> {
 
 /// The addresses of one range set, and which of them are handed out.
 ///
-/// `taken` is sparse (a B-tree of integers), so a /64 costs no more than a /24; the cursor makes
-/// allocation continue after the last address handed out, like host-local's `last_reserved_ip`.
+/// `taken` is a bitmap kept in chunks only where something is taken ([`Taken`]), so a /64 costs
+/// no more than a /24; the cursor makes allocation continue after the last address handed out,
+/// like host-local's `last_reserved_ip`.
 #[derive(Clone, Debug)]
 pub struct RangeAllocator {
     ranges: Vec<Range>,
-    taken: BTreeSet<u128>,
+    taken: Taken,
     /// The last address handed out by `allocate_next`; the next search starts after it.
     cursor: Option<IpAddr>,
     size: u128,
@@ -250,7 +251,7 @@ impl RangeAllocator {
         let size = ranges.iter().map(Range::size).sum();
         RangeAllocator {
             ranges,
-            taken: BTreeSet::new(),
+            taken: Taken::default(),
             cursor: None,
             size,
         }
@@ -269,7 +270,7 @@ impl RangeAllocator {
     }
 
     pub fn free(&self) -> u128 {
-        self.size - self.taken.len() as u128
+        self.size - self.taken.len()
     }
 
     pub fn cursor(&self) -> Option<IpAddr> {
@@ -293,7 +294,7 @@ impl RangeAllocator {
     }
 
     pub fn is_taken(&self, ip: IpAddr) -> bool {
-        self.taken.contains(&to_u128(ip))
+        self.taken.contains(to_u128(ip))
     }
 
     /// Hands out the next free address after the cursor, wrapping around the set.
@@ -337,17 +338,7 @@ impl RangeAllocator {
     }
 
     fn first_free(&self, r: &Range, from: u128, to: u128) -> Option<u128> {
-        let mut v = from;
-        let mut taken = self.taken.range(from..=to).peekable();
-        while v <= to {
-            if taken.peek() == Some(&&v) {
-                taken.next();
-            } else if !r.excluded(v) {
-                return Some(v);
-            }
-            v = v.checked_add(1)?;
-        }
-        None
+        self.taken.first_free(from, to, |v| !r.excluded(v))
     }
 
     /// Marks a given address as handed out (static request, or rebuilding after a restart).
@@ -363,7 +354,82 @@ impl RangeAllocator {
 
     /// Returns an address to the free set. False if it was not handed out.
     pub fn release(&mut self, ip: IpAddr) -> bool {
-        self.taken.remove(&to_u128(ip))
+        self.taken.remove(to_u128(ip))
+    }
+}
+
+/// Addresses (as integers) handed out: a bitmap in chunks of 512, each kept only while
+/// something in it is taken. 65 536 addresses in use cost 128 chunks (about 12 KiB); a B-tree
+/// of integers cost about 1.5 MiB.
+#[derive(Clone, Debug, Default)]
+struct Taken {
+    chunks: BTreeMap<u128, Box<[u64; 8]>>,
+    len: u128,
+}
+
+impl Taken {
+    /// (chunk, word in the chunk, bit in the word)
+    fn place(v: u128) -> (u128, usize, u64) {
+        (v >> 9, ((v >> 6) & 7) as usize, 1u64 << (v & 63))
+    }
+
+    fn len(&self) -> u128 {
+        self.len
+    }
+
+    fn contains(&self, v: u128) -> bool {
+        let (c, w, bit) = Taken::place(v);
+        self.chunks.get(&c).is_some_and(|words| words[w] & bit != 0)
+    }
+
+    /// False if it was taken already.
+    fn insert(&mut self, v: u128) -> bool {
+        let (c, w, bit) = Taken::place(v);
+        let words = self.chunks.entry(c).or_insert_with(|| Box::new([0; 8]));
+        if words[w] & bit != 0 {
+            return false;
+        }
+        words[w] |= bit;
+        self.len += 1;
+        true
+    }
+
+    /// False if it was not taken.
+    fn remove(&mut self, v: u128) -> bool {
+        let (c, w, bit) = Taken::place(v);
+        let Some(words) = self.chunks.get_mut(&c) else {
+            return false;
+        };
+        if words[w] & bit == 0 {
+            return false;
+        }
+        words[w] &= !bit;
+        self.len -= 1;
+        if words.iter().all(|x| *x == 0) {
+            self.chunks.remove(&c);
+        }
+        true
+    }
+
+    /// The first address in `from..=to` that is not taken and that `ok` accepts. Full chunks
+    /// are skipped whole; chunks with nothing taken are not stored, so a sparse /64 is walked
+    /// only as far as `ok` needs.
+    fn first_free(&self, from: u128, to: u128, ok: impl Fn(u128) -> bool) -> Option<u128> {
+        let mut v = from;
+        while v <= to {
+            let (c, w, bit) = Taken::place(v);
+            match self.chunks.get(&c) {
+                Some(words) if words.iter().all(|x| *x == u64::MAX) => {
+                    v = (c + 1).checked_mul(512)?;
+                    continue;
+                }
+                Some(words) if words[w] & bit != 0 => {}
+                _ if ok(v) => return Some(v),
+                _ => {}
+            }
+            v = v.checked_add(1)?;
+        }
+        None
     }
 }
 

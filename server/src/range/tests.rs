@@ -1,5 +1,6 @@
 use super::*;
 use proptest::prelude::*;
+use std::collections::BTreeSet;
 
 fn spec(subnet: &str) -> RangeSpec {
     RangeSpec {
@@ -223,5 +224,45 @@ proptest! {
             }
             prop_assert_eq!(a.free(), a.size() - held.len() as u128);
         }
+    }
+}
+
+proptest! {
+    /// The chunked bitmap answers like a plain set: membership, counts, and the first free
+    /// address of any span (across chunk boundaries, with full chunks, and up to u128::MAX).
+    #[test]
+    fn taken_is_a_set(
+        ops in proptest::collection::vec((0u8..3, 0u128..2100), 1..400),
+        spans in proptest::collection::vec((0u128..2100, 0u128..2100, 0u128..5), 1..20),
+        high in proptest::collection::vec(0u128..600, 0..40),
+    ) {
+        let mut t = Taken::default();
+        let mut model = BTreeSet::new();
+        // A full chunk (512..1024) so that it is skipped whole.
+        for v in 512..1024u128 {
+            t.insert(v);
+            model.insert(v);
+        }
+        for (op, v) in ops {
+            match op {
+                0 => prop_assert_eq!(t.insert(v), model.insert(v)),
+                1 => prop_assert_eq!(t.remove(v), model.remove(&v)),
+                _ => prop_assert_eq!(t.contains(v), model.contains(&v)),
+            }
+            prop_assert_eq!(t.len(), model.len() as u128);
+        }
+        for (a, b, m) in spans {
+            let (from, to) = (a.min(b), a.max(b));
+            // `ok` rejects multiples of m (when m > 1), like excluded addresses.
+            let ok = |v: u128| m < 2 || !v.is_multiple_of(m);
+            let want = (from..=to).find(|v| !model.contains(v) && ok(*v));
+            prop_assert_eq!(t.first_free(from, to, ok), want);
+        }
+        // The top of the address space: no overflow.
+        for d in high {
+            t.insert(u128::MAX - d);
+        }
+        let top = t.first_free(u128::MAX - 700, u128::MAX, |_| true);
+        prop_assert!(top.is_none_or(|v| !t.contains(v)));
     }
 }
