@@ -133,6 +133,13 @@ fn is_lock_error(io: &std::io::Error) -> bool {
     io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("could not acquire lock")
 }
 
+/// Flushes sled and syncs its data file (sled's flush ends in `sync_file_range`, which does not
+/// survive a power loss): everything in its trees is durable.
+fn sync_sled(db: &sled::Db, data_file: &std::fs::File) -> Result<(), String> {
+    db.flush().map_err(|e| e.to_string())?;
+    data_file.sync_data().map_err(|e| format!("fdatasync: {e}"))
+}
+
 /// Opens sled, waiting up to [`LOCK_WAIT`] for its file lock. The lock is released when the last
 /// holder of the file lets go, and sled's I/O threads may still hold it for a moment after a
 /// handle is dropped (a reopen in the same process, as at start-up, can race them). Another
@@ -309,13 +316,7 @@ impl SledStore {
                         c.busy = true;
                         c.recorded
                     };
-                    let synced = db
-                        .flush()
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                        .and_then(|()| {
-                            data_file.sync_data().map_err(|e| format!("fdatasync: {e}"))
-                        });
+                    let synced = sync_sled(&db, &data_file);
                     let mut c = lock(m);
                     c.busy = false;
                     cv.notify_all();
@@ -447,10 +448,7 @@ impl SledStore {
 
     /// Flushes sled and syncs its data file: everything in its trees is durable.
     fn sync_sled(&self) -> Result<(), StoreError> {
-        self.db.flush().map_err(|e| self.io(e))?;
-        self.data_file
-            .sync_data()
-            .map_err(|e| self.io(format!("fdatasync: {e}")))
+        sync_sled(&self.db, &self.data_file).map_err(|e| self.io(e))
     }
 
     /// Records a checkpoint at the newest change set in sled's `meta` tree (module docs).
@@ -468,8 +466,11 @@ impl SledStore {
     /// flushed here).
     fn switch_files(&self) -> Result<(), StoreError> {
         let (m, cv) = &*self.checkpoints;
-        let previous = lock(m).recorded;
-        if lock(m).durable < previous {
+        let (previous, durable) = {
+            let c = lock(m);
+            (c.recorded, c.durable)
+        };
+        if durable < previous {
             self.sync_sled()?;
             let mut c = lock(m);
             c.durable = c.durable.max(previous);

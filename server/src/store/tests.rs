@@ -257,6 +257,23 @@ fn crash_copy(from: &Path, to: &Path) {
     }
 }
 
+/// What a store holds after `change_sets`, in canonical order (the model: a MemStore).
+fn model_of(change_sets: &[&[Change]]) -> Snapshot {
+    let m = MemStore::new();
+    for c in change_sets {
+        m.apply(c).expect("apply");
+    }
+    canonical(m.load().expect("load"))
+}
+
+/// A log file of a crash copy, opened to damage it.
+fn open_log(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open the log file")
+}
+
 /// A snapshot in a canonical order, to compare stores that list things differently.
 fn canonical(mut s: Snapshot) -> Snapshot {
     s.networks.sort_by(|a, b| a.name.cmp(&b.name));
@@ -371,11 +388,7 @@ fn the_log_carries_writes_sled_has_not_flushed() {
     let crashed = SledStore::open(&root.path().join("crashed")).expect("open the copy");
     assert_eq!(
         canonical(crashed.load().expect("load")),
-        canonical({
-            let m = MemStore::new();
-            m.apply(&sample()).expect("apply");
-            m.load().expect("load")
-        })
+        model_of(&[&sample()])
     );
     let later = SledStore::open(&root.path().join("crashed-later")).expect("open the copy");
     assert_eq!(
@@ -411,20 +424,12 @@ fn a_torn_record_is_left_out_whole() {
     let crashed = root.path().join("crashed");
     crash_copy(&live, &crashed);
     // Tear the second record: its last byte never reached the disk.
-    let wal = std::fs::OpenOptions::new()
-        .write(true)
-        .open(crashed.join("wal-0"))
-        .expect("open wal-0");
+    let wal = open_log(&crashed.join("wal-0"));
     let end_of_second = s.log_offset();
     std::os::unix::fs::FileExt::write_all_at(&wal, &[0xff], end_of_second - 1).expect("tear");
     assert!(end_of_second > end_of_first);
     let opened = SledStore::open(&crashed).expect("open the copy");
-    let m = MemStore::new();
-    m.apply(&first).expect("apply");
-    assert_eq!(
-        canonical(opened.load().expect("load")),
-        canonical(m.load().expect("load"))
-    );
+    assert_eq!(canonical(opened.load().expect("load")), model_of(&[&first]));
 }
 
 /// A log that skips change sets after the checkpoint (acknowledged writes lost) stops the start,
@@ -441,10 +446,7 @@ fn a_hole_in_the_log_is_refused() {
     let crashed = root.path().join("crashed");
     crash_copy(&live, &crashed);
     // Zero the first record's header: records 2 and 3 follow a checkpoint at 0 without 1.
-    let wal = std::fs::OpenOptions::new()
-        .write(true)
-        .open(crashed.join("wal-0"))
-        .expect("open wal-0");
+    let wal = open_log(&crashed.join("wal-0"));
     std::os::unix::fs::FileExt::write_all_at(&wal, &[0u8; 24], 0).expect("zero");
     // The run of wal-0 now ends at once; move records 2 and 3 into wal-1 as the other run.
     let bytes = std::fs::read(live.join("wal-0")).expect("read");
