@@ -1147,6 +1147,8 @@ fn assert_sane_call(env: &HashMap<String, String>, call: &Call) {
         Some("DEL") => Command::Del,
         Some("CHECK") => Command::Check,
         Some("VERSION") => Command::Version,
+        Some("GC") => Command::Gc,
+        Some("STATUS") => Command::Status,
         other => panic!("parse accepted CNI_COMMAND {other:?}"),
     };
     assert_eq!(call.command, expected);
@@ -1154,6 +1156,23 @@ fn assert_sane_call(env: &HashMap<String, String>, call: &Call) {
         return;
     }
     assert!(SUPPORTED_VERSIONS.contains(&call.version.as_str()));
+    if matches!(call.command, Command::Gc | Command::Status) {
+        // Network-wide: from cniVersion 1.1.0 on, no container, netns or ifname.
+        let v: Vec<u32> = call
+            .version
+            .split('.')
+            .map(|p| p.parse().expect("a supported version is numeric"))
+            .collect();
+        assert!(
+            v >= vec![1, 1, 0],
+            "{:?} accepted at {}",
+            call.command,
+            call.version
+        );
+        assert!(check_name("net", &call.network).is_ok());
+        assert!(!call.socket.is_empty());
+        return;
+    }
     assert!(check_name("id", &call.container_id).is_ok());
     assert!(check_name("net", &call.network).is_ok());
     assert!(check_ifname(&call.ifname).is_ok());
