@@ -182,12 +182,14 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             None
         }
     };
-    let store = SledStore::open(&args.state_dir)?;
-    tracing::info!(path = %store.path().display(), boot_id = boot_id.as_deref().unwrap_or("unknown"), "store open");
-    // Read through this handle, serve through a fresh one (see Ipam::open_with).
+    // Read through one handle, serve through a fresh one (see Ipam::open_with).
     let state_dir = args.state_dir.clone();
     let ipam = Ipam::open_with(
-        Arc::new(store),
+        || {
+            let store = SledStore::open(&args.state_dir)?;
+            tracing::info!(path = %store.path().display(), boot_id = boot_id.as_deref().unwrap_or("unknown"), "store open");
+            Ok(Arc::new(store))
+        },
         move || Ok(Arc::new(SledStore::open(&state_dir)?)),
         Arc::new(SystemClock),
         &config,

@@ -546,6 +546,62 @@ async fn a_failed_add_declares_no_network() {
     assert_eq!(rig.store.load().expect("load").networks.len(), 1);
 }
 
+/// Recovery reads the store on a thread of its own and hands the attachments over in batches:
+/// every one comes back with its addresses, across full batches and a partial last one.
+#[tokio::test]
+async fn recovery_brings_back_every_attachment_across_load_batches() {
+    // The source's token bucket out of the way: this is about recovery, not the rate policy.
+    let rig = Rig::new("[defaults]\nsource_rate = 1e9\nsource_burst = 1000000000\n");
+    let json = r#"{"subnet":"10.2.0.0/20"}"#;
+    let n = 2 * super::recover::LOAD_BATCH + 17;
+    let mut held = std::collections::BTreeMap::new();
+    for i in 0..n {
+        let cid = format!("c{i}");
+        let r = rig.ipam.add(req("big", &cid, json)).await.expect("add");
+        held.insert(cid, ips(&r));
+    }
+    let again = rig.reopen().expect("reopen");
+    let back = again.attachments(None);
+    assert_eq!(back.len(), n);
+    for a in &back {
+        assert_eq!(held.get(&a.key.container_id), Some(&a.addresses), "{a:?}");
+    }
+    // The pool knows them too: the next Add gets an address none of them holds.
+    let next = ips(&again.add(req("big", "new", json)).await.expect("add"));
+    assert!(
+        held.values().all(|v| v != &next),
+        "{next:?} was handed out twice"
+    );
+}
+
+/// A store that cannot be opened fails recovery with the store's own error, and the serving
+/// handle is never opened.
+#[test]
+fn recovery_reports_the_loaders_error() {
+    let config = DaemonConfig::parse("").expect("config");
+    let served = std::sync::atomic::AtomicBool::new(false);
+    let e = Ipam::open_with(
+        || {
+            Err(crate::store::StoreError::Open {
+                path: "/state/db".into(),
+                msg: "it is locked by another process".into(),
+            })
+        },
+        || {
+            served.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(Arc::new(MemStore::new()))
+        },
+        Arc::new(ManualClock::new(T0)),
+        &config,
+        None,
+    )
+    .map(|_| ())
+    .expect_err("the loader failed");
+    assert!(matches!(e, Error::Store(_)), "{e}");
+    assert!(e.to_string().contains("locked by another process"), "{e}");
+    assert!(!served.load(std::sync::atomic::Ordering::SeqCst));
+}
+
 mod lifecycle;
 
 /// ipoold's start-up: read through one sled handle, serve through a second one opened after the
@@ -563,10 +619,10 @@ async fn open_with_reads_through_one_handle_and_serves_through_another() {
             ipam.add(req("n", c, V4)).await.expect("add");
         }
     }
-    let reader = Arc::new(SledStore::open(dir.path()).expect("open the reader"));
     let path = dir.path().to_path_buf();
+    let reader_path = path.clone();
     let ipam = Ipam::open_with(
-        reader,
+        move || Ok(Arc::new(SledStore::open(&reader_path)?)),
         move || Ok(Arc::new(SledStore::open(&path)?)),
         clock.clone(),
         &config,
