@@ -137,7 +137,18 @@ fn is_lock_error(io: &std::io::Error) -> bool {
 /// survive a power loss): everything in its trees is durable.
 fn sync_sled(db: &sled::Db, data_file: &std::fs::File) -> Result<(), String> {
     db.flush().map_err(|e| e.to_string())?;
+    release_garbage();
     data_file.sync_data().map_err(|e| format!("fdatasync: {e}"))
+}
+
+/// Hands this thread's deferred frees to crossbeam-epoch's global queue and lets it run the
+/// expired ones. sled retires old page versions, paged-out nodes and sealed 512 KiB I/O
+/// buffers through epoch-deferred drops, which wait in a per-thread bag until 64 of them have
+/// gathered; with one thread writing, that held ~20 I/O buffers and their pages (~14 MiB at
+/// 65 536 attachments). Called after each change set is applied and after each sled flush:
+/// one pin and a queue push, about 0.1 us.
+fn release_garbage() {
+    crossbeam_epoch::pin().flush();
 }
 
 /// Opens sled, waiting up to [`LOCK_WAIT`] for its file lock. The lock is released when the last
@@ -542,6 +553,7 @@ impl SledStore {
                 }
             }
         }
+        release_garbage();
         Ok(())
     }
 
