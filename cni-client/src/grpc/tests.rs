@@ -120,6 +120,16 @@ fn a_reply_through_settings_ping_padding_and_trailers() {
         settings.extend_from_slice(&(1u32 << 20).to_be_bytes());
         frame(&mut out, SETTINGS, 0, 0, &settings);
         frame(&mut out, PING, 0, 0, b"pingpong");
+        s.write_all(&out).expect("write");
+        out.clear();
+        // The client, waiting for its reply, acknowledges both before it blocks.
+        let mut acks = Vec::new();
+        while acks.len() < 2 {
+            let f = read_frame(&mut s).expect("an acknowledgement before the reply");
+            if f.flags & ACK != 0 {
+                acks.push((f.kind, f.payload));
+            }
+        }
         let h = headers_block(
             &mut enc,
             &[(":status", "200"), ("content-type", "application/grpc")],
@@ -135,19 +145,41 @@ fn a_reply_through_settings_ping_padding_and_trailers() {
         let t = headers_block(&mut enc, &[("grpc-status", "0")]);
         frame(&mut out, HEADERS, END_HEADERS | END_STREAM, STREAM, &t);
         s.write_all(&out).expect("write");
-        // The acknowledgements come back.
-        let mut acks = Vec::new();
-        while let Some(f) = read_frame(&mut s) {
-            if f.flags & ACK != 0 {
-                acks.push((f.kind, f.payload));
-            }
-        }
+        // Nothing more is owed once the reply is complete.
+        assert!(read_frame(&mut s).is_none(), "a frame after the reply");
         acks
     });
     let reply = out.expect("a reply");
     assert_eq!(reply.code, 0);
     assert_eq!(reply.body, b"the reply");
     assert_eq!(seen, vec![(SETTINGS, vec![]), (PING, b"pingpong".to_vec())]);
+}
+
+/// The daemon's SETTINGS and the whole reply in one write: the client reads it all and closes
+/// without writing again (acknowledging SETTINGS on a connection it is closing would only
+/// wake the daemon).
+#[test]
+fn a_reply_that_arrives_whole_is_read_without_another_write() {
+    let (out, after) = against(Duration::from_secs(5), b"request", |mut s| {
+        read_request(&mut s);
+        let mut enc = httlib_hpack::Encoder::default();
+        let mut out = Vec::new();
+        frame(&mut out, SETTINGS, 0, 0, &[]);
+        let h = headers_block(
+            &mut enc,
+            &[(":status", "200"), ("content-type", "application/grpc")],
+        );
+        frame(&mut out, HEADERS, END_HEADERS, STREAM, &h);
+        frame(&mut out, DATA, 0, STREAM, &grpc_message(b"whole"));
+        let t = headers_block(&mut enc, &[("grpc-status", "0")]);
+        frame(&mut out, HEADERS, END_HEADERS | END_STREAM, STREAM, &t);
+        s.write_all(&out).expect("write");
+        let mut after = Vec::new();
+        s.read_to_end(&mut after).expect("read to the close");
+        after
+    });
+    assert_eq!(out.expect("a reply").body, b"whole");
+    assert!(after.is_empty(), "{after:?}");
 }
 
 #[test]
