@@ -15,6 +15,7 @@
 //! - [`service`]: the tonic services (`Cni`, `Ops`) and the error -> gRPC status mapping.
 //! - [`server`]: the Unix socket and `run(listener, ipam, shutdown)`.
 //! - [`clock`]: wall clock and a manual clock for tests.
+//! - [`logbuf`]: log lines that wait for the runtime's thread to go idle.
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -22,6 +23,7 @@ pub mod config;
 pub mod error;
 pub mod factory;
 pub mod ipam;
+pub mod logbuf;
 pub mod metrics;
 pub mod pool;
 pub mod range;

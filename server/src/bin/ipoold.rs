@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use ipool_server::logbuf::DeferredLog;
 use ipool_server::{
     clock::SystemClock,
     config::DaemonConfig,
@@ -76,13 +77,15 @@ fn main() -> ExitCode {
         print!("{}", ipool_server::config::EMBEDDED_DEFAULT);
         return ExitCode::SUCCESS;
     }
+    let log = DeferredLog::new(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         // Colours only on a terminal: not in files, journald or `kubectl logs`.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        // Lines made on the runtime's thread are written when it goes idle (logbuf.rs).
+        .with_writer(log.clone());
     match args.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -91,8 +94,10 @@ fn main() -> ExitCode {
     // the wake-ups between worker threads cost more than they spread (docs/performance.md).
     // Store flushes block it briefly (store/commit.rs); sled's checkpoints and the heap trims
     // run on threads of their own.
+    let park_log = log.clone();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(move || park_log.flush())
         .build()
     {
         Ok(rt) => rt,
@@ -101,7 +106,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(daemon(args)) {
+    let panic_log = log.clone();
+    let previous_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        panic_log.flush();
+        previous_hook(info)
+    }));
+    // A current-thread runtime runs on the thread that calls block_on: this one.
+    DeferredLog::<std::io::Stderr>::defer_on_this_thread(true);
+    let result = runtime.block_on(daemon(args));
+    DeferredLog::<std::io::Stderr>::defer_on_this_thread(false);
+    log.flush();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
