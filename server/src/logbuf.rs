@@ -3,7 +3,7 @@
 //! ipoold logs a line per ADD and DEL. Written as it is made, that line is a `write(2)` between
 //! the store's flush and the reply, on the path of every pod, and one more syscall per call
 //! under load. [`DeferredLog`] keeps the lines made on threads marked with
-//! [`DeferredLog::defer_on_this_thread`] (ipoold's runtime thread) in memory and writes them in
+//! [`defer_on_this_thread`] (ipoold's runtime thread) in memory and writes them in
 //! one go from [`DeferredLog::flush`], which ipoold calls when its runtime is about to park
 //! (`on_thread_park`: no task left to run, so every reply has been written). Lines from other
 //! threads (sled, the checkpoint and heap-trim threads) are written at once, after whatever is
@@ -21,6 +21,12 @@ pub const FLUSH_AT: usize = 32 * 1024;
 
 thread_local! {
     static DEFER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Lines made on the calling thread wait for [`DeferredLog::flush`] from now on (`false`: they
+/// are written at once again).
+pub fn defer_on_this_thread(defer: bool) {
+    DEFER.with(|d| d.set(defer));
 }
 
 /// A [`MakeWriter`] for tracing-subscriber; clones share the buffer and the output.
@@ -55,33 +61,27 @@ impl<W: Write> DeferredLog<W> {
         }
     }
 
-    /// Lines made on the calling thread wait for [`DeferredLog::flush`] from now on (`false`:
-    /// they are written at once again).
-    pub fn defer_on_this_thread(defer: bool) {
-        DEFER.with(|d| d.set(defer));
-    }
-
     /// Writes the waiting lines. A failed write drops them: there is nowhere else to say so.
     pub fn flush(&self) {
         let mut out = lock(&self.shared.out);
         let _ = self.write_waiting(&mut out);
     }
 
-    /// With `out` held: takes the waiting lines and writes them.
+    /// With `out` held (locks are always taken out, then waiting): writes the waiting lines
+    /// and empties the buffer, keeping its capacity.
     fn write_waiting(&self, out: &mut W) -> io::Result<()> {
-        let waiting = {
-            let mut w = lock(&self.shared.waiting);
-            if w.is_empty() {
-                return Ok(());
-            }
-            std::mem::replace(&mut *w, Vec::with_capacity(FLUSH_AT))
-        };
-        out.write_all(&waiting)?;
-        out.flush()
+        let mut w = lock(&self.shared.waiting);
+        if w.is_empty() {
+            return Ok(());
+        }
+        let written = out.write_all(&w).and_then(|()| out.flush());
+        w.clear();
+        written
     }
 
     fn line(&self, bytes: &[u8]) -> io::Result<()> {
         if DEFER.with(Cell::get) {
+            // Only the waiting lock here: a flush holding both just delays this line.
             let mut w = lock(&self.shared.waiting);
             if w.len() + bytes.len() <= FLUSH_AT {
                 w.extend_from_slice(bytes);
@@ -151,7 +151,7 @@ mod tests {
     fn a_deferring_thread_waits_for_flush_and_gets_one_write() {
         let out = Writes::default();
         let log = DeferredLog::new(out.clone());
-        DeferredLog::<Writes>::defer_on_this_thread(true);
+        defer_on_this_thread(true);
         put(&log, "one\n");
         put(&log, "two\n");
         assert!(out.taken().is_empty(), "written before the flush");
@@ -159,7 +159,7 @@ mod tests {
         assert_eq!(out.taken(), vec![b"one\ntwo\n".to_vec()]);
         log.flush();
         assert!(out.taken().is_empty(), "nothing waits after a flush");
-        DeferredLog::<Writes>::defer_on_this_thread(false);
+        defer_on_this_thread(false);
         put(&log, "three\n");
         assert_eq!(out.taken(), vec![b"three\n".to_vec()]);
     }
@@ -168,7 +168,7 @@ mod tests {
     fn another_threads_line_goes_out_at_once_after_what_waits() {
         let out = Writes::default();
         let log = DeferredLog::new(out.clone());
-        DeferredLog::<Writes>::defer_on_this_thread(true);
+        defer_on_this_thread(true);
         put(&log, "waiting\n");
         let other = log.clone();
         std::thread::spawn(move || put(&other, "from another thread\n"))
@@ -178,14 +178,14 @@ mod tests {
             out.taken().concat(),
             b"waiting\nfrom another thread\n".to_vec()
         );
-        DeferredLog::<Writes>::defer_on_this_thread(false);
+        defer_on_this_thread(false);
     }
 
     #[test]
     fn past_flush_at_the_lines_go_out_without_a_flush() {
         let out = Writes::default();
         let log = DeferredLog::new(out.clone());
-        DeferredLog::<Writes>::defer_on_this_thread(true);
+        defer_on_this_thread(true);
         let line = format!("{}\n", "x".repeat(999));
         let fit = FLUSH_AT / line.len();
         for _ in 0..fit {
@@ -195,6 +195,6 @@ mod tests {
         put(&log, &line);
         let written = out.taken().concat();
         assert_eq!(written.len(), (fit + 1) * line.len());
-        DeferredLog::<Writes>::defer_on_this_thread(false);
+        defer_on_this_thread(false);
     }
 }

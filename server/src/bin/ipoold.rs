@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ipool_server::logbuf::DeferredLog;
+use ipool_server::logbuf::{self, DeferredLog};
 use ipool_server::{
     clock::SystemClock,
     config::DaemonConfig,
@@ -113,9 +113,9 @@ fn main() -> ExitCode {
         previous_hook(info)
     }));
     // A current-thread runtime runs on the thread that calls block_on: this one.
-    DeferredLog::<std::io::Stderr>::defer_on_this_thread(true);
+    logbuf::defer_on_this_thread(true);
     let result = runtime.block_on(daemon(args));
-    DeferredLog::<std::io::Stderr>::defer_on_this_thread(false);
+    logbuf::defer_on_this_thread(false);
     log.flush();
     match result {
         Ok(()) => ExitCode::SUCCESS,
