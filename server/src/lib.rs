@@ -14,12 +14,14 @@
 //! - [`metrics`]: Prometheus metrics and the `/metrics` endpoint.
 //! - [`service`]: the tonic services (`Cni`, `Ops`) and the error -> gRPC status mapping.
 //! - [`server`]: the Unix socket and `run(listener, ipam, shutdown)`.
+//! - [`cork`]: the Unix socket's connections, whose control frames wait for the reply.
 //! - [`clock`]: wall clock and a manual clock for tests.
 //! - [`logbuf`]: log lines that wait for the runtime's thread to go idle.
 #![forbid(unsafe_code)]
 
 pub mod clock;
 pub mod config;
+pub mod cork;
 pub mod error;
 pub mod factory;
 pub mod ipam;

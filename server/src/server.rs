@@ -10,10 +10,12 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::StreamExt as _;
 use tonic::transport::{Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
+use crate::cork::Corked;
 use crate::ipam::{spawn_maintenance, Ipam};
 use crate::service::{Access, CniServer, CniService, OpsServer, OpsService};
 
@@ -157,7 +159,10 @@ pub async fn serve(
         )
         .add_service(health.clone())
         .add_service(reflection.clone())
-        .serve_with_incoming_shutdown(UnixListenerStream::new(l.socket), stopped(stop_rx.clone()));
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(l.socket).map(|accepted| accepted.map(Corked::new)),
+            stopped(stop_rx.clone()),
+        );
     let tcp = async {
         let Some(t) = l.ops_tcp else {
             return Ok(());
