@@ -394,6 +394,9 @@ fn latency_at(
     let name = names.next();
     let ip = Net::ipool(&bins.ipool, &daemon.socket, &name);
     let hl = Net::host_local(&bins.host_local, &name)?;
+    // The control: an empty network of the same daemon, measured in the same loop, each call
+    // right after a host-local call at this fill, like `ip`'s. Only the fill differs.
+    let ctl = Net::ipool(&bins.ipool, &daemon.socket, &names.next());
     if fill > 0 {
         let t = Instant::now();
         progress!(
@@ -428,47 +431,55 @@ fn latency_at(
         "sequential latency at fill {fill} ({} samples)",
         plan.samples
     );
-    for i in 0..plan.warmup {
-        let c = format!("warm-{i}");
-        ip.call(Op::Add, &c)?;
-        hl.call(Op::Add, &c)?;
-        ip.call(Op::Del, &c)?;
-        hl.call(Op::Del, &c)?;
-    }
-    let mut add = LatencyRow {
-        op: Op::Add,
+    let row = |op| LatencyRow {
+        op,
         fill,
         ipool: Vec::new(),
         host_local: Vec::new(),
         ipool_alone: Vec::new(),
+        ipool_control: Vec::new(),
     };
-    let mut del = LatencyRow {
-        op: Op::Del,
-        fill,
-        ipool: Vec::new(),
-        host_local: Vec::new(),
-        ipool_alone: Vec::new(),
-    };
-    // A B A B: ipool ADD, host-local ADD, ipool DEL, host-local DEL of the same container.
-    for i in 0..plan.samples {
+    let (mut add, mut del) = (row(Op::Add), row(Op::Del));
+    // A B A B: ipool ADD, host-local ADD, ipool DEL, host-local DEL of the same container;
+    // then the control's ADD and DEL, each also right after a host-local call (of a container
+    // of its own, not measured), so both ipool networks follow the same neighbour. The first
+    // `warmup` rounds are not recorded.
+    for i in 0..plan.warmup + plan.samples {
         let c = format!("lat-{i}");
-        add.ipool.push(ip.call(Op::Add, &c)?);
-        add.host_local.push(hl.call(Op::Add, &c)?);
-        del.ipool.push(ip.call(Op::Del, &c)?);
-        del.host_local.push(hl.call(Op::Del, &c)?);
+        let k = format!("ctl-{i}");
+        let round = [
+            ip.call(Op::Add, &c)?,
+            hl.call(Op::Add, &c)?,
+            ip.call(Op::Del, &c)?,
+            hl.call(Op::Del, &c)?,
+            ctl.call(Op::Add, &c)?,
+            hl.call(Op::Add, &k)?,
+            ctl.call(Op::Del, &c)?,
+            hl.call(Op::Del, &k)?,
+        ];
+        if i >= plan.warmup {
+            add.ipool.push(round[0]);
+            add.host_local.push(round[1]);
+            del.ipool.push(round[2]);
+            del.host_local.push(round[3]);
+            add.ipool_control.push(round[4]);
+            del.ipool_control.push(round[6]);
+        }
     }
     // The same network, ipool only, back to back: what the fill costs ipool itself, without
-    // host-local's call (88 ms of CPU and cache churn at 10 000) just before each measurement.
+    // host-local's call (~90 ms at 10 000, with a core idle) just before each measurement.
     for i in 0..plan.samples {
         let c = format!("alone-{i}");
         add.ipool_alone.push(ip.call(Op::Add, &c)?);
         del.ipool_alone.push(ip.call(Op::Del, &c)?);
     }
     ensure!(
-        ip.live.len() == fill && hl.live.len() == fill,
-        "after the measurement the networks hold {} (ipool) and {} (host-local) attachments, not {fill}",
+        ip.live.len() == fill && hl.live.len() == fill && ctl.live.len() == 0,
+        "after the measurement the networks hold {} (ipool), {} (host-local) and {} (the empty \
+         control) attachments, not {fill}, {fill} and 0",
         ip.live.len(),
-        hl.live.len()
+        hl.live.len(),
+        ctl.live.len()
     );
     phases.push((format!("latency at fill {fill}"), t.elapsed()));
     Ok([add, del])

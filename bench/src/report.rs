@@ -28,6 +28,9 @@ pub struct LatencyRow {
     pub host_local: Vec<Duration>,
     /// ipool in the same network with no host-local call in between.
     pub ipool_alone: Vec<Duration>,
+    /// ipool in an empty network of the same daemon, in the same loop as `ipool`: each call
+    /// right after a host-local call at this row's fill.
+    pub ipool_control: Vec<Duration>,
 }
 
 /// Calls per second through the plugin binaries at one concurrency level.
@@ -189,9 +192,37 @@ impl Report {
 
         let _ = writeln!(
             o,
+            "\n## Flatness with fill, same neighbour (ms; in the loop above, each ipool call also \
+             right after a host-local call at the row's fill)\n\n\
+             The control is an empty network of the same daemon, measured in the same loop: every \
+             ipool call, in either network, comes right after a host-local call at the row's fill, \
+             so only ipool's fill differs. How long the machine idled during host-local's call \
+             changes ipool's time (at 10 000 the call lasts ~90 ms; see docs/performance.md).\n"
+        );
+        let _ = writeln!(
+            o,
+            "| op | fill | ipool p50 (network at fill) | ipool p50 (empty network) | at fill / empty |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|");
+        for r in &self.latency {
+            let (a, c) = (Summary::of(&r.ipool), Summary::of(&r.ipool_control));
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} |",
+                r.op.verb(),
+                grouped(r.fill),
+                ms(a.p50),
+                ms(c.p50),
+                ratio(a.p50, c.p50)
+            );
+        }
+
+        let _ = writeln!(
+            o,
             "\n## ipool alone (ms; the same networks, ipool calls back to back, no host-local call in between)\n\n\
-             Flatness with fill, without the interference of host-local's own call just before each \
-             measurement (at 10 000 it spends ~90 ms of CPU and cache; see docs/performance.md).\n"
+             Flatness with fill, without host-local's call just before each measurement (at \
+             10 000 that call lasts ~90 ms, and a machine left that long with a core idle is slower \
+             to answer the next call; see docs/performance.md).\n"
         );
         let _ = writeln!(
             o,
@@ -362,7 +393,9 @@ impl Report {
                 "host_local": Summary::of(&r.host_local).json(),
                 "ipool_alone": Summary::of(&r.ipool_alone).json(),
                 "ipool_us": micros(&r.ipool),
+                "ipool_control": Summary::of(&r.ipool_control).json(),
                 "ipool_alone_us": micros(&r.ipool_alone),
+                "ipool_control_us": micros(&r.ipool_control),
                 "host_local_us": micros(&r.host_local),
             })).collect::<Vec<_>>(),
             "breakdown": {
