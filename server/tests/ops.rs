@@ -734,3 +734,43 @@ fn metrics_match_the_pools_after_a_known_sequence() {
     let (status, _) = http_get(&addr, "/nope");
     assert!(status.contains("404"), "{status}");
 }
+
+/// A client that sends its preface and SETTINGS and then waits for the server's SETTINGS before
+/// it sends a request (grpc-go does) gets them: the daemon holds control frames for the reply
+/// (server/src/cork.rs), but only for a moment.
+#[test]
+fn a_client_that_waits_for_the_servers_settings_gets_them() {
+    use std::io::{Read, Write};
+    let d = Daemon::start();
+    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    // The client preface and an empty SETTINGS frame.
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .expect("write");
+    // Read frames until both the server's SETTINGS and its ack of ours have arrived.
+    let (mut settings, mut ack) = (false, false);
+    let mut buf = Vec::new();
+    while !(settings && ack) {
+        let mut chunk = [0u8; 512];
+        let n = s
+            .read(&mut chunk)
+            .expect("the daemon's SETTINGS arrive without a request being sent");
+        assert!(n > 0, "the daemon closed the connection");
+        buf.extend_from_slice(&chunk[..n]);
+        while buf.len() >= 9 {
+            let len = usize::from(buf[0]) << 16 | usize::from(buf[1]) << 8 | usize::from(buf[2]);
+            if buf.len() < 9 + len {
+                break;
+            }
+            if buf[3] == 0x4 {
+                if buf[4] & 0x1 == 0 {
+                    settings = true;
+                } else {
+                    ack = true;
+                }
+            }
+            buf.drain(..9 + len);
+        }
+    }
+}
