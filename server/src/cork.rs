@@ -131,10 +131,15 @@ impl AsyncWrite for Corked {
                 this.scan.advance(bufs, n);
                 return Poll::Ready(Ok(n));
             }
-            let mut slices = Vec::with_capacity(bufs.len() + 1);
-            slices.push(IoSlice::new(&this.held));
-            slices.extend(bufs.iter().map(|b| IoSlice::new(b)));
-            let n = std::task::ready!(Pin::new(&mut this.io).poll_write_vectored(cx, &slices))?;
+            // The held bytes and the first few of `bufs` (h2 passes one or two), with no
+            // allocation; a write of fewer buffers than offered is a partial write.
+            let mut slices = [IoSlice::new(&[]); 8];
+            let take = bufs.len().min(slices.len() - 1);
+            slices[0] = IoSlice::new(&this.held);
+            slices[1..=take].copy_from_slice(&bufs[..take]);
+            let n = std::task::ready!(
+                Pin::new(&mut this.io).poll_write_vectored(cx, &slices[..=take])
+            )?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }

@@ -143,25 +143,20 @@ fn every_ops_call_through_ipoolctl_on_the_socket() {
     assert_eq!(r[0]["addresses"].as_array().map(Vec::len), Some(1));
     let listed = json(&d.ctl(&["reservations", "--network", "ops", "-o", "json"]));
     assert_eq!(listed[0]["pod"], "pod-d");
-    let un = d.ctl(&[
-        "unreserve",
-        "--network",
-        "ops",
-        "--namespace",
-        "test",
-        "--pod",
-        "pod-d",
-    ]);
+    let unreserve = || {
+        d.ctl(&[
+            "unreserve",
+            "--network",
+            "ops",
+            "--namespace",
+            "test",
+            "--pod",
+            "pod-d",
+        ])
+    };
+    let un = unreserve();
     assert!(un.status.success(), "{un:?}");
-    let un = d.ctl(&[
-        "unreserve",
-        "--network",
-        "ops",
-        "--namespace",
-        "test",
-        "--pod",
-        "pod-d",
-    ]);
+    let un = unreserve();
     assert_eq!(code(&un), 3, "{un:?}");
 
     // release: needs a reason (usage error 64 without), logs it, frees the address.

@@ -9,7 +9,7 @@ use super::attachments::Attachment;
 use super::{Ipam, ReleaseBy, Released, Step};
 use crate::error::Error;
 use crate::pool::Millis;
-use crate::store::{AttachmentKey, AttachmentRecord, Change, Reservation, ReservationKey};
+use crate::store::{AttachmentKey, AttachmentRecord, Change, Pod, Reservation, ReservationKey};
 
 /// How many events a watcher may fall behind before it is told it lagged.
 pub(super) const EVENT_BUFFER: usize = 4096;
@@ -98,15 +98,26 @@ impl Event {
         r: &AttachmentRecord,
         reason: &str,
     ) -> Event {
-        let (k, p) = (&r.key, &r.pod);
+        Event::of_attachment(kind, at_ms, &r.key, &r.pod, &r.addresses, reason)
+    }
+
+    /// An event about the attachment `key` of `pod`.
+    fn of_attachment(
+        kind: EventKind,
+        at_ms: Millis,
+        key: &AttachmentKey,
+        pod: &Pod,
+        addresses: &[IpAddr],
+        reason: &str,
+    ) -> Event {
         Event::new(
             kind,
             at_ms,
-            &k.network,
-            Some(k),
-            &p.namespace,
-            &p.name,
-            &r.addresses,
+            &key.network,
+            Some(key),
+            &pod.namespace,
+            &pod.name,
+            addresses,
             reason,
         )
     }
@@ -148,18 +159,7 @@ impl Ipam {
         };
         for r in released {
             let (k, p) = (&r.key, &r.pod);
-            self.emit(|| {
-                Event::new(
-                    kind,
-                    now,
-                    &k.network,
-                    Some(k),
-                    &p.namespace,
-                    &p.name,
-                    &r.addresses,
-                    reason,
-                )
-            });
+            self.emit(|| Event::of_attachment(kind, now, k, p, &r.addresses, reason));
             if let Some(until) = r.reserved_until {
                 self.emit(|| {
                     let why = format!("sticky pod; until {until} (Unix ms)");
