@@ -9,70 +9,14 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::error::Error;
-use crate::range::{parse_set, Range, RangeSpec};
+use crate::model::{validate_ranges, NetworkDef, Origin, RouteSpec, Sticky, Tuning};
+use crate::range::RangeSpec;
 
 /// The configuration ipoold runs on when no `--config` is given.
 pub const EMBEDDED_DEFAULT: &str = include_str!("config/default.toml");
-
-/// Pool tuning. Defaults come from [`EMBEDDED_DEFAULT`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Tuning {
-    pub min_idle: usize,
-    pub max_idle: usize,
-    /// Most addresses one pool (network and family) holds; absent: the size of its ranges.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity: Option<usize>,
-    pub cooldown_secs: u64,
-    /// Calls per second into the address source, and how many may come at once.
-    pub source_rate: f64,
-    pub source_burst: u32,
-    /// Which pods keep their addresses after a DEL (as a reservation for their namespace/name).
-    #[serde(default)]
-    pub sticky: Sticky,
-    /// How long such a reservation lasts.
-    #[serde(default = "default_sticky_ttl")]
-    pub sticky_ttl_secs: u64,
-}
-
-fn default_sticky_ttl() -> u64 {
-    600
-}
-
-/// Which pods are sticky: their address is reserved for their namespace/name when they go.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Sticky {
-    /// Nobody (host-local's behaviour).
-    #[default]
-    None,
-    /// Pods named like a StatefulSet's: `<name>-<ordinal>`.
-    StatefulSet,
-    /// Every pod with a name.
-    All,
-}
-
-impl Sticky {
-    /// Whether a pod called `name` keeps its address under this policy.
-    pub fn applies_to(self, name: &str) -> bool {
-        match self {
-            Sticky::None => false,
-            Sticky::All => !name.is_empty(),
-            Sticky::StatefulSet => match name.rsplit_once('-') {
-                Some((base, ordinal)) => {
-                    !base.is_empty()
-                        && !ordinal.is_empty()
-                        && ordinal.bytes().all(|b| b.is_ascii_digit())
-                        && (ordinal == "0" || !ordinal.starts_with('0'))
-                }
-                None => false,
-            },
-        }
-    }
-}
 
 /// Per-network overrides of [`Tuning`] in the TOML.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -101,122 +45,6 @@ impl TuningPatch {
             sticky_ttl_secs: self.sticky_ttl_secs.unwrap_or(base.sticky_ttl_secs),
         }
     }
-}
-
-impl Tuning {
-    pub fn validate(&self, what: &str) -> Result<(), Error> {
-        let bad = |m: String| Err(Error::InvalidConfig(format!("{what}: {m}")));
-        if self.max_idle < self.min_idle {
-            return bad(format!(
-                "max_idle ({}) is below min_idle ({})",
-                self.max_idle, self.min_idle
-            ));
-        }
-        if self.capacity == Some(0) {
-            return bad("capacity must be at least 1".into());
-        }
-        if !(self.source_rate.is_finite() && self.source_rate > 0.0) {
-            return bad(format!(
-                "source_rate must be a positive number, not {}",
-                self.source_rate
-            ));
-        }
-        if self.source_burst == 0 {
-            return bad("source_burst must be at least 1".into());
-        }
-        if self.sticky != Sticky::None && self.sticky_ttl_secs == 0 {
-            return bad("sticky_ttl_secs must be at least 1 when sticky is on".into());
-        }
-        Ok(())
-    }
-}
-
-/// A route as host-local writes it: `{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RouteSpec {
-    pub dst: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gw: Option<String>,
-}
-
-/// Where a network definition came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Origin {
-    /// The daemon's TOML.
-    Config,
-    /// The `ipam` section of a CNI ADD for a network the daemon did not know.
-    Cni,
-}
-
-/// The persisted definition of a network: one pool per range set.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NetworkDef {
-    pub name: String,
-    pub range_sets: Vec<Vec<RangeSpec>>,
-    #[serde(default)]
-    pub routes: Vec<RouteSpec>,
-    pub tuning: Tuning,
-    pub origin: Origin,
-}
-
-impl NetworkDef {
-    /// The validated ranges, one list per range set.
-    pub fn ranges(&self) -> Result<Vec<Vec<Range>>, Error> {
-        validate_ranges(&self.name, &self.range_sets)
-    }
-
-    /// True when both definitions hand out the same addresses. The same spelling (every ADD
-    /// of an unchanged conflist) is answered without parsing anything.
-    pub fn same_addresses(&self, other: &NetworkDef) -> bool {
-        if self.range_sets == other.range_sets {
-            return true;
-        }
-        match (self.ranges(), other.ranges()) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => false,
-        }
-    }
-
-    pub fn describe_ranges(&self) -> String {
-        let sets: Vec<String> = self
-            .range_sets
-            .iter()
-            .map(|set| {
-                let rs: Vec<String> = set.iter().map(|r| r.subnet.clone()).collect();
-                format!("[{}]", rs.join(" "))
-            })
-            .collect();
-        sets.join(" ")
-    }
-}
-
-fn validate_ranges(network: &str, sets: &[Vec<RangeSpec>]) -> Result<Vec<Vec<Range>>, Error> {
-    if sets.is_empty() {
-        return Err(Error::InvalidConfig(format!(
-            "network {network:?} declares no ranges (set ipam.ranges or ipam.subnet)"
-        )));
-    }
-    let parsed = sets
-        .iter()
-        .enumerate()
-        .map(|(i, set)| {
-            parse_set(set)
-                .map_err(|e| Error::InvalidConfig(format!("network {network:?}: ranges[{i}]: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let all: Vec<&Range> = parsed.iter().flatten().collect();
-    for (i, a) in all.iter().enumerate() {
-        for b in &all[i + 1..] {
-            if a.subnet.contains(&b.subnet.network()) || b.subnet.contains(&a.subnet.network()) {
-                return Err(Error::InvalidConfig(format!(
-                    "network {network:?}: subnets {} and {} overlap",
-                    a.subnet, b.subnet
-                )));
-            }
-        }
-    }
-    Ok(parsed)
 }
 
 fn validate_routes(network: &str, routes: &[RouteSpec]) -> Result<(), Error> {
@@ -286,7 +114,7 @@ impl IpamSection {
             return Ok(None);
         }
         let routes = self.routes.clone().unwrap_or_default();
-        validate_ranges(name, &range_sets)?;
+        validate_ranges(name, &range_sets).map_err(Error::InvalidConfig)?;
         validate_routes(name, &routes)?;
         Ok(Some(NetworkDef {
             name: name.to_string(),
@@ -305,9 +133,33 @@ impl IpamSection {
 pub struct DaemonConfig {
     pub defaults: Tuning,
     #[serde(default)]
+    pub cni: CniSettings,
+    #[serde(default)]
     pub leak_check: LeakCheck,
     #[serde(default, rename = "network")]
     pub networks: Vec<NetworkSpec>,
+}
+
+/// The `[cni]` table: how ipoold answers the runtime's calls.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CniSettings {
+    /// CNI GC spares attachments younger than this (the runtime builds its list of valid
+    /// attachments before it calls GC; an ADD that finished in between is not on it).
+    #[serde(default = "default_gc_grace")]
+    pub gc_grace_secs: u64,
+}
+
+fn default_gc_grace() -> u64 {
+    60
+}
+
+impl Default for CniSettings {
+    fn default() -> Self {
+        CniSettings {
+            gc_grace_secs: default_gc_grace(),
+        }
+    }
 }
 
 /// The `[leak_check]` table: release attachments whose network namespace is gone.
@@ -356,7 +208,9 @@ impl DaemonConfig {
         let cfg: DaemonConfig = toml::Value::Table(doc)
             .try_into()
             .map_err(|e: toml::de::Error| Error::InvalidConfig(e.to_string()))?;
-        cfg.defaults.validate("[defaults]")?;
+        cfg.defaults
+            .validate("[defaults]")
+            .map_err(Error::InvalidConfig)?;
         let mut seen = std::collections::HashSet::new();
         for n in &cfg.networks {
             if !seen.insert(n.name.as_str()) {
@@ -380,10 +234,12 @@ impl DaemonConfig {
 
 impl NetworkSpec {
     fn def(&self, defaults: &Tuning) -> Result<NetworkDef, Error> {
-        crate::ipam::validate_name("network name", &self.name).map_err(Error::InvalidConfig)?;
+        ipool_proto::names::check_name("network name", &self.name).map_err(Error::InvalidConfig)?;
         let tuning = self.tuning.apply(defaults);
-        tuning.validate(&format!("network {:?}", self.name))?;
-        validate_ranges(&self.name, &self.ranges)?;
+        tuning
+            .validate(&format!("network {:?}", self.name))
+            .map_err(Error::InvalidConfig)?;
+        validate_ranges(&self.name, &self.ranges).map_err(Error::InvalidConfig)?;
         validate_routes(&self.name, &self.routes)?;
         Ok(NetworkDef {
             name: self.name.clone(),

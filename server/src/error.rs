@@ -27,7 +27,7 @@ pub enum Error {
     /// A transient condition: retry later.
     #[error("{0}")]
     Busy(String),
-    /// The store failed; nothing of the request took effect.
+    /// The store refused or failed; nothing of the request took effect.
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
 }
@@ -41,6 +41,8 @@ impl From<Error> for Status {
             Error::InUse(_) => Code::AlreadyExists,
             Error::Exhausted(_) => Code::ResourceExhausted,
             Error::Busy(_) => Code::Unavailable,
+            // Until the store is reopened: the runtime retries (CNI error 11).
+            Error::Store(crate::store::StoreError::Failed { .. }) => Code::Unavailable,
             Error::Store(_) => Code::Internal,
         };
         Status::new(code, e.to_string())

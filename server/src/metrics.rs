@@ -1,5 +1,6 @@
-//! Prometheus metrics (prometheus-client, OpenMetrics text) on `--metrics-listen ADDR`
-//! at `/metrics`.
+//! The daemon's own counters and histograms (prometheus-client). The engine is handed a
+//! [`Metrics`] and counts into it; [`crate::exporter`] serves them, with the pool numbers it
+//! reads at each scrape, on `--metrics-listen ADDR` at `/metrics`:
 //!
 //! - per pool (labels `network`, `family`), read from the pools at each scrape:
 //!   `ipool_pool_in_use`, `_idle`, `_cooling`, `_reserved`, `_capacity`, `_free_in_source`,
@@ -10,35 +11,17 @@
 //! - `ipool_store_flush_duration_seconds`: group-commit flushes (flush + fdatasync), histogram;
 //! - `ipool_store_commits_total`: writes made durable (several per flush under load).
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Request, Response, StatusCode};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-
-use crate::ipam::Ipam;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub op: String,
     pub result: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PoolLabels {
-    network: String,
-    family: String,
 }
 
 /// The daemon's own counters and histograms (pool numbers are read at scrape time).
@@ -77,192 +60,5 @@ impl Metrics {
         if op == "ADD" && error.is_none() {
             self.add_seconds.observe(took.as_secs_f64());
         }
-    }
-}
-
-/// Reads the pools at each scrape.
-struct PoolCollector(Ipam);
-
-impl std::fmt::Debug for PoolCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PoolCollector")
-    }
-}
-
-impl Collector for PoolCollector {
-    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let pools = self.0.pool_status(None);
-        let labels = |p: &crate::ipam::PoolStatus| PoolLabels {
-            network: p.network.clone(),
-            family: format!("ipv{}", p.family.as_str()),
-        };
-        type Get = fn(&crate::ipam::PoolStatus) -> i64;
-        let gauges: [(&str, &str, Get); 7] = [
-            ("ipool_pool_in_use", "Addresses held by attachments.", |p| {
-                p.in_use as i64
-            }),
-            (
-                "ipool_pool_idle",
-                "Idle addresses, cooling ones included.",
-                |p| p.idle as i64,
-            ),
-            (
-                "ipool_pool_cooling",
-                "Idle addresses still inside their cooldown.",
-                |p| p.cooling as i64,
-            ),
-            (
-                "ipool_pool_reserved",
-                "Addresses kept for pods that are away.",
-                |p| p.reserved as i64,
-            ),
-            (
-                "ipool_pool_capacity",
-                "Most addresses the pool may hold.",
-                |p| p.capacity as i64,
-            ),
-            (
-                "ipool_pool_free_in_source",
-                "Addresses the source could still hand out.",
-                |p| i64::try_from(p.free_in_source).unwrap_or(i64::MAX),
-            ),
-            (
-                "ipool_pool_drained",
-                "1 while the network takes no new ADDs.",
-                |p| i64::from(p.drained),
-            ),
-        ];
-        for (name, help, get) in gauges {
-            let mut m =
-                enc.encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
-            for p in &pools {
-                ConstGauge::new(get(p)).encode(m.encode_family(&labels(p))?)?;
-            }
-        }
-        type Count = fn(&crate::ipam::PoolStatus) -> u64;
-        let counters: [(&str, &str, Count); 3] = [
-            (
-                "ipool_source_calls",
-                "Addresses asked of the source.",
-                |p| p.source_calls,
-            ),
-            (
-                "ipool_source_errors",
-                "Times the source had nothing to give.",
-                |p| p.source_errors,
-            ),
-            (
-                "ipool_source_bucket_waits",
-                "Times the source's token bucket was empty.",
-                |p| p.bucket_waits,
-            ),
-        ];
-        for (name, help, get) in counters {
-            let mut m =
-                enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
-            for p in &pools {
-                ConstCounter::new(get(p)).encode(m.encode_family(&labels(p))?)?;
-            }
-        }
-        let stats = self.0.commit_stats();
-        let m = enc.encode_descriptor(
-            "ipool_store_commits",
-            "Writes made durable by the group commit.",
-            None,
-            ConstCounter::new(0u64).metric_type(),
-        )?;
-        ConstCounter::new(stats.durable).encode(m)?;
-        Ok(())
-    }
-}
-
-/// The registry behind `/metrics`.
-pub fn registry(ipam: &Ipam) -> Registry {
-    let m = ipam.metrics();
-    let mut r = Registry::default();
-    r.register(
-        "ipool_requests",
-        "CNI calls by operation and outcome.",
-        m.requests.clone(),
-    );
-    r.register(
-        "ipool_add_duration_seconds",
-        "Time ipoold takes to serve an ADD (durable).",
-        m.add_seconds.clone(),
-    );
-    r.register(
-        "ipool_store_flush_duration_seconds",
-        "Group-commit flushes: sled flush plus fdatasync.",
-        m.flush_seconds.clone(),
-    );
-    r.register_collector(Box::new(PoolCollector(ipam.clone())));
-    r
-}
-
-/// Serves `/metrics` over HTTP/1 until `shutdown` completes.
-pub async fn serve_metrics(
-    listener: TcpListener,
-    registry: Arc<Registry>,
-    shutdown: impl Future<Output = ()>,
-) {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics listener accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let registry = registry.clone();
-                async move { Ok::<_, Infallible>(answer(&req, &registry)) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-            if let Err(e) = tokio::time::timeout(Duration::from_secs(30), conn).await {
-                tracing::debug!(error = %e, "metrics connection timed out");
-            }
-        });
-    }
-}
-
-fn answer<B>(req: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
-    let reply = |code: StatusCode, ctype: &'static str, body: String| {
-        let mut r = Response::new(Full::new(Bytes::from(body)));
-        *r.status_mut() = code;
-        r.headers_mut().insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static(ctype),
-        );
-        r
-    };
-    match req.uri().path() {
-        "/metrics" => {
-            let mut body = String::new();
-            match prometheus_client::encoding::text::encode(&mut body, registry) {
-                Ok(()) => reply(
-                    StatusCode::OK,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    body,
-                ),
-                Err(e) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    format!("encoding metrics failed: {e}\n"),
-                ),
-            }
-        }
-        _ => reply(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "ipoold serves Prometheus metrics at /metrics\n".into(),
-        ),
     }
 }

@@ -1,13 +1,19 @@
 //! The object pool of one address family of one network, after Terway's `simpleObjectPool`.
 //!
 //! Pure and deterministic: no I/O, no clock of its own (every call that depends on time takes
-//! `now` in Unix milliseconds). The engine drives the address source (the factory) and the
-//! store around it.
+//! `now` in engine milliseconds). The engine drives the address source and the store around
+//! it.
 //!
 //! Every address the pool holds is either *idle* (ordered by release time; never-used addresses
-//! count as released at 0), *in use* by an owner, or *reserved* (kept for a pod identity that
-//! is away; the engine knows for whom). Holding an address costs one capacity token:
-//! `idle + in_use + reserved <= capacity` always.
+//! come first, [`Since::Never`]), *in use* by an owner, or *reserved* (kept for a pod identity
+//! that is away; the engine knows for whom). Holding an address costs one capacity token:
+//! `idle + in_use + reserved <= capacity`, except after a restart with a lowered capacity
+//! (what is held is restored whole; the pool takes nothing new until it is under again).
+//!
+//! The transitions, each named once: `admit` (source -> idle), `take` (idle -> in use),
+//! `put_idle` (in use -> idle, stamped), `reserve` (in use -> reserved), `take_reserved`
+//! (reserved -> in use), `unreserve` (reserved -> idle, stamped), `evict` (idle -> back to the
+//! source).
 //!
 //! Choosing an address (`plan`): the idle address released longest ago, if its cooldown has
 //! passed; else a fresh one from the source if a token is left and the source is not dry; else
@@ -20,8 +26,32 @@ use std::net::IpAddr;
 mod bucket;
 pub use bucket::TokenBucket;
 
-/// Unix time in milliseconds.
-pub type Millis = u64;
+pub use crate::model::Millis;
+
+/// When an idle address was released: never (fresh from the source), or at a time. Never
+/// sorts first and is always past its cooldown; a release at any time, 0 included, cools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Since {
+    Never,
+    At(Millis),
+}
+
+impl Since {
+    /// As the store keeps it: 0 for never (a real release is stored as at least 1).
+    pub fn to_stored(self) -> Millis {
+        match self {
+            Since::Never => 0,
+            Since::At(t) => t.max(1),
+        }
+    }
+
+    pub fn from_stored(v: Millis) -> Since {
+        match v {
+            0 => Since::Never,
+            t => Since::At(t),
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
@@ -75,8 +105,8 @@ pub struct Maintenance {
 pub struct Pool<O> {
     cfg: PoolConfig,
     /// (released at, address): the first element is the one released longest ago.
-    idle: BTreeSet<(Millis, IpAddr)>,
-    idle_since: HashMap<IpAddr, Millis>,
+    idle: BTreeSet<(Since, IpAddr)>,
+    idle_since: HashMap<IpAddr, Since>,
     in_use: HashMap<IpAddr, O>,
     reserved: HashSet<IpAddr>,
 }
@@ -142,17 +172,20 @@ impl<O: Clone> Pool<O> {
     }
 
     /// When `ip` was released, if it is idle.
-    pub fn idle_since(&self, ip: IpAddr) -> Option<Millis> {
+    pub fn idle_since(&self, ip: IpAddr) -> Option<Since> {
         self.idle_since.get(&ip).copied()
     }
 
-    pub fn idle_addresses(&self) -> impl Iterator<Item = (IpAddr, Millis)> + '_ {
+    pub fn idle_addresses(&self) -> impl Iterator<Item = (IpAddr, Since)> + '_ {
         self.idle.iter().map(|(at, ip)| (*ip, *at))
     }
 
-    /// Past its cooldown at `now`. A never-used address (released at 0) always is.
-    fn cooled(&self, released_at: Millis, now: Millis) -> bool {
-        released_at == 0 || released_at.saturating_add(self.cfg.cooldown_ms) <= now
+    /// Past its cooldown at `now`. A never-used address always is.
+    pub fn cooled(&self, since: Since, now: Millis) -> bool {
+        match since {
+            Since::Never => true,
+            Since::At(t) => t.saturating_add(self.cfg.cooldown_ms) <= now,
+        }
     }
 
     /// Decides where the next address comes from. `source_dry` says the source has nothing left.
@@ -174,48 +207,60 @@ impl<O: Clone> Pool<O> {
         }
     }
 
-    /// Puts an address fresh from the source into idle, stamped `released_at` (0 for never used).
-    /// Takes a capacity token.
-    pub fn receive(&mut self, ip: IpAddr, released_at: Millis) -> Result<(), PoolError> {
-        if self.idle_since.contains_key(&ip)
-            || self.in_use.contains_key(&ip)
-            || self.reserved.contains(&ip)
-        {
+    /// Source -> idle: an address fresh from the source (`Since::Never`) or one coming back
+    /// from the store. Takes a capacity token.
+    pub fn admit(&mut self, ip: IpAddr, since: Since) -> Result<(), PoolError> {
+        if self.holds(ip) {
             return Err(PoolError::AlreadyHeld(ip));
         }
         if self.tokens() == 0 {
             return Err(PoolError::NoToken(self.cfg.capacity));
         }
-        self.idle.insert((released_at, ip));
-        self.idle_since.insert(ip, released_at);
+        self.idle.insert((since, ip));
+        self.idle_since.insert(ip, since);
         Ok(())
     }
 
-    /// Moves an idle address to in use. Returns its release time, for `untake`.
-    pub fn take(&mut self, ip: IpAddr, owner: O) -> Result<Millis, PoolError> {
+    fn holds(&self, ip: IpAddr) -> bool {
+        self.idle_since.contains_key(&ip)
+            || self.in_use.contains_key(&ip)
+            || self.reserved.contains(&ip)
+    }
+
+    /// Idle -> in use. Returns when it had been released.
+    pub fn take(&mut self, ip: IpAddr, owner: O) -> Result<Since, PoolError> {
         let at = self.idle_since.remove(&ip).ok_or(PoolError::NotIdle(ip))?;
         self.idle.remove(&(at, ip));
         self.in_use.insert(ip, owner);
         Ok(at)
     }
 
-    /// Undoes `take` (when what followed it failed): back to idle with its old release time.
-    pub fn untake(&mut self, ip: IpAddr, released_at: Millis) -> Option<O> {
-        let owner = self.in_use.remove(&ip)?;
-        self.idle.insert((released_at, ip));
-        self.idle_since.insert(ip, released_at);
-        Some(owner)
+    /// Puts an address straight into idle (a restart rebuilding the pool), whatever the tokens.
+    pub fn restore_idle(&mut self, ip: IpAddr, since: Since) -> Result<(), PoolError> {
+        if self.holds(ip) {
+            return Err(PoolError::AlreadyHeld(ip));
+        }
+        self.idle.insert((since, ip));
+        self.idle_since.insert(ip, since);
+        Ok(())
     }
 
-    /// Puts an address straight into use (a restart rebuilding the pool). Takes a token.
+    /// Puts an address straight into use (a restart rebuilding the pool), whatever the tokens:
+    /// what the store holds comes back whole even if the capacity was lowered since.
     pub fn restore_in_use(&mut self, ip: IpAddr, owner: O) -> Result<(), PoolError> {
-        self.receive(ip, 0)?;
-        self.take(ip, owner).map(|_| ())
+        if self.holds(ip) {
+            return Err(PoolError::AlreadyHeld(ip));
+        }
+        self.in_use.insert(ip, owner);
+        Ok(())
     }
 
     /// In use -> idle, stamped `now`. Returns the owner, or None if `ip` was not in use.
-    pub fn release(&mut self, ip: IpAddr, now: Millis) -> Option<O> {
-        self.untake(ip, now)
+    pub fn put_idle(&mut self, ip: IpAddr, now: Millis) -> Option<O> {
+        let owner = self.in_use.remove(&ip)?;
+        self.idle.insert((Since::At(now), ip));
+        self.idle_since.insert(ip, Since::At(now));
+        Some(owner)
     }
 
     /// In use -> reserved. Returns the owner it had.
@@ -225,10 +270,12 @@ impl<O: Clone> Pool<O> {
         Ok(owner)
     }
 
-    /// Puts an address straight into reserved (a restart rebuilding the pool). Takes a token.
+    /// Puts an address straight into reserved (a restart rebuilding the pool), whatever the
+    /// tokens.
     pub fn restore_reserved(&mut self, ip: IpAddr) -> Result<(), PoolError> {
-        self.receive(ip, 0)?;
-        self.give_back(ip);
+        if self.holds(ip) {
+            return Err(PoolError::AlreadyHeld(ip));
+        }
         self.reserved.insert(ip);
         Ok(())
     }
@@ -247,13 +294,13 @@ impl<O: Clone> Pool<O> {
         if !self.reserved.remove(&ip) {
             return false;
         }
-        self.idle.insert((now, ip));
-        self.idle_since.insert(ip, now);
+        self.idle.insert((Since::At(now), ip));
+        self.idle_since.insert(ip, Since::At(now));
         true
     }
 
     /// Idle -> back to the source; returns the token. False if `ip` was not idle.
-    pub fn give_back(&mut self, ip: IpAddr) -> bool {
+    pub fn evict(&mut self, ip: IpAddr) -> bool {
         match self.idle_since.remove(&ip) {
             Some(at) => {
                 self.idle.remove(&(at, ip));
@@ -276,7 +323,12 @@ impl<O: Clone> Pool<O> {
         } else {
             self.cfg.min_idle.saturating_sub(ready).min(self.tokens())
         };
-        let surplus = ready.saturating_sub(self.cfg.max_idle.max(self.cfg.min_idle));
+        // Over capacity (lowered since a restart): cooled idle addresses go back first.
+        let over = (self.idle.len() + self.in_use.len() + self.reserved.len())
+            .saturating_sub(self.cfg.capacity);
+        let surplus = ready
+            .saturating_sub(self.cfg.max_idle.max(self.cfg.min_idle))
+            .max(over.min(ready));
         let give_back = self
             .idle
             .iter()

@@ -299,11 +299,47 @@ impl RangeAllocator {
 
     /// Hands out the next free address after the cursor, wrapping around the set.
     pub fn allocate_next(&mut self) -> Option<IpAddr> {
+        let ip = self.peek_next()?;
+        self.taken.insert(to_u128(ip));
+        self.cursor = Some(ip);
+        Some(ip)
+    }
+
+    /// The address [`RangeAllocator::allocate_next`] would hand out, without handing it out.
+    pub fn peek_next(&self) -> Option<IpAddr> {
+        self.next_free_after(self.cursor)
+    }
+
+    /// The next `n` addresses `allocate_next` would hand out (fewer if fewer are free).
+    pub fn peek_next_n(&self, n: usize) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = Vec::new();
+        let mut after = self.cursor;
+        while out.len() < n {
+            match self.next_free_after(after) {
+                Some(ip) if !out.contains(&ip) => {
+                    out.push(ip);
+                    after = Some(ip);
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
+    /// Hands out `ip` (one `peek_next` gave) and continues after it.
+    pub fn take_next(&mut self, ip: IpAddr) -> Result<(), OccupyError> {
+        self.occupy(ip)?;
+        self.cursor = Some(ip);
+        Ok(())
+    }
+
+    /// The first free address after `after` (or from the start), wrapping around the set.
+    fn next_free_after(&self, after: Option<IpAddr>) -> Option<IpAddr> {
         if self.free() == 0 {
             return None;
         }
         let n = self.ranges.len();
-        let (first, after) = match self.cursor.and_then(|c| {
+        let (first, after) = match after.and_then(|c| {
             let v = to_u128(c);
             self.ranges
                 .iter()
@@ -328,10 +364,7 @@ impl RangeAllocator {
                 _ => hi,
             };
             if let Some(v) = self.first_free(r, from, to) {
-                self.taken.insert(v);
-                let ip = from_u128(r.family(), v);
-                self.cursor = Some(ip);
-                return Some(ip);
+                return Some(from_u128(r.family(), v));
             }
         }
         None
@@ -341,14 +374,21 @@ impl RangeAllocator {
         self.taken.first_free(from, to, |v| !r.excluded(v))
     }
 
-    /// Marks a given address as handed out (static request, or rebuilding after a restart).
-    pub fn occupy(&mut self, ip: IpAddr) -> Result<(), OccupyError> {
+    /// Whether [`RangeAllocator::occupy`] would take `ip`.
+    pub fn can_occupy(&self, ip: IpAddr) -> Result<(), OccupyError> {
         if !self.contains(ip) {
             return Err(OccupyError::NotInRange(ip));
         }
-        if !self.taken.insert(to_u128(ip)) {
+        if self.taken.contains(to_u128(ip)) {
             return Err(OccupyError::Taken(ip));
         }
+        Ok(())
+    }
+
+    /// Marks a given address as handed out (static request, or rebuilding after a restart).
+    pub fn occupy(&mut self, ip: IpAddr) -> Result<(), OccupyError> {
+        self.can_occupy(ip)?;
+        self.taken.insert(to_u128(ip));
         Ok(())
     }
 

@@ -10,12 +10,10 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tokio_stream::StreamExt as _;
 use tonic::transport::{Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
-use crate::cork::Corked;
 use crate::ipam::{spawn_maintenance, Ipam};
 use crate::service::{Access, CniServer, CniService, OpsServer, OpsService};
 
@@ -115,21 +113,22 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let maintenance = AbortOnDrop(spawn_maintenance(ipam.clone()));
 
-    // Health: SERVING now that recovery is done; NOT_SERVING while every network is drained.
+    // Health: SERVING now that recovery is done; NOT_SERVING while every network is drained
+    // or the store has failed (until it is reopened).
     let (reporter, health) = tonic_health::server::health_reporter();
     let health_task = {
-        let mut drained = ipam.drained_all();
+        let mut watched = ipam.health();
         AbortOnDrop(tokio::spawn(async move {
             loop {
-                let status = if *drained.borrow_and_update() {
-                    ServingStatus::NotServing
-                } else {
+                let status = if watched.borrow_and_update().serving() {
                     ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
                 };
                 for name in ["", "ipool.v1.Cni", "ipool.v1.Ops"] {
                     reporter.set_service_status(name, status).await;
                 }
-                if drained.changed().await.is_err() {
+                if watched.changed().await.is_err() {
                     return;
                 }
             }
@@ -159,10 +158,7 @@ pub async fn serve(
         )
         .add_service(health.clone())
         .add_service(reflection.clone())
-        .serve_with_incoming_shutdown(
-            UnixListenerStream::new(l.socket).map(|accepted| accepted.map(Corked::new)),
-            stopped(stop_rx.clone()),
-        );
+        .serve_with_incoming_shutdown(UnixListenerStream::new(l.socket), stopped(stop_rx.clone()));
     let tcp = async {
         let Some(t) = l.ops_tcp else {
             return Ok(());
@@ -190,8 +186,8 @@ pub async fn serve(
     };
     let metrics = async {
         if let Some(listener) = l.metrics {
-            let registry = Arc::new(crate::metrics::registry(&ipam));
-            crate::metrics::serve_metrics(listener, registry, stopped(stop_rx_metrics)).await;
+            let registry = Arc::new(crate::exporter::registry(&ipam));
+            crate::exporter::serve_metrics(listener, registry, stopped(stop_rx_metrics)).await;
         }
         Ok(())
     };

@@ -72,8 +72,7 @@ fn add_check_del_through_the_real_plugin() {
         "{table}"
     );
     // One log line per request, readable in a file (no terminal colour codes).
-    let log = d.log();
-    assert!(log.contains("ctr-c") && log.contains("10.42.0.4"), "{log}");
+    let log = d.wait_log(&["ctr-c", "10.42.0.4"]);
     assert!(!log.contains('\x1b'), "colour codes in a log file: {log}");
 }
 

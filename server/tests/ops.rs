@@ -174,7 +174,7 @@ fn every_ops_call_through_ipoolctl_on_the_socket() {
         "json",
     ]));
     assert_eq!(rel["released"][0], ip_of(&b));
-    assert!(d.log().contains("node repair"), "the reason is logged");
+    d.wait_log(&["node repair", "pod-b"]);
     let gone = d.ctl(&["get", "--network", "ops", "--container", "pod-b"]);
     assert_eq!(code(&gone), 3);
 
@@ -208,7 +208,7 @@ fn every_ops_call_through_ipoolctl_on_the_socket() {
 
 #[test]
 fn watch_streams_allocation_events() {
-    let d = Daemon::start();
+    let d = Daemon::with_config(NO_GC_GRACE);
     let conf = d.conf("1.0.0", "watched", SUBNET);
     let mut watcher = Command::new(ipoolctl_bin())
         .args(["--socket"])
@@ -731,8 +731,7 @@ fn metrics_match_the_pools_after_a_known_sequence() {
 }
 
 /// A client that sends its preface and SETTINGS and then waits for the server's SETTINGS before
-/// it sends a request (grpc-go does) gets them: the daemon holds control frames for the reply
-/// (server/src/cork.rs), but only for a moment.
+/// it sends a request (grpc-go does) gets them.
 #[test]
 fn a_client_that_waits_for_the_servers_settings_gets_them() {
     use std::io::{Read, Write};

@@ -10,7 +10,7 @@ use ipool_server::logbuf::{self, DeferredLog};
 use ipool_server::{
     clock::SystemClock,
     config::DaemonConfig,
-    ipam::Ipam,
+    ipam::{Ipam, Setup},
     server::{bind_socket, serve, shutdown_signal, Listeners, OpsTcp},
     store::SledStore,
 };
@@ -207,12 +207,15 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             Ok(Arc::new(store))
         },
         move || Ok(Arc::new(SledStore::open(&state_dir)?)),
-        Arc::new(SystemClock),
-        &config,
-        boot_id.as_deref(),
+        Setup {
+            config,
+            clock: Arc::new(SystemClock::new()),
+            boot_id: boot_id.clone(),
+            metrics: Arc::default(),
+        },
     )
     .context("recovering state")?;
-    ipam.maintain().context("preloading pools")?;
+    ipam.maintain().await.context("preloading pools")?;
     // Recovery decoded every stored record; hand the memory it freed back before serving.
     trim_heap();
     spawn_heap_trimmer();

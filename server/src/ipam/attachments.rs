@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
-use crate::pool::Millis;
+use crate::model::Millis;
 use crate::store::{AttachmentKey, AttachmentRecord, Pod};
 
 #[derive(Default)]

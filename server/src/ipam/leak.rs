@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{Ipam, ReleaseBy, Released};
 use crate::error::Error;
-use crate::pool::Millis;
+use crate::model::Millis;
 use crate::store::AttachmentKey;
 
 /// Attachments seen without their network namespace: key -> (the record's creation time, when
@@ -93,7 +93,7 @@ impl Ipam {
         if due.is_empty() {
             return Ok(Vec::new());
         }
-        let released = {
+        let (released, seq) = {
             let mut guard = self.lock();
             let st = &mut *guard;
             // Only the attachments that are still the ones observed (not re-created since).
@@ -106,9 +106,9 @@ impl Ipam {
                 })
                 .map(|(k, _)| k)
                 .collect();
-            self.release_all(st, &keys, ReleaseBy::Leak)?
+            self.release_attachments(st, &keys, ReleaseBy::Leak)?
         };
-        self.flush().await?;
+        self.wait_durable(seq).await?;
         for r in &released {
             r.log(ReleaseBy::Leak);
         }

@@ -1,105 +1,159 @@
 //! The background loop: ends reservations whose TTL passed, keeps each pool's idle set within
-//! [min_idle, max_idle] through the source's token bucket, and (when configured) reclaims
-//! attachments whose network namespace is gone. Woken after every change, and by a ticker.
+//! [min_idle, max_idle] through the source's token bucket, (when configured) reclaims
+//! attachments whose network namespace is gone, and records the clock's high-water mark.
+//! After a store failure it reopens the store instead, until that succeeds. Woken after every
+//! change, and by a ticker.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
 use super::{Ipam, LeakSuspects};
+use crate::pool::Since;
 use crate::store::Change;
 
 /// How often the loop runs when nothing wakes it.
 const TICK: Duration = Duration::from_secs(1);
+/// How often the clock's anchor is stored (the high-water mark a start after a reboot keeps
+/// engine time above).
+const CLOCK_EVERY: Duration = Duration::from_secs(60);
+/// The first wait before reopening a failed store, and the longest (it doubles in between).
+const REOPEN_FIRST: Duration = Duration::from_secs(1);
+const REOPEN_MAX: Duration = Duration::from_secs(30);
+
+/// What one pool's maintenance does: fetch from the source into idle, give idle back.
+struct Work {
+    network: String,
+    set: usize,
+    fetch: Vec<IpAddr>,
+    give_back: Vec<IpAddr>,
+}
 
 impl Ipam {
-    /// One pass over every pool. Returns how many addresses were fetched and given back
-    /// (after ending the reservations whose TTL passed).
-    pub fn maintain(&self) -> Result<(usize, usize), crate::error::Error> {
+    /// One pass over every pool, durable when it returns. Returns how many addresses were
+    /// fetched and given back (after ending the reservations whose TTL passed).
+    pub async fn maintain(&self) -> Result<(usize, usize), crate::error::Error> {
+        let counts = self.maintain_pass()?;
+        self.flush().await?;
+        Ok(counts)
+    }
+
+    fn maintain_pass(&self) -> Result<(usize, usize), crate::error::Error> {
         let mut guard = self.lock();
+        let st = &mut *guard;
+        self.serving(st)?;
         let now = self.now();
-        self.expire_reservations(&mut guard, now)?;
-        let mut changes = Vec::new();
-        let (mut fetched, mut returned) = (Vec::new(), Vec::new());
-        for (name, net) in guard.networks.iter_mut() {
+        self.expire_reservations(st, now)?;
+        let mut work = Vec::new();
+        for (name, net) in st.networks.iter_mut() {
             for (set, p) in net.pools.iter_mut().enumerate() {
-                let work = p.pool.maintenance(now, p.factory.free() == 0);
-                let cursor_before = p.factory.cursor();
-                for _ in 0..work.fetch {
-                    if p.bucket.try_take(now).is_err() {
-                        p.bucket_waits += 1;
-                        break;
-                    }
-                    p.source_calls += 1;
-                    let Some(ip) = p.factory.allocate() else {
-                        p.source_errors += 1;
-                        break;
-                    };
-                    if p.pool.receive(ip, 0).is_err() {
-                        p.factory.release(ip);
-                        break;
-                    }
-                    fetched.push((name.clone(), set, ip));
-                    changes.push(Change::PutIdle {
-                        network: name.clone(),
-                        ip,
-                        released_at: 0,
-                    });
+                let m = p.pool.maintenance(now, p.source.free() == 0);
+                let mut allowed = 0;
+                while allowed < m.fetch && p.bucket.try_take(now).is_ok() {
+                    allowed += 1;
                 }
-                if p.factory.cursor() != cursor_before {
-                    changes.push(Change::PutCursor {
+                if allowed < m.fetch {
+                    p.bucket_waits += 1;
+                }
+                let fetch = p.source.peek_next_n(allowed);
+                p.source_calls += fetch.len() as u64;
+                if fetch.len() < allowed {
+                    p.source_errors += 1;
+                }
+                if !fetch.is_empty() || !m.give_back.is_empty() {
+                    work.push(Work {
                         network: name.clone(),
                         set,
-                        cursor: p.factory.cursor(),
+                        fetch,
+                        give_back: m.give_back,
                     });
                 }
-                for ip in work.give_back {
-                    if let Some(at) = p.pool.idle_since(ip) {
-                        p.pool.give_back(ip);
-                        p.factory.release(ip);
-                        returned.push((name.clone(), set, ip, at));
-                        changes.push(Change::DeleteIdle {
-                            network: name.clone(),
-                            ip,
-                        });
-                    }
-                }
             }
         }
-        if changes.is_empty() {
+        if work.is_empty() {
             return Ok((0, 0));
         }
-        if let Err(e) = self.shared.store.apply(&changes) {
-            // Undo in memory what could not be made durable.
-            for (name, set, ip) in &fetched {
-                if let Some(net) = guard.networks.get_mut(name) {
-                    net.pools[*set].pool.give_back(*ip);
-                    net.pools[*set].factory.release(*ip);
-                }
+        let mut changes = Vec::new();
+        for w in &work {
+            for ip in &w.fetch {
+                changes.push(Change::PutIdle {
+                    network: w.network.clone(),
+                    ip: *ip,
+                    released_at: Since::Never.to_stored(),
+                });
             }
-            for (name, set, ip, at) in &returned {
-                if let Some(net) = guard.networks.get_mut(name) {
-                    let p = &mut net.pools[*set];
-                    if p.factory.occupy(*ip).is_ok() {
-                        let _ = p.pool.receive(*ip, *at);
+            if let Some(last) = w.fetch.last() {
+                changes.push(Change::PutCursor {
+                    network: w.network.clone(),
+                    set: w.set,
+                    cursor: Some(*last),
+                });
+            }
+            for ip in &w.give_back {
+                changes.push(Change::DeleteIdle {
+                    network: w.network.clone(),
+                    ip: *ip,
+                });
+            }
+        }
+        let counts = work.iter().fold((0, 0), |(f, g), w| {
+            (f + w.fetch.len(), g + w.give_back.len())
+        });
+        self.commit(st, &changes, |st| {
+            for w in &work {
+                let p = st
+                    .pool(&w.network, w.set)
+                    .ok_or_else(|| format!("network {:?} is gone", w.network))?;
+                for ip in &w.fetch {
+                    p.source.take_next(*ip).map_err(|e| e.to_string())?;
+                    p.pool.admit(*ip, Since::Never).map_err(|e| e.to_string())?;
+                }
+                for ip in &w.give_back {
+                    if p.pool.evict(*ip) {
+                        p.source.vacate(*ip);
                     }
                 }
             }
-            return Err(e.into());
-        }
-        Ok((fetched.len(), returned.len()))
+            Ok(())
+        })?;
+        Ok(counts)
+    }
+
+    /// Stores where the engine clock stands (see [`crate::clock`]).
+    fn record_clock(&self) -> Result<(), crate::error::Error> {
+        let Some(anchor) = self.shared.clock.anchor(self.shared.boot_id.as_deref()) else {
+            return Ok(());
+        };
+        let mut st = self.lock();
+        self.commit(&mut st, &[Change::PutClock(anchor)], |_| Ok(()))
+            .map(|_| ())
     }
 }
 
 /// Runs [`Ipam::maintain`] (and, every `[leak_check] interval_secs` unless 0, [`Ipam::leak_check`])
-/// until the handle is aborted (the server aborts it on shutdown).
+/// until the handle is aborted (the server aborts it on shutdown). While the store has failed,
+/// it reopens the store instead ([`Ipam::recover_store`]), waiting longer after each failure.
 pub fn spawn_maintenance(ipam: Ipam) -> JoinHandle<()> {
     let leak_check = ipam.shared.leak_check;
     tokio::spawn(async move {
         let mut suspects = LeakSuspects::default();
         let mut next_leak_check = tokio::time::Instant::now();
+        let mut next_clock = tokio::time::Instant::now() + CLOCK_EVERY;
+        let mut reopen_wait = REOPEN_FIRST;
         loop {
-            match ipam.maintain() {
+            if ipam.store_failure().is_some() {
+                tokio::time::sleep(reopen_wait).await;
+                match ipam.recover_store().await {
+                    Ok(()) => reopen_wait = REOPEN_FIRST,
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in_s = (reopen_wait * 2).min(REOPEN_MAX).as_secs(), "the store cannot be reopened yet");
+                        reopen_wait = (reopen_wait * 2).min(REOPEN_MAX);
+                    }
+                }
+                continue;
+            }
+            match ipam.maintain().await {
                 Ok((0, 0)) => {}
                 Ok((fetched, returned)) => {
                     tracing::debug!(fetched, returned, "pools topped up / trimmed")
@@ -110,6 +164,12 @@ pub fn spawn_maintenance(ipam: Ipam) -> JoinHandle<()> {
                 next_leak_check = tokio::time::Instant::now() + leak_check;
                 if let Err(e) = ipam.leak_check(&mut suspects, leak_check).await {
                     tracing::warn!(error = %e, "leak check failed");
+                }
+            }
+            if tokio::time::Instant::now() >= next_clock {
+                next_clock = tokio::time::Instant::now() + CLOCK_EVERY;
+                if let Err(e) = ipam.record_clock() {
+                    tracing::warn!(error = %e, "storing the clock's anchor failed");
                 }
             }
             // What the pass wrote becomes durable in the background (nobody waits for it).

@@ -1,44 +1,18 @@
 //! What operators can see and steer: filtered lookups, operator reservations, forced releases,
-//! draining, and the stream of allocation events.
+//! draining.
 
 use std::net::IpAddr;
 
-use tokio::sync::broadcast;
-
+use super::add::pick_addresses;
 use super::attachments::Attachment;
+use super::events::{Event, EventKind};
 use super::{Ipam, ReleaseBy, Released, Step};
 use crate::error::Error;
-use crate::pool::Millis;
-use crate::store::{AttachmentKey, AttachmentRecord, Change, Pod, Reservation, ReservationKey};
-
-/// How many events a watcher may fall behind before it is told it lagged.
-pub(super) const EVENT_BUFFER: usize = 4096;
+use crate::model::{AttachmentKey, AttachmentRecord, Reservation, ReservationKey};
+use crate::store::Change;
 
 /// The drain entry that covers every network.
 pub const ALL_NETWORKS: &str = "*";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    Add,
-    Release,
-    Reserve,
-    Expire,
-    Gc,
-}
-
-/// One allocation event, as `Watch` streams it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Event {
-    pub kind: EventKind,
-    pub at_ms: Millis,
-    pub network: String,
-    pub container_id: String,
-    pub ifname: String,
-    pub namespace: String,
-    pub pod: String,
-    pub addresses: Vec<IpAddr>,
-    pub reason: String,
-}
 
 /// Filters of `find`; empty fields match everything.
 #[derive(Clone, Debug, Default)]
@@ -66,123 +40,7 @@ impl Filter {
     }
 }
 
-impl Event {
-    /// `key`: the attachment, if the event is about one (a reservation's events have none).
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        kind: EventKind,
-        at_ms: Millis,
-        network: &str,
-        key: Option<&AttachmentKey>,
-        namespace: &str,
-        pod: &str,
-        addresses: &[IpAddr],
-        reason: &str,
-    ) -> Event {
-        Event {
-            kind,
-            at_ms,
-            network: network.to_string(),
-            container_id: key.map(|k| k.container_id.clone()).unwrap_or_default(),
-            ifname: key.map(|k| k.ifname.clone()).unwrap_or_default(),
-            namespace: namespace.to_string(),
-            pod: pod.to_string(),
-            addresses: addresses.to_vec(),
-            reason: reason.to_string(),
-        }
-    }
-
-    pub(super) fn of_record(
-        kind: EventKind,
-        at_ms: Millis,
-        r: &AttachmentRecord,
-        reason: &str,
-    ) -> Event {
-        Event::of_attachment(kind, at_ms, &r.key, &r.pod, &r.addresses, reason)
-    }
-
-    /// An event about the attachment `key` of `pod`.
-    fn of_attachment(
-        kind: EventKind,
-        at_ms: Millis,
-        key: &AttachmentKey,
-        pod: &Pod,
-        addresses: &[IpAddr],
-        reason: &str,
-    ) -> Event {
-        Event::new(
-            kind,
-            at_ms,
-            &key.network,
-            Some(key),
-            &pod.namespace,
-            &pod.name,
-            addresses,
-            reason,
-        )
-    }
-
-    pub(super) fn of_reservation(
-        kind: EventKind,
-        at_ms: Millis,
-        r: &Reservation,
-        reason: &str,
-    ) -> Event {
-        let k = &r.key;
-        Event::new(
-            kind,
-            at_ms,
-            &k.network,
-            None,
-            &k.namespace,
-            &k.name,
-            &r.addresses,
-            reason,
-        )
-    }
-}
-
 impl Ipam {
-    /// Sends an event to every watcher; never blocks (a slow watcher lags instead). The event
-    /// is only built when somebody watches: the ADD path pays nothing otherwise.
-    pub(super) fn emit(&self, e: impl FnOnce() -> Event) {
-        if self.shared.events.receiver_count() > 0 {
-            let _ = self.shared.events.send(e());
-        }
-    }
-
-    pub(super) fn emit_released(&self, released: &[Released], by: ReleaseBy, reason: &str) {
-        let now = self.now();
-        let kind = match by {
-            ReleaseBy::Gc | ReleaseBy::Leak => EventKind::Gc,
-            _ => EventKind::Release,
-        };
-        for r in released {
-            let (k, p) = (&r.key, &r.pod);
-            self.emit(|| Event::of_attachment(kind, now, k, p, &r.addresses, reason));
-            if let Some(until) = r.reserved_until {
-                self.emit(|| {
-                    let why = format!("sticky pod; until {until} (Unix ms)");
-                    Event::new(
-                        EventKind::Reserve,
-                        now,
-                        &k.network,
-                        None,
-                        &p.namespace,
-                        &p.name,
-                        &r.addresses,
-                        &why,
-                    )
-                });
-            }
-        }
-    }
-
-    /// A receiver of every event from now on.
-    pub fn watch(&self) -> broadcast::Receiver<Event> {
-        self.shared.events.subscribe()
-    }
-
     /// Attachments matching `f`, in key order.
     pub fn find(&self, f: &Filter) -> Vec<AttachmentRecord> {
         let st = self.lock();
@@ -197,6 +55,14 @@ impl Ipam {
             v.truncate(f.limit);
         }
         v
+    }
+
+    /// Every attachment (of `network`), in key order.
+    pub fn attachments(&self, network: Option<&str>) -> Vec<AttachmentRecord> {
+        self.find(&Filter {
+            network: network.map(str::to_string),
+            ..Filter::default()
+        })
     }
 
     /// The attachment that holds `ip` in `network`.
@@ -221,7 +87,7 @@ impl Ipam {
         ttl_secs: u64,
         reason: &str,
     ) -> Result<Reservation, Error> {
-        super::validate_name("network name", &key.network).map_err(Error::InvalidRequest)?;
+        super::validate_network(&key.network)?;
         if key.name.is_empty() {
             return Err(Error::InvalidRequest(
                 "a reservation needs a pod name".into(),
@@ -230,15 +96,10 @@ impl Ipam {
         if ttl_secs == 0 {
             return Err(Error::InvalidRequest("ttl_secs must be at least 1".into()));
         }
-        let r = {
+        let (r, seq) = {
             let mut guard = self.lock();
             let st = &mut *guard;
-            if !st.networks.contains_key(&key.network) {
-                return Err(Error::NotFound(format!(
-                    "network {:?} is unknown",
-                    key.network
-                )));
-            }
+            self.serving(st)?;
             if let Some(old) = st.reservations.get(&key) {
                 return Err(Error::InUse(format!(
                     "pod {}/{} already has a reservation in network {:?} ({}); unreserve it first",
@@ -249,47 +110,61 @@ impl Ipam {
                 )));
             }
             let now = self.now();
-            // `take_addresses` looks only at the key's network; the rest names the reservation
+            // `pick_addresses` looks only at the key's network; the rest names the reservation
             // in case a message ever shows it.
             let owner = AttachmentKey {
                 network: key.network.clone(),
                 container_id: format!("reservation-{}-{}", key.namespace, key.name),
                 ifname: "-".into(),
             };
-            let got = match self.take_addresses(st, &owner, &addresses, None, now, false)? {
-                Step::Done(got) => got,
+            let net = st
+                .networks
+                .get_mut(&key.network)
+                .ok_or_else(|| Error::NotFound(format!("network {:?} is unknown", key.network)))?;
+            let picks = match pick_addresses(
+                net,
+                &st.attachments,
+                &st.reservations,
+                &owner,
+                &addresses,
+                None,
+                now,
+                false,
+            )? {
+                Step::Done(p) => p,
                 Step::Wait(ms) => {
                     return Err(Error::Busy(format!(
                         "the address source is rate-limited; try again in {ms} ms"
                     )))
                 }
             };
-            let net = st
-                .networks
-                .get_mut(&key.network)
-                .ok_or_else(|| Error::NotFound(format!("network {:?} is gone", key.network)))?;
             let r = Reservation {
                 key: key.clone(),
-                addresses: got.iter().map(|a| a.ip).collect(),
+                addresses: picks.iter().map(|p| p.ip).collect(),
                 created_at_ms: now,
                 expires_at_ms: now.saturating_add(ttl_secs.saturating_mul(1000)),
                 reason: format!("operator: {reason}"),
             };
             let mut changes = vec![Change::PutReservation(r.clone())];
-            changes.extend(super::source_changes(&key.network, net, &got));
-            if let Err(e) = self.shared.store.apply(&changes) {
-                for a in got.iter().rev() {
-                    net.pools[a.set].unwind(a);
+            changes.extend(
+                picks
+                    .iter()
+                    .filter_map(|p| net.pools[p.set].store_change(&key.network, p)),
+            );
+            let seq = self.commit(st, &changes, |st| {
+                for p in &picks {
+                    let pool = st
+                        .pool(&key.network, p.set)
+                        .ok_or_else(|| format!("network {:?} is gone", key.network))?;
+                    pool.take(p)?;
+                    pool.pool.reserve(p.ip).map_err(|e| e.to_string())?;
                 }
-                return Err(e.into());
-            }
-            for a in &got {
-                let _ = net.pools[a.set].pool.reserve(a.ip);
-            }
-            st.reservations.insert(key.clone(), r.clone());
-            r
+                st.reservations.insert(key.clone(), r.clone());
+                Ok(())
+            })?;
+            (r, seq)
         };
-        self.flush().await?;
+        self.wait_durable(seq).await?;
         tracing::info!(network = %key.network, pod = %format!("{}/{}", key.namespace, key.name), address = %super::join(&r.addresses), expires_at_ms = r.expires_at_ms, %reason, "reserved by an operator");
         self.emit(|| Event::of_reservation(EventKind::Reserve, r.created_at_ms, &r, &r.reason));
         self.shared.changed.notify_one();
@@ -309,14 +184,14 @@ impl Ipam {
                 "say why: a forced release needs a reason (it is logged)".into(),
             ));
         }
-        let released = {
+        let (released, seq) = {
             let mut guard = self.lock();
             if !guard.attachments.contains_key(key) {
                 return Err(Error::NotFound(format!("no attachment {key}")));
             }
-            self.release_all(&mut guard, std::slice::from_ref(key), ReleaseBy::Operator)?
+            self.release_attachments(&mut guard, std::slice::from_ref(key), ReleaseBy::Operator)?
         };
-        self.flush().await?;
+        self.wait_durable(seq).await?;
         let r = released
             .into_iter()
             .next()
@@ -335,35 +210,40 @@ impl Ipam {
     /// drained networks afterwards ("*" stands for all).
     pub async fn drain(&self, network: Option<&str>, drain: bool) -> Result<Vec<String>, Error> {
         let name = network.unwrap_or(ALL_NETWORKS).to_string();
-        let now_drained = {
-            let mut st = self.lock();
+        let (now_drained, seq) = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
             if name != ALL_NETWORKS && !st.networks.contains_key(&name) {
                 return Err(Error::NotFound(format!("network {name:?} is unknown")));
             }
-            if st.drained.contains(&name) != drain {
-                self.shared.store.apply(&[Change::PutDrain {
+            let seq = if st.drained.contains(&name) != drain {
+                let change = Change::PutDrain {
                     network: name.clone(),
                     drained: drain,
-                }])?;
-                if drain {
-                    st.drained.insert(name.clone());
-                } else {
-                    st.drained.remove(&name);
-                }
-            }
-            let _ = self
-                .shared
-                .all_drained
-                .send(st.drained.contains(ALL_NETWORKS));
-            st.drained.iter().cloned().collect()
+                };
+                Some(self.commit(st, &[change], |st| {
+                    if drain {
+                        st.drained.insert(name.clone());
+                    } else {
+                        st.drained.remove(&name);
+                    }
+                    Ok(())
+                })?)
+            } else {
+                None
+            };
+            let all = st.drained.contains(ALL_NETWORKS);
+            self.shared.health.send_if_modified(|h| {
+                let changed = h.all_drained != all;
+                h.all_drained = all;
+                changed
+            });
+            (st.drained.iter().cloned().collect::<Vec<_>>(), seq)
         };
-        self.flush().await?;
+        if let Some(seq) = seq {
+            self.wait_durable(seq).await?;
+        }
         tracing::warn!(network = %name, drain, "drain changed by an operator");
         Ok(now_drained)
-    }
-
-    /// Whether every network is drained (health reports NOT_SERVING then).
-    pub fn drained_all(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.shared.all_drained.subscribe()
     }
 }

@@ -1,27 +1,44 @@
-//! Start-up: the pools are rebuilt from the store (and reconciled with the config) before the
-//! daemon accepts a single call. Attachments, reservations, idle addresses with their cooldown
-//! deadlines and source cursors all come back; capacity tokens follow from them. When the
-//! machine's boot ID differs from the stored one, every attachment of the old boot is released
-//! (sticky pods' addresses become reservations): their network namespaces died with the boot.
+//! Start-up, and rebuilding after a store failure: the state is rebuilt from the store (and
+//! reconciled with the config) before the daemon accepts a single call. Attachments,
+//! reservations, idle addresses with their cooldown deadlines and source cursors all come back;
+//! capacity tokens follow from them. When the machine's boot ID differs from the stored one,
+//! every attachment of the old boot is released (sticky pods' addresses become reservations):
+//! their network namespaces died with the boot.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
-use super::{Attachments, Ipam, Network, ReleaseBy, Shared, State};
+use super::attachments::Attachments;
+use super::state::{Network, State};
+use super::{Health, Ipam, ReleaseBy, Shared, ALL_NETWORKS};
 use crate::clock::Clock;
-use crate::config::{DaemonConfig, NetworkDef, Origin};
+use crate::config::DaemonConfig;
 use crate::error::Error;
-use crate::store::{Change, Committer, Store};
+use crate::metrics::Metrics;
+use crate::model::{Millis, NetworkDef, Origin};
+use crate::pool::Since;
+use crate::store::{Change, Committer, Snapshot, Store, StoreError};
+
+/// What the engine needs besides its store.
+pub struct Setup {
+    pub config: DaemonConfig,
+    pub clock: Arc<dyn Clock>,
+    /// The machine's current boot ID (None: unknown, nothing is released at start).
+    pub boot_id: Option<String>,
+    /// Where the engine counts; the exporter serves it.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Opens the store a loader thread reads through.
+type Opener<'a> = Box<dyn FnOnce() -> Result<Arc<dyn Store>, StoreError> + Send + 'a>;
 
 impl Ipam {
     /// Loads the store, applies the config's network definitions, and rebuilds every pool.
     ///
     /// A config network whose ranges differ from the stored definition replaces it only when
     /// no attachment holds an address of it; otherwise start-up fails with a message saying so.
-    ///
-    /// `boot_id` is the machine's current boot ID (None: unknown, nothing is released).
     pub fn open(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
@@ -29,7 +46,16 @@ impl Ipam {
         boot_id: Option<&str>,
     ) -> Result<Ipam, Error> {
         let serve = store.clone();
-        Self::open_with(move || Ok(store), move || Ok(serve), clock, config, boot_id)
+        Self::open_with(
+            move || Ok(store),
+            move || Ok(serve),
+            Setup {
+                config: config.clone(),
+                clock,
+                boot_id: boot_id.map(str::to_string),
+                metrics: Arc::default(),
+            },
+        )
     }
 
     /// [`Ipam::open`], reading the state through the store that `loader` opens and serving
@@ -44,239 +70,354 @@ impl Ipam {
     /// OS at the next trim instead of staying resident as holes between live entries. At
     /// 65 536 attachments the daemon's RSS after a restart went from ~50 to ~33 MiB.
     pub fn open_with(
-        loader: impl FnOnce() -> Result<Arc<dyn Store>, crate::store::StoreError> + Send,
-        serve: impl FnOnce() -> Result<Arc<dyn Store>, crate::store::StoreError>,
-        clock: Arc<dyn Clock>,
-        config: &DaemonConfig,
-        boot_id: Option<&str>,
+        loader: impl FnOnce() -> Result<Arc<dyn Store>, StoreError> + Send,
+        serve: impl FnOnce() -> Result<Arc<dyn Store>, StoreError>,
+        setup: Setup,
     ) -> Result<Ipam, Error> {
         let mut attachments = Attachments::default();
-        let snap = load_apart(loader, &mut attachments)?;
+        let snap = load_apart(Box::new(loader), &mut attachments)?;
         let store = serve()?;
-        let now = clock.now_ms();
-        let mut live: HashMap<&str, usize> = HashMap::new();
-        for a in attachments.iter() {
-            *live.entry(a.network()).or_default() += 1;
-        }
-        for r in &snap.reservations {
-            *live.entry(r.key.network.as_str()).or_default() += 1;
-        }
-
-        let mut defs: BTreeMap<String, NetworkDef> = snap
-            .networks
-            .iter()
-            .map(|d| (d.name.clone(), d.clone()))
-            .collect();
+        let boot_id = setup.boot_id.as_deref();
+        let anchor = setup.clock.resume(
+            snap.clock.as_ref(),
+            newest_time(&snap, &attachments),
+            boot_id,
+        );
+        let now = setup.clock.now_ms();
+        let rebooted = rebooted(&snap, boot_id, !attachments.is_empty());
         let mut changes = Vec::new();
-        let mut reset: Vec<String> = Vec::new();
-        // Networks that CNI configs declared follow the daemon's current [defaults].
-        for def in defs.values_mut() {
-            if def.origin == Origin::Cni && def.tuning != config.defaults {
-                def.tuning = config.defaults.clone();
-                changes.push(Change::PutNetwork(def.clone()));
-            }
-        }
-        for def in config.network_defs()? {
-            match defs.get(&def.name) {
-                Some(old) if old.same_addresses(&def) => {
-                    if old != &def {
-                        changes.push(Change::PutNetwork(def.clone()));
-                        defs.insert(def.name.clone(), def);
-                    }
-                }
-                Some(old) => {
-                    let n = live.get(def.name.as_str()).copied().unwrap_or(0);
-                    if n > 0 {
-                        return Err(Error::InvalidConfig(format!(
-                            "network {:?}: the config now says ranges {}, but the store holds {n} attachment(s) or reservation(s) in its ranges {} (restore the old ranges, or release them first)",
-                            def.name,
-                            def.describe_ranges(),
-                            old.describe_ranges()
-                        )));
-                    }
-                    tracing::warn!(network = %def.name, old = %old.describe_ranges(), new = %def.describe_ranges(), "network ranges changed in the config; it had no attachments");
-                    reset.push(def.name.clone());
-                    changes.push(Change::PutNetwork(def.clone()));
-                    defs.insert(def.name.clone(), def);
-                }
-                None => {
-                    changes.push(Change::PutNetwork(def.clone()));
-                    defs.insert(def.name.clone(), def);
-                }
-            }
-        }
-
-        let mut networks = BTreeMap::new();
-        for (name, def) in defs {
-            networks.insert(name, Network::new(def, now)?);
-        }
-
-        for rec in attachments.iter() {
-            let Some(net) = networks.get_mut(rec.network()) else {
-                return Err(Error::InvalidConfig(format!(
-                    "the store holds attachment {} of network {:?}, which has no definition",
-                    rec.key(),
-                    rec.network()
-                )));
-            };
-            for ip in rec.addresses() {
-                let set = net.set_of(*ip).ok_or_else(|| {
-                    Error::InvalidConfig(format!(
-                        "attachment {} holds {ip}, which is outside the ranges of network {:?} ({})",
-                        rec.key(),
-                        rec.network(),
-                        net.def.describe_ranges()
-                    ))
-                })?;
-                let p = &mut net.pools[set];
-                p.factory.occupy(*ip).map_err(|e| {
-                    Error::InvalidConfig(format!(
-                        "attachment {}: {e} (held twice in the store)",
-                        rec.key()
-                    ))
-                })?;
-                p.pool
-                    .restore_in_use(*ip, ())
-                    .map_err(|e| Error::InvalidConfig(format!("attachment {}: {e}", rec.key())))?;
-            }
-        }
-        let mut state = State {
-            networks,
-            attachments,
-            reservations: BTreeMap::new(),
-            drained: snap.drained.iter().cloned().collect(),
-        };
-        for r in snap.reservations {
-            let Some(net) = state.networks.get_mut(&r.key.network) else {
-                return Err(Error::InvalidConfig(format!(
-                    "the store holds a reservation for {} in network {:?}, which has no definition",
-                    r.key, r.key.network
-                )));
-            };
-            for ip in &r.addresses {
-                let set = net.set_of(*ip).ok_or_else(|| {
-                    Error::InvalidConfig(format!(
-                        "reservation {} holds {ip}, outside the ranges of network {:?} ({})",
-                        r.key,
-                        r.key.network,
-                        net.def.describe_ranges()
-                    ))
-                })?;
-                let p = &mut net.pools[set];
-                p.factory.occupy(*ip).map_err(|e| {
-                    Error::InvalidConfig(format!(
-                        "reservation {}: {e} (held twice in the store)",
-                        r.key
-                    ))
-                })?;
-                p.pool
-                    .restore_reserved(*ip)
-                    .map_err(|e| Error::InvalidConfig(format!("reservation {}: {e}", r.key)))?;
-            }
-            state.reservations.insert(r.key.clone(), r);
-        }
-        for (network, ip, released_at) in snap.idle {
-            let known = state.networks.get_mut(&network).and_then(|net| {
-                let set = net.set_of(ip)?;
-                Some(&mut net.pools[set])
-            });
-            let kept = match known {
-                Some(p) if !reset.contains(&network) => match p.factory.occupy(ip) {
-                    Ok(()) if p.pool.receive(ip, released_at).is_ok() => true,
-                    Ok(()) => {
-                        p.factory.release(ip);
-                        false
-                    }
-                    Err(_) => false,
-                },
-                _ => false,
-            };
-            if !kept {
-                tracing::warn!(network = %network, %ip, "dropping an idle address the pools cannot take back");
-                changes.push(Change::DeleteIdle { network, ip });
-            }
-        }
-        for (network, set, cursor) in snap.cursors {
-            match state.networks.get_mut(&network) {
-                Some(net) if set < net.pools.len() && !reset.contains(&network) => {
-                    net.pools[set].factory.set_cursor(Some(cursor));
-                }
-                _ => changes.push(Change::PutCursor {
-                    network,
-                    set,
-                    cursor: None,
-                }),
-            }
-        }
-        let rebooted = match (snap.boot_id.as_deref(), boot_id) {
-            (Some(old), Some(new)) if old != new => {
-                tracing::warn!(old_boot_id = old, boot_id = new, "the machine rebooted since the last start: releasing every attachment of the old boot");
-                true
-            }
-            (None, Some(_)) if !state.attachments.is_empty() => {
-                tracing::info!("no boot ID in the store (first start of this version): keeping the attachments");
-                false
-            }
-            _ => false,
-        };
         if let Some(id) = boot_id.filter(|id| snap.boot_id.as_deref() != Some(*id)) {
             changes.push(Change::PutBootId(id.to_string()));
         }
-        let metrics = Arc::new(crate::metrics::Metrics::default());
-        let committer = Committer::new(store, Some(metrics.flush_seconds.clone()));
-        if !changes.is_empty() {
-            committer.apply(&changes)?;
-        }
-        let (nets, atts) = (state.networks.len(), state.attachments.len());
-        for n in state.networks.values() {
-            let origin = match n.def.origin {
-                Origin::Config => "config",
-                Origin::Cni => "cni",
-            };
-            for p in &n.pools {
-                tracing::info!(network = %n.def.name, origin, family = p.family.as_str(), ranges = %p.factory.describe(), in_use = p.pool.in_use(), idle = p.pool.idle(), "pool ready");
-            }
-        }
-        let reservations = state.reservations.len();
+        changes.extend(anchor.map(Change::PutClock));
+        let all_drained = snap.drained.iter().any(|n| n == ALL_NETWORKS);
+        let rebuilt = rebuild(snap, attachments, &setup.config, now)?;
+        changes.extend(rebuilt.changes);
+        let committer = Committer::new(store, Some(setup.metrics.flush_seconds.clone()));
         let ipam = Ipam {
             shared: Arc::new(Shared {
-                state: Mutex::new(state),
+                state: Mutex::new(rebuilt.state),
                 store: committer,
-                clock,
-                defaults: config.defaults.clone(),
+                clock: setup.clock,
+                leak_check: std::time::Duration::from_secs(setup.config.leak_check.interval_secs),
+                config: setup.config,
+                boot_id: setup.boot_id,
                 changed: Notify::new(),
-                leak_check: std::time::Duration::from_secs(config.leak_check.interval_secs),
-                events: tokio::sync::broadcast::Sender::new(super::ops::EVENT_BUFFER),
-                all_drained: tokio::sync::watch::Sender::new(
-                    snap.drained.iter().any(|n| n == super::ALL_NETWORKS),
-                ),
-                metrics,
+                events: tokio::sync::broadcast::Sender::new(super::events::EVENT_BUFFER),
+                health: watch::Sender::new(Health {
+                    all_drained,
+                    store_failure: None,
+                }),
+                metrics: setup.metrics,
             }),
         };
+        {
+            let mut st = ipam.lock();
+            ipam.commit(&mut st, &changes, |_| Ok(()))?;
+            log_pools(&st);
+        }
         if rebooted {
-            let released = {
-                let mut guard = ipam.lock();
-                let keys: Vec<_> = guard.attachments.iter().map(|a| a.key()).collect();
-                ipam.release_all(&mut guard, &keys, ReleaseBy::Reboot)?
-            };
-            for r in &released {
-                r.log(ReleaseBy::Reboot);
-            }
-            ipam.emit_released(&released, ReleaseBy::Reboot, ReleaseBy::Reboot.reason());
-            tracing::warn!(
-                released = released.len(),
-                "attachments of the old boot released"
-            );
+            ipam.release_old_boot()?;
         }
         ipam.shared.store.flush_now()?;
+        let st = ipam.lock();
         tracing::info!(
-            networks = nets,
-            attachments = atts,
-            reservations,
+            networks = st.networks.len(),
+            attachments = st.attachments.len(),
+            reservations = st.reservations.len(),
             "state recovered"
         );
+        drop(st);
         Ok(ipam)
     }
+
+    /// Every attachment of the old boot is released (module docs).
+    fn release_old_boot(&self) -> Result<(), Error> {
+        let released = {
+            let mut guard = self.lock();
+            let keys: Vec<_> = guard.attachments.iter().map(|a| a.key()).collect();
+            self.release_attachments(&mut guard, &keys, ReleaseBy::Reboot)?
+                .0
+        };
+        for r in &released {
+            r.log(ReleaseBy::Reboot);
+        }
+        self.emit_released(&released, ReleaseBy::Reboot, ReleaseBy::Reboot.reason());
+        tracing::warn!(
+            released = released.len(),
+            "attachments of the old boot released"
+        );
+        Ok(())
+    }
+
+    /// After a store failure: reopens the store (keeping what was durable, see
+    /// [`Store::reopen`]) and rebuilds the state from it, dropping whatever memory held beyond
+    /// it. Serving resumes when this succeeds.
+    pub async fn recover_store(&self) -> Result<(), Error> {
+        let store = self.shared.store.shared_store();
+        let loaded = tokio::task::spawn_blocking(move || {
+            store.reopen()?;
+            let mut attachments = Attachments::default();
+            let snap = store.load_with(&mut |a| attachments.insert(&a))?;
+            Ok::<_, StoreError>((snap, attachments))
+        })
+        .await
+        .map_err(|e| Error::Busy(format!("the thread that reopens the store failed: {e}")))?;
+        let (snap, attachments) = loaded?;
+        let all_drained = snap.drained.iter().any(|n| n == ALL_NETWORKS);
+        let rebuilt = rebuild(snap, attachments, &self.shared.config, self.now())?;
+        let mut st = self.lock();
+        let was = st.failed.take();
+        *st = rebuilt.state;
+        self.shared.health.send_modify(|h| {
+            h.store_failure = None;
+            h.all_drained = all_drained;
+        });
+        if !rebuilt.changes.is_empty() {
+            self.commit(&mut st, &rebuilt.changes, |_| Ok(()))?;
+        }
+        tracing::warn!(
+            failed_since_ms = was.map(|f| f.since),
+            attachments = st.attachments.len(),
+            "store reopened and state rebuilt from it; serving again"
+        );
+        drop(st);
+        self.shared.changed.notify_one();
+        Ok(())
+    }
+}
+
+/// The newest time the store holds: engine time must not start below it.
+fn newest_time(snap: &Snapshot, attachments: &Attachments) -> Millis {
+    let idle = snap.idle.iter().map(|(_, _, at)| *at);
+    let made = attachments.iter().map(|a| a.created_at_ms());
+    let reserved = snap.reservations.iter().map(|r| r.created_at_ms);
+    idle.chain(made).chain(reserved).max().unwrap_or(0)
+}
+
+fn rebooted(snap: &Snapshot, boot_id: Option<&str>, has_attachments: bool) -> bool {
+    match (snap.boot_id.as_deref(), boot_id) {
+        (Some(old), Some(new)) if old != new => {
+            tracing::warn!(old_boot_id = old, boot_id = new, "the machine rebooted since the last start: releasing every attachment of the old boot");
+            true
+        }
+        (None, Some(_)) if has_attachments => {
+            tracing::info!(
+                "no boot ID in the store (first start of this version): keeping the attachments"
+            );
+            false
+        }
+        _ => false,
+    }
+}
+
+fn log_pools(st: &State) {
+    for n in st.networks.values() {
+        let origin = match n.def.origin {
+            Origin::Config => "config",
+            Origin::Cni => "cni",
+        };
+        for p in &n.pools {
+            tracing::info!(network = %n.def.name, origin, family = p.family.as_str(), ranges = %p.source.describe(), in_use = p.pool.in_use(), idle = p.pool.idle(), "pool ready");
+        }
+    }
+}
+
+/// A state rebuilt from the store, and the changes that reconcile the store with it.
+struct Rebuilt {
+    state: State,
+    changes: Vec<Change>,
+}
+
+/// Rebuilds the state from a snapshot (its attachments already read into `attachments`).
+fn rebuild(
+    snap: Snapshot,
+    attachments: Attachments,
+    config: &DaemonConfig,
+    now: Millis,
+) -> Result<Rebuilt, Error> {
+    let mut changes = Vec::new();
+    let (defs, reset) = reconcile_defs(&snap, &attachments, config, &mut changes)?;
+    let mut networks = BTreeMap::new();
+    for (name, def) in defs {
+        networks.insert(name, Network::new(def, now)?);
+    }
+    let mut state = State {
+        networks,
+        attachments,
+        reservations: BTreeMap::new(),
+        drained: snap.drained.iter().cloned().collect(),
+        failed: None,
+    };
+    restore_attachments(&mut state)?;
+    for r in snap.reservations {
+        restore_reserved(&mut state.networks, &r)?;
+        state.reservations.insert(r.key.clone(), r);
+    }
+    for (network, ip, released_at) in snap.idle {
+        let kept = !reset.contains(&network)
+            && state.networks.get_mut(&network).is_some_and(|net| {
+                let Some(set) = net.set_of(ip) else {
+                    return false;
+                };
+                let p = &mut net.pools[set];
+                if p.source.occupy(ip).is_err() {
+                    return false;
+                }
+                // Restored whole, whatever the capacity now: the pool trims it later.
+                p.pool
+                    .restore_idle(ip, Since::from_stored(released_at))
+                    .is_ok()
+                    || {
+                        p.source.vacate(ip);
+                        false
+                    }
+            });
+        if !kept {
+            tracing::warn!(network = %network, %ip, "dropping an idle address the pools cannot take back");
+            changes.push(Change::DeleteIdle { network, ip });
+        }
+    }
+    for (network, set, cursor) in snap.cursors {
+        match state.networks.get_mut(&network) {
+            Some(net) if set < net.pools.len() && !reset.contains(&network) => {
+                net.pools[set].source.set_cursor(Some(cursor));
+            }
+            _ => changes.push(Change::PutCursor {
+                network,
+                set,
+                cursor: None,
+            }),
+        }
+    }
+    Ok(Rebuilt { state, changes })
+}
+
+/// The network definitions to run with: the stored ones, brought to the config's. Networks
+/// that CNI configs declared follow the daemon's current [defaults]; a config network replaces
+/// a stored one with other ranges only when nothing holds an address of it (returned in
+/// `reset`: its idle addresses and cursors are dropped).
+fn reconcile_defs(
+    snap: &Snapshot,
+    attachments: &Attachments,
+    config: &DaemonConfig,
+    changes: &mut Vec<Change>,
+) -> Result<(BTreeMap<String, NetworkDef>, Vec<String>), Error> {
+    let mut live: HashMap<&str, usize> = HashMap::new();
+    for a in attachments.iter() {
+        *live.entry(a.network()).or_default() += 1;
+    }
+    for r in &snap.reservations {
+        *live.entry(r.key.network.as_str()).or_default() += 1;
+    }
+    let mut defs: BTreeMap<String, NetworkDef> = snap
+        .networks
+        .iter()
+        .map(|d| (d.name.clone(), d.clone()))
+        .collect();
+    let mut reset = Vec::new();
+    for def in defs.values_mut() {
+        if def.origin == Origin::Cni && def.tuning != config.defaults {
+            def.tuning = config.defaults.clone();
+            changes.push(Change::PutNetwork(def.clone()));
+        }
+    }
+    for def in config.network_defs()? {
+        match defs.get(&def.name) {
+            Some(old) if old == &def => continue,
+            Some(old) if old.same_addresses(&def) => {}
+            Some(old) => {
+                let n = live.get(def.name.as_str()).copied().unwrap_or(0);
+                if n > 0 {
+                    return Err(Error::InvalidConfig(format!(
+                        "network {:?}: the config now says ranges {}, but the store holds {n} attachment(s) or reservation(s) in its ranges {} (restore the old ranges, or release them first)",
+                        def.name,
+                        def.describe_ranges(),
+                        old.describe_ranges()
+                    )));
+                }
+                tracing::warn!(network = %def.name, old = %old.describe_ranges(), new = %def.describe_ranges(), "network ranges changed in the config; it had no attachments");
+                reset.push(def.name.clone());
+            }
+            None => {}
+        }
+        changes.push(Change::PutNetwork(def.clone()));
+        defs.insert(def.name.clone(), def);
+    }
+    Ok((defs, reset))
+}
+
+/// Puts every attachment's addresses back into use in its network's pools.
+fn restore_attachments(state: &mut State) -> Result<(), Error> {
+    let State {
+        networks,
+        attachments,
+        ..
+    } = state;
+    for rec in attachments.iter() {
+        let Some(net) = networks.get_mut(rec.network()) else {
+            return Err(Error::InvalidConfig(format!(
+                "the store holds attachment {} of network {:?}, which has no definition",
+                rec.key(),
+                rec.network()
+            )));
+        };
+        for ip in rec.addresses() {
+            let set = net.set_of(*ip).ok_or_else(|| {
+                Error::InvalidConfig(format!(
+                    "attachment {} holds {ip}, which is outside the ranges of network {:?} ({})",
+                    rec.key(),
+                    rec.network(),
+                    net.def.describe_ranges()
+                ))
+            })?;
+            let p = &mut net.pools[set];
+            p.source.occupy(*ip).map_err(|e| {
+                Error::InvalidConfig(format!(
+                    "attachment {}: {e} (held twice in the store)",
+                    rec.key()
+                ))
+            })?;
+            p.pool
+                .restore_in_use(*ip, ())
+                .map_err(|e| Error::InvalidConfig(format!("attachment {}: {e}", rec.key())))?;
+        }
+    }
+    Ok(())
+}
+
+/// Puts a reservation's addresses back into reserved in its network's pools.
+fn restore_reserved(
+    networks: &mut BTreeMap<String, Network>,
+    r: &crate::model::Reservation,
+) -> Result<(), Error> {
+    let Some(net) = networks.get_mut(&r.key.network) else {
+        return Err(Error::InvalidConfig(format!(
+            "the store holds a reservation for {} in network {:?}, which has no definition",
+            r.key, r.key.network
+        )));
+    };
+    for ip in &r.addresses {
+        let set = net.set_of(*ip).ok_or_else(|| {
+            Error::InvalidConfig(format!(
+                "reservation {} holds {ip}, outside the ranges of network {:?} ({})",
+                r.key,
+                r.key.network,
+                net.def.describe_ranges()
+            ))
+        })?;
+        let p = &mut net.pools[set];
+        p.source.occupy(*ip).map_err(|e| {
+            Error::InvalidConfig(format!(
+                "reservation {}: {e} (held twice in the store)",
+                r.key
+            ))
+        })?;
+        p.pool
+            .restore_reserved(*ip)
+            .map_err(|e| Error::InvalidConfig(format!("reservation {}: {e}", r.key)))?;
+    }
+    Ok(())
 }
 
 /// Attachment records per hand-over from the loader thread.
@@ -284,10 +425,7 @@ pub(super) const LOAD_BATCH: usize = 512;
 
 /// Opens the store with `loader` on a thread of its own, reads it there and drops it there;
 /// the attachments come over in batches and go into `attachments` on this thread.
-fn load_apart(
-    loader: impl FnOnce() -> Result<Arc<dyn Store>, crate::store::StoreError> + Send,
-    attachments: &mut Attachments,
-) -> Result<crate::store::Snapshot, Error> {
+fn load_apart(loader: Opener<'_>, attachments: &mut Attachments) -> Result<Snapshot, Error> {
     use crate::store::AttachmentRecord;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<AttachmentRecord>>(4);
     std::thread::scope(|s| {
@@ -308,7 +446,7 @@ fn load_apart(
                 })?;
                 let _ = tx.send(batch);
                 drop(store);
-                Ok::<_, crate::store::StoreError>(snap)
+                Ok::<_, StoreError>(snap)
             })
             .map_err(|e| {
                 Error::Busy(format!("cannot start the thread that reads the store: {e}"))

@@ -9,10 +9,13 @@
 
 use std::net::IpAddr;
 
-use super::{Event, EventKind, Ipam, State};
+use super::events::{Event, EventKind};
+use super::state::State;
+use super::Ipam;
 use crate::error::Error;
-use crate::pool::Millis;
-use crate::store::{Change, Pod, Reservation, ReservationKey};
+use crate::model::{Millis, Pod, Reservation, ReservationKey};
+use crate::pool::Since;
+use crate::store::{Change, Seq};
 
 /// The reservation key of a pod in a network; None for an unnamed pod.
 pub(super) fn identity(network: &str, pod: &Pod) -> Option<ReservationKey> {
@@ -36,7 +39,7 @@ impl Ipam {
 
     /// Ends a reservation now: its addresses go idle (cooling). Returns it.
     pub async fn cancel_reservation(&self, key: &ReservationKey) -> Result<Reservation, Error> {
-        let r = {
+        let (r, seq) = {
             let mut guard = self.lock();
             let st = &mut *guard;
             let Some(r) = st.reservations.get(key).cloned() else {
@@ -45,10 +48,10 @@ impl Ipam {
                     key.namespace, key.name, key.network
                 )));
             };
-            self.end_reservations(st, std::slice::from_ref(&r))?;
-            r
+            let seq = self.end_reservations(st, std::slice::from_ref(&r))?;
+            (r, seq)
         };
-        self.flush().await?;
+        self.wait_durable(seq).await?;
         tracing::info!(network = %key.network, pod = %format!("{}/{}", key.namespace, key.name), address = %super::join(&r.addresses), reason = "cancelled", "reservation ended");
         self.emit(|| {
             Event::of_reservation(EventKind::Release, self.now(), &r, "reservation cancelled")
@@ -63,6 +66,9 @@ impl Ipam {
         st: &mut State,
         now: Millis,
     ) -> Result<Vec<Reservation>, Error> {
+        if st.reservations.is_empty() {
+            return Ok(Vec::new());
+        }
         let expired: Vec<Reservation> = st
             .reservations
             .values()
@@ -80,11 +86,11 @@ impl Ipam {
         Ok(expired)
     }
 
-    /// Reservations -> their addresses idle, stamped now; written first, then made in memory.
-    fn end_reservations(&self, st: &mut State, ended: &[Reservation]) -> Result<(), Error> {
+    /// Reservations -> their addresses idle, stamped now, in one change set.
+    fn end_reservations(&self, st: &mut State, ended: &[Reservation]) -> Result<Seq, Error> {
         let now = self.now();
         let mut changes = Vec::new();
-        let mut moves: Vec<(&str, usize, IpAddr)> = Vec::new();
+        let mut moves: Vec<(String, usize, IpAddr)> = Vec::new();
         for r in ended {
             changes.push(Change::DeleteReservation(r.key.clone()));
             let Some(net) = st.networks.get(&r.key.network) else {
@@ -95,24 +101,25 @@ impl Ipam {
                     .set_of(*ip)
                     .filter(|s| net.pools[*s].pool.is_reserved(*ip))
                 {
-                    moves.push((&r.key.network, set, *ip));
+                    moves.push((r.key.network.clone(), set, *ip));
                     changes.push(Change::PutIdle {
                         network: r.key.network.clone(),
                         ip: *ip,
-                        released_at: now,
+                        released_at: Since::At(now).to_stored(),
                     });
                 }
             }
         }
-        self.shared.store.apply(&changes)?;
-        for (net, set, ip) in moves {
-            if let Some(n) = st.networks.get_mut(net) {
-                n.pools[set].pool.unreserve(ip, now);
+        self.commit(st, &changes, |st| {
+            for (net, set, ip) in &moves {
+                if let Some(p) = st.pool(net, *set) {
+                    p.pool.unreserve(*ip, now);
+                }
             }
-        }
-        for r in ended {
-            st.reservations.remove(&r.key);
-        }
-        Ok(())
+            for r in ended {
+                st.reservations.remove(&r.key);
+            }
+            Ok(())
+        })
     }
 }

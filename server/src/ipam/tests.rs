@@ -6,7 +6,8 @@ use std::sync::Arc;
 use super::*;
 use crate::clock::ManualClock;
 use crate::config::DaemonConfig;
-use crate::store::{MemStore, Store};
+use crate::model::{Millis, ReservationKey};
+use crate::store::{Change, MemStore, Store};
 
 const T0: Millis = 1_700_000_000_000;
 
@@ -335,22 +336,22 @@ async fn maintenance_preloads_min_idle_durably_and_trims() {
         ranges = [[{ subnet = "10.3.0.0/24" }]]
     "#;
     let rig = Rig::new(toml);
-    assert_eq!(rig.ipam.maintain().expect("maintain"), (3, 0));
+    assert_eq!(rig.ipam.maintain().await.expect("maintain"), (3, 0));
     assert_eq!(rig.store.load().expect("load").idle.len(), 3);
     // Preloaded addresses are handed out in source order.
     let a = ips(&rig.ipam.add(req("pre", "a", "")).await.expect("add"))[0];
     assert_eq!(a, ip("10.3.0.2"));
-    assert_eq!(rig.ipam.maintain().expect("maintain"), (1, 0));
+    assert_eq!(rig.ipam.maintain().await.expect("maintain"), (1, 0));
     let ipam = rig.reopen().expect("reopen");
     assert_eq!(ipam.pool_status(None)[0].idle, 3);
     // Releasing pushes idle above max_idle; a cooling address does not count, so nothing
     // goes back until it has cooled.
     ipam.del(&key("pre", "a")).await.expect("del");
-    assert_eq!(ipam.maintain().expect("maintain"), (0, 0));
+    assert_eq!(ipam.maintain().await.expect("maintain"), (0, 0));
     let st = &ipam.pool_status(None)[0];
     assert_eq!((st.idle, st.cooling), (4, 1), "the cooling address stays");
     rig.clock.advance(10_000);
-    assert_eq!(ipam.maintain().expect("maintain"), (0, 1));
+    assert_eq!(ipam.maintain().await.expect("maintain"), (0, 1));
     let st = &ipam.pool_status(None)[0];
     assert_eq!((st.idle, st.cooling), (3, 0));
 }
@@ -463,9 +464,34 @@ async fn static_addresses_are_claimed_or_refused_with_the_holder() {
     );
 }
 
+/// The runtime builds its list of valid attachments before it calls GC: an ADD that finished
+/// in between is not on it, and must survive (`[cni] gc_grace_secs`, 60 s by default).
+#[tokio::test]
+async fn gc_spares_attachments_younger_than_the_grace() {
+    let rig = Rig::new("");
+    rig.ipam.add(req("g", "old", V4)).await.expect("add");
+    rig.clock.advance(59_000);
+    rig.ipam.add(req("g", "new", V4)).await.expect("add");
+    let none = std::collections::HashSet::new();
+    assert!(
+        rig.ipam.gc("g", &none).await.expect("gc").is_empty(),
+        "both are younger than 60 s"
+    );
+    rig.clock.advance(1_000);
+    let released = rig.ipam.gc("g", &none).await.expect("gc");
+    let keys: Vec<&str> = released
+        .iter()
+        .map(|r| r.key.container_id.as_str())
+        .collect();
+    assert_eq!(keys, ["old"], "only the one older than the grace");
+    rig.clock.advance(59_000);
+    assert_eq!(rig.ipam.gc("g", &none).await.expect("gc").len(), 1);
+    assert!(rig.ipam.attachments(Some("g")).is_empty());
+}
+
 #[tokio::test]
 async fn gc_releases_only_what_the_runtime_no_longer_lists() {
-    let rig = Rig::new("");
+    let rig = Rig::new("[cni]\ngc_grace_secs = 0");
     for c in ["a", "b", "c"] {
         rig.ipam.add(req("g", c, V4)).await.expect("add");
     }
@@ -591,9 +617,12 @@ fn recovery_reports_the_loaders_error() {
             served.store(true, std::sync::atomic::Ordering::SeqCst);
             Ok(Arc::new(MemStore::new()))
         },
-        Arc::new(ManualClock::new(T0)),
-        &config,
-        None,
+        Setup {
+            config,
+            clock: Arc::new(ManualClock::new(T0)),
+            boot_id: None,
+            metrics: Arc::default(),
+        },
     )
     .map(|_| ())
     .expect_err("the loader failed");
@@ -624,9 +653,12 @@ async fn open_with_reads_through_one_handle_and_serves_through_another() {
     let ipam = Ipam::open_with(
         move || Ok(Arc::new(SledStore::open(&reader_path)?)),
         move || Ok(Arc::new(SledStore::open(&path)?)),
-        clock.clone(),
-        &config,
-        Some("boot-1"),
+        Setup {
+            config: config.clone(),
+            clock: clock.clone(),
+            boot_id: Some("boot-1".into()),
+            metrics: Arc::default(),
+        },
     )
     .expect("open_with");
     assert_eq!(ipam.attachments(None).len(), 2);

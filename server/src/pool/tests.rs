@@ -38,7 +38,7 @@ fn acquire(
                 return Ok(ip);
             }
             Plan::Source => match src.allocate_next() {
-                Some(ip) => pool.receive(ip, 0)?,
+                Some(ip) => pool.admit(ip, Since::Never)?,
                 None => dry = true,
             },
         }
@@ -55,7 +55,7 @@ fn fresh_addresses_in_source_order_and_cooldown_respected() {
     let mut src = source("10.0.0.0/24");
     let a = acquire(&mut pool, &mut src, 1, 0).expect("free");
     assert_eq!(a, ip("10.0.0.2"));
-    assert_eq!(pool.release(a, 10), Some(1));
+    assert_eq!(pool.put_idle(a, 10), Some(1));
     // Still cooling: a fresh one is taken instead.
     assert_eq!(acquire(&mut pool, &mut src, 2, 20), Ok(ip("10.0.0.3")));
     assert_eq!(pool.cooling(20), 1);
@@ -75,9 +75,9 @@ fn least_recently_released_first() {
     let xs: Vec<_> = (0..3)
         .map(|o| acquire(&mut pool, &mut src, o, 0).expect("free"))
         .collect();
-    pool.release(xs[2], 5);
-    pool.release(xs[0], 6);
-    pool.release(xs[1], 7);
+    pool.put_idle(xs[2], 5);
+    pool.put_idle(xs[0], 6);
+    pool.put_idle(xs[1], 7);
     assert_eq!(acquire(&mut pool, &mut src, 9, 100), Ok(xs[2]));
     assert_eq!(acquire(&mut pool, &mut src, 9, 100), Ok(xs[0]));
     assert_eq!(acquire(&mut pool, &mut src, 9, 100), Ok(xs[1]));
@@ -89,7 +89,7 @@ fn cooling_address_is_used_only_when_nothing_else_can_be_had() {
     let mut src = source("10.0.0.0/24");
     let a = acquire(&mut pool, &mut src, 1, 0).expect("free");
     let _b = acquire(&mut pool, &mut src, 2, 0).expect("free");
-    pool.release(a, 1);
+    pool.put_idle(a, 1);
     // Capacity 2 is used up (1 idle + 1 in use): the cooling one is the only choice.
     assert_eq!(acquire(&mut pool, &mut src, 3, 2), Ok(a));
     let e = acquire(&mut pool, &mut src, 4, 3).expect_err("exhausted");
@@ -118,18 +118,52 @@ fn dry_source_is_exhaustion_with_counts() {
     );
 }
 
+/// A release at time 0 cools like any other: "never released" is not a time.
 #[test]
-fn untake_restores_release_time() {
+fn a_release_at_time_zero_cools() {
     let mut pool = Pool::new(cfg(10, 100));
-    pool.receive(ip("10.0.0.9"), 42).expect("token");
-    let at = pool.take(ip("10.0.0.9"), 1).expect("idle");
-    assert_eq!(at, 42);
-    assert_eq!(pool.untake(ip("10.0.0.9"), at), Some(1));
-    assert_eq!(pool.idle_since(ip("10.0.0.9")), Some(42));
+    pool.admit(ip("10.0.0.9"), Since::Never).expect("token");
+    assert_eq!(pool.take(ip("10.0.0.9"), 1), Ok(Since::Never));
+    assert_eq!(pool.put_idle(ip("10.0.0.9"), 0), Some(1));
+    assert_eq!(pool.idle_since(ip("10.0.0.9")), Some(Since::At(0)));
+    assert_eq!(pool.cooling(50), 1, "released at 0, cooling until 100");
+    assert_eq!(pool.cooling(100), 0);
+    assert_eq!(Since::from_stored(Since::At(0).to_stored()), Since::At(1));
+    assert_eq!(Since::from_stored(Since::Never.to_stored()), Since::Never);
     assert_eq!(
-        pool.receive(ip("10.0.0.9"), 0),
+        pool.admit(ip("10.0.0.9"), Since::Never),
         Err(PoolError::AlreadyHeld(ip("10.0.0.9")))
     );
+}
+
+/// After a restart with a lowered capacity, what the store holds comes back whole; the pool
+/// takes nothing new until it is under its capacity again, and hands cooled idle addresses back.
+#[test]
+fn restored_holdings_may_exceed_a_lowered_capacity() {
+    let mut pool: Pool<u32> = Pool::new(PoolConfig {
+        min_idle: 0,
+        max_idle: 8,
+        capacity: 2,
+        cooldown_ms: 100,
+    });
+    for i in 1..=3u8 {
+        pool.restore_in_use(IpAddr::from([10, 0, 0, i]), u32::from(i))
+            .expect("restored");
+    }
+    pool.restore_idle(ip("10.0.0.9"), Since::At(5))
+        .expect("restored");
+    assert_eq!((pool.in_use(), pool.idle(), pool.tokens()), (3, 1, 0));
+    assert_eq!(
+        pool.plan(1000, false),
+        Ok(Plan::Idle(ip("10.0.0.9"))),
+        "a cooled idle address still serves"
+    );
+    assert_eq!(
+        pool.maintenance(1000, false).give_back,
+        vec![ip("10.0.0.9")],
+        "over capacity: cooled idle addresses go back"
+    );
+    assert_eq!(pool.maintenance(50, false).give_back, Vec::<IpAddr>::new());
 }
 
 #[test]
@@ -143,7 +177,7 @@ fn maintenance_preloads_and_trims_only_cooled() {
     assert_eq!(pool.maintenance(0, false).fetch, 3);
     assert_eq!(pool.maintenance(0, true).fetch, 0);
     for i in 1..=5u8 {
-        pool.receive(IpAddr::from([10, 0, 0, i]), i as Millis * 10)
+        pool.admit(IpAddr::from([10, 0, 0, i]), Since::At(i as Millis * 10))
             .expect("token");
     }
     assert_eq!(pool.tokens(), 0);
@@ -151,7 +185,7 @@ fn maintenance_preloads_and_trims_only_cooled() {
     assert_eq!(pool.maintenance(50, false).give_back, Vec::<IpAddr>::new());
     assert_eq!(pool.maintenance(110, false).give_back, Vec::<IpAddr>::new());
     assert_eq!(pool.maintenance(150, false).give_back, vec![ip("10.0.0.1")]);
-    assert!(pool.give_back(ip("10.0.0.1")));
+    assert!(pool.evict(ip("10.0.0.1")));
     assert_eq!(pool.tokens(), 1);
 }
 
@@ -166,7 +200,7 @@ fn cooling_addresses_do_not_count_toward_min_idle() {
         cooldown_ms: 100,
     });
     for i in 1..=3u8 {
-        pool.receive(IpAddr::from([10, 0, 0, i]), 1000)
+        pool.admit(IpAddr::from([10, 0, 0, i]), Since::At(1000))
             .expect("token");
     }
     assert_eq!(pool.cooling(1050), 3);
@@ -191,7 +225,7 @@ fn reserved_addresses_hold_a_token_and_are_never_planned() {
         capacity: 2,
         cooldown_ms: 100,
     });
-    pool.receive(ip("10.0.0.1"), 0).expect("token");
+    pool.admit(ip("10.0.0.1"), Since::Never).expect("token");
     pool.take(ip("10.0.0.1"), 7).expect("idle");
     assert_eq!(pool.reserve(ip("10.0.0.1")), Ok(7));
     assert_eq!(
@@ -209,7 +243,7 @@ fn reserved_addresses_hold_a_token_and_are_never_planned() {
         })
     );
     assert_eq!(
-        pool.receive(ip("10.0.0.1"), 0),
+        pool.admit(ip("10.0.0.1"), Since::Never),
         Err(PoolError::AlreadyHeld(ip("10.0.0.1")))
     );
     // Back to its pod...
@@ -219,7 +253,7 @@ fn reserved_addresses_hold_a_token_and_are_never_planned() {
     pool.reserve(ip("10.0.0.1")).expect("in use");
     assert!(pool.unreserve(ip("10.0.0.1"), 500));
     assert!(!pool.unreserve(ip("10.0.0.1"), 500));
-    assert_eq!(pool.idle_since(ip("10.0.0.1")), Some(500));
+    assert_eq!(pool.idle_since(ip("10.0.0.1")), Some(Since::At(500)));
     assert_eq!(pool.cooling(550), 1);
     pool.restore_reserved(ip("10.0.0.2")).expect("token");
     assert_eq!((pool.reserved(), pool.tokens()), (1, 0));
@@ -260,7 +294,7 @@ proptest! {
         for op in ops {
             match op {
                 Op::Acquire => {
-                    let before: Vec<(Millis, IpAddr)> = pool.idle.iter().copied().collect();
+                    let before: Vec<(Since, IpAddr)> = pool.idle.iter().copied().collect();
                     let tokens = pool.tokens();
                     let src_free = src.free();
                     next_owner += 1;
@@ -272,7 +306,7 @@ proptest! {
                                 // 4: an idle address is the least recently released one...
                                 prop_assert_eq!(before[0].1, ip);
                                 // ...and a cooling one only when nothing else could be had.
-                                if at != 0 && at + cooldown > now {
+                                if matches!(at, Since::At(t) if t + cooldown > now) {
                                     prop_assert!(tokens == 0 || src_free == 0);
                                 }
                             }
@@ -287,7 +321,7 @@ proptest! {
                 }
                 Op::Release(i) if !held.is_empty() => {
                     let (ip, owner) = held.swap_remove(i % held.len());
-                    prop_assert_eq!(pool.release(ip, now), Some(owner));
+                    prop_assert_eq!(pool.put_idle(ip, now), Some(owner));
                 }
                 Op::Release(_) => {}
                 Op::Tick(d) => now += d,
@@ -295,12 +329,12 @@ proptest! {
                     let m = pool.maintenance(now, src.free() == 0);
                     for _ in 0..m.fetch {
                         if let Some(ip) = src.allocate_next() {
-                            pool.receive(ip, 0).expect("maintenance fetch within tokens");
+                            pool.admit(ip, Since::Never).expect("maintenance fetch within tokens");
                         }
                     }
                     for ip in m.give_back {
-                        prop_assert!(pool.idle_since(ip).is_some_and(|at| at == 0 || at + cooldown <= now));
-                        prop_assert!(pool.give_back(ip));
+                        prop_assert!(pool.idle_since(ip).is_some_and(|at| pool.cooled(at, now)));
+                        prop_assert!(pool.evict(ip));
                         prop_assert!(src.release(ip));
                     }
                     prop_assert!(pool.idle() <= (min_idle + extra_idle).max(min_idle)
@@ -314,7 +348,7 @@ proptest! {
         }
     }
 
-    /// Factory calls never exceed the bucket's rate: over any prefix, successes <= burst + rate*t.
+    /// Source calls never exceed the bucket's rate: over any prefix, successes <= burst + rate*t.
     #[test]
     fn bucket_never_exceeds_rate(steps in proptest::collection::vec(0u64..300, 1..200), rate in 1u32..50, burst in 1u32..10) {
         let mut b = TokenBucket::new(rate as f64, burst, 0);

@@ -1,35 +1,40 @@
 //! Group commit: many requests, one flush.
 //!
-//! Every [`Committer::apply`] numbers the write it made (a sequence number, in the order the
-//! engine applied them: it applies under its state lock). A request that needs its write to be
-//! durable calls [`Committer::durable`], which returns once a flush has covered the newest
-//! sequence number at the time of the call.
+//! [`Committer::append`] hands a change set to the store and returns its number; a request that
+//! needs it durable calls [`Committer::durable`] with that number, which returns once a flush
+//! has covered it.
 //!
 //! There is no flusher thread: the first waiter that finds no flush running becomes the leader
-//! and runs the flush itself, inline, covering everything applied when the flush starts. The
+//! and runs the flush itself, inline, covering everything appended when the flush starts. The
 //! flush blocks the thread for one `pwrite` and one `fdatasync` of the write-ahead log (about
 //! 0.1 ms): ipoold runs on one thread, and requests that arrive meanwhile wait in their sockets,
-//! are applied as soon as it returns, and share the next flush. Alone, a request pays one
+//! are appended as soon as it returns, and share the next flush. Alone, a request pays one
 //! flush and no thread hand-off (handing the flush to another thread and being woken back cost
 //! more than the flush: docs/performance.md).
+//!
+//! A failed flush fails the store (see [`Store`]): the numbers it did not make durable are
+//! lost for good, and their waiters get its error, also after the store is reopened (the
+//! reopened store's numbers go on above them). A waiter for a number no flush has tried leads
+//! a new flush.
 
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::{Change, Store, StoreError};
+use super::{Change, Seq, Store, StoreError};
 
-/// Most times a leader yields to let concurrent requests apply before it flushes.
+/// Most times a leader yields to let concurrent requests append before it flushes.
 const GATHER_YIELDS: usize = 16;
 
 /// What the flushes have done so far.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CommitStats {
-    /// Writes applied (the newest sequence number).
+    /// Change sets appended.
     pub applied: u64,
-    /// Every write up to this sequence number is durable.
+    /// Change sets made durable.
     pub durable: u64,
     /// Flushes run, failed ones included.
     pub flushes: u64,
@@ -41,7 +46,10 @@ pub struct CommitStats {
 
 pub struct Committer {
     store: Arc<dyn Store>,
-    applied: AtomicU64,
+    /// The newest number appended.
+    appended: AtomicU64,
+    /// Change sets appended so far.
+    appends: AtomicU64,
     /// Set while a leader runs a flush; cleared in the same `send_modify` that publishes the
     /// flush's outcome, so a woken waiter never sees the outcome with the flag still set.
     flushing: AtomicBool,
@@ -51,8 +59,12 @@ pub struct Committer {
 
 #[derive(Clone, Debug, Default)]
 struct Flushed {
-    /// The highest sequence number a flush has tried to cover.
-    attempted: u64,
+    /// Every number up to this one is durable (or lost).
+    durable: Seq,
+    /// Numbers a failed flush left behind (never durable), and the failure.
+    lost: Vec<(RangeInclusive<Seq>, StoreError)>,
+    /// Appends accounted for in the stats (made durable, or lost).
+    counted: u64,
     stats: CommitStats,
 }
 
@@ -64,7 +76,8 @@ impl Committer {
     ) -> Committer {
         Committer {
             store,
-            applied: AtomicU64::new(0),
+            appended: AtomicU64::new(0),
+            appends: AtomicU64::new(0),
             flushing: AtomicBool::new(false),
             done: watch::Sender::new(Flushed::default()),
             flush_seconds,
@@ -75,33 +88,37 @@ impl Committer {
         &*self.store
     }
 
-    /// Applies `changes` atomically (see [`Store::apply`]); not yet durable.
-    pub fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
-        self.store.apply(changes)?;
-        self.applied.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+    /// Hands `changes` to the store as one change set (see [`Store::append`]); not yet
+    /// durable. Returns its number.
+    pub fn append(&self, changes: &[Change]) -> Result<Seq, StoreError> {
+        let seq = self.store.append(changes)?;
+        self.appended.fetch_max(seq, Ordering::SeqCst);
+        self.appends.fetch_add(1, Ordering::SeqCst);
+        Ok(seq)
     }
 
-    /// Waits until every write applied before this call is durable. Requests waiting at the
-    /// same time share one flush.
-    pub async fn durable(&self) -> Result<(), StoreError> {
-        let target = self.applied.load(Ordering::SeqCst);
+    /// The newest number appended (waiting for it covers everything appended so far).
+    pub fn last_appended(&self) -> Seq {
+        self.appended.load(Ordering::SeqCst)
+    }
+
+    /// The store, shared (a reopen runs on a thread of its own).
+    pub fn shared_store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    /// Waits until change set `seq` is durable. Requests waiting at the same time share one
+    /// flush.
+    pub async fn durable(&self, seq: Seq) -> Result<(), StoreError> {
         let mut rx = self.done.subscribe();
         loop {
             {
                 let f = rx.borrow_and_update();
-                if f.attempted >= target {
-                    if f.stats.durable >= target {
-                        return Ok(());
-                    }
-                    return Err(StoreError::Io {
-                        path: "flush".into(),
-                        msg: f
-                            .stats
-                            .last_error
-                            .clone()
-                            .unwrap_or_else(|| "flush failed".into()),
-                    });
+                if let Some((_, e)) = f.lost.iter().find(|(r, _)| r.contains(&seq)) {
+                    return Err(e.clone());
+                }
+                if f.durable >= seq {
+                    return Ok(());
                 }
             }
             if !self.flushing.swap(true, Ordering::SeqCst) {
@@ -109,14 +126,14 @@ impl Committer {
                 continue;
             }
             // A flush is running: its outcome (published with `flushing` cleared) wakes us.
-            rx.changed().await.map_err(|_| StoreError::Io {
-                path: "flush".into(),
+            rx.changed().await.map_err(|_| StoreError::Failed {
+                path: "log".into(),
                 msg: "the committer was dropped".into(),
             })?;
         }
     }
 
-    /// Runs one flush as the leader, covering everything applied so far, and publishes the
+    /// Runs one flush as the leader, covering everything appended so far, and publishes the
     /// outcome. The caller has set `flushing`.
     async fn lead_flush(&self) {
         // If this future is dropped before it publishes (while it yields to gather writes), the
@@ -131,19 +148,20 @@ impl Committer {
             }
         }
         let mut guard = Abandoned(Some(self));
-        // Gather: while other requests are still applying writes (their tasks are ready to
-        // run), let them, so that this flush covers them too. A lone request sees no new
-        // write after one yield and flushes at once.
-        let mut seen = self.applied.load(Ordering::SeqCst);
+        // Gather: while other requests are still appending (their tasks are ready to run), let
+        // them, so that this flush covers them too. A lone request sees no new change set
+        // after one yield and flushes at once.
+        let mut seen = self.appended.load(Ordering::SeqCst);
         for _ in 0..GATHER_YIELDS {
             tokio::task::yield_now().await;
-            let now = self.applied.load(Ordering::SeqCst);
+            let now = self.appended.load(Ordering::SeqCst);
             if now == seen {
                 break;
             }
             seen = now;
         }
-        let target = self.applied.load(Ordering::SeqCst);
+        let covered = self.appends.load(Ordering::SeqCst);
+        let target = self.appended.load(Ordering::SeqCst);
         let started = Instant::now();
         let result = self.store.flush();
         let took = started.elapsed();
@@ -154,15 +172,23 @@ impl Committer {
             tracing::error!(error = %e, "store flush failed; the requests waiting for it fail");
         }
         self.done.send_modify(|f| {
-            f.attempted = f.attempted.max(target);
             f.stats.flushes += 1;
             f.stats.flush_time += took;
             match &result {
-                Ok(()) => {
-                    f.stats.durable = f.stats.durable.max(target);
+                Ok(durable) => {
+                    f.stats.durable += covered.saturating_sub(f.counted);
+                    f.counted = f.counted.max(covered);
+                    f.durable = f.durable.max(*durable);
                     f.stats.last_error = None;
                 }
-                Err(e) => f.stats.last_error = Some(e.to_string()),
+                Err(e) => {
+                    if target > f.durable {
+                        f.lost.push((f.durable + 1..=target, e.clone()));
+                    }
+                    f.durable = f.durable.max(target);
+                    f.counted = f.counted.max(covered);
+                    f.stats.last_error = Some(e.to_string());
+                }
             }
             self.flushing.store(false, Ordering::SeqCst);
         });
@@ -171,18 +197,19 @@ impl Committer {
 
     /// Flushes now, on the calling thread (start-up, before anything is served).
     pub fn flush_now(&self) -> Result<(), StoreError> {
-        let target = self.applied.load(Ordering::SeqCst);
-        self.store.flush()?;
+        let covered = self.appends.load(Ordering::SeqCst);
+        let durable = self.store.flush()?;
         self.done.send_modify(|f| {
-            f.stats.durable = f.stats.durable.max(target);
-            f.attempted = f.attempted.max(target);
+            f.stats.durable += covered.saturating_sub(f.counted);
+            f.counted = f.counted.max(covered);
+            f.durable = f.durable.max(durable);
         });
         Ok(())
     }
 
     pub fn stats(&self) -> CommitStats {
         let mut s = self.done.borrow().stats.clone();
-        s.applied = self.applied.load(Ordering::SeqCst);
+        s.applied = self.appends.load(Ordering::SeqCst);
         s
     }
 }
@@ -190,7 +217,7 @@ impl Committer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
+    use crate::store::{MemStore, Snapshot};
 
     use std::future::Future;
 
@@ -206,50 +233,61 @@ mod tests {
         for i in 0..200u64 {
             let c = c.clone();
             tasks.push(tokio::spawn(async move {
-                c.apply(&boot_change(i)).expect("apply");
-                c.durable().await.expect("durable");
+                let seq = c.append(&boot_change(i)).expect("append");
+                c.durable(seq).await.expect("durable");
+                seq
             }));
         }
+        let mut last = 0;
         for t in tasks {
-            t.await.expect("task");
+            last = last.max(t.await.expect("task"));
         }
         let s = c.stats();
         assert_eq!(s.applied, 200);
         assert_eq!(s.durable, 200);
         assert_eq!(s.flushes, mem.flushes());
         assert!(s.flushes >= 1 && s.flushes <= 200, "{s:?}");
-        // Nothing new applied: no flush needed.
-        c.durable().await.expect("durable");
+        // Nothing new appended: no flush needed.
+        c.durable(last).await.expect("durable");
         assert_eq!(c.stats().flushes, s.flushes);
     }
 
-    /// A store whose flush fails on demand.
+    /// A store whose flush fails on demand (and fails the store until it is reopened).
     struct Flaky {
         inner: MemStore,
-        fail: std::sync::atomic::AtomicBool,
+        fail: AtomicBool,
     }
 
     impl Store for Flaky {
         fn load_with(
             &self,
             each: &mut dyn FnMut(crate::store::AttachmentRecord),
-        ) -> Result<crate::store::Snapshot, StoreError> {
+        ) -> Result<Snapshot, StoreError> {
             self.inner.load_with(each)
         }
-        fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
-            self.inner.apply(changes)
+        fn append(&self, changes: &[Change]) -> Result<Seq, StoreError> {
+            self.inner.append(changes)
         }
-        fn flush(&self) -> Result<(), StoreError> {
+        fn flush(&self) -> Result<Seq, StoreError> {
             if self.fail.load(Ordering::SeqCst) {
-                return Err(StoreError::Io {
+                self.inner.fail_flushes(true);
+                let e = self.inner.flush().expect_err("failing");
+                return Err(StoreError::Failed {
                     path: "test".into(),
-                    msg: "disk on fire".into(),
+                    msg: format!("disk on fire ({e})"),
                 });
             }
             self.inner.flush()
         }
+        fn reopen(&self) -> Result<(), StoreError> {
+            self.inner.fail_flushes(self.fail.load(Ordering::SeqCst));
+            self.inner.reopen()
+        }
     }
 
+    /// A failed flush fails its waiters for good: their change sets are never made durable,
+    /// not by a later flush and not after the store is reopened. A waiter for a newer change
+    /// set leads a new flush of its own.
     #[tokio::test]
     async fn a_failed_flush_fails_its_waiters_and_a_later_one_recovers() {
         let flaky = Arc::new(Flaky {
@@ -257,15 +295,26 @@ mod tests {
             fail: true.into(),
         });
         let c = Committer::new(flaky.clone(), None);
-        c.apply(&boot_change(1)).expect("apply");
-        let err = c.durable().await.expect_err("the flush fails");
+        let first = c.append(&boot_change(1)).expect("append");
+        let err = c.durable(first).await.expect_err("the flush fails");
         assert!(err.to_string().contains("disk on fire"), "{err}");
         assert_eq!(c.stats().durable, 0);
+        // Until the store is reopened, nothing more is taken.
+        assert!(c.append(&boot_change(9)).is_err());
         flaky.fail.store(false, Ordering::SeqCst);
-        c.apply(&boot_change(2)).expect("apply");
-        c.durable().await.expect("durable now");
-        assert_eq!(c.stats().durable, 2);
+        flaky.reopen().expect("reopen");
+        let second = c.append(&boot_change(2)).expect("append");
+        assert!(second > first);
+        c.durable(second).await.expect("durable now");
+        assert_eq!(c.stats().durable, 1, "the failed change set is not counted");
         assert_eq!(c.stats().last_error, None);
+        let again = c.durable(first).await.expect_err("still lost");
+        assert!(again.to_string().contains("disk on fire"), "{again}");
+        assert_eq!(
+            flaky.load().expect("load").boot_id.as_deref(),
+            Some("b2"),
+            "only the second change set is durable"
+        );
     }
 
     /// A store whose flush takes a while.
@@ -275,25 +324,31 @@ mod tests {
         fn load_with(
             &self,
             each: &mut dyn FnMut(crate::store::AttachmentRecord),
-        ) -> Result<crate::store::Snapshot, StoreError> {
+        ) -> Result<Snapshot, StoreError> {
             self.0.load_with(each)
         }
-        fn apply(&self, changes: &[Change]) -> Result<(), StoreError> {
-            self.0.apply(changes)
+        fn append(&self, changes: &[Change]) -> Result<Seq, StoreError> {
+            self.0.append(changes)
         }
-        fn flush(&self) -> Result<(), StoreError> {
+        fn flush(&self) -> Result<Seq, StoreError> {
+            // Takes what is appended when it starts, then takes its time (as a write and an
+            // fdatasync do).
+            let durable = self.0.flush();
             std::thread::sleep(Duration::from_millis(100));
-            self.0.flush()
+            durable
+        }
+        fn reopen(&self) -> Result<(), StoreError> {
+            self.0.reopen()
         }
     }
 
     #[tokio::test]
     async fn a_leader_dropped_before_its_flush_does_not_strand_the_others() {
         let c = Committer::new(Arc::new(Slow(MemStore::new())), None);
-        c.apply(&boot_change(1)).expect("apply");
+        let first = c.append(&boot_change(1)).expect("append");
         // This waiter becomes the leader, yields to gather writes, and is dropped there.
         {
-            let mut leader = std::pin::pin!(c.durable());
+            let mut leader = std::pin::pin!(c.durable(first));
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             assert!(
                 leader.as_mut().poll(&mut cx).is_pending(),
@@ -305,8 +360,8 @@ mod tests {
             !c.flushing.load(Ordering::SeqCst),
             "dropping it let go of the lead"
         );
-        c.apply(&boot_change(2)).expect("apply");
-        tokio::time::timeout(Duration::from_secs(10), c.durable())
+        let second = c.append(&boot_change(2)).expect("append");
+        tokio::time::timeout(Duration::from_secs(10), c.durable(second))
             .await
             .expect("a later waiter is not stranded")
             .expect("durable");
@@ -316,18 +371,18 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn waiters_during_a_flush_are_covered_by_the_next_one() {
         let c = Arc::new(Committer::new(Arc::new(Slow(MemStore::new())), None));
-        c.apply(&boot_change(1)).expect("apply");
+        let seq = c.append(&boot_change(1)).expect("append");
         let first = tokio::spawn({
             let c = c.clone();
-            async move { c.durable().await }
+            async move { c.durable(seq).await }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        // Applied while the first flush runs: that flush does not cover it.
+        // Appended while the first flush runs: that flush does not cover it.
         let mut later = Vec::new();
         for i in 2..10 {
-            c.apply(&boot_change(i)).expect("apply");
+            let seq = c.append(&boot_change(i)).expect("append");
             let c = c.clone();
-            later.push(tokio::spawn(async move { c.durable().await }));
+            later.push(tokio::spawn(async move { c.durable(seq).await }));
         }
         first.await.expect("task").expect("durable");
         for t in later {

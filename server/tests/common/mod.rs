@@ -27,6 +27,9 @@ pub fn plugin_bin() -> PathBuf {
     p
 }
 
+/// A --config for tests that GC right after their ADDs: no grace for young attachments.
+pub const NO_GC_GRACE: &str = "[cni]\ngc_grace_secs = 0\n";
+
 pub struct Daemon {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
@@ -42,6 +45,16 @@ impl Daemon {
 
     pub fn start_with(args: &[&str]) -> Daemon {
         let mut d = Daemon::prepare(args);
+        d.spawn();
+        d
+    }
+
+    /// Starts ipoold with `toml` as its --config file (written in the daemon's directory).
+    pub fn with_config(toml: &str) -> Daemon {
+        let mut d = Daemon::prepare(&[]);
+        let path = d.dir.path().join("ipoold.toml");
+        std::fs::write(&path, toml).expect("write the config");
+        d.extra_args = vec!["--config".into(), path.display().to_string()];
         d.spawn();
         d
     }
@@ -136,6 +149,23 @@ impl Daemon {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("ipoold.log")).unwrap_or_default()
+    }
+
+    /// The log once it has a line with every one of `needles` (ipoold writes its lines when its
+    /// runtime goes idle, which can be just after the reply); panics after 10 s.
+    pub fn wait_log(&self, needles: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log();
+            if log.lines().any(|l| needles.iter().all(|n| l.contains(n))) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with all of {needles:?} within 10 s:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn ctl(&self, args: &[&str]) -> Output {

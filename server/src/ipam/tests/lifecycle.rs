@@ -115,10 +115,10 @@ async fn an_expired_or_cancelled_reservation_returns_its_addresses_after_the_coo
 
     // TTL passes: the background loop ends it.
     rig.clock.advance(59_999);
-    rig.ipam.maintain().expect("maintain");
+    rig.ipam.maintain().await.expect("maintain");
     assert_eq!(rig.ipam.reservations(None).len(), 1, "not yet");
     rig.clock.advance(1);
-    rig.ipam.maintain().expect("maintain");
+    rig.ipam.maintain().await.expect("maintain");
     assert!(rig.ipam.reservations(None).is_empty());
     assert!(rig.store.load().expect("load").reservations.is_empty());
     let st = &rig.ipam.pool_status(Some("s"))[0];
@@ -135,7 +135,7 @@ async fn an_expired_or_cancelled_reservation_returns_its_addresses_after_the_coo
 
 #[tokio::test]
 async fn cni_gc_keeps_sticky_pods_as_reservations() {
-    let rig = Rig::new(STICKY);
+    let rig = Rig::new(&format!("{STICKY}\n[cni]\ngc_grace_secs = 0"));
     let web0 = ips(&rig.ipam.add(pod_req("c1", "web-0")).await.expect("add"));
     rig.ipam.add(pod_req("c2", "plain")).await.expect("add");
     let released = rig
@@ -208,7 +208,8 @@ async fn a_store_without_a_boot_id_keeps_its_attachments() {
     snap.boot_id = None;
     let mut changes: Vec<Change> = snap.networks.into_iter().map(Change::PutNetwork).collect();
     changes.extend(snap.attachments.into_iter().map(Change::PutAttachment));
-    store.apply(&changes).expect("apply");
+    store.append(&changes).expect("append");
+    store.flush().expect("flush");
     let ipam = Ipam::open(
         store.clone(),
         rig.clock.clone(),

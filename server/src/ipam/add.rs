@@ -1,0 +1,422 @@
+//! ADD: one address per range set of the network, all or nothing, idempotent per attachment
+//! key; and the network a CNI config declares when ipoold does not know it yet.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use super::attachments::Attachments;
+use super::events::{Event, EventKind};
+use super::range_set::{ClaimError, From, Pick};
+use super::state::{Network, State};
+use super::{sticky, AddReply, AddRequest, Ipam, Step, MAX_SOURCE_WAIT};
+use crate::error::Error;
+use crate::model::{
+    AttachmentKey, AttachmentRecord, Millis, NetworkDef, Origin, Reservation, ReservationKey,
+};
+use crate::pool::Since;
+use crate::store::{Change, Seq};
+
+/// What an ADD decided, before it is written.
+struct Plan {
+    record: AttachmentRecord,
+    picks: Vec<Pick>,
+    /// The pod's reservation, used up by this ADD; its addresses the pod did not get back go
+    /// idle (range set, address).
+    used: Option<(ReservationKey, Vec<(usize, IpAddr)>)>,
+}
+
+impl Ipam {
+    /// Allocates one address per range set of the network, or returns the attachment's
+    /// addresses if it exists (ADD is idempotent). Replies only once the allocation is durable.
+    pub async fn add(&self, req: AddRequest) -> Result<AddReply, Error> {
+        super::validate_key(&req.key)?;
+        let declared = match &req.ipam {
+            Some(s) => s.network_def(&req.key.network, self.defaults())?,
+            None => None,
+        };
+        let routes_override = req.ipam.as_ref().and_then(|s| s.routes.clone());
+        let started = tokio::time::Instant::now();
+        loop {
+            let may_wait = started.elapsed() < MAX_SOURCE_WAIT;
+            match self.try_add(&req, declared.as_ref(), may_wait)? {
+                Step::Done((mut reply, seq)) => {
+                    self.wait_durable(seq).await?;
+                    if let Some(r) = &routes_override {
+                        reply.routes = r.clone();
+                    }
+                    self.shared.changed.notify_one();
+                    return Ok(reply);
+                }
+                Step::Wait(ms) => {
+                    let left = MAX_SOURCE_WAIT.saturating_sub(started.elapsed());
+                    tokio::time::sleep(std::time::Duration::from_millis(ms).min(left)).await;
+                }
+            }
+        }
+    }
+
+    fn try_add(
+        &self,
+        req: &AddRequest,
+        declared: Option<&NetworkDef>,
+        may_wait: bool,
+    ) -> Result<Step<(AddReply, Seq)>, Error> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if let Some(existing) = st.attachments.get(&req.key) {
+            let net = st
+                .networks
+                .get(&req.key.network)
+                .ok_or_else(|| Error::NotFound(format!("network {:?} is gone", req.key.network)))?;
+            // Its change set may still be on its way to disk (a retried ADD): wait for it too.
+            let seq = self.shared.store.last_appended();
+            return Ok(Step::Done((net.reply_for(existing.addresses()), seq)));
+        }
+        self.serving(st)?;
+        if st.is_drained(&req.key.network) {
+            return Err(Error::Busy(format!(
+                "network {:?} is drained by an operator: no new addresses until it is undrained (ipoolctl drain --undo)",
+                req.key.network
+            )));
+        }
+        let now = self.now();
+        let mut declaration = self.plan_network(st, &req.key.network, declared, now)?;
+        // Most nodes hold no reservation: then no key is built on the ADD path.
+        let reservation = (!st.reservations.is_empty())
+            .then(|| sticky::identity(&req.key.network, &req.pod))
+            .flatten()
+            .and_then(|k| st.reservations.get(&k))
+            .filter(|r| r.expires_at_ms > now)
+            .cloned();
+        let State {
+            networks,
+            attachments,
+            reservations,
+            ..
+        } = st;
+        let net = match &mut declaration {
+            Some((net, _)) => net,
+            None => networks.get_mut(&req.key.network).ok_or_else(|| {
+                Error::NotFound(format!("network {:?} is unknown", req.key.network))
+            })?,
+        };
+        let picks = match pick_addresses(
+            net,
+            attachments,
+            reservations,
+            &req.key,
+            &req.requested,
+            reservation.as_ref(),
+            now,
+            may_wait,
+        )? {
+            Step::Done(p) => p,
+            Step::Wait(ms) => return Ok(Step::Wait(ms)),
+        };
+        let plan = plan_attachment(net, req, picks, reservation.as_ref(), now);
+        let reply = net.reply_for(&plan.record.addresses);
+        let attachment_changes = plan.changes(net);
+        let mut changes = declaration
+            .as_ref()
+            .map(|(_, c)| c.clone())
+            .unwrap_or_default();
+        changes.extend(attachment_changes);
+        let name = req.key.network.clone();
+        let seq = self.commit(st, &changes, |st| {
+            if let Some((net, _)) = declaration {
+                tracing::info!(network = %name, ranges = %net.def.describe_ranges(), "network declared by CNI config");
+                st.networks.insert(name.clone(), net);
+            }
+            let net = st
+                .networks
+                .get_mut(&name)
+                .ok_or_else(|| format!("network {name:?} is gone"))?;
+            for p in &plan.picks {
+                net.pools[p.set].take(p)?;
+            }
+            if let Some((rkey, leftover)) = &plan.used {
+                for (set, ip) in leftover {
+                    net.pools[*set].pool.unreserve(*ip, now);
+                }
+                st.reservations.remove(rkey);
+                tracing::info!(network = %name, pod = %format!("{}/{}", rkey.namespace, rkey.name), container = %plan.record.key.container_id, address = %super::join(&plan.record.addresses), "sticky pod back: its reservation is used");
+            }
+            st.attachments.insert(&plan.record);
+            Ok(())
+        })?;
+        let reason = if plan.used.is_some() {
+            "sticky pod back"
+        } else {
+            "CNI ADD"
+        };
+        self.emit(|| Event::of_record(EventKind::Add, now, &plan.record, reason));
+        Ok(Step::Done((reply, seq)))
+    }
+
+    /// The network an ADD needs, when it is not the known one: declared by the CNI config (a
+    /// new network, or a new definition of one without attachments), with the changes that
+    /// write it. None: the known network serves as it is.
+    ///
+    /// A redefinition keeps the old network's addresses that are still cooling, where the new
+    /// ranges hold them: handing a just-released address to a new pod is what the cooldown
+    /// is for.
+    fn plan_network(
+        &self,
+        st: &State,
+        name: &str,
+        declared: Option<&NetworkDef>,
+        now: Millis,
+    ) -> Result<Option<(Network, Vec<Change>)>, Error> {
+        let known = st.networks.get(name);
+        let d = match (known, declared) {
+            (Some(_), None) => return Ok(None),
+            (Some(known), Some(d)) if known.def.same_addresses(d) => return Ok(None),
+            (Some(known), Some(d)) => {
+                let live = st.attachments.iter().filter(|a| a.network() == name).count()
+                    + st.reservations.keys().filter(|k| k.network == name).count();
+                if live > 0 {
+                    return Err(Error::InvalidConfig(format!(
+                        "network {name:?} is already defined (by {}) with ranges {}; this config asks for {}, but {live} attachment(s) or reservation(s) still hold addresses of the old ranges (delete them first, or use a new network name)",
+                        known.def.origin.describe(),
+                        known.def.describe_ranges(),
+                        d.describe_ranges()
+                    )));
+                }
+                if known.def.origin == Origin::Config {
+                    return Err(Error::InvalidConfig(format!(
+                        "network {name:?} is defined in ipoold's config file with ranges {}; the CNI config asks for {} (change one of them so they agree, or drop the ranges from the CNI config)",
+                        known.def.describe_ranges(),
+                        d.describe_ranges()
+                    )));
+                }
+                tracing::warn!(network = name, old = %known.def.describe_ranges(), new = %d.describe_ranges(), "network redefined by a CNI config; it had no attachments");
+                d
+            }
+            (None, Some(d)) => d,
+            (None, None) => {
+                return Err(Error::InvalidConfig(format!(
+                    "network {name:?} is unknown to ipoold and the CNI config's ipam section declares no ranges (set ipam.ranges or ipam.subnet, or declare the network in ipoold's config)"
+                )))
+            }
+        };
+        let mut net = Network::new(d.clone(), now)?;
+        let mut changes = vec![Change::PutNetwork(d.clone())];
+        if let Some(old) = known {
+            for (set, p) in old.pools.iter().enumerate() {
+                for (ip, since) in p.pool.idle_addresses() {
+                    let kept = !p.pool.cooled(since, now) && carry_over(&mut net, ip, since);
+                    if !kept {
+                        changes.push(Change::DeleteIdle {
+                            network: name.to_string(),
+                            ip,
+                        });
+                    }
+                }
+                changes.push(Change::PutCursor {
+                    network: name.to_string(),
+                    set,
+                    cursor: None,
+                });
+            }
+        }
+        Ok(Some((net, changes)))
+    }
+}
+
+/// Puts a cooling address of an old definition into the new network's pool, if its ranges
+/// hold it. The store keeps its idle entry as it is.
+fn carry_over(net: &mut Network, ip: IpAddr, since: Since) -> bool {
+    let Some(set) = net.set_of(ip) else {
+        return false;
+    };
+    let p = &mut net.pools[set];
+    if p.source.occupy(ip).is_err() {
+        return false;
+    }
+    if p.pool.admit(ip, since).is_err() {
+        p.source.vacate(ip);
+        return false;
+    }
+    true
+}
+
+impl Plan {
+    /// The change set: the attachment, what each pick changes, and the end of a used
+    /// reservation.
+    fn changes(&self, net: &Network) -> Vec<Change> {
+        let network = &self.record.key.network;
+        let mut changes = vec![Change::PutAttachment(self.record.clone())];
+        changes.extend(
+            self.picks
+                .iter()
+                .filter_map(|p| net.pools[p.set].store_change(network, p)),
+        );
+        if let Some((rkey, leftover)) = &self.used {
+            changes.push(Change::DeleteReservation(rkey.clone()));
+            for (_, ip) in leftover {
+                changes.push(Change::PutIdle {
+                    network: network.clone(),
+                    ip: *ip,
+                    released_at: Since::At(self.record.created_at_ms).to_stored(),
+                });
+            }
+        }
+        changes
+    }
+}
+
+fn plan_attachment(
+    net: &Network,
+    req: &AddRequest,
+    picks: Vec<Pick>,
+    reservation: Option<&Reservation>,
+    now: Millis,
+) -> Plan {
+    let addresses: Vec<IpAddr> = picks.iter().map(|p| p.ip).collect();
+    // A used reservation ends; its addresses the pod did not get back go idle, cooling.
+    let used = reservation
+        .filter(|_| picks.iter().any(|p| p.from == From::Reserved))
+        .map(|r| {
+            let leftover = r
+                .addresses
+                .iter()
+                .filter(|ip| !addresses.contains(ip))
+                .filter_map(|ip| net.set_of(*ip).map(|set| (set, *ip)))
+                .collect();
+            (r.key.clone(), leftover)
+        });
+    Plan {
+        record: AttachmentRecord {
+            key: req.key.clone(),
+            pod: req.pod.clone(),
+            netns: req.netns.clone(),
+            addresses,
+            created_at_ms: now,
+        },
+        picks,
+        used,
+    }
+}
+
+/// Picks one address per range set of `net` for `key`: a requested address where one is
+/// given, else the reservation's, else one from the pool. Takes nothing.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn pick_addresses(
+    net: &mut Network,
+    attachments: &Attachments,
+    reservations: &BTreeMap<ReservationKey, Reservation>,
+    key: &AttachmentKey,
+    requested: &[IpAddr],
+    reservation: Option<&Reservation>,
+    now: Millis,
+    may_wait: bool,
+) -> Result<Step<Vec<Pick>>, Error> {
+    let wanted = requested_per_set(net, &key.network, requested)?;
+    let mut picks = Vec::with_capacity(net.pools.len());
+    for (set, want) in wanted.into_iter().enumerate() {
+        // The pod's reservation, unless the request names another address.
+        let kept = reservation.and_then(|r| {
+            r.addresses
+                .iter()
+                .filter(|ip| want.is_none_or(|w| w == **ip))
+                .find_map(|ip| net.pools[set].pick_reserved(set, *ip))
+        });
+        if let Some(p) = kept {
+            picks.push(p);
+            continue;
+        }
+        if let Some(ip) = want {
+            let p = net.pools[set]
+                .pick_requested(set, ip)
+                .map_err(|e| claim_error(e, &key.network, ip, attachments, reservations))?;
+            picks.push(p);
+            continue;
+        }
+        match net.pools[set].pick(set, now, may_wait) {
+            Ok(Step::Done(p)) => picks.push(p),
+            Ok(Step::Wait(ms)) => return Ok(Step::Wait(ms)),
+            Err(e) => {
+                let p = &mut net.pools[set];
+                let msg = format!(
+                    "{} is exhausted: {e}; {} idle, {} cooling, {} reserved for sticky pods",
+                    p.describe(&key.network),
+                    p.pool.idle(),
+                    p.pool.cooling(now),
+                    p.pool.reserved()
+                );
+                p.last_error = Some((now, msg.clone()));
+                return Err(Error::Exhausted(msg));
+            }
+        }
+    }
+    Ok(Step::Done(picks))
+}
+
+/// The requested addresses, one slot per range set.
+fn requested_per_set(
+    net: &Network,
+    network: &str,
+    requested: &[IpAddr],
+) -> Result<Vec<Option<IpAddr>>, Error> {
+    let mut wanted: Vec<Option<IpAddr>> = vec![None; net.pools.len()];
+    for ip in requested {
+        let set = net.pools.iter().position(|p| p.source.covers(*ip));
+        let set = set.ok_or_else(|| {
+            Error::InvalidConfig(format!(
+                "requested address {ip} is outside every range of network {network:?} ({})",
+                net.def.describe_ranges()
+            ))
+        })?;
+        if let Some(other) = wanted[set].replace(*ip) {
+            return Err(Error::InvalidConfig(format!(
+                "requested addresses {other} and {ip} fall in the same range set of network {network:?}; ask for one address per range set"
+            )));
+        }
+    }
+    Ok(wanted)
+}
+
+/// The error for a requested address that cannot be had, naming its holder.
+fn claim_error(
+    e: ClaimError,
+    network: &str,
+    ip: IpAddr,
+    attachments: &Attachments,
+    reservations: &BTreeMap<ReservationKey, Reservation>,
+) -> Error {
+    match e {
+        ClaimError::Held => {
+            // The pools do not record holders: find it (a scan, on this error path only).
+            let holder = attachments.holder_of(network, ip);
+            let who = holder
+                .map(|r| format!(" by attachment {}", r.key()))
+                .unwrap_or_default();
+            let pod = holder
+                .filter(|r| !r.pod_name().is_empty())
+                .map(|r| format!(" (pod {}/{})", r.pod_namespace(), r.pod_name()))
+                .unwrap_or_default();
+            Error::InUse(format!("requested address {ip} is already held{who}{pod}"))
+        }
+        ClaimError::Reserved => {
+            let whose = reservations
+                .values()
+                .find(|r| r.key.network == network && r.addresses.contains(&ip))
+                .map(|r| {
+                    format!(
+                        " for pod {}/{} until {} (engine ms)",
+                        r.key.namespace, r.key.name, r.expires_at_ms
+                    )
+                })
+                .unwrap_or_default();
+            Error::InUse(format!(
+                "requested address {ip} is reserved{whose}; cancel the reservation to use it elsewhere"
+            ))
+        }
+        ClaimError::NotHandedOut(why) => Error::InvalidConfig(format!(
+            "requested address {ip}: {why} (network, broadcast and gateway addresses are never handed out)"
+        )),
+        ClaimError::Pool(e) => Error::Exhausted(format!(
+            "requested address {ip} of network {network:?}: {e}"
+        )),
+    }
+}

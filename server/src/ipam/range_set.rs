@@ -1,0 +1,239 @@
+//! One range set of a network: the pure [`Pool`], its [`Source`] and the source's token
+//! bucket. Picking an address (`pick*`) decides without taking anything; [`RangeSetPool::take`]
+//! takes what was picked, once the store has the change.
+
+use std::net::IpAddr;
+
+use super::{Lease, Step};
+use crate::model::{Millis, Tuning};
+use crate::pool::{Plan, Pool, PoolConfig, PoolError, Since, TokenBucket};
+use crate::range::Family;
+use crate::source::Source;
+use crate::store::Change;
+
+pub(super) struct RangeSetPool {
+    pub(super) family: Family,
+    /// The pool tracks which addresses are in use, not by whom: the engine's attachments say
+    /// that, and a second copy of every key would cost memory on a node with many pods.
+    pub(super) pool: Pool<()>,
+    pub(super) source: Box<dyn Source>,
+    pub(super) bucket: TokenBucket,
+    /// The last time the pool could not serve an acquisition, and why.
+    pub(super) last_error: Option<(Millis, String)>,
+    /// Addresses asked of the source, times it had none, times its bucket was empty.
+    pub(super) source_calls: u64,
+    pub(super) source_errors: u64,
+    pub(super) bucket_waits: u64,
+}
+
+/// Where a picked address comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum From {
+    /// Idle in the pool.
+    Idle,
+    /// The source's next address.
+    Source,
+    /// A requested address, straight from the source.
+    Claimed,
+    /// The address reserved for the requester's pod.
+    Reserved,
+}
+
+/// An address picked for range set `set`, not taken yet.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pick {
+    pub(super) set: usize,
+    pub(super) ip: IpAddr,
+    pub(super) from: From,
+}
+
+/// Why a requested address cannot be had.
+pub(super) enum ClaimError {
+    /// In use by an attachment (the engine finds which).
+    Held,
+    /// Reserved for a pod identity.
+    Reserved,
+    NotHandedOut(String),
+    Pool(PoolError),
+}
+
+// === impl RangeSetPool ===
+
+impl RangeSetPool {
+    pub(super) fn new(
+        family: Family,
+        source: Box<dyn Source>,
+        tuning: &Tuning,
+        now: Millis,
+    ) -> Self {
+        let size = usize::try_from(source.size()).unwrap_or(usize::MAX);
+        RangeSetPool {
+            family,
+            pool: Pool::new(PoolConfig {
+                min_idle: tuning.min_idle,
+                max_idle: tuning.max_idle,
+                capacity: tuning.capacity.map_or(size, |c| c.min(size)),
+                cooldown_ms: tuning.cooldown_secs.saturating_mul(1000),
+            }),
+            source,
+            bucket: TokenBucket::new(tuning.source_rate, tuning.source_burst, now),
+            last_error: None,
+            source_calls: 0,
+            source_errors: 0,
+            bucket_waits: 0,
+        }
+    }
+
+    /// Picks the next address: a cooled idle one, else the source's next (through the bucket),
+    /// else a cooling one. `may_wait`: an empty bucket is reported as a wait instead of
+    /// treating the source as dry. Takes nothing (the bucket's token is spent).
+    pub(super) fn pick(
+        &mut self,
+        set: usize,
+        now: Millis,
+        may_wait: bool,
+    ) -> Result<Step<Pick>, PoolError> {
+        let mut dry = self.source.free() == 0;
+        loop {
+            match self.pool.plan(now, dry)? {
+                Plan::Idle(ip) => {
+                    return Ok(Step::Done(Pick {
+                        set,
+                        ip,
+                        from: From::Idle,
+                    }))
+                }
+                Plan::Source => {
+                    if let Err(wait) = self.bucket.try_take(now) {
+                        self.bucket_waits += 1;
+                        if may_wait {
+                            return Ok(Step::Wait(wait));
+                        }
+                        dry = true;
+                        continue;
+                    }
+                    self.source_calls += 1;
+                    match self.source.peek_next() {
+                        Some(ip) => {
+                            return Ok(Step::Done(Pick {
+                                set,
+                                ip,
+                                from: From::Source,
+                            }))
+                        }
+                        None => {
+                            self.source_errors += 1;
+                            dry = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Picks the requested address `ip`: from idle (even if cooling: it was asked for by
+    /// name), or straight from the source.
+    pub(super) fn pick_requested(&mut self, set: usize, ip: IpAddr) -> Result<Pick, ClaimError> {
+        if self.pool.is_in_use(ip) {
+            return Err(ClaimError::Held);
+        }
+        if self.pool.is_reserved(ip) {
+            return Err(ClaimError::Reserved);
+        }
+        if self.pool.idle_since(ip).is_some() {
+            return Ok(Pick {
+                set,
+                ip,
+                from: From::Idle,
+            });
+        }
+        self.source_calls += 1;
+        if let Err(e) = self.source.can_occupy(ip) {
+            self.source_errors += 1;
+            return Err(ClaimError::NotHandedOut(e.to_string()));
+        }
+        if self.pool.tokens() == 0 {
+            return Err(ClaimError::Pool(PoolError::NoToken(
+                self.pool.config().capacity,
+            )));
+        }
+        Ok(Pick {
+            set,
+            ip,
+            from: From::Claimed,
+        })
+    }
+
+    /// Picks `ip`, reserved for the requester's pod, if it is reserved here.
+    pub(super) fn pick_reserved(&self, set: usize, ip: IpAddr) -> Option<Pick> {
+        self.pool.is_reserved(ip).then_some(Pick {
+            set,
+            ip,
+            from: From::Reserved,
+        })
+    }
+
+    /// Takes what `pick` picked into use. Fails only if the pool changed since the pick.
+    pub(super) fn take(&mut self, pick: &Pick) -> Result<(), String> {
+        let ip = pick.ip;
+        let taken = match pick.from {
+            From::Idle => self.pool.take(ip, ()).map(|_| ()),
+            From::Reserved => {
+                if self.pool.take_reserved(ip, ()) {
+                    Ok(())
+                } else {
+                    Err(PoolError::NotIdle(ip))
+                }
+            }
+            From::Source | From::Claimed => {
+                let occupied = match pick.from {
+                    From::Source => self.source.take_next(ip),
+                    _ => self.source.occupy(ip),
+                };
+                occupied.map_err(|e| e.to_string())?;
+                self.pool
+                    .admit(ip, Since::Never)
+                    .and_then(|()| self.pool.take(ip, ()).map(|_| ()))
+            }
+        };
+        taken.map_err(|e| format!("taking {ip}: {e}"))
+    }
+
+    /// What taking `pick` changes in the store besides the attachment: an idle entry gone, or
+    /// the source's cursor moved on.
+    pub(super) fn store_change(&self, network: &str, pick: &Pick) -> Option<Change> {
+        match pick.from {
+            From::Idle => Some(Change::DeleteIdle {
+                network: network.to_string(),
+                ip: pick.ip,
+            }),
+            From::Source => Some(Change::PutCursor {
+                network: network.to_string(),
+                set: pick.set,
+                cursor: Some(pick.ip),
+            }),
+            From::Claimed | From::Reserved => None,
+        }
+    }
+
+    pub(super) fn lease(&self, ip: IpAddr) -> Lease {
+        let (prefix_len, gateway) = self
+            .source
+            .interface_of(ip)
+            .unwrap_or((if ip.is_ipv4() { 32 } else { 128 }, None));
+        Lease {
+            ip,
+            prefix_len,
+            gateway,
+        }
+    }
+
+    /// "pool "n" IPv4 (10.1.0.1-10.1.0.254)", for messages.
+    pub(super) fn describe(&self, network: &str) -> String {
+        format!(
+            "pool {network:?} IPv{} ({})",
+            self.family.as_str(),
+            self.source.describe()
+        )
+    }
+}

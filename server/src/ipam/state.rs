@@ -1,0 +1,179 @@
+//! The state behind the engine's lock, its networks, and the one path every change takes
+//! (module docs of [`crate::ipam`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use super::attachments::Attachments;
+use super::range_set::RangeSetPool;
+use super::{AddReply, Ipam, Lease, ALL_NETWORKS};
+use crate::error::Error;
+use crate::model::{Millis, NetworkDef, Reservation, ReservationKey};
+use crate::source::LocalSource;
+use crate::store::{Change, Seq, StoreError};
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) networks: BTreeMap<String, Network>,
+    pub(super) attachments: Attachments,
+    pub(super) reservations: BTreeMap<ReservationKey, Reservation>,
+    /// Networks that take no new ADDs ([`ALL_NETWORKS`]: every one).
+    pub(super) drained: BTreeSet<String>,
+    /// Set when the store failed: memory may hold changes that were not made durable, and no
+    /// change is served until the state is rebuilt from the reopened store.
+    pub(super) failed: Option<Failure>,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Failure {
+    pub(super) since: Millis,
+    pub(super) why: String,
+}
+
+pub(super) struct Network {
+    pub(super) def: NetworkDef,
+    /// One per range set, in order.
+    pub(super) pools: Vec<RangeSetPool>,
+}
+
+impl Network {
+    pub(super) fn new(def: NetworkDef, now: Millis) -> Result<Network, Error> {
+        let pools = def
+            .ranges()
+            .map_err(Error::InvalidConfig)?
+            .into_iter()
+            .map(|set| {
+                let family = set[0].family();
+                RangeSetPool::new(family, Box::new(LocalSource::new(set)), &def.tuning, now)
+            })
+            .collect();
+        Ok(Network { def, pools })
+    }
+
+    /// The pool (range-set index) whose ranges hand out `ip`.
+    pub(super) fn set_of(&self, ip: IpAddr) -> Option<usize> {
+        self.pools.iter().position(|p| p.source.contains(ip))
+    }
+
+    /// The reply for an attachment holding `addresses`.
+    pub(super) fn reply_for(&self, addresses: &[IpAddr]) -> AddReply {
+        let leases = addresses
+            .iter()
+            .map(|ip| match self.set_of(*ip) {
+                Some(set) => self.pools[set].lease(*ip),
+                None => Lease {
+                    ip: *ip,
+                    prefix_len: if ip.is_ipv4() { 32 } else { 128 },
+                    gateway: None,
+                },
+            })
+            .collect();
+        AddReply {
+            leases,
+            routes: self.def.routes.clone(),
+        }
+    }
+}
+
+impl State {
+    pub(super) fn is_drained(&self, network: &str) -> bool {
+        self.drained.contains(ALL_NETWORKS) || self.drained.contains(network)
+    }
+
+    /// The pool of range set `set` of `network`.
+    pub(super) fn pool(&mut self, network: &str, set: usize) -> Option<&mut RangeSetPool> {
+        self.networks.get_mut(network)?.pools.get_mut(set)
+    }
+}
+
+impl Ipam {
+    /// Refuses every change while the store has failed (module docs of [`crate::ipam`]).
+    pub(super) fn serving(&self, st: &State) -> Result<(), Error> {
+        match &st.failed {
+            None => Ok(()),
+            Some(f) => Err(Error::Store(StoreError::Failed {
+                path: "store".into(),
+                msg: format!(
+                    "{} (since {} ms engine time); ipoold takes no change until its store is reopened, and retries",
+                    f.why, f.since
+                ),
+            })),
+        }
+    }
+
+    /// The one path of every change: `changes` go to the store as one change set, and once it
+    /// has taken them, `apply` makes the same changes in memory. A store that refuses leaves
+    /// memory as it was. Returns the change set's number, for [`Ipam::wait_durable`].
+    ///
+    /// `apply` must not fail: what it does was decided before the write. If it does anyway,
+    /// memory and store may differ, so the engine stops serving changes and rebuilds its state
+    /// from the store ([`Ipam::recover_store`]).
+    pub(super) fn commit(
+        &self,
+        st: &mut State,
+        changes: &[Change],
+        apply: impl FnOnce(&mut State) -> Result<(), String>,
+    ) -> Result<Seq, Error> {
+        self.serving(st)?;
+        let seq = match self.shared.store.append(changes) {
+            Ok(seq) => seq,
+            Err(e) => {
+                if matches!(e, StoreError::Failed { .. }) {
+                    self.mark_failed(st, e.to_string());
+                }
+                return Err(e.into());
+            }
+        };
+        if let Err(e) = apply(st) {
+            tracing::error!(error = %e, "memory could not follow a change the store took; rebuilding the state from the store");
+            self.mark_failed(st, format!("internal: {e}"));
+        }
+        Ok(seq)
+    }
+
+    /// Waits until change set `seq` is durable (a flush shared with concurrent requests).
+    pub(super) async fn wait_durable(&self, seq: Seq) -> Result<(), Error> {
+        match self.shared.store.durable(seq).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.store_failed(e.to_string());
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Waits until everything the store has taken so far is durable.
+    pub async fn flush(&self) -> Result<(), Error> {
+        let seq = self.shared.store.last_appended();
+        self.wait_durable(seq).await
+    }
+
+    /// The store failed: stop serving changes until it is reopened.
+    pub(super) fn store_failed(&self, why: String) {
+        let mut st = self.lock();
+        self.mark_failed(&mut st, why);
+    }
+
+    fn mark_failed(&self, st: &mut State, why: String) {
+        if st.failed.is_some() {
+            return;
+        }
+        tracing::error!(error = %why, "the store failed: no ADD, DEL or other change is served until it is reopened (retried in the background)");
+        st.failed = Some(Failure {
+            since: self.now(),
+            why: why.clone(),
+        });
+        self.shared
+            .health
+            .send_modify(|h| h.store_failure = Some(why));
+        self.shared.changed.notify_one();
+    }
+
+    /// The store's failure, if it has failed: since when (engine ms) and why.
+    pub fn store_failure(&self) -> Option<(Millis, String)> {
+        self.lock()
+            .failed
+            .as_ref()
+            .map(|f| (f.since, f.why.clone()))
+    }
+}

@@ -1,0 +1,126 @@
+//! What can be read without changing anything: CNI CHECK, CNI STATUS, the pools' numbers.
+
+use std::net::IpAddr;
+
+use super::Ipam;
+use crate::error::Error;
+use crate::model::{AttachmentKey, Millis, NetworkDef};
+use crate::range::Family;
+
+/// A pool's numbers, for status reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolStatus {
+    pub network: String,
+    pub family: Family,
+    pub ranges: String,
+    pub capacity: usize,
+    pub in_use: usize,
+    pub idle: usize,
+    pub cooling: usize,
+    pub reserved: usize,
+    pub drained: bool,
+    /// When the pool last failed to serve, and why.
+    pub last_error: Option<(Millis, String)>,
+    pub source_calls: u64,
+    pub source_errors: u64,
+    pub bucket_waits: u64,
+    pub free_in_source: u128,
+    pub min_idle: usize,
+    pub max_idle: usize,
+    pub bucket_tokens: f64,
+}
+
+impl Ipam {
+    /// Confirms the attachment exists and holds every address in `addresses`.
+    pub fn check(&self, key: &AttachmentKey, addresses: &[IpAddr]) -> Result<(), Error> {
+        super::validate_key(key)?;
+        let st = self.lock();
+        let record = st.attachments.get(key).ok_or_else(|| {
+            Error::NotFound(format!(
+                "no attachment {key} in ipoold: the container holds no address of this network"
+            ))
+        })?;
+        for ip in addresses {
+            if !record.addresses().contains(ip) {
+                let holder = st
+                    .attachments
+                    .holder_of(&key.network, *ip)
+                    .map(|r| format!("held by {}", r.key()))
+                    .unwrap_or_else(|| "not held by anyone".into());
+                return Err(Error::Mismatch(format!(
+                    "{ip} is not held by attachment {key} ({holder}); it holds {}",
+                    super::join(record.addresses())
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Ok when an ADD on `network` could be served now; else the reason.
+    /// `declared` is the network a CNI config would declare if the daemon does not know it.
+    pub fn status(&self, network: &str, declared: Option<&NetworkDef>) -> Result<(), String> {
+        let st = self.lock();
+        if let Some(f) = &st.failed {
+            return Err(format!(
+                "ipoold cannot write its store ({}); it takes no ADD until the store is reopened, and retries in the background",
+                f.why
+            ));
+        }
+        let now = self.now();
+        let Some(net) = st.networks.get(network) else {
+            return match declared {
+                Some(_) => Ok(()),
+                None => Err(format!(
+                    "network {network:?} is unknown to ipoold and the config declares no ranges"
+                )),
+            };
+        };
+        if let Some(d) = declared {
+            if !net.def.same_addresses(d) && st.attachments.iter().any(|a| a.network() == network) {
+                return Err(format!(
+                    "network {network:?} is defined with ranges {}, the config asks for {}",
+                    net.def.describe_ranges(),
+                    d.describe_ranges()
+                ));
+            }
+        }
+        for p in &net.pools {
+            let dry = p.source.free() == 0;
+            if let Err(e) = p.pool.plan(now, dry) {
+                return Err(format!("{} cannot serve an ADD: {e}", p.describe(network)));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn pool_status(&self, network: Option<&str>) -> Vec<PoolStatus> {
+        let st = self.lock();
+        let now = self.now();
+        st.networks
+            .values()
+            .filter(|n| network.is_none_or(|w| w == n.def.name))
+            .flat_map(|n| {
+                let drained = st.is_drained(&n.def.name);
+                n.pools.iter().map(move |p| PoolStatus {
+                    network: n.def.name.clone(),
+                    family: p.family,
+                    ranges: p.source.describe(),
+                    capacity: p.pool.config().capacity,
+                    in_use: p.pool.in_use(),
+                    idle: p.pool.idle(),
+                    cooling: p.pool.cooling(now),
+                    reserved: p.pool.reserved(),
+                    drained,
+                    last_error: p.last_error.clone(),
+                    source_calls: p.source_calls,
+                    source_errors: p.source_errors,
+                    bucket_waits: p.bucket_waits,
+                    free_in_source: p.source.free(),
+                    min_idle: p.pool.config().min_idle,
+                    max_idle: p.pool.config().max_idle,
+                    bucket_tokens: p.bucket.level(now),
+                })
+            })
+            .collect()
+    }
+}

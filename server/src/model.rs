@@ -1,0 +1,294 @@
+//! The shared types every layer speaks: network definitions and their tuning, attachment and
+//! reservation records, and time. A leaf: it imports only address math ([`crate::range`]).
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::range::{parse_set, Range, RangeSpec};
+
+/// Engine time in milliseconds: Unix time when the daemon started, then advanced by the
+/// monotonic clock (see [`crate::clock`]).
+pub type Millis = u64;
+
+// === attachments and reservations ===
+
+/// The key of an attachment: (network name, CNI_CONTAINERID, CNI_IFNAME).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AttachmentKey {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl AttachmentKey {
+    /// Store key. The parts never contain NUL (they are validated before they get here).
+    pub fn encode(&self) -> Vec<u8> {
+        format!("{}\0{}\0{}", self.network, self.container_id, self.ifname).into_bytes()
+    }
+
+    /// Checks the three names by the CNI spec's rules.
+    pub fn validate(&self) -> Result<(), String> {
+        use ipool_proto::names::{check_ifname, check_name};
+        check_name("network name", &self.network)?;
+        check_name("container ID", &self.container_id)?;
+        check_ifname("interface name", &self.ifname)
+    }
+}
+
+impl std::fmt::Display for AttachmentKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.network, self.container_id, self.ifname)
+    }
+}
+
+/// The pod behind an attachment (from K8S_POD_* in CNI_ARGS); empty strings when unknown.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentRecord {
+    pub key: AttachmentKey,
+    #[serde(default)]
+    pub pod: Pod,
+    #[serde(default)]
+    pub netns: String,
+    /// One per range set of the network, in range-set order.
+    pub addresses: Vec<IpAddr>,
+    pub created_at_ms: Millis,
+}
+
+/// Whose a reservation is: a pod identity within a network.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ReservationKey {
+    pub network: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ReservationKey {
+    pub fn encode(&self) -> Vec<u8> {
+        format!("{}\0{}\0{}", self.network, self.namespace, self.name).into_bytes()
+    }
+}
+
+impl std::fmt::Display for ReservationKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}/{}", self.network, self.namespace, self.name)
+    }
+}
+
+/// Addresses kept for a pod identity (a sticky pod that went away) until `expires_at_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub key: ReservationKey,
+    /// At most one per range set of the network.
+    pub addresses: Vec<IpAddr>,
+    pub created_at_ms: Millis,
+    pub expires_at_ms: Millis,
+    /// Why it exists, for operators: "sticky pod deleted", "reboot", ...
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// Where the engine clock stood at a moment, so that a restart continues it (see
+/// [`crate::clock`]). Persisted in the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockAnchor {
+    /// The machine's boot ID then: the boot-time clock below only compares within one boot.
+    pub boot_id: String,
+    /// Milliseconds since boot (CLOCK_BOOTTIME) then.
+    pub boot_ms: u64,
+    /// Engine time then.
+    pub engine_ms: Millis,
+}
+
+// === networks ===
+
+/// Pool tuning: the `[defaults]` of the daemon's TOML, overridden per network.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tuning {
+    pub min_idle: usize,
+    pub max_idle: usize,
+    /// Most addresses one pool (network and family) holds; absent: the size of its ranges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<usize>,
+    pub cooldown_secs: u64,
+    /// Calls per second into the address source, and how many may come at once.
+    pub source_rate: f64,
+    pub source_burst: u32,
+    /// Which pods keep their addresses after a DEL (as a reservation for their namespace/name).
+    #[serde(default)]
+    pub sticky: Sticky,
+    /// How long such a reservation lasts.
+    #[serde(default = "default_sticky_ttl")]
+    pub sticky_ttl_secs: u64,
+}
+
+fn default_sticky_ttl() -> u64 {
+    600
+}
+
+impl Tuning {
+    /// Checks the values; `what` names the table in the message.
+    pub fn validate(&self, what: &str) -> Result<(), String> {
+        let bad = |m: String| Err(format!("{what}: {m}"));
+        if self.max_idle < self.min_idle {
+            return bad(format!(
+                "max_idle ({}) is below min_idle ({})",
+                self.max_idle, self.min_idle
+            ));
+        }
+        if self.capacity == Some(0) {
+            return bad("capacity must be at least 1".into());
+        }
+        if !(self.source_rate.is_finite() && self.source_rate > 0.0) {
+            return bad(format!(
+                "source_rate must be a positive number, not {}",
+                self.source_rate
+            ));
+        }
+        if self.source_burst == 0 {
+            return bad("source_burst must be at least 1".into());
+        }
+        if self.sticky != Sticky::None && self.sticky_ttl_secs == 0 {
+            return bad("sticky_ttl_secs must be at least 1 when sticky is on".into());
+        }
+        Ok(())
+    }
+}
+
+/// Which pods are sticky: their address is reserved for their namespace/name when they go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sticky {
+    /// Nobody (host-local's behaviour).
+    #[default]
+    None,
+    /// Pods named like a StatefulSet's: `<name>-<ordinal>`.
+    StatefulSet,
+    /// Every pod with a name.
+    All,
+}
+
+impl Sticky {
+    /// Whether a pod called `name` keeps its address under this policy.
+    pub fn applies_to(self, name: &str) -> bool {
+        match self {
+            Sticky::None => false,
+            Sticky::All => !name.is_empty(),
+            Sticky::StatefulSet => match name.rsplit_once('-') {
+                Some((base, ordinal)) => {
+                    !base.is_empty()
+                        && !ordinal.is_empty()
+                        && ordinal.bytes().all(|b| b.is_ascii_digit())
+                        && (ordinal == "0" || !ordinal.starts_with('0'))
+                }
+                None => false,
+            },
+        }
+    }
+}
+
+/// A route as host-local writes it: `{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteSpec {
+    pub dst: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gw: Option<String>,
+}
+
+/// Where a network definition came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// The daemon's TOML.
+    Config,
+    /// The `ipam` section of a CNI ADD for a network the daemon did not know.
+    Cni,
+}
+
+impl Origin {
+    /// For messages: who defined the network.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Origin::Config => "ipoold's config file",
+            Origin::Cni => "an earlier CNI config",
+        }
+    }
+}
+
+/// The persisted definition of a network: one pool per range set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NetworkDef {
+    pub name: String,
+    pub range_sets: Vec<Vec<RangeSpec>>,
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+    pub tuning: Tuning,
+    pub origin: Origin,
+}
+
+impl NetworkDef {
+    /// The validated ranges, one list per range set.
+    pub fn ranges(&self) -> Result<Vec<Vec<Range>>, String> {
+        validate_ranges(&self.name, &self.range_sets)
+    }
+
+    /// True when both definitions hand out the same addresses. The same spelling (every ADD
+    /// of an unchanged conflist) is answered without parsing anything.
+    pub fn same_addresses(&self, other: &NetworkDef) -> bool {
+        if self.range_sets == other.range_sets {
+            return true;
+        }
+        match (self.ranges(), other.ranges()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    pub fn describe_ranges(&self) -> String {
+        let sets: Vec<String> = self
+            .range_sets
+            .iter()
+            .map(|set| {
+                let rs: Vec<String> = set.iter().map(|r| r.subnet.clone()).collect();
+                format!("[{}]", rs.join(" "))
+            })
+            .collect();
+        sets.join(" ")
+    }
+}
+
+/// Parses and checks range sets: each valid, no two subnets overlapping.
+pub fn validate_ranges(network: &str, sets: &[Vec<RangeSpec>]) -> Result<Vec<Vec<Range>>, String> {
+    if sets.is_empty() {
+        return Err(format!(
+            "network {network:?} declares no ranges (set ipam.ranges or ipam.subnet)"
+        ));
+    }
+    let parsed = sets
+        .iter()
+        .enumerate()
+        .map(|(i, set)| {
+            parse_set(set).map_err(|e| format!("network {network:?}: ranges[{i}]: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let all: Vec<&Range> = parsed.iter().flatten().collect();
+    for (i, a) in all.iter().enumerate() {
+        for b in &all[i + 1..] {
+            if a.subnet.contains(&b.subnet.network()) || b.subnet.contains(&a.subnet.network()) {
+                return Err(format!(
+                    "network {network:?}: subnets {} and {} overlap",
+                    a.subnet, b.subnet
+                ));
+            }
+        }
+    }
+    Ok(parsed)
+}

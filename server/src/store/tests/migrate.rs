@@ -1,0 +1,196 @@
+//! Stores of older schemas open and are brought to the current one, losing nothing.
+
+use super::*;
+use crate::store::codec;
+
+fn record(container: &str, addr: &str) -> AttachmentRecord {
+    AttachmentRecord {
+        key: AttachmentKey {
+            network: "n".into(),
+            container_id: container.into(),
+            ifname: "eth0".into(),
+        },
+        pod: Pod {
+            namespace: "default".into(),
+            name: container.into(),
+            uid: String::new(),
+        },
+        netns: "/var/run/netns/x".into(),
+        addresses: vec![ip(addr)],
+        created_at_ms: 1,
+    }
+}
+
+fn ops(changes: &[Change]) -> Vec<codec::Op> {
+    codec::encode(changes).expect("encode")
+}
+
+fn schema_of(dir: &Path) -> Vec<u8> {
+    raw_sled(dir)
+        .expect("raw open")
+        .open_tree("meta")
+        .expect("tree")
+        .get("schema_version")
+        .expect("get")
+        .expect("present")
+        .to_vec()
+}
+
+/// A crash in a schema-3 store after the journal entry and part of its changes: the next
+/// open finishes the change set, in order, and the store is marked current.
+#[test]
+fn a_schema_3_store_finishes_a_change_set_a_crash_interrupted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let change_set = [
+        Change::PutAttachment(record("c1", "10.0.0.2")),
+        Change::DeleteIdle {
+            network: "n".into(),
+            ip: ip("10.0.0.2"),
+        },
+        Change::DeleteAttachment(record("old", "10.0.0.9").key),
+    ];
+    {
+        let db = raw_sled(dir.path()).expect("raw open");
+        let tree = |n: &str| db.open_tree(n).expect("tree");
+        tree("meta")
+            .insert("schema_version", &3u32.to_be_bytes())
+            .expect("insert");
+        for op in ops(&[
+            Change::PutAttachment(record("old", "10.0.0.9")),
+            Change::PutIdle {
+                network: "n".into(),
+                ip: ip("10.0.0.2"),
+                released_at: 5,
+            },
+        ]) {
+            let codec::Op::Put(idx, k, v) = op else {
+                panic!("puts")
+            };
+            tree(codec::TREES[idx]).insert(k, v).expect("insert");
+        }
+        let ops = ops(&change_set);
+        tree("journal")
+            .insert(41u64.to_be_bytes(), codec::encode_entry(&ops))
+            .expect("insert");
+        // The crash came right after the first of the three changes.
+        let codec::Op::Put(idx, k, v) = &ops[0] else {
+            panic!("first op is a put")
+        };
+        tree(codec::TREES[*idx])
+            .insert(k.as_slice(), v.as_slice())
+            .expect("insert");
+        db.flush().expect("flush");
+    }
+    let s = SledStore::open(dir.path()).expect("open");
+    let snap = s.load().expect("load");
+    let containers: Vec<&str> = snap
+        .attachments
+        .iter()
+        .map(|a| a.key.container_id.as_str())
+        .collect();
+    assert_eq!(containers, ["c1"]);
+    assert!(snap.idle.is_empty(), "{:?}", snap.idle);
+    drop(s);
+    assert_eq!(schema_of(dir.path()), SCHEMA_VERSION.to_be_bytes());
+    let db = raw_sled(dir.path()).expect("raw open");
+    assert!(db.open_tree("journal").expect("tree").is_empty());
+}
+
+#[test]
+fn a_corrupt_journal_entry_is_refused_naming_the_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let db = raw_sled(dir.path()).expect("raw open");
+        db.open_tree("meta")
+            .expect("tree")
+            .insert("schema_version", &3u32.to_be_bytes())
+            .expect("insert");
+        db.open_tree("journal")
+            .expect("tree")
+            .insert(0u64.to_be_bytes(), vec![7u8, 0, 0])
+            .expect("insert");
+        db.flush().expect("flush");
+    }
+    let e = SledStore::open(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("journal") && e.contains(&dir.path().display().to_string()),
+        "{e}"
+    );
+}
+
+/// A schema-4 store (log files without a header) replays the records its checkpoint does not
+/// cover, then gets log files of the current format; a record of an older epoch stays out.
+#[test]
+fn a_schema_4_store_replays_its_log_and_gets_new_log_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let db = raw_sled(dir.path()).expect("raw open");
+        let meta = db.open_tree("meta").expect("tree");
+        meta.insert("schema_version", &4u32.to_be_bytes())
+            .expect("insert");
+        meta.insert("wal_epoch", &3u64.to_be_bytes())
+            .expect("insert");
+        meta.insert("wal_checkpoint", &5u64.to_be_bytes())
+            .expect("insert");
+        db.open_tree("idle")
+            .expect("tree")
+            .insert("n\u{0}10.0.0.7", &9u64.to_be_bytes())
+            .expect("insert");
+        db.flush().expect("flush");
+    }
+    let mut log = Vec::new();
+    let entry = |c: &[Change]| codec::encode_entry(&ops(c));
+    wal::v4::encode_record(&mut log, 3, 5, &entry(&[Change::PutBootId("old".into())]));
+    wal::v4::encode_record(
+        &mut log,
+        3,
+        6,
+        &entry(&[Change::PutAttachment(record("x", "10.0.0.7"))]),
+    );
+    wal::v4::encode_record(
+        &mut log,
+        3,
+        7,
+        &entry(&[Change::DeleteIdle {
+            network: "n".into(),
+            ip: ip("10.0.0.7"),
+        }]),
+    );
+    std::fs::write(dir.path().join("wal-0"), &log).expect("write");
+    let mut stale = Vec::new();
+    wal::v4::encode_record(
+        &mut stale,
+        2,
+        8,
+        &entry(&[Change::PutBootId("stale".into())]),
+    );
+    std::fs::write(dir.path().join("wal-1"), &stale).expect("write");
+
+    let s = SledStore::open(dir.path()).expect("a schema-4 store opens");
+    let snap = s.load().expect("load");
+    assert_eq!(snap.attachments.len(), 1);
+    assert!(snap.idle.is_empty(), "{:?}", snap.idle);
+    assert_eq!(
+        snap.boot_id, None,
+        "5 is covered by the checkpoint, 8 is stale"
+    );
+    drop(s);
+    assert_eq!(schema_of(dir.path()), SCHEMA_VERSION.to_be_bytes());
+    for f in ["wal-0", "wal-1"] {
+        let file = std::fs::File::open(dir.path().join(f)).expect("open");
+        wal::Header::read(&file).unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    // And it keeps working in the new format across a restart.
+    let s = SledStore::open(dir.path()).expect("reopen");
+    s.append(&[Change::PutBootId("new".into())])
+        .expect("append");
+    s.flush().expect("flush");
+    drop(s);
+    let s = SledStore::open(dir.path()).expect("reopen");
+    let snap = s.load().expect("load");
+    assert_eq!(snap.boot_id.as_deref(), Some("new"));
+    assert_eq!(snap.attachments.len(), 1);
+}
