@@ -136,6 +136,8 @@ pub struct DaemonConfig {
     pub cni: CniSettings,
     #[serde(default)]
     pub leak_check: LeakCheck,
+    #[serde(default)]
+    pub store: StoreSettings,
     #[serde(default, rename = "network")]
     pub networks: Vec<NetworkSpec>,
 }
@@ -158,6 +160,39 @@ impl Default for CniSettings {
     fn default() -> Self {
         CniSettings {
             gc_grace_secs: default_gc_grace(),
+        }
+    }
+}
+
+/// The `[store]` table: how the state on disk is kept.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSettings {
+    /// Seconds between checkpoints while changes come in (sled flushed, the log before it no
+    /// longer needed); 0: only when a log file is full.
+    #[serde(default = "default_checkpoint_secs")]
+    pub checkpoint_secs: u64,
+}
+
+fn default_checkpoint_secs() -> u64 {
+    5
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            checkpoint_secs: default_checkpoint_secs(),
+        }
+    }
+}
+
+impl StoreSettings {
+    /// The store's options: default log files, checkpoints as configured.
+    pub fn options(&self) -> crate::store::StoreOptions {
+        crate::store::StoreOptions {
+            checkpoint_every: (self.checkpoint_secs > 0)
+                .then(|| std::time::Duration::from_secs(self.checkpoint_secs)),
+            ..crate::store::StoreOptions::default()
         }
     }
 }

@@ -468,7 +468,12 @@ impl pb::ops_server::Ops for OpsService {
                 bucket_tokens: p.bucket_tokens,
             })
             .collect();
-        Ok(Response::new(pb::PoolStatusResponse { pools }))
+        let store_error = self
+            .ipam
+            .store_failure()
+            .map(|(ago, why)| format!("{why} ({} s ago)", ago.as_secs()))
+            .unwrap_or_default();
+        Ok(Response::new(pb::PoolStatusResponse { pools, store_error }))
     }
 
     async fn list_allocations(

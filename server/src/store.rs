@@ -44,8 +44,8 @@ mod sled_store;
 mod wal;
 pub use commit::{CommitStats, Committer};
 pub use mem::MemStore;
-pub use sled_store::SledStore;
 pub(crate) use sled_store::Trees;
+pub use sled_store::{SledStore, StoreOptions};
 
 /// 1: the first release. 2: reservations, boot ID, drains. 3: the write journal (an older
 /// ipoold would not finish a change set a crash interrupted, so it must refuse the store).
@@ -146,6 +146,9 @@ pub trait Store: Send + Sync {
     /// After a failure: keeps what was durable, drops the rest, and serves again. Numbers go
     /// on from above every number handed out before.
     fn reopen(&self) -> Result<(), StoreError>;
+    /// Why the store has failed, if it has, whether or not a call has met the failure yet
+    /// (its background work, writing sled and checkpoints, can fail it between calls).
+    fn failure(&self) -> Option<String>;
 }
 
 #[cfg(test)]

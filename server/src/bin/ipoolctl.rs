@@ -495,6 +495,12 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) {
 }
 
 fn print_status(r: &pb::PoolStatusResponse, out: Output) {
+    if !r.store_error.is_empty() {
+        eprintln!(
+            "ipoold's store has failed: it serves no ADD or DEL until it is reopened (it retries by itself): {}",
+            r.store_error
+        );
+    }
     if out == Output::Json {
         let v: Vec<serde_json::Value> = r
             .pools

@@ -200,13 +200,15 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     };
     // Read through one handle, serve through a fresh one (see Ipam::open_with).
     let state_dir = args.state_dir.clone();
+    let options = config.store.options();
+    let serve_options = options.clone();
     let ipam = Ipam::open_with(
         || {
-            let store = SledStore::open(&args.state_dir)?;
+            let store = SledStore::open_with(&args.state_dir, options)?;
             tracing::info!(path = %store.path().display(), boot_id = boot_id.as_deref().unwrap_or("unknown"), "store open");
             Ok(Arc::new(store))
         },
-        move || Ok(Arc::new(SledStore::open(&state_dir)?)),
+        move || Ok(Arc::new(SledStore::open_with(&state_dir, serve_options)?)),
         Setup {
             config,
             clock: Arc::new(SystemClock::new()),

@@ -148,6 +148,16 @@ impl Ipam {
         self.wait_durable(seq).await
     }
 
+    /// Takes note of a failure the store met on its own (in its background work) since the
+    /// last call: the engine stops serving changes, and health and STATUS say why.
+    pub(super) fn notice_store_failure(&self, st: &mut State) {
+        if st.failed.is_none() {
+            if let Some(why) = self.shared.store.failure() {
+                self.mark_failed(st, why);
+            }
+        }
+    }
+
     /// The store failed: stop serving changes until it is reopened.
     pub(super) fn store_failed(&self, why: String) {
         let mut st = self.lock();
@@ -169,11 +179,16 @@ impl Ipam {
         self.shared.changed.notify_one();
     }
 
-    /// The store's failure, if it has failed: since when (engine ms) and why.
-    pub fn store_failure(&self) -> Option<(Millis, String)> {
-        self.lock()
-            .failed
-            .as_ref()
-            .map(|f| (f.since, f.why.clone()))
+    /// The store's failure, if it has failed: how long ago and why.
+    pub fn store_failure(&self) -> Option<(std::time::Duration, String)> {
+        let now = self.now();
+        let mut st = self.lock();
+        self.notice_store_failure(&mut st);
+        st.failed.as_ref().map(|f| {
+            (
+                std::time::Duration::from_millis(now.saturating_sub(f.since)),
+                f.why.clone(),
+            )
+        })
     }
 }

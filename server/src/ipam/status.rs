@@ -59,7 +59,8 @@ impl Ipam {
     /// Ok when an ADD on `network` could be served now; else the reason.
     /// `declared` is the network a CNI config would declare if the daemon does not know it.
     pub fn status(&self, network: &str, declared: Option<&NetworkDef>) -> Result<(), String> {
-        let st = self.lock();
+        let mut st = self.lock();
+        self.notice_store_failure(&mut st);
         if let Some(f) = &st.failed {
             return Err(format!(
                 "ipoold cannot write its store ({}); it takes no ADD until the store is reopened, and retries in the background",

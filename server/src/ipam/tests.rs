@@ -182,33 +182,6 @@ async fn dual_stack_is_all_or_nothing() {
 }
 
 #[tokio::test]
-async fn failed_store_write_changes_nothing() {
-    let rig = Rig::new("");
-    rig.ipam.add(req("n", "a", V4)).await.expect("add");
-    rig.store.fail_writes(true);
-    assert!(matches!(
-        rig.ipam.add(req("n", "b", V4)).await,
-        Err(Error::Store(_))
-    ));
-    assert!(matches!(
-        rig.ipam.del(&key("n", "a")).await,
-        Err(Error::Store(_))
-    ));
-    let st = &rig.ipam.pool_status(None)[0];
-    assert_eq!((st.in_use, st.idle), (1, 0));
-    rig.ipam
-        .check(&key("n", "a"), &[ip("10.1.0.2")])
-        .expect("still held");
-    rig.store.fail_writes(false);
-    let b = ips(&rig.ipam.add(req("n", "b", V4)).await.expect("add"))[0];
-    assert_eq!(
-        b,
-        ip("10.1.0.3"),
-        "the failed ADD did not move the source's cursor"
-    );
-}
-
-#[tokio::test]
 async fn redefinition_is_refused_while_attachments_exist() {
     let rig = Rig::new("");
     rig.ipam.add(req("n", "a", V4)).await.expect("add");
@@ -464,31 +437,6 @@ async fn static_addresses_are_claimed_or_refused_with_the_holder() {
     );
 }
 
-/// The runtime builds its list of valid attachments before it calls GC: an ADD that finished
-/// in between is not on it, and must survive (`[cni] gc_grace_secs`, 60 s by default).
-#[tokio::test]
-async fn gc_spares_attachments_younger_than_the_grace() {
-    let rig = Rig::new("");
-    rig.ipam.add(req("g", "old", V4)).await.expect("add");
-    rig.clock.advance(59_000);
-    rig.ipam.add(req("g", "new", V4)).await.expect("add");
-    let none = std::collections::HashSet::new();
-    assert!(
-        rig.ipam.gc("g", &none).await.expect("gc").is_empty(),
-        "both are younger than 60 s"
-    );
-    rig.clock.advance(1_000);
-    let released = rig.ipam.gc("g", &none).await.expect("gc");
-    let keys: Vec<&str> = released
-        .iter()
-        .map(|r| r.key.container_id.as_str())
-        .collect();
-    assert_eq!(keys, ["old"], "only the one older than the grace");
-    rig.clock.advance(59_000);
-    assert_eq!(rig.ipam.gc("g", &none).await.expect("gc").len(), 1);
-    assert!(rig.ipam.attachments(Some("g")).is_empty());
-}
-
 #[tokio::test]
 async fn gc_releases_only_what_the_runtime_no_longer_lists() {
     let rig = Rig::new("[cni]\ngc_grace_secs = 0");
@@ -631,7 +579,9 @@ fn recovery_reports_the_loaders_error() {
     assert!(!served.load(std::sync::atomic::Ordering::SeqCst));
 }
 
+mod failures;
 mod lifecycle;
+mod races;
 
 /// ipoold's start-up: read through one sled handle, serve through a second one opened after the
 /// first is dropped (sled locks its directory, so this also proves the reader is gone).

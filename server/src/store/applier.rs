@@ -8,11 +8,15 @@
 //!
 //! A *checkpoint* records in sled's `meta` tree that every change set up to a sequence number is
 //! in the trees, and flushes sled (and syncs its file). The log asks for one when it leaves a
-//! file full; the file is written again only once a checkpoint covers its records.
+//! file full; the file is written again only once a checkpoint covers its records. The thread
+//! also makes one when the last is older than the store's `checkpoint_every` and something
+//! was applied since: a start has less to replay, and a disk that can no longer take sled's
+//! writes (full, read-only) is found within that time rather than when the log wraps.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::codec::{Op, META};
 use super::Trees;
@@ -37,6 +41,10 @@ pub(super) struct Progress {
     busy: bool,
     /// Tests hold the thread back, to see what a crash before its work leaves.
     paused: bool,
+    /// When the last checkpoint was made (or the thread started).
+    last_checkpoint: Option<Instant>,
+    /// Checkpoint at least this often while change sets are applied (None: only on request).
+    every: Option<Duration>,
 }
 
 pub(super) type Shared = Arc<(Mutex<Progress>, Condvar)>;
@@ -56,13 +64,20 @@ pub(super) struct Applier {
 }
 
 impl Applier {
-    /// Starts the thread; `applied` is what the trees already hold (a checkpoint).
-    pub(super) fn start(trees: Trees, applied: u64) -> std::io::Result<Applier> {
+    /// Starts the thread; `applied` is what the trees already hold (a checkpoint); `every`: how
+    /// often it checkpoints on its own while it applies change sets.
+    pub(super) fn start(
+        trees: Trees,
+        applied: u64,
+        every: Option<Duration>,
+    ) -> std::io::Result<Applier> {
         let shared: Shared = Arc::new((
             Mutex::new(Progress {
                 applied,
                 checkpointed: applied,
                 wanted: applied,
+                last_checkpoint: Some(Instant::now()),
+                every,
                 ..Progress::default()
             }),
             Condvar::new(),
@@ -172,7 +187,15 @@ fn run(s: &Shared, trees: &Trees) {
                 if !p.paused && (!p.queue.is_empty() || p.checkpoint_due()) {
                     break;
                 }
-                p = wait(s, p);
+                p = match p.next_periodic() {
+                    Some(at) if !p.paused => {
+                        let left = at.saturating_duration_since(Instant::now());
+                        s.1.wait_timeout(p, left)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0
+                    }
+                    _ => wait(s, p),
+                };
             }
             p.busy = true;
             p.queue.drain(..).collect::<Vec<_>>()
@@ -198,6 +221,7 @@ fn run(s: &Shared, trees: &Trees) {
         p.busy = false;
         if let Some(c) = checkpointed {
             p.checkpointed = p.checkpointed.max(c);
+            p.last_checkpoint = Some(Instant::now());
         }
         if let Err(e) = outcome {
             tracing::error!(error = %e, "writing durable change sets into sled failed; the store stops serving and is reopened");
@@ -209,9 +233,19 @@ fn run(s: &Shared, trees: &Trees) {
 }
 
 impl Progress {
-    /// A checkpoint is wanted and everything it must cover is in the trees.
+    /// A checkpoint is wanted and everything it must cover is in the trees, or the periodic
+    /// one is due.
     fn checkpoint_due(&self) -> bool {
-        self.wanted > self.checkpointed && self.applied >= self.wanted
+        let wanted = self.wanted > self.checkpointed && self.applied >= self.wanted;
+        wanted || self.next_periodic().is_some_and(|at| at <= Instant::now())
+    }
+
+    /// When the next periodic checkpoint is due: only with something applied since the last.
+    fn next_periodic(&self) -> Option<Instant> {
+        if self.applied <= self.checkpointed {
+            return None;
+        }
+        Some(self.last_checkpoint? + self.every?)
     }
 }
 

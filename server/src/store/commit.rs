@@ -98,6 +98,11 @@ impl Committer {
     }
 
     /// The newest number appended (waiting for it covers everything appended so far).
+    /// Why the store has failed, if it has ([`Store::failure`]).
+    pub fn failure(&self) -> Option<String> {
+        self.store.failure()
+    }
+
     pub fn last_appended(&self) -> Seq {
         self.appended.load(Ordering::SeqCst)
     }
@@ -283,6 +288,9 @@ mod tests {
             self.inner.fail_flushes(self.fail.load(Ordering::SeqCst));
             self.inner.reopen()
         }
+        fn failure(&self) -> Option<String> {
+            self.inner.failure()
+        }
     }
 
     /// A failed flush fails its waiters for good: their change sets are never made durable,
@@ -339,6 +347,9 @@ mod tests {
         }
         fn reopen(&self) -> Result<(), StoreError> {
             self.0.reopen()
+        }
+        fn failure(&self) -> Option<String> {
+            self.0.failure()
         }
     }
 

@@ -97,6 +97,15 @@ impl Live {
         }
     }
 
+    /// Why the store failed, if it has (its own failure or the applier's).
+    pub(super) fn failure_now(&self) -> Option<String> {
+        match self.check() {
+            Ok(()) => None,
+            Err(StoreError::Failed { msg, .. }) => Some(msg),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
     /// (the last durable change set, the last number handed out)
     pub(super) fn numbers(&self) -> (Seq, Seq) {
         let w = lock(&self.writer);
@@ -215,6 +224,11 @@ impl Live {
     pub(super) fn log_position(&self) -> (usize, u64) {
         let w = lock(&self.writer);
         (w.active, HEADER_LEN + w.offset)
+    }
+
+    #[cfg(test)]
+    pub(super) fn checkpointed(&self) -> u64 {
+        applier::lock(self.applier.shared()).checkpointed
     }
 
     #[cfg(test)]

@@ -126,6 +126,14 @@ impl MemStore {
     }
 
     /// Flushes so far.
+    /// Fails the store as its background work would: nothing pending becomes durable, every
+    /// call fails until a reopen.
+    pub fn fail_now(&self, why: &str) {
+        let mut m = self.lock();
+        m.failed = Some(why.to_string());
+        m.pending.clear();
+    }
+
     pub fn flushes(&self) -> u64 {
         self.lock().flushes
     }
@@ -201,6 +209,10 @@ impl Store for MemStore {
             m.durable_seq = seq;
         }
         Ok(m.durable_seq)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
     }
 
     fn reopen(&self) -> Result<(), StoreError> {

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use super::applier::{Applier, WAL_CHECKPOINT};
 use super::codec::{decode_entry, decode_record, Op};
 use super::live::{Failure, Live, Writer};
-use super::sled_store::{Resume, Trees};
+use super::sled_store::{Resume, StoreOptions, Trees};
 use super::wal::{self, Header, Record, StoreId, HEADER_LEN};
 use super::{Seq, StoreError, SCHEMA_VERSION};
 
@@ -53,9 +53,10 @@ impl Live {
     /// Opens the store in `dir`; `resume` after a failure (see [`Resume`]).
     pub(super) fn open(
         dir: &Path,
-        capacity: u64,
+        options: &StoreOptions,
         resume: Option<Resume>,
     ) -> Result<Live, StoreError> {
+        let capacity = options.log_capacity;
         std::fs::create_dir_all(dir).map_err(|e| open_err(dir, e))?;
         let db_path = dir.join("db");
         let wal_paths = [dir.join("wal-0"), dir.join("wal-1")];
@@ -118,7 +119,7 @@ impl Live {
         put(WAL_CHECKPOINT, checkpoint)?;
         put(WAL_EPOCH, epoch + 1)?;
         trees.sync().map_err(|e| trees.io(e))?;
-        let applier = Applier::start(trees.clone(), checkpoint)
+        let applier = Applier::start(trees.clone(), checkpoint, options.checkpoint_every)
             .map_err(|e| trees.io(format!("starting the applier thread: {e}")))?;
         Ok(Live {
             dir: dir.to_path_buf(),

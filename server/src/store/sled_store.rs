@@ -31,6 +31,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use super::codec::{Op, ATTACHMENTS, CURSORS, IDLE, META, NETWORKS, RESERVATIONS, TREES};
 use super::live::Live;
@@ -40,9 +41,28 @@ use super::{AttachmentRecord, Change, Seq, Snapshot, Store, StoreError};
 /// written whole: the file grows.
 pub const WAL_CAPACITY: u64 = 1 << 20;
 
+/// How a store is opened.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Bytes of records each log file holds, when the files are created.
+    pub log_capacity: u64,
+    /// How often the store makes a checkpoint on its own while change sets come in (None:
+    /// only when a log file is full).
+    pub checkpoint_every: Option<Duration>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            log_capacity: WAL_CAPACITY,
+            checkpoint_every: Some(Duration::from_secs(5)),
+        }
+    }
+}
+
 pub struct SledStore {
     dir: PathBuf,
-    capacity: u64,
+    options: StoreOptions,
     /// The open store; None after a failure until a reopen succeeds.
     live: RwLock<Option<Arc<Live>>>,
     /// Set by a failure: where the next open continues.
@@ -62,16 +82,27 @@ impl SledStore {
     /// Opens (or creates) the store in `dir` (sled in `dir/db`, the log in `dir/wal-0` and
     /// `dir/wal-1`). Refuses a store of a newer schema, or one that is damaged, naming the path.
     pub fn open(dir: &Path) -> Result<SledStore, StoreError> {
-        SledStore::open_with_log_capacity(dir, WAL_CAPACITY)
+        SledStore::open_with(dir, StoreOptions::default())
     }
 
     /// [`SledStore::open`] with log files of `capacity` bytes when it creates them (tests use
     /// small ones, to switch files often).
     pub fn open_with_log_capacity(dir: &Path, capacity: u64) -> Result<SledStore, StoreError> {
-        let live = Live::open(dir, capacity, None)?;
+        SledStore::open_with(
+            dir,
+            StoreOptions {
+                log_capacity: capacity,
+                ..StoreOptions::default()
+            },
+        )
+    }
+
+    /// [`SledStore::open`] with `options`.
+    pub fn open_with(dir: &Path, options: StoreOptions) -> Result<SledStore, StoreError> {
+        let live = Live::open(dir, &options, None)?;
         Ok(SledStore {
             dir: dir.to_path_buf(),
-            capacity,
+            options,
             live: RwLock::new(Some(Arc::new(live))),
             resume: Mutex::new(None),
         })
@@ -107,6 +138,12 @@ impl SledStore {
         self.live().map(|l| l.log_position()).unwrap_or((0, 0))
     }
 
+    /// The newest durable checkpoint.
+    #[cfg(test)]
+    pub(super) fn checkpointed(&self) -> u64 {
+        self.live().map(|l| l.checkpointed()).unwrap_or(0)
+    }
+
     /// Makes the next log write fail, as an I/O error would.
     #[cfg(test)]
     pub(super) fn inject_log_error(&self) {
@@ -132,6 +169,13 @@ impl Store for SledStore {
         self.live()?.flush()
     }
 
+    fn failure(&self) -> Option<String> {
+        match self.live() {
+            Ok(l) => l.failure_now(),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
     fn reopen(&self) -> Result<(), StoreError> {
         let mut slot = self.live.write().unwrap_or_else(|p| p.into_inner());
         let mut resume = self.resume.lock().unwrap_or_else(|p| p.into_inner());
@@ -143,7 +187,7 @@ impl Store for SledStore {
             // file lock goes with the last one (and opening waits a moment for it).
             drop(live);
         }
-        let live = Live::open(&self.dir, self.capacity, *resume)?;
+        let live = Live::open(&self.dir, &self.options, *resume)?;
         tracing::warn!(path = %self.dir.display(), "store reopened after a failure");
         *resume = None;
         *slot = Some(Arc::new(live));
