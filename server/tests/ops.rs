@@ -567,15 +567,6 @@ fn health_follows_drain_and_reflection_lists_the_services() {
     }
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
 #[test]
 fn the_cni_service_refuses_callers_other_than_root() {
     if !is_root() {

@@ -36,6 +36,8 @@ pub struct Daemon {
     pub state: PathBuf,
     child: Option<Child>,
     extra_args: Vec<String>,
+    /// Environment variables ipoold runs with, besides RUST_LOG.
+    pub envs: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -51,11 +53,17 @@ impl Daemon {
 
     /// Starts ipoold with `toml` as its --config file (written in the daemon's directory).
     pub fn with_config(toml: &str) -> Daemon {
+        let mut d = Daemon::prepare_with_config(toml);
+        d.spawn();
+        d
+    }
+
+    /// [`Daemon::with_config`], not started.
+    pub fn prepare_with_config(toml: &str) -> Daemon {
         let mut d = Daemon::prepare(&[]);
         let path = d.dir.path().join("ipoold.toml");
         std::fs::write(&path, toml).expect("write the config");
         d.extra_args = vec!["--config".into(), path.display().to_string()];
-        d.spawn();
         d
     }
 
@@ -70,6 +78,7 @@ impl Daemon {
             state,
             child: None,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
+            envs: Vec::new(),
         }
     }
 
@@ -81,6 +90,7 @@ impl Daemon {
             .arg(&self.state)
             .args(&self.extra_args)
             .env("RUST_LOG", "info")
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(
@@ -195,6 +205,16 @@ pub fn conf(version: &str, name: &str, socket: &Path, ipam_extra: &str) -> Strin
         r#"{{"cniVersion":"{version}","name":"{name}","type":"bridge","ipam":{{"type":"ipool","socket":"{}"{sep}{ipam_extra}}}}}"#,
         socket.display()
     )
+}
+
+/// True when the tests run as root (mounts, namespaces, other uids).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
 }
 
 /// Result of one plugin run.
