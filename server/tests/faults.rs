@@ -291,6 +291,24 @@ fn a_full_disk_stops_serving_and_recovers_by_itself() {
     told.matches(&d);
 }
 
+/// A state dir without room for the log files: the start is refused with the reason, and
+/// leaves no log file behind that a later start could take for a log.
+#[test]
+fn a_start_without_room_for_the_log_is_refused_with_the_reason() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let fs = Mount::tmpfs("1m");
+    let state = fs.at.join("state");
+    let err = daemon_on(&state, "").run_expecting_failure();
+    assert!(
+        err.contains("No space left on device") && err.contains(path(&state)),
+        "{err}"
+    );
+    assert!(!state.join("wal-0").exists() && !state.join("wal-1").exists());
+}
+
 /// ext4 remounted read-only under the daemon (errors=remount-ro, an error triggered through
 /// sysfs): ADDs after it are answered with an error, and none of them is held after the
 /// filesystem is repaired and the daemon restarted; every acknowledged one is.

@@ -91,13 +91,12 @@ impl Ipam {
     pub(super) fn serving(&self, st: &State) -> Result<(), Error> {
         match &st.failed {
             None => Ok(()),
-            Some(f) => Err(Error::Store(StoreError::Failed {
-                path: "store".into(),
-                msg: format!(
-                    "{} (since {} ms engine time); ipoold takes no change until its store is reopened, and retries",
-                    f.why, f.since
-                ),
-            })),
+            // Retryable (UNAVAILABLE, CNI 11): `why` already says what failed and what follows.
+            Some(f) => Err(Error::Busy(format!(
+                "{} ({} s ago)",
+                f.why,
+                self.now().saturating_sub(f.since) / 1000
+            ))),
         }
     }
 

@@ -61,12 +61,7 @@ impl Ipam {
     pub fn status(&self, network: &str, declared: Option<&NetworkDef>) -> Result<(), String> {
         let mut st = self.lock();
         self.notice_store_failure(&mut st);
-        if let Some(f) = &st.failed {
-            return Err(format!(
-                "ipoold cannot write its store ({}); it takes no ADD until the store is reopened, and retries in the background",
-                f.why
-            ));
-        }
+        self.serving(&st).map_err(|e| e.to_string())?;
         let now = self.now();
         let Some(net) = st.networks.get(network) else {
             return match declared {

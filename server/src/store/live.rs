@@ -99,11 +99,7 @@ impl Live {
 
     /// Why the store failed, if it has (its own failure or the applier's).
     pub(super) fn failure_now(&self) -> Option<String> {
-        match self.check() {
-            Ok(()) => None,
-            Err(StoreError::Failed { msg, .. }) => Some(msg),
-            Err(e) => Some(e.to_string()),
-        }
+        self.check().err().map(|e| e.to_string())
     }
 
     /// (the last durable change set, the last number handed out)

@@ -212,7 +212,10 @@ impl Store for MemStore {
     }
 
     fn failure(&self) -> Option<String> {
-        self.lock().failed.clone()
+        self.lock()
+            .failed
+            .as_ref()
+            .map(|why| failed(why.clone()).to_string())
     }
 
     fn reopen(&self) -> Result<(), StoreError> {
