@@ -12,7 +12,8 @@
 //! - `attachments`: network \0 container ID \0 ifname -> [`AttachmentRecord`] (JSON); the
 //!   addresses in use are exactly those named by attachments
 //! - `idle`: network \0 address -> release time (engine ms, u64 big-endian); 0 = never used
-//! - `cursors`: network \0 range-set index -> last address handed out by the source
+//! - `cursors`: network \0 range-set id (its ranges; an index before schema 5) -> last address
+//!   handed out by the source
 //! - `reservations`: network \0 namespace \0 pod name -> [`Reservation`] (JSON)
 //! - `meta`: `schema_version` (u32 big-endian), `store_id` (16 bytes, also in the log files'
 //!   headers), `boot_id` (the machine's boot ID at the last start, text), `clock` (the engine
@@ -71,9 +72,12 @@ pub enum Change {
         network: String,
         ip: IpAddr,
     },
+    /// The last address a range set's source handed out. `set` is the range set's id, its
+    /// ranges as `first-last[,first-last...]`: stable when other sets come or go. (Stores
+    /// before schema 5 keyed it by the set's position; recovery moves those to the id.)
     PutCursor {
         network: String,
-        set: usize,
+        set: String,
         cursor: Option<IpAddr>,
     },
     PutReservation(Reservation),
@@ -94,7 +98,7 @@ pub struct Snapshot {
     pub networks: Vec<NetworkDef>,
     pub attachments: Vec<AttachmentRecord>,
     pub idle: Vec<(String, IpAddr, Millis)>,
-    pub cursors: Vec<(String, usize, IpAddr)>,
+    pub cursors: Vec<(String, String, IpAddr)>,
     pub reservations: Vec<Reservation>,
     /// The boot ID recorded at the last start (None in a new or a version-1 store).
     pub boot_id: Option<String>,

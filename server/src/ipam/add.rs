@@ -202,7 +202,7 @@ impl Ipam {
         let mut net = Network::new(d.clone(), now)?;
         let mut changes = vec![Change::PutNetwork(d.clone())];
         if let Some(old) = known {
-            for (set, p) in old.pools.iter().enumerate() {
+            for p in &old.pools {
                 for (ip, since) in p.pool.idle_addresses() {
                     let kept = !p.pool.cooled(since, now) && carry_over(&mut net, ip, since);
                     if !kept {
@@ -214,7 +214,7 @@ impl Ipam {
                 }
                 changes.push(Change::PutCursor {
                     network: name.to_string(),
-                    set,
+                    set: p.id.clone(),
                     cursor: None,
                 });
             }

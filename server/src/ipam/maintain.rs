@@ -26,6 +26,7 @@ const REOPEN_MAX: Duration = Duration::from_secs(30);
 struct Work {
     network: String,
     set: usize,
+    set_id: String,
     fetch: Vec<IpAddr>,
     give_back: Vec<IpAddr>,
 }
@@ -65,6 +66,7 @@ impl Ipam {
                     work.push(Work {
                         network: name.clone(),
                         set,
+                        set_id: p.id.clone(),
                         fetch,
                         give_back: m.give_back,
                     });
@@ -86,7 +88,7 @@ impl Ipam {
             if let Some(last) = w.fetch.last() {
                 changes.push(Change::PutCursor {
                     network: w.network.clone(),
-                    set: w.set,
+                    set: w.set_id.clone(),
                     cursor: Some(*last),
                 });
             }

@@ -13,6 +13,9 @@ use crate::store::Change;
 
 pub(super) struct RangeSetPool {
     pub(super) family: Family,
+    /// The set's id in the store: its ranges (`Source::describe`), which do not depend on
+    /// where the set stands among the network's others.
+    pub(super) id: String,
     /// The pool tracks which addresses are in use, not by whom: the engine's attachments say
     /// that, and a second copy of every key would cost memory on a node with many pods.
     pub(super) pool: Pool<()>,
@@ -69,6 +72,7 @@ impl RangeSetPool {
         let size = usize::try_from(source.size()).unwrap_or(usize::MAX);
         RangeSetPool {
             family,
+            id: source.describe(),
             pool: Pool::new(PoolConfig {
                 min_idle: tuning.min_idle,
                 max_idle: tuning.max_idle,
@@ -209,7 +213,7 @@ impl RangeSetPool {
             }),
             From::Source => Some(Change::PutCursor {
                 network: network.to_string(),
-                set: pick.set,
+                set: self.id.clone(),
                 cursor: Some(pick.ip),
             }),
             From::Claimed | From::Reserved => None,

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{watch, Notify};
 
 use super::attachments::Attachments;
+use super::range_set::RangeSetPool;
 use super::state::{Network, State};
 use super::{Health, Ipam, ReleaseBy, Shared, ALL_NETWORKS};
 use crate::clock::Clock;
@@ -279,11 +280,29 @@ fn rebuild(
         }
     }
     for (network, set, cursor) in snap.cursors {
-        match state.networks.get_mut(&network) {
-            Some(net) if set < net.pools.len() && !reset.contains(&network) => {
-                net.pools[set].source.set_cursor(Some(cursor));
+        let pool = state
+            .networks
+            .get_mut(&network)
+            .filter(|_| !reset.contains(&network))
+            .and_then(|net| cursor_owner(&mut net.pools, &set));
+        match pool {
+            Some(p) => {
+                p.source.set_cursor(Some(cursor));
+                if p.id != set {
+                    // A position (before schema 5): the cursor moves to the set's id.
+                    changes.push(Change::PutCursor {
+                        network: network.clone(),
+                        set: p.id.clone(),
+                        cursor: Some(cursor),
+                    });
+                    changes.push(Change::PutCursor {
+                        network,
+                        set,
+                        cursor: None,
+                    });
+                }
             }
-            _ => changes.push(Change::PutCursor {
+            None => changes.push(Change::PutCursor {
                 network,
                 set,
                 cursor: None,
@@ -291,6 +310,15 @@ fn rebuild(
         }
     }
     Ok(Rebuilt { state, changes })
+}
+
+/// The range set a stored cursor belongs to: by its id, or, for a store before schema 5, by
+/// its position (ids are ranges, never a bare number).
+fn cursor_owner<'a>(pools: &'a mut [RangeSetPool], set: &str) -> Option<&'a mut RangeSetPool> {
+    if let Some(i) = pools.iter().position(|p| p.id == set) {
+        return pools.get_mut(i);
+    }
+    set.parse::<usize>().ok().and_then(|i| pools.get_mut(i))
 }
 
 /// The network definitions to run with: the stored ones, brought to the config's. Networks

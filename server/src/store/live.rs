@@ -296,7 +296,6 @@ pub(super) fn read_trees(
     for kv in t.tree(CURSORS).iter() {
         let (k, v) = kv.map_err(|e| t.io(e))?;
         let (net, set) = split2(&k).ok_or_else(|| corrupt("cursor key", &k, &"bad key"))?;
-        let set: usize = set.parse().map_err(|e| corrupt("cursor key", &k, &e))?;
         let ip: IpAddr = std::str::from_utf8(&v)
             .map_err(|e| corrupt("cursor", &k, &e))?
             .parse()

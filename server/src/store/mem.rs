@@ -38,7 +38,7 @@ struct Tables {
     networks: BTreeMap<String, NetworkDef>,
     attachments: BTreeMap<AttachmentKey, AttachmentRecord>,
     idle: BTreeMap<(String, IpAddr), Millis>,
-    cursors: BTreeMap<(String, usize), IpAddr>,
+    cursors: BTreeMap<(String, String), IpAddr>,
     reservations: BTreeMap<ReservationKey, Reservation>,
     boot_id: Option<String>,
     clock: Option<ClockAnchor>,
@@ -165,7 +165,7 @@ impl Store for MemStore {
             cursors: t
                 .cursors
                 .iter()
-                .map(|((n, s), ip)| (n.clone(), *s, *ip))
+                .map(|((n, s), ip)| (n.clone(), s.clone(), *ip))
                 .collect(),
             reservations: t.reservations.values().cloned().collect(),
             boot_id: t.boot_id.clone(),

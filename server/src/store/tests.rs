@@ -60,7 +60,7 @@ pub(super) fn sample() -> Vec<Change> {
         },
         Change::PutCursor {
             network: "n".into(),
-            set: 0,
+            set: "10.0.0.1-10.0.0.254".into(),
             cursor: Some(ip("10.0.0.3")),
         },
         Change::PutReservation(reservation()),
@@ -94,7 +94,14 @@ fn check_roundtrip(store: &dyn Store) {
     assert_eq!(snap.attachments.len(), 1);
     assert_eq!(snap.attachments[0].pod.name, "web-0");
     assert_eq!(snap.idle, vec![("n".to_string(), ip("10.0.0.3"), 99)]);
-    assert_eq!(snap.cursors, vec![("n".to_string(), 0, ip("10.0.0.3"))]);
+    assert_eq!(
+        snap.cursors,
+        vec![(
+            "n".to_string(),
+            "10.0.0.1-10.0.0.254".to_string(),
+            ip("10.0.0.3")
+        )]
+    );
     assert_eq!(snap.reservations, vec![reservation()]);
     assert_eq!(snap.boot_id.as_deref(), Some("b-1"));
     assert_eq!(snap.drained, vec!["n".to_string()]);
@@ -121,7 +128,7 @@ fn check_roundtrip(store: &dyn Store) {
             },
             Change::PutCursor {
                 network: "n".into(),
-                set: 0,
+                set: "10.0.0.1-10.0.0.254".into(),
                 cursor: None,
             },
             Change::DeleteReservation(reservation().key),

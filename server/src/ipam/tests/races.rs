@@ -73,3 +73,38 @@ async fn redefining_a_network_keeps_its_cooling_addresses() {
     let st = &rig.ipam.pool_status(Some("n"))[0];
     assert_eq!((st.in_use, st.cooling), (1, 1), "{st:?}");
 }
+
+/// A source's cursor is stored under its range set's id (its ranges), not its position among
+/// the network's sets; one stored by position (before schema 5) is read and moved to the id.
+#[tokio::test]
+async fn a_cursor_is_kept_by_its_range_sets_id_and_old_positions_move_to_it() {
+    let rig = Rig::new("");
+    rig.ipam.add(req("n", "a", V4)).await.expect("add");
+    let cursors = || rig.store.load().expect("load").cursors;
+    let id = "10.1.0.1-10.1.0.254".to_string();
+    assert_eq!(cursors(), vec![("n".into(), id.clone(), ip("10.1.0.2"))]);
+    // As a schema-4 store would hold it: by position.
+    rig.store
+        .append(&[
+            Change::PutCursor {
+                network: "n".into(),
+                set: id.clone(),
+                cursor: None,
+            },
+            Change::PutCursor {
+                network: "n".into(),
+                set: "0".into(),
+                cursor: Some(ip("10.1.0.9")),
+            },
+        ])
+        .expect("append");
+    rig.store.flush().expect("flush");
+    let ipam = rig.reopen().expect("reopen");
+    assert_eq!(
+        cursors(),
+        vec![("n".into(), id.clone(), ip("10.1.0.9"))],
+        "the position's cursor moved to the id"
+    );
+    let next = ipam.add(req("n", "b", V4)).await.expect("add");
+    assert_eq!(ips(&next), vec![ip("10.1.0.10")]);
+}

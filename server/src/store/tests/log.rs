@@ -77,7 +77,7 @@ fn random_change_set(pick: u32, i: u32) -> Vec<Change> {
             },
             Change::PutCursor {
                 network: "n".into(),
-                set: 0,
+                set: "10.0.0.1-10.0.0.254".into(),
                 cursor: Some(addr),
             },
         ],
