@@ -389,6 +389,9 @@ fn replay_v4(trees: &Trees, paths: &[PathBuf; 2], checkpoint: Seq) -> Result<Seq
         let ops = decode_record(&log, *seq, payload)?;
         trees.materialize(&ops).map_err(|e| trees.io(e))?;
     }
-    trees.sync().map_err(|e| trees.io(e))?;
-    Ok(records.last().map_or(checkpoint, |r| r.0))
+    // The checkpoint goes with the replayed change sets: a crash before the new log files
+    // are in place must not replay the old files' older records over them.
+    let last = records.last().map_or(checkpoint, |r| r.0);
+    super::applier::checkpoint_at(trees, last).map_err(|e| trees.io(e))?;
+    Ok(last)
 }
