@@ -181,6 +181,20 @@ impl Committer {
             f.stats.flush_time += took;
             match &result {
                 Ok(durable) => {
+                    if *durable < target {
+                        // Appended, and dropped by a reopen of the store before any flush.
+                        let from = f.durable.max(*durable) + 1;
+                        if from <= target {
+                            f.lost.push((
+                                from..=target,
+                                StoreError::Failed {
+                                    path: "log".into(),
+                                    msg: "the store was reopened before this change set was flushed; it was dropped".into(),
+                                },
+                            ));
+                        }
+                        f.durable = f.durable.max(target);
+                    }
                     f.stats.durable += covered.saturating_sub(f.counted);
                     f.counted = f.counted.max(covered);
                     f.durable = f.durable.max(*durable);
@@ -228,6 +242,26 @@ mod tests {
 
     fn boot_change(i: u64) -> Vec<Change> {
         vec![Change::PutBootId(format!("b{i}"))]
+    }
+
+    /// A change set appended and then dropped by a reopen of the store (before any flush) is
+    /// reported lost to its waiter, never durable, and its waiter does not spin.
+    #[tokio::test]
+    async fn a_change_set_dropped_by_a_reopen_is_lost_not_durable() {
+        let mem = Arc::new(MemStore::new());
+        let c = Committer::new(mem.clone(), None);
+        let kept = c.append(&boot_change(1)).expect("append");
+        c.durable(kept).await.expect("durable");
+        let dropped = c.append(&boot_change(2)).expect("append");
+        mem.reopen().expect("reopen");
+        let waited = tokio::time::timeout(Duration::from_secs(10), c.durable(dropped))
+            .await
+            .expect("the waiter is answered");
+        let e = waited.expect_err("dropped, not durable");
+        assert!(e.to_string().contains("reopened"), "{e}");
+        assert_eq!(mem.load().expect("load").boot_id.as_deref(), Some("b1"));
+        let next = c.append(&boot_change(3)).expect("append");
+        c.durable(next).await.expect("later ones are durable");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

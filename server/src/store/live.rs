@@ -147,7 +147,16 @@ impl Live {
         wal::seal(&mut records, first);
         let (f, path) = &self.wal[file];
         if let Err(e) = self.write_at(f, &records, at) {
-            let why = format!("writing the write-ahead log {}: {e}", path.display());
+            let mut why = format!("writing the write-ahead log {}: {e}", path.display());
+            // The records may have reached the file (a failed fdatasync): they must not be
+            // replayed by a start after a crash, since their callers are told they failed.
+            // Zeros over them, synced, end the log's run before them.
+            let zeros = vec![0u8; records.len()];
+            if let Err(e2) = f.write_all_at(&zeros, at).and_then(|()| f.sync_data()) {
+                why.push_str(&format!(
+                    "; erasing its records failed too ({e2}): if ipoold stops before the store is reopened, the next start may keep change sets {first}..={last}"
+                ));
+            }
             self.failure.set(why.clone());
             return Err(self.failed(why));
         }
@@ -206,9 +215,18 @@ impl Live {
         read_trees(&self.trees, each_attachment)
     }
 
-    /// Closes after a failure: the applier stops where it is, nothing is written.
-    pub(super) fn abandon(&self) {
+    /// Closes for a reopen: waits for a flush under way, fails the store (so that nothing more
+    /// is written, not even by the close), stops the applier where it is, and returns
+    /// (the last durable change set, the last number handed out).
+    pub(super) fn abandon(&self) -> (Seq, Seq) {
+        let _one = lock(&self.flushing);
+        if self.failure.get().is_none() {
+            self.failure
+                .set("closed to be reopened (the engine rebuilds its state)".into());
+        }
+        let numbers = self.numbers();
         self.applier.stop();
+        numbers
     }
 
     #[cfg(test)]

@@ -131,7 +131,9 @@ impl Live {
                 pending: Vec::new(),
                 sets: Vec::new(),
                 last: checkpoint,
-                durable: checkpoint,
+                // After a reopen, the numbers between these were handed out and dropped: a
+                // flush reports them not durable.
+                durable: last,
                 active: 0,
                 offset: 0,
                 last_in: [0, 0],

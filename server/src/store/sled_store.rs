@@ -180,9 +180,8 @@ impl Store for SledStore {
         let mut slot = self.live.write().unwrap_or_else(|p| p.into_inner());
         let mut resume = self.resume.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(live) = slot.take() {
-            let (durable, last) = live.numbers();
+            let (durable, last) = live.abandon();
             *resume = Some(Resume { durable, last });
-            live.abandon();
             // Calls that cloned the handle before the write lock finish on their own; sled's
             // file lock goes with the last one (and opening waits a moment for it).
             drop(live);

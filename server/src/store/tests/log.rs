@@ -406,6 +406,12 @@ fn a_failed_log_write_keeps_nothing_it_did_not_make_durable() {
     s.inject_log_error();
     let e = s.flush().expect_err("the write fails").to_string();
     assert!(e.contains("failed") && e.contains("wal-0"), "{e}");
+    // A crash before the reopen: the failed flush's records were erased, not replayed.
+    let crashed = root.path().join("crashed");
+    crash_copy(&dir, &crashed);
+    let c = SledStore::open(&crashed).expect("open the copy");
+    assert_eq!(canonical(c.load().expect("load")), model_of(&[&durable]));
+    drop(c);
     // Failed: nothing more is taken or flushed.
     assert!(s.append(&random_change_set(7, 3)).is_err());
     assert!(s.flush().is_err());
@@ -472,4 +478,30 @@ fn the_store_checkpoints_on_its_own_every_interval() {
         canonical(opened.load().expect("load")),
         model_of(&[&changes])
     );
+}
+
+/// A reopen of a store that has not failed (the engine rebuilds after an internal error):
+/// the change set appended but not flushed is dropped, the next flush says so (it reports the
+/// last durable one), the close writes nothing, and what was durable stays.
+#[test]
+fn a_reopen_without_a_failure_drops_only_what_was_not_flushed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let s = SledStore::open(root.path()).expect("open");
+    let kept = s.append(&sample()).expect("append");
+    assert_eq!(s.flush().expect("flush"), kept);
+    let dropped = s
+        .append(&[Change::PutBootId("dropped".into())])
+        .expect("append");
+    s.reopen().expect("reopen");
+    assert_eq!(s.flush().expect("flush"), kept, "{dropped} is not durable");
+    let later = s
+        .append(&[Change::PutBootId("later".into())])
+        .expect("append");
+    assert!(later > dropped, "numbers go on above the dropped one");
+    assert_eq!(s.flush().expect("flush"), later);
+    drop(s);
+    let s = SledStore::open(root.path()).expect("reopen");
+    let mut want = sample();
+    want.push(Change::PutBootId("later".into()));
+    assert_eq!(canonical(s.load().expect("load")), model_of(&[&want]));
 }
