@@ -211,11 +211,20 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Completes on SIGTERM (what Kubernetes sends) or SIGINT.
-pub async fn shutdown_signal() {
+/// Completes on SIGTERM (what Kubernetes sends) or SIGINT. The handlers are installed when
+/// this is called, not when the future is first polled: call it before the socket is bound,
+/// so that a SIGTERM as soon as the socket answers stops the daemon cleanly.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
+    async move { wait_for(term, int).await }
+}
+
+async fn wait_for(
+    term: io::Result<tokio::signal::unix::Signal>,
+    int: io::Result<tokio::signal::unix::Signal>,
+) {
     match (term, int) {
         (Ok(mut t), Ok(mut i)) => {
             tokio::select! {

@@ -292,3 +292,15 @@ fn a_reboot_releases_old_attachments_and_sticky_pods_get_theirs_back() {
     let other = cni("ADD", "plain-2", &conf);
     assert_ne!(other.addresses(), plain.addresses());
 }
+
+/// A SIGTERM that comes as soon as the socket answers (a pod deleted right after it started)
+/// is a clean stop, exit 0: the signal handlers are in place before the socket is bound.
+#[test]
+fn a_sigterm_right_after_start_is_a_clean_stop() {
+    let mut d = Daemon::prepare(&[]);
+    for i in 0..20 {
+        d.spawn();
+        let status = d.terminate();
+        assert!(status.success(), "start {i}: {status}\n{}", d.log());
+    }
+}

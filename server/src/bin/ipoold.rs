@@ -232,6 +232,8 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
+    // Before the socket answers: a SIGTERM from then on is a clean stop.
+    let shutdown = shutdown_signal();
     let listener = bind_socket(&args.socket)
         .with_context(|| format!("binding socket {}", args.socket.display()))?;
     let own_uid = {
@@ -245,7 +247,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         ops_tcp,
         metrics,
     };
-    let served = serve(listeners, ipam, shutdown_signal()).await;
+    let served = serve(listeners, ipam, shutdown).await;
     let _ = std::fs::remove_file(&args.socket);
     served.context("gRPC server")?;
     tracing::info!("stopped");
