@@ -116,33 +116,27 @@ impl Applier {
     /// Waits until a checkpoint covers `seq`; the error is sled's failure.
     pub(super) fn wait_checkpoint(&self, seq: u64) -> Result<(), String> {
         self.want_checkpoint(seq);
-        let mut p = lock(&self.shared);
-        // A test's hold ends here: the log cannot go on without this checkpoint.
-        p.paused = false;
-        self.shared.1.notify_all();
-        loop {
-            if let Some(e) = &p.failed {
-                return Err(e.clone());
-            }
-            if p.checkpointed >= seq {
-                return Ok(());
-            }
-            p = wait(&self.shared, p);
-        }
+        self.wait_for(|p| (p.checkpointed >= seq).then_some(()))
     }
 
     /// Waits until every change set handed over is in the trees (or sled failed).
     pub(super) fn drain(&self) -> Result<u64, String> {
+        self.wait_for(|p| (p.queue.is_empty() && !p.busy).then_some(p.applied))
+    }
+
+    /// Waits until `done` has an answer, or sled failed. A test's hold on the thread ends
+    /// here: whoever waits needs its work (the log cannot go on, a load or a close needs the
+    /// trees complete).
+    fn wait_for<T>(&self, done: impl Fn(&Progress) -> Option<T>) -> Result<T, String> {
         let mut p = lock(&self.shared);
-        // A test's hold ends here too: reading or closing needs the trees complete.
         p.paused = false;
         self.shared.1.notify_all();
         loop {
             if let Some(e) = &p.failed {
                 return Err(e.clone());
             }
-            if p.queue.is_empty() && !p.busy {
-                return Ok(p.applied);
+            if let Some(t) = done(&p) {
+                return Ok(t);
             }
             p = wait(&self.shared, p);
         }

@@ -150,11 +150,7 @@ fn check_roundtrip(store: &dyn Store) {
 fn sled_store_reads_a_version_1_store_and_marks_it_current() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
-        let db = raw_sled(dir.path()).expect("open");
-        db.open_tree("meta")
-            .expect("tree")
-            .insert("schema_version", &1u32.to_be_bytes())
-            .expect("insert");
+        let db = old_store(dir.path(), 1, &[]);
         db.open_tree("idle")
             .expect("tree")
             .insert("n\u{0}10.0.0.9", &42u64.to_be_bytes())
@@ -200,11 +196,7 @@ fn sled_store_roundtrip_and_reopen() {
 fn sled_store_refuses_newer_schema_naming_the_path() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
-        let db = raw_sled(dir.path()).expect("open");
-        db.open_tree("meta")
-            .expect("tree")
-            .insert("schema_version", &(SCHEMA_VERSION + 1).to_be_bytes())
-            .expect("insert");
+        let db = old_store(dir.path(), SCHEMA_VERSION + 1, &[]);
         db.flush().expect("flush");
     }
     let e = SledStore::open(dir.path())
@@ -243,6 +235,19 @@ pub(super) fn raw_sled(dir: &Path) -> sled::Result<sled::Db> {
             .path(dir.join("db"))
             .flush_every_ms(None),
     )
+}
+
+/// A store as an older (or newer) ipoold left it: sled opened directly with its schema version
+/// and these u64 `meta` keys set. The caller adds what else it needs, then flushes.
+pub(super) fn old_store(dir: &Path, schema: u32, meta: &[(&str, u64)]) -> sled::Db {
+    let db = raw_sled(dir).expect("raw open");
+    let tree = db.open_tree("meta").expect("tree");
+    tree.insert("schema_version", &schema.to_be_bytes())
+        .expect("insert");
+    for (k, v) in meta {
+        tree.insert(k, &v.to_be_bytes()).expect("insert");
+    }
+    db
 }
 
 /// Drop and reopen at once, many times, as ipoold's start-up does (read through one handle,

@@ -25,6 +25,9 @@ fn ops(changes: &[Change]) -> Vec<codec::Op> {
     codec::encode(changes).expect("encode")
 }
 
+/// A schema-4 store's log position: epoch 3, checkpoint 5.
+const V4_META: &[(&str, u64)] = &[("wal_epoch", 3), ("wal_checkpoint", 5)];
+
 fn schema_of(dir: &Path) -> Vec<u8> {
     raw_sled(dir)
         .expect("raw open")
@@ -50,11 +53,8 @@ fn a_schema_3_store_finishes_a_change_set_a_crash_interrupted() {
         Change::DeleteAttachment(record("old", "10.0.0.9").key),
     ];
     {
-        let db = raw_sled(dir.path()).expect("raw open");
+        let db = old_store(dir.path(), 3, &[]);
         let tree = |n: &str| db.open_tree(n).expect("tree");
-        tree("meta")
-            .insert("schema_version", &3u32.to_be_bytes())
-            .expect("insert");
         for op in ops(&[
             Change::PutAttachment(record("old", "10.0.0.9")),
             Change::PutIdle {
@@ -100,11 +100,7 @@ fn a_schema_3_store_finishes_a_change_set_a_crash_interrupted() {
 fn a_corrupt_journal_entry_is_refused_naming_the_path() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
-        let db = raw_sled(dir.path()).expect("raw open");
-        db.open_tree("meta")
-            .expect("tree")
-            .insert("schema_version", &3u32.to_be_bytes())
-            .expect("insert");
+        let db = old_store(dir.path(), 3, &[]);
         db.open_tree("journal")
             .expect("tree")
             .insert(0u64.to_be_bytes(), vec![7u8, 0, 0])
@@ -127,14 +123,7 @@ fn a_corrupt_journal_entry_is_refused_naming_the_path() {
 fn a_schema_4_store_replays_its_log_and_gets_new_log_files() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
-        let db = raw_sled(dir.path()).expect("raw open");
-        let meta = db.open_tree("meta").expect("tree");
-        meta.insert("schema_version", &4u32.to_be_bytes())
-            .expect("insert");
-        meta.insert("wal_epoch", &3u64.to_be_bytes())
-            .expect("insert");
-        meta.insert("wal_checkpoint", &5u64.to_be_bytes())
-            .expect("insert");
+        let db = old_store(dir.path(), 4, V4_META);
         db.open_tree("idle")
             .expect("tree")
             .insert("n\u{0}10.0.0.7", &9u64.to_be_bytes())
@@ -202,14 +191,7 @@ fn a_schema_4_store_replays_its_log_and_gets_new_log_files() {
 fn a_schema_4_migration_interrupted_between_its_new_files_keeps_every_change_set() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
-        let db = raw_sled(dir.path()).expect("raw open");
-        let meta = db.open_tree("meta").expect("tree");
-        meta.insert("schema_version", &4u32.to_be_bytes())
-            .expect("insert");
-        meta.insert("wal_epoch", &3u64.to_be_bytes())
-            .expect("insert");
-        meta.insert("wal_checkpoint", &5u64.to_be_bytes())
-            .expect("insert");
+        let db = old_store(dir.path(), 4, V4_META);
         db.flush().expect("flush");
     }
     let entry = |c: &[Change]| codec::encode_entry(&ops(c));
