@@ -460,7 +460,7 @@ impl pb::ops_server::Ops for OpsService {
                 drained: p.drained,
                 last_source_error: p
                     .last_error
-                    .map(|(at, e)| format!("{e} (at {at} Unix ms)"))
+                    .map(|(at, e)| format!("{e} (at {at} ms, ipoold's clock)"))
                     .unwrap_or_default(),
                 free_in_source: u64::try_from(p.free_in_source).unwrap_or(u64::MAX),
                 min_idle: p.min_idle as u64,
