@@ -80,6 +80,14 @@ pub enum Change {
         set: String,
         cursor: Option<IpAddr>,
     },
+    /// A block of addresses a range set's source claimed (`held`), or gave back. `block` is
+    /// written as the source writes it (see [`crate::source::Source::unrecorded`]).
+    PutBlock {
+        network: String,
+        set: String,
+        block: String,
+        held: bool,
+    },
     PutReservation(Reservation),
     DeleteReservation(ReservationKey),
     PutBootId(String),
@@ -99,6 +107,8 @@ pub struct Snapshot {
     pub attachments: Vec<AttachmentRecord>,
     pub idle: Vec<(String, IpAddr, Millis)>,
     pub cursors: Vec<(String, String, IpAddr)>,
+    /// Claimed blocks: (network, range set id, block).
+    pub blocks: Vec<(String, String, String)>,
     pub reservations: Vec<Reservation>,
     /// The boot ID recorded at the last start (None in a new or a version-1 store).
     pub boot_id: Option<String>,

@@ -18,14 +18,16 @@ pub(super) const IDLE: usize = 2;
 pub(super) const CURSORS: usize = 3;
 pub(super) const RESERVATIONS: usize = 4;
 pub(super) const META: usize = 5;
+pub(super) const BLOCKS: usize = 6;
 /// The trees, by index.
-pub(super) const TREES: [&str; 6] = [
+pub(super) const TREES: [&str; 7] = [
     "networks",
     "attachments",
     "idle",
     "cursors",
     "reservations",
     "meta",
+    "blocks",
 ];
 
 /// In `meta`: the machine's boot ID at the last start.
@@ -73,6 +75,19 @@ pub(super) fn encode(changes: &[Change]) -> Result<Vec<Op>, String> {
                         None => Op::Del(CURSORS, k),
                     }
                 }
+                Change::PutBlock {
+                    network,
+                    set,
+                    block,
+                    held,
+                } => {
+                    let k = format!("{network}\0{set}\0{block}").into_bytes();
+                    if *held {
+                        Op::Put(BLOCKS, k, Vec::new())
+                    } else {
+                        Op::Del(BLOCKS, k)
+                    }
+                }
                 Change::PutReservation(r) => Op::Put(RESERVATIONS, r.key.encode(), json(r)?),
                 Change::DeleteReservation(k) => Op::Del(RESERVATIONS, k.encode()),
                 Change::PutBootId(id) => {
@@ -118,7 +133,7 @@ pub(super) fn encode_entry(ops: &[Op]) -> Vec<u8> {
 }
 
 fn tree_byte(idx: usize) -> u8 {
-    u8::try_from(idx).expect("tree indexes are below 6")
+    u8::try_from(idx).expect("tree indexes are below 7")
 }
 
 pub(super) fn decode_entry(mut b: &[u8]) -> Result<Vec<Op>, String> {
@@ -139,7 +154,7 @@ pub(super) fn decode_entry(mut b: &[u8]) -> Result<Vec<Op>, String> {
     while !b.is_empty() {
         let h = take(&mut b, 2)?;
         let idx = usize::from(h[1]);
-        if idx > META {
+        if idx >= TREES.len() {
             return Err(format!("unknown tree index {idx}"));
         }
         match h[0] {

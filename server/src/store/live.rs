@@ -285,7 +285,7 @@ pub(super) fn read_trees(
     t: &Trees,
     each_attachment: &mut dyn FnMut(AttachmentRecord),
 ) -> Result<Snapshot, StoreError> {
-    use super::codec::{ATTACHMENTS, CURSORS, IDLE, NETWORKS, RESERVATIONS};
+    use super::codec::{ATTACHMENTS, BLOCKS, CURSORS, IDLE, NETWORKS, RESERVATIONS};
     let corrupt = |what: &str, key: &[u8], e: &dyn std::fmt::Display| StoreError::Corrupt {
         path: t.path.clone(),
         msg: format!("{what} {:?}: {e}", String::from_utf8_lossy(key)),
@@ -319,6 +319,14 @@ pub(super) fn read_trees(
             .parse()
             .map_err(|e| corrupt("cursor", &k, &e))?;
         snap.cursors.push((net, set, ip));
+    }
+    for kv in t.tree(BLOCKS).iter() {
+        let (k, _) = kv.map_err(|e| t.io(e))?;
+        let (net, rest) = split2(&k).ok_or_else(|| corrupt("block key", &k, &"bad key"))?;
+        let (set, block) = rest
+            .split_once('\0')
+            .ok_or_else(|| corrupt("block key", &k, &"bad key"))?;
+        snap.blocks.push((net, set.to_string(), block.to_string()));
     }
     for kv in t.tree(RESERVATIONS).iter() {
         let (k, v) = kv.map_err(|e| t.io(e))?;

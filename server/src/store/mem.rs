@@ -29,6 +29,8 @@ struct Inner {
     flushes: u64,
     /// When set, `append` refuses (nothing is taken).
     fail_appends: bool,
+    /// Durable change sets, kept once a test asks for them.
+    history: Option<Vec<Vec<Change>>>,
     /// When set, `flush` fails (and fails the store) and `reopen` fails.
     fail_flushes: bool,
 }
@@ -39,6 +41,7 @@ struct Tables {
     attachments: BTreeMap<AttachmentKey, AttachmentRecord>,
     idle: BTreeMap<(String, IpAddr), Millis>,
     cursors: BTreeMap<(String, String), IpAddr>,
+    blocks: BTreeSet<(String, String, String)>,
     reservations: BTreeMap<ReservationKey, Reservation>,
     boot_id: Option<String>,
     clock: Option<ClockAnchor>,
@@ -83,6 +86,18 @@ impl Tables {
                         self.cursors.remove(&(network, set));
                     }
                 },
+                Change::PutBlock {
+                    network,
+                    set,
+                    block,
+                    held,
+                } => {
+                    if held {
+                        self.blocks.insert((network, set, block));
+                    } else {
+                        self.blocks.remove(&(network, set, block));
+                    }
+                }
                 Change::PutReservation(r) => {
                     self.reservations.insert(r.key.clone(), r);
                 }
@@ -134,6 +149,16 @@ impl MemStore {
         m.pending.clear();
     }
 
+    /// From now on, keeps every change set that becomes durable, for [`MemStore::history`].
+    pub fn keep_history(&self) {
+        self.lock().history.get_or_insert_with(Vec::new);
+    }
+
+    /// The change sets made durable since [`MemStore::keep_history`], in order.
+    pub fn history(&self) -> Vec<Vec<Change>> {
+        self.lock().history.clone().unwrap_or_default()
+    }
+
     pub fn flushes(&self) -> u64 {
         self.lock().flushes
     }
@@ -167,6 +192,7 @@ impl Store for MemStore {
                 .iter()
                 .map(|((n, s), ip)| (n.clone(), s.clone(), *ip))
                 .collect(),
+            blocks: t.blocks.iter().cloned().collect(),
             reservations: t.reservations.values().cloned().collect(),
             boot_id: t.boot_id.clone(),
             clock: t.clock.clone(),
@@ -207,6 +233,9 @@ impl Store for MemStore {
         for (seq, changes) in pending {
             m.durable.apply(&changes);
             m.durable_seq = seq;
+            if let Some(h) = &mut m.history {
+                h.push(changes);
+            }
         }
         Ok(m.durable_seq)
     }

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use super::codec::{Op, ATTACHMENTS, CURSORS, IDLE, META, NETWORKS, RESERVATIONS, TREES};
+use super::codec::{Op, ATTACHMENTS, BLOCKS, CURSORS, IDLE, META, NETWORKS, RESERVATIONS, TREES};
 use super::live::Live;
 use super::{AttachmentRecord, Change, Seq, Snapshot, Store, StoreError};
 
@@ -201,7 +201,7 @@ impl Store for SledStore {
 pub(crate) struct Trees {
     pub(super) path: PathBuf,
     pub(super) db: sled::Db,
-    trees: [sled::Tree; 6],
+    trees: [sled::Tree; 7],
     /// sled's data file, synced after every sled flush: sled's own flush ends in
     /// `sync_file_range`, which survives a crash of the process but not a power loss.
     data_file: Arc<File>,
@@ -276,6 +276,7 @@ impl Trees {
             tree(TREES[3])?,
             tree(TREES[4])?,
             tree(TREES[5])?,
+            tree(TREES[6])?,
         ];
         // sled 0.34 keeps everything in one file, `db`, inside its directory.
         let data_file = File::open(path.join("db")).map_err(|e| StoreError::Open {
@@ -291,7 +292,7 @@ impl Trees {
     }
 
     pub(super) fn tree(&self, idx: usize) -> &sled::Tree {
-        &self.trees[idx.min(META)]
+        &self.trees[idx.min(TREES.len() - 1)]
     }
 
     pub(super) fn meta(&self) -> &sled::Tree {
@@ -300,7 +301,7 @@ impl Trees {
 
     /// True if any tree but `meta` holds something.
     pub(super) fn has_data(&self) -> bool {
-        [NETWORKS, ATTACHMENTS, IDLE, CURSORS, RESERVATIONS]
+        [NETWORKS, ATTACHMENTS, IDLE, CURSORS, RESERVATIONS, BLOCKS]
             .iter()
             .any(|i| !self.trees[*i].is_empty())
     }
