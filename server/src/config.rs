@@ -119,6 +119,7 @@ impl IpamSection {
         Ok(Some(NetworkDef {
             name: name.to_string(),
             range_sets,
+            retiring: Vec::new(),
             routes,
             tuning: tuning.clone(),
             origin: Origin::Cni,
@@ -150,6 +151,18 @@ pub struct CniSettings {
     /// attachments before it calls GC; an ADD that finished in between is not on it).
     #[serde(default = "default_gc_grace")]
     pub gc_grace_secs: u64,
+    /// How long an ADD waits for addresses on their way (the source's rate limit, a block
+    /// being claimed, a network's ranges not known yet) before it settles for a cooling address
+    /// or fails with a retryable error (CNI 11). Keep it below the plugin's `ipam.timeoutMs`.
+    #[serde(default = "default_add_wait")]
+    pub add_wait_ms: u64,
+}
+
+/// The longest `[cni] add_wait_ms`: the plugin waits at most this long too (`ipam.timeoutMs`).
+const MAX_ADD_WAIT_MS: u64 = 600_000;
+
+fn default_add_wait() -> u64 {
+    2000
 }
 
 fn default_gc_grace() -> u64 {
@@ -160,6 +173,7 @@ impl Default for CniSettings {
     fn default() -> Self {
         CniSettings {
             gc_grace_secs: default_gc_grace(),
+            add_wait_ms: default_add_wait(),
         }
     }
 }
@@ -246,6 +260,12 @@ impl DaemonConfig {
         cfg.defaults
             .validate("[defaults]")
             .map_err(Error::InvalidConfig)?;
+        if cfg.cni.add_wait_ms > MAX_ADD_WAIT_MS {
+            return Err(Error::InvalidConfig(format!(
+                "[cni] add_wait_ms must be at most {MAX_ADD_WAIT_MS} (10 minutes), not {}",
+                cfg.cni.add_wait_ms
+            )));
+        }
         let mut seen = std::collections::HashSet::new();
         for n in &cfg.networks {
             if !seen.insert(n.name.as_str()) {
@@ -279,6 +299,7 @@ impl NetworkSpec {
         Ok(NetworkDef {
             name: self.name.clone(),
             range_sets: self.ranges.clone(),
+            retiring: Vec::new(),
             routes: self.routes.clone(),
             tuning,
             origin: Origin::Config,

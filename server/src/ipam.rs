@@ -10,6 +10,8 @@
 //!
 //! - [`state`] — the state behind the lock, networks, and the commit path
 //! - [`range_set`] — one range set's pool, source and bucket: picking an address, taking it
+//! - [`ranges`] — a network's ranges changing at runtime; claims of sources that get their
+//!   addresses asynchronously
 //! - [`add`] — ADD (and the network a CNI config declares)
 //! - [`release`] — DEL, CNI GC, and releasing attachments for every other reason
 //! - [`status`] — CNI CHECK and STATUS, pool numbers
@@ -41,6 +43,7 @@ mod leak;
 mod maintain;
 mod ops;
 mod range_set;
+mod ranges;
 mod recover;
 mod release;
 mod state;
@@ -51,15 +54,12 @@ pub use events::{Event, EventKind};
 pub use leak::LeakSuspects;
 pub use maintain::spawn_maintenance;
 pub use ops::{Filter, ALL_NETWORKS};
+pub use ranges::RangesChanged;
 pub use recover::Setup;
 pub use release::{ReleaseBy, Released};
 pub use status::PoolStatus;
 
 use state::State;
-
-/// How long an ADD may wait for the source's token bucket before it settles for what the pool
-/// has (a cooling address) or fails with a retryable error.
-const MAX_SOURCE_WAIT: Duration = Duration::from_secs(2);
 
 /// Cheap-to-clone handle on the engine.
 #[derive(Clone)]
@@ -77,6 +77,8 @@ struct Shared {
     boot_id: Option<String>,
     /// Wakes the background loop after a change (and after a store failure).
     changed: Notify,
+    /// Wakes the ADDs waiting for addresses on their way: a claim landed, ranges arrived.
+    landed: Notify,
     /// Time between leak checks; zero: none.
     leak_check: Duration,
     /// Allocation events, for `Watch`.
@@ -84,6 +86,8 @@ struct Shared {
     /// What health reports.
     health: watch::Sender<Health>,
     metrics: Arc<Metrics>,
+    /// Makes each range set's source.
+    sources: crate::source::Sources,
 }
 
 /// What the daemon's health depends on.
@@ -128,11 +132,38 @@ pub struct AddRequest {
     pub requested: Vec<IpAddr>,
 }
 
-/// A result that may have to wait for the source's token bucket.
+/// A result that may have to wait for the source.
 enum Step<T> {
     Done(T),
     /// The source's bucket is empty: try again after this many ms.
     Wait(Millis),
+    /// Addresses are on their way (the network's ranges are not known yet, a source is
+    /// claiming a block): try again when something lands.
+    Pending(Pending),
+}
+
+/// What a pending ADD waits for.
+struct Pending {
+    /// For the error if the wait runs out.
+    why: String,
+    /// Claims to run outside the lock (see [`crate::source`]).
+    claims: Vec<Claiming>,
+}
+
+impl Pending {
+    fn new(why: String) -> Self {
+        Pending {
+            why,
+            claims: Vec::new(),
+        }
+    }
+}
+
+/// A claim started for range set `set` (its id) of `network`.
+struct Claiming {
+    network: String,
+    set: String,
+    claim: crate::source::Claim,
 }
 
 /// Checks an attachment key's names by the CNI spec's rules.

@@ -223,11 +223,21 @@ impl Origin {
     }
 }
 
+/// The ranges of one range set, validated.
+pub type RangeSet = Vec<Range>;
+
 /// The persisted definition of a network: one pool per range set.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NetworkDef {
     pub name: String,
+    /// The range sets that hand out addresses. Empty: the network's ranges are not known yet
+    /// (they come at runtime, see `Ipam::set_ranges`); ADDs wait for them.
     pub range_sets: Vec<Vec<RangeSpec>>,
+    /// Range sets the network had before its ranges changed, kept while attachments hold
+    /// addresses in them (and not in any current set): DEL and CHECK work for those, nothing
+    /// new comes from them. Dropped when the last such address is released.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retiring: Vec<Vec<RangeSpec>>,
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
     pub tuning: Tuning,
@@ -238,6 +248,28 @@ impl NetworkDef {
     /// The validated ranges, one list per range set.
     pub fn ranges(&self) -> Result<Vec<Vec<Range>>, String> {
         validate_ranges(&self.name, &self.range_sets)
+    }
+
+    /// The current range sets (none while the ranges are not known yet) and then the retiring
+    /// ones, validated: no overlap among the current ones, each retiring set valid on its own
+    /// (a retiring set may overlap a current one: what it holds there belongs to the current
+    /// one).
+    pub fn all_ranges(&self) -> Result<(Vec<RangeSet>, Vec<RangeSet>), String> {
+        let current = if self.range_sets.is_empty() {
+            Vec::new()
+        } else {
+            self.ranges()?
+        };
+        let retiring = self
+            .retiring
+            .iter()
+            .enumerate()
+            .map(|(i, set)| {
+                parse_set(set)
+                    .map_err(|e| format!("network {:?}: retiring ranges[{i}]: {e}", self.name))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((current, retiring))
     }
 
     /// True when both definitions hand out the same addresses. The same spelling (every ADD
@@ -252,17 +284,25 @@ impl NetworkDef {
         }
     }
 
+    /// "[10.1.0.0/24] [fd00::/64]", "none yet" when the ranges are not known yet.
     pub fn describe_ranges(&self) -> String {
-        let sets: Vec<String> = self
-            .range_sets
-            .iter()
-            .map(|set| {
-                let rs: Vec<String> = set.iter().map(|r| r.subnet.clone()).collect();
-                format!("[{}]", rs.join(" "))
-            })
-            .collect();
-        sets.join(" ")
+        if self.range_sets.is_empty() {
+            return "none yet".to_string();
+        }
+        describe_sets(&self.range_sets)
     }
+}
+
+/// "[10.1.0.0/24 10.2.0.0/24] [fd00::/64]".
+pub fn describe_sets(sets: &[Vec<RangeSpec>]) -> String {
+    let sets: Vec<String> = sets
+        .iter()
+        .map(|set| {
+            let rs: Vec<String> = set.iter().map(|r| r.subnet.clone()).collect();
+            format!("[{}]", rs.join(" "))
+        })
+        .collect();
+    sets.join(" ")
 }
 
 /// Parses and checks range sets: each valid, no two subnets overlapping.

@@ -190,11 +190,18 @@ impl<O: Clone> Pool<O> {
 
     /// Decides where the next address comes from. `source_dry` says the source has nothing left.
     pub fn plan(&self, now: Millis, source_dry: bool) -> Result<Plan, PoolError> {
-        let oldest = self.idle.first().copied();
-        match oldest {
+        match self.idle.first().copied() {
             Some((at, ip)) if self.cooled(at, now) => Ok(Plan::Idle(ip)),
             _ if self.tokens() > 0 && !source_dry => Ok(Plan::Source),
-            Some((_, ip)) => Ok(Plan::Idle(ip)),
+            _ => self.fallback().map(Plan::Idle),
+        }
+    }
+
+    /// What is left when the source cannot serve: the idle address released longest ago,
+    /// cooled or not.
+    pub fn fallback(&self) -> Result<IpAddr, PoolError> {
+        match self.idle.first().copied() {
+            Some((_, ip)) => Ok(ip),
             None => Err(PoolError::Exhausted {
                 in_use: self.in_use.len(),
                 capacity: self.cfg.capacity,

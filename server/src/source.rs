@@ -1,27 +1,84 @@
 //! Where a pool's addresses come from. Every call is made by the engine behind the pool's
-//! token bucket. `local` (ranges from the daemon config or the CNI `ipam` section) is the
-//! embedded default; the cluster mode (blocks claimed from etcd) will be a second impl.
+//! token bucket. [`LocalSource`] (ranges from the daemon config or the CNI `ipam` section) is
+//! the embedded default; the cluster mode (blocks claimed from etcd) will be a second impl.
 //!
-//! The engine first *looks* (`peek_next`, `can_occupy`: nothing changes), writes what it decided
+//! The engine first *looks* (`next`, `can_occupy`: nothing changes), writes what it decided
 //! to the store, and only then *takes* (`take_next`, `occupy`): a write the store refuses
 //! leaves the source as it was.
+//!
+//! A source may get its addresses from elsewhere, in blocks, asynchronously. It then says
+//! [`Next::Pending`] while it has none ready, and hands the engine a [`Claim`]
+//! (`start_claim`): a future the engine runs outside its state lock. When the claim is done,
+//! the engine gives its result back under the lock (`land`) and wakes the ADDs that wait. A
+//! landed block is written to the store in the same change set as the first address taken
+//! from it (`unrecorded`), and given back at start (`restore_block`).
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
 
+use crate::model::NetworkDef;
 use crate::range::{OccupyError, Range, RangeAllocator};
+
+/// Makes the source of a network's range set (given its ranges): where the network's
+/// addresses come from. The default makes a [`LocalSource`] for every set.
+#[derive(Clone)]
+pub struct Sources(Arc<MakeSource>);
+
+type MakeSource = dyn Fn(&NetworkDef, Vec<Range>) -> Box<dyn Source> + Send + Sync;
+
+impl Sources {
+    pub fn new(
+        make: impl Fn(&NetworkDef, Vec<Range>) -> Box<dyn Source> + Send + Sync + 'static,
+    ) -> Sources {
+        Sources(Arc::new(make))
+    }
+
+    pub fn make(&self, def: &NetworkDef, ranges: Vec<Range>) -> Box<dyn Source> {
+        (self.0)(def, ranges)
+    }
+}
+
+impl Default for Sources {
+    fn default() -> Self {
+        Sources::new(|_, ranges| Box::new(LocalSource::new(ranges)))
+    }
+}
+
+/// What a source can hand out now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// This address, next.
+    Ready(IpAddr),
+    /// Nothing left, and nothing more to come.
+    Exhausted,
+    /// Nothing now; more is on its way (a claim in flight, or one the source wants to start).
+    /// Says what is awaited.
+    Pending(String),
+    /// Nothing now, and the source cannot get more at the moment (say, its backend is
+    /// unreachable). Says why.
+    Unavailable(String),
+}
+
+/// Work a source needs done outside the engine's lock: claiming a block. Its output is the
+/// block as the source writes it (`Ok`), or why the claim failed.
+pub type Claim = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
 
 pub trait Source: Send {
     /// The ranges, for status and error messages (e.g. "10.1.0.1-10.1.0.254").
     fn describe(&self) -> String;
-    /// The address `take_next` would hand out next; None when the source has nothing left.
-    fn peek_next(&self) -> Option<IpAddr>;
+    /// What `take_next` would hand out next.
+    fn next(&self) -> Next;
     /// The next `n` addresses in handing-out order (fewer if fewer are left).
     fn peek_next_n(&self, n: usize) -> Vec<IpAddr>;
-    /// Hands out `ip`, one `peek_next` gave, and continues after it.
+    /// Hands out `ip`, one `next` gave, and continues after it. The block it came from counts
+    /// as recorded from now on (the engine wrote `unrecorded(ip)` with it).
     fn take_next(&mut self, ip: IpAddr) -> Result<(), OccupyError>;
     /// Whether `occupy(ip)` would succeed.
     fn can_occupy(&self, ip: IpAddr) -> Result<(), OccupyError>;
-    /// Hands out a given address (a static request, or rebuilding after a restart).
+    /// Hands out a given address (a static request, or rebuilding after a restart). As with
+    /// `take_next`, its block counts as recorded from now on.
     fn occupy(&mut self, ip: IpAddr) -> Result<(), OccupyError>;
     /// Takes an address back. False if it was not handed out.
     fn vacate(&mut self, ip: IpAddr) -> bool;
@@ -33,11 +90,41 @@ pub trait Source: Send {
     fn interface_of(&self, ip: IpAddr) -> Option<(u8, Option<IpAddr>)>;
     /// Addresses the source could still hand out.
     fn free(&self) -> u128;
-    /// All addresses the source can hand out.
+    /// All addresses the source can hand out (a claiming source: including those it may still
+    /// claim). The pool's capacity is at most this.
     fn size(&self) -> u128;
     /// Where the next search starts (persisted so that a restart continues the sequence).
     fn cursor(&self) -> Option<IpAddr>;
     fn set_cursor(&mut self, cursor: Option<IpAddr>);
+
+    /// A claim to run, if the source wants more addresses now and has no claim in flight.
+    fn start_claim(&mut self) -> Option<Claim> {
+        None
+    }
+    /// A claim's result, back under the engine's lock. A block that lands is not recorded yet.
+    fn land(&mut self, claimed: Result<String, String>) -> Result<(), String> {
+        match claimed {
+            Ok(block) => Err(format!(
+                "this source claims nothing, yet block {block} landed"
+            )),
+            Err(e) => Err(e),
+        }
+    }
+    /// The block `ip` comes from when the store does not hold it yet: the change set that takes
+    /// `ip` records it.
+    fn unrecorded(&self, _ip: IpAddr) -> Option<String> {
+        None
+    }
+    /// Gives back a block the store holds, at start.
+    fn restore_block(&mut self, block: &str) -> Result<(), String> {
+        Err(format!(
+            "the store holds block {block}, but this range set's source claims no blocks"
+        ))
+    }
+    /// The blocks the store holds for this source (dropped with it).
+    fn recorded_blocks(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Addresses from local ranges with host-local semantics.
@@ -58,8 +145,11 @@ impl Source for LocalSource {
         let parts: Vec<String> = self.alloc.ranges().iter().map(|r| r.to_string()).collect();
         parts.join(",")
     }
-    fn peek_next(&self) -> Option<IpAddr> {
-        self.alloc.peek_next()
+    fn next(&self) -> Next {
+        match self.alloc.peek_next() {
+            Some(ip) => Next::Ready(ip),
+            None => Next::Exhausted,
+        }
     }
     fn peek_next_n(&self, n: usize) -> Vec<IpAddr> {
         self.alloc.peek_next_n(n)

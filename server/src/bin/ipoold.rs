@@ -214,6 +214,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             clock: Arc::new(SystemClock::new()),
             boot_id: boot_id.clone(),
             metrics: Arc::default(),
+            sources: Default::default(),
         },
     )
     .context("recovering state")?;

@@ -6,9 +6,10 @@ use std::net::IpAddr;
 
 use super::attachments::Attachments;
 use super::events::{Event, EventKind};
-use super::range_set::{ClaimError, From, Pick};
+use super::range_set::{ClaimError, From, Pick, PickError};
+use super::ranges::carry_idle;
 use super::state::{Network, State};
-use super::{sticky, AddReply, AddRequest, Ipam, Step, MAX_SOURCE_WAIT};
+use super::{sticky, AddReply, AddRequest, Claiming, Ipam, Pending, Step};
 use crate::error::Error;
 use crate::model::{
     AttachmentKey, AttachmentRecord, Millis, NetworkDef, Origin, Reservation, ReservationKey,
@@ -36,9 +37,14 @@ impl Ipam {
         };
         let routes_override = req.ipam.as_ref().and_then(|s| s.routes.clone());
         let started = tokio::time::Instant::now();
+        let max_wait = self.add_wait();
         loop {
-            let may_wait = started.elapsed() < MAX_SOURCE_WAIT;
-            match self.try_add(&req, declared.as_ref(), may_wait)? {
+            let left = max_wait.saturating_sub(started.elapsed());
+            // Registered before the state is looked at: a landing in between is not missed.
+            let landed = self.shared.landed.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            match self.try_add(&req, declared.as_ref(), !left.is_zero())? {
                 Step::Done((mut reply, seq)) => {
                     self.wait_durable(seq).await?;
                     if let Some(r) = &routes_override {
@@ -48,8 +54,13 @@ impl Ipam {
                     return Ok(reply);
                 }
                 Step::Wait(ms) => {
-                    let left = MAX_SOURCE_WAIT.saturating_sub(started.elapsed());
                     tokio::time::sleep(std::time::Duration::from_millis(ms).min(left)).await;
+                }
+                Step::Pending(pending) => {
+                    tracing::debug!(network = %req.key.network, why = %pending.why, "ADD waits for addresses on their way");
+                    self.run_claims(pending.claims);
+                    // Past the wait, the next try settles for what there is, or fails.
+                    let _ = tokio::time::timeout(left, landed).await;
                 }
             }
         }
@@ -112,6 +123,7 @@ impl Ipam {
         )? {
             Step::Done(p) => p,
             Step::Wait(ms) => return Ok(Step::Wait(ms)),
+            Step::Pending(p) => return Ok(Step::Pending(p)),
         };
         let plan = plan_attachment(net, req, picks, reservation.as_ref(), now);
         let reply = net.reply_for(&plan.record.addresses);
@@ -199,12 +211,12 @@ impl Ipam {
                 )))
             }
         };
-        let mut net = Network::new(d.clone(), now)?;
+        let mut net = Network::new(d.clone(), &self.shared.sources, now)?;
         let mut changes = vec![Change::PutNetwork(d.clone())];
         if let Some(old) = known {
             for p in &old.pools {
                 for (ip, since) in p.pool.idle_addresses() {
-                    let kept = !p.pool.cooled(since, now) && carry_over(&mut net, ip, since);
+                    let kept = !p.pool.cooled(since, now) && carry_idle(&mut net, ip, since);
                     if !kept {
                         changes.push(Change::DeleteIdle {
                             network: name.to_string(),
@@ -223,34 +235,15 @@ impl Ipam {
     }
 }
 
-/// Puts a cooling address of an old definition into the new network's pool, if its ranges
-/// hold it. The store keeps its idle entry as it is.
-fn carry_over(net: &mut Network, ip: IpAddr, since: Since) -> bool {
-    let Some(set) = net.set_of(ip) else {
-        return false;
-    };
-    let p = &mut net.pools[set];
-    if p.source.occupy(ip).is_err() {
-        return false;
-    }
-    if p.pool.admit(ip, since).is_err() {
-        p.source.vacate(ip);
-        return false;
-    }
-    true
-}
-
 impl Plan {
     /// The change set: the attachment, what each pick changes, and the end of a used
     /// reservation.
     fn changes(&self, net: &Network) -> Vec<Change> {
         let network = &self.record.key.network;
         let mut changes = vec![Change::PutAttachment(self.record.clone())];
-        changes.extend(
-            self.picks
-                .iter()
-                .filter_map(|p| net.pools[p.set].store_change(network, p)),
-        );
+        for p in &self.picks {
+            net.pools[p.set].store_changes(network, p, &mut changes);
+        }
         if let Some((rkey, leftover)) = &self.used {
             changes.push(Change::DeleteReservation(rkey.clone()));
             for (_, ip) in leftover {
@@ -311,8 +304,18 @@ pub(super) fn pick_addresses(
     now: Millis,
     may_wait: bool,
 ) -> Result<Step<Vec<Pick>>, Error> {
+    if net.current == 0 {
+        let why = format!(
+            "network {:?} has no ranges yet (they come at runtime)",
+            key.network
+        );
+        return match may_wait {
+            true => Ok(Step::Pending(Pending::new(why))),
+            false => Err(Error::Busy(why)),
+        };
+    }
     let wanted = requested_per_set(net, &key.network, requested)?;
-    let mut picks = Vec::with_capacity(net.pools.len());
+    let mut picks = Vec::with_capacity(net.current);
     for (set, want) in wanted.into_iter().enumerate() {
         // The pod's reservation, unless the request names another address.
         let kept = reservation.and_then(|r| {
@@ -335,7 +338,29 @@ pub(super) fn pick_addresses(
         match net.pools[set].pick(set, now, may_wait) {
             Ok(Step::Done(p)) => picks.push(p),
             Ok(Step::Wait(ms)) => return Ok(Step::Wait(ms)),
-            Err(e) => {
+            Ok(Step::Pending(mut pending)) => {
+                let p = &mut net.pools[set];
+                pending
+                    .claims
+                    .extend(p.source.start_claim().map(|claim| Claiming {
+                        network: key.network.clone(),
+                        set: p.id.clone(),
+                        claim,
+                    }));
+                return Ok(Step::Pending(pending));
+            }
+            Err(PickError::Unavailable(why)) => {
+                let p = &mut net.pools[set];
+                let msg = format!(
+                    "{} has no address now: {why}; {} idle, {} reserved for sticky pods",
+                    p.describe(&key.network),
+                    p.pool.idle(),
+                    p.pool.reserved()
+                );
+                p.last_error = Some((now, msg.clone()));
+                return Err(Error::Busy(msg));
+            }
+            Err(PickError::Pool(e)) => {
                 let p = &mut net.pools[set];
                 let msg = format!(
                     "{} is exhausted: {e}; {} idle, {} cooling, {} reserved for sticky pods",
@@ -358,9 +383,11 @@ fn requested_per_set(
     network: &str,
     requested: &[IpAddr],
 ) -> Result<Vec<Option<IpAddr>>, Error> {
-    let mut wanted: Vec<Option<IpAddr>> = vec![None; net.pools.len()];
+    let mut wanted: Vec<Option<IpAddr>> = vec![None; net.current];
     for ip in requested {
-        let set = net.pools.iter().position(|p| p.source.covers(*ip));
+        let set = net.pools[..net.current]
+            .iter()
+            .position(|p| p.source.covers(*ip));
         let set = set.ok_or_else(|| {
             Error::InvalidConfig(format!(
                 "requested address {ip} is outside every range of network {network:?} ({})",

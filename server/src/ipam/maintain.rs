@@ -1,5 +1,6 @@
-//! The background loop: ends reservations whose TTL passed, keeps each pool's idle set within
-//! [min_idle, max_idle] through the source's token bucket, (when configured) reclaims
+//! The background loop: ends reservations whose TTL passed, drops retiring range sets that hold
+//! nothing any more, starts the claims sources want (ahead of need), keeps each pool's idle set
+//! within [min_idle, max_idle] through the source's token bucket, (when configured) reclaims
 //! attachments whose network namespace is gone, and records the clock's high-water mark.
 //! After a store failure it reopens the store instead, until that succeeds. Woken after every
 //! change, and by a ticker.
@@ -11,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::{Ipam, LeakSuspects};
 use crate::pool::Since;
+use crate::source::Next;
 use crate::store::Change;
 
 /// How often the loop runs when nothing wakes it.
@@ -28,6 +30,8 @@ struct Work {
     set: usize,
     set_id: String,
     fetch: Vec<IpAddr>,
+    /// The blocks `fetch` is the first use of.
+    blocks: Vec<Change>,
     give_back: Vec<IpAddr>,
 }
 
@@ -46,10 +50,23 @@ impl Ipam {
         self.serving(st)?;
         let now = self.now();
         self.expire_reservations(st, now)?;
+        self.drop_retired(st)?;
         let mut work = Vec::new();
+        let mut claims = Vec::new();
         for (name, net) in st.networks.iter_mut() {
             for (set, p) in net.pools.iter_mut().enumerate() {
-                let m = p.pool.maintenance(now, p.source.free() == 0);
+                if p.retiring {
+                    continue;
+                }
+                if let Some(claim) = p.source.start_claim() {
+                    claims.push(super::Claiming {
+                        network: name.clone(),
+                        set: p.id.clone(),
+                        claim,
+                    });
+                }
+                let ready = matches!(p.source.next(), Next::Ready(_));
+                let m = p.pool.maintenance(now, !ready);
                 let mut allowed = 0;
                 while allowed < m.fetch && p.bucket.try_take(now).is_ok() {
                     allowed += 1;
@@ -63,21 +80,28 @@ impl Ipam {
                     p.source_errors += 1;
                 }
                 if !fetch.is_empty() || !m.give_back.is_empty() {
+                    let mut blocks = Vec::new();
+                    for ip in &fetch {
+                        p.block_change(name, *ip, &mut blocks);
+                    }
                     work.push(Work {
                         network: name.clone(),
                         set,
                         set_id: p.id.clone(),
                         fetch,
+                        blocks,
                         give_back: m.give_back,
                     });
                 }
             }
         }
+        self.run_claims(claims);
         if work.is_empty() {
             return Ok((0, 0));
         }
         let mut changes = Vec::new();
         for w in &work {
+            changes.extend(w.blocks.iter().cloned());
             for ip in &w.fetch {
                 changes.push(Change::PutIdle {
                     network: w.network.clone(),

@@ -137,6 +137,7 @@ impl Ipam {
                         "the address source is rate-limited; try again in {ms} ms"
                     )))
                 }
+                Step::Pending(p) => return Err(Error::Busy(p.why)),
             };
             let r = Reservation {
                 key: key.clone(),
@@ -146,11 +147,9 @@ impl Ipam {
                 reason: format!("operator: {reason}"),
             };
             let mut changes = vec![Change::PutReservation(r.clone())];
-            changes.extend(
-                picks
-                    .iter()
-                    .filter_map(|p| net.pools[p.set].store_change(&key.network, p)),
-            );
+            for p in &picks {
+                net.pools[p.set].store_changes(&key.network, p, &mut changes);
+            }
             let seq = self.commit(st, &changes, |st| {
                 for p in &picks {
                     let pool = st

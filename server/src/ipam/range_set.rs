@@ -4,11 +4,11 @@
 
 use std::net::IpAddr;
 
-use super::{Lease, Step};
+use super::{Lease, Pending, Step};
 use crate::model::{Millis, Tuning};
 use crate::pool::{Plan, Pool, PoolConfig, PoolError, Since, TokenBucket};
 use crate::range::Family;
-use crate::source::Source;
+use crate::source::{Next, Source};
 use crate::store::Change;
 
 pub(super) struct RangeSetPool {
@@ -21,6 +21,9 @@ pub(super) struct RangeSetPool {
     pub(super) pool: Pool<()>,
     pub(super) source: Box<dyn Source>,
     pub(super) bucket: TokenBucket,
+    /// A set the network's ranges no longer name: it takes addresses back, hands none out,
+    /// and goes once nothing it holds is in use.
+    pub(super) retiring: bool,
     /// The last time the pool could not serve an acquisition, and why.
     pub(super) last_error: Option<(Millis, String)>,
     /// Addresses asked of the source, times it had none, times its bucket was empty.
@@ -48,6 +51,21 @@ pub(super) struct Pick {
     pub(super) set: usize,
     pub(super) ip: IpAddr,
     pub(super) from: From,
+}
+
+/// Why no address could be picked.
+#[derive(Debug)]
+pub(super) enum PickError {
+    /// Nothing idle, and the source has nothing left.
+    Pool(PoolError),
+    /// Nothing idle, and the source cannot get more now: why.
+    Unavailable(String),
+}
+
+impl std::convert::From<PoolError> for PickError {
+    fn from(e: PoolError) -> Self {
+        PickError::Pool(e)
+    }
 }
 
 /// Why a requested address cannot be had.
@@ -81,6 +99,7 @@ impl RangeSetPool {
             }),
             source,
             bucket: TokenBucket::new(tuning.source_rate, tuning.source_burst, now),
+            retiring: false,
             last_error: None,
             source_calls: 0,
             source_errors: 0,
@@ -89,49 +108,55 @@ impl RangeSetPool {
     }
 
     /// Picks the next address: a cooled idle one, else the source's next (through the bucket),
-    /// else a cooling one. `may_wait`: an empty bucket is reported as a wait instead of
-    /// treating the source as dry. Takes nothing (the bucket's token is spent).
+    /// else a cooling one. `may_wait`: an empty bucket or a source whose addresses are on
+    /// their way is reported as a wait instead of settling for a cooling address. Takes
+    /// nothing (the bucket's token is spent).
     pub(super) fn pick(
         &mut self,
         set: usize,
         now: Millis,
         may_wait: bool,
-    ) -> Result<Step<Pick>, PoolError> {
-        let mut dry = self.source.free() == 0;
-        loop {
-            match self.pool.plan(now, dry)? {
-                Plan::Idle(ip) => {
+    ) -> Result<Step<Pick>, PickError> {
+        let idle = |ip| Pick {
+            set,
+            ip,
+            from: From::Idle,
+        };
+        let next = self.source.next();
+        if let Plan::Idle(ip) = self.pool.plan(now, next == Next::Exhausted)? {
+            return Ok(Step::Done(idle(ip)));
+        }
+        // The pool asks the source (it has a token, and no cooled idle address).
+        let why = match next {
+            Next::Ready(ip) => match self.bucket.try_take(now) {
+                Ok(()) => {
+                    self.source_calls += 1;
                     return Ok(Step::Done(Pick {
                         set,
                         ip,
-                        from: From::Idle,
-                    }))
+                        from: From::Source,
+                    }));
                 }
-                Plan::Source => {
-                    if let Err(wait) = self.bucket.try_take(now) {
-                        self.bucket_waits += 1;
-                        if may_wait {
-                            return Ok(Step::Wait(wait));
-                        }
-                        dry = true;
-                        continue;
+                Err(wait) => {
+                    self.bucket_waits += 1;
+                    if may_wait {
+                        return Ok(Step::Wait(wait));
                     }
-                    self.source_calls += 1;
-                    match self.source.peek_next() {
-                        Some(ip) => {
-                            return Ok(Step::Done(Pick {
-                                set,
-                                ip,
-                                from: From::Source,
-                            }))
-                        }
-                        None => {
-                            self.source_errors += 1;
-                            dry = true;
-                        }
-                    }
+                    None
                 }
+            },
+            Next::Pending(why) if may_wait => return Ok(Step::Pending(Pending::new(why))),
+            Next::Pending(why) | Next::Unavailable(why) => {
+                self.source_errors += 1;
+                Some(why)
             }
+            Next::Exhausted => None,
+        };
+        // Settle for a cooling address.
+        match (self.pool.fallback(), why) {
+            (Ok(ip), _) => Ok(Step::Done(idle(ip))),
+            (Err(_), Some(why)) => Err(PickError::Unavailable(why)),
+            (Err(e), None) => Err(PickError::Pool(e)),
         }
     }
 
@@ -203,20 +228,40 @@ impl RangeSetPool {
         taken.map_err(|e| format!("taking {ip}: {e}"))
     }
 
-    /// What taking `pick` changes in the store besides the attachment: an idle entry gone, or
-    /// the source's cursor moved on.
-    pub(super) fn store_change(&self, network: &str, pick: &Pick) -> Option<Change> {
+    /// What taking `pick` changes in the store besides the attachment, added to `out`: an idle
+    /// entry gone, or the source's cursor moved on (and the block the address comes from, the
+    /// first time one is taken from it).
+    pub(super) fn store_changes(&self, network: &str, pick: &Pick, out: &mut Vec<Change>) {
         match pick.from {
-            From::Idle => Some(Change::DeleteIdle {
+            From::Idle => out.push(Change::DeleteIdle {
                 network: network.to_string(),
                 ip: pick.ip,
             }),
-            From::Source => Some(Change::PutCursor {
+            From::Source => out.push(Change::PutCursor {
                 network: network.to_string(),
                 set: self.id.clone(),
                 cursor: Some(pick.ip),
             }),
-            From::Claimed | From::Reserved => None,
+            From::Claimed | From::Reserved => {}
+        }
+        if matches!(pick.from, From::Source | From::Claimed) {
+            self.block_change(network, pick.ip, out);
+        }
+    }
+
+    /// Records the block `ip` comes from, if the store does not hold it yet.
+    pub(super) fn block_change(&self, network: &str, ip: IpAddr, out: &mut Vec<Change>) {
+        if let Some(block) = self.source.unrecorded(ip) {
+            let change = Change::PutBlock {
+                network: network.to_string(),
+                set: self.id.clone(),
+                block,
+                held: true,
+            };
+            // Two addresses of one change set may come from the same new block.
+            if !out.contains(&change) {
+                out.push(change);
+            }
         }
     }
 

@@ -12,6 +12,7 @@ use tokio::sync::{watch, Notify};
 
 use super::attachments::Attachments;
 use super::range_set::RangeSetPool;
+use super::ranges::carry_idle;
 use super::state::{Network, State};
 use super::{Health, Ipam, ReleaseBy, Shared, ALL_NETWORKS};
 use crate::clock::Clock;
@@ -20,6 +21,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{Millis, NetworkDef, Origin};
 use crate::pool::Since;
+use crate::source::Sources;
 use crate::store::{Change, Committer, Snapshot, Store, StoreError};
 
 /// What the engine needs besides its store.
@@ -30,6 +32,8 @@ pub struct Setup {
     pub boot_id: Option<String>,
     /// Where the engine counts; the exporter serves it.
     pub metrics: Arc<Metrics>,
+    /// Makes each range set's source (default: local ranges).
+    pub sources: Sources,
 }
 
 /// Opens the store a loader thread reads through.
@@ -55,6 +59,7 @@ impl Ipam {
                 clock,
                 boot_id: boot_id.map(str::to_string),
                 metrics: Arc::default(),
+                sources: Sources::default(),
             },
         )
     }
@@ -92,7 +97,7 @@ impl Ipam {
         }
         changes.extend(anchor.map(Change::PutClock));
         let all_drained = snap.drained.iter().any(|n| n == ALL_NETWORKS);
-        let rebuilt = rebuild(snap, attachments, &setup.config, now)?;
+        let rebuilt = rebuild(snap, attachments, &setup.config, &setup.sources, now)?;
         changes.extend(rebuilt.changes);
         let committer = Committer::new(store, Some(setup.metrics.flush_seconds.clone()));
         let ipam = Ipam {
@@ -110,6 +115,8 @@ impl Ipam {
                     store_failure: None,
                 }),
                 metrics: setup.metrics,
+                sources: setup.sources,
+                landed: Notify::new(),
             }),
         };
         {
@@ -166,7 +173,13 @@ impl Ipam {
         .map_err(|e| Error::Busy(format!("the thread that reopens the store failed: {e}")))?;
         let (snap, attachments) = loaded?;
         let all_drained = snap.drained.iter().any(|n| n == ALL_NETWORKS);
-        let rebuilt = rebuild(snap, attachments, &self.shared.config, self.now())?;
+        let rebuilt = rebuild(
+            snap,
+            attachments,
+            &self.shared.config,
+            &self.shared.sources,
+            self.now(),
+        )?;
         let mut st = self.lock();
         let was = st.failed.take();
         *st = rebuilt.state;
@@ -235,13 +248,36 @@ fn rebuild(
     snap: Snapshot,
     attachments: Attachments,
     config: &DaemonConfig,
+    sources: &Sources,
     now: Millis,
 ) -> Result<Rebuilt, Error> {
     let mut changes = Vec::new();
     let (defs, reset) = reconcile_defs(&snap, &attachments, config, &mut changes)?;
     let mut networks = BTreeMap::new();
     for (name, def) in defs {
-        networks.insert(name, Network::new(def, now)?);
+        networks.insert(name, Network::new(def, sources, now)?);
+    }
+    // Blocks first: the addresses below are in them.
+    for (network, set, block) in snap.blocks {
+        let restored = networks
+            .get_mut(&network)
+            .filter(|_| !reset.contains(&network))
+            .and_then(|net| net.pool_by_id(&set))
+            .map(|p| p.source.restore_block(&block));
+        if let Some(Ok(())) = restored {
+            continue;
+        }
+        let why = match restored {
+            Some(Err(e)) => e,
+            _ => "no range set of that id".to_string(),
+        };
+        tracing::warn!(%network, %set, %block, %why, "dropping a claimed block the pools cannot take back");
+        changes.push(Change::PutBlock {
+            network,
+            set,
+            block,
+            held: false,
+        });
     }
     let mut state = State {
         networks,
@@ -257,23 +293,10 @@ fn rebuild(
     }
     for (network, ip, released_at) in snap.idle {
         let kept = !reset.contains(&network)
-            && state.networks.get_mut(&network).is_some_and(|net| {
-                let Some(set) = net.set_of(ip) else {
-                    return false;
-                };
-                let p = &mut net.pools[set];
-                if p.source.occupy(ip).is_err() {
-                    return false;
-                }
-                // Restored whole, whatever the capacity now: the pool trims it later.
-                p.pool
-                    .restore_idle(ip, Since::from_stored(released_at))
-                    .is_ok()
-                    || {
-                        p.source.vacate(ip);
-                        false
-                    }
-            });
+            && state
+                .networks
+                .get_mut(&network)
+                .is_some_and(|net| carry_idle(net, ip, Since::from_stored(released_at)));
         if !kept {
             tracing::warn!(network = %network, %ip, "dropping an idle address the pools cannot take back");
             changes.push(Change::DeleteIdle { network, ip });
@@ -308,6 +331,10 @@ fn rebuild(
                 cursor: None,
             }),
         }
+    }
+    for net in state.networks.values_mut() {
+        changes.extend(net.retired_changes());
+        net.drop_retired();
     }
     Ok(Rebuilt { state, changes })
 }
@@ -350,7 +377,11 @@ fn reconcile_defs(
             changes.push(Change::PutNetwork(def.clone()));
         }
     }
-    for def in config.network_defs()? {
+    for mut def in config.network_defs()? {
+        if let Some(old) = defs.get(&def.name) {
+            // Sets retiring at runtime stay until nothing holds them.
+            def.retiring = old.retiring.clone();
+        }
         match defs.get(&def.name) {
             Some(old) if old == &def => continue,
             Some(old) if old.same_addresses(&def) => {}
@@ -391,24 +422,8 @@ fn restore_attachments(state: &mut State) -> Result<(), Error> {
             )));
         };
         for ip in rec.addresses() {
-            let set = net.set_of(*ip).ok_or_else(|| {
-                Error::InvalidConfig(format!(
-                    "attachment {} holds {ip}, which is outside the ranges of network {:?} ({})",
-                    rec.key(),
-                    rec.network(),
-                    net.def.describe_ranges()
-                ))
-            })?;
-            let p = &mut net.pools[set];
-            p.source.occupy(*ip).map_err(|e| {
-                Error::InvalidConfig(format!(
-                    "attachment {}: {e} (held twice in the store)",
-                    rec.key()
-                ))
-            })?;
-            p.pool
-                .restore_in_use(*ip, ())
-                .map_err(|e| Error::InvalidConfig(format!("attachment {}: {e}", rec.key())))?;
+            net.restore_in_use(*ip, &rec.key())
+                .map_err(Error::InvalidConfig)?;
         }
     }
     Ok(())
@@ -426,24 +441,8 @@ fn restore_reserved(
         )));
     };
     for ip in &r.addresses {
-        let set = net.set_of(*ip).ok_or_else(|| {
-            Error::InvalidConfig(format!(
-                "reservation {} holds {ip}, outside the ranges of network {:?} ({})",
-                r.key,
-                r.key.network,
-                net.def.describe_ranges()
-            ))
-        })?;
-        let p = &mut net.pools[set];
-        p.source.occupy(*ip).map_err(|e| {
-            Error::InvalidConfig(format!(
-                "reservation {}: {e} (held twice in the store)",
-                r.key
-            ))
-        })?;
-        p.pool
-            .restore_reserved(*ip)
-            .map_err(|e| Error::InvalidConfig(format!("reservation {}: {e}", r.key)))?;
+        net.restore_reserved(*ip, &r.key)
+            .map_err(Error::InvalidConfig)?;
     }
     Ok(())
 }

@@ -212,9 +212,23 @@ fn plan_release(
                 net.pools[set].pool.is_in_use(*ip).then_some((set, *ip))
             })
             .collect();
+        // A sticky pod keeps what it holds in current range sets; addresses of retiring ones
+        // are not handed out again, not even to it.
+        let (kept, held): (Vec<_>, Vec<_>) = match sticky {
+            Some(_) => held.into_iter().partition(|(set, _)| net.is_current(*set)),
+            None => (Vec::new(), held),
+        };
+        for (set, ip) in &held {
+            moves.to_idle.push((key.network.clone(), *set, *ip));
+            changes.push(Change::PutIdle {
+                network: key.network.clone(),
+                ip: *ip,
+                released_at: stamp,
+            });
+        }
         let mut reserved_until = None;
         match sticky {
-            Some(rkey) if !held.is_empty() => {
+            Some(rkey) if !kept.is_empty() => {
                 let until = now.saturating_add(net.def.tuning.sticky_ttl_secs.saturating_mul(1000));
                 // An older reservation of the same pod ends: its addresses go idle.
                 if let Some(old) = st
@@ -243,22 +257,13 @@ fn plan_release(
                         expires_at_ms: until,
                         reason: format!("sticky pod released: {}", by.reason()),
                     });
-                for (set, ip) in &held {
+                for (set, ip) in &kept {
                     r.addresses.push(*ip);
                     moves.to_reserved.push((key.network.clone(), *set, *ip));
                 }
                 reserved_until = Some(until);
             }
-            _ => {
-                for (set, ip) in &held {
-                    moves.to_idle.push((key.network.clone(), *set, *ip));
-                    changes.push(Change::PutIdle {
-                        network: key.network.clone(),
-                        ip: *ip,
-                        released_at: stamp,
-                    });
-                }
-            }
+            _ => {}
         }
         out.push(Released {
             key: key.clone(),

@@ -2,6 +2,7 @@
 //! (module docs of [`crate::ipam`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Display;
 use std::net::IpAddr;
 
 use super::attachments::Attachments;
@@ -9,7 +10,7 @@ use super::range_set::RangeSetPool;
 use super::{AddReply, Ipam, Lease, ALL_NETWORKS};
 use crate::error::Error;
 use crate::model::{Millis, NetworkDef, Reservation, ReservationKey};
-use crate::source::LocalSource;
+use crate::source::Sources;
 use crate::store::{Change, Seq, StoreError};
 
 #[derive(Default)]
@@ -32,27 +33,94 @@ pub(super) struct Failure {
 
 pub(super) struct Network {
     pub(super) def: NetworkDef,
-    /// One per range set, in order.
+    /// One per range set: the current ones first (`..current`), in order, then the retiring
+    /// ones (`NetworkDef::retiring`).
     pub(super) pools: Vec<RangeSetPool>,
+    /// How many of `pools` are current: they hand out addresses; the rest only take back.
+    pub(super) current: usize,
 }
 
 impl Network {
-    pub(super) fn new(def: NetworkDef, now: Millis) -> Result<Network, Error> {
-        let pools = def
-            .ranges()
-            .map_err(Error::InvalidConfig)?
+    pub(super) fn new(def: NetworkDef, sources: &Sources, now: Millis) -> Result<Network, Error> {
+        let (current, retiring) = def.all_ranges().map_err(Error::InvalidConfig)?;
+        let n = current.len();
+        let pools = current
             .into_iter()
-            .map(|set| {
+            .map(|set| (set, false))
+            .chain(retiring.into_iter().map(|set| (set, true)))
+            .map(|(set, retiring)| {
                 let family = set[0].family();
-                RangeSetPool::new(family, Box::new(LocalSource::new(set)), &def.tuning, now)
+                let mut p = RangeSetPool::new(family, sources.make(&def, set), &def.tuning, now);
+                p.retiring = retiring;
+                p
             })
             .collect();
-        Ok(Network { def, pools })
+        Ok(Network {
+            def,
+            pools,
+            current: n,
+        })
     }
 
-    /// The pool (range-set index) whose ranges hand out `ip`.
+    /// The pool (range-set index) that holds `ip`: a current one if one covers it, else a
+    /// retiring one.
     pub(super) fn set_of(&self, ip: IpAddr) -> Option<usize> {
         self.pools.iter().position(|p| p.source.contains(ip))
+    }
+
+    /// True when the pool of set `set` is current (it hands out addresses).
+    pub(super) fn is_current(&self, set: usize) -> bool {
+        set < self.current
+    }
+
+    /// Puts `ip`, held by `holder` in the store, back into use (rebuilding the pools).
+    pub(super) fn restore_in_use(
+        &mut self,
+        ip: IpAddr,
+        holder: &dyn Display,
+    ) -> Result<(), String> {
+        let p = self.restore_slot(ip, "attachment", holder)?;
+        p.pool
+            .restore_in_use(ip, ())
+            .map_err(|e| format!("attachment {holder}: {e}"))
+    }
+
+    /// Puts `ip`, reserved by `holder` in the store, back into reserved.
+    pub(super) fn restore_reserved(
+        &mut self,
+        ip: IpAddr,
+        holder: &dyn Display,
+    ) -> Result<(), String> {
+        let p = self.restore_slot(ip, "reservation", holder)?;
+        p.pool
+            .restore_reserved(ip)
+            .map_err(|e| format!("reservation {holder}: {e}"))
+    }
+
+    /// The pool that holds `ip`, with `ip` taken from its source.
+    fn restore_slot(
+        &mut self,
+        ip: IpAddr,
+        what: &str,
+        holder: &dyn Display,
+    ) -> Result<&mut RangeSetPool, String> {
+        let set = self.set_of(ip).ok_or_else(|| {
+            format!(
+                "{what} {holder} holds {ip}, which is outside the ranges of network {:?} ({})",
+                self.def.name,
+                self.def.describe_ranges()
+            )
+        })?;
+        let p = &mut self.pools[set];
+        p.source
+            .occupy(ip)
+            .map_err(|e| format!("{what} {holder}: {e} (held twice in the store)"))?;
+        Ok(p)
+    }
+
+    /// The pool whose id is `id`.
+    pub(super) fn pool_by_id(&mut self, id: &str) -> Option<&mut RangeSetPool> {
+        self.pools.iter_mut().find(|p| p.id == id)
     }
 
     /// The reply for an attachment holding `addresses`.

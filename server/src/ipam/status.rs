@@ -6,6 +6,7 @@ use super::Ipam;
 use crate::error::Error;
 use crate::model::{AttachmentKey, Millis, NetworkDef};
 use crate::range::Family;
+use crate::source::Next;
 
 /// A pool's numbers, for status reports.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +20,9 @@ pub struct PoolStatus {
     pub cooling: usize,
     pub reserved: usize,
     pub drained: bool,
+    /// The network's ranges no longer name this set: it hands nothing out, and goes when what
+    /// it holds is released.
+    pub retiring: bool,
     /// When the pool last failed to serve, and why.
     pub last_error: Option<(Millis, String)>,
     pub source_calls: u64,
@@ -80,9 +84,22 @@ impl Ipam {
                 ));
             }
         }
-        for p in &net.pools {
-            let dry = p.source.free() == 0;
-            if let Err(e) = p.pool.plan(now, dry) {
+        if net.current == 0 {
+            return Err(format!(
+                "network {network:?} has no ranges yet (they come at runtime)"
+            ));
+        }
+        for p in &net.pools[..net.current] {
+            let next = p.source.next();
+            if let Next::Unavailable(why) = &next {
+                if p.pool.fallback().is_err() {
+                    return Err(format!(
+                        "{} cannot serve an ADD: {why}",
+                        p.describe(network)
+                    ));
+                }
+            }
+            if let Err(e) = p.pool.plan(now, next == Next::Exhausted) {
                 return Err(format!("{} cannot serve an ADD: {e}", p.describe(network)));
             }
         }
@@ -107,6 +124,7 @@ impl Ipam {
                     cooling: p.pool.cooling(now),
                     reserved: p.pool.reserved(),
                     drained,
+                    retiring: p.retiring,
                     last_error: p.last_error.clone(),
                     source_calls: p.source_calls,
                     source_errors: p.source_errors,

@@ -570,6 +570,7 @@ fn recovery_reports_the_loaders_error() {
             clock: Arc::new(ManualClock::new(T0)),
             boot_id: None,
             metrics: Arc::default(),
+            sources: Default::default(),
         },
     )
     .map(|_| ())
@@ -579,9 +580,11 @@ fn recovery_reports_the_loaders_error() {
     assert!(!served.load(std::sync::atomic::Ordering::SeqCst));
 }
 
+mod claims;
 mod failures;
 mod lifecycle;
 mod races;
+mod ranges;
 
 /// ipoold's start-up: read through one sled handle, serve through a second one opened after the
 /// first is dropped (sled locks its directory, so this also proves the reader is gone).
@@ -608,6 +611,7 @@ async fn open_with_reads_through_one_handle_and_serves_through_another() {
             clock: clock.clone(),
             boot_id: Some("boot-1".into()),
             metrics: Arc::default(),
+            sources: Default::default(),
         },
     )
     .expect("open_with");

@@ -1,0 +1,371 @@
+//! A network's ranges changing while the daemon runs (a Node's podCIDRs that arrive late, a
+//! flannel subnet.env that changes), and the claims of sources that get their addresses
+//! asynchronously (see [`crate::source`]).
+//!
+//! New ranges take effect at once. A range set the new ranges no longer name *retires* when
+//! attachments still hold addresses in it (outside every new set): DEL and CHECK keep working
+//! for them, nothing new comes from it, and it goes (from memory and from the store) once the
+//! last of them is released. Reservations, idle addresses and cursors outside the new ranges
+//! end with the change. Capacity follows: each new set's pool holds at most what its ranges
+//! hold.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::attachments::Attachments;
+use super::state::{Network, State};
+use super::{Claiming, Ipam};
+use crate::error::Error;
+use crate::model::{
+    describe_sets, validate_ranges, Millis, NetworkDef, Reservation, ReservationKey,
+};
+use crate::pool::Since;
+use crate::range::{parse_set, RangeSpec};
+use crate::store::Change;
+
+/// What a change of a network's ranges did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangesChanged {
+    /// The network's ranges now.
+    pub ranges: String,
+    /// Old range sets kept, retiring: attachments hold addresses in them.
+    pub retiring: String,
+    /// Reservations ended: they held addresses outside the new ranges.
+    pub reservations_ended: usize,
+    /// Idle addresses dropped: outside the new ranges.
+    pub idle_dropped: usize,
+}
+
+/// A network rebuilt for new ranges, and the change set that says so.
+struct Replan {
+    net: Network,
+    changes: Vec<Change>,
+    ended: Vec<ReservationKey>,
+    summary: RangesChanged,
+}
+
+impl Ipam {
+    /// Gives `network` new ranges (none: everything it holds retires). Returns None when they
+    /// are the ranges it has. Durable when it returns; ADDs waiting for ranges are woken.
+    pub async fn set_ranges(
+        &self,
+        network: &str,
+        range_sets: Vec<Vec<RangeSpec>>,
+    ) -> Result<Option<RangesChanged>, Error> {
+        super::validate_network(network)?;
+        if !range_sets.is_empty() {
+            validate_ranges(network, &range_sets).map_err(Error::InvalidConfig)?;
+        }
+        let (summary, seq) = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            self.serving(st)?;
+            let old = st
+                .networks
+                .get(network)
+                .ok_or_else(|| Error::NotFound(format!("network {network:?} is unknown")))?;
+            let unchanged = old.def.range_sets.is_empty() && range_sets.is_empty()
+                || !old.def.range_sets.is_empty()
+                    && !range_sets.is_empty()
+                    && old.def.same_addresses(&NetworkDef {
+                        range_sets: range_sets.clone(),
+                        ..old.def.clone()
+                    });
+            if unchanged {
+                return Ok(None);
+            }
+            let now = self.now();
+            let Replan {
+                net,
+                changes,
+                ended,
+                summary,
+            } = self.replan(old, range_sets, &st.attachments, &st.reservations, now)?;
+            let seq = self.commit(st, &changes, |st| {
+                for k in &ended {
+                    st.reservations.remove(k);
+                }
+                st.networks.insert(network.to_string(), net);
+                Ok(())
+            })?;
+            (summary, seq)
+        };
+        self.wait_durable(seq).await?;
+        tracing::warn!(network, ranges = %summary.ranges, retiring = %summary.retiring, reservations_ended = summary.reservations_ended, idle_dropped = summary.idle_dropped, "network ranges changed");
+        self.shared.landed.notify_waiters();
+        self.shared.changed.notify_one();
+        Ok(Some(summary))
+    }
+
+    /// Builds `old` anew for `range_sets` (see the module docs).
+    fn replan(
+        &self,
+        old: &Network,
+        range_sets: Vec<Vec<RangeSpec>>,
+        attachments: &Attachments,
+        reservations: &BTreeMap<ReservationKey, Reservation>,
+        now: Millis,
+    ) -> Result<Replan, Error> {
+        let name = old.def.name.clone();
+        let sources = &self.shared.sources;
+        let new_sets: Vec<_> = range_sets
+            .iter()
+            .filter_map(|s| parse_set(s).ok())
+            .collect();
+        // Every set the network had, but those the new ranges name again, may have to retire.
+        let candidates: Vec<Vec<RangeSpec>> = old
+            .def
+            .range_sets
+            .iter()
+            .chain(&old.def.retiring)
+            .filter(|s| !parse_set(s).is_ok_and(|r| new_sets.contains(&r)))
+            .cloned()
+            .collect();
+        let mut def = NetworkDef {
+            range_sets,
+            retiring: candidates,
+            ..old.def.clone()
+        };
+        let held: Vec<(IpAddr, String)> = attachments
+            .iter()
+            .filter(|a| a.network() == name)
+            .flat_map(|a| {
+                let key = a.key().to_string();
+                a.addresses().iter().map(move |ip| (*ip, key.clone()))
+            })
+            .collect();
+        let probe = Network::new(def.clone(), sources, now)?;
+        let mut used = vec![false; probe.pools.len()];
+        for (ip, _) in &held {
+            if let Some(set) = probe.set_of(*ip) {
+                used[set] = true;
+            }
+        }
+        def.retiring = std::mem::take(&mut def.retiring)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| used[probe.current + i])
+            .map(|(_, s)| s)
+            .collect();
+        let mut net = Network::new(def, sources, now)?;
+        let mut changes = vec![Change::PutNetwork(net.def.clone())];
+        for (ip, key) in &held {
+            net.restore_in_use(*ip, key).map_err(Error::InvalidConfig)?;
+        }
+        let mut ended = Vec::new();
+        for r in reservations.values().filter(|r| r.key.network == name) {
+            let stays = r
+                .addresses
+                .iter()
+                .all(|ip| net.set_of(*ip).is_some_and(|s| net.is_current(s)));
+            if stays {
+                for ip in &r.addresses {
+                    net.restore_reserved(*ip, &r.key)
+                        .map_err(Error::InvalidConfig)?;
+                }
+            } else {
+                // Its addresses in the new ranges go idle, cooling, as when it expires.
+                for ip in &r.addresses {
+                    if carry_idle(&mut net, *ip, Since::At(now)) {
+                        changes.push(Change::PutIdle {
+                            network: name.clone(),
+                            ip: *ip,
+                            released_at: Since::At(now).to_stored(),
+                        });
+                    }
+                }
+                changes.push(Change::DeleteReservation(r.key.clone()));
+                ended.push(r.key.clone());
+            }
+        }
+        let mut idle_dropped = 0;
+        for p in &old.pools {
+            for (ip, since) in p.pool.idle_addresses() {
+                if !carry_idle(&mut net, ip, since) {
+                    idle_dropped += 1;
+                    changes.push(Change::DeleteIdle {
+                        network: name.clone(),
+                        ip,
+                    });
+                }
+            }
+            match net.pool_by_id(&p.id) {
+                // The same set: its cursor, bucket and counters go on.
+                Some(n) => {
+                    n.source.set_cursor(p.source.cursor());
+                    n.bucket = p.bucket.clone();
+                    n.last_error = p.last_error.clone();
+                    n.source_calls = p.source_calls;
+                    n.source_errors = p.source_errors;
+                    n.bucket_waits = p.bucket_waits;
+                }
+                None => changes.extend(forget_set(&name, p)),
+            }
+        }
+        let summary = RangesChanged {
+            ranges: net.def.describe_ranges(),
+            retiring: describe_sets(&net.def.retiring),
+            reservations_ended: ended.len(),
+            idle_dropped,
+        };
+        Ok(Replan {
+            net,
+            changes,
+            ended,
+            summary,
+        })
+    }
+
+    /// Drops every retiring range set that holds nothing any more.
+    pub(super) fn drop_retired(&self, st: &mut State) -> Result<(), Error> {
+        let mut changes = Vec::new();
+        for net in st.networks.values() {
+            changes.extend(net.retired_changes());
+        }
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.commit(st, &changes, |st| {
+            for net in st.networks.values_mut() {
+                net.drop_retired();
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// How long an ADD waits for addresses on their way (`[cni] add_wait_ms`).
+    pub(super) fn add_wait(&self) -> Duration {
+        Duration::from_millis(self.shared.config.cni.add_wait_ms)
+    }
+
+    /// Runs each claim outside the lock; its result lands in its source.
+    pub(super) fn run_claims(&self, claims: Vec<Claiming>) {
+        for c in claims {
+            let ipam = self.clone();
+            tokio::spawn(async move {
+                let result = c.claim.await;
+                ipam.land(&c.network, &c.set, result);
+            });
+        }
+    }
+
+    /// A claim's result, back under the lock: the source takes it, and waiting ADDs wake.
+    fn land(&self, network: &str, set: &str, result: Result<String, String>) {
+        let now = self.now();
+        let mut st = self.lock();
+        let Some(p) = st.networks.get_mut(network).and_then(|n| n.pool_by_id(set)) else {
+            tracing::warn!(network, set, "a claim landed for a range set that is gone");
+            return;
+        };
+        let what = result.clone();
+        match p.source.land(result) {
+            Ok(()) => {
+                tracing::info!(network, set, block = %what.unwrap_or_default(), "block claimed")
+            }
+            Err(e) => {
+                tracing::warn!(network, set, error = %e, "claiming a block failed");
+                p.source_errors += 1;
+                p.last_error = Some((now, format!("claiming a block failed: {e}")));
+            }
+        }
+        drop(st);
+        self.shared.landed.notify_waiters();
+        self.shared.changed.notify_one();
+    }
+}
+
+impl Network {
+    /// The retiring sets that hold nothing any more (indexes into `pools`).
+    fn retired(&self) -> Vec<usize> {
+        (self.current..self.pools.len())
+            .filter(|i| {
+                let p = &self.pools[*i].pool;
+                p.in_use() == 0 && p.reserved() == 0
+            })
+            .collect()
+    }
+
+    /// The changes that drop the sets [`Network::retired`] names.
+    pub(super) fn retired_changes(&self) -> Vec<Change> {
+        let gone = self.retired();
+        if gone.is_empty() {
+            return Vec::new();
+        }
+        let mut def = self.def.clone();
+        def.retiring = kept_retiring(&self.def, self.current, &gone);
+        let mut changes = vec![Change::PutNetwork(def)];
+        for i in &gone {
+            let p = &self.pools[*i];
+            changes.extend(p.pool.idle_addresses().map(|(ip, _)| Change::DeleteIdle {
+                network: self.def.name.clone(),
+                ip,
+            }));
+            changes.extend(forget_set(&self.def.name, p));
+        }
+        changes
+    }
+
+    /// Drops the sets [`Network::retired`] names (what [`Network::retired_changes`] wrote).
+    pub(super) fn drop_retired(&mut self) {
+        let gone = self.retired();
+        if gone.is_empty() {
+            return;
+        }
+        tracing::info!(network = %self.def.name, ranges = %describe_sets(&gone.iter().map(|i| self.def.retiring[i - self.current].clone()).collect::<Vec<_>>()), "retired ranges dropped: nothing holds an address of them any more");
+        self.def.retiring = kept_retiring(&self.def, self.current, &gone);
+        for i in gone.into_iter().rev() {
+            self.pools.remove(i);
+        }
+    }
+}
+
+/// `def.retiring` without the sets at pool indexes `gone`.
+fn kept_retiring(def: &NetworkDef, current: usize, gone: &[usize]) -> Vec<Vec<RangeSpec>> {
+    def.retiring
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !gone.contains(&(current + i)))
+        .map(|(_, s)| s.clone())
+        .collect()
+}
+
+/// The changes that forget a range set's cursor and blocks.
+fn forget_set(network: &str, p: &super::range_set::RangeSetPool) -> Vec<Change> {
+    let mut changes = vec![Change::PutCursor {
+        network: network.to_string(),
+        set: p.id.clone(),
+        cursor: None,
+    }];
+    changes.extend(
+        p.source
+            .recorded_blocks()
+            .into_iter()
+            .map(|block| Change::PutBlock {
+                network: network.to_string(),
+                set: p.id.clone(),
+                block,
+                held: false,
+            }),
+    );
+    changes
+}
+
+/// Puts an idle address (from the store, or from the network's old definition) into the current
+/// set of `net` that holds it, whatever the capacity (the pool trims it later); false if none
+/// does.
+pub(super) fn carry_idle(net: &mut Network, ip: IpAddr, since: Since) -> bool {
+    let Some(set) = net.set_of(ip).filter(|s| net.is_current(*s)) else {
+        return false;
+    };
+    let p = &mut net.pools[set];
+    if p.source.occupy(ip).is_err() {
+        return false;
+    }
+    if p.pool.restore_idle(ip, since).is_err() {
+        p.source.vacate(ip);
+        return false;
+    }
+    true
+}
