@@ -97,11 +97,14 @@ fn parse_cni_args(raw: &str) -> Result<(PodArgs, Vec<String>), String> {
             _ if ignore_unknown => {}
             _ => {
                 return Err(format!(
-                    "CNI_ARGS: unknown key {k:?} (add IgnoreUnknown=1 to ignore unknown keys)"
+                    "CNI_ARGS: unknown key {} (add IgnoreUnknown=1 to ignore unknown keys)",
+                    ipool_proto::names::shown(k)
                 ))
             }
         }
     }
+    ipool_proto::names::check_pod(&pod.namespace, &pod.name, &pod.uid)
+        .map_err(|e| format!("CNI_ARGS: {e}"))?;
     Ok((pod, ips))
 }
 

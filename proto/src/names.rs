@@ -1,9 +1,44 @@
 //! The CNI spec's rules for the names that make up an attachment key, shared by the plugin
 //! (which checks before it calls) and the daemon (which checks what it is sent).
 
-/// A container ID or network name: non-empty, starts with a letter or digit, then letters,
-/// digits, `_`, `.`, `-`. `what` names the value in the message.
+/// The longest container ID or network name, in bytes (container IDs are 64 hex digits).
+pub const MAX_NAME: usize = 255;
+/// The longest pod namespace, name and UID, in bytes: Kubernetes's own limits (a namespace is
+/// a DNS label, a name a DNS subdomain; a UID is 36 characters, with room to spare).
+pub const MAX_POD_NAMESPACE: usize = 63;
+pub const MAX_POD_NAME: usize = 253;
+pub const MAX_POD_UID: usize = 128;
+
+/// `s` for a message: quoted, and cut after 64 characters.
+pub fn shown(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((i, _)) => format!("{:?}... ({} bytes)", &s[..i], s.len()),
+        None => format!("{s:?}"),
+    }
+}
+
+/// Refuses `s` when it is longer than `max` bytes.
+pub fn check_len(what: &str, s: &str, max: usize) -> Result<(), String> {
+    if s.len() > max {
+        return Err(format!(
+            "{what} {} is too long: the limit is {max} bytes",
+            shown(s)
+        ));
+    }
+    Ok(())
+}
+
+/// A pod's identity from CNI_ARGS: each part within Kubernetes's limits.
+pub fn check_pod(namespace: &str, name: &str, uid: &str) -> Result<(), String> {
+    check_len("K8S_POD_NAMESPACE", namespace, MAX_POD_NAMESPACE)?;
+    check_len("K8S_POD_NAME", name, MAX_POD_NAME)?;
+    check_len("K8S_POD_UID", uid, MAX_POD_UID)
+}
+
+/// A container ID or network name: non-empty, at most [`MAX_NAME`] bytes, starts with a letter
+/// or digit, then letters, digits, `_`, `.`, `-`. `what` names the value in the message.
 pub fn check_name(what: &str, s: &str) -> Result<(), String> {
+    check_len(what, s, MAX_NAME)?;
     let mut chars = s.chars();
     match chars.next() {
         None => return Err(format!("{what} is empty")),
@@ -30,7 +65,8 @@ pub fn check_ifname(what: &str, s: &str) -> Result<(), String> {
     }
     if s.len() > 15 {
         return Err(format!(
-            "{what} {s:?} is {} bytes long; the limit is 15",
+            "{what} {} is {} bytes long; the limit is 15",
+            shown(s),
             s.len()
         ));
     }

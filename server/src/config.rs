@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::error::Error;
-use crate::model::{validate_ranges, NetworkDef, Origin, RouteSpec, Sticky, Tuning};
+use crate::model::{check_apart, validate_ranges, NetworkDef, Origin, RouteSpec, Sticky, Tuning};
 use crate::range::RangeSpec;
 
 /// The configuration ipoold runs on when no `--config` is given.
@@ -161,6 +161,8 @@ pub struct CniSettings {
 /// The longest `[cni] add_wait_ms`: the plugin waits at most this long too (`ipam.timeoutMs`).
 const MAX_ADD_WAIT_MS: u64 = 600_000;
 
+pub use crate::model::{at_most, MAX_SECS};
+
 fn default_add_wait() -> u64 {
     2000
 }
@@ -260,12 +262,7 @@ impl DaemonConfig {
         cfg.defaults
             .validate("[defaults]")
             .map_err(Error::InvalidConfig)?;
-        if cfg.cni.add_wait_ms > MAX_ADD_WAIT_MS {
-            return Err(Error::InvalidConfig(format!(
-                "[cni] add_wait_ms must be at most {MAX_ADD_WAIT_MS} (10 minutes), not {}",
-                cfg.cni.add_wait_ms
-            )));
-        }
+        cfg.check_bounds().map_err(Error::InvalidConfig)?;
         let mut seen = std::collections::HashSet::new();
         for n in &cfg.networks {
             if !seen.insert(n.name.as_str()) {
@@ -276,7 +273,30 @@ impl DaemonConfig {
             }
             n.def(&cfg.defaults)?;
         }
+        let defs = cfg.network_defs()?;
+        for (i, d) in defs.iter().enumerate() {
+            let sets = d.ranges().map_err(Error::InvalidConfig)?;
+            check_apart(&d.name, &sets, &defs[..i]).map_err(Error::InvalidConfig)?;
+        }
         Ok(cfg)
+    }
+
+    /// Every duration within what timers and clocks can add without overflowing.
+    fn check_bounds(&self) -> Result<(), String> {
+        let secs = [
+            ("[cni] gc_grace_secs", self.cni.gc_grace_secs),
+            ("[store] checkpoint_secs", self.store.checkpoint_secs),
+            ("[leak_check] interval_secs", self.leak_check.interval_secs),
+        ];
+        for (what, v) in secs {
+            at_most(what, v, MAX_SECS, "a year")?;
+        }
+        at_most(
+            "[cni] add_wait_ms",
+            self.cni.add_wait_ms,
+            MAX_ADD_WAIT_MS,
+            "10 minutes",
+        )
     }
 
     pub fn network_defs(&self) -> Result<Vec<NetworkDef>, Error> {

@@ -159,8 +159,39 @@ impl Tuning {
         if self.sticky != Sticky::None && self.sticky_ttl_secs == 0 {
             return bad("sticky_ttl_secs must be at least 1 when sticky is on".into());
         }
-        Ok(())
+        let bounded = || -> Result<(), String> {
+            at_most("min_idle", self.min_idle, MAX_COUNT, "16 Mi addresses")?;
+            at_most("max_idle", self.max_idle, MAX_COUNT, "16 Mi addresses")?;
+            at_most(
+                "capacity",
+                self.capacity.unwrap_or(0),
+                MAX_COUNT,
+                "16 Mi addresses",
+            )?;
+            at_most("cooldown_secs", self.cooldown_secs, MAX_SECS, "a year")?;
+            at_most("sticky_ttl_secs", self.sticky_ttl_secs, MAX_SECS, "a year")
+        };
+        bounded().map_err(|e| format!("{what}: {e}"))
     }
+}
+
+/// The longest duration in seconds any setting may have (a year): timers and clocks add them
+/// to the current time, and a bigger value is a typo.
+pub const MAX_SECS: u64 = 365 * 24 * 3600;
+/// The most addresses an idle bound or a capacity may name.
+pub const MAX_COUNT: usize = 1 << 24;
+
+/// Refuses `v` above `max` ("`what` must be at most `max` (`meaning`), not `v`").
+pub fn at_most<T: PartialOrd + std::fmt::Display>(
+    what: &str,
+    v: T,
+    max: T,
+    meaning: &str,
+) -> Result<(), String> {
+    if v > max {
+        return Err(format!("{what} must be at most {max} ({meaning}), not {v}"));
+    }
+    Ok(())
 }
 
 /// Which pods are sticky: their address is reserved for their namespace/name when they go.
@@ -293,16 +324,69 @@ impl NetworkDef {
     }
 }
 
+/// "10.1.0.0/24", with what else the spec sets: "10.1.0.0/24 (10.1.0.10-10.1.0.20, gateway
+/// 10.1.0.254)".
+fn describe_spec(r: &RangeSpec) -> String {
+    let some = |v: &Option<String>| {
+        v.as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .map(str::to_string)
+    };
+    let mut extra = Vec::new();
+    match (some(&r.range_start), some(&r.range_end)) {
+        (None, None) => {}
+        (start, end) => extra.push(format!(
+            "{}-{}",
+            start.unwrap_or_default(),
+            end.unwrap_or_default()
+        )),
+    }
+    if let Some(g) = some(&r.gateway) {
+        extra.push(format!("gateway {g}"));
+    }
+    match extra.is_empty() {
+        true => r.subnet.clone(),
+        false => format!("{} ({})", r.subnet, extra.join(", ")),
+    }
+}
+
 /// "[10.1.0.0/24 10.2.0.0/24] [fd00::/64]".
 pub fn describe_sets(sets: &[Vec<RangeSpec>]) -> String {
     let sets: Vec<String> = sets
         .iter()
         .map(|set| {
-            let rs: Vec<String> = set.iter().map(|r| r.subnet.clone()).collect();
+            let rs: Vec<String> = set.iter().map(describe_spec).collect();
             format!("[{}]", rs.join(" "))
         })
         .collect();
     sets.join(" ")
+}
+
+fn overlaps(a: &Range, b: &Range) -> bool {
+    a.subnet.contains(&b.subnet.network()) || b.subnet.contains(&a.subnet.network())
+}
+
+/// Refuses ranges of network `name` that overlap those of another network in `others`: one
+/// address handed out in two networks is one address on two pods.
+pub fn check_apart<'a>(
+    name: &str,
+    sets: &[RangeSet],
+    others: impl IntoIterator<Item = &'a NetworkDef>,
+) -> Result<(), String> {
+    for other in others.into_iter().filter(|d| d.name != name) {
+        let Ok((current, retiring)) = other.all_ranges() else {
+            continue;
+        };
+        for b in current.iter().chain(&retiring).flatten() {
+            if let Some(a) = sets.iter().flatten().find(|a| overlaps(a, b)) {
+                return Err(format!(
+                    "network {name:?}: subnet {} overlaps subnet {} of network {:?} (an address handed out in both would be on two pods)",
+                    a.subnet, b.subnet, other.name
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Parses and checks range sets: each valid, no two subnets overlapping.
@@ -322,7 +406,7 @@ pub fn validate_ranges(network: &str, sets: &[Vec<RangeSpec>]) -> Result<Vec<Vec
     let all: Vec<&Range> = parsed.iter().flatten().collect();
     for (i, a) in all.iter().enumerate() {
         for b in &all[i + 1..] {
-            if a.subnet.contains(&b.subnet.network()) || b.subnet.contains(&a.subnet.network()) {
+            if overlaps(a, b) {
                 return Err(format!(
                     "network {network:?}: subnets {} and {} overlap",
                     a.subnet, b.subnet

@@ -46,6 +46,14 @@ pub enum RangeError {
     HostBits { given: String, network: IpAddr },
     #[error("subnet {0} is too small to allocate from (a /31, /32, /127 or /128)")]
     TooSmall(IpNet),
+    #[error("subnet {0} is too broad to be a pod range (at most a /{MIN_PREFIX_V4} for IPv4, a /{MIN_PREFIX_V6} for IPv6)")]
+    TooBroad(IpNet),
+    #[error("gateway {gateway} is the {what} address of subnet {subnet}")]
+    GatewayReserved {
+        gateway: IpAddr,
+        what: &'static str,
+        subnet: IpNet,
+    },
     #[error("{key} {value:?} is not an IP address")]
     Address { key: &'static str, value: String },
     #[error("{key} {addr} is not in subnet {subnet}")]
@@ -109,6 +117,11 @@ fn parse_addr(key: &'static str, value: &str) -> Result<IpAddr, RangeError> {
     })
 }
 
+/// The broadest subnet a range may have: broader ones are routes (`0.0.0.0/0`), not pod
+/// ranges, and their sizes overflow the counts.
+pub const MIN_PREFIX_V4: u8 = 8;
+pub const MIN_PREFIX_V6: u8 = 16;
+
 // === impl Range ===
 
 impl Range {
@@ -130,6 +143,13 @@ impl Range {
         if subnet.prefix_len() + 2 > subnet.max_prefix_len() {
             return Err(RangeError::TooSmall(subnet));
         }
+        let min_prefix = match subnet {
+            IpNet::V4(_) => MIN_PREFIX_V4,
+            IpNet::V6(_) => MIN_PREFIX_V6,
+        };
+        if subnet.prefix_len() < min_prefix {
+            return Err(RangeError::TooBroad(subnet));
+        }
         let net = to_u128(subnet.network());
         let family = Family::of(&subnet.addr());
         let inside = |key, addr: IpAddr| {
@@ -143,6 +163,22 @@ impl Range {
             Some(g) if !g.trim().is_empty() => Some(inside("gateway", parse_addr("gateway", g)?)?),
             _ => Some(from_u128(family, net + 1)),
         };
+        if let Some(gateway) = gateway {
+            let what = if gateway == subnet.network() {
+                Some("network")
+            } else if family == Family::V4 && gateway == subnet.broadcast() {
+                Some("broadcast")
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                return Err(RangeError::GatewayReserved {
+                    gateway,
+                    what,
+                    subnet,
+                });
+            }
+        }
         let start = match &spec.range_start {
             Some(s) if !s.trim().is_empty() => inside("rangeStart", parse_addr("rangeStart", s)?)?,
             _ => from_u128(family, net + 1),

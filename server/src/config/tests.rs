@@ -47,6 +47,29 @@ fn bad_toml_is_named() {
             "twice",
         ),
         ("[[network]]\nname = \"a b\"\nranges = []", "network name"),
+        (
+            "[[network]]\nname = \"a\"\nranges = [[{ subnet = \"0.0.0.0/0\" }]]",
+            "too broad",
+        ),
+        (
+            "[[network]]\nname = \"a\"\nranges = [[{ subnet = \"10.0.0.0/16\" }]]\n[[network]]\nname = \"b\"\nranges = [[{ subnet = \"10.0.5.0/24\" }]]",
+            "overlaps subnet 10.0.0.0/16 of network \"a\"",
+        ),
+        (
+            "[leak_check]\ninterval_secs = 9223372036854775807",
+            "[leak_check] interval_secs must be at most 31536000",
+        ),
+        ("[cni]\ngc_grace_secs = 99999999999", "gc_grace_secs"),
+        ("[cni]\nadd_wait_ms = 600001", "add_wait_ms"),
+        ("[store]\ncheckpoint_secs = 99999999999", "checkpoint_secs"),
+        ("[defaults]\ncooldown_secs = 99999999999", "[defaults]: cooldown_secs"),
+        ("[defaults]\nsticky_ttl_secs = 99999999999", "sticky_ttl_secs"),
+        ("[defaults]\nmax_idle = 99999999999", "max_idle"),
+        ("[defaults]\nsource_rate = inf", "source_rate"),
+        (
+            "[[network]]\nname = \"a\"\nranges = [[{ subnet = \"10.0.0.0/24\" }]]\ncooldown_secs = 99999999999",
+            "network \"a\": cooldown_secs",
+        ),
     ] {
         let e = DaemonConfig::parse(text).expect_err(text).to_string();
         assert!(e.contains(needle), "{text:?}: {e}");

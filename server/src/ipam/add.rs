@@ -12,10 +12,14 @@ use super::state::{Network, State};
 use super::{sticky, AddReply, AddRequest, Claiming, Ipam, Pending, Step};
 use crate::error::Error;
 use crate::model::{
-    AttachmentKey, AttachmentRecord, Millis, NetworkDef, Origin, Reservation, ReservationKey,
+    check_apart, AttachmentKey, AttachmentRecord, Millis, NetworkDef, Origin, Reservation,
+    ReservationKey,
 };
 use crate::pool::Since;
 use crate::store::{Change, Seq};
+
+/// The longest network namespace path (PATH_MAX).
+const MAX_NETNS: usize = 4096;
 
 /// What an ADD decided, before it is written.
 struct Plan {
@@ -31,6 +35,10 @@ impl Ipam {
     /// addresses if it exists (ADD is idempotent). Replies only once the allocation is durable.
     pub async fn add(&self, req: AddRequest) -> Result<AddReply, Error> {
         super::validate_key(&req.key)?;
+        ipool_proto::names::check_pod(&req.pod.namespace, &req.pod.name, &req.pod.uid)
+            .map_err(Error::InvalidRequest)?;
+        ipool_proto::names::check_len("netns", &req.netns, MAX_NETNS)
+            .map_err(Error::InvalidRequest)?;
         let declared = match &req.ipam {
             Some(s) => s.network_def(&req.key.network, self.defaults())?,
             None => None,
@@ -211,6 +219,9 @@ impl Ipam {
                 )))
             }
         };
+        let sets = d.ranges().map_err(Error::InvalidConfig)?;
+        check_apart(name, &sets, st.networks.values().map(|n| &n.def))
+            .map_err(Error::InvalidConfig)?;
         let mut net = Network::new(d.clone(), &self.shared.sources, now)?;
         let mut changes = vec![Change::PutNetwork(d.clone())];
         if let Some(old) = known {

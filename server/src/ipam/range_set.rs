@@ -142,7 +142,11 @@ impl RangeSetPool {
                     if may_wait {
                         return Ok(Step::Wait(wait));
                     }
-                    None
+                    Some(format!(
+                        "its source is rate-limited (source_rate {}/s, source_burst {}): the next call is allowed in {wait} ms",
+                        self.bucket.rate(),
+                        self.bucket.burst()
+                    ))
                 }
             },
             Next::Pending(why) if may_wait => return Ok(Step::Pending(Pending::new(why))),

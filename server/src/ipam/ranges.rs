@@ -18,7 +18,7 @@ use super::state::{Network, State};
 use super::{Claiming, Ipam};
 use crate::error::Error;
 use crate::model::{
-    describe_sets, validate_ranges, Millis, NetworkDef, Reservation, ReservationKey,
+    check_apart, describe_sets, validate_ranges, Millis, NetworkDef, Reservation, ReservationKey,
 };
 use crate::pool::Since;
 use crate::range::{parse_set, RangeSpec};
@@ -54,9 +54,10 @@ impl Ipam {
         range_sets: Vec<Vec<RangeSpec>>,
     ) -> Result<Option<RangesChanged>, Error> {
         super::validate_network(network)?;
-        if !range_sets.is_empty() {
-            validate_ranges(network, &range_sets).map_err(Error::InvalidConfig)?;
-        }
+        let parsed = match range_sets.is_empty() {
+            true => Vec::new(),
+            false => validate_ranges(network, &range_sets).map_err(Error::InvalidConfig)?,
+        };
         let (summary, seq) = {
             let mut guard = self.lock();
             let st = &mut *guard;
@@ -65,6 +66,8 @@ impl Ipam {
                 .networks
                 .get(network)
                 .ok_or_else(|| Error::NotFound(format!("network {network:?} is unknown")))?;
+            check_apart(network, &parsed, st.networks.values().map(|n| &n.def))
+                .map_err(Error::InvalidConfig)?;
             let unchanged = old.def.range_sets.is_empty() && range_sets.is_empty()
                 || !old.def.range_sets.is_empty()
                     && !range_sets.is_empty()

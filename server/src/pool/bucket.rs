@@ -31,6 +31,16 @@ impl TokenBucket {
     }
 
     /// Takes one token, or says how many milliseconds until one is there.
+    /// Calls per second.
+    pub fn rate(&self) -> f64 {
+        self.rate_per_sec
+    }
+
+    /// Calls that may come at once.
+    pub fn burst(&self) -> f64 {
+        self.burst
+    }
+
     pub fn try_take(&mut self, now: Millis) -> Result<(), Millis> {
         self.refill(now);
         if self.tokens >= 1.0 {

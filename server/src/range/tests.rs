@@ -89,6 +89,29 @@ fn walks_several_ranges_in_order() {
 }
 
 #[test]
+fn routes_and_reserved_gateways_are_not_ranges() {
+    for broad in ["0.0.0.0/0", "::/0", "10.0.0.0/7", "fd00::/15"] {
+        let e = Range::from_spec(&spec(broad)).expect_err(broad);
+        assert!(matches!(e, RangeError::TooBroad(_)), "{e}");
+        assert!(e.to_string().contains(broad), "{e}");
+    }
+    assert!(Range::from_spec(&spec("10.0.0.0/8")).is_ok());
+    assert!(Range::from_spec(&spec("fd00::/16")).is_ok());
+    for (gw, what) in [("10.1.0.0", "network"), ("10.1.0.255", "broadcast")] {
+        let mut s = spec("10.1.0.0/24");
+        s.gateway = Some(gw.into());
+        let e = Range::from_spec(&s).expect_err(gw);
+        assert!(
+            e.to_string().contains(&format!("the {what} address")),
+            "{e}"
+        );
+    }
+    let mut s = spec("fd00::/64");
+    s.gateway = Some("fd00::".into());
+    assert!(Range::from_spec(&s).is_err());
+}
+
+#[test]
 fn bad_specs_are_named() {
     let e = Range::from_spec(&spec("10.1.0.5/24")).expect_err("host bits");
     assert!(e.to_string().contains("10.1.0.0"), "{e}");

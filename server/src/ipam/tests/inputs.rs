@@ -1,0 +1,77 @@
+//! Inputs a careless operator or a hostile caller sends (issue 16, item 5): refused or named,
+//! and nothing allocated is lost.
+
+use super::*;
+
+#[tokio::test]
+async fn a_network_whose_subnet_overlaps_another_is_refused() {
+    let rig = Rig::new("[[network]]\nname = \"pods\"\nranges = [[{ subnet = \"10.50.0.0/24\" }]]");
+    rig.ipam
+        .add(req("pods", "a", r#"{"type":"ipool"}"#))
+        .await
+        .expect("add");
+    let e = rig
+        .ipam
+        .add(req("other", "b", r#"{"subnet":"10.50.0.0/25"}"#))
+        .await
+        .expect_err("overlap");
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("10.50.0.0/25 overlaps subnet 10.50.0.0/24 of network \"pods\""),
+        "{e}"
+    );
+    assert!(rig.ipam.pool_status(Some("other")).is_empty());
+    // At runtime too.
+    rig.ipam.add(req("m", "c", V4)).await.expect("add");
+    let e = rig
+        .ipam
+        .set_ranges(
+            "m",
+            vec![vec![crate::range::RangeSpec {
+                subnet: "10.50.0.0/16".into(),
+                range_start: None,
+                range_end: None,
+                gateway: None,
+            }]],
+        )
+        .await
+        .expect_err("overlap");
+    assert!(e.to_string().contains("of network \"pods\""), "{e}");
+    assert_eq!(rig.ipam.attachments(None).len(), 2);
+}
+
+#[tokio::test]
+async fn names_past_their_limits_are_refused_briefly() {
+    let rig = Rig::new("");
+    let long = "x".repeat(100_000);
+    let mut pod = req("n", "a", V4);
+    pod.pod.name = long.clone();
+    let mut netns = req("n", "a", V4);
+    netns.netns = format!("/proc/{long}");
+    for r in [req(&long, "a", V4), req("n", &long, V4), pod, netns] {
+        let e = rig.ipam.add(r).await.expect_err("too long");
+        assert!(matches!(e, Error::InvalidRequest(_)), "{e}");
+        assert!(e.to_string().contains("too long"), "{e}");
+        assert!(e.to_string().len() < 300, "{e}");
+    }
+    assert!(rig.ipam.pool_status(None).is_empty());
+}
+
+/// Two definitions that differ only in rangeEnd are told apart in the message.
+#[tokio::test]
+async fn a_redefinition_names_what_differs() {
+    let rig = Rig::new("");
+    let old = r#"{"ranges":[[{"subnet":"10.1.0.0/24","rangeEnd":"10.1.0.50"}]]}"#;
+    let new = r#"{"ranges":[[{"subnet":"10.1.0.0/24","rangeEnd":"10.1.0.60"}]]}"#;
+    rig.ipam.add(req("n", "a", old)).await.expect("add");
+    let e = rig
+        .ipam
+        .add(req("n", "b", new))
+        .await
+        .expect_err("conflict");
+    assert!(
+        e.to_string().contains("10.1.0.50") && e.to_string().contains("10.1.0.60"),
+        "{e}"
+    );
+}
