@@ -151,6 +151,10 @@ async fn ops_tcp(args: &Args) -> anyhow::Result<Option<OpsTcp>> {
         addr.ip().is_loopback() || token.is_some() || mtls,
         "--ops-listen {addr} is not a loopback address: refusing to serve it without authentication (give --ops-token-file, or --tls-cert/--tls-key/--tls-client-ca for mTLS)"
     );
+    anyhow::ensure!(
+        addr.ip().is_loopback() || token.is_none() || args.tls_cert.is_some(),
+        "--ops-listen {addr} is not a loopback address: refusing to take a bearer token there without TLS, where it would cross the network in plaintext (give --tls-cert/--tls-key)"
+    );
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => {
             let read = |p: &PathBuf, what: &str| {
@@ -182,6 +186,8 @@ async fn ops_tcp(args: &Args) -> anyhow::Result<Option<OpsTcp>> {
 }
 
 async fn daemon(args: Args) -> anyhow::Result<()> {
+    raise_fd_limit();
+    keep_private(&args.state_dir)?;
     let config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -252,6 +258,54 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&args.socket);
     served.context("gRPC server")?;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Raises the soft limit on open files to the hard one: each TCP Ops connection holds a
+/// descriptor, and the soft default (1 024) is reached long before the hard one.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    let was = limit.current;
+    if was.is_some() && was != limit.maximum {
+        limit.current = limit.maximum;
+        match setrlimit(Resource::Nofile, limit.clone()) {
+            Ok(()) => {
+                tracing::debug!(from = ?was, to = ?limit.maximum, "open-file limit raised")
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+        }
+    }
+}
+
+/// What ipoold writes is its own (umask 077): the state holds pod names and netns paths. The
+/// state dir is made, or brought to, 0700 and its files to 0600 (earlier versions made them
+/// 0755 and 0644).
+fn keep_private(state_dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .with_context(|| format!("creating the state dir {}", state_dir.display()))?;
+    let mut dirs = vec![state_dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making {} private (0700)", dir.display()))?;
+        let entries = std::fs::read_dir(&dir)
+            .with_context(|| format!("reading the state dir {}", dir.display()))?;
+        for entry in entries {
+            let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if kind.is_file() {
+                std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600))
+                    .with_context(|| format!("making {} private (0600)", entry.path().display()))?;
+            }
+        }
+    }
     Ok(())
 }
 
