@@ -269,7 +269,7 @@ fn raise_fd_limit() {
     let was = limit.current;
     if was.is_some() && was != limit.maximum {
         limit.current = limit.maximum;
-        match setrlimit(Resource::Nofile, limit.clone()) {
+        match setrlimit(Resource::Nofile, limit) {
             Ok(()) => {
                 tracing::debug!(from = ?was, to = ?limit.maximum, "open-file limit raised")
             }
