@@ -35,11 +35,19 @@ impl std::fmt::Debug for PoolCollector {
 
 impl Collector for PoolCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let pools = self.0.pool_status(None);
-        let labels = |p: &crate::ipam::PoolStatus| PoolLabels {
-            network: p.network.clone(),
-            family: format!("ipv{}", p.family.as_str()),
-        };
+        // One series per network and family: a network's range sets of one family (two ranges
+        // sets, or a retiring one beside the current one) add up.
+        let mut pools: Vec<(PoolLabels, Vec<crate::ipam::PoolStatus>)> = Vec::new();
+        for p in self.0.pool_status(None) {
+            let l = PoolLabels {
+                network: p.network.clone(),
+                family: format!("ipv{}", p.family.as_str()),
+            };
+            match pools.iter_mut().find(|(k, _)| *k == l) {
+                Some((_, v)) => v.push(p),
+                None => pools.push((l, vec![p])),
+            }
+        }
         type Get = fn(&crate::ipam::PoolStatus) -> i64;
         let gauges: [(&str, &str, Get); 7] = [
             ("ipool_pool_in_use", "Addresses held by attachments.", |p| {
@@ -79,8 +87,12 @@ impl Collector for PoolCollector {
         for (name, help, get) in gauges {
             let mut m =
                 enc.encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
-            for p in &pools {
-                ConstGauge::new(get(p)).encode(m.encode_family(&labels(p))?)?;
+            for (l, sets) in &pools {
+                let v = match name {
+                    "ipool_pool_drained" => sets.iter().map(get).max().unwrap_or(0),
+                    _ => sets.iter().map(get).fold(0i64, i64::saturating_add),
+                };
+                ConstGauge::new(v).encode(m.encode_family(l)?)?;
             }
         }
         type Count = fn(&crate::ipam::PoolStatus) -> u64;
@@ -104,8 +116,9 @@ impl Collector for PoolCollector {
         for (name, help, get) in counters {
             let mut m =
                 enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
-            for p in &pools {
-                ConstCounter::new(get(p)).encode(m.encode_family(&labels(p))?)?;
+            for (l, sets) in &pools {
+                let v = sets.iter().map(get).fold(0u64, u64::saturating_add);
+                ConstCounter::new(v).encode(m.encode_family(l)?)?;
             }
         }
         let stats = self.0.commit_stats();

@@ -242,6 +242,9 @@ pub enum Origin {
     Config,
     /// The `ipam` section of a CNI ADD for a network the daemon did not know.
     Cni,
+    /// Ranges given while the daemon runs (`Ipam::set_ranges`: a Node's podCIDRs, flannel's
+    /// subnet.env): they stand until the next change, across restarts.
+    Runtime,
 }
 
 impl Origin {
@@ -250,6 +253,7 @@ impl Origin {
         match self {
             Origin::Config => "ipoold's config file",
             Origin::Cni => "an earlier CNI config",
+            Origin::Runtime => "ranges given at runtime",
         }
     }
 }

@@ -24,8 +24,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// daemon that still answers, removes a stale one, and makes it owner-only (0600).
 pub fn bind_socket(path: &Path) -> io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            // 0755 whatever the umask (ipoold's is 077): the socket itself is owner-only.
             std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
         }
     }
     match std::fs::symlink_metadata(path) {

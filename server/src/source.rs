@@ -97,7 +97,10 @@ pub trait Source: Send {
     fn cursor(&self) -> Option<IpAddr>;
     fn set_cursor(&mut self, cursor: Option<IpAddr>);
 
-    /// A claim to run, if the source wants more addresses now and has no claim in flight.
+    /// A claim to run, if the source wants more addresses now and has no claim in flight. The
+    /// engine asks when an ADD finds nothing ready and on every pass of its background loop
+    /// (after every change, at least once a second): after a failed claim, the source decides
+    /// when to try again (its backend's backoff).
     fn start_claim(&mut self) -> Option<Claim> {
         None
     }

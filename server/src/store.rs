@@ -52,7 +52,9 @@ pub use sled_store::{SledStore, StoreOptions};
 /// ipoold would not finish a change set a crash interrupted, so it must refuse the store).
 /// 4: the write-ahead log files `wal-0` and `wal-1` next to `db` (an older ipoold would not
 /// replay them). 5: log files with a header and batches (an older ipoold could not read them).
-pub const SCHEMA_VERSION: u32 = 5;
+/// 6: claimed blocks (a seventh tree) and retiring range sets (an older ipoold would call the
+/// log damaged, or drop the retiring sets and then the attachments in them).
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// A change set's number: the order in which the store took them.
 pub type Seq = u64;

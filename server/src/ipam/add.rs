@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use super::attachments::Attachments;
 use super::events::{Event, EventKind};
 use super::range_set::{ClaimError, From, Pick, PickError};
-use super::ranges::carry_idle;
+use super::ranges::{carry_idle, forget_set};
 use super::state::{Network, State};
 use super::{sticky, AddReply, AddRequest, Claiming, Ipam, Pending, Step};
 use crate::error::Error;
@@ -52,7 +52,13 @@ impl Ipam {
             let landed = self.shared.landed.notified();
             tokio::pin!(landed);
             landed.as_mut().enable();
-            match self.try_add(&req, declared.as_ref(), !left.is_zero())? {
+            let tried = self.try_add(&req, declared.as_ref(), !left.is_zero());
+            if let Err(Error::Busy(_)) = &tried {
+                // Nothing ready (a source without addresses, a rate limit): the background
+                // loop starts what the sources need now rather than at its next tick.
+                self.shared.changed.notify_one();
+            }
+            match tried? {
                 Step::Done((mut reply, seq)) => {
                     self.wait_durable(seq).await?;
                     if let Some(r) = &routes_override {
@@ -131,7 +137,17 @@ impl Ipam {
         )? {
             Step::Done(p) => p,
             Step::Wait(ms) => return Ok(Step::Wait(ms)),
-            Step::Pending(p) => return Ok(Step::Pending(p)),
+            Step::Pending(p) => {
+                if let Some((net, changes)) = declaration {
+                    // Declared now, so that the claims its sources started land in it.
+                    let name = req.key.network.clone();
+                    self.commit(st, &changes, |st| {
+                        st.networks.insert(name, net);
+                        Ok(())
+                    })?;
+                }
+                return Ok(Step::Pending(p));
+            }
         };
         let plan = plan_attachment(net, req, picks, reservation.as_ref(), now);
         let reply = net.reply_for(&plan.record.addresses);
@@ -191,6 +207,13 @@ impl Ipam {
         let d = match (known, declared) {
             (Some(_), None) => return Ok(None),
             (Some(known), Some(d)) if known.def.same_addresses(d) => return Ok(None),
+            (Some(known), Some(d)) if known.def.origin == Origin::Runtime => {
+                return Err(Error::InvalidConfig(format!(
+                    "network {name:?} takes its ranges at runtime (now {}); the CNI config asks for {} (drop the ranges from the CNI config)",
+                    known.def.describe_ranges(),
+                    d.describe_ranges()
+                )))
+            }
             (Some(known), Some(d)) => {
                 let live = st.attachments.iter().filter(|a| a.network() == name).count()
                     + st.reservations.keys().filter(|k| k.network == name).count();
@@ -235,11 +258,7 @@ impl Ipam {
                         });
                     }
                 }
-                changes.push(Change::PutCursor {
-                    network: name.to_string(),
-                    set: p.id.clone(),
-                    cursor: None,
-                });
+                changes.extend(forget_set(name, p));
             }
         }
         Ok(Some((net, changes)))

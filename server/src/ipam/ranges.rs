@@ -14,11 +14,13 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use super::attachments::Attachments;
+use super::events::{Event, EventKind};
 use super::state::{Network, State};
 use super::{Claiming, Ipam};
 use crate::error::Error;
 use crate::model::{
-    check_apart, describe_sets, validate_ranges, Millis, NetworkDef, Reservation, ReservationKey,
+    check_apart, describe_sets, validate_ranges, Millis, NetworkDef, Origin, Reservation,
+    ReservationKey,
 };
 use crate::pool::Since;
 use crate::range::{parse_set, RangeSpec};
@@ -41,13 +43,15 @@ pub struct RangesChanged {
 struct Replan {
     net: Network,
     changes: Vec<Change>,
-    ended: Vec<ReservationKey>,
+    ended: Vec<Reservation>,
     summary: RangesChanged,
 }
 
 impl Ipam {
     /// Gives `network` new ranges (none: everything it holds retires). Returns None when they
-    /// are the ranges it has. Durable when it returns; ADDs waiting for ranges are woken.
+    /// are the ranges it has. Durable when it returns; ADDs waiting for ranges are woken. The
+    /// network's ranges are then its runtime ones ([`Origin::Runtime`]): a CNI config that
+    /// names others is refused. A network of ipoold's config file takes its ranges from there.
     pub async fn set_ranges(
         &self,
         network: &str,
@@ -58,7 +62,8 @@ impl Ipam {
             true => Vec::new(),
             false => validate_ranges(network, &range_sets).map_err(Error::InvalidConfig)?,
         };
-        let (summary, seq) = {
+        let now = self.now();
+        let (summary, seq, ended) = {
             let mut guard = self.lock();
             let st = &mut *guard;
             self.serving(st)?;
@@ -66,19 +71,25 @@ impl Ipam {
                 .networks
                 .get(network)
                 .ok_or_else(|| Error::NotFound(format!("network {network:?} is unknown")))?;
+            if old.def.origin == Origin::Config {
+                return Err(Error::InvalidConfig(format!(
+                    "network {network:?} takes its ranges from ipoold's config file ({}); change them there",
+                    old.def.describe_ranges()
+                )));
+            }
             check_apart(network, &parsed, st.networks.values().map(|n| &n.def))
                 .map_err(Error::InvalidConfig)?;
-            let unchanged = old.def.range_sets.is_empty() && range_sets.is_empty()
-                || !old.def.range_sets.is_empty()
-                    && !range_sets.is_empty()
-                    && old.def.same_addresses(&NetworkDef {
-                        range_sets: range_sets.clone(),
-                        ..old.def.clone()
-                    });
-            if unchanged {
+            let same = match (old.def.range_sets.is_empty(), range_sets.is_empty()) {
+                (true, true) => true,
+                (false, false) => old.def.same_addresses(&NetworkDef {
+                    range_sets: range_sets.clone(),
+                    ..old.def.clone()
+                }),
+                _ => false,
+            };
+            if same && old.def.origin == Origin::Runtime {
                 return Ok(None);
             }
-            let now = self.now();
             let Replan {
                 net,
                 changes,
@@ -86,22 +97,33 @@ impl Ipam {
                 summary,
             } = self.replan(old, range_sets, &st.attachments, &st.reservations, now)?;
             let seq = self.commit(st, &changes, |st| {
-                for k in &ended {
-                    st.reservations.remove(k);
+                for r in &ended {
+                    st.reservations.remove(&r.key);
                 }
                 st.networks.insert(network.to_string(), net);
                 Ok(())
             })?;
-            (summary, seq)
+            (summary, seq, ended)
         };
         self.wait_durable(seq).await?;
         tracing::warn!(network, ranges = %summary.ranges, retiring = %summary.retiring, reservations_ended = summary.reservations_ended, idle_dropped = summary.idle_dropped, "network ranges changed");
+        for r in &ended {
+            self.emit(|| {
+                Event::of_reservation(
+                    EventKind::Release,
+                    now,
+                    r,
+                    "its addresses are outside the network's new ranges",
+                )
+            });
+        }
         self.shared.landed.notify_waiters();
         self.shared.changed.notify_one();
         Ok(Some(summary))
     }
 
-    /// Builds `old` anew for `range_sets` (see the module docs).
+    /// Builds `old` anew for `range_sets` (see the module docs). A set the new ranges name
+    /// again keeps its source's blocks, cursor, bucket and counters.
     fn replan(
         &self,
         old: &Network,
@@ -128,6 +150,7 @@ impl Ipam {
         let mut def = NetworkDef {
             range_sets,
             retiring: candidates,
+            origin: Origin::Runtime,
             ..old.def.clone()
         };
         let held: Vec<(IpAddr, String)> = attachments
@@ -138,7 +161,8 @@ impl Ipam {
                 a.addresses().iter().map(move |ip| (*ip, key.clone()))
             })
             .collect();
-        let probe = Network::new(def.clone(), sources, now)?;
+        let mut probe = Network::new(def.clone(), sources, now)?;
+        inherit(&mut probe, old)?;
         let mut used = vec![false; probe.pools.len()];
         for (ip, _) in &held {
             if let Some(set) = probe.set_of(*ip) {
@@ -152,6 +176,7 @@ impl Ipam {
             .map(|(_, s)| s)
             .collect();
         let mut net = Network::new(def, sources, now)?;
+        inherit(&mut net, old)?;
         let mut changes = vec![Change::PutNetwork(net.def.clone())];
         for (ip, key) in &held {
             net.restore_in_use(*ip, key).map_err(Error::InvalidConfig)?;
@@ -179,7 +204,7 @@ impl Ipam {
                     }
                 }
                 changes.push(Change::DeleteReservation(r.key.clone()));
-                ended.push(r.key.clone());
+                ended.push(r.clone());
             }
         }
         let mut idle_dropped = 0;
@@ -193,17 +218,8 @@ impl Ipam {
                     });
                 }
             }
-            match net.pool_by_id(&p.id) {
-                // The same set: its cursor, bucket and counters go on.
-                Some(n) => {
-                    n.source.set_cursor(p.source.cursor());
-                    n.bucket = p.bucket.clone();
-                    n.last_error = p.last_error.clone();
-                    n.source_calls = p.source_calls;
-                    n.source_errors = p.source_errors;
-                    n.bucket_waits = p.bucket_waits;
-                }
-                None => changes.extend(forget_set(&name, p)),
+            if net.pool_by_id(&p.id).is_none() {
+                changes.extend(forget_set(&name, p));
             }
         }
         let summary = RangesChanged {
@@ -259,23 +275,32 @@ impl Ipam {
         let now = self.now();
         let mut st = self.lock();
         let Some(p) = st.networks.get_mut(network).and_then(|n| n.pool_by_id(set)) else {
+            drop(st);
             tracing::warn!(network, set, "a claim landed for a range set that is gone");
+            self.shared.landed.notify_waiters();
             return;
         };
+        // A claim started before the set was rebuilt (new ranges, a store recovery) lands in
+        // the set's new source: the block is the set's either way.
         let what = result.clone();
-        match p.source.land(result) {
+        let landed = match p.source.land(result) {
             Ok(()) => {
-                tracing::info!(network, set, block = %what.unwrap_or_default(), "block claimed")
+                tracing::info!(network, set, block = %what.unwrap_or_default(), "block claimed");
+                true
             }
             Err(e) => {
                 tracing::warn!(network, set, error = %e, "claiming a block failed");
                 p.source_errors += 1;
                 p.last_error = Some((now, format!("claiming a block failed: {e}")));
+                false
             }
-        }
+        };
         drop(st);
         self.shared.landed.notify_waiters();
-        self.shared.changed.notify_one();
+        if landed {
+            // The background loop may fill the idle set from the new block.
+            self.shared.changed.notify_one();
+        }
     }
 }
 
@@ -324,6 +349,28 @@ impl Network {
     }
 }
 
+/// What the sets of `net` that `old` had too carry over: the blocks their sources hold (before
+/// any address is put back: the addresses are in them), cursor, bucket and counters.
+fn inherit(net: &mut Network, old: &Network) -> Result<(), Error> {
+    for p in &old.pools {
+        let Some(n) = net.pool_by_id(&p.id) else {
+            continue;
+        };
+        for block in p.source.recorded_blocks() {
+            n.source
+                .restore_block(&block)
+                .map_err(Error::InvalidConfig)?;
+        }
+        n.source.set_cursor(p.source.cursor());
+        n.bucket = p.bucket.clone();
+        n.last_error = p.last_error.clone();
+        n.source_calls = p.source_calls;
+        n.source_errors = p.source_errors;
+        n.bucket_waits = p.bucket_waits;
+    }
+    Ok(())
+}
+
 /// `def.retiring` without the sets at pool indexes `gone`.
 fn kept_retiring(def: &NetworkDef, current: usize, gone: &[usize]) -> Vec<Vec<RangeSpec>> {
     def.retiring
@@ -335,7 +382,7 @@ fn kept_retiring(def: &NetworkDef, current: usize, gone: &[usize]) -> Vec<Vec<Ra
 }
 
 /// The changes that forget a range set's cursor and blocks.
-fn forget_set(network: &str, p: &super::range_set::RangeSetPool) -> Vec<Change> {
+pub(super) fn forget_set(network: &str, p: &super::range_set::RangeSetPool) -> Vec<Change> {
     let mut changes = vec![Change::PutCursor {
         network: network.to_string(),
         set: p.id.clone(),

@@ -230,6 +230,7 @@ fn log_pools(st: &State) {
         let origin = match n.def.origin {
             Origin::Config => "config",
             Origin::Cni => "cni",
+            Origin::Runtime => "runtime",
         };
         for p in &n.pools {
             tracing::info!(network = %n.def.name, origin, family = p.family.as_str(), ranges = %p.source.describe(), in_use = p.pool.in_use(), idle = p.pool.idle(), "pool ready");
@@ -372,7 +373,7 @@ fn reconcile_defs(
         .collect();
     let mut reset = Vec::new();
     for def in defs.values_mut() {
-        if def.origin == Origin::Cni && def.tuning != config.defaults {
+        if def.origin != Origin::Config && def.tuning != config.defaults {
             def.tuning = config.defaults.clone();
             changes.push(Change::PutNetwork(def.clone()));
         }

@@ -82,6 +82,8 @@ impl Released {
 #[derive(Default)]
 struct Moves {
     to_idle: Vec<(String, usize, IpAddr)>,
+    /// Back to the source, not idle (a retiring set's).
+    vacated: Vec<(String, usize, IpAddr)>,
     to_reserved: Vec<(String, usize, IpAddr)>,
     unreserved: Vec<(String, usize, IpAddr)>,
     reservations: BTreeMap<ReservationKey, Reservation>,
@@ -166,6 +168,13 @@ impl Ipam {
                     p.pool.put_idle(*ip, now);
                 }
             }
+            for (net, set, ip) in &moves.vacated {
+                if let Some(p) = st.pool(net, *set) {
+                    p.pool.put_idle(*ip, now);
+                    p.pool.evict(*ip);
+                    p.source.vacate(*ip);
+                }
+            }
             for (net, set, ip) in &moves.to_reserved {
                 if let Some(p) = st.pool(net, *set) {
                     p.pool.reserve(*ip).map_err(|e| e.to_string())?;
@@ -219,6 +228,11 @@ fn plan_release(
             None => (Vec::new(), held),
         };
         for (set, ip) in &held {
+            if !net.is_current(*set) {
+                // Nothing comes from a retiring set again: the address goes back at once.
+                moves.vacated.push((key.network.clone(), *set, *ip));
+                continue;
+            }
             moves.to_idle.push((key.network.clone(), *set, *ip));
             changes.push(Change::PutIdle {
                 network: key.network.clone(),

@@ -76,7 +76,9 @@ impl Ipam {
             };
         };
         if let Some(d) = declared {
-            if !net.def.same_addresses(d) && st.attachments.iter().any(|a| a.network() == network) {
+            let fixed = net.def.origin == crate::model::Origin::Runtime;
+            let held = st.attachments.iter().any(|a| a.network() == network);
+            if !net.def.same_addresses(d) && (fixed || held) {
                 return Err(format!(
                     "network {network:?} is defined with ranges {}, the config asks for {}",
                     net.def.describe_ranges(),

@@ -83,6 +83,8 @@ impl Live {
                 })
             }
             Some(SCHEMA_VERSION) => {}
+            // The same log; what is new are records an older ipoold must not read.
+            Some(5) => mark_current(&trees)?,
             Some(old) => migrate(&trees, old, &wal_paths, capacity)?,
             None => {
                 if trees.has_data() {
@@ -184,6 +186,17 @@ fn create(
     meta.insert(SCHEMA, &SCHEMA_VERSION.to_be_bytes())
         .map_err(io)?;
     trees.sync().map_err(|e| trees.io(e))
+}
+
+/// Marks the store as of the current schema.
+fn mark_current(trees: &Trees) -> Result<(), StoreError> {
+    trees
+        .meta()
+        .insert(SCHEMA, &SCHEMA_VERSION.to_be_bytes())
+        .map_err(|e| trees.io(e))?;
+    trees.sync().map_err(|e| trees.io(e))?;
+    tracing::info!(to = SCHEMA_VERSION, path = %trees.path.display(), "store marked with the new schema");
+    Ok(())
 }
 
 /// Opens both log files and checks them against the database: present, a good header, the

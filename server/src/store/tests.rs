@@ -273,3 +273,33 @@ fn sled_store_reopens_right_after_a_drop() {
         vec![("n".to_string(), ip("10.0.0.9"), 199)]
     );
 }
+
+/// A schema-5 store is read as it is (the log is the same) and marked 6, so that an older
+/// ipoold refuses it by its schema instead of calling its log damaged.
+#[test]
+fn a_schema_5_store_opens_and_is_marked_6() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = SledStore::open(dir.path()).expect("open");
+        s.append(&[Change::PutNetwork(net("n"))]).expect("append");
+        s.flush().expect("flush");
+    }
+    {
+        let db = raw_sled(dir.path()).expect("raw open");
+        db.open_tree("meta")
+            .expect("tree")
+            .insert("schema_version", &5u32.to_be_bytes())
+            .expect("insert");
+        db.flush().expect("flush");
+    }
+    let s = SledStore::open(dir.path()).expect("reopen");
+    assert_eq!(s.load().expect("load").networks, vec![net("n")]);
+    drop(s);
+    let db = raw_sled(dir.path()).expect("raw open");
+    let v = db
+        .open_tree("meta")
+        .expect("tree")
+        .get("schema_version")
+        .expect("get");
+    assert_eq!(v.as_deref(), Some(&6u32.to_be_bytes()[..]));
+}

@@ -249,6 +249,15 @@ async fn settle() {
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 
+/// The ADD's result, which must come long before its wait (60 s) runs out: it is woken when
+/// its claim lands.
+async fn within(add: tokio::task::JoinHandle<Result<AddReply, Error>>) -> Result<AddReply, Error> {
+    tokio::time::timeout(std::time::Duration::from_secs(5), add)
+        .await
+        .expect("woken when the claim landed")
+        .expect("join")
+}
+
 fn blocks_in(set: &[Change]) -> Vec<&str> {
     set.iter()
         .filter_map(|c| match c {
@@ -337,7 +346,7 @@ async fn a_failed_claim_fails_the_waiting_add_retryably_and_a_later_one_serves()
     };
     settle().await;
     backend.gate.add_permits(1);
-    let e = waiting.await.expect("join").expect_err("the claim failed");
+    let e = within(waiting).await.expect_err("the claim failed");
     assert!(matches!(e, Error::Busy(_)), "{e}");
     assert!(e.to_string().contains("etcd: connection refused"), "{e}");
     let status = &ipam.pool_status(Some("c"))[0];
@@ -377,4 +386,56 @@ async fn the_wait_for_a_claim_is_bounded_by_add_wait_ms() {
     settle().await;
     let a = ipam.add(req("c", "a", "")).await.expect("add");
     assert_eq!(ips(&a), vec![ip("10.8.0.1")]);
+}
+
+/// A network declared by an ADD that waits for a claim is declared at once, so the claim lands
+/// in it; new ranges keep the blocks of the sets they name again.
+#[tokio::test]
+async fn a_declared_network_gets_its_claim_and_new_ranges_keep_its_blocks() {
+    let store = Arc::new(MemStore::new());
+    let backend = Arc::new(Backend::default());
+    let ipam = open(&store, &backend, "add_wait_ms = 60000");
+    let waiting = {
+        let ipam = ipam.clone();
+        tokio::spawn(async move { ipam.add(req("d", "a", r#"{"subnet":"10.9.0.0/24"}"#)).await })
+    };
+    settle().await;
+    assert_eq!(backend.started.load(Ordering::SeqCst), 1);
+    backend.gate.add_permits(1);
+    let a = within(waiting).await.expect("served");
+    assert_eq!(ips(&a), vec![ip("10.9.0.1")]);
+
+    let spec = |subnet: &str| {
+        vec![crate::range::RangeSpec {
+            subnet: subnet.into(),
+            range_start: None,
+            range_end: None,
+            gateway: None,
+        }]
+    };
+    let two = vec![spec("10.9.0.0/24"), spec("10.10.0.0/24")];
+    let changed = ipam
+        .set_ranges("d", two)
+        .await
+        .expect("set")
+        .expect("changed");
+    assert_eq!(changed.retiring, "", "the first set is named again");
+    let waiting = {
+        let ipam = ipam.clone();
+        tokio::spawn(async move { ipam.add(req("d", "b", "")).await })
+    };
+    settle().await;
+    backend.gate.add_permits(1);
+    let b = within(waiting).await.expect("served");
+    assert_eq!(ips(&b), vec![ip("10.9.0.2"), ip("10.10.0.17")]);
+    assert_eq!(backend.started.load(Ordering::SeqCst), 2);
+
+    drop(ipam);
+    let ipam = open(&store, &backend, "add_wait_ms = 0");
+    let c = ipam
+        .add(req("d", "c", ""))
+        .await
+        .expect("both blocks came back");
+    assert_eq!(ips(&c), vec![ip("10.9.0.3"), ip("10.10.0.18")]);
+    assert_eq!(backend.started.load(Ordering::SeqCst), 2);
 }

@@ -166,8 +166,10 @@ async fn adds_wait_for_ranges_that_arrive_later() {
         .await
         .expect("set")
         .expect("changed");
-    let b = waiting
+    // Woken when the ranges land, long before its wait would run out.
+    let b = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
         .await
+        .expect("woken when the ranges came")
         .expect("join")
         .expect("served once ranges came");
     assert_eq!(ips(&b), vec![ip("10.3.0.2")]);
@@ -247,4 +249,66 @@ async fn bad_ranges_and_unknown_networks_are_refused() {
     // Nothing changed.
     assert_eq!(rig.ipam.pool_status(Some("n")).len(), 1);
     assert!(stored_def(&rig, "n").retiring.is_empty());
+}
+
+/// A network of ipoold's config file takes its ranges from there; a network given ranges at
+/// runtime refuses a CNI config that names others, and keeps its ranges across a restart.
+#[tokio::test]
+async fn runtime_ranges_are_the_networks_own() {
+    let rig = Rig::new("[[network]]\nname = \"pods\"\nranges = [[{ subnet = \"10.50.0.0/24\" }]]");
+    let e = rig
+        .ipam
+        .set_ranges("pods", sets(&["10.51.0.0/24"]))
+        .await
+        .expect_err("config network");
+    assert!(e.to_string().contains("config file"), "{e}");
+
+    rig.ipam.add(req("n", "a", V4)).await.expect("add");
+    rig.ipam
+        .set_ranges("n", sets(&["10.2.0.0/24"]))
+        .await
+        .expect("set");
+    rig.ipam.del(&key("n", "a")).await.expect("del");
+    // Even with nothing attached, the CNI config's old ranges do not take the network back.
+    let e = rig
+        .ipam
+        .add(req("n", "b", V4))
+        .await
+        .expect_err("other ranges");
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    assert!(
+        e.to_string().contains("10.1.0.0/24") && e.to_string().contains("10.2.0.0/24"),
+        "{e}"
+    );
+    let declared = IpamSection::parse(V4)
+        .expect("json")
+        .expect("section")
+        .network_def("n", rig.ipam.defaults())
+        .expect("def");
+    let why = rig
+        .ipam
+        .status("n", declared.as_ref())
+        .expect_err("status names the conflict");
+    assert!(why.contains("10.2.0.0/24"), "{why}");
+    let ipam = rig.reopen().expect("reopen");
+    let b = ipam.add(req("n", "b", "")).await.expect("add");
+    assert_eq!(ips(&b), vec![ip("10.2.0.2")]);
+}
+
+/// An address released from a retiring set goes back at once: it is not idle there, in memory
+/// or in the store.
+#[tokio::test]
+async fn a_retiring_set_keeps_no_idle_address() {
+    let rig = Rig::new("");
+    rig.ipam.add(req("n", "a", V4)).await.expect("add");
+    rig.ipam.add(req("n", "b", V4)).await.expect("add");
+    rig.ipam
+        .set_ranges("n", sets(&["10.2.0.0/24"]))
+        .await
+        .expect("set");
+    rig.ipam.del(&key("n", "a")).await.expect("del");
+    let pools = rig.ipam.pool_status(Some("n"));
+    assert_eq!((pools[1].in_use, pools[1].idle), (1, 0), "{pools:?}");
+    let snap = rig.store.load().expect("load");
+    assert!(snap.idle.is_empty(), "{:?}", snap.idle);
 }
