@@ -1,9 +1,14 @@
 //! The client against scripted daemons on a socket pair. The real daemon (tonic/hyper) is the
 //! other side in the server crate's tests, which exec the plugin for every verb and version.
 
+use super::conn::{Call, MAX_FRAME, STREAM};
+use super::frames::*;
+use super::reply::percent_decode;
 use super::*;
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::thread;
+use std::time::Duration;
 
 const METHOD: &str = "/ipool.v1.Cni/Add";
 

@@ -302,3 +302,38 @@ pub fn with_prev(conf: &str, prev: &Value) -> String {
     v["prevResult"] = prev.clone();
     v.to_string()
 }
+
+// --- for the Ops tests (ops_*.rs): ipoolctl's output, and a free port ---
+
+/// ipoolctl's exit code.
+pub fn code(o: &Output) -> i32 {
+    o.status.code().expect("ipoolctl exited")
+}
+
+/// ipoolctl's stdout as JSON; ipoolctl must have succeeded.
+pub fn json(o: &Output) -> Value {
+    assert!(o.status.success(), "ipoolctl failed: {o:?}");
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {o:?}"))
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The first address of an ADD, without its prefix length.
+pub fn ip_of(run: &Run) -> String {
+    run.addresses()[0]
+        .split('/')
+        .next()
+        .expect("ip")
+        .to_string()
+}
+
+/// A loopback TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}

@@ -1,0 +1,182 @@
+//! ipoolctl: look at and steer a running ipoold, over its Unix socket or TCP (`--addr`).
+//!
+//! Exit codes: 0 success; 1 ipoold refused the call; 2 ipoold could not be reached; 3 what was
+//! asked for does not exist; 4 not allowed (authentication); 64 bad usage.
+//!
+//! Layout: the arguments and `main` here; `connect` (socket or TCP, TLS, token), `run` (one
+//! subcommand and its exit code), `print` (tables and JSON).
+
+mod connect;
+mod print;
+mod run;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ipool_proto::v1 as pb;
+
+use run::run;
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Look at and steer a running ipoold")]
+struct Args {
+    /// The daemon's Unix socket.
+    #[arg(
+        long,
+        env = "IPOOL_SOCKET",
+        default_value = "/run/ipool/ipool.sock",
+        global = true
+    )]
+    socket: PathBuf,
+    /// Talk to ipoold's --ops-listen TCP address (HOST:PORT) instead of the socket.
+    #[arg(long, env = "IPOOL_ADDR", global = true)]
+    addr: Option<String>,
+    /// File holding the bearer token (ipoold's --ops-token-file), for mutating calls over TCP.
+    #[arg(long, env = "IPOOL_TOKEN_FILE", global = true)]
+    token_file: Option<PathBuf>,
+    /// CA certificate (PEM) that signed ipoold's TLS certificate: use TLS.
+    #[arg(long, global = true)]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    #[arg(long, global = true, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, global = true, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// TLS server name to expect (default: the host of --addr).
+    #[arg(long, global = true)]
+    tls_server_name: Option<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value = "table", global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Each pool's counts (per network and address family).
+    Status {
+        /// Only this network.
+        #[arg(long)]
+        network: Option<String>,
+    },
+    /// Live attachments and their addresses (filters combine).
+    List {
+        #[arg(long)]
+        network: Option<String>,
+        #[arg(long)]
+        namespace: Option<String>,
+        #[arg(long)]
+        pod: Option<String>,
+        #[arg(long)]
+        address: Option<String>,
+        #[arg(long)]
+        container: Option<String>,
+    },
+    /// One attachment, by container (and interface) or by address.
+    Get {
+        #[arg(long)]
+        network: String,
+        #[arg(long, conflicts_with = "address", required_unless_present = "address")]
+        container: Option<String>,
+        #[arg(long, default_value = "eth0")]
+        ifname: String,
+        #[arg(long)]
+        address: Option<String>,
+    },
+    /// Addresses kept for pods (sticky pods that are away, operator reservations).
+    Reservations {
+        #[arg(long)]
+        network: Option<String>,
+    },
+    /// Keep addresses for a namespace/pod name; its next ADD gets them.
+    Reserve {
+        #[arg(long)]
+        network: String,
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        pod: String,
+        /// Addresses to keep (one per range set); none: one of each range set.
+        #[arg(long = "address")]
+        addresses: Vec<String>,
+        /// How long, in seconds.
+        #[arg(long, default_value_t = 600)]
+        ttl: u64,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// End a reservation now (its addresses go idle, cooling).
+    Unreserve {
+        #[arg(long)]
+        network: String,
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        pod: String,
+    },
+    /// Force-release an attachment (as a DEL would; never kept for a sticky pod).
+    Release {
+        #[arg(long)]
+        network: String,
+        #[arg(long)]
+        container: String,
+        #[arg(long, default_value = "eth0")]
+        ifname: String,
+        /// Why (logged by ipoold). Required.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Stop new ADDs on a network (or on all); existing attachments keep working.
+    Drain {
+        #[arg(long)]
+        network: Option<String>,
+        /// Undrain instead.
+        #[arg(long)]
+        undo: bool,
+    },
+    /// Print allocation events as they happen, until interrupted.
+    Watch {
+        #[arg(long)]
+        network: Option<String>,
+    },
+}
+
+const EXIT_REFUSED: u8 = 1;
+const EXIT_UNREACHABLE: u8 = 2;
+const EXIT_NOT_FOUND: u8 = 3;
+const EXIT_NOT_ALLOWED: u8 = 4;
+const EXIT_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ipoolctl: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_REFUSED);
+        }
+    };
+    rt.block_on(run(args))
+}
+
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+}

@@ -1,0 +1,189 @@
+//! Output: each reply as an aligned table or as JSON (`--output`).
+
+use crate::{pb, Output};
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(header.iter().map(|s| s.to_string()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
+    if !r.store_error.is_empty() {
+        eprintln!(
+            "ipoold's store has failed: it serves no ADD or DEL until it is reopened (it retries by itself): {}",
+            r.store_error
+        );
+    }
+    if out == Output::Json {
+        let v: Vec<serde_json::Value> = r
+            .pools
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "network": p.network, "family": p.family, "ranges": p.ranges,
+                    "capacity": p.capacity, "inUse": p.in_use, "idle": p.idle,
+                    "cooling": p.cooling, "reserved": p.reserved, "drained": p.drained,
+                    "lastSourceError": p.last_source_error, "freeInSource": p.free_in_source,
+                    "minIdle": p.min_idle, "maxIdle": p.max_idle, "bucketTokens": p.bucket_tokens,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return;
+    }
+    let rows = r
+        .pools
+        .iter()
+        .map(|p| {
+            vec![
+                p.network.clone(),
+                format!("IPv{}", p.family),
+                p.ranges.join(","),
+                p.in_use.to_string(),
+                p.idle.to_string(),
+                p.cooling.to_string(),
+                p.reserved.to_string(),
+                p.capacity.to_string(),
+                p.free_in_source.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NETWORK", "FAMILY", "RANGES", "IN-USE", "IDLE", "COOLING", "RESERVED", "CAPACITY",
+            "FREE",
+        ],
+        rows,
+    );
+}
+
+pub(super) fn print_list(r: &pb::ListAllocationsResponse, out: Output) {
+    if out == Output::Json {
+        let v: Vec<serde_json::Value> = r
+            .allocations
+            .iter()
+            .map(|a| {
+                serde_json::json!({
+                    "network": a.network, "containerID": a.container_id, "ifname": a.ifname,
+                    "podNamespace": a.pod_namespace, "podName": a.pod_name, "podUID": a.pod_uid,
+                    "addresses": a.addresses, "netns": a.netns, "createdAtMs": a.created_at_ms,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return;
+    }
+    let rows = r
+        .allocations
+        .iter()
+        .map(|a| {
+            let pod = if a.pod_name.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{}/{}", a.pod_namespace, a.pod_name)
+            };
+            vec![
+                a.network.clone(),
+                a.addresses.join(","),
+                pod,
+                a.container_id.chars().take(12).collect(),
+                a.ifname.clone(),
+            ]
+        })
+        .collect();
+    table(
+        &["NETWORK", "ADDRESSES", "POD", "CONTAINER", "IFNAME"],
+        rows,
+    );
+}
+
+pub(super) fn print_reservations(rs: &[pb::Reservation], out: Output) {
+    if out == Output::Json {
+        let v: Vec<serde_json::Value> = rs
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "network": r.network, "namespace": r.namespace, "pod": r.name,
+                    "addresses": r.addresses, "createdAtMs": r.created_at_ms,
+                    "expiresAtMs": r.expires_at_ms, "reason": r.reason,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let rows = rs
+        .iter()
+        .map(|r| {
+            vec![
+                r.network.clone(),
+                format!("{}/{}", r.namespace, r.name),
+                r.addresses.join(","),
+                format!("{}s", r.expires_at_ms.saturating_sub(now) / 1000),
+                r.reason.clone(),
+            ]
+        })
+        .collect();
+    table(
+        &["NETWORK", "POD", "ADDRESSES", "EXPIRES-IN", "REASON"],
+        rows,
+    );
+}
+
+pub(super) fn print_event(e: &pb::Event, out: Output) {
+    let kind = pb::event::Kind::try_from(e.kind)
+        .map(|k| k.as_str_name().to_string())
+        .unwrap_or_else(|_| e.kind.to_string());
+    if out == Output::Json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "kind": kind, "atMs": e.at_ms, "network": e.network,
+                "containerID": e.container_id, "ifname": e.ifname, "namespace": e.namespace,
+                "pod": e.pod, "addresses": e.addresses, "reason": e.reason,
+            })
+        );
+        return;
+    }
+    let pod = if e.pod.is_empty() {
+        "-".to_string()
+    } else {
+        format!("{}/{}", e.namespace, e.pod)
+    };
+    let container = if e.container_id.is_empty() {
+        "-"
+    } else {
+        &e.container_id
+    };
+    println!(
+        "{}  {kind}  {}  {pod}  {container}  {}  {}",
+        e.at_ms,
+        if e.network.is_empty() {
+            "-"
+        } else {
+            &e.network
+        },
+        e.addresses.join(","),
+        e.reason
+    );
+}

@@ -1,0 +1,326 @@
+//! The Ops service: what operators call (pool status, allocations, reservations, release,
+//! drain, watch), each call checked against the listener's `Access`.
+
+use std::net::IpAddr;
+
+use ipool_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use super::{parse_ips, Access};
+use crate::error::Error;
+use crate::ipam::{Event, EventKind, Filter, Ipam};
+use crate::store::{AttachmentKey, AttachmentRecord, Reservation, ReservationKey};
+
+pub struct OpsService {
+    ipam: Ipam,
+    access: Access,
+}
+
+impl OpsService {
+    pub fn new(ipam: Ipam, access: Access) -> OpsService {
+        OpsService { ipam, access }
+    }
+}
+
+fn filter(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+fn owned(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+fn one_ip(s: &str, what: &str) -> Result<Option<IpAddr>, Error> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|_| Error::InvalidRequest(format!("{what} {s:?} is not an IP address")))
+}
+
+fn ifname_or_default(s: String) -> String {
+    if s.is_empty() {
+        "eth0".into()
+    } else {
+        s
+    }
+}
+
+fn allocation_pb(a: AttachmentRecord) -> pb::Allocation {
+    pb::Allocation {
+        network: a.key.network,
+        container_id: a.key.container_id,
+        ifname: a.key.ifname,
+        pod_namespace: a.pod.namespace,
+        pod_name: a.pod.name,
+        pod_uid: a.pod.uid,
+        addresses: a.addresses.iter().map(|i| i.to_string()).collect(),
+        netns: a.netns,
+        created_at_ms: a.created_at_ms,
+    }
+}
+
+fn reservation_pb(r: Reservation) -> pb::Reservation {
+    pb::Reservation {
+        network: r.key.network,
+        namespace: r.key.namespace,
+        name: r.key.name,
+        addresses: r.addresses.iter().map(|i| i.to_string()).collect(),
+        created_at_ms: r.created_at_ms,
+        expires_at_ms: r.expires_at_ms,
+        reason: r.reason,
+    }
+}
+
+fn event_pb(e: Event) -> pb::Event {
+    use pb::event::Kind;
+    let kind = match e.kind {
+        EventKind::Add => Kind::Add,
+        EventKind::Release => Kind::Release,
+        EventKind::Reserve => Kind::Reserve,
+        EventKind::Expire => Kind::Expire,
+        EventKind::Gc => Kind::Gc,
+    };
+    pb::Event {
+        kind: kind as i32,
+        at_ms: e.at_ms,
+        network: e.network,
+        container_id: e.container_id,
+        ifname: e.ifname,
+        namespace: e.namespace,
+        pod: e.pod,
+        addresses: e.addresses.iter().map(|i| i.to_string()).collect(),
+        reason: e.reason,
+    }
+}
+
+/// Page tokens are the last key of the previous page: network/container/ifname (none of the
+/// three may contain '/').
+fn page_token(k: &AttachmentKey) -> String {
+    format!("{}/{}/{}", k.network, k.container_id, k.ifname)
+}
+
+fn parse_page_token(t: &str) -> Result<Option<AttachmentKey>, Error> {
+    if t.is_empty() {
+        return Ok(None);
+    }
+    let mut parts = t.splitn(3, '/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(n), Some(c), Some(i)) => Ok(Some(AttachmentKey {
+            network: n.into(),
+            container_id: c.into(),
+            ifname: i.into(),
+        })),
+        _ => Err(Error::InvalidRequest(format!(
+            "page_token {t:?} is not one this daemon gave out"
+        ))),
+    }
+}
+
+type EventStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Event, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::ops_server::Ops for OpsService {
+    async fn pool_status(
+        &self,
+        req: Request<pb::PoolStatusRequest>,
+    ) -> Result<Response<pb::PoolStatusResponse>, Status> {
+        self.access.check(&req, "PoolStatus", false)?;
+        let r = req.into_inner();
+        let pools = self
+            .ipam
+            .pool_status(filter(&r.network))
+            .into_iter()
+            .map(|p| pb::FamilyPool {
+                network: p.network,
+                family: p.family.as_str().into(),
+                ranges: p.ranges.split(',').map(String::from).collect(),
+                capacity: p.capacity as u64,
+                in_use: p.in_use as u64,
+                idle: p.idle as u64,
+                cooling: p.cooling as u64,
+                reserved: p.reserved as u64,
+                drained: p.drained,
+                last_source_error: p
+                    .last_error
+                    .map(|(at, e)| format!("{e} (at {at} ms, ipoold's clock)"))
+                    .unwrap_or_default(),
+                free_in_source: u64::try_from(p.free_in_source).unwrap_or(u64::MAX),
+                min_idle: p.min_idle as u64,
+                max_idle: p.max_idle as u64,
+                bucket_tokens: p.bucket_tokens,
+            })
+            .collect();
+        let store_error = self
+            .ipam
+            .store_failure()
+            .map(|(ago, why)| format!("{why} ({} s ago)", ago.as_secs()))
+            .unwrap_or_default();
+        Ok(Response::new(pb::PoolStatusResponse { pools, store_error }))
+    }
+
+    async fn list_allocations(
+        &self,
+        req: Request<pb::ListAllocationsRequest>,
+    ) -> Result<Response<pb::ListAllocationsResponse>, Status> {
+        self.access.check(&req, "ListAllocations", false)?;
+        let r = req.into_inner();
+        let f = Filter {
+            address: one_ip(&r.address, "address")?,
+            after: parse_page_token(&r.page_token)?,
+            network: owned(r.network),
+            namespace: owned(r.namespace),
+            pod: owned(r.pod),
+            container_id: owned(r.container_id),
+            limit: r.page_size as usize,
+        };
+        let found = self.ipam.find(&f);
+        let next_page_token = match found.last() {
+            Some(last) if f.limit > 0 && found.len() == f.limit => page_token(&last.key),
+            _ => String::new(),
+        };
+        let allocations = found.into_iter().map(allocation_pb).collect();
+        Ok(Response::new(pb::ListAllocationsResponse {
+            allocations,
+            next_page_token,
+        }))
+    }
+
+    async fn get_allocation(
+        &self,
+        req: Request<pb::GetAllocationRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
+        self.access.check(&req, "GetAllocation", false)?;
+        let r = req.into_inner();
+        if r.network.is_empty() {
+            return Err(Error::InvalidRequest("network is required".into()).into());
+        }
+        let found = match (one_ip(&r.address, "address")?, r.container_id.is_empty()) {
+            (Some(ip), true) => self.ipam.holder_of(&r.network, ip).ok_or_else(|| {
+                Error::NotFound(format!("{ip} is not held in network {:?}", r.network))
+            })?,
+            (None, false) => {
+                let key = AttachmentKey {
+                    network: r.network,
+                    container_id: r.container_id,
+                    ifname: ifname_or_default(r.ifname),
+                };
+                self.ipam
+                    .get(&key)
+                    .ok_or_else(|| Error::NotFound(format!("no attachment {key}")))?
+            }
+            _ => {
+                return Err(Error::InvalidRequest(
+                    "give either container_id (and ifname) or address".into(),
+                )
+                .into())
+            }
+        };
+        Ok(Response::new(allocation_pb(found)))
+    }
+
+    async fn list_reservations(
+        &self,
+        req: Request<pb::ListReservationsRequest>,
+    ) -> Result<Response<pb::ListReservationsResponse>, Status> {
+        self.access.check(&req, "ListReservations", false)?;
+        let r = req.into_inner();
+        let reservations = self
+            .ipam
+            .reservations(filter(&r.network))
+            .into_iter()
+            .map(reservation_pb)
+            .collect();
+        Ok(Response::new(pb::ListReservationsResponse { reservations }))
+    }
+
+    async fn reserve(
+        &self,
+        req: Request<pb::ReserveRequest>,
+    ) -> Result<Response<pb::Reservation>, Status> {
+        self.access.check(&req, "Reserve", true)?;
+        let r = req.into_inner();
+        let key = ReservationKey {
+            network: r.network,
+            namespace: r.namespace,
+            name: r.name,
+        };
+        let reason = if r.reason.is_empty() {
+            "no reason given".to_string()
+        } else {
+            r.reason
+        };
+        let res = self
+            .ipam
+            .reserve(key, parse_ips(&r.addresses)?, r.ttl_secs, &reason)
+            .await
+            .inspect_err(|e| tracing::warn!(op = "Reserve", error = %e, outcome = "error"))?;
+        Ok(Response::new(reservation_pb(res)))
+    }
+
+    async fn unreserve(
+        &self,
+        req: Request<pb::UnreserveRequest>,
+    ) -> Result<Response<pb::Reservation>, Status> {
+        self.access.check(&req, "Unreserve", true)?;
+        let r = req.into_inner();
+        let key = ReservationKey {
+            network: r.network,
+            namespace: r.namespace,
+            name: r.name,
+        };
+        let res = self.ipam.cancel_reservation(&key).await?;
+        Ok(Response::new(reservation_pb(res)))
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        self.access.check(&req, "Release", true)?;
+        let r = req.into_inner();
+        let key = AttachmentKey {
+            network: r.network,
+            container_id: r.container_id,
+            ifname: ifname_or_default(r.ifname),
+        };
+        let released = self.ipam.force_release(&key, &r.reason).await?;
+        Ok(Response::new(pb::ReleaseResponse {
+            released: released.addresses.iter().map(|i| i.to_string()).collect(),
+        }))
+    }
+
+    async fn drain(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainResponse>, Status> {
+        self.access.check(&req, "Drain", true)?;
+        let r = req.into_inner();
+        let drained = self.ipam.drain(filter(&r.network), r.drain).await?;
+        Ok(Response::new(pb::DrainResponse { drained }))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        use tokio_stream::wrappers::{errors::BroadcastStreamRecvError, BroadcastStream};
+        use tokio_stream::StreamExt;
+        self.access.check(&req, "Watch", false)?;
+        let network = req.into_inner().network;
+        let stream = BroadcastStream::new(self.ipam.watch()).filter_map(move |item| match item {
+            Ok(e) if network.is_empty() || e.network == network => Some(Ok(event_pb(e))),
+            Ok(_) => None,
+            Err(BroadcastStreamRecvError::Lagged(n)) => Some(Ok(pb::Event {
+                kind: pb::event::Kind::Lagged as i32,
+                reason: format!("{n} events missed: this watcher fell behind"),
+                ..Default::default()
+            })),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

@@ -1,0 +1,239 @@
+//! The operators' side through a real daemon, on the Unix socket: every Ops call via ipoolctl
+//! (list, get, reserve, unreserve, release, drain, exit codes) and the watch stream.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const SUBNET: &str = r#""subnet":"10.61.0.0/24""#;
+
+#[test]
+fn every_ops_call_through_ipoolctl_on_the_socket() {
+    let mut d = Daemon::start();
+    let conf = d.conf("1.0.0", "ops", SUBNET);
+    let (a, b) = (cni("ADD", "pod-a", &conf), cni("ADD", "pod-b", &conf));
+    assert!(a.ok && b.ok, "{a:?} {b:?}");
+
+    // list: filters combine; table and JSON.
+    let all = json(&d.ctl(&["list", "-o", "json"]));
+    assert_eq!(all.as_array().map(Vec::len), Some(2));
+    let by_pod = json(&d.ctl(&["list", "--pod", "pod-b", "-o", "json"]));
+    assert_eq!(by_pod[0]["containerID"], "pod-b");
+    assert_eq!(by_pod.as_array().map(Vec::len), Some(1));
+    let by_ip = json(&d.ctl(&["list", "--address", &ip_of(&a), "-o", "json"]));
+    assert_eq!(by_ip[0]["containerID"], "pod-a");
+    let none = json(&d.ctl(&["list", "--namespace", "elsewhere", "-o", "json"]));
+    assert_eq!(none, serde_json::json!([]));
+    let table = String::from_utf8(d.ctl(&["list"]).stdout).expect("utf8");
+    assert!(
+        table.starts_with("NETWORK") && table.contains("test/pod-a"),
+        "{table}"
+    );
+
+    // get: by container or by address; unknown is exit 3.
+    let g = json(&d.ctl(&[
+        "get",
+        "--network",
+        "ops",
+        "--container",
+        "pod-a",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(g[0]["addresses"][0], ip_of(&a));
+    let g = json(&d.ctl(&[
+        "get",
+        "--network",
+        "ops",
+        "--address",
+        &ip_of(&b),
+        "-o",
+        "json",
+    ]));
+    assert_eq!(g[0]["containerID"], "pod-b");
+    let missing = d.ctl(&["get", "--network", "ops", "--container", "nope"]);
+    assert_eq!(code(&missing), 3, "{missing:?}");
+    assert!(stderr(&missing).contains("no attachment ops/nope/eth0"));
+
+    // reserve a named address for a pod; its ADD gets it; nobody else does.
+    let r = json(&d.ctl(&[
+        "reserve",
+        "--network",
+        "ops",
+        "--namespace",
+        "test",
+        "--pod",
+        "pod-c",
+        "--address",
+        "10.61.0.200",
+        "--ttl",
+        "300",
+        "--reason",
+        "migration",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(r[0]["addresses"][0], "10.61.0.200");
+    assert!(r[0]["reason"]
+        .as_str()
+        .expect("reason")
+        .contains("migration"));
+    let again = d.ctl(&[
+        "reserve",
+        "--network",
+        "ops",
+        "--namespace",
+        "test",
+        "--pod",
+        "pod-c",
+    ]);
+    assert_eq!(code(&again), 1, "{again:?}");
+    assert!(
+        stderr(&again).contains("already has a reservation"),
+        "{again:?}"
+    );
+    let status = json(&d.ctl(&["status", "-o", "json"]));
+    assert_eq!(status[0]["reserved"], 1);
+    let c = cni("ADD", "pod-c", &conf);
+    assert_eq!(ip_of(&c), "10.61.0.200");
+    assert_eq!(
+        json(&d.ctl(&["reservations", "-o", "json"])),
+        serde_json::json!([])
+    );
+
+    // reserve without an address, then unreserve: exit 0, then 3.
+    let r = json(&d.ctl(&[
+        "reserve",
+        "--network",
+        "ops",
+        "--namespace",
+        "test",
+        "--pod",
+        "pod-d",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(r[0]["addresses"].as_array().map(Vec::len), Some(1));
+    let listed = json(&d.ctl(&["reservations", "--network", "ops", "-o", "json"]));
+    assert_eq!(listed[0]["pod"], "pod-d");
+    let unreserve = || {
+        d.ctl(&[
+            "unreserve",
+            "--network",
+            "ops",
+            "--namespace",
+            "test",
+            "--pod",
+            "pod-d",
+        ])
+    };
+    let un = unreserve();
+    assert!(un.status.success(), "{un:?}");
+    let un = unreserve();
+    assert_eq!(code(&un), 3, "{un:?}");
+
+    // release: needs a reason (usage error 64 without), logs it, frees the address.
+    let no_reason = d.ctl(&["release", "--network", "ops", "--container", "pod-b"]);
+    assert_eq!(code(&no_reason), 64, "{no_reason:?}");
+    let rel = json(&d.ctl(&[
+        "release",
+        "--network",
+        "ops",
+        "--container",
+        "pod-b",
+        "--reason",
+        "node repair",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(rel["released"][0], ip_of(&b));
+    d.wait_log(&["node repair", "pod-b"]);
+    let gone = d.ctl(&["get", "--network", "ops", "--container", "pod-b"]);
+    assert_eq!(code(&gone), 3);
+
+    // drain: no new ADDs (retryable error 11 naming the way out); existing ones keep working.
+    let dr = json(&d.ctl(&["drain", "--network", "ops", "-o", "json"]));
+    assert_eq!(dr["drained"], serde_json::json!(["ops"]));
+    let refused = cni("ADD", "pod-e", &conf);
+    assert_eq!(refused.code(), 11, "{refused:?}");
+    assert!(refused.stdout.contains("drained"), "{refused:?}");
+    let same = cni("ADD", "pod-a", &conf);
+    assert!(
+        same.ok,
+        "an existing attachment's ADD still answers: {same:?}"
+    );
+    assert!(cni("CHECK", "pod-a", &with_prev(&conf, &a.json)).ok);
+    let status = json(&d.ctl(&["status", "-o", "json"]));
+    assert_eq!(status[0]["drained"], true);
+    // It survives a restart.
+    assert!(d.terminate().success());
+    d.spawn();
+    assert_eq!(cni("ADD", "pod-e", &conf).code(), 11);
+    let undo = json(&d.ctl(&["drain", "--network", "ops", "--undo", "-o", "json"]));
+    assert_eq!(undo["drained"], serde_json::json!([]));
+    assert!(cni("ADD", "pod-e", &conf).ok);
+    assert!(cni("DEL", "pod-a", &conf).ok);
+
+    // Bad usage and an unknown network are distinct exit codes.
+    assert_eq!(code(&d.ctl(&["status", "--bogus"])), 64);
+    assert_eq!(code(&d.ctl(&["drain", "--network", "nope"])), 3);
+}
+
+#[test]
+fn watch_streams_allocation_events() {
+    let d = Daemon::with_config(NO_GC_GRACE);
+    let conf = d.conf("1.0.0", "watched", SUBNET);
+    let mut watcher = Command::new(ipoolctl_bin())
+        .args(["--socket"])
+        .arg(&d.socket)
+        .args(["watch", "--network", "watched", "-o", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ipoolctl watch");
+    // Give the stream a moment to be registered before the events happen.
+    std::thread::sleep(Duration::from_millis(300));
+    let a = cni("ADD", "w-1", &conf);
+    assert!(a.ok, "{a:?}");
+    assert!(cni("DEL", "w-1", &conf).ok);
+    let other = d.conf("1.0.0", "unwatched", r#""subnet":"10.62.0.0/24""#);
+    assert!(cni("ADD", "w-2", &other).ok);
+    let w3 = cni("ADD", "w-3", &conf);
+    assert!(w3.ok, "{w3:?}");
+    let mut gc_conf: Value =
+        serde_json::from_str(&d.conf("1.1.0", "watched", SUBNET)).expect("json");
+    gc_conf["cni.dev/valid-attachments"] = serde_json::json!([]);
+    let gc = plugin(
+        &[("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
+        &gc_conf.to_string(),
+    );
+    assert!(gc.ok, "{gc:?}");
+
+    let mut lines = BufReader::new(watcher.stdout.take().expect("stdout")).lines();
+    let mut events: Vec<Value> = Vec::new();
+    while events.len() < 4 {
+        let line = lines.next().expect("an event").expect("read");
+        events.push(serde_json::from_str(&line).expect("event json"));
+    }
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["kind"].as_str().expect("kind"))
+        .collect();
+    assert_eq!(kinds, vec!["ADD", "RELEASE", "ADD", "GC"], "{events:?}");
+    assert_eq!(events[0]["containerID"], "w-1");
+    assert_eq!(events[0]["pod"], "w-1");
+    assert_eq!(events[0]["addresses"][0], ip_of(&a));
+    assert_eq!(events[1]["reason"], "CNI DEL");
+    assert_eq!(events[3]["containerID"], "w-3");
+    assert!(
+        events.iter().all(|e| e["network"] == "watched"),
+        "{events:?}"
+    );
+}
