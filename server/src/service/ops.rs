@@ -143,6 +143,7 @@ impl pb::ops_server::Ops for OpsService {
                 cooling: p.cooling as u64,
                 reserved: p.reserved as u64,
                 drained: p.drained,
+                retiring: p.retiring,
                 last_source_error: p
                     .last_error
                     .map(|(at, e)| format!("{e} (at {at} ms, ipoold's clock)"))

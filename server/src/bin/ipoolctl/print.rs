@@ -39,6 +39,7 @@ pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
                     "network": p.network, "family": p.family, "ranges": p.ranges,
                     "capacity": p.capacity, "inUse": p.in_use, "idle": p.idle,
                     "cooling": p.cooling, "reserved": p.reserved, "drained": p.drained,
+                    "retiring": p.retiring,
                     "lastSourceError": p.last_source_error, "freeInSource": p.free_in_source,
                     "minIdle": p.min_idle, "maxIdle": p.max_idle, "bucketTokens": p.bucket_tokens,
                 })
@@ -54,7 +55,10 @@ pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
             vec![
                 p.network.clone(),
                 format!("IPv{}", p.family),
-                p.ranges.join(","),
+                match p.retiring {
+                    true => format!("{} (retiring)", p.ranges.join(",")),
+                    false => p.ranges.join(","),
+                },
                 p.in_use.to_string(),
                 p.idle.to_string(),
                 p.cooling.to_string(),
