@@ -22,6 +22,7 @@
 //! - [`service`]: the tonic services (`Cni`, `Ops`).
 //! - [`exporter`]: the Prometheus `/metrics` endpoint.
 //! - [`server`]: the Unix socket and `run(listener, ipam, shutdown)`.
+//! - [`tcp_guard`]: the TCP Ops listener's cap on connections and its idle timeout.
 //! - [`logbuf`]: log lines that wait for the runtime's thread to go idle.
 #![forbid(unsafe_code)]
 
@@ -39,3 +40,4 @@ pub mod server;
 pub mod service;
 pub mod source;
 pub mod store;
+pub mod tcp_guard;

@@ -9,13 +9,14 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::ipam::{spawn_maintenance, Ipam};
 use crate::service::{Access, CniServer, CniService, OpsServer, OpsService};
+use crate::tcp_guard;
 
 /// Longest a single call may run on the server (a client usually gives up sooner).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -170,6 +171,8 @@ pub async fn serve(
             b = b.tls_config(tls)?;
         }
         b.timeout(CALL_TIMEOUT)
+            .http2_keepalive_interval(Some(tcp_guard::PING_EVERY))
+            .http2_keepalive_timeout(Some(tcp_guard::IDLE))
             .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
             .add_service(
                 OpsServer::new(OpsService::new(
@@ -183,7 +186,10 @@ pub async fn serve(
             )
             .add_service(health)
             .add_service(reflection)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(t.listener), stopped(stop_rx))
+            .serve_with_incoming_shutdown(
+                tcp_guard::incoming(t.listener, tcp_guard::MAX_TCP_CONNECTIONS, tcp_guard::IDLE),
+                stopped(stop_rx),
+            )
             .await
     };
     let metrics = async {

@@ -35,7 +35,11 @@ pub struct Guarded {
 
 /// The listener's connections, at most `max` at once, each closed after `idle` without a read.
 /// The accepting task ends when the server drops the stream.
-pub fn incoming(listener: TcpListener, max: usize, idle: Duration) -> ReceiverStream<io::Result<Guarded>> {
+pub fn incoming(
+    listener: TcpListener,
+    max: usize,
+    idle: Duration,
+) -> ReceiverStream<io::Result<Guarded>> {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
         let slots = Arc::new(Semaphore::new(max));

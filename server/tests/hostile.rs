@@ -87,3 +87,93 @@ fn a_token_without_tls_beyond_loopback_is_refused() {
     let mut ok = Daemon::prepare(&["--ops-listen", "127.0.0.1:0", "--ops-token-file", &token]);
     ok.spawn();
 }
+
+/// Open descriptors of process `pid`.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/pid/fd")
+        .count()
+}
+
+/// An unprivileged flood of idle TCP connections: the daemon holds at most 256 of them, closes
+/// the ones that send nothing, keeps its open-file limit at the hard one, and the Unix socket
+/// serves ADDs throughout.
+#[test]
+fn idle_tcp_connections_are_capped_and_closed_while_the_socket_serves() {
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = Daemon::start_with(&["--ops-listen", &addr]);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).expect("limits");
+    let files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files");
+    let v: Vec<&str> = files.split_whitespace().collect();
+    assert_eq!(v[3], v[4], "soft limit raised to the hard one: {files}");
+
+    let before = open_fds(d.pid());
+    let mut flood = Vec::new();
+    // 300: past the cap, within the cap and the listen backlog (128), so that no connect
+    // waits for the kernel to retry its SYN.
+    for _ in 0..300 {
+        flood.push(std::net::TcpStream::connect(&addr).expect("connect"));
+    }
+    // The daemon takes them in until it holds 256 (give it 10 s), and then no more. (Its other
+    // descriptors may move by one or two meanwhile.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while open_fds(d.pid()).saturating_sub(before) < 250 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let held = open_fds(d.pid()).saturating_sub(before);
+    assert!(
+        (250..=258).contains(&held),
+        "the daemon holds {held} TCP connections"
+    );
+
+    let run = common::plugin(
+        &[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "flooded"),
+            ("CNI_NETNS", "/var/run/netns/flooded"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin"),
+        ],
+        &d.conf("1.0.0", "net", r#""subnet": "10.78.0.0/24""#),
+    );
+    assert!(
+        run.ok,
+        "the CNI path answers during the flood: {}",
+        run.stdout
+    );
+
+    // Connections that send nothing are closed (after 20 s without a byte).
+    let first = &mut flood[0];
+    first
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .expect("timeout");
+    let mut buf = [0u8; 64];
+    let started = std::time::Instant::now();
+    let closed = loop {
+        match std::io::Read::read(first, &mut buf) {
+            Ok(0) | Err(_) => break true,
+            Ok(_) => {} // the server's SETTINGS or GOAWAY
+        }
+        if started.elapsed() > std::time::Duration::from_secs(59) {
+            break false;
+        }
+    };
+    assert!(closed, "an idle connection stays open");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(59),
+        "closed only by the test's own timeout"
+    );
+    // The slots come free for the ones waiting in the backlog, and then for new clients.
+    drop(flood);
+    let out = d.ctl(&["--addr", &addr, "status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

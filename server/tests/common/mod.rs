@@ -138,6 +138,11 @@ impl Daemon {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
+    /// The running ipoold's process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().expect("kill -9");
