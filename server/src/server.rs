@@ -22,8 +22,9 @@ use crate::tcp_guard;
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Binds the daemon's socket: creates its directory, refuses to take over the socket of a
-/// daemon that still answers, removes a stale one, and makes it owner-only (0600).
-pub fn bind_socket(path: &Path) -> io::Result<UnixListener> {
+/// daemon that still answers, removes a stale one, and makes it owner-only (0600), or with
+/// `group` that group's too (0660).
+pub fn bind_socket(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() && !dir.exists() {
             // 0755 whatever the umask (ipoold's is 077): the socket itself is owner-only.
@@ -57,7 +58,11 @@ pub fn bind_socket(path: &Path) -> io::Result<UnixListener> {
         Err(e) => return Err(e),
     }
     let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+    }
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(listener)
 }
 
@@ -71,8 +76,11 @@ pub struct Listeners {
     /// The Unix socket: `Cni`, `Ops` (everything allowed: the socket is root-only), health,
     /// reflection.
     pub socket: UnixListener,
-    /// Besides root, the uid allowed on the CNI service (the daemon's own).
+    /// Besides root, the uid allowed on the CNI service and mutating Ops calls (the daemon's
+    /// own).
     pub own_uid: Option<u32>,
+    /// `--socket-group`: the socket's group (mode 0660), allowed mutating Ops calls.
+    pub group: Option<u32>,
     /// `--ops-listen`: `Ops`, health and reflection over TCP.
     pub ops_tcp: Option<OpsTcp>,
     /// `--metrics-listen`: Prometheus `/metrics` over HTTP.
@@ -99,6 +107,7 @@ pub async fn run(
         Listeners {
             socket: listener,
             own_uid: None,
+            group: None,
             ops_tcp: None,
             metrics: None,
         },
@@ -156,8 +165,14 @@ pub async fn serve(
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            OpsServer::new(OpsService::new(ipam.clone(), Access::Local))
-                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            OpsServer::new(OpsService::new(
+                ipam.clone(),
+                Access::Local {
+                    own_uid: l.own_uid,
+                    group: l.group,
+                },
+            ))
+            .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(health.clone())
         .add_service(reflection.clone())

@@ -177,3 +177,46 @@ fn idle_tcp_connections_are_capped_and_closed_while_the_socket_serves() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// ipoolctl as uid/gid 65534 on this daemon's socket.
+fn ctl_as_nobody(d: &Daemon, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::ipoolctl_bin())
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(args)
+        .output()
+        .expect("setpriv ipoolctl")
+}
+
+/// A socket whose mode was loosened lets anyone read, but only root, ipoold's uid or the
+/// `--socket-group` release, reserve or drain.
+#[test]
+fn mutating_ops_calls_on_the_socket_need_root_or_the_socket_group() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root to run ipoolctl as another user");
+        return;
+    }
+    let d = Daemon::start();
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let read = ctl_as_nobody(&d, &["status"]);
+    assert!(read.status.success(), "{read:?}");
+    let drain = ctl_as_nobody(&d, &["drain"]);
+    assert!(!drain.status.success(), "{drain:?}");
+    let err = String::from_utf8_lossy(&drain.stderr);
+    assert!(err.contains("uid 65534") && err.contains("root"), "{err}");
+    // Nothing was drained.
+    let status = d.ctl(&["status", "-o", "json"]);
+    assert!(status.status.success());
+    let ok = ctl_as_nobody(&d, &["drain", "--undo"]);
+    assert!(!ok.status.success(), "undrain is a change too: {ok:?}");
+
+    // The operators' group may.
+    let g = Daemon::start_with(&["--socket-group", "65534"]);
+    let meta = std::fs::metadata(&g.socket).expect("socket");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((meta.mode() & 0o777, meta.gid()), (0o660, 65534));
+    let drain = ctl_as_nobody(&g, &["drain"]);
+    assert!(drain.status.success(), "{drain:?}");
+}

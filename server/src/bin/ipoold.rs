@@ -24,6 +24,11 @@ struct Args {
     /// Unix socket the CNI plugin and ipoolctl talk to.
     #[arg(long, env = "IPOOL_SOCKET", default_value = "/run/ipool/ipool.sock")]
     socket: PathBuf,
+    /// Group (numeric gid) that may use the socket besides root: the socket becomes 0660 and
+    /// owned by it, and its members may call the Ops API's mutating calls (reserve, release,
+    /// drain); the CNI service stays root's.
+    #[arg(long, env = "IPOOL_SOCKET_GROUP")]
+    socket_group: Option<u32>,
     /// Directory of the state database (sled).
     #[arg(long, env = "IPOOL_STATE_DIR", default_value = "/var/lib/ipool")]
     state_dir: PathBuf,
@@ -241,7 +246,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     };
     // Before the socket answers: a SIGTERM from then on is a clean stop.
     let shutdown = shutdown_signal();
-    let listener = bind_socket(&args.socket)
+    let listener = bind_socket(&args.socket, args.socket_group)
         .with_context(|| format!("binding socket {}", args.socket.display()))?;
     let own_uid = {
         use std::os::unix::fs::MetadataExt;
@@ -251,6 +256,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     let listeners = Listeners {
         socket: listener,
         own_uid,
+        group: args.socket_group,
         ops_tcp,
         metrics,
     };

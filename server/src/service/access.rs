@@ -8,8 +8,14 @@ use tonic::{Request, Status};
 /// Who may call what on a listener.
 #[derive(Clone, Debug)]
 pub enum Access {
-    /// The Unix socket: only root can connect (0600); every call is allowed.
-    Local,
+    /// The Unix socket (0600, or 0660 with `--socket-group`): read-only calls are open to
+    /// whoever can connect; mutating calls need uid 0, ipoold's own uid or, when given, the
+    /// group's gid, by the socket's peer credentials (a socket whose mode was loosened does not
+    /// let anyone release or drain).
+    Local {
+        own_uid: Option<u32>,
+        group: Option<u32>,
+    },
     /// TCP. Read-only calls from loopback are open; everything else needs the bearer token, or
     /// a client certificate (with mTLS every connection has one, checked by the TLS layer).
     Tcp { token: Option<Arc<str>>, mtls: bool },
@@ -22,8 +28,14 @@ impl Access {
         call: &str,
         mutating: bool,
     ) -> Result<(), Status> {
-        let Access::Tcp { token, mtls } = self else {
-            return Ok(());
+        let (token, mtls) = match self {
+            Access::Local { own_uid, group } => {
+                return match mutating {
+                    true => check_local(req, call, *own_uid, *group),
+                    false => Ok(()),
+                }
+            }
+            Access::Tcp { token, mtls } => (token, mtls),
         };
         if *mtls {
             return Ok(());
@@ -52,6 +64,40 @@ impl Access {
             ))),
         }
     }
+}
+
+/// A mutating call on the Unix socket: root, ipoold's own uid, or the socket's group.
+fn check_local<T>(
+    req: &Request<T>,
+    call: &str,
+    own_uid: Option<u32>,
+    group: Option<u32>,
+) -> Result<(), Status> {
+    let cred = req
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|i| i.peer_cred);
+    let Some(c) = cred else {
+        return Err(Status::permission_denied(format!(
+            "{call}: the caller's credentials are unknown, and mutating calls need them"
+        )));
+    };
+    if c.uid() == 0 || Some(c.uid()) == own_uid || (group.is_some() && Some(c.gid()) == group) {
+        return Ok(());
+    }
+    let mut allowed = vec!["uid 0 (root)".to_string()];
+    allowed.extend(
+        own_uid
+            .filter(|u| *u != 0)
+            .map(|u| format!("ipoold's uid {u}")),
+    );
+    allowed.extend(group.map(|g| format!("gid {g} (--socket-group)")));
+    Err(Status::permission_denied(format!(
+        "{call} changes ipoold's state and needs {}; this caller runs as uid {} gid {}",
+        allowed.join(" or "),
+        c.uid(),
+        c.gid()
+    )))
 }
 
 /// Compares without stopping at the first difference.
