@@ -220,3 +220,24 @@ fn mutating_ops_calls_on_the_socket_need_root_or_the_socket_group() {
     let drain = ctl_as_nobody(&g, &["drain"]);
     assert!(drain.status.success(), "{drain:?}");
 }
+
+/// `ipoolctl ... | head`: the reader going away ends ipoolctl quietly, never with a panic.
+#[test]
+fn ipoolctl_into_a_closed_pipe_ends_quietly() {
+    let d = Daemon::start();
+    let err = d.dir.path().join("ctl.err");
+    for cmd in ["status", "list", "reservations"] {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#""$0" --socket "$1" "$2" 2>"$3" | true"#)
+            .arg(common::ipoolctl_bin())
+            .arg(&d.socket)
+            .arg(cmd)
+            .arg(&err)
+            .output()
+            .expect("sh");
+        assert!(out.status.success(), "{out:?}");
+        let stderr = std::fs::read_to_string(&err).expect("stderr");
+        assert!(!stderr.contains("panicked"), "{cmd}: {stderr}");
+    }
+}

@@ -155,7 +155,19 @@ const EXIT_NOT_FOUND: u8 = 3;
 const EXIT_NOT_ALLOWED: u8 = 4;
 const EXIT_USAGE: u8 = 64;
 
+/// `ipoolctl list | head`: when the reader goes, ipoolctl ends quietly (SIGPIPE, as `cat` and
+/// `ls` do) instead of panicking in `println!`. Rust starts programs with SIGPIPE ignored.
+#[allow(unsafe_code)]
+fn quiet_on_broken_pipe() {
+    // SAFETY: called first thing in main, before any thread is started; signal(2) with
+    // SIG_DFL installs no handler code of ours.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {

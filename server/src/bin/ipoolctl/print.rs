@@ -3,24 +3,34 @@
 use crate::{pb, Output};
 
 fn table(header: &[&str], rows: Vec<Vec<String>>) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    print!("{}", render(header, rows));
+}
+
+/// The table's text: columns padded to their widest cell, however wide (`format!`'s own
+/// padding panics past 65 535).
+fn render(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let width = |c: &str| c.chars().count();
+    let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.len());
+            *w = (*w).max(width(c));
         }
     }
-    let line = |cells: Vec<String>| {
-        let parts: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("{}", parts.join("  ").trim_end());
+    let mut out = String::new();
+    let mut line = |cells: Vec<String>| {
+        let mut l = String::new();
+        for (c, w) in cells.iter().zip(&widths) {
+            l.push_str(c);
+            l.extend(std::iter::repeat_n(' ', w.saturating_sub(width(c)) + 2));
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
     };
     line(header.iter().map(|s| s.to_string()).collect());
     for r in rows {
         line(r);
     }
+    out
 }
 
 pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
@@ -190,4 +200,21 @@ pub(super) fn print_event(e: &pb::Event, out: Output) {
         e.addresses.join(","),
         e.reason
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+
+    #[test]
+    fn any_width_renders() {
+        let long = "n".repeat(70_000);
+        let out = render(&["NETWORK", "IN-USE"], vec![vec![long.clone(), "1".into()]]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[1], format!("{long}  1"));
+        assert!(lines[0].starts_with("NETWORK ") && lines[0].ends_with("  IN-USE"));
+        assert_eq!(lines[0].len(), 70_000 + 2 + 6);
+        let short = render(&["A", "B"], vec![vec!["é".into(), "x".into()]]);
+        assert_eq!(short, "A  B\né  x\n");
+    }
 }
