@@ -188,6 +188,7 @@ pub async fn serve(
         b.timeout(CALL_TIMEOUT)
             .http2_keepalive_interval(Some(tcp_guard::PING_EVERY))
             .http2_keepalive_timeout(Some(tcp_guard::IDLE))
+            .max_concurrent_streams(Some(tcp_guard::MAX_STREAMS))
             .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
             .add_service(
                 OpsServer::new(OpsService::new(

@@ -5,6 +5,7 @@
 //! - `cni`: `CniService` and its peer-uid check.
 //! - `ops`: `OpsService`.
 //! - `access`: `Access`, who may call what on an Ops listener.
+//! - `limits`: how many Ops reads and watchers run at once, per listener and per TCP peer.
 
 use std::net::IpAddr;
 
@@ -15,6 +16,7 @@ use crate::store::AttachmentKey;
 
 mod access;
 mod cni;
+mod limits;
 mod ops;
 
 pub use access::Access;

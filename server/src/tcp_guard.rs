@@ -22,6 +22,8 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// Most TCP Ops connections served at once.
 pub const MAX_TCP_CONNECTIONS: usize = 256;
+/// Calls (HTTP/2 streams) one TCP connection may have open at once.
+pub const MAX_STREAMS: u32 = 32;
 /// A connection that sends nothing for this long is closed.
 pub const IDLE: Duration = Duration::from_secs(20);
 /// How often the server pings each HTTP/2 connection (a client answers each ping).

@@ -241,3 +241,60 @@ fn ipoolctl_into_a_closed_pipe_ends_quietly() {
         assert!(!stderr.contains("panicked"), "{cmd}: {stderr}");
     }
 }
+
+/// Unread Watch streams are bounded: one peer address may hold 8 over TCP; the 9th is refused
+/// at once, naming the limit, and the CNI path serves throughout.
+#[test]
+fn watch_streams_over_tcp_are_bounded_per_peer() {
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = Daemon::start_with(&["--ops-listen", &addr]);
+    let watch = || {
+        std::process::Command::new(common::ipoolctl_bin())
+            .args(["--addr", &addr, "watch"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("ipoolctl watch")
+    };
+    let mut held: Vec<_> = (0..8).map(|_| watch()).collect();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    for w in &mut held {
+        assert!(
+            w.try_wait().expect("wait").is_none(),
+            "a watcher ended early"
+        );
+    }
+    let mut ninth = watch();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = ninth.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = ninth.kill();
+            panic!("a 9th Watch stream from one address was served");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut ninth.stderr.take().expect("stderr"), &mut err)
+        .expect("read");
+    assert!(err.contains("Watch streams"), "{err}");
+    let run = common::plugin(
+        &[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "watched"),
+            ("CNI_NETNS", "/var/run/netns/watched"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin"),
+        ],
+        &d.conf("1.0.0", "net", r#""subnet": "10.79.0.0/24""#),
+    );
+    assert!(run.ok, "{}", run.stdout);
+    for mut w in held {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+}

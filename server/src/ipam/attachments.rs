@@ -117,6 +117,13 @@ impl<'a> Attachment<'a> {
         }
     }
 
+    /// Orders two attachments as their keys order ([`Attachment::cmp_key`]): the key text's
+    /// parts are names without NUL, so comparing the texts compares (network, container ID,
+    /// ifname).
+    pub(super) fn cmp_by_key(&self, other: &Attachment<'_>) -> Ordering {
+        self.key_str().cmp(other.key_str())
+    }
+
     /// Orders like [`AttachmentKey`]'s `Ord` (network, container ID, ifname).
     pub(super) fn cmp_key(&self, k: &AttachmentKey) -> Ordering {
         (self.network(), self.container_id(), self.ifname()).cmp(&(

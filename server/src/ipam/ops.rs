@@ -14,6 +14,29 @@ use crate::store::Change;
 /// The drain entry that covers every network.
 pub const ALL_NETWORKS: &str = "*";
 
+/// An attachment ordered by its key (a max-heap of them keeps the smallest).
+struct ByKey<'a>(Attachment<'a>);
+
+impl PartialEq for ByKey<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for ByKey<'_> {}
+
+impl PartialOrd for ByKey<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByKey<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp_by_key(&other.0)
+    }
+}
+
 /// Filters of `find`; empty fields match everything.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
@@ -41,20 +64,26 @@ impl Filter {
 }
 
 impl Ipam {
-    /// Attachments matching `f`, in key order.
+    /// Attachments matching `f`, in key order. With a limit, the work under the lock is one
+    /// pass that keeps the `limit` first matches (a heap), and only those are copied: a page
+    /// of a large node costs the ADDs waiting for the lock little.
     pub fn find(&self, f: &Filter) -> Vec<AttachmentRecord> {
         let st = self.lock();
-        let mut v: Vec<AttachmentRecord> = st
-            .attachments
-            .iter()
-            .filter(|r| f.matches(r))
-            .map(|r| r.to_record())
-            .collect();
-        v.sort_by(|a, b| a.key.cmp(&b.key));
-        if f.limit > 0 {
-            v.truncate(f.limit);
-        }
-        v
+        let matching = st.attachments.iter().filter(|r| f.matches(r));
+        let mut v: Vec<Attachment<'_>> = if f.limit == 0 {
+            matching.collect()
+        } else {
+            let mut first = std::collections::BinaryHeap::with_capacity(f.limit + 1);
+            for r in matching {
+                first.push(ByKey(r));
+                if first.len() > f.limit {
+                    first.pop();
+                }
+            }
+            first.into_iter().map(|k| k.0).collect()
+        };
+        v.sort_by(|a, b| a.cmp_by_key(b));
+        v.into_iter().map(|r| r.to_record()).collect()
     }
 
     /// Every attachment (of `network`), in key order.

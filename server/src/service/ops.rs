@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use ipool_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
+use super::limits::Limits;
 use super::{parse_ips, Access};
 use crate::error::Error;
 use crate::ipam::{Event, EventKind, Filter, Ipam};
@@ -14,13 +15,22 @@ use crate::store::{AttachmentKey, AttachmentRecord, Reservation, ReservationKey}
 pub struct OpsService {
     ipam: Ipam,
     access: Access,
+    limits: Limits,
 }
 
 impl OpsService {
     pub fn new(ipam: Ipam, access: Access) -> OpsService {
-        OpsService { ipam, access }
+        let limits = Limits::new(matches!(access, Access::Tcp { .. }));
+        OpsService {
+            ipam,
+            access,
+            limits,
+        }
     }
 }
+
+/// The most allocations one `ListAllocations` call returns (`next_page_token` says if more).
+pub const MAX_PAGE: usize = 1000;
 
 fn filter(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
@@ -128,6 +138,7 @@ impl pb::ops_server::Ops for OpsService {
         req: Request<pb::PoolStatusRequest>,
     ) -> Result<Response<pb::PoolStatusResponse>, Status> {
         self.access.check(&req, "PoolStatus", false)?;
+        let _slot = self.limits.read(&req, "PoolStatus")?;
         let r = req.into_inner();
         let pools = self
             .ipam
@@ -167,6 +178,7 @@ impl pb::ops_server::Ops for OpsService {
         req: Request<pb::ListAllocationsRequest>,
     ) -> Result<Response<pb::ListAllocationsResponse>, Status> {
         self.access.check(&req, "ListAllocations", false)?;
+        let _slot = self.limits.read(&req, "ListAllocations")?;
         let r = req.into_inner();
         let f = Filter {
             address: one_ip(&r.address, "address")?,
@@ -175,14 +187,26 @@ impl pb::ops_server::Ops for OpsService {
             namespace: owned(r.namespace),
             pod: owned(r.pod),
             container_id: owned(r.container_id),
-            limit: r.page_size as usize,
+            // Bounded whatever the caller asks: a page is the work of one call.
+            limit: match r.page_size as usize {
+                0 => MAX_PAGE,
+                n => n.min(MAX_PAGE),
+            },
         };
-        let found = self.ipam.find(&f);
-        let next_page_token = match found.last() {
-            Some(last) if f.limit > 0 && found.len() == f.limit => page_token(&last.key),
-            _ => String::new(),
-        };
-        let allocations = found.into_iter().map(allocation_pb).collect();
+        let limit = f.limit;
+        // Off the runtime's thread, which serves the CNI calls meanwhile.
+        let ipam = self.ipam.clone();
+        let (allocations, next_page_token) = tokio::task::spawn_blocking(move || {
+            let found = ipam.find(&f);
+            let next = match found.last() {
+                Some(last) if found.len() == limit => page_token(&last.key),
+                _ => String::new(),
+            };
+            let page: Vec<pb::Allocation> = found.into_iter().map(allocation_pb).collect();
+            (page, next)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("ListAllocations: {e}")))?;
         Ok(Response::new(pb::ListAllocationsResponse {
             allocations,
             next_page_token,
@@ -194,6 +218,7 @@ impl pb::ops_server::Ops for OpsService {
         req: Request<pb::GetAllocationRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
         self.access.check(&req, "GetAllocation", false)?;
+        let _slot = self.limits.read(&req, "GetAllocation")?;
         let r = req.into_inner();
         if r.network.is_empty() {
             return Err(Error::InvalidRequest("network is required".into()).into());
@@ -227,6 +252,7 @@ impl pb::ops_server::Ops for OpsService {
         req: Request<pb::ListReservationsRequest>,
     ) -> Result<Response<pb::ListReservationsResponse>, Status> {
         self.access.check(&req, "ListReservations", false)?;
+        let _slot = self.limits.read(&req, "ListReservations")?;
         let r = req.into_inner();
         let reservations = self
             .ipam
@@ -312,15 +338,20 @@ impl pb::ops_server::Ops for OpsService {
         use tokio_stream::wrappers::{errors::BroadcastStreamRecvError, BroadcastStream};
         use tokio_stream::StreamExt;
         self.access.check(&req, "Watch", false)?;
+        // Held as long as the stream is open.
+        let slot = self.limits.watch(&req)?;
         let network = req.into_inner().network;
-        let stream = BroadcastStream::new(self.ipam.watch()).filter_map(move |item| match item {
-            Ok(e) if network.is_empty() || e.network == network => Some(Ok(event_pb(e))),
-            Ok(_) => None,
-            Err(BroadcastStreamRecvError::Lagged(n)) => Some(Ok(pb::Event {
-                kind: pb::event::Kind::Lagged as i32,
-                reason: format!("{n} events missed: this watcher fell behind"),
-                ..Default::default()
-            })),
+        let stream = BroadcastStream::new(self.ipam.watch()).filter_map(move |item| {
+            let _open = &slot;
+            match item {
+                Ok(e) if network.is_empty() || e.network == network => Some(Ok(event_pb(e))),
+                Ok(_) => None,
+                Err(BroadcastStreamRecvError::Lagged(n)) => Some(Ok(pb::Event {
+                    kind: pb::event::Kind::Lagged as i32,
+                    reason: format!("{n} events missed: this watcher fell behind"),
+                    ..Default::default()
+                })),
+            }
         });
         Ok(Response::new(Box::pin(stream)))
     }

@@ -75,3 +75,48 @@ async fn a_redefinition_names_what_differs() {
         "{e}"
     );
 }
+
+/// A page is the first `limit` matches after the token, in key order: paging through gives
+/// every attachment once.
+#[tokio::test]
+async fn pages_cover_every_attachment_once_in_order() {
+    let rig = Rig::new("");
+    for i in 0..37 {
+        let (net, json) = match i % 3 {
+            0 => ("m", r#"{"subnet":"10.2.0.0/24"}"#),
+            _ => ("n", V4),
+        };
+        rig.ipam
+            .add(req(net, &format!("c{i:02}"), json))
+            .await
+            .expect("add");
+    }
+    let all = rig.ipam.attachments(None);
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = rig.ipam.find(&Filter {
+            after: after.clone(),
+            limit: 5,
+            ..Filter::default()
+        });
+        assert!(page.len() <= 5);
+        after = page.last().map(|r| r.key.clone());
+        let done = page.len() < 5;
+        paged.extend(page);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(paged, all);
+    let keys: Vec<_> = all.iter().map(|r| r.key.clone()).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    let m = rig.ipam.find(&Filter {
+        network: Some("m".into()),
+        limit: 100,
+        ..Filter::default()
+    });
+    assert_eq!(m.len(), 13);
+}
