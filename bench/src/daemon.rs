@@ -11,6 +11,8 @@ pub struct Daemon {
     dir: tempfile::TempDir,
     bin: PathBuf,
     config: Option<PathBuf>,
+    /// More arguments for ipoold.
+    extra: Vec<String>,
     pub socket: PathBuf,
     /// Where ipoold serves /metrics (loopback, a port free when it started).
     metrics: std::net::SocketAddr,
@@ -27,6 +29,11 @@ pub struct CommitCounters {
 impl Daemon {
     /// Starts ipoold and waits until its socket accepts a connection.
     pub fn start(bin: &Path, config: Option<&Path>) -> Result<Daemon> {
+        Daemon::start_with(bin, config, &[])
+    }
+
+    /// [`Daemon::start`] with more arguments.
+    pub fn start_with(bin: &Path, config: Option<&Path>, extra: &[String]) -> Result<Daemon> {
         let dir = tempfile::Builder::new()
             .prefix("ipool-bench-")
             .tempdir()
@@ -40,6 +47,7 @@ impl Daemon {
             dir,
             bin: bin.to_path_buf(),
             config: config.map(Path::to_path_buf),
+            extra: extra.to_vec(),
             child: None,
         };
         d.spawn()?;
@@ -72,6 +80,7 @@ impl Daemon {
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
         }
+        cmd.args(&self.extra);
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", self.bin.display()))?;

@@ -15,6 +15,7 @@ macro_rules! progress {
 }
 
 mod daemon;
+mod flood;
 mod grpc;
 mod live;
 mod machine;
@@ -34,7 +35,7 @@ use clap::Parser;
 use daemon::Daemon;
 use grpc::NetSpec;
 use phases::{breakdown, latency_at, restart, throughput_at};
-use plugin::{ipool_ipam_json, Op, SUBNET};
+use plugin::{ipool_ipam_json, ipool_subnet, Op};
 use report::{LoadRow, Report};
 use setup::{Bins, Names, Plan};
 
@@ -149,9 +150,10 @@ fn run(args: &Args) -> Result<()> {
             plan.load_in_flight,
             plan.load_duration
         );
+        let network = names.next();
         let spec = NetSpec {
-            network: names.next(),
-            ipam_json: ipool_ipam_json(&daemon.socket, SUBNET),
+            ipam_json: ipool_ipam_json(&daemon.socket, &ipool_subnet(&network)),
+            network,
         };
         let cpu_before = daemon.cpu_time()?;
         let commits_before = daemon.commit_counters()?;
@@ -180,6 +182,14 @@ fn run(args: &Args) -> Result<()> {
     phases.push(("daemon-only load".into(), t.elapsed()));
     drop(daemon);
 
+    let t = Instant::now();
+    progress!(
+        "ADD under an Ops read flood ({} readers over TCP)",
+        flood::READERS
+    );
+    let flood = flood::read_flood(&rt, &bins, &store_config, &plan, &mut names)?;
+    phases.push(("ADD under a read flood".into(), t.elapsed()));
+
     let restart = restart(&rt, &bins, &store_config, &plan, &mut phases)?;
     phases.push(("total".into(), total.elapsed()));
 
@@ -192,6 +202,7 @@ fn run(args: &Args) -> Result<()> {
         latency,
         throughput,
         load,
+        flood,
         restart,
         phases,
         notes: notes(args),

@@ -11,7 +11,7 @@ use crate::alive;
 use crate::daemon::Daemon;
 use crate::grpc::{self, NetSpec};
 use crate::live::Live;
-use crate::plugin::{self, ipool_ipam_json, Net, Op, SUBNET};
+use crate::plugin::{self, ipool_ipam_json, ipool_subnet, Net, Op};
 use crate::report::{Breakdown, LatencyRow, Restart, ThroughputRow};
 use crate::setup::{Bins, Names, Plan};
 
@@ -35,7 +35,7 @@ pub(crate) fn breakdown(
     }
     let spec = NetSpec {
         network: name.clone(),
-        ipam_json: ipool_ipam_json(&daemon.socket, SUBNET),
+        ipam_json: ipool_ipam_json(&daemon.socket, &ipool_subnet(&name)),
     };
     let live = Live::new(format!("ipool (gRPC) network {name}"));
     let direct = rt.block_on(grpc::sequential(
@@ -83,7 +83,7 @@ pub(crate) fn latency_at(
         );
         let spec = NetSpec {
             network: name.clone(),
-            ipam_json: ipool_ipam_json(&daemon.socket, SUBNET),
+            ipam_json: ipool_ipam_json(&daemon.socket, &ipool_subnet(&name)),
         };
         rt.block_on(grpc::prefill(
             &daemon.socket,

@@ -58,6 +58,18 @@ pub struct Net {
     data_dir: Option<tempfile::TempDir>,
 }
 
+/// The subnet of ipool network `name` ("bench<n>"): one of its own, since ipoold refuses two
+/// networks whose subnets overlap. host-local's networks all use [`SUBNET`] (each has its own
+/// dataDir); the sizes match.
+pub fn ipool_subnet(name: &str) -> String {
+    let n: u32 = name
+        .trim_start_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap_or(0);
+    assert!(n < 96, "more bench networks than subnets 10.1-95.0.0/16");
+    format!("10.{n}.0.0/16")
+}
+
 /// The `ipam` section ipool's config carries (also what gRPC requests send as `ipam_json`).
 pub fn ipool_ipam_json(socket: &Path, subnet: &str) -> String {
     let socket = serde_json::Value::String(socket.display().to_string());
@@ -66,7 +78,7 @@ pub fn ipool_ipam_json(socket: &Path, subnet: &str) -> String {
 
 impl Net {
     pub fn ipool(bin: &Path, socket: &Path, name: &str) -> Net {
-        let ipam = ipool_ipam_json(socket, SUBNET);
+        let ipam = ipool_ipam_json(socket, &ipool_subnet(name));
         Net {
             kind: Kind::Ipool,
             name: name.to_string(),

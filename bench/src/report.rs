@@ -97,6 +97,7 @@ pub struct Report {
     pub latency: Vec<LatencyRow>,
     pub throughput: Vec<ThroughputRow>,
     pub load: Vec<LoadRow>,
+    pub flood: crate::flood::Flood,
     pub restart: Restart,
     pub phases: Vec<(String, Duration)>,
     /// Printed under the ipoold table.
@@ -362,6 +363,7 @@ impl Report {
         for n in &self.notes {
             let _ = writeln!(o, "\nNote: {n}");
         }
+        self.flood.markdown(&mut o);
 
         let _ = writeln!(o, "\n## Run time\n\n| phase | time |\n|---|---:|");
         for (p, d) in &self.phases {
@@ -424,6 +426,7 @@ impl Report {
                 "pairs_per_s": r.rate(),
                 "pair_latency": Summary::of(&r.latencies).json(),
             })).collect::<Vec<_>>(),
+            "flood": self.flood.json(),
             "restart": {
                 "allocations": x.allocations,
                 "subnet": x.subnet,

@@ -88,7 +88,8 @@ pub struct Listeners {
 }
 
 pub struct OpsTcp {
-    pub listener: TcpListener,
+    /// Bound (not yet registered with a runtime: the listener runs on a thread of its own).
+    pub listener: std::net::TcpListener,
     pub token: Option<Arc<str>>,
     /// With a client CA: mutual TLS, every connection authenticated.
     pub tls: Option<ServerTlsConfig>,
@@ -185,7 +186,8 @@ pub async fn serve(
         if let Some(tls) = t.tls {
             b = b.tls_config(tls)?;
         }
-        b.timeout(CALL_TIMEOUT)
+        let router = b
+            .timeout(CALL_TIMEOUT)
             .http2_keepalive_interval(Some(tcp_guard::PING_EVERY))
             .http2_keepalive_timeout(Some(tcp_guard::IDLE))
             .max_concurrent_streams(Some(tcp_guard::MAX_STREAMS))
@@ -201,12 +203,47 @@ pub async fn serve(
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
             )
             .add_service(health)
-            .add_service(reflection)
-            .serve_with_incoming_shutdown(
-                tcp_guard::incoming(t.listener, tcp_guard::MAX_TCP_CONNECTIONS, tcp_guard::IDLE),
-                stopped(stop_rx),
-            )
-            .await
+            .add_service(reflection);
+        // On a thread and runtime of its own: what TCP callers cost never runs on the thread
+        // that serves the CNI calls.
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let listener = t.listener;
+        let spawned = std::thread::Builder::new()
+            .name("ipool-ops-tcp".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the TCP Ops runtime; the Ops API is served on the Unix socket only");
+                        return;
+                    }
+                };
+                let served = rt.block_on(async move {
+                    let incoming = tcp_guard::incoming(
+                        listener,
+                        tcp_guard::MAX_TCP_CONNECTIONS,
+                        tcp_guard::IDLE,
+                    );
+                    router
+                        .serve_with_incoming_shutdown(incoming, stopped(stop_rx))
+                        .await
+                });
+                let _ = done_tx.send(served);
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the TCP Ops thread; the Ops API is served on the Unix socket only");
+            return Ok(());
+        }
+        match done_rx.await {
+            Ok(served) => served,
+            Err(_) => {
+                tracing::error!("the TCP Ops thread ended without a result (it panicked?); the Ops API is served on the Unix socket only");
+                Ok(())
+            }
+        }
     };
     let metrics = async {
         if let Some(listener) = l.metrics {

@@ -38,12 +38,22 @@ pub struct Guarded {
 /// The listener's connections, at most `max` at once, each closed after `idle` without a read.
 /// The accepting task ends when the server drops the stream.
 pub fn incoming(
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     max: usize,
     idle: Duration,
 ) -> ReceiverStream<io::Result<Guarded>> {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
+        let listener = match listener
+            .set_nonblocking(true)
+            .and_then(|()| TcpListener::from_std(listener))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        };
         let slots = Arc::new(Semaphore::new(max));
         loop {
             let Ok(slot) = slots.clone().acquire_owned().await else {

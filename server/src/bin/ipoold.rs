@@ -180,6 +180,7 @@ async fn ops_tcp(args: &Args) -> anyhow::Result<Option<OpsTcp>> {
     };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
+        .and_then(|l| l.into_std())
         .with_context(|| format!("binding --ops-listen {addr}"))?;
     tracing::info!(%addr, token = token.is_some(), tls = tls.is_some(), mtls, "serving the Ops API over TCP");
     Ok(Some(OpsTcp {

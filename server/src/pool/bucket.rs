@@ -30,7 +30,6 @@ impl TokenBucket {
         }
     }
 
-    /// Takes one token, or says how many milliseconds until one is there.
     /// Calls per second.
     pub fn rate(&self) -> f64 {
         self.rate_per_sec
@@ -41,6 +40,7 @@ impl TokenBucket {
         self.burst
     }
 
+    /// Takes one token, or says how many milliseconds until one is there.
     pub fn try_take(&mut self, now: Millis) -> Result<(), Millis> {
         self.refill(now);
         if self.tokens >= 1.0 {

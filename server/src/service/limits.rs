@@ -9,6 +9,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::pool::TokenBucket;
 use tonic::{Request, Status};
 
 /// Read calls running at once on one listener, and per TCP peer address.
@@ -21,6 +24,13 @@ pub const MAX_WATCHERS_PER_PEER: usize = 8;
 /// Slots held per (peer address, kind of call).
 type PeerCounts = Arc<Mutex<HashMap<(IpAddr, Kind), usize>>>;
 
+/// Pages of `ListAllocations` (and lists of reservations) served per second over TCP, and how
+/// many may come at once: a full listing of 20 000 attachments takes a second; a flood of
+/// them takes no more of the daemon than that. A call over the rate waits for its turn
+/// (holding its slot).
+pub const TCP_PAGES_PER_SEC: f64 = 20.0;
+pub const TCP_PAGES_BURST: u32 = 10;
+
 /// One listener's limits.
 #[derive(Clone)]
 pub struct Limits {
@@ -28,6 +38,8 @@ pub struct Limits {
     watchers: Arc<Semaphore>,
     /// Per peer address (TCP only: on the Unix socket every caller is local).
     per_peer: Option<PeerCounts>,
+    /// TCP only: the pace of large reads ([`TCP_PAGES_PER_SEC`]).
+    pages: Option<Arc<Mutex<(TokenBucket, Instant)>>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,6 +78,30 @@ impl Limits {
             reads: Arc::new(Semaphore::new(MAX_READS)),
             watchers: Arc::new(Semaphore::new(MAX_WATCHERS)),
             per_peer: tcp.then(Arc::default),
+            pages: tcp.then(|| {
+                Arc::new(Mutex::new((
+                    TokenBucket::new(TCP_PAGES_PER_SEC, TCP_PAGES_BURST, 0),
+                    Instant::now(),
+                )))
+            }),
+        }
+    }
+
+    /// Waits for the turn of a large read (a page of allocations) over TCP.
+    pub async fn pace(&self) {
+        let Some(pages) = &self.pages else {
+            return;
+        };
+        loop {
+            let wait = {
+                let mut b = pages.lock().unwrap_or_else(|p| p.into_inner());
+                let now = b.1.elapsed().as_millis() as u64;
+                match b.0.try_take(now) {
+                    Ok(()) => return,
+                    Err(ms) => ms.max(1),
+                }
+            };
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
         }
     }
 
@@ -177,5 +213,28 @@ mod tests {
             .collect();
         assert!(local.read(&Request::new(()), "PoolStatus").is_err());
         drop(held);
+    }
+
+    /// Large reads over TCP come at most TCP_PAGES_PER_SEC after the burst; on the socket
+    /// they are not paced.
+    #[tokio::test(start_paused = true)]
+    async fn large_reads_over_tcp_are_paced() {
+        let l = Limits::new(true);
+        let t = Instant::now();
+        for _ in 0..TCP_PAGES_BURST {
+            l.pace().await;
+        }
+        assert_eq!(t.elapsed().as_millis(), 0, "the burst comes at once");
+        for _ in 0..20 {
+            l.pace().await;
+        }
+        let took = t.elapsed().as_secs_f64();
+        assert!((0.95..1.2).contains(&took), "20 more took {took} s");
+        let local = Limits::new(false);
+        let t = Instant::now();
+        for _ in 0..1000 {
+            local.pace().await;
+        }
+        assert_eq!(t.elapsed().as_millis(), 0);
     }
 }

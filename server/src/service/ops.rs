@@ -179,6 +179,7 @@ impl pb::ops_server::Ops for OpsService {
     ) -> Result<Response<pb::ListAllocationsResponse>, Status> {
         self.access.check(&req, "ListAllocations", false)?;
         let _slot = self.limits.read(&req, "ListAllocations")?;
+        self.limits.pace().await;
         let r = req.into_inner();
         let f = Filter {
             address: one_ip(&r.address, "address")?,
@@ -253,6 +254,7 @@ impl pb::ops_server::Ops for OpsService {
     ) -> Result<Response<pb::ListReservationsResponse>, Status> {
         self.access.check(&req, "ListReservations", false)?;
         let _slot = self.limits.read(&req, "ListReservations")?;
+        self.limits.pace().await;
         let r = req.into_inner();
         let reservations = self
             .ipam
