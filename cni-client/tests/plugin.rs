@@ -3,13 +3,15 @@
 //! integration test makes `cargo test --workspace` do.)
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 struct Out {
     ok: bool,
+    status: ExitStatus,
     json: Value,
     stdout: String,
     elapsed: Duration,
@@ -63,6 +65,7 @@ fn plugin_bytes(env: &[(&str, &str)], stdin: Vec<u8>) -> Out {
     };
     Out {
         ok: status.success(),
+        status,
         json,
         stdout,
         elapsed,
@@ -242,5 +245,69 @@ fn an_oversized_stdin_is_refused() {
             "{}",
             r.stdout
         );
+    }
+}
+
+/// Reads the client's preface and frames up to the end of its request.
+fn read_request(s: &mut std::os::unix::net::UnixStream) {
+    let mut preface = [0u8; 24];
+    s.read_exact(&mut preface).expect("preface");
+    loop {
+        let mut h = [0u8; 9];
+        s.read_exact(&mut h).expect("frame header");
+        let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).expect("frame payload");
+        // DATA with END_STREAM.
+        if h[3] == 0 && h[4] & 1 != 0 {
+            return;
+        }
+    }
+}
+
+/// A daemon that hangs up mid-call is error 11, and the plugin exits 1 with its error printed:
+/// never killed by SIGPIPE (its C `main` leaves SIGPIPE at its default action, and std's
+/// `Command` resets it in the child, as a runtime's exec would find it).
+#[test]
+fn a_daemon_that_hangs_up_is_error_11_not_sigpipe() {
+    use std::net::Shutdown;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hangs-up.sock");
+    let listener = UnixListener::bind(&path).expect("bind");
+    let sock = path.to_str().expect("utf8");
+    // An empty SETTINGS frame: the plugin owes an acknowledgement, so it writes again.
+    const SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+    // Each way returns the connection if it keeps it open until the plugin has exited.
+    type HangUp = fn(UnixStream) -> Option<UnixStream>;
+    let ways: [(&str, HangUp); 3] = [
+        ("closes after the request", |_| None),
+        ("sends SETTINGS and closes", |mut s| {
+            s.write_all(&SETTINGS).expect("write");
+            None
+        }),
+        // Deterministic: the acknowledgement is written to a socket that no longer reads.
+        ("stops reading, then sends SETTINGS", |mut s| {
+            s.shutdown(Shutdown::Read).expect("shutdown");
+            s.write_all(&SETTINGS).expect("write");
+            Some(s)
+        }),
+    ];
+    for (how, hang_up) in ways {
+        let l = listener.try_clone().expect("listener");
+        let daemon = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().expect("accept");
+            read_request(&mut s);
+            hang_up(s)
+        });
+        let r = plugin(
+            &add_env("ADD"),
+            &conf("1.0.0", sock, r#","timeoutMs":3000"#),
+        );
+        drop(daemon.join().expect("daemon"));
+        assert_eq!(r.status.signal(), None, "{how}: killed by a signal");
+        assert_eq!(r.status.code(), Some(1), "{how}");
+        assert_eq!(r.json["code"], 11, "{how}: {}", r.stdout);
+        assert!(details(&r).contains("broke"), "{how}: {}", r.stdout);
     }
 }

@@ -2,7 +2,7 @@
 //! a loop of reads and frames (SETTINGS, PING, flow control, header blocks) until the stream
 //! ends.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -206,14 +206,25 @@ impl Call {
         }
     }
 
+    /// Writes what is queued, with MSG_NOSIGNAL: a daemon that has closed the connection makes
+    /// the write fail with EPIPE (a broken call, CNI error 11) instead of raising SIGPIPE,
+    /// which would end the plugin without a CNI error (its C `main` leaves SIGPIPE at its
+    /// default action, see main.rs). std's `UnixStream` writes pass the flag only since
+    /// rust-lang/rust#140005 (2025); the workspace's rust-version is older, so it is passed
+    /// here. Same syscall as `write_all`, one `sendto` per write.
     fn send(&mut self) -> Result<(), CallError> {
-        if self.output.is_empty() {
-            return Ok(());
+        let mut at = 0;
+        while at < self.output.len() {
+            self.arm(false)?;
+            match socket2::SockRef::from(&self.stream)
+                .send_with_flags(&self.output[at..], libc::MSG_NOSIGNAL)
+            {
+                Ok(0) => return Err(broken("ipoold stopped taking the request")),
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Call::io_error(e)),
+            }
         }
-        self.arm(false)?;
-        self.stream
-            .write_all(&self.output)
-            .map_err(Call::io_error)?;
         self.output.clear();
         Ok(())
     }
