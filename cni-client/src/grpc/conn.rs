@@ -23,8 +23,12 @@ pub(super) const MAX_FRAME: usize = 16_384;
 /// window to this and a WINDOW_UPDATE raises the connection's. A bigger reply is an error (the
 /// plugin's replies are a few hundred bytes).
 const RECV_LIMIT: u32 = 16 << 20;
-/// The most header-block bytes accepted for one block.
+/// The most header-block bytes accepted for one block (it decodes to at most
+/// `hpack::MAX_LIST_SIZE`, announced in our SETTINGS).
 const MAX_HEADER_BLOCK: usize = 64 << 10;
+/// The most header blocks accepted on the stream: a gRPC reply has headers and trailers (or
+/// trailers only); HTTP allows informational (1xx) blocks before them.
+const MAX_HEADER_BLOCKS: usize = 4;
 
 /// Connects without blocking past `deadline`: a daemon that is alive but not accepting leaves
 /// a full listen backlog, where a blocking connect would wait for as long as it takes.
@@ -127,10 +131,11 @@ impl Call {
         data.extend_from_slice(message);
 
         self.output.extend_from_slice(PREFACE);
-        let mut settings = Vec::with_capacity(12);
+        let mut settings = Vec::with_capacity(18);
         for (id, value) in [
             (SETTINGS_ENABLE_PUSH, 0u32),
             (SETTINGS_INITIAL_WINDOW_SIZE, RECV_LIMIT),
+            (SETTINGS_MAX_HEADER_LIST_SIZE, hpack::MAX_LIST_SIZE as u32),
         ] {
             settings.extend_from_slice(&id.to_be_bytes());
             settings.extend_from_slice(&value.to_be_bytes());
@@ -282,6 +287,12 @@ impl Call {
                 resp.ended = flags & END_STREAM != 0;
             }
             HEADERS if stream == STREAM => {
+                resp.blocks += 1;
+                if resp.blocks > MAX_HEADER_BLOCKS {
+                    return Err(broken(format!(
+                        "more than {MAX_HEADER_BLOCKS} header blocks in the reply"
+                    )));
+                }
                 let mut fragment = unpad(flags, payload)?;
                 if flags & PRIORITY != 0 {
                     fragment = fragment
