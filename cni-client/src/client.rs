@@ -8,6 +8,7 @@ use ipool_proto::v1 as pb;
 
 use crate::error::CniError;
 use crate::grpc::{self, CallError};
+use crate::input::read_resolv_conf;
 use crate::invocation::{Call, Command};
 use crate::result::{add_result, dns_from_resolv_conf, version_result};
 
@@ -30,10 +31,7 @@ pub fn execute(call: &Call) -> Result<String, CniError> {
 /// The result's `dns`: the `resolvConf` file's contents, else `ipam.dns`, else empty.
 fn result_dns(call: &Call) -> Result<serde_json::Value, CniError> {
     if let Some(path) = &call.resolv_conf {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            CniError::InvalidConfig(format!("ipam.resolvConf {path:?} cannot be read: {e}"))
-        })?;
-        return Ok(dns_from_resolv_conf(&text));
+        return Ok(dns_from_resolv_conf(&read_resolv_conf(path)?));
     }
     Ok(call.dns.clone().unwrap_or_else(|| serde_json::json!({})))
 }

@@ -180,8 +180,11 @@ pub fn parse(
             .into())
         }
     };
-    let bytes =
-        stdin.map_err(|e| CniError::Io(format!("reading the network config from stdin: {e}")))?;
+    let bytes = stdin.map_err(|e| match e.kind() {
+        // `input::read_config` stopped at its limit: what was sent is not a config ipool takes.
+        std::io::ErrorKind::FileTooLarge => CniError::InvalidConfig(e.to_string()),
+        _ => CniError::Io(format!("reading the network config from stdin: {e}")),
+    })?;
 
     if command == Command::Version {
         // VERSION answers in the version it was asked in, or the newest when stdin has none.

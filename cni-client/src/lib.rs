@@ -5,6 +5,7 @@
 //!
 //! ## Layout
 //! - [`error`]: the CNI error (one enum, an exhaustive `code()`) and the gRPC -> CNI mapping.
+//! - [`input`]: stdin and the `resolvConf` file, read with a bound.
 //! - [`invocation`]: env and stdin parsing and validation, into a [`invocation::Call`]. Pure.
 //! - [`result`]: CNI result JSON in the requested version's format.
 //! - [`client`]: the call to the daemon for each CNI verb, with a deadline, and the mapping of
@@ -16,6 +17,7 @@
 pub mod client;
 pub mod error;
 pub mod grpc;
+pub mod input;
 pub mod invocation;
 pub mod result;
 

@@ -10,10 +10,7 @@
 #![no_main]
 
 use std::ffi::{c_char, c_int};
-use std::io::{Read, Write};
-
-/// A network config is a few hundred bytes; one read takes it (std would probe with 32).
-const STDIN_CAPACITY: usize = 64 * 1024;
+use std::io::Write;
 
 // SAFETY: the one symbol named `main` in the binary (std's is not generated under
 // `no_main`), with the signature C's start-up code calls it with. It reads neither argument.
@@ -23,8 +20,8 @@ extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
     let env: std::collections::HashMap<String, String> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect();
-    let mut input = Vec::with_capacity(STDIN_CAPACITY);
-    let stdin = std::io::stdin().read_to_end(&mut input).map(|_| input);
+    // At most 1 MiB (`input::STDIN_LIMIT`): an endless stdin is refused, not read to the end.
+    let stdin = ipool_cni::input::read_config(std::io::stdin().lock());
     let (out, ok) = ipool_cni::run(&env, stdin);
     let mut stdout = std::io::stdout().lock();
     // If stdout is gone there is nobody left to tell; the exit code still says it.

@@ -2,7 +2,7 @@
 //! a loop of reads and frames (SETTINGS, PING, flow control, header blocks) until the stream
 //! ends.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -23,8 +23,12 @@ pub(super) const MAX_FRAME: usize = 16_384;
 /// window to this and a WINDOW_UPDATE raises the connection's. A bigger reply is an error (the
 /// plugin's replies are a few hundred bytes).
 const RECV_LIMIT: u32 = 16 << 20;
-/// The most header-block bytes accepted for one block.
+/// The most header-block bytes accepted for one block (it decodes to at most
+/// `hpack::MAX_LIST_SIZE`, announced in our SETTINGS).
 const MAX_HEADER_BLOCK: usize = 64 << 10;
+/// The most header blocks accepted on the stream: a gRPC reply has headers and trailers (or
+/// trailers only); HTTP allows informational (1xx) blocks before them.
+const MAX_HEADER_BLOCKS: usize = 4;
 
 /// Connects without blocking past `deadline`: a daemon that is alive but not accepting leaves
 /// a full listen backlog, where a blocking connect would wait for as long as it takes.
@@ -127,10 +131,11 @@ impl Call {
         data.extend_from_slice(message);
 
         self.output.extend_from_slice(PREFACE);
-        let mut settings = Vec::with_capacity(12);
+        let mut settings = Vec::with_capacity(18);
         for (id, value) in [
             (SETTINGS_ENABLE_PUSH, 0u32),
             (SETTINGS_INITIAL_WINDOW_SIZE, RECV_LIMIT),
+            (SETTINGS_MAX_HEADER_LIST_SIZE, hpack::MAX_LIST_SIZE as u32),
         ] {
             settings.extend_from_slice(&id.to_be_bytes());
             settings.extend_from_slice(&value.to_be_bytes());
@@ -206,14 +211,25 @@ impl Call {
         }
     }
 
+    /// Writes what is queued, with MSG_NOSIGNAL: a daemon that has closed the connection makes
+    /// the write fail with EPIPE (a broken call, CNI error 11) instead of raising SIGPIPE,
+    /// which would end the plugin without a CNI error (its C `main` leaves SIGPIPE at its
+    /// default action, see main.rs). std's `UnixStream` writes pass the flag only since
+    /// rust-lang/rust#140005 (2025); the workspace's rust-version is older, so it is passed
+    /// here. Same syscall as `write_all`, one `sendto` per write.
     fn send(&mut self) -> Result<(), CallError> {
-        if self.output.is_empty() {
-            return Ok(());
+        let mut at = 0;
+        while at < self.output.len() {
+            self.arm(false)?;
+            match socket2::SockRef::from(&self.stream)
+                .send_with_flags(&self.output[at..], libc::MSG_NOSIGNAL)
+            {
+                Ok(0) => return Err(broken("ipoold stopped taking the request")),
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Call::io_error(e)),
+            }
         }
-        self.arm(false)?;
-        self.stream
-            .write_all(&self.output)
-            .map_err(Call::io_error)?;
         self.output.clear();
         Ok(())
     }
@@ -271,6 +287,12 @@ impl Call {
                 resp.ended = flags & END_STREAM != 0;
             }
             HEADERS if stream == STREAM => {
+                resp.blocks += 1;
+                if resp.blocks > MAX_HEADER_BLOCKS {
+                    return Err(broken(format!(
+                        "more than {MAX_HEADER_BLOCKS} header blocks in the reply"
+                    )));
+                }
                 let mut fragment = unpad(flags, payload)?;
                 if flags & PRIORITY != 0 {
                     fragment = fragment

@@ -25,6 +25,7 @@ pub(super) const PRIORITY: u8 = 0x20;
 // SETTINGS parameters.
 pub(super) const SETTINGS_ENABLE_PUSH: u16 = 0x2;
 pub(super) const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
+pub(super) const SETTINGS_MAX_HEADER_LIST_SIZE: u16 = 0x6;
 
 pub(super) fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
     let len = u32::try_from(payload.len())
@@ -45,7 +46,7 @@ fn hpack_string(out: &mut Vec<u8>, s: &str) {
 }
 
 /// An HPACK integer with an `n`-bit prefix; `first` carries the bits above the prefix.
-fn hpack_int(out: &mut Vec<u8>, first: u8, n: u8, mut v: usize) {
+pub(super) fn hpack_int(out: &mut Vec<u8>, first: u8, n: u8, mut v: usize) {
     let max = (1usize << n) - 1;
     if v < max {
         out.push(first | v as u8);

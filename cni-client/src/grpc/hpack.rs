@@ -2,11 +2,28 @@
 //! or Huffman-coded, the codes through `httlib-huffman`'s precomputed tables), the static table
 //! and the dynamic table with its size limit. Every malformed input is an error, never a
 //! panic: the plugin is built with panic=abort and must always print a CNI error.
+//!
+//! What a block may cost is bounded: it decodes to at most [`MAX_LIST_SIZE`] bytes (checked
+//! before each field is copied, so a block of one-byte references to a 4 KiB table entry is
+//! refused after four, not expanded 4 000-fold), and opens with at most two table size
+//! updates, none above [`MAX_TABLE_SIZE`].
 
 use std::collections::VecDeque;
 
 /// SETTINGS_HEADER_TABLE_SIZE: this client never changes it from the default.
 const MAX_TABLE_SIZE: usize = 4096;
+
+/// SETTINGS_MAX_HEADER_LIST_SIZE, which this client announces: the most one header block may
+/// decode to, counted as RFC 9113 section 6.5.2 does (name + value + 32 per field). A gRPC
+/// reply's headers or trailers are a few hundred bytes.
+pub(super) const MAX_LIST_SIZE: usize = 16 << 10;
+
+/// Table size updates at the start of one block: the encoder signals at most the smallest
+/// size since the last block and the final one (RFC 7541 section 4.2).
+const MAX_SIZE_UPDATES: usize = 2;
+
+/// Per field, on top of its name and value (RFC 7541 section 4.1, RFC 9113 section 6.5.2).
+const FIELD_OVERHEAD: usize = 32;
 
 /// RFC 7541 Appendix A.
 const STATIC: [(&str, &str); 61] = [
@@ -120,8 +137,10 @@ impl Input<'_> {
         }
     }
 
-    /// A string literal (section 5.2).
-    fn string(&mut self) -> Result<Vec<u8>, String> {
+    /// A string literal (section 5.2) of at most `room` bytes once decoded; a longer one is
+    /// refused before it is copied (a Huffman string decodes to at least a quarter of its
+    /// length: no code is longer than 30 bits).
+    fn string(&mut self, room: usize) -> Result<Vec<u8>, String> {
         let huffman = self.b.get(self.at).ok_or("the header block ends early")? & 0x80 != 0;
         let len = self.int(7)?;
         let end = self
@@ -132,13 +151,37 @@ impl Input<'_> {
         let raw = &self.b[self.at..end];
         self.at = end;
         if !huffman {
+            if len > room {
+                return Err(too_large());
+            }
             return Ok(raw.to_vec());
         }
-        let mut out = Vec::with_capacity(len * 8 / 5);
+        if len / 4 > room {
+            return Err(too_large());
+        }
+        let mut out = Vec::with_capacity((len * 8 / 5).min(room));
         httlib_huffman::decode(raw, &mut out, httlib_huffman::DecoderSpeed::FiveBits)
             .map_err(|e| format!("a bad Huffman code in the header block: {e:?}"))?;
+        if out.len() > room {
+            return Err(too_large());
+        }
         Ok(out)
     }
+}
+
+fn too_large() -> String {
+    format!(
+        "the header list is over {MAX_LIST_SIZE} bytes, the SETTINGS_MAX_HEADER_LIST_SIZE ipool announces"
+    )
+}
+
+/// Counts a field of `len` bytes (name + value) into a block's list size.
+fn count(list: &mut usize, len: usize) -> Result<(), String> {
+    *list += len + FIELD_OVERHEAD;
+    if *list > MAX_LIST_SIZE {
+        return Err(too_large());
+    }
+    Ok(())
 }
 
 impl Decoder {
@@ -146,17 +189,18 @@ impl Decoder {
         self.max.unwrap_or(MAX_TABLE_SIZE)
     }
 
-    fn get(&self, index: usize) -> Result<Field, String> {
+    /// The name and value at `index`, not copied.
+    fn get(&self, index: usize) -> Result<(&[u8], &[u8]), String> {
         match index {
             0 => Err("header index 0".into()),
             1..=61 => {
                 let (n, v) = STATIC[index - 1];
-                Ok((n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                Ok((n.as_bytes(), v.as_bytes()))
             }
             _ => self
                 .table
                 .get(index - 62)
-                .cloned()
+                .map(|(n, v)| (n.as_slice(), v.as_slice()))
                 .ok_or_else(|| format!("header index {index} is not in the table")),
         }
     }
@@ -182,25 +226,38 @@ impl Decoder {
     }
 
     /// Decodes one whole header block (CONTINUATIONs joined), appending its fields to `out`.
+    /// A block that decodes to more than [`MAX_LIST_SIZE`] bytes is an error (the fields
+    /// before the one that crossed it may have been appended).
     pub fn decode(&mut self, block: &[u8], out: &mut Vec<Field>) -> Result<(), String> {
         let mut input = Input { b: block, at: 0 };
         let mut fields_seen = false;
+        let mut size_updates = 0;
+        // The block's list size so far.
+        let mut list = 0;
         while input.at < block.len() {
             let first = block[input.at];
             if first & 0x80 != 0 {
-                // Indexed field (6.1).
+                // Indexed field (6.1): counted before it is copied.
                 let i = input.int(7)?;
-                out.push(self.get(i)?);
+                let (n, v) = self.get(i)?;
+                count(&mut list, n.len() + v.len())?;
+                out.push((n.to_vec(), v.to_vec()));
             } else if first & 0xc0 == 0x40 {
                 // Literal with incremental indexing (6.2.1).
                 let i = input.int(6)?;
-                let field = self.literal(&mut input, i)?;
+                let field = self.literal(&mut input, i, &mut list)?;
                 self.insert(&field);
                 out.push(field);
             } else if first & 0xe0 == 0x20 {
-                // Dynamic table size update (6.3): only before the first field.
+                // Dynamic table size update (6.3): only before the first field, at most two.
                 if fields_seen {
                     return Err("a table size update after a header field".into());
+                }
+                size_updates += 1;
+                if size_updates > MAX_SIZE_UPDATES {
+                    return Err(format!(
+                        "more than {MAX_SIZE_UPDATES} table size updates at the start of a header block"
+                    ));
                 }
                 let size = input.int(5)?;
                 if size > MAX_TABLE_SIZE {
@@ -214,21 +271,31 @@ impl Decoder {
             } else {
                 // Literal without indexing (6.2.2) or never indexed (6.2.3).
                 let i = input.int(4)?;
-                out.push(self.literal(&mut input, i)?);
+                out.push(self.literal(&mut input, i, &mut list)?);
             }
             fields_seen = true;
         }
         Ok(())
     }
 
-    /// A literal's name (indexed when `index` > 0) and value.
-    fn literal(&self, input: &mut Input, index: usize) -> Result<Field, String> {
+    /// A literal's name (indexed when `index` > 0) and value, counted into `list`: neither
+    /// string is copied if it would take the list past [`MAX_LIST_SIZE`].
+    fn literal(&self, input: &mut Input, index: usize, list: &mut usize) -> Result<Field, String> {
+        let room = MAX_LIST_SIZE
+            .checked_sub(*list + FIELD_OVERHEAD)
+            .ok_or_else(too_large)?;
         let name = if index == 0 {
-            input.string()?
+            input.string(room)?
         } else {
-            self.get(index)?.0
+            let name = self.get(index)?.0;
+            if name.len() > room {
+                return Err(too_large());
+            }
+            name.to_vec()
         };
-        Ok((name, input.string()?))
+        let value = input.string(room - name.len())?;
+        count(list, name.len() + value.len())?;
+        Ok((name, value))
     }
 }
 
@@ -318,6 +385,108 @@ mod tests {
         ] {
             assert!(Decoder::default().decode(bad, &mut out).is_err(), "{bad:?}");
         }
+    }
+
+    /// A string literal, its Huffman bit set or not (the bytes are taken as they are).
+    fn string(out: &mut Vec<u8>, s: &[u8], huffman: bool) {
+        crate::grpc::frames::hpack_int(out, if huffman { 0x80 } else { 0 }, 7, s.len());
+        out.extend_from_slice(s);
+    }
+
+    /// A literal with incremental indexing and a new name (6.2.1), not Huffman-coded.
+    fn indexed_literal(name: &str, value: &[u8]) -> Vec<u8> {
+        let mut b = vec![0x40];
+        string(&mut b, name.as_bytes(), false);
+        string(&mut b, value, false);
+        b
+    }
+
+    /// A table entry of 4 033 bytes ("x" and 4 000 bytes), then one-byte references to it:
+    /// three fit in 16 KiB, the fourth is refused before it is copied.
+    #[test]
+    fn references_that_expand_past_the_list_size_are_refused() {
+        let mut block = indexed_literal("x", &[b'a'; 4000]);
+        block.extend_from_slice(&[0x80 | 62; 3]);
+        let mut out = Vec::new();
+        Decoder::default()
+            .decode(&block, &mut out)
+            .expect("4 x 4033 bytes");
+        assert_eq!(out.len(), 4);
+        // The cap is per block: the same block again, on a new decoder, is fine, and a block
+        // with one reference more is not.
+        block.push(0x80 | 62);
+        let mut out = Vec::new();
+        let e = Decoder::default()
+            .decode(&block, &mut out)
+            .expect_err("5 x 4033 bytes");
+        assert!(
+            e.contains("16384") && e.contains("SETTINGS_MAX_HEADER_LIST_SIZE"),
+            "{e}"
+        );
+        assert_eq!(out.len(), 4, "the field over the limit was copied");
+        // 1 000 references in a 1 KiB block: refused after the fourth, never 4 MB decoded.
+        let mut block = indexed_literal("x", &[b'a'; 4000]);
+        block.extend_from_slice(&[0x80 | 62; 1000]);
+        let mut out = Vec::new();
+        assert!(Decoder::default().decode(&block, &mut out).is_err());
+        assert_eq!(out.len(), 4);
+    }
+
+    /// One field of exactly 16 384 bytes (1 + 16 351 + 32) is accepted, one byte more is not:
+    /// a plain or Huffman-coded value, and an indexed name with a literal value.
+    #[test]
+    fn the_list_size_limit_is_exact() {
+        for huffman in [false, true] {
+            for (name, extra) in [("n", 0), ("n", 1), ("age", 0), ("age", 1)] {
+                let value = "v".repeat(MAX_LIST_SIZE - FIELD_OVERHEAD - name.len() + extra);
+                let mut flags = Encoder::NEVER_INDEXED | Encoder::BEST_FORMAT;
+                if huffman {
+                    flags |= Encoder::HUFFMAN_VALUE;
+                }
+                let mut block = Vec::new();
+                Encoder::default()
+                    .encode(
+                        (name.as_bytes().to_vec(), value.clone().into_bytes(), flags),
+                        &mut block,
+                    )
+                    .expect("encode");
+                let mut out = Vec::new();
+                let r = Decoder::default().decode(&block, &mut out);
+                if extra == 0 {
+                    r.expect("at the limit");
+                    assert_eq!(strings(&out), vec![(name.to_string(), value)]);
+                } else {
+                    let e = r.expect_err("one byte over");
+                    assert!(e.contains("16384"), "{e}");
+                    assert!(out.is_empty());
+                }
+            }
+        }
+        // A Huffman string whose length alone says it is too long is refused before decoding.
+        let mut block = vec![0x00];
+        string(&mut block, b"n", false);
+        string(&mut block, &vec![0xff; 4 * MAX_LIST_SIZE + 8], true);
+        let e = Decoder::default()
+            .decode(&block, &mut Vec::new())
+            .expect_err("too long");
+        assert!(e.contains("16384"), "{e}");
+    }
+
+    /// At most two size updates open a block (RFC 7541 4.2), each at most 4 096.
+    #[test]
+    fn size_updates_are_bounded() {
+        let mut out = Vec::new();
+        Decoder::default()
+            .decode(&[0x20, 0x3f, 0xe1, 0x1f, 0x82], &mut out)
+            .expect("to 0, then to 4096");
+        let e = Decoder::default()
+            .decode(&[0x20, 0x20, 0x20, 0x82], &mut out)
+            .expect_err("three updates");
+        assert!(e.contains("more than 2"), "{e}");
+        // A long run of updates is refused at the third, not looped through.
+        assert!(Decoder::default()
+            .decode(&[0x20; 60_000], &mut out)
+            .is_err());
     }
 
     fn field_strategy() -> impl Strategy<Value = (String, String)> {

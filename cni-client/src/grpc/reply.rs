@@ -14,6 +14,8 @@ pub(super) struct Response {
     /// A header block in progress (HEADERS without END_HEADERS, then CONTINUATIONs), and
     /// whether its HEADERS frame ended the stream.
     pub(super) block: Option<(Vec<u8>, bool)>,
+    /// Header blocks begun on the stream.
+    pub(super) blocks: usize,
     pub(super) ended: bool,
 }
 

@@ -374,3 +374,108 @@ proptest::proptest! {
         });
     }
 }
+
+/// The client's SETTINGS: no push, the stream window raised, and the header list size the
+/// HPACK decoder holds replies to.
+#[test]
+fn the_settings_announce_the_header_list_size() {
+    let (_, settings) = against(Duration::from_secs(5), b"x", |mut s| {
+        let mut preface = [0u8; 24];
+        s.read_exact(&mut preface).expect("preface");
+        let f = read_frame(&mut s).expect("SETTINGS");
+        assert_eq!((f.kind, f.flags, f.stream), (SETTINGS, 0, 0));
+        f.payload
+            .chunks_exact(6)
+            .map(|p| {
+                (
+                    u16::from_be_bytes([p[0], p[1]]),
+                    u32::from_be_bytes([p[2], p[3], p[4], p[5]]),
+                )
+            })
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(
+        settings,
+        vec![
+            (SETTINGS_ENABLE_PUSH, 0),
+            (SETTINGS_INITIAL_WINDOW_SIZE, 16 << 20),
+            (SETTINGS_MAX_HEADER_LIST_SIZE, 16_384),
+        ]
+    );
+}
+
+/// A reply whose every frame (SETTINGS, HEADERS with a CONTINUATION, padded DATA, trailers)
+/// arrives a byte at a time, so that frame headers and payloads are split across reads.
+#[test]
+fn frames_split_across_reads_are_decoded() {
+    let (out, ()) = against(Duration::from_secs(10), b"x", |mut s| {
+        read_request(&mut s);
+        let mut enc = httlib_hpack::Encoder::default();
+        let mut out = Vec::new();
+        frame(&mut out, SETTINGS, 0, 0, &[]);
+        let h = headers_block(
+            &mut enc,
+            &[(":status", "200"), ("content-type", "application/grpc")],
+        );
+        let (a, b) = h.split_at(h.len() / 2);
+        frame(&mut out, HEADERS, 0, STREAM, a);
+        frame(&mut out, CONTINUATION, END_HEADERS, STREAM, b);
+        let reply = grpc_message(b"a reply in pieces");
+        let mut padded = vec![2u8];
+        padded.extend_from_slice(&reply[..7]);
+        padded.extend_from_slice(&[0, 0]);
+        frame(&mut out, DATA, PADDED, STREAM, &padded);
+        frame(&mut out, DATA, 0, STREAM, &reply[7..]);
+        let t = headers_block(&mut enc, &[("grpc-status", "0"), ("grpc-message", "ok")]);
+        frame(&mut out, HEADERS, END_HEADERS | END_STREAM, STREAM, &t);
+        for byte in out {
+            // The client may have gone once it has its reply: the last write may fail.
+            if s.write_all(&[byte]).is_err() {
+                break;
+            }
+            thread::sleep(Duration::from_micros(300));
+        }
+    });
+    let reply = out.expect("a reply");
+    assert_eq!(reply.code, 0);
+    assert_eq!(reply.message, "ok");
+    assert_eq!(reply.body, b"a reply in pieces");
+}
+
+/// A HEADERS frame of 4 KiB whose fields decode to 20 KiB (:status, a 4 033-byte table entry,
+/// then four references to it): refused as over the announced 16 KiB, a broken call (CNI 11).
+#[test]
+fn a_header_block_that_decodes_past_the_list_size_is_refused() {
+    let why = broken_by(|s| {
+        let mut block = vec![0x88]; // :status: 200 (static 8)
+        block.push(0x40); // a literal with indexing, new name
+        block.push(1);
+        block.push(b'x');
+        hpack_int(&mut block, 0, 7, 4000);
+        block.extend_from_slice(&[b'a'; 4000]);
+        block.extend_from_slice(&[0x80 | 62; 4]);
+        let mut out = Vec::new();
+        frame(&mut out, HEADERS, END_HEADERS | END_STREAM, STREAM, &block);
+        s.write_all(&out).expect("write");
+    });
+    assert!(
+        why.contains("headers") && why.contains("over 16384 bytes"),
+        "{why}"
+    );
+}
+
+/// Header blocks without end (HEADERS frames that never end the stream): refused at the
+/// fifth, not decoded and kept until the deadline.
+#[test]
+fn more_than_four_header_blocks_are_refused() {
+    let why = broken_by(|s| {
+        let mut enc = httlib_hpack::Encoder::default();
+        let mut out = Vec::new();
+        for _ in 0..5 {
+            let h = headers_block(&mut enc, &[(":status", "100")]);
+            frame(&mut out, HEADERS, END_HEADERS, STREAM, &h);
+        }
+        s.write_all(&out).expect("write");
+    });
+    assert!(why.contains("more than 4 header blocks"), "{why}");
+}

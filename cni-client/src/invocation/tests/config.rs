@@ -12,6 +12,20 @@ fn stdin_read_error_is_code_5() {
     }
 }
 
+/// stdin as the binary reads it (`input::read_config`): a config of 1 MiB and a space more is
+/// refused, with the limit named, for every verb (VERSION too: nothing is read past it).
+#[test]
+fn an_oversized_stdin_is_code_7_naming_the_limit() {
+    let mut big = serde_json::to_vec(&conf("1.0.0")).expect("json");
+    big.resize(crate::input::STDIN_LIMIT, b' ');
+    assert!(parse(&full_env("ADD"), crate::input::read_config(&big[..])).is_ok());
+    big.push(b' ');
+    for cmd in ["ADD", "DEL", "CHECK", "VERSION", "GC", "STATUS"] {
+        let e = parse_err(&full_env(cmd), crate::input::read_config(&big[..]));
+        assert_err(&e, 7, &["stdin", "1 MiB", "1048576 bytes"]);
+    }
+}
+
 #[test]
 fn bad_json_is_code_6() {
     let bad: [&[u8]; 8] = [
