@@ -18,6 +18,10 @@ use crate::model::{
 use crate::pool::Since;
 use crate::store::{Change, Seq};
 
+/// A network an ADD declares: the network, the changes that write it, and the networks whose
+/// definitions it replaces ([`displaced_by`]).
+type Declaration = (Network, Vec<Change>, Vec<String>);
+
 /// The longest network namespace path (PATH_MAX).
 const MAX_NETNS: usize = 4096;
 
@@ -120,7 +124,7 @@ impl Ipam {
             ..
         } = st;
         let net = match &mut declaration {
-            Some((net, _)) => net,
+            Some((net, _, _)) => net,
             None => networks.get_mut(&req.key.network).ok_or_else(|| {
                 Error::NotFound(format!("network {:?} is unknown", req.key.network))
             })?,
@@ -138,10 +142,13 @@ impl Ipam {
             Step::Done(p) => p,
             Step::Wait(ms) => return Ok(Step::Wait(ms)),
             Step::Pending(p) => {
-                if let Some((net, changes)) = declaration {
+                if let Some((net, changes, displaced)) = declaration {
                     // Declared now, so that the claims its sources started land in it.
                     let name = req.key.network.clone();
                     self.commit(st, &changes, |st| {
+                        for gone in &displaced {
+                            st.networks.remove(gone);
+                        }
                         st.networks.insert(name, net);
                         Ok(())
                     })?;
@@ -154,13 +161,16 @@ impl Ipam {
         let attachment_changes = plan.changes(net);
         let mut changes = declaration
             .as_ref()
-            .map(|(_, c)| c.clone())
+            .map(|(_, c, _)| c.clone())
             .unwrap_or_default();
         changes.extend(attachment_changes);
         let name = req.key.network.clone();
         let seq = self.commit(st, &changes, |st| {
-            if let Some((net, _)) = declaration {
+            if let Some((net, _, displaced)) = declaration {
                 tracing::info!(network = %name, ranges = %net.def.describe_ranges(), "network declared by CNI config");
+                for gone in &displaced {
+                    st.networks.remove(gone);
+                }
                 st.networks.insert(name.clone(), net);
             }
             let net = st
@@ -202,7 +212,7 @@ impl Ipam {
         name: &str,
         declared: Option<&NetworkDef>,
         now: Millis,
-    ) -> Result<Option<(Network, Vec<Change>)>, Error> {
+    ) -> Result<Option<Declaration>, Error> {
         let known = st.networks.get(name);
         let d = match (known, declared) {
             (Some(_), None) => return Ok(None),
@@ -243,10 +253,40 @@ impl Ipam {
             }
         };
         let sets = d.ranges().map_err(Error::InvalidConfig)?;
-        check_apart(name, &sets, st.networks.values().map(|n| &n.def))
-            .map_err(Error::InvalidConfig)?;
+        let displaced = displaced_by(st, name, d);
+        check_apart(
+            name,
+            &sets,
+            st.networks
+                .values()
+                .filter(|n| !displaced.contains(&n.def.name))
+                .map(|n| &n.def),
+        )
+        .map_err(Error::InvalidConfig)?;
         let mut net = Network::new(d.clone(), &self.shared.sources, now)?;
         let mut changes = vec![Change::PutNetwork(d.clone())];
+        for other in displaced.iter().filter_map(|n| st.networks.get(n)) {
+            let gone = &other.def.name;
+            tracing::warn!(network = name, displaced = %gone, ranges = %other.def.describe_ranges(), "a CNI config declares ranges that overlap those of another network a CNI config declared, which holds no address: that network's definition is dropped (its next ADD declares it again)");
+            changes.push(Change::DeleteNetwork(gone.clone()));
+            for p in &other.pools {
+                for (ip, since) in p.pool.idle_addresses() {
+                    changes.push(Change::DeleteIdle {
+                        network: gone.clone(),
+                        ip,
+                    });
+                    // Still cooling: it stays so, in the network that takes its subnet.
+                    if !p.pool.cooled(since, now) && carry_idle(&mut net, ip, since) {
+                        changes.push(Change::PutIdle {
+                            network: name.to_string(),
+                            ip,
+                            released_at: since.to_stored(),
+                        });
+                    }
+                }
+                changes.extend(forget_set(gone, p));
+            }
+        }
         if let Some(old) = known {
             for p in &old.pools {
                 for (ip, since) in p.pool.idle_addresses() {
@@ -261,8 +301,29 @@ impl Ipam {
                 changes.extend(forget_set(name, p));
             }
         }
-        Ok(Some((net, changes)))
+        Ok(Some((net, changes, displaced)))
     }
+}
+
+/// The networks a CNI config's declaration of `name` as `d` takes the place of: other
+/// networks that CNI configs declared, whose ranges overlap `d`'s, and that hold no address
+/// (no attachment, no reservation). A CNI-declared network is only a cached declaration: its
+/// next ADD declares it again (and is refused if `d`'s network holds addresses by then). Test
+/// suites and runtimes reuse one subnet under several network names this way.
+fn displaced_by(st: &State, name: &str, d: &NetworkDef) -> Vec<String> {
+    let Ok(mine) = d.ranges() else {
+        return Vec::new();
+    };
+    st.networks
+        .values()
+        .filter(|n| n.def.name != name && n.def.origin == Origin::Cni)
+        .filter(|n| check_apart(name, &mine, [&n.def]).is_err())
+        .filter(|n| {
+            !st.attachments.iter().any(|a| a.network() == n.def.name)
+                && !st.reservations.keys().any(|k| k.network == n.def.name)
+        })
+        .map(|n| n.def.name.clone())
+        .collect()
 }
 
 impl Plan {

@@ -120,3 +120,45 @@ async fn pages_cover_every_attachment_once_in_order() {
     });
     assert_eq!(m.len(), 13);
 }
+
+/// A network a CNI config declared and that holds nothing gives its subnet to the next network
+/// a CNI config declares over it (test suites reuse one subnet under several names); its
+/// cooling addresses stay cooling there. Once that one holds addresses, the first is refused.
+#[tokio::test]
+async fn an_empty_cni_network_gives_way_to_the_next_that_declares_its_subnet() {
+    let rig = Rig::new("[defaults]\ncooldown_secs = 60");
+    let a = rig.ipam.add(req("one", "a", V4)).await.expect("add");
+    assert_eq!(ips(&a), vec![ip("10.1.0.2")]);
+    rig.ipam.del(&key("one", "a")).await.expect("del"); // 10.1.0.2 cooling
+    let b = rig
+        .ipam
+        .add(req("two", "b", V4))
+        .await
+        .expect("declared over it");
+    assert_eq!(
+        ips(&b),
+        vec![ip("10.1.0.3")],
+        "the cooling address is not reused"
+    );
+    assert!(rig.ipam.pool_status(Some("one")).is_empty());
+    let snap = rig.store.load().expect("load");
+    assert!(
+        snap.networks.iter().all(|d| d.name != "one"),
+        "{:?}",
+        snap.networks
+    );
+    assert_eq!(snap.idle.len(), 1);
+    assert_eq!(
+        (snap.idle[0].0.as_str(), snap.idle[0].1),
+        ("two", ip("10.1.0.2"))
+    );
+    let e = rig
+        .ipam
+        .add(req("one", "c", V4))
+        .await
+        .expect_err("two holds an address");
+    assert!(e.to_string().contains("of network \"two\""), "{e}");
+    let ipam = rig.reopen().expect("reopen");
+    assert_eq!(ipam.pool_status(Some("two"))[0].in_use, 1);
+    assert!(ipam.pool_status(Some("one")).is_empty());
+}
