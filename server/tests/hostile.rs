@@ -36,14 +36,9 @@ fn loose_modes(dir: &Path) -> Vec<String> {
 #[test]
 fn the_state_dir_and_its_files_are_private() {
     let mut d = Daemon::start();
-    let run = common::plugin(
-        &[
-            ("CNI_COMMAND", "ADD"),
-            ("CNI_CONTAINERID", "private"),
-            ("CNI_NETNS", "/var/run/netns/private"),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/opt/cni/bin"),
-        ],
+    let run = common::cni(
+        "ADD",
+        "private",
         &d.conf("1.0.0", "net", r#""subnet": "10.77.0.0/24""#),
     );
     assert!(run.ok, "{}", run.stdout);
@@ -134,14 +129,9 @@ fn idle_tcp_connections_are_capped_and_closed_while_the_socket_serves() {
         "the daemon holds {held} TCP connections"
     );
 
-    let run = common::plugin(
-        &[
-            ("CNI_COMMAND", "ADD"),
-            ("CNI_CONTAINERID", "flooded"),
-            ("CNI_NETNS", "/var/run/netns/flooded"),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/opt/cni/bin"),
-        ],
+    let run = common::cni(
+        "ADD",
+        "flooded",
         &d.conf("1.0.0", "net", r#""subnet": "10.78.0.0/24""#),
     );
     assert!(
@@ -285,14 +275,9 @@ fn watch_streams_over_tcp_are_bounded_per_peer() {
     std::io::Read::read_to_string(&mut ninth.stderr.take().expect("stderr"), &mut err)
         .expect("read");
     assert!(err.contains("Watch streams"), "{err}");
-    let run = common::plugin(
-        &[
-            ("CNI_COMMAND", "ADD"),
-            ("CNI_CONTAINERID", "watched"),
-            ("CNI_NETNS", "/var/run/netns/watched"),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/opt/cni/bin"),
-        ],
+    let run = common::cni(
+        "ADD",
+        "watched",
         &d.conf("1.0.0", "net", r#""subnet": "10.79.0.0/24""#),
     );
     assert!(run.ok, "{}", run.stdout);
