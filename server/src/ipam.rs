@@ -12,7 +12,8 @@
 //! - [`range_set`] — one range set's pool, source and bucket: picking an address, taking it
 //! - [`ranges`] — a network's ranges changing at runtime; claims of sources that get their
 //!   addresses asynchronously
-//! - [`add`] — ADD (and the network a CNI config declares)
+//! - [`add`] — ADD
+//! - [`declare`] — the network a CNI config declares, and those it takes the place of
 //! - [`release`] — DEL, CNI GC, and releasing attachments for every other reason
 //! - [`status`] — CNI CHECK and STATUS, pool numbers
 //! - [`sticky`] — reservations for pods that went away
@@ -38,6 +39,7 @@ use crate::store::{AttachmentKey, Committer, Pod};
 
 mod add;
 mod attachments;
+mod declare;
 mod events;
 mod leak;
 mod maintain;
