@@ -47,7 +47,8 @@ impl TuningPatch {
     }
 }
 
-fn validate_routes(network: &str, routes: &[RouteSpec]) -> Result<(), Error> {
+/// Each route's `dst` a CIDR, its `gw` (when set) an address.
+pub fn validate_routes(network: &str, routes: &[RouteSpec]) -> Result<(), Error> {
     for (i, r) in routes.iter().enumerate() {
         if r.dst.parse::<IpNet>().is_err() {
             return Err(Error::InvalidConfig(format!(
@@ -227,11 +228,39 @@ pub struct LeakCheck {
 #[serde(deny_unknown_fields)]
 pub struct NetworkSpec {
     pub name: String,
+    /// Fixed ranges; or none, with `ranges_from`.
+    #[serde(default)]
     pub ranges: Vec<Vec<RangeSpec>>,
+    /// Where the node's ranges come from, instead of `ranges`.
+    pub ranges_from: Option<RangesFrom>,
+    /// flannel's subnet file (`ranges_from = "flannel"`).
+    pub subnet_file: Option<std::path::PathBuf>,
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
     #[serde(flatten)]
     pub tuning: TuningPatch,
+}
+
+/// `ranges_from`: where a network's ranges on this node come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RangesFrom {
+    /// This node's Node object: `spec.podCIDRs` (kube-controller-manager's nodeipam).
+    Node,
+    /// flannel's subnet file (`/run/flannel/subnet.env`).
+    Flannel,
+}
+
+/// Where flannel writes this node's subnet.
+pub const DEFAULT_SUBNET_FILE: &str = "/run/flannel/subnet.env";
+
+/// A network whose ranges come from the node, as the daemon must watch them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeRanges {
+    /// The Node's `spec.podCIDRs`.
+    PodCidrs,
+    /// flannel's subnet file.
+    Flannel(std::path::PathBuf),
 }
 
 impl DaemonConfig {
@@ -275,7 +304,7 @@ impl DaemonConfig {
         }
         let defs = cfg.network_defs()?;
         for (i, d) in defs.iter().enumerate() {
-            let sets = d.ranges().map_err(Error::InvalidConfig)?;
+            let sets = d.current_ranges().map_err(Error::InvalidConfig)?;
             check_apart(&d.name, &sets, &defs[..i]).map_err(Error::InvalidConfig)?;
         }
         Ok(cfg)
@@ -299,6 +328,24 @@ impl DaemonConfig {
         )
     }
 
+    /// The networks whose ranges come from the node, and from where.
+    pub fn node_ranges(&self) -> Vec<(String, NodeRanges, Vec<RouteSpec>)> {
+        self.networks
+            .iter()
+            .filter_map(|n| {
+                let from = match n.ranges_from? {
+                    RangesFrom::Node => NodeRanges::PodCidrs,
+                    RangesFrom::Flannel => NodeRanges::Flannel(
+                        n.subnet_file
+                            .clone()
+                            .unwrap_or_else(|| DEFAULT_SUBNET_FILE.into()),
+                    ),
+                };
+                Some((n.name.clone(), from, n.routes.clone()))
+            })
+            .collect()
+    }
+
     pub fn network_defs(&self) -> Result<Vec<NetworkDef>, Error> {
         self.networks
             .iter()
@@ -314,7 +361,37 @@ impl NetworkSpec {
         tuning
             .validate(&format!("network {:?}", self.name))
             .map_err(Error::InvalidConfig)?;
-        validate_ranges(&self.name, &self.ranges).map_err(Error::InvalidConfig)?;
+        let origin = match (self.ranges_from, self.ranges.is_empty()) {
+            (Some(from), true) => {
+                if self.subnet_file.is_some() && from != RangesFrom::Flannel {
+                    return Err(Error::InvalidConfig(format!(
+                        "network {:?}: subnet_file goes with ranges_from = \"flannel\"",
+                        self.name
+                    )));
+                }
+                Origin::Node
+            }
+            (Some(_), false) => {
+                return Err(Error::InvalidConfig(format!(
+                    "network {:?} sets both ranges and ranges_from (keep one)",
+                    self.name
+                )))
+            }
+            (None, true) => return Err(Error::InvalidConfig(format!(
+                "network {:?} has no ranges (set ranges, or ranges_from = \"node\" or \"flannel\")",
+                self.name
+            ))),
+            (None, false) => {
+                if self.subnet_file.is_some() {
+                    return Err(Error::InvalidConfig(format!(
+                        "network {:?}: subnet_file goes with ranges_from = \"flannel\"",
+                        self.name
+                    )));
+                }
+                validate_ranges(&self.name, &self.ranges).map_err(Error::InvalidConfig)?;
+                Origin::Config
+            }
+        };
         validate_routes(&self.name, &self.routes)?;
         Ok(NetworkDef {
             name: self.name.clone(),
@@ -322,7 +399,7 @@ impl NetworkSpec {
             retiring: Vec::new(),
             routes: self.routes.clone(),
             tuning,
-            origin: Origin::Config,
+            origin,
         })
     }
 }

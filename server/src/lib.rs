@@ -20,6 +20,9 @@
 //! - [`ipam`]: the engine: networks, attachments, ADD/DEL/CHECK, recovery at start,
 //!   the background loop. Drives pool, source and store.
 //! - [`service`]: the tonic services (`Cni`, `Ops`).
+//! - [`k8s`]: the Kubernetes client (in-cluster or a kubeconfig).
+//! - [`node_ranges`]: a network's ranges from the node (its Node's podCIDRs, flannel's
+//!   subnet file), fed to the engine as they change.
 //! - [`exporter`]: the Prometheus `/metrics` endpoint.
 //! - [`server`]: the Unix socket and `run(listener, ipam, shutdown)`.
 //! - [`tcp_guard`]: the TCP Ops listener's cap on connections and its idle timeout.
@@ -31,9 +34,11 @@ pub mod config;
 pub mod error;
 pub mod exporter;
 pub mod ipam;
+pub mod k8s;
 pub mod logbuf;
 pub mod metrics;
 pub mod model;
+pub mod node_ranges;
 pub mod pool;
 pub mod range;
 pub mod server;

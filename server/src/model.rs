@@ -245,6 +245,10 @@ pub enum Origin {
     /// Ranges given while the daemon runs (`Ipam::set_ranges`: a Node's podCIDRs, flannel's
     /// subnet.env): they stand until the next change, across restarts.
     Runtime,
+    /// The daemon's TOML, with `ranges_from`: the network's tuning and routes come from the
+    /// config file, its ranges from this node (its Node's podCIDRs, flannel's subnet.env), given
+    /// at runtime like [`Origin::Runtime`]'s.
+    Node,
 }
 
 impl Origin {
@@ -254,7 +258,18 @@ impl Origin {
             Origin::Config => "ipoold's config file",
             Origin::Cni => "an earlier CNI config",
             Origin::Runtime => "ranges given at runtime",
+            Origin::Node => "ipoold's config file, with ranges from the node",
         }
+    }
+
+    /// True when the network's ranges come at runtime: a CNI config naming others is refused.
+    pub fn ranges_at_runtime(self) -> bool {
+        matches!(self, Origin::Runtime | Origin::Node)
+    }
+
+    /// True when ipoold's config file defines the network (its tuning stands).
+    pub fn from_config(self) -> bool {
+        matches!(self, Origin::Config | Origin::Node)
     }
 }
 
@@ -285,16 +300,20 @@ impl NetworkDef {
         validate_ranges(&self.name, &self.range_sets)
     }
 
+    /// The current range sets, validated; none while the ranges are not known yet.
+    pub fn current_ranges(&self) -> Result<Vec<RangeSet>, String> {
+        match self.range_sets.is_empty() {
+            true => Ok(Vec::new()),
+            false => self.ranges(),
+        }
+    }
+
     /// The current range sets (none while the ranges are not known yet) and then the retiring
     /// ones, validated: no overlap among the current ones, each retiring set valid on its own
     /// (a retiring set may overlap a current one: what it holds there belongs to the current
     /// one).
     pub fn all_ranges(&self) -> Result<(Vec<RangeSet>, Vec<RangeSet>), String> {
-        let current = if self.range_sets.is_empty() {
-            Vec::new()
-        } else {
-            self.ranges()?
-        };
+        let current = self.current_ranges()?;
         let retiring = self
             .retiring
             .iter()

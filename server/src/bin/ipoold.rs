@@ -9,8 +9,11 @@ use clap::Parser;
 use ipool_server::logbuf::{self, DeferredLog};
 use ipool_server::{
     clock::SystemClock,
-    config::DaemonConfig,
+    config::{DaemonConfig, NodeRanges},
     ipam::{Ipam, Setup},
+    k8s,
+    model::RouteSpec,
+    node_ranges::{self, Feed},
     server::{bind_socket, serve, shutdown_signal, Listeners, OpsTcp},
     store::SledStore,
 };
@@ -62,6 +65,14 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9655.
     #[arg(long, env = "IPOOL_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Kubernetes config file, for a daemon outside a pod (in a pod: the service account's
+    /// in-cluster config; else KUBECONFIG or ~/.kube/config). Used only when a network takes
+    /// its ranges from the node (`ranges_from = "node"`).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name (the DaemonSet passes spec.nodeName from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
     /// Print the embedded default config and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -210,6 +221,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             None
         }
     };
+    let node_ranges = config.node_ranges();
     // Read through one handle, serve through a fresh one (see Ipam::open_with).
     let state_dir = args.state_dir.clone();
     let options = config.store.options();
@@ -231,6 +243,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     )
     .context("recovering state")?;
     ipam.maintain().await.context("preloading pools")?;
+    follow_node_ranges(&args, &node_ranges, &ipam).await?;
     // Recovery decoded every stored record; hand the memory it freed back before serving.
     trim_heap();
     spawn_heap_trimmer();
@@ -265,6 +278,32 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&args.socket);
     served.context("gRPC server")?;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Starts following the node's ranges for the networks that take them from there.
+async fn follow_node_ranges(
+    args: &Args,
+    networks: &[(String, NodeRanges, Vec<RouteSpec>)],
+    ipam: &Ipam,
+) -> anyhow::Result<()> {
+    let mut client = None;
+    for (network, from, routes) in networks {
+        let feed = Feed::new(ipam.clone(), network, routes.clone());
+        match from {
+            NodeRanges::Flannel(path) => {
+                tokio::spawn(node_ranges::flannel::follow(feed, path.clone()));
+            }
+            NodeRanges::PodCidrs => {
+                let node = args.node_name.clone().with_context(|| format!("network {network:?} takes its ranges from the node's spec.podCIDRs: give --node-name (or NODE_NAME, from the downward API's spec.nodeName)"))?;
+                if client.is_none() {
+                    client = Some(k8s::client(args.kubeconfig.as_deref()).await?);
+                }
+                let c = client.clone().expect("made above");
+                tokio::spawn(node_ranges::podcidrs::follow(feed, c, node));
+            }
+        }
+    }
     Ok(())
 }
 

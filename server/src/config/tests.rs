@@ -70,6 +70,16 @@ fn bad_toml_is_named() {
             "[[network]]\nname = \"a\"\nranges = [[{ subnet = \"10.0.0.0/24\" }]]\ncooldown_secs = 99999999999",
             "network \"a\": cooldown_secs",
         ),
+        ("[[network]]\nname = \"a\"", "has no ranges (set ranges, or ranges_from"),
+        (
+            "[[network]]\nname = \"a\"\nranges_from = \"node\"\nranges = [[{ subnet = \"10.0.0.0/24\" }]]",
+            "both ranges and ranges_from",
+        ),
+        (
+            "[[network]]\nname = \"a\"\nranges_from = \"node\"\nsubnet_file = \"/x\"",
+            "subnet_file goes with ranges_from = \"flannel\"",
+        ),
+        ("[[network]]\nname = \"a\"\nranges_from = \"aws\"", "ranges_from"),
     ] {
         let e = DaemonConfig::parse(text).expect_err(text).to_string();
         assert!(e.contains(needle), "{text:?}: {e}");
@@ -148,4 +158,27 @@ fn same_addresses_ignores_spelling() {
         .expect("declares");
     assert!(a.same_addresses(&b));
     assert!(!a.same_addresses(&c));
+}
+
+#[test]
+fn ranges_from_the_node() {
+    let cfg = DaemonConfig::parse(
+        "[[network]]\nname = \"pods\"\nranges_from = \"node\"\nroutes = [{ dst = \"0.0.0.0/0\" }]\nmin_idle = 2\n\
+         [[network]]\nname = \"fl\"\nranges_from = \"flannel\"\n\
+         [[network]]\nname = \"fl2\"\nranges_from = \"flannel\"\nsubnet_file = \"/tmp/s.env\"\n\
+         [[network]]\nname = \"fixed\"\nranges = [[{ subnet = \"10.9.0.0/24\" }]]",
+    )
+    .unwrap();
+    let defs = cfg.network_defs().unwrap();
+    assert_eq!(defs[0].origin, Origin::Node);
+    assert!(defs[0].range_sets.is_empty());
+    assert_eq!(defs[0].tuning.min_idle, 2);
+    assert_eq!(defs[3].origin, Origin::Config);
+    let from = cfg.node_ranges();
+    assert_eq!(from.len(), 3);
+    assert_eq!(from[0].0, "pods");
+    assert_eq!(from[0].1, NodeRanges::PodCidrs);
+    assert_eq!(from[0].2.len(), 1);
+    assert_eq!(from[1].1, NodeRanges::Flannel(DEFAULT_SUBNET_FILE.into()));
+    assert_eq!(from[2].1, NodeRanges::Flannel("/tmp/s.env".into()));
 }

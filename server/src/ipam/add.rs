@@ -263,11 +263,7 @@ pub(super) fn pick_addresses(
     now: Millis,
     may_wait: bool,
 ) -> Result<Step<Vec<Pick>>, Error> {
-    if net.current == 0 {
-        let why = format!(
-            "network {:?} has no ranges yet (they come at runtime)",
-            key.network
-        );
+    if let Some(why) = net.no_ranges() {
         return match may_wait {
             true => Ok(Step::Pending(Pending::new(why))),
             false => Err(Error::Busy(why)),

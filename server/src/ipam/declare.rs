@@ -32,10 +32,17 @@ impl Ipam {
         let d = match (known, declared) {
             (Some(_), None) => return Ok(None),
             (Some(known), Some(d)) if known.def.same_addresses(d) => return Ok(None),
-            (Some(known), Some(d)) if known.def.origin == Origin::Runtime => {
+            (Some(known), Some(d)) if known.def.origin.ranges_at_runtime() => {
+                let now = match known.no_ranges() {
+                    Some(why) => format!("none yet: {why}"),
+                    None => known.def.describe_ranges(),
+                };
                 return Err(Error::InvalidConfig(format!(
-                    "network {name:?} takes its ranges at runtime (now {}); the CNI config asks for {} (drop the ranges from the CNI config)",
-                    known.def.describe_ranges(),
+                    "network {name:?} takes its ranges {} (now {now}); the CNI config asks for {} (drop the ranges from the CNI config)",
+                    match known.def.origin {
+                        Origin::Node => "from the node",
+                        _ => "at runtime",
+                    },
                     d.describe_ranges()
                 )))
             }

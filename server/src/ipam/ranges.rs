@@ -20,7 +20,7 @@ use super::{Claiming, Ipam};
 use crate::error::Error;
 use crate::model::{
     check_apart, describe_sets, validate_ranges, Millis, NetworkDef, Origin, Reservation,
-    ReservationKey,
+    ReservationKey, RouteSpec,
 };
 use crate::pool::Since;
 use crate::range::{parse_set, RangeSpec};
@@ -57,7 +57,20 @@ impl Ipam {
         network: &str,
         range_sets: Vec<Vec<RangeSpec>>,
     ) -> Result<Option<RangesChanged>, Error> {
+        self.set_ranges_and_routes(network, range_sets, None).await
+    }
+
+    /// [`Ipam::set_ranges`], and the routes an ADD answers with (None: as they are).
+    pub async fn set_ranges_and_routes(
+        &self,
+        network: &str,
+        range_sets: Vec<Vec<RangeSpec>>,
+        routes: Option<Vec<RouteSpec>>,
+    ) -> Result<Option<RangesChanged>, Error> {
         super::validate_network(network)?;
+        if let Some(routes) = &routes {
+            crate::config::validate_routes(network, routes)?;
+        }
         let parsed = match range_sets.is_empty() {
             true => Vec::new(),
             false => validate_ranges(network, &range_sets).map_err(Error::InvalidConfig)?,
@@ -87,7 +100,8 @@ impl Ipam {
                 }),
                 _ => false,
             };
-            if same && old.def.origin == Origin::Runtime {
+            let same_routes = routes.as_ref().is_none_or(|r| *r == old.def.routes);
+            if same && same_routes && old.def.origin.ranges_at_runtime() {
                 return Ok(None);
             }
             let Replan {
@@ -95,7 +109,14 @@ impl Ipam {
                 changes,
                 ended,
                 summary,
-            } = self.replan(old, range_sets, &st.attachments, &st.reservations, now)?;
+            } = self.replan(
+                old,
+                range_sets,
+                routes,
+                &st.attachments,
+                &st.reservations,
+                now,
+            )?;
             let seq = self.commit(st, &changes, |st| {
                 for r in &ended {
                     st.reservations.remove(&r.key);
@@ -122,12 +143,35 @@ impl Ipam {
         Ok(Some(summary))
     }
 
+    /// Says why `network` has no ranges yet ("node n1 has no podCIDRs yet"): ADD and STATUS
+    /// answer with it while it has none. Kept in memory only; the source says it again.
+    pub fn await_ranges(&self, network: &str, why: &str) -> Result<(), Error> {
+        let mut st = self.lock();
+        let net = st
+            .networks
+            .get_mut(network)
+            .ok_or_else(|| Error::NotFound(format!("network {network:?} is unknown")))?;
+        net.awaiting = Some(why.to_string());
+        Ok(())
+    }
+
+    /// Why `network` cannot serve an ADD for want of ranges; None when it has ranges (or is
+    /// unknown).
+    pub fn awaiting(&self, network: &str) -> Option<String> {
+        self.lock()
+            .networks
+            .get(network)
+            .and_then(Network::no_ranges)
+    }
+
     /// Builds `old` anew for `range_sets` (see the module docs). A set the new ranges name
     /// again keeps its source's blocks, cursor, bucket and counters.
+    #[allow(clippy::too_many_arguments)]
     fn replan(
         &self,
         old: &Network,
         range_sets: Vec<Vec<RangeSpec>>,
+        routes: Option<Vec<RouteSpec>>,
         attachments: &Attachments,
         reservations: &BTreeMap<ReservationKey, Reservation>,
         now: Millis,
@@ -150,7 +194,12 @@ impl Ipam {
         let mut def = NetworkDef {
             range_sets,
             retiring: candidates,
-            origin: Origin::Runtime,
+            routes: routes.unwrap_or_else(|| old.def.routes.clone()),
+            // A network of the config file stays one: its tuning still comes from there.
+            origin: match old.def.origin {
+                Origin::Node => Origin::Node,
+                _ => Origin::Runtime,
+            },
             ..old.def.clone()
         };
         let held: Vec<(IpAddr, String)> = attachments
@@ -176,6 +225,7 @@ impl Ipam {
             .map(|(_, s)| s)
             .collect();
         let mut net = Network::new(def, sources, now)?;
+        net.awaiting = old.awaiting.clone();
         inherit(&mut net, old)?;
         let mut changes = vec![Change::PutNetwork(net.def.clone())];
         for (ip, key) in &held {

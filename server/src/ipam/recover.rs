@@ -231,6 +231,7 @@ fn log_pools(st: &State) {
             Origin::Config => "config",
             Origin::Cni => "cni",
             Origin::Runtime => "runtime",
+            Origin::Node => "node",
         };
         for p in &n.pools {
             tracing::info!(network = %n.def.name, origin, family = p.family.as_str(), ranges = %p.source.describe(), in_use = p.pool.in_use(), idle = p.pool.idle(), "pool ready");
@@ -373,7 +374,7 @@ fn reconcile_defs(
         .collect();
     let mut reset = Vec::new();
     for def in defs.values_mut() {
-        if def.origin != Origin::Config && def.tuning != config.defaults {
+        if !def.origin.from_config() && def.tuning != config.defaults {
             def.tuning = config.defaults.clone();
             changes.push(Change::PutNetwork(def.clone()));
         }
@@ -382,6 +383,14 @@ fn reconcile_defs(
         if let Some(old) = defs.get(&def.name) {
             // Sets retiring at runtime stay until nothing holds them.
             def.retiring = old.retiring.clone();
+            if def.origin == Origin::Node {
+                // The node's ranges as last seen stand until its source says otherwise (and
+                // a change then retires them as `set_ranges` does).
+                def.range_sets = old.range_sets.clone();
+                if old.origin == Origin::Node {
+                    def.routes = old.routes.clone();
+                }
+            }
         }
         match defs.get(&def.name) {
             Some(old) if old == &def => continue,

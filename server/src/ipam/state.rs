@@ -38,6 +38,9 @@ pub(super) struct Network {
     pub(super) pools: Vec<RangeSetPool>,
     /// How many of `pools` are current: they hand out addresses; the rest only take back.
     pub(super) current: usize,
+    /// Why the ranges are not known yet, from whoever brings them ("node n1 has no podCIDRs
+    /// yet"); ADD and STATUS say it while `current` is 0.
+    pub(super) awaiting: Option<String>,
 }
 
 impl Network {
@@ -59,6 +62,7 @@ impl Network {
             def,
             pools,
             current: n,
+            awaiting: None,
         })
     }
 
@@ -66,6 +70,14 @@ impl Network {
     /// retiring one.
     pub(super) fn set_of(&self, ip: IpAddr) -> Option<usize> {
         self.pools.iter().position(|p| p.source.contains(ip))
+    }
+
+    /// Why an ADD cannot be served for want of ranges, when the network has none yet.
+    pub(super) fn no_ranges(&self) -> Option<String> {
+        (self.current == 0).then(|| {
+            let why = self.awaiting.as_deref().unwrap_or("they come at runtime");
+            format!("network {:?} has no ranges yet: {why}", self.def.name)
+        })
     }
 
     /// True when the pool of set `set` is current (it hands out addresses).

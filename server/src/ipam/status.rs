@@ -76,7 +76,7 @@ impl Ipam {
             };
         };
         if let Some(d) = declared {
-            let fixed = net.def.origin == crate::model::Origin::Runtime;
+            let fixed = net.def.origin.ranges_at_runtime();
             let held = st.attachments.iter().any(|a| a.network() == network);
             if !net.def.same_addresses(d) && (fixed || held) {
                 return Err(format!(
@@ -86,10 +86,8 @@ impl Ipam {
                 ));
             }
         }
-        if net.current == 0 {
-            return Err(format!(
-                "network {network:?} has no ranges yet (they come at runtime)"
-            ));
+        if let Some(why) = net.no_ranges() {
+            return Err(why);
         }
         for p in &net.pools[..net.current] {
             let next = p.source.next();

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod fake_api;
+
 pub fn ipoold_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ipoold"))
 }
@@ -65,6 +67,11 @@ impl Daemon {
         std::fs::write(&path, toml).expect("write the config");
         d.extra_args = vec!["--config".into(), path.display().to_string()];
         d
+    }
+
+    /// More arguments for ipoold.
+    pub fn add_args(&mut self, args: &[&str]) {
+        self.extra_args.extend(args.iter().map(|s| s.to_string()));
     }
 
     /// A daemon's directories and arguments, not started.
@@ -332,6 +339,24 @@ pub fn ip_of(run: &Run) -> String {
         .next()
         .expect("ip")
         .to_string()
+}
+
+/// Waits up to `secs` for `f` to give Some; panics with `what` (and the last value seen).
+pub fn eventually<T, U: std::fmt::Debug>(
+    secs: u64,
+    what: &str,
+    mut f: impl FnMut() -> Result<T, U>,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() > deadline => {
+                panic!("{what}: not within {secs} s; last: {last:?}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
 }
 
 /// A loopback TCP port that was free a moment ago.

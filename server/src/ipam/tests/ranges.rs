@@ -2,6 +2,7 @@
 //! ones retire while attachments hold them, and all of it survives a restart.
 
 use super::*;
+use crate::model::Origin;
 use crate::range::RangeSpec;
 
 fn sets(subnets: &[&str]) -> Vec<Vec<RangeSpec>> {
@@ -311,4 +312,69 @@ async fn a_retiring_set_keeps_no_idle_address() {
     assert_eq!((pools[1].in_use, pools[1].idle), (1, 0), "{pools:?}");
     let snap = rig.store.load().expect("load");
     assert!(snap.idle.is_empty(), "{:?}", snap.idle);
+}
+
+/// A network of the config file with `ranges_from` (issue 17): no ranges until its source
+/// gives some (ADD and STATUS say why), its tuning stays the config's, a CNI config naming
+/// other ranges is refused naming both, and a restart keeps the node's ranges: also when the
+/// config switched a network from fixed ranges to `ranges_from`.
+#[tokio::test]
+async fn a_config_network_with_ranges_from_the_node() {
+    let from_node = "[cni]\nadd_wait_ms = 0\n[[network]]\nname = \"pods\"\nranges_from = \"node\"\nmax_idle = 3\n";
+    let mut rig = Rig::new(
+        "[[network]]\nname = \"pods\"\nranges = [[{ subnet = \"10.60.0.0/24\" }]]\nmax_idle = 3\n",
+    );
+    rig.ipam.add(req("pods", "a", "")).await.expect("add");
+    rig.config = DaemonConfig::parse(from_node).expect("config");
+    let ipam = rig.reopen().expect("reopen with ranges_from");
+    let def = ipam.lock().networks["pods"].def.clone();
+    assert_eq!(def.origin, Origin::Node);
+    assert_eq!(
+        def.range_sets,
+        sets(&["10.60.0.0/24"]),
+        "the stored ranges stand"
+    );
+    let b = ipam.add(req("pods", "b", "")).await.expect("add");
+    assert_eq!(ips(&b), vec![ip("10.60.0.3")]);
+    ipam.set_ranges("pods", sets(&["10.61.0.0/24"]))
+        .await
+        .expect("set")
+        .expect("changed");
+    let def = ipam.lock().networks["pods"].def.clone();
+    assert_eq!((def.origin, def.tuning.max_idle), (Origin::Node, 3));
+    let e = ipam
+        .add(req("pods", "c", V4))
+        .await
+        .expect_err("a CNI config with other ranges");
+    assert!(
+        e.to_string().contains("10.1.0.0/24") && e.to_string().contains("10.61.0.0/24"),
+        "{e}"
+    );
+
+    // A new node: nothing stored, nothing until the source speaks.
+    let rig = Rig::new(from_node);
+    rig.ipam
+        .await_ranges("pods", "node n1 has no podCIDRs yet")
+        .expect("await");
+    let e = rig
+        .ipam
+        .add(req("pods", "a", ""))
+        .await
+        .expect_err("no ranges yet");
+    assert!(matches!(e, Error::Busy(_)), "{e}");
+    assert!(e.to_string().contains("node n1 has no podCIDRs yet"), "{e}");
+    let why = rig.ipam.status("pods", None).expect_err("status");
+    assert!(why.contains("node n1 has no podCIDRs yet"), "{why}");
+    assert_eq!(
+        rig.ipam.awaiting("pods").as_deref(),
+        Some("network \"pods\" has no ranges yet: node n1 has no podCIDRs yet")
+    );
+    rig.ipam
+        .set_ranges("pods", sets(&["10.62.0.0/24"]))
+        .await
+        .expect("set");
+    assert_eq!(rig.ipam.awaiting("pods"), None);
+    let ipam = rig.reopen().expect("reopen");
+    let a = ipam.add(req("pods", "a", "")).await.expect("add");
+    assert_eq!(ips(&a), vec![ip("10.62.0.2")]);
 }

@@ -1,0 +1,399 @@
+//! A fake Kubernetes apiserver for the tests: real HTTP/1.1 on 127.0.0.1, the core/v1 paths
+//! ipoold reads (nodes and pods: list, watch, get), with resourceVersions, field selectors
+//! (`metadata.name=`, `spec.nodeName=`), watches streamed as chunked JSON lines, and the
+//! failures a real one has: error statuses, an apiserver that is down, dropped connections,
+//! and expired resourceVersions (410 Gone).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame};
+use hyper::{Request, Response, StatusCode};
+use serde_json::{json, Value};
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+/// An object's place: (resource, namespace, name); namespace "" for nodes.
+type Key = (String, String, String);
+
+#[derive(Default)]
+struct World {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    /// Every change: (resourceVersion, resource, type, object).
+    events: Vec<(u64, String, &'static str, Value)>,
+    /// Watches from a resourceVersion below this get 410 Gone.
+    oldest: u64,
+    /// Every request gets 503 (and open watches end) while set.
+    down: bool,
+    /// The next requests answered with these statuses (first first).
+    failures: Vec<u16>,
+    /// Bumped to cut every open watch.
+    cut: u64,
+    /// Request lines seen ("GET /api/v1/nodes?...").
+    requests: Vec<String>,
+}
+
+pub struct FakeApi {
+    pub addr: SocketAddr,
+    world: Arc<Mutex<World>>,
+    wake: tokio::sync::watch::Sender<u64>,
+}
+
+impl FakeApi {
+    /// Serves on a free loopback port, on a thread of its own.
+    pub fn start() -> FakeApi {
+        let world = Arc::new(Mutex::new(World::default()));
+        let (wake, _) = tokio::sync::watch::channel(0u64);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let (w, k) = (world.clone(), wake.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(serve(listener, w, k));
+        });
+        FakeApi { addr, world, wake }
+    }
+
+    /// A kubeconfig in `dir` that points at this server.
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            self.addr
+        );
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
+    fn change(&self, f: impl FnOnce(&mut World)) {
+        let v = {
+            let mut w = self.world.lock().unwrap();
+            f(&mut w);
+            w.rv + w.cut
+        };
+        self.wake.send_replace(v);
+    }
+
+    /// Creates or replaces an object (`resource`: "nodes" or "pods").
+    pub fn put(&self, resource: &str, mut obj: Value) {
+        let ns = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_string();
+        let (kind, _) = kind_of(resource);
+        obj["apiVersion"] = json!("v1");
+        obj["kind"] = json!(kind);
+        self.change(|w| {
+            w.rv += 1;
+            obj["metadata"]["resourceVersion"] = json!(w.rv.to_string());
+            let key = (resource.to_string(), ns, name);
+            let kind = match w.objects.insert(key, obj.clone()) {
+                Some(_) => "MODIFIED",
+                None => "ADDED",
+            };
+            let rv = w.rv;
+            w.events.push((rv, resource.to_string(), kind, obj));
+        });
+    }
+
+    /// Deletes an object; false when there was none.
+    pub fn delete(&self, resource: &str, namespace: &str, name: &str) -> bool {
+        let mut found = false;
+        self.change(|w| {
+            let key = (
+                resource.to_string(),
+                namespace.to_string(),
+                name.to_string(),
+            );
+            if let Some(mut obj) = w.objects.remove(&key) {
+                w.rv += 1;
+                obj["metadata"]["resourceVersion"] = json!(w.rv.to_string());
+                let rv = w.rv;
+                w.events.push((rv, resource.to_string(), "DELETED", obj));
+                found = true;
+            }
+        });
+        found
+    }
+
+    /// The apiserver down (503 to everything, open watches cut) or back.
+    pub fn set_down(&self, down: bool) {
+        self.change(|w| {
+            w.down = down;
+            w.cut += 1;
+        });
+    }
+
+    /// The next requests answered with these HTTP statuses.
+    pub fn fail_next(&self, statuses: &[u16]) {
+        self.change(|w| w.failures.extend_from_slice(statuses));
+    }
+
+    /// Cuts every open watch mid-stream (the connection is dropped, no final chunk).
+    pub fn drop_watches(&self) {
+        self.change(|w| w.cut += 1);
+    }
+
+    /// Forgets the history: a watch from an older resourceVersion gets 410 Gone.
+    pub fn compact(&self) {
+        self.change(|w| {
+            w.oldest = w.rv + 1;
+            w.cut += 1;
+        });
+    }
+
+    /// The request lines served so far.
+    pub fn requests(&self) -> Vec<String> {
+        self.world.lock().unwrap().requests.clone()
+    }
+}
+
+fn kind_of(resource: &str) -> (&'static str, &'static str) {
+    match resource {
+        "nodes" => ("Node", "NodeList"),
+        "pods" => ("Pod", "PodList"),
+        other => panic!("the fake apiserver has no {other}"),
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    world: Arc<Mutex<World>>,
+    wake: tokio::sync::watch::Sender<u64>,
+) {
+    let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (world, wake) = (world.clone(), wake.clone());
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let (world, wake) = (world.clone(), wake.clone());
+                async move { Ok::<_, Infallible>(answer(req, &world, &wake)) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await;
+        });
+    }
+}
+
+fn full(status: StatusCode, body: Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(
+            Full::new(Bytes::from(body.to_string()))
+                .map_err(|e: Infallible| match e {})
+                .boxed(),
+        )
+        .expect("response")
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+    full(
+        StatusCode::from_u16(code).expect("status"),
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": message, "reason": reason, "code": code}),
+    )
+}
+
+/// `metadata.name=n1,spec.nodeName=n1`: every term holds.
+fn selected(obj: &Value, selector: &str) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let (path, want, eq) = match term.split_once("!=") {
+            Some((p, v)) => (p, v, false),
+            None => match term.split_once('=') {
+                Some((p, v)) => (p, v.trim_start_matches('='), true),
+                None => return false,
+            },
+        };
+        let got = path.split('.').fold(obj, |v, k| &v[k]);
+        (got.as_str().unwrap_or("") == want) == eq
+    })
+}
+
+fn query(req: &Request<hyper::body::Incoming>) -> BTreeMap<String, String> {
+    let q = req.uri().query().unwrap_or("");
+    url_pairs(q)
+}
+
+fn url_pairs(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (unescape(k), unescape(v)))
+        .collect()
+}
+
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    Err(_) => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn answer(
+    req: Request<hyper::body::Incoming>,
+    world: &Arc<Mutex<World>>,
+    wake: &tokio::sync::watch::Sender<u64>,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let q = query(&req);
+    let mut w = world.lock().unwrap();
+    w.requests.push(format!("{} {}", req.method(), req.uri()));
+    if w.down {
+        return status(503, "ServiceUnavailable", "the fake apiserver is down");
+    }
+    if !w.failures.is_empty() {
+        let code = w.failures.remove(0);
+        return status(code, "InternalError", &format!("injected failure {code}"));
+    }
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // api/v1/{resource} | api/v1/{resource}/{name} | api/v1/namespaces/{ns}/{resource}[/{name}]
+    let (resource, ns, name) = match parts.as_slice() {
+        ["api", "v1", r] => (*r, None, None),
+        ["api", "v1", r, n] if *r != "namespaces" => (*r, None, Some(*n)),
+        ["api", "v1", "namespaces", ns, r] => (*r, Some(*ns), None),
+        ["api", "v1", "namespaces", ns, r, n] => (*r, Some(*ns), Some(*n)),
+        _ => return status(404, "NotFound", &format!("no route {path}")),
+    };
+    if resource != "nodes" && resource != "pods" {
+        return status(404, "NotFound", &format!("no resource {resource}"));
+    }
+    let (_, list_kind) = kind_of(resource);
+    if let Some(name) = name {
+        let key = (
+            resource.to_string(),
+            ns.unwrap_or("").to_string(),
+            name.to_string(),
+        );
+        return match w.objects.get(&key) {
+            Some(obj) => full(StatusCode::OK, obj.clone()),
+            None => status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
+        };
+    }
+    let selector = q.get("fieldSelector").cloned().unwrap_or_default();
+    let in_scope = |k: &Key, obj: &Value| {
+        k.0 == resource && ns.is_none_or(|n| k.1 == n) && selected(obj, &selector)
+    };
+    let watching = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+    if !watching {
+        let items: Vec<Value> = w
+            .objects
+            .iter()
+            .filter(|(k, o)| in_scope(k, o))
+            .map(|(_, o)| o.clone())
+            .collect();
+        return full(
+            StatusCode::OK,
+            json!({"kind": list_kind, "apiVersion": "v1",
+                   "metadata": {"resourceVersion": w.rv.to_string()}, "items": items}),
+        );
+    }
+    let from: u64 = q
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(w.rv);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
+    if from + 1 < w.oldest {
+        let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+            "metadata": {}, "status": "Failure", "message": "too old resource version",
+            "reason": "Expired", "code": 410}});
+        let _ = tx.try_send(Ok(Frame::data(Bytes::from(format!("{gone}\n")))));
+        drop(tx);
+    } else {
+        let cut = w.cut;
+        let (world, mut woken) = (world.clone(), wake.subscribe());
+        let resource = resource.to_string();
+        let ns = ns.map(str::to_string);
+        tokio::spawn(async move {
+            let mut cursor = from;
+            loop {
+                let (lines, now_cut) = {
+                    let w = world.lock().unwrap();
+                    let lines: Vec<String> = w
+                        .events
+                        .iter()
+                        .filter(|(rv, r, _, o)| {
+                            *rv > cursor
+                                && *r == resource
+                                && ns
+                                    .as_deref()
+                                    .is_none_or(|n| o["metadata"]["namespace"].as_str() == Some(n))
+                                && selected(o, &selector)
+                        })
+                        .map(|(_, _, t, o)| json!({"type": t, "object": o}).to_string())
+                        .collect();
+                    cursor = w.rv;
+                    (lines, w.cut)
+                };
+                if now_cut != cut {
+                    // Dropped: an error ends the body without its last chunk.
+                    let _ = tx
+                        .send(Err(std::io::Error::other("connection dropped")))
+                        .await;
+                    return;
+                }
+                for l in lines {
+                    if tx
+                        .send(Ok(Frame::data(Bytes::from(format!("{l}\n")))))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                if woken.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .expect("response")
+}
