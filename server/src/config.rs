@@ -140,6 +140,8 @@ pub struct DaemonConfig {
     pub leak_check: LeakCheck,
     #[serde(default)]
     pub store: StoreSettings,
+    /// Present: the pods on this node, as the apiserver lists them, are the source of truth.
+    pub kubernetes: Option<KubernetesSettings>,
     #[serde(default, rename = "network")]
     pub networks: Vec<NetworkSpec>,
 }
@@ -210,6 +212,38 @@ impl StoreSettings {
             checkpoint_every: (self.checkpoint_secs > 0)
                 .then(|| std::time::Duration::from_secs(self.checkpoint_secs)),
             ..crate::store::StoreOptions::default()
+        }
+    }
+}
+
+/// The `[kubernetes]` table: the node's pods, watched through the apiserver, decide when an
+/// address is free, and give each ADD its pod's metadata.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSettings {
+    /// An attachment whose pod is gone is released only when it was seen gone at two checks
+    /// at least this far apart, and it is at least this old.
+    #[serde(default = "default_gc_grace")]
+    pub gc_grace_secs: u64,
+    /// Owner kinds (besides StatefulSet) whose pods keep their addresses as a reservation
+    /// when they go, e.g. ["CloneSet"].
+    #[serde(default)]
+    pub sticky_kinds: Vec<String>,
+    /// How long an ADD waits for the apiserver when its pod is not in the watch cache.
+    #[serde(default = "default_pod_get_ms")]
+    pub pod_get_timeout_ms: u64,
+}
+
+fn default_pod_get_ms() -> u64 {
+    2000
+}
+
+impl Default for KubernetesSettings {
+    fn default() -> Self {
+        KubernetesSettings {
+            gc_grace_secs: default_gc_grace(),
+            sticky_kinds: Vec::new(),
+            pod_get_timeout_ms: default_pod_get_ms(),
         }
     }
 }
@@ -320,6 +354,20 @@ impl DaemonConfig {
         for (what, v) in secs {
             at_most(what, v, MAX_SECS, "a year")?;
         }
+        if let Some(k) = &self.kubernetes {
+            at_most(
+                "[kubernetes] gc_grace_secs",
+                k.gc_grace_secs,
+                MAX_SECS,
+                "a year",
+            )?;
+            at_most(
+                "[kubernetes] pod_get_timeout_ms",
+                k.pod_get_timeout_ms,
+                MAX_ADD_WAIT_MS,
+                "10 minutes",
+            )?;
+        }
         at_most(
             "[cni] add_wait_ms",
             self.cni.add_wait_ms,
@@ -377,10 +425,12 @@ impl NetworkSpec {
                     self.name
                 )))
             }
-            (None, true) => return Err(Error::InvalidConfig(format!(
+            (None, true) => {
+                return Err(Error::InvalidConfig(format!(
                 "network {:?} has no ranges (set ranges, or ranges_from = \"node\" or \"flannel\")",
                 self.name
-            ))),
+            )))
+            }
             (None, false) => {
                 if self.subnet_file.is_some() {
                     return Err(Error::InvalidConfig(format!(

@@ -152,6 +152,16 @@ pub fn registry(ipam: &Ipam) -> Registry {
         "Group-commit flushes: sled flush plus fdatasync.",
         m.flush_seconds.clone(),
     );
+    r.register(
+        "ipool_apiserver_reachable",
+        "1 while the Kubernetes apiserver answers (with [kubernetes] configured).",
+        m.apiserver_reachable.clone(),
+    );
+    r.register(
+        "ipool_pod_gc",
+        "What the pod GC did: released (pod gone), unquarantined, quarantined.",
+        m.pod_gc.clone(),
+    );
     r.register_collector(Box::new(PoolCollector(ipam.clone())));
     r
 }

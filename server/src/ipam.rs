@@ -44,6 +44,7 @@ mod events;
 mod leak;
 mod maintain;
 mod ops;
+mod pods;
 mod range_set;
 mod ranges;
 mod recover;
@@ -56,6 +57,7 @@ pub use events::{Event, EventKind};
 pub use leak::LeakSuspects;
 pub use maintain::spawn_maintenance;
 pub use ops::{Filter, ALL_NETWORKS};
+pub use pods::{LivePod, PodAttachment, Quarantine};
 pub use ranges::RangesChanged;
 pub use recover::Setup;
 pub use release::{ReleaseBy, Released};
@@ -132,6 +134,8 @@ pub struct AddRequest {
     /// Static addresses asked for: at most one per range set; sets without one get a
     /// dynamic address (as host-local does).
     pub requested: Vec<IpAddr>,
+    /// The pod as the apiserver describes it (Kubernetes only): recorded with the attachment.
+    pub k8s: Option<crate::model::PodMeta>,
 }
 
 /// A result that may have to wait for the source.
@@ -188,12 +192,18 @@ impl Ipam {
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn now(&self) -> Millis {
+    /// Engine time (what attachments' creation times are in).
+    pub fn now(&self) -> Millis {
         self.shared.clock.now_ms()
     }
 
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    /// The metrics, shared.
+    pub fn metrics_handle(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
     }
 
     /// The store's group-commit counters.

@@ -1,28 +1,11 @@
-//! The Kubernetes client: in a pod, the service account's in-cluster config; else
-//! `--kubeconfig` (or `KUBECONFIG`, `~/.kube/config`).
+//! Kubernetes: the client, the pods on this node (a watch cache that gives each ADD its pod's
+//! metadata), the pod GC, and the quarantine of live pods' addresses the store does not hold.
+//! Nothing below the engine knows of it: these drive [`crate::ipam::Ipam`] through its API.
 
-use std::path::Path;
+mod client;
+pub mod gc;
+pub mod meta;
+pub mod pods;
 
-use anyhow::Context;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
-
-/// A client for the cluster: from `kubeconfig` when given, else inferred (in-cluster first).
-pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("--kubeconfig {}", path.display()))?
-        }
-        None => Config::infer().await.context(
-            "no Kubernetes config: not in a pod (KUBERNETES_SERVICE_HOST unset) and no --kubeconfig, KUBECONFIG or ~/.kube/config",
-        )?,
-    };
-    let server = config.cluster_url.to_string();
-    let client = Client::try_from(config).context("making the Kubernetes client")?;
-    tracing::info!(apiserver = %server, "Kubernetes client ready");
-    Ok(client)
-}
+pub use client::client;
+pub use pods::Pods;

@@ -9,13 +9,17 @@
 //! - `ipool_requests_total{op, result}`: CNI calls by outcome (`ok` or the gRPC code);
 //! - `ipool_add_duration_seconds`: ADD latency in the daemon, histogram;
 //! - `ipool_store_flush_duration_seconds`: group-commit flushes (flush + fdatasync), histogram;
-//! - `ipool_store_commits_total`: writes made durable (several per flush under load).
+//! - `ipool_store_commits_total`: writes made durable (several per flush under load);
+//! - with Kubernetes: `ipool_apiserver_reachable` (1 or 0) and
+//!   `ipool_pod_gc_total{action}`: what the pod GC did (`released`, `unquarantined`,
+//!   `quarantined`).
 
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -24,12 +28,21 @@ pub struct RequestLabels {
     pub result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    pub action: String,
+}
+
 /// The daemon's own counters and histograms (pool numbers are read at scrape time).
 #[derive(Debug)]
 pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub add_seconds: Histogram,
     pub flush_seconds: Histogram,
+    /// 1 while the apiserver answers (Kubernetes only).
+    pub apiserver_reachable: Gauge,
+    /// The pod GC's releases and quarantines, by action.
+    pub pod_gc: Family<ActionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -40,11 +53,22 @@ impl Default for Metrics {
             add_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 15)),
             // 10 us .. ~160 ms
             flush_seconds: Histogram::new(exponential_buckets(10e-6, 2.0, 15)),
+            apiserver_reachable: Gauge::default(),
+            pod_gc: Family::default(),
         }
     }
 }
 
 impl Metrics {
+    /// Counts `n` of the pod GC's `action`.
+    pub fn pod_gc(&self, action: &str, n: usize) {
+        self.pod_gc
+            .get_or_create(&ActionLabels {
+                action: action.into(),
+            })
+            .inc_by(n as u64);
+    }
+
     /// Counts one CNI call; ADD also goes into the latency histogram.
     pub fn observe(&self, op: &str, error: Option<&tonic::Status>, took: Duration) {
         let result = match error {

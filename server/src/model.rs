@@ -50,6 +50,22 @@ pub struct Pod {
     pub uid: String,
 }
 
+/// What the apiserver said about an attachment's pod at its ADD. Absent without Kubernetes,
+/// and for an ADD that is not a pod's (no K8S_POD_NAME: podman, `ctr run --cni`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodMeta {
+    /// The pod's owner, "StatefulSet/web"; empty when it has none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
+    /// The pod's addresses wait for it as a reservation when it goes.
+    #[serde(default)]
+    pub sticky: bool,
+    /// How long that reservation lasts (the pod's `ipool.io/sticky-ttl`); None: the
+    /// network's `sticky_ttl_secs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sticky_ttl_secs: Option<u64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachmentRecord {
     pub key: AttachmentKey,
@@ -60,6 +76,9 @@ pub struct AttachmentRecord {
     /// One per range set of the network, in range-set order.
     pub addresses: Vec<IpAddr>,
     pub created_at_ms: Millis,
+    /// The pod as the apiserver described it (Kubernetes only): its rules apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s: Option<PodMeta>,
 }
 
 /// Whose a reservation is: a pod identity within a network.
@@ -93,6 +112,10 @@ pub struct Reservation {
     /// Why it exists, for operators: "sticky pod deleted", "reboot", ...
     #[serde(default)]
     pub reason: String,
+    /// A quarantine: the addresses a live pod (of this UID) reports that the store did not
+    /// hold for it. It lasts until that pod is gone, whatever `expires_at_ms` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
 }
 
 /// Where the engine clock stood at a moment, so that a restart continues it (see

@@ -85,6 +85,8 @@ pub struct Listeners {
     pub ops_tcp: Option<OpsTcp>,
     /// `--metrics-listen`: Prometheus `/metrics` over HTTP.
     pub metrics: Option<TcpListener>,
+    /// The pods of this node (with `[kubernetes]`): ADDs of pods take their metadata.
+    pub pods: Option<crate::k8s::Pods>,
 }
 
 pub struct OpsTcp {
@@ -111,6 +113,7 @@ pub async fn run(
             group: None,
             ops_tcp: None,
             metrics: None,
+            pods: None,
         },
         ipam,
         shutdown,
@@ -162,7 +165,7 @@ pub async fn serve(
         .timeout(CALL_TIMEOUT)
         .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
         .add_service(
-            CniServer::new(CniService::new(ipam.clone(), l.own_uid))
+            CniServer::new(CniService::new(ipam.clone(), l.own_uid, l.pods.clone()))
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(

@@ -73,6 +73,12 @@ struct Args {
     /// This node's name (the DaemonSet passes spec.nodeName from the downward API).
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+    /// Rebuild a lost or refused store from the live pods: a state dir that cannot be opened
+    /// is moved aside (to `<state-dir>.refused-<unix time>`), and before serving, every
+    /// address the node's pods report is quarantined for its pod until that pod is gone.
+    /// Needs `[kubernetes]` in the config and the apiserver.
+    #[arg(long)]
+    rebuild_from_pods: bool,
     /// Print the embedded default config and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -95,7 +101,9 @@ fn main() -> ExitCode {
     }
     let log = DeferredLog::new(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // kube's client logs every failed request (and retries some); ipoold logs each change
+        // between reachable and unreachable once, with the error.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client=off"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         // Colours only on a terminal: not in files, journald or `kubectl logs`.
@@ -222,28 +230,37 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         }
     };
     let node_ranges = config.node_ranges();
-    // Read through one handle, serve through a fresh one (see Ipam::open_with).
-    let state_dir = args.state_dir.clone();
-    let options = config.store.options();
-    let serve_options = options.clone();
-    let ipam = Ipam::open_with(
-        || {
-            let store = SledStore::open_with(&args.state_dir, options)?;
-            tracing::info!(path = %store.path().display(), boot_id = boot_id.as_deref().unwrap_or("unknown"), "store open");
-            Ok(Arc::new(store))
-        },
-        move || Ok(Arc::new(SledStore::open_with(&state_dir, serve_options)?)),
-        Setup {
-            config,
-            clock: Arc::new(SystemClock::new()),
-            boot_id: boot_id.clone(),
-            metrics: Arc::default(),
-            sources: Default::default(),
-        },
-    )
-    .context("recovering state")?;
+    let kubernetes = config.kubernetes.clone();
+    anyhow::ensure!(
+        !args.rebuild_from_pods || kubernetes.is_some(),
+        "--rebuild-from-pods needs the pods: add a [kubernetes] table to the config"
+    );
+    let ipam = match open_ipam(&args, config.clone(), boot_id.clone()) {
+        Ok(ipam) => ipam,
+        Err(e) if args.rebuild_from_pods => {
+            let aside = set_aside(&args.state_dir)?;
+            tracing::warn!(error = %format!("{e:#}"), moved_to = %aside.display(), "--rebuild-from-pods: the store cannot be opened; it is kept aside and a new one is built from the live pods");
+            keep_private(&args.state_dir)?;
+            open_ipam(&args, config, boot_id)?
+        }
+        Err(e) => return Err(e),
+    };
     ipam.maintain().await.context("preloading pools")?;
-    follow_node_ranges(&args, &node_ranges, &ipam).await?;
+    let mut client = None;
+    follow_node_ranges(&args, &node_ranges, &ipam, &mut client).await?;
+    let pods = match kubernetes {
+        Some(settings) => {
+            let node = node_name(&args, "[kubernetes] watches the pods of this node")?;
+            let c = kube_client(&args, &mut client).await?;
+            let pods = k8s::Pods::start(c, &node, settings, ipam.metrics_handle());
+            if args.rebuild_from_pods {
+                rebuild_from_pods(&ipam, &pods).await?;
+            }
+            tokio::spawn(k8s::gc::run(ipam.clone(), pods.clone()));
+            Some(pods)
+        }
+        None => None,
+    };
     // Recovery decoded every stored record; hand the memory it freed back before serving.
     trim_heap();
     spawn_heap_trimmer();
@@ -273,6 +290,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         group: args.socket_group,
         ops_tcp,
         metrics,
+        pods,
     };
     let served = serve(listeners, ipam, shutdown).await;
     let _ = std::fs::remove_file(&args.socket);
@@ -281,13 +299,92 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Opens the store and rebuilds the engine's state from it.
+fn open_ipam(args: &Args, config: DaemonConfig, boot_id: Option<String>) -> anyhow::Result<Ipam> {
+    // Read through one handle, serve through a fresh one (see Ipam::open_with).
+    let state_dir = args.state_dir.clone();
+    let options = config.store.options();
+    let serve_options = options.clone();
+    let shown_boot_id = boot_id.clone().unwrap_or_else(|| "unknown".into());
+    Ipam::open_with(
+        || {
+            let store = SledStore::open_with(&args.state_dir, options)?;
+            tracing::info!(path = %store.path().display(), boot_id = %shown_boot_id, "store open");
+            Ok(Arc::new(store))
+        },
+        move || Ok(Arc::new(SledStore::open_with(&state_dir, serve_options)?)),
+        Setup {
+            config,
+            clock: Arc::new(SystemClock::new()),
+            boot_id,
+            metrics: Arc::default(),
+            sources: Default::default(),
+        },
+    )
+    .context("recovering state")
+}
+
+/// Moves a refused state dir aside; returns where.
+fn set_aside(state_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let mut aside = state_dir.as_os_str().to_owned();
+    aside.push(format!(".refused-{secs}"));
+    let aside = PathBuf::from(aside);
+    std::fs::rename(state_dir, &aside).with_context(|| {
+        format!(
+            "moving the refused state dir {} to {}",
+            state_dir.display(),
+            aside.display()
+        )
+    })?;
+    Ok(aside)
+}
+
+/// How long --rebuild-from-pods waits for the pods' first list.
+const REBUILD_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits for the first full list of the node's pods and quarantines their addresses.
+async fn rebuild_from_pods(ipam: &Ipam, pods: &k8s::Pods) -> anyhow::Result<()> {
+    let mut lists = pods.lists();
+    tokio::time::timeout(REBUILD_WAIT, lists.wait_for(|n| *n > 0))
+        .await
+        .map_err(|_| anyhow::anyhow!("--rebuild-from-pods: the pods of node {} were not listed within {} s (is the apiserver reachable?)", pods.node(), REBUILD_WAIT.as_secs()))?
+        .context("the pod watch stopped")?;
+    k8s::gc::quarantine(ipam, pods).await;
+    tracing::info!(
+        quarantines = ipam.quarantines().len(),
+        "--rebuild-from-pods: the live pods' addresses are quarantined; serving"
+    );
+    Ok(())
+}
+
+fn node_name(args: &Args, why: &str) -> anyhow::Result<String> {
+    args.node_name.clone().with_context(|| {
+        format!("{why}: give --node-name (or NODE_NAME, from the downward API's spec.nodeName)")
+    })
+}
+
+/// The Kubernetes client, made once.
+async fn kube_client(
+    args: &Args,
+    client: &mut Option<kube::Client>,
+) -> anyhow::Result<kube::Client> {
+    if client.is_none() {
+        *client = Some(k8s::client(args.kubeconfig.as_deref()).await?);
+    }
+    Ok(client.clone().expect("made above"))
+}
+
 /// Starts following the node's ranges for the networks that take them from there.
 async fn follow_node_ranges(
     args: &Args,
     networks: &[(String, NodeRanges, Vec<RouteSpec>)],
     ipam: &Ipam,
+    client: &mut Option<kube::Client>,
 ) -> anyhow::Result<()> {
-    let mut client = None;
     for (network, from, routes) in networks {
         let feed = Feed::new(ipam.clone(), network, routes.clone());
         match from {
@@ -295,11 +392,11 @@ async fn follow_node_ranges(
                 tokio::spawn(node_ranges::flannel::follow(feed, path.clone()));
             }
             NodeRanges::PodCidrs => {
-                let node = args.node_name.clone().with_context(|| format!("network {network:?} takes its ranges from the node's spec.podCIDRs: give --node-name (or NODE_NAME, from the downward API's spec.nodeName)"))?;
-                if client.is_none() {
-                    client = Some(k8s::client(args.kubeconfig.as_deref()).await?);
-                }
-                let c = client.clone().expect("made above");
+                let node = node_name(
+                    args,
+                    &format!("network {network:?} takes its ranges from the node's spec.podCIDRs"),
+                )?;
+                let c = kube_client(args, client).await?;
                 tokio::spawn(node_ranges::podcidrs::follow(feed, c, node));
             }
         }

@@ -244,6 +244,7 @@ fn plan_attachment(
             netns: req.netns.clone(),
             addresses,
             created_at_ms: now,
+            k8s: req.k8s.clone(),
         },
         picks,
         used,

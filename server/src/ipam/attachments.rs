@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
-use crate::model::Millis;
+use crate::model::{Millis, PodMeta};
 use crate::store::{AttachmentKey, AttachmentRecord, Pod};
 
 #[derive(Default)]
@@ -31,6 +31,8 @@ struct Entry {
     ends: [u32; 4],
     addresses: Box<[IpAddr]>,
     created_at_ms: Millis,
+    /// Kubernetes pods only (a pointer's worth for the rest).
+    k8s: Option<Box<PodMeta>>,
 }
 
 /// A set element: hashed and compared by the key part of its text only, so the set can be
@@ -161,6 +163,11 @@ impl<'a> Attachment<'a> {
         self.0.created_at_ms
     }
 
+    /// What the apiserver said about the pod at the ADD.
+    pub(super) fn k8s(&self) -> Option<&'a PodMeta> {
+        self.0.k8s.as_deref()
+    }
+
     pub(super) fn to_record(self) -> AttachmentRecord {
         AttachmentRecord {
             key: self.key(),
@@ -168,6 +175,7 @@ impl<'a> Attachment<'a> {
             netns: self.netns().to_string(),
             addresses: self.addresses().to_vec(),
             created_at_ms: self.created_at_ms(),
+            k8s: self.k8s().cloned(),
         }
     }
 }
@@ -230,6 +238,7 @@ impl Attachments {
             ends,
             addresses: r.addresses.clone().into_boxed_slice(),
             created_at_ms: r.created_at_ms,
+            k8s: r.k8s.clone().map(Box::new),
         })));
     }
 
@@ -267,19 +276,25 @@ mod tests {
                 "fd00::2".parse().expect("ip"),
             ],
             created_at_ms: 42,
+            k8s: None,
         }
     }
 
     #[test]
     fn records_come_back_as_they_went_in() {
         let mut m = Attachments::default();
-        let full = record(
+        let mut full = record(
             "n",
             "c1",
             "eth0",
             ("ns", "web-0", "uid-1"),
             "/proc/1/ns/net",
         );
+        full.k8s = Some(PodMeta {
+            owner: "StatefulSet/web".into(),
+            sticky: true,
+            sticky_ttl_secs: Some(5),
+        });
         // Empty fields, and a pod field with a NUL in it: offsets, not separators.
         let odd = record("n", "c2", "net1", ("", "a\0b", ""), "");
         m.insert(&full);

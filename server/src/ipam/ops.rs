@@ -174,6 +174,7 @@ impl Ipam {
                 created_at_ms: now,
                 expires_at_ms: now.saturating_add(ttl_secs.saturating_mul(1000)),
                 reason: format!("operator: {reason}"),
+                pod_uid: None,
             };
             let mut changes = vec![Change::PutReservation(r.clone())];
             for p in &picks {

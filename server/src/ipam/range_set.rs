@@ -69,6 +69,7 @@ impl std::convert::From<PoolError> for PickError {
 }
 
 /// Why a requested address cannot be had.
+#[derive(Debug)]
 pub(super) enum ClaimError {
     /// In use by an attachment (the engine finds which).
     Held,

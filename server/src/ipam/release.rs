@@ -26,6 +26,8 @@ pub enum ReleaseBy {
     Leak,
     /// An operator's forced release (`Ops.Release`).
     Operator,
+    /// Its pod is gone from the apiserver: seen gone twice a grace apart, confirmed by a GET.
+    PodGone,
 }
 
 impl ReleaseBy {
@@ -36,6 +38,9 @@ impl ReleaseBy {
             ReleaseBy::Reboot => "the machine rebooted (boot ID changed)",
             ReleaseBy::Leak => "its network namespace is gone (seen missing twice)",
             ReleaseBy::Operator => "released by an operator",
+            ReleaseBy::PodGone => {
+                "its pod is gone from the apiserver (seen gone twice, confirmed by a GET)"
+            }
         }
     }
 
@@ -47,7 +52,7 @@ impl ReleaseBy {
     /// The kind of event a release of this sort is.
     pub(super) fn event(self) -> EventKind {
         match self {
-            ReleaseBy::Gc | ReleaseBy::Leak => EventKind::Gc,
+            ReleaseBy::Gc | ReleaseBy::Leak | ReleaseBy::PodGone => EventKind::Gc,
             _ => EventKind::Release,
         }
     }
@@ -211,8 +216,20 @@ fn plan_release(
             continue;
         };
         let pod = record.pod();
-        let sticky = sticky::identity(&key.network, &pod)
-            .filter(|_| by.keeps_sticky() && net.def.tuning.sticky.applies_to(&pod.name));
+        // The apiserver's word where there is one (owner, annotations), else the network's
+        // policy on the pod's name.
+        let (is_sticky, ttl_secs) = match record.k8s() {
+            Some(m) => (
+                m.sticky,
+                m.sticky_ttl_secs.unwrap_or(net.def.tuning.sticky_ttl_secs),
+            ),
+            None => (
+                net.def.tuning.sticky.applies_to(&pod.name),
+                net.def.tuning.sticky_ttl_secs,
+            ),
+        };
+        let sticky =
+            sticky::identity(&key.network, &pod).filter(|_| by.keeps_sticky() && is_sticky);
         let held: Vec<(usize, IpAddr)> = record
             .addresses()
             .iter()
@@ -243,7 +260,7 @@ fn plan_release(
         let mut reserved_until = None;
         match sticky {
             Some(rkey) if !kept.is_empty() => {
-                let until = now.saturating_add(net.def.tuning.sticky_ttl_secs.saturating_mul(1000));
+                let until = now.saturating_add(ttl_secs.saturating_mul(1000));
                 // An older reservation of the same pod ends: its addresses go idle.
                 if let Some(old) = st
                     .reservations
@@ -270,6 +287,7 @@ fn plan_release(
                         created_at_ms: now,
                         expires_at_ms: until,
                         reason: format!("sticky pod released: {}", by.reason()),
+                        pod_uid: None,
                     });
                 for (set, ip) in &kept {
                     r.addresses.push(*ip);

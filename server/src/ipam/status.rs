@@ -19,6 +19,8 @@ pub struct PoolStatus {
     pub idle: usize,
     pub cooling: usize,
     pub reserved: usize,
+    /// Of `reserved`, those held by quarantines.
+    pub quarantined: usize,
     pub drained: bool,
     /// The network's ranges no longer name this set: it hands nothing out, and goes when what
     /// it holds is released.
@@ -108,6 +110,7 @@ impl Ipam {
 
     pub fn pool_status(&self, network: Option<&str>) -> Vec<PoolStatus> {
         let st = self.lock();
+        let st = &*st;
         let now = self.now();
         st.networks
             .values()
@@ -123,6 +126,13 @@ impl Ipam {
                     idle: p.pool.idle(),
                     cooling: p.pool.cooling(now),
                     reserved: p.pool.reserved(),
+                    quarantined: st
+                        .reservations
+                        .values()
+                        .filter(|r| r.pod_uid.is_some() && r.key.network == n.def.name)
+                        .flat_map(|r| &r.addresses)
+                        .filter(|ip| p.source.contains(**ip))
+                        .count(),
                     drained,
                     retiring: p.retiring,
                     last_error: p.last_error.clone(),

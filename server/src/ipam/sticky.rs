@@ -87,7 +87,11 @@ impl Ipam {
     }
 
     /// Reservations -> their addresses idle, stamped now, in one change set.
-    fn end_reservations(&self, st: &mut State, ended: &[Reservation]) -> Result<Seq, Error> {
+    pub(super) fn end_reservations(
+        &self,
+        st: &mut State,
+        ended: &[Reservation],
+    ) -> Result<Seq, Error> {
         let now = self.now();
         let mut changes = Vec::new();
         let mut moves: Vec<(String, usize, IpAddr)> = Vec::new();

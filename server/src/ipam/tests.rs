@@ -58,6 +58,7 @@ fn req(net: &str, cid: &str, ipam_json: &str) -> AddRequest {
         netns: format!("/var/run/netns/{cid}"),
         ipam: IpamSection::parse(ipam_json).expect("test ipam json"),
         requested: Vec::new(),
+        k8s: None,
     }
 }
 

@@ -9,17 +9,24 @@ use tonic::{Request, Response, Status};
 use super::{key_of, parse_ips};
 use crate::config::IpamSection;
 use crate::ipam::{AddRequest, Ipam};
+use crate::k8s::Pods;
 use crate::store::Pod;
 
 pub struct CniService {
     ipam: Ipam,
     /// Peer uids allowed besides root: the daemon's own (it owns the socket anyway).
     own_uid: Option<u32>,
+    /// The pods of this node (Kubernetes only): an ADD for a pod takes its metadata.
+    pods: Option<Pods>,
 }
 
 impl CniService {
-    pub fn new(ipam: Ipam, own_uid: Option<u32>) -> CniService {
-        CniService { ipam, own_uid }
+    pub fn new(ipam: Ipam, own_uid: Option<u32>, pods: Option<Pods>) -> CniService {
+        CniService {
+            ipam,
+            own_uid,
+            pods,
+        }
     }
 
     /// Only root (and the daemon's own user) may call the CNI service: the runtime runs
@@ -61,7 +68,17 @@ impl CniService {
         });
         let result = async {
             let ipam = IpamSection::parse(&r.ipam_json)?;
-            let requested = parse_ips(&r.requested_ips)?;
+            let mut requested = parse_ips(&r.requested_ips)?;
+            // A pod's ADD (K8S_POD_NAME given) takes the pod's metadata from the apiserver;
+            // any other (podman, `ctr run --cni`) is served as it comes.
+            let info = match (&self.pods, &pod) {
+                (Some(pods), Some(p)) if !p.name.is_empty() => Some(pods.info_for(p).await?),
+                _ => None,
+            };
+            // The runtime's own static addresses win over the pod's annotation.
+            if requested.is_empty() {
+                requested = info.as_ref().map(|i| i.ips.clone()).unwrap_or_default();
+            }
             self.ipam
                 .add(AddRequest {
                     key: key.clone(),
@@ -69,6 +86,7 @@ impl CniService {
                     netns: r.netns,
                     ipam,
                     requested,
+                    k8s: info.map(|i| i.meta),
                 })
                 .await
         }

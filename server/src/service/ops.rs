@@ -68,6 +68,8 @@ fn allocation_pb(a: AttachmentRecord) -> pb::Allocation {
         addresses: a.addresses.iter().map(|i| i.to_string()).collect(),
         netns: a.netns,
         created_at_ms: a.created_at_ms,
+        owner: a.k8s.as_ref().map(|m| m.owner.clone()).unwrap_or_default(),
+        sticky: a.k8s.as_ref().is_some_and(|m| m.sticky),
     }
 }
 
@@ -80,6 +82,7 @@ fn reservation_pb(r: Reservation) -> pb::Reservation {
         created_at_ms: r.created_at_ms,
         expires_at_ms: r.expires_at_ms,
         reason: r.reason,
+        pod_uid: r.pod_uid.unwrap_or_default(),
     }
 }
 
@@ -155,6 +158,7 @@ impl pb::ops_server::Ops for OpsService {
                 reserved: p.reserved as u64,
                 drained: p.drained,
                 retiring: p.retiring,
+                quarantined: p.quarantined as u64,
                 last_source_error: p
                     .last_error
                     .map(|(at, e)| format!("{e} (at {at} ms, ipoold's clock)"))

@@ -53,6 +53,11 @@ pub(super) fn sample() -> Vec<Change> {
             netns: "/var/run/netns/x".into(),
             addresses: vec![ip("10.0.0.2")],
             created_at_ms: 7,
+            k8s: Some(crate::model::PodMeta {
+                owner: "StatefulSet/web".into(),
+                sticky: true,
+                sticky_ttl_secs: Some(30),
+            }),
         }),
         Change::PutIdle {
             network: "n".into(),
@@ -83,6 +88,7 @@ fn reservation() -> Reservation {
         addresses: vec![ip("10.0.0.4")],
         created_at_ms: 5,
         expires_at_ms: 600_005,
+        pod_uid: Some("u9".into()),
         reason: "sticky pod released: CNI DEL".into(),
     }
 }

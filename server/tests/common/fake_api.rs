@@ -29,7 +29,7 @@ struct World {
     events: Vec<(u64, String, &'static str, Value)>,
     /// Watches from a resourceVersion below this get 410 Gone.
     oldest: u64,
-    /// Every request gets 503 (and open watches end) while set.
+    /// Every connection is dropped without an answer (and open watches end) while set.
     down: bool,
     /// The next requests answered with these statuses (first first).
     failures: Vec<u16>,
@@ -130,7 +130,7 @@ impl FakeApi {
         found
     }
 
-    /// The apiserver down (503 to everything, open watches cut) or back.
+    /// The apiserver down (connections dropped unanswered, open watches cut) or back.
     pub fn set_down(&self, down: bool) {
         self.change(|w| {
             w.down = down;
@@ -180,11 +180,18 @@ async fn serve(
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        if world.lock().unwrap().down {
+            drop(stream);
+            continue;
+        }
         let (world, wake) = (world.clone(), wake.clone());
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let (world, wake) = (world.clone(), wake.clone());
-                async move { Ok::<_, Infallible>(answer(req, &world, &wake)) }
+                async move {
+                    answer(req, &world, &wake)
+                        .ok_or_else(|| std::io::Error::other("the fake apiserver is down"))
+                }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new()
@@ -273,18 +280,29 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The answer to `req`; None drops the connection (the apiserver is down).
 fn answer(
     req: Request<hyper::body::Incoming>,
     world: &Arc<Mutex<World>>,
     wake: &tokio::sync::watch::Sender<u64>,
-) -> Response<Body> {
+) -> Option<Response<Body>> {
     let path = req.uri().path().to_string();
     let q = query(&req);
     let mut w = world.lock().unwrap();
     w.requests.push(format!("{} {}", req.method(), req.uri()));
     if w.down {
-        return status(503, "ServiceUnavailable", "the fake apiserver is down");
+        return None;
     }
+    Some(respond(&mut w, &path, &q, world, wake))
+}
+
+fn respond(
+    w: &mut World,
+    path: &str,
+    q: &BTreeMap<String, String>,
+    world: &Arc<Mutex<World>>,
+    wake: &tokio::sync::watch::Sender<u64>,
+) -> Response<Body> {
     if !w.failures.is_empty() {
         let code = w.failures.remove(0);
         return status(code, "InternalError", &format!("injected failure {code}"));

@@ -48,7 +48,8 @@ pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
                 serde_json::json!({
                     "network": p.network, "family": p.family, "ranges": p.ranges,
                     "capacity": p.capacity, "inUse": p.in_use, "idle": p.idle,
-                    "cooling": p.cooling, "reserved": p.reserved, "drained": p.drained,
+                    "cooling": p.cooling, "reserved": p.reserved,
+                    "quarantined": p.quarantined, "drained": p.drained,
                     "retiring": p.retiring,
                     "lastSourceError": p.last_source_error, "freeInSource": p.free_in_source,
                     "minIdle": p.min_idle, "maxIdle": p.max_idle, "bucketTokens": p.bucket_tokens,
@@ -72,7 +73,10 @@ pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
                 p.in_use.to_string(),
                 p.idle.to_string(),
                 p.cooling.to_string(),
-                p.reserved.to_string(),
+                match p.quarantined {
+                    0 => p.reserved.to_string(),
+                    q => format!("{} ({q} quarantined)", p.reserved),
+                },
                 p.capacity.to_string(),
                 p.free_in_source.to_string(),
             ]
@@ -97,6 +101,7 @@ pub(super) fn print_list(r: &pb::ListAllocationsResponse, out: Output) {
                     "network": a.network, "containerID": a.container_id, "ifname": a.ifname,
                     "podNamespace": a.pod_namespace, "podName": a.pod_name, "podUID": a.pod_uid,
                     "addresses": a.addresses, "netns": a.netns, "createdAtMs": a.created_at_ms,
+                    "owner": a.owner, "sticky": a.sticky,
                 })
             })
             .collect();
@@ -118,11 +123,24 @@ pub(super) fn print_list(r: &pb::ListAllocationsResponse, out: Output) {
                 pod,
                 a.container_id.chars().take(12).collect(),
                 a.ifname.clone(),
+                match (a.owner.is_empty(), a.sticky) {
+                    (true, false) => "-".to_string(),
+                    (true, true) => "(sticky)".to_string(),
+                    (false, false) => a.owner.clone(),
+                    (false, true) => format!("{} (sticky)", a.owner),
+                },
             ]
         })
         .collect();
     table(
-        &["NETWORK", "ADDRESSES", "POD", "CONTAINER", "IFNAME"],
+        &[
+            "NETWORK",
+            "ADDRESSES",
+            "POD",
+            "CONTAINER",
+            "IFNAME",
+            "OWNER",
+        ],
         rows,
     );
 }
@@ -135,7 +153,7 @@ pub(super) fn print_reservations(rs: &[pb::Reservation], out: Output) {
                 serde_json::json!({
                     "network": r.network, "namespace": r.namespace, "pod": r.name,
                     "addresses": r.addresses, "createdAtMs": r.created_at_ms,
-                    "expiresAtMs": r.expires_at_ms, "reason": r.reason,
+                    "expiresAtMs": r.expires_at_ms, "reason": r.reason, "podUID": r.pod_uid,
                 })
             })
             .collect();
@@ -153,7 +171,10 @@ pub(super) fn print_reservations(rs: &[pb::Reservation], out: Output) {
                 r.network.clone(),
                 format!("{}/{}", r.namespace, r.name),
                 r.addresses.join(","),
-                format!("{}s", r.expires_at_ms.saturating_sub(now) / 1000),
+                match r.pod_uid.is_empty() {
+                    true => format!("{}s", r.expires_at_ms.saturating_sub(now) / 1000),
+                    false => "pod gone".to_string(),
+                },
                 r.reason.clone(),
             ]
         })

@@ -61,6 +61,7 @@ fn attachment(container: &str, addr: IpAddr) -> AttachmentRecord {
         netns: "/var/run/netns/x".into(),
         addresses: vec![addr],
         created_at_ms: 1,
+        k8s: None,
     }
 }
 

@@ -18,6 +18,7 @@ fn record(container: &str, addr: &str) -> AttachmentRecord {
         netns: "/var/run/netns/x".into(),
         addresses: vec![ip(addr)],
         created_at_ms: 1,
+        k8s: None,
     }
 }
 

@@ -1,0 +1,128 @@
+//! What an ADD takes from its pod: the owner, stickiness (`ipool.io/sticky`,
+//! `ipool.io/sticky-ttl`, else an owner of kind StatefulSet or one of `sticky_kinds`) and
+//! static addresses (`ipool.io/ips`).
+
+use std::net::IpAddr;
+
+use ipool_proto::names::shown;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::model::{at_most, PodMeta, MAX_SECS};
+
+pub const STICKY: &str = "ipool.io/sticky";
+pub const STICKY_TTL: &str = "ipool.io/sticky-ttl";
+pub const IPS: &str = "ipool.io/ips";
+
+/// The pod's metadata for its attachment, and the addresses its annotation asks for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    pub meta: PodMeta,
+    pub ips: Vec<IpAddr>,
+}
+
+/// Reads `pod`; an annotation that cannot be read is an error naming it and its value.
+pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
+    let md = &pod.metadata;
+    let who = format!(
+        "pod {}/{}",
+        md.namespace.as_deref().unwrap_or_default(),
+        md.name.as_deref().unwrap_or_default()
+    );
+    let owners = md.owner_references.as_deref().unwrap_or_default();
+    let owner = owners
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .or(owners.first());
+    let by_owner = owners
+        .iter()
+        .any(|o| o.kind == "StatefulSet" || sticky_kinds.contains(&o.kind));
+    let annotation = |k: &str| md.annotations.as_ref().and_then(|a| a.get(k));
+    let sticky = match annotation(STICKY).map(|v| v.trim()) {
+        None => by_owner,
+        Some("true") => true,
+        Some("false") => false,
+        Some(v) => {
+            return Err(format!(
+                "{who}: annotation {STICKY}={} is neither \"true\" nor \"false\"",
+                shown(v)
+            ))
+        }
+    };
+    let sticky_ttl_secs = match annotation(STICKY_TTL) {
+        None => None,
+        Some(v) => {
+            let secs = v
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|s| *s > 0)
+                .ok_or_else(|| {
+                    format!(
+                        "{who}: annotation {STICKY_TTL}={} is not a number of seconds (at least 1)",
+                        shown(v)
+                    )
+                })?;
+            at_most(
+                &format!("{who}: annotation {STICKY_TTL}"),
+                secs,
+                MAX_SECS,
+                "a year",
+            )?;
+            Some(secs)
+        }
+    };
+    let ips = match annotation(IPS) {
+        None => Vec::new(),
+        Some(v) => v
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(|a| {
+                a.parse::<IpAddr>().map_err(|_| {
+                    format!(
+                        "{who}: annotation {IPS}={}: {} is not an IP address",
+                        shown(v),
+                        shown(a)
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    Ok(PodInfo {
+        meta: PodMeta {
+            owner: owner
+                .map(|o| format!("{}/{}", o.kind, o.name))
+                .unwrap_or_default(),
+            sticky,
+            sticky_ttl_secs,
+        },
+        ips,
+    })
+}
+
+/// The pod's UID, "" when it has none.
+pub fn uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or_default()
+}
+
+/// The addresses `status.podIPs` reports for a pod with its own network namespace (a
+/// hostNetwork pod reports the node's).
+pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
+        return Vec::new();
+    }
+    let status = pod.status.as_ref();
+    let mut ips: Vec<IpAddr> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.ip.parse().ok())
+        .collect();
+    if ips.is_empty() {
+        ips.extend(status.and_then(|s| s.pod_ip.as_ref()?.parse::<IpAddr>().ok()));
+    }
+    ips
+}
+
+#[cfg(test)]
+mod tests;

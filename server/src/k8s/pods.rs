@@ -1,0 +1,217 @@
+//! The pods on this node: a watch (`fieldSelector=spec.nodeName=<node>`) reflected into a
+//! cache. The cache is a complete picture only after the first full list; it is kept, as it
+//! was, while the apiserver errors (the watcher reconnects with backoff and relists when its
+//! resourceVersion expired). Each change between reachable and unreachable is logged once and
+//! shown by the `ipool_apiserver_reachable` gauge.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+
+use super::meta::{pod_info, uid, PodInfo};
+use crate::config::KubernetesSettings;
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::model;
+
+/// A handle on the pods of this node (cheap to clone).
+#[derive(Clone)]
+pub struct Pods(Arc<Inner>);
+
+struct Inner {
+    node: String,
+    client: Client,
+    cache: Store<Pod>,
+    settings: KubernetesSettings,
+    metrics: Arc<Metrics>,
+    /// The first full list is in the cache.
+    synced: AtomicBool,
+    /// The apiserver answered the last call (the watch's or ours).
+    reachable: AtomicBool,
+    last_error: Mutex<String>,
+    /// Bumped after each full list (start, and each relist).
+    lists: tokio::sync::watch::Sender<u64>,
+}
+
+impl Pods {
+    /// Starts watching the pods of `node`.
+    pub fn start(
+        client: Client,
+        node: &str,
+        settings: KubernetesSettings,
+        metrics: Arc<Metrics>,
+    ) -> Pods {
+        let (cache, writer) = reflector::store();
+        let (lists, _) = tokio::sync::watch::channel(0);
+        let pods = Pods(Arc::new(Inner {
+            node: node.to_string(),
+            client: client.clone(),
+            cache,
+            settings,
+            metrics,
+            synced: AtomicBool::new(false),
+            reachable: AtomicBool::new(true),
+            last_error: Mutex::new(String::new()),
+            lists,
+        }));
+        pods.0.metrics.apiserver_reachable.set(1);
+        let api: Api<Pod> = Api::all(client);
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let stream = watcher(api, config).default_backoff().reflect(writer);
+        let me = pods.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            tracing::info!(node = %me.0.node, "watching the pods of this node");
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        me.answered();
+                        if !me.0.synced.swap(true, Ordering::SeqCst) {
+                            tracing::info!(node = %me.0.node, pods = me.0.cache.len(), "pods listed: the watch cache is complete");
+                        }
+                        me.0.lists.send_modify(|n| *n += 1);
+                    }
+                    Ok(_) => me.answered(),
+                    Err(e) => me.failed(&e.to_string()),
+                }
+            }
+        });
+        pods
+    }
+
+    pub fn node(&self) -> &str {
+        &self.0.node
+    }
+
+    pub fn settings(&self) -> &KubernetesSettings {
+        &self.0.settings
+    }
+
+    /// The cache holds the first full list.
+    pub fn synced(&self) -> bool {
+        self.0.synced.load(Ordering::SeqCst)
+    }
+
+    /// The apiserver answered the last call made to it.
+    pub fn reachable(&self) -> bool {
+        self.0.reachable.load(Ordering::SeqCst)
+    }
+
+    /// Wakes after each full list.
+    pub fn lists(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.lists.subscribe()
+    }
+
+    fn answered(&self) {
+        if !self.0.reachable.swap(true, Ordering::SeqCst) {
+            tracing::info!(node = %self.0.node, "the apiserver answers again");
+            self.0.metrics.apiserver_reachable.set(1);
+        }
+    }
+
+    fn failed(&self, error: &str) {
+        *self.0.last_error.lock().expect("not poisoned") = error.to_string();
+        if self.0.reachable.swap(false, Ordering::SeqCst) {
+            tracing::warn!(node = %self.0.node, %error, "the apiserver does not answer: pods in the cache are served, the pod GC pauses; retrying with backoff");
+            self.0.metrics.apiserver_reachable.set(0);
+        }
+    }
+
+    /// The pod `namespace/name` in the cache.
+    pub fn cached(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.0.cache.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Every pod in the cache.
+    pub fn all(&self) -> Vec<Arc<Pod>> {
+        self.0.cache.state()
+    }
+
+    /// The pod as the apiserver has it now (None: not found), within the configured deadline.
+    pub async fn get_live(&self, namespace: &str, name: &str) -> Result<Option<Pod>, String> {
+        let api: Api<Pod> = Api::namespaced(self.0.client.clone(), namespace);
+        let deadline = Duration::from_millis(self.0.settings.pod_get_timeout_ms);
+        let got = match tokio::time::timeout(deadline, api.get_opt(name)).await {
+            Ok(Ok(pod)) => Ok(pod),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {} ms", deadline.as_millis())),
+        };
+        match &got {
+            Ok(_) => self.answered(),
+            Err(e) => self.failed(e),
+        }
+        got
+    }
+
+    /// Asks the apiserver whether it answers (the watch may be quiet after a reconnection).
+    pub async fn probe(&self) -> bool {
+        let api: Api<Pod> = Api::all(self.0.client.clone());
+        let params = kube::api::ListParams::default()
+            .fields(&format!("spec.nodeName={}", self.0.node))
+            .limit(1);
+        let deadline = Duration::from_millis(self.0.settings.pod_get_timeout_ms);
+        match tokio::time::timeout(deadline, api.list_metadata(&params)).await {
+            Ok(Ok(_)) => {
+                self.answered();
+                true
+            }
+            Ok(Err(e)) => {
+                self.failed(&e.to_string());
+                false
+            }
+            Err(_) => {
+                self.failed("no answer");
+                false
+            }
+        }
+    }
+
+    /// The metadata an ADD of `want` records: its pod from the cache (with the UID the
+    /// runtime gave, when it gave one), else from one live GET. Fails with a retryable error
+    /// when the apiserver cannot say, never silently without the metadata.
+    pub async fn info_for(&self, want: &model::Pod) -> Result<PodInfo, Error> {
+        let who = format!("pod {}/{}", want.namespace, want.name);
+        if !self.synced() {
+            return Err(Error::Busy(format!(
+                "the pods of node {} are not listed yet (apiserver: {})",
+                self.0.node,
+                self.last_error()
+            )));
+        }
+        let matches = |p: &Pod| want.uid.is_empty() || uid(p) == want.uid;
+        let pod = match self.cached(&want.namespace, &want.name) {
+            Some(p) if matches(&p) => (*p).clone(),
+            _ => match self.get_live(&want.namespace, &want.name).await {
+                Ok(Some(p)) if matches(&p) => p,
+                Ok(Some(p)) => {
+                    return Err(Error::Busy(format!(
+                        "{who} has UID {} in the apiserver; the runtime says {}",
+                        uid(&p),
+                        want.uid
+                    )))
+                }
+                Ok(None) => return Err(Error::Busy(format!("{who} is not in the apiserver"))),
+                Err(e) => {
+                    return Err(Error::Busy(format!(
+                        "cannot get {who} from the apiserver: {e}"
+                    )))
+                }
+            },
+        };
+        pod_info(&pod, &self.0.settings.sticky_kinds).map_err(Error::InvalidRequest)
+    }
+
+    fn last_error(&self) -> String {
+        let e = self.0.last_error.lock().expect("not poisoned").clone();
+        match e.is_empty() {
+            true => "no answer yet".to_string(),
+            false => e,
+        }
+    }
+}
