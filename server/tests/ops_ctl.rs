@@ -237,3 +237,26 @@ fn watch_streams_allocation_events() {
         "{events:?}"
     );
 }
+
+/// `ipoolctl health` for probes: 0 SERVING, 1 NOT_SERVING, 2 unreachable.
+#[test]
+fn health_exit_codes_follow_the_daemon() {
+    let mut d = Daemon::start();
+    let ok = d.ctl(&["health"]);
+    assert_eq!(code(&ok), 0, "{ok:?}");
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "SERVING");
+    assert_eq!(code(&d.ctl(&["health", "--service", "ipool.v1.Cni"])), 0);
+    assert_eq!(code(&d.ctl(&["health", "--service", "nope"])), 1);
+    assert_eq!(code(&d.ctl(&["drain"])), 0);
+    let drained = d.ctl(&["health"]);
+    assert_eq!(code(&drained), 1, "{drained:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&drained.stdout).trim(),
+        "NOT_SERVING"
+    );
+    assert_eq!(code(&d.ctl(&["drain", "--undo"])), 0);
+    assert_eq!(code(&d.ctl(&["health"])), 0);
+    d.kill9();
+    let gone = d.ctl(&["health"]);
+    assert_eq!(code(&gone), 2, "{gone:?}");
+}

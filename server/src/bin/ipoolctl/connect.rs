@@ -11,6 +11,11 @@ use tonic::{Request, Status};
 use crate::{pb, read, Args, Command};
 
 pub(super) async fn connect(args: &Args) -> Result<OpsClient<Channel>, String> {
+    Ok(OpsClient::new(channel(args).await?))
+}
+
+/// A channel to ipoold (socket or TCP).
+pub(super) async fn channel(args: &Args) -> Result<Channel, String> {
     let watching = matches!(args.command, Command::Watch { .. });
     let endpoint = match &args.addr {
         None => Endpoint::from_shared(format!("unix://{}", args.socket.display()))
@@ -58,7 +63,7 @@ pub(super) async fn connect(args: &Args) -> Result<OpsClient<Channel>, String> {
             "cannot reach ipoold at {target}: {cause} (is it running? is --socket / --addr right?)"
         )
     })?;
-    Ok(OpsClient::new(channel))
+    Ok(channel)
 }
 
 /// Wraps a message, adding the bearer token when there is one.

@@ -1,7 +1,8 @@
 //! ipoolctl: look at and steer a running ipoold, over its Unix socket or TCP (`--addr`).
 //!
 //! Exit codes: 0 success; 1 ipoold refused the call; 2 ipoold could not be reached; 3 what was
-//! asked for does not exist; 4 not allowed (authentication); 64 bad usage.
+//! asked for does not exist; 4 not allowed (authentication); 64 bad usage. `health`: 0
+//! SERVING, 1 NOT_SERVING, 2 unreachable (for probes).
 //!
 //! Layout: the arguments and `main` here; `connect` (socket or TCP, TLS, token), `run` (one
 //! subcommand and its exit code), `print` (tables and JSON).
@@ -141,6 +142,13 @@ enum Command {
         /// Undrain instead.
         #[arg(long)]
         undo: bool,
+    },
+    /// ipoold's health, for probes: exit 0 when SERVING, 1 when NOT_SERVING (the store failed,
+    /// every network drained), 2 when it cannot be reached.
+    Health {
+        /// The service asked about ("" = the daemon; or ipool.v1.Cni, ipool.v1.Ops).
+        #[arg(long, default_value = "")]
+        service: String,
     },
     /// Print allocation events as they happen, until interrupted.
     Watch {
