@@ -26,6 +26,7 @@
 //! - [`exporter`]: the Prometheus `/metrics` endpoint.
 //! - [`server`]: the Unix socket and `run(listener, ipam, shutdown)`.
 //! - [`tcp_guard`]: the TCP Ops listener's cap on connections and its idle timeout.
+//! - [`install`]: the plugin and the conflist written on the host, atomically.
 //! - [`logbuf`]: log lines that wait for the runtime's thread to go idle.
 #![forbid(unsafe_code)]
 
@@ -33,6 +34,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod exporter;
+pub mod install;
 pub mod ipam;
 pub mod k8s;
 pub mod logbuf;

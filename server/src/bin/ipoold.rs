@@ -10,6 +10,7 @@ use ipool_server::logbuf::{self, DeferredLog};
 use ipool_server::{
     clock::SystemClock,
     config::{DaemonConfig, NodeRanges},
+    install,
     ipam::{Ipam, Setup},
     k8s,
     model::RouteSpec,
@@ -67,7 +68,7 @@ struct Args {
     metrics_listen: Option<std::net::SocketAddr>,
     /// Kubernetes config file, for a daemon outside a pod (in a pod: the service account's
     /// in-cluster config; else KUBECONFIG or ~/.kube/config). Used only when a network takes
-    /// its ranges from the node (`ranges_from = "node"`).
+    /// its ranges from the node (`ranges_from = "node"`) or the config has `[kubernetes]`.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// This node's name (the DaemonSet passes spec.nodeName from the downward API).
@@ -79,12 +80,38 @@ struct Args {
     /// Needs `[kubernetes]` in the config and the apiserver.
     #[arg(long)]
     rebuild_from_pods: bool,
+    /// Once the socket is up, write the CNI conflist made from --cni-conflist-template into
+    /// this directory (the host's /etc/cni/net.d), atomically; it stays across restarts.
+    #[arg(long, env = "IPOOL_CNI_CONF_DIR", requires = "cni_conflist_template")]
+    cni_conf_dir: Option<PathBuf>,
+    /// The conflist to write (JSON; its ipool IPAM's socket must be --socket).
+    #[arg(long, env = "IPOOL_CNI_CONFLIST_TEMPLATE", requires = "cni_conf_dir")]
+    cni_conflist_template: Option<PathBuf>,
+    /// The conflist's file name: runtimes use the first in lexical order.
+    #[arg(long, env = "IPOOL_CNI_CONF_NAME", default_value = "10-ipool.conflist")]
+    cni_conf_name: String,
     /// Print the embedded default config and exit.
     #[arg(long)]
     print_default_config: bool,
     /// Log format; the level comes from RUST_LOG (default: info).
     #[arg(long, env = "IPOOL_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Sub>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Sub {
+    /// Install the CNI plugin on the host (the DaemonSet's init container): copy it into the
+    /// CNI bin dir atomically (safe while the old one runs; skipped when identical), and exit.
+    InstallCni {
+        /// The host's CNI bin dir, as mounted.
+        #[arg(long, env = "CNI_BIN_DIR", default_value = "/host/opt/cni/bin")]
+        cni_bin_dir: PathBuf,
+        /// The plugin to install (default: `ipool` beside this ipoold).
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -98,6 +125,19 @@ fn main() -> ExitCode {
     if args.print_default_config {
         print!("{}", ipool_server::config::EMBEDDED_DEFAULT);
         return ExitCode::SUCCESS;
+    }
+    if let Some(Sub::InstallCni {
+        cni_bin_dir,
+        plugin,
+    }) = &args.command
+    {
+        return match install_cni(cni_bin_dir, plugin.as_deref()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ipoold install-cni: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let log = DeferredLog::new(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -284,6 +324,11 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         std::fs::metadata(&args.socket).ok().map(|m| m.uid())
     };
     tracing::info!(socket = %args.socket.display(), "serving");
+    // The runtime learns of the network only now that the IPAM answers: a node must not turn
+    // Ready with an IPAM that does not.
+    if let (Some(dir), Some(template)) = (&args.cni_conf_dir, &args.cni_conflist_template) {
+        write_conflist(dir, template, &args.cni_conf_name, &args.socket)?;
+    }
     let listeners = Listeners {
         socket: listener,
         own_uid,
@@ -296,6 +341,57 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&args.socket);
     served.context("gRPC server")?;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// `ipoold install-cni`.
+fn install_cni(bin_dir: &std::path::Path, plugin: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let plugin = match plugin {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()
+            .context("locating ipoold")?
+            .with_file_name("ipool"),
+    };
+    anyhow::ensure!(
+        bin_dir.is_dir(),
+        "the CNI bin dir {} is not a directory (mount the host's /opt/cni/bin there)",
+        bin_dir.display()
+    );
+    let dest = bin_dir.join("ipool");
+    let outcome = install::install_file(&plugin, &dest, 0o755)?;
+    eprintln!(
+        "ipoold install-cni: {} {}",
+        dest.display(),
+        match outcome {
+            install::Outcome::Written => "installed",
+            install::Outcome::Unchanged => "already up to date",
+        }
+    );
+    Ok(())
+}
+
+/// Writes the conflist from `template` into `dir`.
+fn write_conflist(
+    dir: &std::path::Path,
+    template: &std::path::Path,
+    name: &str,
+    socket: &std::path::Path,
+) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(template)
+        .with_context(|| format!("reading --cni-conflist-template {}", template.display()))?;
+    let conflist = install::render_conflist(&text, socket)
+        .map_err(|e| anyhow::anyhow!("--cni-conflist-template {}: {e}", template.display()))?;
+    anyhow::ensure!(
+        [".conflist", ".conf", ".json"]
+            .iter()
+            .any(|s| name.ends_with(s))
+            && !name.contains('/'),
+        "--cni-conf-name {name:?} must be a file name ending in .conflist (or .conf, .json)"
+    );
+    let dest = dir.join(name);
+    let outcome = install::install_bytes(&dest, conflist.as_bytes(), 0o644)
+        .with_context(|| format!("writing the conflist {}", dest.display()))?;
+    tracing::info!(path = %dest.display(), written = outcome == install::Outcome::Written, "CNI conflist in place");
     Ok(())
 }
 
