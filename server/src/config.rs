@@ -355,6 +355,12 @@ impl DaemonConfig {
             at_most(what, v, MAX_SECS, "a year")?;
         }
         if let Some(k) = &self.kubernetes {
+            if k.pod_get_timeout_ms < 100 {
+                return Err(format!(
+                    "[kubernetes] pod_get_timeout_ms must be at least 100 (it is {})",
+                    k.pod_get_timeout_ms
+                ));
+            }
             at_most(
                 "[kubernetes] gc_grace_secs",
                 k.gc_grace_secs,

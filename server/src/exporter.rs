@@ -133,8 +133,8 @@ impl Collector for PoolCollector {
     }
 }
 
-/// The registry behind `/metrics`.
-pub fn registry(ipam: &Ipam) -> Registry {
+/// The registry behind `/metrics` (the apiserver's with `kubernetes`).
+pub fn registry(ipam: &Ipam, kubernetes: bool) -> Registry {
     let m = ipam.metrics();
     let mut r = Registry::default();
     r.register(
@@ -152,16 +152,18 @@ pub fn registry(ipam: &Ipam) -> Registry {
         "Group-commit flushes: sled flush plus fdatasync.",
         m.flush_seconds.clone(),
     );
-    r.register(
-        "ipool_apiserver_reachable",
-        "1 while the Kubernetes apiserver answers (with [kubernetes] configured).",
-        m.apiserver_reachable.clone(),
-    );
-    r.register(
-        "ipool_pod_gc",
-        "What the pod GC did: released (pod gone), unquarantined, quarantined.",
-        m.pod_gc.clone(),
-    );
+    if kubernetes {
+        r.register(
+            "ipool_apiserver_reachable",
+            "1 while the Kubernetes apiserver answers.",
+            m.apiserver_reachable.clone(),
+        );
+        r.register(
+            "ipool_pod_gc",
+            "What the pod GC did: released (pod gone), unquarantined, quarantined.",
+            m.pod_gc.clone(),
+        );
+    }
     r.register_collector(Box::new(PoolCollector(ipam.clone())));
     r
 }

@@ -83,6 +83,8 @@ struct Shared {
     changed: Notify,
     /// Wakes the ADDs waiting for addresses on their way: a claim landed, ranges arrived.
     landed: Notify,
+    /// Bumped whenever a network's ranges change at runtime (see `Ipam::ranges_version`).
+    ranges_version: std::sync::atomic::AtomicU64,
     /// Time between leak checks; zero: none.
     leak_check: Duration,
     /// Allocation events, for `Watch`.
@@ -199,6 +201,14 @@ impl Ipam {
 
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    /// A number that changes whenever a network's ranges change at runtime: what was checked
+    /// against the ranges (the live pods' addresses) is checked again.
+    pub fn ranges_version(&self) -> u64 {
+        self.shared
+            .ranges_version
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The metrics, shared.

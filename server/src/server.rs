@@ -250,7 +250,7 @@ pub async fn serve(
     };
     let metrics = async {
         if let Some(listener) = l.metrics {
-            let registry = Arc::new(crate::exporter::registry(&ipam));
+            let registry = Arc::new(crate::exporter::registry(&ipam, l.pods.is_some()));
             crate::exporter::serve_metrics(listener, registry, stopped(stop_rx_metrics)).await;
         }
         Ok(())

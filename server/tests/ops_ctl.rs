@@ -254,9 +254,15 @@ fn health_exit_codes_follow_the_daemon() {
         String::from_utf8_lossy(&drained.stdout).trim(),
         "NOT_SERVING"
     );
+    assert_eq!(
+        code(&d.ctl(&["health", "--live"])),
+        0,
+        "alive, if not serving"
+    );
     assert_eq!(code(&d.ctl(&["drain", "--undo"])), 0);
     assert_eq!(code(&d.ctl(&["health"])), 0);
     d.kill9();
     let gone = d.ctl(&["health"]);
     assert_eq!(code(&gone), 2, "{gone:?}");
+    assert_eq!(code(&d.ctl(&["health", "--live"])), 2);
 }

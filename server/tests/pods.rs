@@ -35,8 +35,17 @@ fn with_ips(mut p: Value, ips: &[&str]) -> Value {
 
 /// ipoold with `[kubernetes]` (grace GRACE_SECS) and network "k8s" on `subnet`.
 fn daemon(api: &FakeApi, subnet: &str, extra: &[&str]) -> Daemon {
+    daemon_with(
+        api,
+        &format!("ranges = [[{{ subnet = \"{subnet}\" }}]]"),
+        extra,
+    )
+}
+
+/// ipoold with `[kubernetes]` and network "k8s" whose ranges are `ranges` (a TOML line).
+fn daemon_with(api: &FakeApi, ranges: &str, extra: &[&str]) -> Daemon {
     let mut d = Daemon::prepare_with_config(&format!(
-        "[cni]\nadd_wait_ms = 300\n[kubernetes]\ngc_grace_secs = {GRACE_SECS}\n[[network]]\nname = \"k8s\"\nranges = [[{{ subnet = \"{subnet}\" }}]]\n"
+        "[cni]\nadd_wait_ms = 300\n[kubernetes]\ngc_grace_secs = {GRACE_SECS}\n[[network]]\nname = \"k8s\"\n{ranges}\n"
     ));
     let kubeconfig = api.kubeconfig(d.dir.path());
     d.add_args(&["--kubeconfig", &kubeconfig.display().to_string()]);
@@ -83,13 +92,15 @@ fn holds(d: &Daemon, container: &str) -> bool {
     allocations(d).iter().any(|a| a["containerID"] == container)
 }
 
-/// ADD for a pod, retried while the pods are not listed yet.
+/// ADD for a pod, retried while ipoold waits for the pods' list, their quarantine or the
+/// node's ranges.
 fn add_pod(container: &str, pod: (&str, &str, &str), conf: &str) -> Run {
     eventually(10, &format!("ADD {container}"), || {
         let r = pod_cni("ADD", container, pod, conf);
+        let waiting = ["not listed yet", "checking the addresses", "no ranges yet"];
         match r.ok {
             true => Ok(r),
-            false if details(&r).contains("not listed yet") => Err(r),
+            false if waiting.iter().any(|w| details(&r).contains(w)) => Err(r),
             false => panic!("ADD {container}: {r:?}"),
         }
     })
@@ -377,7 +388,8 @@ fn rebuild_from_pods_replaces_a_refused_store() {
     assert!(refused.contains("wal"), "{refused}");
     d.add_args(&["--rebuild-from-pods"]);
     d.spawn();
-    d.wait_log(&["--rebuild-from-pods", "quarantined"]);
+    d.wait_log(&["--rebuild-from-pods", "kept aside"]);
+    d.wait_log(&["quarantined", "10.246.7.2"]);
     let aside = std::fs::read_dir(d.dir.path())
         .unwrap()
         .filter_map(|e| e.ok())
@@ -391,4 +403,46 @@ fn rebuild_from_pods_replaces_a_refused_store() {
     api.put("pods", pod("app", "b", "u-b"));
     let b = add_pod("c-b", ("app", "b", "u-b"), &conf);
     assert_ne!(ip_of(&b), "10.246.7.2");
+}
+
+#[test]
+fn rebuild_from_pods_keeps_a_store_it_cannot_open_for_other_reasons() {
+    let api = FakeApi::start();
+    let first = daemon(&api, "10.246.9.0/29", &[]);
+    // A second ipoold on the same state dir: the store is locked, not damaged.
+    let mut second = Daemon::prepare(&["--rebuild-from-pods"]);
+    second.state = first.state.clone();
+    let config = second.dir.path().join("ipoold.toml");
+    std::fs::write(
+        &config,
+        "[kubernetes]\n[[network]]\nname = \"k8s\"\nranges = [[{ subnet = \"10.246.9.0/29\" }]]\n",
+    )
+    .unwrap();
+    second.add_args(&["--config", &config.display().to_string()]);
+    let err = second.run_expecting_failure();
+    assert!(!err.is_empty());
+    let parent = first.state.parent().unwrap();
+    let aside = std::fs::read_dir(parent)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_string_lossy().contains("refused"));
+    assert!(!aside, "a locked store is not moved aside: {err}");
+    assert!(first.state.join("db").exists());
+}
+
+#[test]
+fn a_lost_store_with_ranges_from_the_node_hands_out_no_running_pods_address() {
+    let api = FakeApi::start();
+    api.put(
+        "nodes",
+        json!({"metadata": {"name": "n1"}, "spec": {"podCIDRs": ["10.246.10.0/29"]}}),
+    );
+    // Running, with the range's first address; this ipoold's store knows nothing of it.
+    api.put("pods", with_ips(pod("app", "a", "u-a"), &["10.246.10.2"]));
+    api.put("pods", pod("app", "b", "u-b"));
+    let d = daemon_with(&api, "ranges_from = \"node\"", &[]);
+    let conf = d.conf("1.1.0", "k8s", "");
+    let b = add_pod("c-b", ("app", "b", "u-b"), &conf);
+    assert_ne!(ip_of(&b), "10.246.10.2", "{b:?}");
+    d.wait_log(&["quarantined", "10.246.10.2"]);
 }

@@ -93,6 +93,9 @@ struct Args {
     /// Print the embedded default config and exit.
     #[arg(long)]
     print_default_config: bool,
+    /// Check --config (or the embedded default) and exit: 0 when ipoold would start on it.
+    #[arg(long)]
+    check_config: bool,
     /// Log format; the level comes from RUST_LOG (default: info).
     #[arg(long, env = "IPOOL_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -125,6 +128,22 @@ fn main() -> ExitCode {
     if args.print_default_config {
         print!("{}", ipool_server::config::EMBEDDED_DEFAULT);
         return ExitCode::SUCCESS;
+    }
+    if args.check_config {
+        return match load_config(args.config.as_deref()) {
+            Ok(c) => {
+                println!(
+                    "config ok: {} network(s), Kubernetes {}",
+                    c.networks.len(),
+                    if c.kubernetes.is_some() { "on" } else { "off" }
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("ipoold: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
     if let Some(Sub::InstallCni {
         cni_bin_dir,
@@ -253,14 +272,7 @@ async fn ops_tcp(args: &Args) -> anyhow::Result<Option<OpsTcp>> {
 async fn daemon(args: Args) -> anyhow::Result<()> {
     raise_fd_limit();
     keep_private(&args.state_dir)?;
-    let config = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading config {}", path.display()))?;
-            DaemonConfig::parse(&text).with_context(|| format!("config {}", path.display()))?
-        }
-        None => DaemonConfig::embedded(),
-    };
+    let config = load_config(args.config.as_deref())?;
     let boot_id = match std::fs::read_to_string(&args.boot_id_file) {
         Ok(id) if !id.trim().is_empty() => Some(id.trim().to_string()),
         Ok(_) => None,
@@ -277,7 +289,9 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     );
     let ipam = match open_ipam(&args, config.clone(), boot_id.clone()) {
         Ok(ipam) => ipam,
-        Err(e) if args.rebuild_from_pods => {
+        // Only a store refused as damaged: one that is locked (another ipoold), newer, or
+        // unreadable for now is not thrown away.
+        Err(e) if args.rebuild_from_pods && refused_as_damaged(&e) => {
             let aside = set_aside(&args.state_dir)?;
             tracing::warn!(error = %format!("{e:#}"), moved_to = %aside.display(), "--rebuild-from-pods: the store cannot be opened; it is kept aside and a new one is built from the live pods");
             keep_private(&args.state_dir)?;
@@ -293,13 +307,15 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             let node = node_name(&args, "[kubernetes] watches the pods of this node")?;
             let c = kube_client(&args, &mut client).await?;
             let pods = k8s::Pods::start(c, &node, settings, ipam.metrics_handle());
-            if args.rebuild_from_pods {
-                rebuild_from_pods(&ipam, &pods).await?;
-            }
+            // ADDs wait (CNI 11, STATUS 50) until the pods are listed and their addresses
+            // quarantined: a lost or rebuilt store hands out no running pod's address.
             tokio::spawn(k8s::gc::run(ipam.clone(), pods.clone()));
             Some(pods)
         }
-        None => None,
+        None => {
+            end_quarantines(&ipam).await;
+            None
+        }
     };
     // Recovery decoded every stored record; hand the memory it freed back before serving.
     trim_heap();
@@ -342,6 +358,18 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     served.context("gRPC server")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The config: the file, or the embedded default.
+fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<DaemonConfig> {
+    Ok(match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading config {}", path.display()))?;
+            DaemonConfig::parse(&text).with_context(|| format!("config {}", path.display()))?
+        }
+        None => DaemonConfig::embedded(),
+    })
 }
 
 /// `ipoold install-cni`.
@@ -439,22 +467,23 @@ fn set_aside(state_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
     Ok(aside)
 }
 
-/// How long --rebuild-from-pods waits for the pods' first list.
-const REBUILD_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// True when opening failed because the store is damaged (what --rebuild-from-pods replaces).
+fn refused_as_damaged(e: &anyhow::Error) -> bool {
+    use ipool_server::{error::Error, store::StoreError};
+    matches!(
+        e.downcast_ref::<Error>(),
+        Some(Error::Store(StoreError::Corrupt { .. }))
+    )
+}
 
-/// Waits for the first full list of the node's pods and quarantines their addresses.
-async fn rebuild_from_pods(ipam: &Ipam, pods: &k8s::Pods) -> anyhow::Result<()> {
-    let mut lists = pods.lists();
-    tokio::time::timeout(REBUILD_WAIT, lists.wait_for(|n| *n > 0))
-        .await
-        .map_err(|_| anyhow::anyhow!("--rebuild-from-pods: the pods of node {} were not listed within {} s (is the apiserver reachable?)", pods.node(), REBUILD_WAIT.as_secs()))?
-        .context("the pod watch stopped")?;
-    k8s::gc::quarantine(ipam, pods).await;
-    tracing::info!(
-        quarantines = ipam.quarantines().len(),
-        "--rebuild-from-pods: the live pods' addresses are quarantined; serving"
-    );
-    Ok(())
+/// Without [kubernetes], nothing would end a quarantine: each ends now (its addresses cool).
+async fn end_quarantines(ipam: &Ipam) {
+    for q in ipam.quarantines() {
+        tracing::warn!(network = %q.key.network, pod = %format!("{}/{}", q.key.namespace, q.key.name), "ending a quarantine: [kubernetes] is off, so its pod cannot be watched");
+        if let Err(e) = ipam.end_quarantine(&q).await {
+            tracing::error!(error = %e, "cannot end a quarantine");
+        }
+    }
 }
 
 fn node_name(args: &Args, why: &str) -> anyhow::Result<String> {

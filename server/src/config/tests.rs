@@ -80,6 +80,7 @@ fn bad_toml_is_named() {
             "subnet_file goes with ranges_from = \"flannel\"",
         ),
         ("[[network]]\nname = \"a\"\nranges_from = \"aws\"", "ranges_from"),
+        ("[kubernetes]\npod_get_timeout_ms = 0", "pod_get_timeout_ms must be at least 100"),
     ] {
         let e = DaemonConfig::parse(text).expect_err(text).to_string();
         assert!(e.contains(needle), "{text:?}: {e}");

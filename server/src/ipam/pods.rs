@@ -134,6 +134,10 @@ impl Ipam {
             let now = self.now();
             let mut made: Vec<(Reservation, Vec<super::range_set::Pick>)> = Vec::new();
             let mut chosen = std::collections::HashSet::new();
+            // Addresses claimed from each pool's source in this batch: each takes a capacity
+            // token, and a batch must not take more than the pool has.
+            let mut claimed: std::collections::HashMap<(String, usize), usize> = Default::default();
+            let mut outside = 0usize;
             for live in pods.iter().filter(|p| !p.pod.name.is_empty()) {
                 let pod = &live.pod;
                 let who = format!("{}/{}", pod.namespace, pod.name);
@@ -143,6 +147,7 @@ impl Ipam {
                         .iter()
                         .find_map(|(n, net)| net.set_of(*ip).map(|s| (n.clone(), s)));
                     let Some((network, set)) = found else {
+                        outside += 1;
                         continue;
                     };
                     let key = ReservationKey {
@@ -182,6 +187,14 @@ impl Ipam {
                             continue;
                         }
                     };
+                    if pick.from == super::range_set::From::Claimed {
+                        let n = claimed.entry((network.clone(), set)).or_default();
+                        if *n >= net.pools[set].pool.tokens() {
+                            tracing::error!(%network, %ip, pod = %who, "cannot quarantine a live pod's address: the pool is at its capacity");
+                            continue;
+                        }
+                        *n += 1;
+                    }
                     if !chosen.insert(*ip) {
                         tracing::error!(%network, %ip, pod = %who, "two live pods report the same address: one address on two pods (delete one of them)");
                         continue;
@@ -209,6 +222,9 @@ impl Ipam {
                     made[i].0.addresses.push(*ip);
                     made[i].1.push(pick);
                 }
+            }
+            if outside > 0 {
+                tracing::debug!(addresses = outside, "live pods' addresses outside every network's ranges (not ipool's, or ranges not known yet)");
             }
             if made.is_empty() {
                 return Ok(Vec::new());

@@ -117,6 +117,10 @@ impl Ipam {
                 &st.reservations,
                 now,
             )?;
+            // Before the new ranges serve: whoever checks against them sees they changed.
+            self.shared
+                .ranges_version
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let seq = self.commit(st, &changes, |st| {
                 for r in &ended {
                     st.reservations.remove(&r.key);

@@ -117,6 +117,7 @@ impl Ipam {
                 metrics: setup.metrics,
                 sources: setup.sources,
                 landed: Notify::new(),
+                ranges_version: Default::default(),
             }),
         };
         {

@@ -17,6 +17,9 @@ pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
                 .await
                 .with_context(|| format!("--kubeconfig {}", path.display()))?
         }
+        // In a pod: the service account, whatever KUBECONFIG says.
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => Config::incluster()
+            .context("the in-cluster config (the pod's service account)")?,
         None => Config::infer().await.context(
             "no Kubernetes config: not in a pod (KUBERNETES_SERVICE_HOST unset) and no --kubeconfig, KUBECONFIG or ~/.kube/config",
         )?,

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::meta::{pod_ips, uid};
+use super::meta::{pod_ips, same_pod, uid};
 use super::Pods;
 use crate::ipam::{Ipam, LivePod, Quarantine};
 use crate::model::{Millis, Pod};
@@ -39,25 +39,32 @@ pub fn period(grace_secs: u64) -> Duration {
     Duration::from_millis((grace_secs.saturating_mul(500)).clamp(200, 10_000))
 }
 
+/// How often the loop looks for a new list or new ranges to quarantine against (ADDs wait
+/// for it).
+const QUARANTINE_CHECK: Duration = Duration::from_millis(100);
+
 /// Runs the GC and the quarantines, forever.
 pub async fn run(ipam: Ipam, pods: Pods) {
     let every = period(pods.settings().gc_grace_secs);
     let mut suspects = Suspects::default();
-    let mut lists = pods.lists();
     let mut paused = false;
+    // (list count, ranges version) last quarantined against.
+    let mut done = None;
+    let mut next_check = tokio::time::Instant::now() + every;
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            changed = lists.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                quarantine(&ipam, &pods).await;
-            }
-        }
+        tokio::time::sleep(QUARANTINE_CHECK).await;
         if !pods.synced() {
             continue;
         }
+        let now = (pods.list_count(), ipam.ranges_version());
+        if done != Some(now) && quarantine(&ipam, &pods).await {
+            pods.quarantined(now.1);
+            done = Some(now);
+        }
+        if tokio::time::Instant::now() < next_check {
+            continue;
+        }
+        next_check = tokio::time::Instant::now() + every;
         if !pods.reachable() && !pods.probe().await {
             if !paused {
                 tracing::warn!("pod GC paused: the apiserver does not answer");
@@ -72,8 +79,9 @@ pub async fn run(ipam: Ipam, pods: Pods) {
     }
 }
 
-/// Quarantines the addresses live pods report that the store does not hold for them.
-pub async fn quarantine(ipam: &Ipam, pods: &Pods) {
+/// Quarantines the addresses live pods report that the store does not hold for them. False
+/// when it could not be done (the store failed).
+pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
     let live: Vec<LivePod> = pods
         .all()
         .iter()
@@ -88,8 +96,14 @@ pub async fn quarantine(ipam: &Ipam, pods: &Pods) {
         .filter(|p| !p.ips.is_empty())
         .collect();
     match ipam.quarantine(&live).await {
-        Ok(made) => ipam.metrics().pod_gc("quarantined", made.len()),
-        Err(e) => tracing::error!(error = %e, "cannot quarantine the live pods' addresses"),
+        Ok(made) => {
+            ipam.metrics().pod_gc("quarantined", made.len());
+            true
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot quarantine the live pods' addresses");
+            false
+        }
     }
 }
 
@@ -118,7 +132,7 @@ pub async fn check(ipam: &Ipam, pods: &Pods, suspects: &mut Suspects) {
     for c in attachments.chain(quarantines) {
         let alive = pods
             .cached(&c.pod.namespace, &c.pod.name)
-            .is_some_and(|p| c.pod.uid.is_empty() || uid(&p) == c.pod.uid);
+            .is_some_and(|p| same_pod(&p, &c.pod.uid));
         if alive {
             continue;
         }
@@ -141,7 +155,12 @@ pub async fn check(ipam: &Ipam, pods: &Pods, suspects: &mut Suspects) {
     let mut ended = Vec::new();
     for c in due {
         match pods.get_live(&c.pod.namespace, &c.pod.name).await {
-            Ok(Some(p)) if c.pod.uid.is_empty() || uid(&p) == c.pod.uid => {
+            // The same pod, still on this node (a pod bound elsewhere holds nothing here).
+            Ok(Some(p))
+                if same_pod(&p, &c.pod.uid)
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+                        == Some(pods.node()) =>
+            {
                 suspects.0.remove(&c.held);
             }
             Ok(_) => match (c.held, c.quarantine) {

@@ -18,6 +18,8 @@ pub const IPS: &str = "ipool.io/ips";
 pub struct PodInfo {
     pub meta: PodMeta,
     pub ips: Vec<IpAddr>,
+    /// The pod's UID in the apiserver.
+    pub uid: String,
 }
 
 /// Reads `pod`; an annotation that cannot be read is an error naming it and its value.
@@ -97,6 +99,7 @@ pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
             sticky_ttl_secs,
         },
         ips,
+        uid: uid(pod).to_string(),
     })
 }
 
@@ -105,13 +108,36 @@ pub fn uid(pod: &Pod) -> &str {
     pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
-/// The addresses `status.podIPs` reports for a pod with its own network namespace (a
-/// hostNetwork pod reports the node's).
+/// The annotation kubelet puts on a static pod's mirror: the UID kubelet (and so the runtime,
+/// in K8S_POD_UID) knows the pod by, not the mirror's own.
+const MIRROR: &str = "kubernetes.io/config.mirror";
+
+/// True when `pod` is the pod the runtime calls `want_uid` ("" matches any).
+pub fn same_pod(pod: &Pod, want_uid: &str) -> bool {
+    want_uid.is_empty()
+        || uid(pod) == want_uid
+        || pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(MIRROR))
+            .is_some_and(|m| m == want_uid)
+}
+
+/// The addresses `status.podIPs` reports for a running pod with its own network namespace (a
+/// hostNetwork pod reports the node's; a finished pod keeps reporting addresses its DEL gave
+/// back).
 pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
     if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
         return Vec::new();
     }
     let status = pod.status.as_ref();
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
+        return Vec::new();
+    }
     let mut ips: Vec<IpAddr> = status
         .and_then(|s| s.pod_ips.as_ref())
         .into_iter()

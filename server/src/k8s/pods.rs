@@ -14,7 +14,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 
-use super::meta::{pod_info, uid, PodInfo};
+use super::meta::{pod_info, same_pod, uid, PodInfo};
 use crate::config::KubernetesSettings;
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -37,6 +37,9 @@ struct Inner {
     last_error: Mutex<String>,
     /// Bumped after each full list (start, and each relist).
     lists: tokio::sync::watch::Sender<u64>,
+    /// 1 + the ranges version (`Ipam::ranges_version`) the live pods' addresses were last
+    /// quarantined against; 0: not yet. ADDs wait for it (see [`Pods::ready`]).
+    quarantined: std::sync::atomic::AtomicU64,
 }
 
 impl Pods {
@@ -59,6 +62,7 @@ impl Pods {
             reachable: AtomicBool::new(true),
             last_error: Mutex::new(String::new()),
             lists,
+            quarantined: Default::default(),
         }));
         pods.0.metrics.apiserver_reachable.set(1);
         let api: Api<Pod> = Api::all(client);
@@ -77,7 +81,13 @@ impl Pods {
                         }
                         me.0.lists.send_modify(|n| *n += 1);
                     }
+                    // Made without a request (it starts a relist): says nothing of the apiserver.
+                    Ok(watcher::Event::Init) => {}
                     Ok(_) => me.answered(),
+                    // An expired resourceVersion: the apiserver answered; the watcher relists.
+                    Err(watcher::Error::WatchError(s)) if s.code == 410 => {
+                        tracing::debug!(node = %me.0.node, "pod watch expired; relisting");
+                    }
                     Err(e) => me.failed(&e.to_string()),
                 }
             }
@@ -106,6 +116,36 @@ impl Pods {
     /// Wakes after each full list.
     pub fn lists(&self) -> tokio::sync::watch::Receiver<u64> {
         self.0.lists.subscribe()
+    }
+
+    /// How many full lists there were.
+    pub fn list_count(&self) -> u64 {
+        *self.0.lists.borrow()
+    }
+
+    /// Notes that the live pods' addresses were quarantined against ranges version `v`.
+    pub fn quarantined(&self, v: u64) {
+        self.0.quarantined.store(v + 1, Ordering::SeqCst);
+    }
+
+    /// Ok when ADDs may be served: the pods are listed and their addresses quarantined against
+    /// the ranges now (`ranges_version`); else why not (a retryable error). Until then an
+    /// address a running pod holds could look free (a lost store, ranges that just came).
+    pub fn ready(&self, ranges_version: u64) -> Result<(), Error> {
+        if !self.synced() {
+            return Err(Error::Busy(format!(
+                "the pods of node {} are not listed yet (apiserver: {})",
+                self.0.node,
+                self.last_error()
+            )));
+        }
+        if self.0.quarantined.load(Ordering::SeqCst) != ranges_version + 1 {
+            return Err(Error::Busy(format!(
+                "checking the addresses the pods of node {} report against the store",
+                self.0.node
+            )));
+        }
+        Ok(())
     }
 
     fn answered(&self) {
@@ -177,14 +217,7 @@ impl Pods {
     /// when the apiserver cannot say, never silently without the metadata.
     pub async fn info_for(&self, want: &model::Pod) -> Result<PodInfo, Error> {
         let who = format!("pod {}/{}", want.namespace, want.name);
-        if !self.synced() {
-            return Err(Error::Busy(format!(
-                "the pods of node {} are not listed yet (apiserver: {})",
-                self.0.node,
-                self.last_error()
-            )));
-        }
-        let matches = |p: &Pod| want.uid.is_empty() || uid(p) == want.uid;
+        let matches = |p: &Pod| same_pod(p, &want.uid);
         let pod = match self.cached(&want.namespace, &want.name) {
             Some(p) if matches(&p) => (*p).clone(),
             _ => match self.get_live(&want.namespace, &want.name).await {

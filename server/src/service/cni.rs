@@ -61,7 +61,7 @@ impl CniService {
         let started = Instant::now();
         let r = req.into_inner();
         let key = key_of(r.key)?;
-        let pod = r.pod.map(|p| Pod {
+        let mut pod = r.pod.map(|p| Pod {
             namespace: p.namespace,
             name: p.name,
             uid: p.uid,
@@ -69,10 +69,19 @@ impl CniService {
         let result = async {
             let ipam = IpamSection::parse(&r.ipam_json)?;
             let mut requested = parse_ips(&r.requested_ips)?;
+            if let Some(pods) = &self.pods {
+                pods.ready(self.ipam.ranges_version())?;
+            }
             // A pod's ADD (K8S_POD_NAME given) takes the pod's metadata from the apiserver;
             // any other (podman, `ctr run --cni`) is served as it comes.
-            let info = match (&self.pods, &pod) {
-                (Some(pods), Some(p)) if !p.name.is_empty() => Some(pods.info_for(p).await?),
+            let info = match (&self.pods, &mut pod) {
+                (Some(pods), Some(p)) if !p.name.is_empty() => {
+                    let info = pods.info_for(p).await?;
+                    if p.uid.is_empty() {
+                        p.uid = info.uid.clone();
+                    }
+                    Some(info)
+                }
                 _ => None,
             };
             // The runtime's own static addresses win over the pod's annotation.
@@ -203,10 +212,17 @@ impl CniService {
                 None => Ok(None),
             })
             .map_err(Status::from)?;
-        let (available, reason) = match self.ipam.status(&r.network, declared.as_ref()) {
-            Ok(()) => (true, String::new()),
-            Err(why) => (false, why),
+        let ready = match &self.pods {
+            Some(pods) => pods
+                .ready(self.ipam.ranges_version())
+                .map_err(|e| e.to_string()),
+            None => Ok(()),
         };
+        let (available, reason) =
+            match ready.and_then(|()| self.ipam.status(&r.network, declared.as_ref())) {
+                Ok(()) => (true, String::new()),
+                Err(why) => (false, why),
+            };
         tracing::debug!(op = "STATUS", network = %r.network, available, reason = %reason);
         Ok(Response::new(pb::StatusResponse { available, reason }))
     }

@@ -149,6 +149,10 @@ enum Command {
         /// The service asked about ("" = the daemon; or ipool.v1.Cni, ipool.v1.Ops).
         #[arg(long, default_value = "")]
         service: String,
+        /// Liveness: exit 0 whenever ipoold answers, NOT_SERVING included (it recovers a
+        /// failed store by itself, and a drained node is not a dead one).
+        #[arg(long)]
+        live: bool,
     },
     /// Print allocation events as they happen, until interrupted.
     Watch {

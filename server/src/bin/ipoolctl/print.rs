@@ -108,6 +108,11 @@ pub(super) fn print_list(r: &pb::ListAllocationsResponse, out: Output) {
         println!("{}", serde_json::Value::Array(v));
         return;
     }
+    // The owner column only where Kubernetes says who owns pods.
+    let owners = r
+        .allocations
+        .iter()
+        .any(|a| !a.owner.is_empty() || a.sticky);
     let rows = r
         .allocations
         .iter()
@@ -117,32 +122,29 @@ pub(super) fn print_list(r: &pb::ListAllocationsResponse, out: Output) {
             } else {
                 format!("{}/{}", a.pod_namespace, a.pod_name)
             };
-            vec![
+            let mut row = vec![
                 a.network.clone(),
                 a.addresses.join(","),
                 pod,
                 a.container_id.chars().take(12).collect(),
                 a.ifname.clone(),
-                match (a.owner.is_empty(), a.sticky) {
+            ];
+            if owners {
+                row.push(match (a.owner.is_empty(), a.sticky) {
                     (true, false) => "-".to_string(),
                     (true, true) => "(sticky)".to_string(),
                     (false, false) => a.owner.clone(),
                     (false, true) => format!("{} (sticky)", a.owner),
-                },
-            ]
+                });
+            }
+            row
         })
         .collect();
-    table(
-        &[
-            "NETWORK",
-            "ADDRESSES",
-            "POD",
-            "CONTAINER",
-            "IFNAME",
-            "OWNER",
-        ],
-        rows,
-    );
+    let mut header = vec!["NETWORK", "ADDRESSES", "POD", "CONTAINER", "IFNAME"];
+    if owners {
+        header.push("OWNER");
+    }
+    table(&header, rows);
 }
 
 pub(super) fn print_reservations(rs: &[pb::Reservation], out: Output) {

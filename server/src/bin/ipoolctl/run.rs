@@ -17,7 +17,7 @@ fn opt(s: &Option<String>) -> String {
 }
 
 /// `ipoolctl health`: the gRPC health check, as an exit code.
-async fn health(args: &Args, service: &str) -> ExitCode {
+async fn health(args: &Args, service: &str, live: bool) -> ExitCode {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     let channel = match crate::connect::channel(args).await {
@@ -36,6 +36,7 @@ async fn health(args: &Args, service: &str) -> ExitCode {
             println!("{}", status.as_str_name());
             match status {
                 ServingStatus::Serving => ExitCode::SUCCESS,
+                _ if live => ExitCode::SUCCESS,
                 _ => ExitCode::from(EXIT_REFUSED),
             }
         }
@@ -51,8 +52,8 @@ async fn health(args: &Args, service: &str) -> ExitCode {
 }
 
 pub(super) async fn run(args: Args) -> ExitCode {
-    if let Command::Health { service } = &args.command {
-        return health(&args, service).await;
+    if let Command::Health { service, live } = &args.command {
+        return health(&args, service, *live).await;
     }
     let token = match &args.token_file {
         Some(p) => match read(p, "--token-file") {

@@ -89,6 +89,18 @@ fn pod_ips_skip_host_network_pods() {
     assert_eq!(pod_ips(&p).len(), 2);
     let old = pod(json!({"metadata": {"name": "p"}, "status": {"podIP": "10.1.0.5"}}));
     assert_eq!(pod_ips(&old), vec!["10.1.0.5".parse::<IpAddr>().unwrap()]);
+    let done = pod(
+        json!({"metadata": {"name": "job-x"}, "status": {"phase": "Succeeded",
+        "podIPs": [{"ip": "10.1.0.6"}]}}),
+    );
+    assert!(
+        pod_ips(&done).is_empty(),
+        "a finished pod's DEL gave its address back"
+    );
+    let mirror = pod(json!({"metadata": {"name": "etcd-n1", "uid": "api-uid",
+        "annotations": {"kubernetes.io/config.mirror": "hash-uid"}}}));
+    assert!(same_pod(&mirror, "hash-uid") && same_pod(&mirror, "api-uid"));
+    assert!(!same_pod(&mirror, "other") && same_pod(&mirror, ""));
     let host = pod(
         json!({"metadata": {"name": "p"}, "spec": {"hostNetwork": true, "containers": []},
         "status": {"podIPs": [{"ip": "192.168.1.10"}]}}),
