@@ -45,7 +45,13 @@ def help_of(binary, *args):
 
 
 def flags_in(help_text):
-    return set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", help_text))
+    """The flags the help defines (its option lines), not those its prose mentions."""
+    flags = set()
+    for line in help_text.splitlines():
+        m = re.match(r"^\s+(?:-[A-Za-z], )?(--[a-z0-9][a-z0-9-]*)", line)
+        if m:
+            flags.add(m.group(1))
+    return flags
 
 
 def envs_in(help_text):
@@ -123,12 +129,17 @@ def check_daemonset(docs, bindir):
                 parts = line.split()[1:]
                 image_files |= {os.path.join(parts[-1], p) for p in parts[:-1]}
 
-    def hostpath_mount(container, path, writable=True):
+    def hostpath_mount(container, path, writable=True, same_path=False):
         for m in container.get("volumeMounts", []):
             v = volumes.get(m["name"], {})
             if under(path, m["mountPath"]) and "hostPath" in v:
                 if writable and m.get("readOnly"):
                     fail(f"{container['name']}: {path} is on read-only mount {m['mountPath']}")
+                host = os.path.normpath(os.path.join(
+                    v["hostPath"]["path"], os.path.relpath(path, m["mountPath"])))
+                if same_path and host != os.path.normpath(path):
+                    fail(f"{container['name']}: {path} is {host} on the host; the plugin, "
+                         "which runs on the host, looks for it at the same path")
                 return m
         fail(f"{container['name']}: {path}, which it writes, is not on a hostPath mount")
 
@@ -183,11 +194,19 @@ def check_daemonset(docs, bindir):
         return
     argv = main.get("args", [])
     socket = flag_value(argv, "--socket") or "/run/ipool/ipool.sock"
-    for path in [os.path.dirname(socket),
-                 flag_value(argv, "--state-dir") or "/var/lib/ipool",
-                 flag_value(argv, "--cni-conf-dir")]:
-        if path:
-            hostpath_mount(main, path)
+    hostpath_mount(main, os.path.dirname(socket), same_path=True)
+    state = flag_value(argv, "--state-dir") or "/var/lib/ipool"
+    m = hostpath_mount(main, state)
+    if m and os.path.normpath(m["mountPath"]) == os.path.normpath(state):
+        fail(f"--state-dir {state} is a mount point: --rebuild-from-pods could not move a "
+             "damaged store aside (put it one level below the hostPath mount)")
+    if flag_value(argv, "--cni-conf-dir"):
+        hostpath_mount(main, flag_value(argv, "--cni-conf-dir"))
+    with open(os.path.join(DEPLOY, "..", "Cargo.toml")) as f:
+        version = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+    for c in containers:
+        if not c.get("image", "").endswith(":" + version):
+            fail(f"{c['name']}: image {c.get('image')} is not this version ({version})")
     config = configmap_file(main, flag_value(argv, "--config") or "")
     networks = []
     if config is not None:
@@ -209,7 +228,7 @@ def check_daemonset(docs, bindir):
         if not sockets:
             fail("the conflist template has no ipool IPAM")
         for s in sockets:
-            if s not in (None, socket):
+            if s != socket:
                 fail(f"the conflist template's ipool socket {s} is not ipoold's --socket {socket}")
     ctl_help = help_of(ipoolctl)
     for kind in ["startupProbe", "readinessProbe", "livenessProbe"]:
@@ -231,6 +250,9 @@ def check_daemonset(docs, bindir):
             fail(f"{kind}: ipoolctl {subs[0]} has no flag {f}")
         if (flag_value(args, "--socket") or "/run/ipool/ipool.sock") != socket:
             fail(f"{kind}: asks another socket than ipoold's {socket}")
+        if kind != "readinessProbe" and "--live" not in args:
+            fail(f"{kind}: without --live it fails while ipoold is NOT_SERVING (drained, "
+                 "reopening its store), and kubelet restarts a daemon that is fine")
 
 
 def main():

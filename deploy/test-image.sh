@@ -25,7 +25,7 @@ if [ -z "${SKIP_BUILD:-}" ]; then ENGINE=podman deploy/build-image.sh "$tag"; fi
 
 mkdir -p "$host"/opt/cni/bin "$host"/etc/cni/net.d "$host"/run/ipool "$host"/var/lib/ipool "$host"/var/run/netns
 install_cni() {
-  podman run --rm --network none "${limits[@]}" --read-only --cap-drop ALL \
+  podman run --rm --network none "${limits[@]}" --read-only --read-only-tmpfs=false --cap-drop ALL \
     -v "$host/opt/cni/bin:/host/opt/cni/bin" "$tag" install-cni --cni-bin-dir /host/opt/cni/bin 2>&1
 }
 
@@ -59,7 +59,7 @@ c = ds["spec"]["template"]["spec"]["containers"][0]
 for a in c["args"]:
     print(a)
 ')
-podman run -d --name "$name" --network host "${limits[@]}" --read-only --cap-drop ALL \
+podman run -d --name "$name" --network host "${limits[@]}" --read-only --read-only-tmpfs=false --cap-drop ALL \
   -e NODE_NAME=test-node \
   -v "$conf:/etc/ipool:ro" \
   -v "$host/run/ipool:/run/ipool" \
@@ -71,8 +71,18 @@ for _ in $(seq 100); do [ -s "$host/etc/cni/net.d/10-ipool.conflist" ] && break;
 podman logs "$name" > "$host/daemon.log" 2>&1 || true
 [ -S "$host/run/ipool/ipool.sock" ] || fail "no socket"
 [ -s "$host/etc/cni/net.d/10-ipool.conflist" ] || fail "no conflist written"
-podman exec "$name" /usr/local/bin/ipoolctl --socket /run/ipool/ipool.sock health | grep -q SERVING \
-  || fail "ipoolctl health in the container"
+# The DaemonSet's probes, as kubelet runs them.
+mapfile -t probes < <(python3 -c '
+import json, yaml
+ds = yaml.safe_load(open("deploy/daemonset.yaml"))
+c = ds["spec"]["template"]["spec"]["containers"][0]
+for k in ["startupProbe", "readinessProbe", "livenessProbe"]:
+    print(json.dumps(c[k]["exec"]["command"]))
+')
+for p in "${probes[@]}"; do
+  mapfile -t cmd < <(python3 -c 'import json,sys; print("\n".join(json.loads(sys.argv[1])))' "$p")
+  podman exec "$name" "${cmd[@]}" >/dev/null || fail "probe ${cmd[*]} fails"
+done
 
 echo "== the installed plugin, exec'd from the host"
 netconf=$(python3 - "$host" <<'PY'
@@ -94,6 +104,7 @@ echo "$add" | grep -q '"10.251.0.2/24"' || fail "ADD gave: $add"
 check_conf=$(python3 -c 'import json,sys; c=json.loads(sys.argv[1]); c["prevResult"]=json.loads(sys.argv[2]); print(json.dumps(c))' "$netconf" "$add")
 plugin CHECK "$check_conf" >/dev/null || fail "CHECK"
 plugin DEL "$netconf" >/dev/null || fail "DEL"
-podman exec "$name" /usr/local/bin/ipoolctl --socket /run/ipool/ipool.sock list | grep -q image-test \
-  && fail "the attachment is still listed after DEL"
+listed=$(podman exec "$name" /usr/local/bin/ipoolctl --socket /run/ipool/ipool.sock list) \
+  || fail "ipoolctl list in the container"
+[[ $listed == *image-test* ]] && fail "the attachment is still listed after DEL"
 echo "test-image: ok"

@@ -37,12 +37,24 @@ fn netns_gone(path: &str) -> Option<bool> {
         return Some(false);
     }
     let judge_by = if path.starts_with("/proc/") {
-        // /proc/<pid>/ns/net disappears with its process; /proc must be mounted to judge.
+        // /proc/<pid>/ns/net disappears with its process; ipoold sees the runtime's processes
+        // only in the host's PID namespace (a pod without hostPID sees its own).
+        if !in_host_pid_namespace() {
+            return None;
+        }
         Path::new("/proc/self")
     } else {
         p.parent()?
     };
     judge_by.exists().then_some(true)
+}
+
+/// True when ipoold runs in the initial PID namespace (its inode is the kernel's
+/// PROC_PID_INIT_INO).
+fn in_host_pid_namespace() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+    std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() == PROC_PID_INIT_INO)
 }
 
 impl Ipam {
