@@ -20,6 +20,7 @@
 //! - [`ipam`]: the engine: networks, attachments, ADD/DEL/CHECK, recovery at start,
 //!   the background loop. Drives pool, source and store.
 //! - [`service`]: the tonic services (`Cni`, `Ops`).
+//! - [`cluster`]: cluster mode: pools carved into blocks, claimed by nodes through etcd.
 //! - [`k8s`]: the Kubernetes client (in-cluster or a kubeconfig).
 //! - [`node_ranges`]: a network's ranges from the node (its Node's podCIDRs, flannel's
 //!   subnet file), fed to the engine as they change.
@@ -31,6 +32,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod exporter;

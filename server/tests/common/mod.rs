@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod etcd;
 pub mod fake_api;
 
 pub fn ipoold_bin() -> PathBuf {

@@ -7,6 +7,7 @@
 //! Layout: the arguments and `main` here; `connect` (socket or TCP, TLS, token), `run` (one
 //! subcommand and its exit code), `print` (tables and JSON).
 
+mod cluster;
 mod connect;
 mod print;
 mod run;
@@ -145,6 +146,13 @@ enum Command {
     },
     /// ipoold's health, for probes: exit 0 when SERVING, 1 when NOT_SERVING (the store failed,
     /// every network drained), 2 when it cannot be reached.
+    /// Cluster mode: pools and blocks in etcd (talks to etcd, not to ipoold).
+    Cluster {
+        #[command(flatten)]
+        etcd: cluster::EtcdArgs,
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
     Health {
         /// The service asked about ("" = the daemon; or ipool.v1.Cni, ipool.v1.Ops).
         #[arg(long, default_value = "")]

@@ -2,7 +2,7 @@
 
 use crate::{pb, Output};
 
-fn table(header: &[&str], rows: Vec<Vec<String>>) {
+pub(super) fn table(header: &[&str], rows: Vec<Vec<String>>) {
     print!("{}", render(header, rows));
 }
 

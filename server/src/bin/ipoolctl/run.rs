@@ -52,6 +52,9 @@ async fn health(args: &Args, service: &str, live: bool) -> ExitCode {
 }
 
 pub(super) async fn run(args: Args) -> ExitCode {
+    if let Command::Cluster { etcd, command } = &args.command {
+        return crate::cluster::run(etcd, command, args.output).await;
+    }
     if let Command::Health { service, live } = &args.command {
         return health(&args, service, *live).await;
     }
@@ -253,7 +256,7 @@ pub(super) async fn run(args: Args) -> ExitCode {
                 }
             }
             // Answered above, without the Ops client.
-            Command::Health { .. } => {}
+            Command::Health { .. } | Command::Cluster { .. } => {}
         }
         Ok(())
     }

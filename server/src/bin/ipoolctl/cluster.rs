@@ -1,0 +1,214 @@
+//! `ipoolctl cluster ...`: cluster mode's pools and blocks, read and written in etcd directly
+//! (no ipoold involved).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use ipool_server::cluster::etcd::{
+    ClusterError, ClusterStore, PoolSpec, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
+};
+
+use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
+
+/// Where etcd is.
+#[derive(clap::Args, Debug)]
+pub(super) struct EtcdArgs {
+    /// etcd endpoints, comma-separated (http://10.0.0.1:2379,...).
+    #[arg(
+        long,
+        env = "IPOOL_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    etcd_endpoints: Vec<String>,
+    /// Key prefix of ipool's data in etcd.
+    #[arg(long, env = "IPOOL_ETCD_PREFIX", default_value = ipool_server::cluster::etcd::DEFAULT_PREFIX)]
+    etcd_prefix: String,
+    /// Seconds an etcd call may take.
+    #[arg(long, default_value_t = 5)]
+    etcd_timeout: u64,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub(super) enum ClusterCommand {
+    /// Cluster pools: create, list, delete.
+    #[command(subcommand)]
+    Pool(PoolCommand),
+    /// Owned blocks (filters combine).
+    Blocks {
+        #[arg(long)]
+        pool: Option<String>,
+        #[arg(long)]
+        node: Option<String>,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub(super) enum PoolCommand {
+    /// Create a pool of one or more CIDRs (IPv4 and/or IPv6).
+    Create {
+        name: String,
+        #[arg(long = "cidr", required = true)]
+        cidrs: Vec<String>,
+        /// Block prefix length for IPv4 CIDRs.
+        #[arg(long, default_value_t = DEFAULT_BLOCK_V4)]
+        block_size: u8,
+        /// Block prefix length for IPv6 CIDRs.
+        #[arg(long, default_value_t = DEFAULT_BLOCK_V6)]
+        block_size_v6: u8,
+        /// Ranges never handed out (the service CIDR, say).
+        #[arg(long = "exclude")]
+        exclude: Vec<String>,
+    },
+    List,
+    /// Delete a pool (refused while any of its blocks is owned).
+    Delete {
+        name: String,
+    },
+}
+
+fn parse_nets(what: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
+    v.iter()
+        .map(|s| {
+            s.parse::<IpNet>()
+                .map_err(|_| format!("{what} {s:?} is not a CIDR"))
+        })
+        .collect()
+}
+
+fn exit_for(e: &ClusterError) -> u8 {
+    match e {
+        ClusterError::Etcd(_) | ClusterError::Timeout(_) => EXIT_UNREACHABLE,
+        ClusterError::Refused(m) if m.starts_with("no pool") => EXIT_NOT_FOUND,
+        _ => EXIT_REFUSED,
+    }
+}
+
+pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> ExitCode {
+    let store = match ClusterStore::connect(
+        &etcd.etcd_endpoints,
+        &etcd.etcd_prefix,
+        Duration::from_secs(etcd.etcd_timeout.max(1)),
+    )
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "ipoolctl: cannot reach etcd at {}: {e}",
+                etcd.etcd_endpoints.join(",")
+            );
+            return ExitCode::from(EXIT_UNREACHABLE);
+        }
+    };
+    let result = match cmd {
+        ClusterCommand::Pool(PoolCommand::Create {
+            name,
+            cidrs,
+            block_size,
+            block_size_v6,
+            exclude,
+        }) => {
+            let spec = match (
+                parse_nets("--cidr", cidrs),
+                parse_nets("--exclude", exclude),
+            ) {
+                (Ok(cidrs), Ok(exclude)) => PoolSpec {
+                    name: name.clone(),
+                    cidrs,
+                    block_v4: *block_size,
+                    block_v6: *block_size_v6,
+                    exclude,
+                },
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("ipoolctl: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            store.create_pool(&spec).await.map(|()| {
+                if out == Output::Table {
+                    println!("pool {name} created");
+                }
+            })
+        }
+        ClusterCommand::Pool(PoolCommand::List) => store.list_pools().await.map(|pools| {
+            print_pools(&pools, out);
+        }),
+        ClusterCommand::Pool(PoolCommand::Delete { name }) => {
+            store.delete_pool(name).await.map(|()| {
+                if out == Output::Table {
+                    println!("pool {name} deleted");
+                }
+            })
+        }
+        ClusterCommand::Blocks { pool, node } => store
+            .list_blocks(pool.as_deref(), node.as_deref())
+            .await
+            .map(|blocks| print_blocks(&blocks, out)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ipoolctl: {e}");
+            ExitCode::from(exit_for(&e))
+        }
+    }
+}
+
+fn print_pools(pools: &[PoolSpec], out: Output) {
+    if out == Output::Json {
+        let v: Vec<serde_json::Value> = pools
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "name": p.name, "cidrs": p.cidrs, "blockSize": p.block_v4,
+                    "blockSizeV6": p.block_v6, "exclude": p.exclude,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return;
+    }
+    let rows = pools
+        .iter()
+        .map(|p| {
+            let join = |v: &[IpNet]| {
+                let s: Vec<String> = v.iter().map(|n| n.to_string()).collect();
+                if s.is_empty() {
+                    "-".to_string()
+                } else {
+                    s.join(",")
+                }
+            };
+            vec![
+                p.name.clone(),
+                join(&p.cidrs),
+                format!("/{} /{}", p.block_v4, p.block_v6),
+                join(&p.exclude),
+            ]
+        })
+        .collect();
+    crate::print::table(&["POOL", "CIDRS", "BLOCKS (v4 v6)", "EXCLUDED"], rows);
+}
+
+fn print_blocks(blocks: &[ipool_server::cluster::etcd::Block], out: Output) {
+    if out == Output::Json {
+        let v: Vec<serde_json::Value> = blocks
+            .iter()
+            .map(|b| {
+                serde_json::json!({
+                    "pool": b.pool, "block": b.block.to_string(), "node": b.owner.node,
+                    "claimedAtMs": b.owner.claimed_at_ms,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return;
+    }
+    let rows = blocks
+        .iter()
+        .map(|b| vec![b.pool.clone(), b.block.to_string(), b.owner.node.clone()])
+        .collect();
+    crate::print::table(&["POOL", "BLOCK", "NODE"], rows);
+}

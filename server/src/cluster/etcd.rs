@@ -1,0 +1,496 @@
+//! Cluster pools and their blocks in etcd. Keys, under a prefix (default `/ipool/v1`):
+//!
+//! - `<prefix>/pools/<name>`: a pool ([`PoolSpec`], JSON);
+//! - `<prefix>/blocks/<pool>/<block>`: a block's owner ([`Owner`], JSON), the block written
+//!   as Calico does, `10.0.0.0-26`.
+//!
+//! Every decision is one etcd transaction: a claim is "create the block's key if it is absent
+//! and the pool still exists" (the loser learns the winner), a give-back is "delete it if it is
+//! still the one this node created" (by its create revision), deleting a pool is "delete it if
+//! no block key exists under it". Two nodes never own one block, and a pool with owned blocks
+//! is never deleted, however the calls interleave.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse,
+};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::cidrset::CidrSet;
+
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "/ipool/v1";
+/// Default block sizes, as Calico's.
+pub const DEFAULT_BLOCK_V4: u8 = 26;
+pub const DEFAULT_BLOCK_V6: u8 = 122;
+
+/// A cluster pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolSpec {
+    pub name: String,
+    /// IPv4 and/or IPv6 CIDRs.
+    pub cidrs: Vec<IpNet>,
+    pub block_v4: u8,
+    pub block_v6: u8,
+    /// Never handed out (the service CIDR, say): every block they touch is occupied.
+    #[serde(default)]
+    pub exclude: Vec<IpNet>,
+}
+
+impl PoolSpec {
+    /// The block size for `cidr`'s family.
+    pub fn block_for(&self, cidr: &IpNet) -> u8 {
+        match cidr {
+            IpNet::V4(_) => self.block_v4,
+            IpNet::V6(_) => self.block_v6,
+        }
+    }
+
+    /// Each CIDR carved, the excluded ranges occupied.
+    pub fn carve(&self) -> Result<Vec<CidrSet>, String> {
+        self.cidrs
+            .iter()
+            .map(|c| {
+                let mut set = CidrSet::new(*c, self.block_for(c))
+                    .map_err(|e| format!("pool {:?}: {e}", self.name))?;
+                for x in &self.exclude {
+                    set.occupy(*x);
+                }
+                Ok(set)
+            })
+            .collect()
+    }
+
+    /// Checks the pool on its own: a name, CIDRs that carve, no two overlapping, excluded
+    /// ranges inside them.
+    pub fn validate(&self) -> Result<(), String> {
+        ipool_proto::names::check_name("pool name", &self.name)?;
+        if self.cidrs.is_empty() {
+            return Err(format!("pool {:?} has no CIDR", self.name));
+        }
+        self.carve()?;
+        for (i, a) in self.cidrs.iter().enumerate() {
+            for b in &self.cidrs[i + 1..] {
+                if a.contains(b) || b.contains(a) {
+                    return Err(format!("pool {:?}: CIDRs {a} and {b} overlap", self.name));
+                }
+            }
+        }
+        for x in &self.exclude {
+            if !self.cidrs.iter().any(|c| c.contains(x) || x.contains(c)) {
+                return Err(format!(
+                    "pool {:?}: excluded range {x} is in none of its CIDRs",
+                    self.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Who owns a block.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub node: String,
+    /// Unix milliseconds.
+    pub claimed_at_ms: u64,
+}
+
+/// An owned block, as listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub pool: String,
+    pub block: IpNet,
+    pub owner: Owner,
+    /// The etcd revision that created the key: a give-back is conditioned on it.
+    pub create_revision: i64,
+}
+
+/// What a claim got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    Won(Block),
+    /// Another node has it.
+    Lost(Owner),
+    /// The pool was deleted.
+    NoPool,
+}
+
+/// An etcd failure, or a refusal.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("etcd did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Refused(String),
+    #[error("etcd holds a malformed {what} at {key}: {why}")]
+    Malformed {
+        what: &'static str,
+        key: String,
+        why: String,
+    },
+}
+
+/// The pools and blocks in one etcd.
+#[derive(Clone)]
+pub struct ClusterStore {
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+}
+
+/// `10.0.0.0/26` as a key part: `10.0.0.0-26`.
+pub fn block_key_part(block: &IpNet) -> String {
+    format!("{}-{}", block.network(), block.prefix_len())
+}
+
+fn parse_block_part(s: &str) -> Option<IpNet> {
+    let (addr, len) = s.rsplit_once('-')?;
+    IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl ClusterStore {
+    /// Connects to `endpoints` ("http://127.0.0.1:2379"); each call is bounded by `timeout`.
+    pub async fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<ClusterStore, ClusterError> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout);
+        let client = tokio::time::timeout(timeout, Client::connect(endpoints, Some(options)))
+            .await
+            .map_err(|_| ClusterError::Timeout(timeout))??;
+        Ok(ClusterStore {
+            client,
+            prefix: prefix.trim_end_matches('/').to_string(),
+            timeout,
+        })
+    }
+
+    fn pool_key(&self, name: &str) -> String {
+        format!("{}/pools/{name}", self.prefix)
+    }
+
+    fn blocks_prefix(&self, pool: &str) -> String {
+        format!("{}/blocks/{pool}/", self.prefix)
+    }
+
+    fn block_key(&self, pool: &str, block: &IpNet) -> String {
+        format!("{}{}", self.blocks_prefix(pool), block_key_part(block))
+    }
+
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, ClusterError> {
+        tokio::time::timeout(self.timeout, f)
+            .await
+            .map_err(|_| ClusterError::Timeout(self.timeout))?
+            .map_err(ClusterError::from)
+    }
+
+    /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
+    /// pool's.
+    pub async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
+        spec.validate().map_err(ClusterError::Refused)?;
+        for other in self.list_pools().await? {
+            for a in &spec.cidrs {
+                if let Some(b) = other.cidrs.iter().find(|b| a.contains(*b) || b.contains(a)) {
+                    return Err(ClusterError::Refused(format!(
+                        "pool {:?}: CIDR {a} overlaps {b} of pool {:?}",
+                        spec.name, other.name
+                    )));
+                }
+            }
+        }
+        let key = self.pool_key(&spec.name);
+        let value = serde_json::to_vec(spec).expect("a pool serializes");
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, value, None)]);
+        let mut kv = self.client.kv_client();
+        let r = self.bounded(kv.txn(txn)).await?;
+        match r.succeeded() {
+            true => Ok(()),
+            false => Err(ClusterError::Refused(format!(
+                "pool {:?} exists already",
+                spec.name
+            ))),
+        }
+    }
+
+    /// Every pool, by name.
+    pub async fn list_pools(&self) -> Result<Vec<PoolSpec>, ClusterError> {
+        let prefix = format!("{}/pools/", self.prefix);
+        let mut kv = self.client.kv_client();
+        let r = self
+            .bounded(kv.get(prefix, Some(GetOptions::new().with_prefix())))
+            .await?;
+        r.kvs()
+            .iter()
+            .map(|kv| {
+                serde_json::from_slice(kv.value()).map_err(|e| ClusterError::Malformed {
+                    what: "pool",
+                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                    why: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    pub async fn get_pool(&self, name: &str) -> Result<Option<PoolSpec>, ClusterError> {
+        Ok(self
+            .list_pools()
+            .await?
+            .into_iter()
+            .find(|p| p.name == name))
+    }
+
+    /// Deletes pool `name`; refused while any of its blocks is owned.
+    pub async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
+        let key = self.pool_key(name);
+        let blocks = self.blocks_prefix(name);
+        let txn = Txn::new()
+            .when([
+                Compare::version(key.clone(), CompareOp::Greater, 0),
+                Compare::version(blocks.clone(), CompareOp::Equal, 0).with_prefix(),
+            ])
+            .and_then([TxnOp::delete(key, None)]);
+        let mut kv = self.client.kv_client();
+        let r = self.bounded(kv.txn(txn)).await?;
+        if r.succeeded() {
+            return Ok(());
+        }
+        if self.get_pool(name).await?.is_none() {
+            return Err(ClusterError::Refused(format!("no pool {name:?}")));
+        }
+        let owned = self.list_blocks(Some(name), None).await?;
+        Err(ClusterError::Refused(format!(
+            "pool {name:?} still has {} owned block(s) (release them first: ipoolctl cluster release-node)",
+            owned.len()
+        )))
+    }
+
+    /// Owned blocks, of one pool and/or one node.
+    pub async fn list_blocks(
+        &self,
+        pool: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Vec<Block>, ClusterError> {
+        let prefix = match pool {
+            Some(p) => self.blocks_prefix(p),
+            None => format!("{}/blocks/", self.prefix),
+        };
+        let mut kv = self.client.kv_client();
+        let r = self
+            .bounded(kv.get(prefix, Some(GetOptions::new().with_prefix())))
+            .await?;
+        let root = format!("{}/blocks/", self.prefix);
+        let mut out = Vec::new();
+        for item in r.kvs() {
+            let key = String::from_utf8_lossy(item.key()).into_owned();
+            let malformed = |why: String| ClusterError::Malformed {
+                what: "block",
+                key: key.clone(),
+                why,
+            };
+            let rest = key.strip_prefix(&root).unwrap_or(&key);
+            let (pool_name, part) = rest
+                .split_once('/')
+                .ok_or_else(|| malformed("no pool in the key".into()))?;
+            let block =
+                parse_block_part(part).ok_or_else(|| malformed("no block in the key".into()))?;
+            let owner: Owner =
+                serde_json::from_slice(item.value()).map_err(|e| malformed(e.to_string()))?;
+            if node.is_some_and(|n| n != owner.node) {
+                continue;
+            }
+            out.push(Block {
+                pool: pool_name.to_string(),
+                block,
+                owner,
+                create_revision: item.create_revision(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Claims `block` of `pool` for `node`: one transaction, won only when no one owns it and
+    /// the pool still exists.
+    pub async fn claim(
+        &self,
+        pool: &str,
+        block: &IpNet,
+        node: &str,
+    ) -> Result<Claimed, ClusterError> {
+        let key = self.block_key(pool, block);
+        let owner = Owner {
+            node: node.to_string(),
+            claimed_at_ms: now_ms(),
+        };
+        let value = serde_json::to_vec(&owner).expect("an owner serializes");
+        let txn = Txn::new()
+            .when([
+                Compare::version(key.clone(), CompareOp::Equal, 0),
+                Compare::version(self.pool_key(pool), CompareOp::Greater, 0),
+            ])
+            .and_then([TxnOp::put(key.clone(), value, None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let mut kv = self.client.kv_client();
+        let r = self.bounded(kv.txn(txn)).await?;
+        if r.succeeded() {
+            let revision = r.header().map(|h| h.revision()).unwrap_or_default();
+            return Ok(Claimed::Won(Block {
+                pool: pool.to_string(),
+                block: *block,
+                owner,
+                create_revision: revision,
+            }));
+        }
+        let held = r.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        });
+        match held {
+            Some(v) => {
+                serde_json::from_slice(&v)
+                    .map(Claimed::Lost)
+                    .map_err(|e| ClusterError::Malformed {
+                        what: "block",
+                        key,
+                        why: e.to_string(),
+                    })
+            }
+            None => Ok(Claimed::NoPool),
+        }
+    }
+
+    /// Gives `b` back, only if it is still the key its owner created. False: it was not.
+    pub async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
+        let key = self.block_key(&b.pool, &b.block);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.clone(),
+                CompareOp::Equal,
+                b.create_revision,
+            )])
+            .and_then([TxnOp::delete(key, None)]);
+        let mut kv = self.client.kv_client();
+        Ok(self.bounded(kv.txn(txn)).await?.succeeded())
+    }
+
+    /// Claims the first free block of `pool` in `node`'s order (see
+    /// [`CidrSet::free_in_order`]), for the CIDR of `family_v4`'s family: blocks others won
+    /// meanwhile are skipped. None when the pool has no free block of that family.
+    pub async fn claim_next(
+        &self,
+        pool: &PoolSpec,
+        v4: bool,
+        node: &str,
+    ) -> Result<Option<Block>, ClusterError> {
+        let mut sets = pool.carve().map_err(ClusterError::Refused)?;
+        sets.retain(|s| s.cidr().addr().is_ipv4() == v4);
+        for b in self.list_blocks(Some(&pool.name), None).await? {
+            for s in sets.iter_mut() {
+                s.occupy(b.block);
+            }
+        }
+        for s in &sets {
+            let free: Vec<IpNet> = s.free_in_order(node).collect();
+            for block in free {
+                match self.claim(&pool.name, &block, node).await? {
+                    Claimed::Won(b) => return Ok(Some(b)),
+                    Claimed::Lost(_) => continue,
+                    Claimed::NoPool => {
+                        return Err(ClusterError::Refused(format!(
+                            "pool {:?} was deleted",
+                            pool.name
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_keys_round_trip() {
+        let b: IpNet = "10.0.1.64/26".parse().unwrap();
+        assert_eq!(block_key_part(&b), "10.0.1.64-26");
+        assert_eq!(parse_block_part("10.0.1.64-26"), Some(b));
+        let v6: IpNet = "fd00::40/122".parse().unwrap();
+        assert_eq!(parse_block_part(&block_key_part(&v6)), Some(v6));
+        assert_eq!(parse_block_part("nonsense"), None);
+    }
+
+    #[test]
+    fn pools_are_checked() {
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        let ok = PoolSpec {
+            name: "a".into(),
+            cidrs: vec![net("10.0.0.0/16"), net("fd00::/112")],
+            block_v4: 26,
+            block_v6: 122,
+            exclude: vec![net("10.0.0.0/24")],
+        };
+        ok.validate().unwrap();
+        for (bad, needle) in [
+            (
+                PoolSpec {
+                    cidrs: vec![],
+                    ..ok.clone()
+                },
+                "no CIDR",
+            ),
+            (
+                PoolSpec {
+                    cidrs: vec![net("10.0.0.0/16"), net("10.0.5.0/24")],
+                    ..ok.clone()
+                },
+                "overlap",
+            ),
+            (
+                PoolSpec {
+                    exclude: vec![net("192.168.0.0/24")],
+                    ..ok.clone()
+                },
+                "in none of its CIDRs",
+            ),
+            (
+                PoolSpec {
+                    block_v4: 8,
+                    ..ok.clone()
+                },
+                "does not fit",
+            ),
+            (
+                PoolSpec {
+                    name: "a b".into(),
+                    ..ok.clone()
+                },
+                "pool name",
+            ),
+        ] {
+            let e = bad.validate().unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+}

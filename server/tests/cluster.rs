@@ -1,0 +1,236 @@
+//! Cluster mode's etcd layer against a real etcd: pools, block claims (one winner, however
+//! many race), give-backs conditioned on ownership, and a pool that cannot be deleted while a
+//! block of it is owned.
+
+mod common;
+
+use std::time::Duration;
+
+use common::etcd::Etcd;
+use ipnet::IpNet;
+use ipool_server::cluster::etcd::{Claimed, ClusterStore, PoolSpec, DEFAULT_PREFIX};
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn store(e: &Etcd) -> ClusterStore {
+    ClusterStore::connect(
+        std::slice::from_ref(&e.client_url),
+        DEFAULT_PREFIX,
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("connect")
+}
+
+fn pool(name: &str, cidrs: &[&str], exclude: &[&str]) -> PoolSpec {
+    PoolSpec {
+        name: name.into(),
+        cidrs: cidrs.iter().map(|c| net(c)).collect(),
+        block_v4: 26,
+        block_v6: 122,
+        exclude: exclude.iter().map(|c| net(c)).collect(),
+    }
+}
+
+#[test]
+fn pools_are_created_listed_and_deleted_only_when_no_block_is_owned() {
+    let Some(e) = Etcd::start() else { return };
+    rt().block_on(async {
+        let s = store(&e).await;
+        s.create_pool(&pool("a", &["10.8.0.0/16"], &[]))
+            .await
+            .unwrap();
+        let dup = s.create_pool(&pool("a", &["10.9.0.0/16"], &[])).await;
+        assert!(dup.unwrap_err().to_string().contains("exists already"));
+        let overlap = s.create_pool(&pool("b", &["10.8.128.0/17"], &[])).await;
+        let msg = overlap.unwrap_err().to_string();
+        assert!(msg.contains("overlaps") && msg.contains("\"a\""), "{msg}");
+        s.create_pool(&pool("v6", &["fd00:8::/112"], &[]))
+            .await
+            .unwrap();
+        let names: Vec<String> = s
+            .list_pools()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        assert_eq!(names, ["a", "v6"]);
+
+        let b = match s.claim("a", &net("10.8.0.0/26"), "n1").await.unwrap() {
+            Claimed::Won(b) => b,
+            other => panic!("{other:?}"),
+        };
+        let refused = s.delete_pool("a").await.unwrap_err().to_string();
+        assert!(refused.contains("1 owned block"), "{refused}");
+        assert!(s.give_back(&b).await.unwrap());
+        assert!(!s.give_back(&b).await.unwrap(), "given back once");
+        s.delete_pool("a").await.unwrap();
+        assert!(s
+            .delete_pool("a")
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("no pool"));
+        // A claim in a deleted pool is refused.
+        assert_eq!(
+            s.claim("a", &net("10.8.0.64/26"), "n1").await.unwrap(),
+            Claimed::NoPool
+        );
+    });
+}
+
+#[test]
+fn racing_claimers_never_share_a_block() {
+    let Some(e) = Etcd::start() else { return };
+    rt().block_on(async {
+        let s = store(&e).await;
+        // 16 blocks, one excluded: 15 to win among 20 nodes.
+        let p = pool("race", &["10.10.0.0/22"], &["10.10.3.192/26"]);
+        s.create_pool(&p).await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..20 {
+            let (s, p) = (s.clone(), p.clone());
+            tasks.push(tokio::spawn(async move {
+                s.claim_next(&p, true, &format!("node-{i}")).await
+            }));
+        }
+        let mut won = Vec::new();
+        let mut empty = 0;
+        for t in tasks {
+            match t.await.unwrap().unwrap() {
+                Some(b) => won.push(b.block),
+                None => empty += 1,
+            }
+        }
+        assert_eq!(won.len(), 15, "{won:?}");
+        assert_eq!(empty, 5);
+        let mut unique = won.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), 15, "a block won twice: {won:?}");
+        assert!(!won.contains(&net("10.10.3.192/26")), "the excluded block");
+        let listed = s.list_blocks(Some("race"), None).await.unwrap();
+        assert_eq!(listed.len(), 15);
+        let n3 = s.list_blocks(None, Some("node-3")).await.unwrap();
+        assert!(n3.len() <= 1);
+    });
+}
+
+#[test]
+fn a_give_back_is_refused_once_the_block_changed_hands() {
+    let Some(e) = Etcd::start() else { return };
+    rt().block_on(async {
+        let s = store(&e).await;
+        s.create_pool(&pool("p", &["10.11.0.0/24"], &[]))
+            .await
+            .unwrap();
+        let Claimed::Won(old) = s.claim("p", &net("10.11.0.0/26"), "n1").await.unwrap() else {
+            panic!()
+        };
+        // Released by an operator and claimed by another node since.
+        assert!(s.give_back(&old).await.unwrap());
+        let Claimed::Won(_) = s.claim("p", &net("10.11.0.0/26"), "n2").await.unwrap() else {
+            panic!()
+        };
+        assert!(!s.give_back(&old).await.unwrap(), "n1's stale give-back");
+        let owners: Vec<String> = s
+            .list_blocks(Some("p"), None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|b| b.owner.node)
+            .collect();
+        assert_eq!(owners, ["n2"]);
+        match s.claim("p", &net("10.11.0.0/26"), "n3").await.unwrap() {
+            Claimed::Lost(o) => assert_eq!(o.node, "n2"),
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+/// `ipoolctl cluster` against the same etcd: pools, blocks as JSON, refusals and exit codes.
+#[test]
+fn ipoolctl_cluster_manages_pools_and_lists_blocks() {
+    let Some(e) = Etcd::start() else { return };
+    let ctl = |args: &[&str]| {
+        std::process::Command::new(common::ipoolctl_bin())
+            .arg("cluster")
+            .args(["--etcd-endpoints", &e.client_url])
+            .args(args)
+            .output()
+            .expect("ipoolctl")
+    };
+    let created = ctl(&[
+        "pool",
+        "create",
+        "main",
+        "--cidr",
+        "10.12.0.0/16",
+        "--cidr",
+        "fd00:12::/112",
+        "--exclude",
+        "10.12.0.0/24",
+    ]);
+    assert!(created.status.success(), "{created:?}");
+    let bad = ctl(&["pool", "create", "x", "--cidr", "10.13.0.0/33"]);
+    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("\"10.13.0.0/33\" is not a CIDR"));
+    let dup = ctl(&["pool", "create", "other", "--cidr", "10.12.5.0/24"]);
+    assert_eq!(dup.status.code(), Some(1), "{dup:?}");
+    let pools: serde_json::Value =
+        serde_json::from_slice(&ctl(&["-o", "json", "pool", "list"]).stdout).unwrap();
+    assert_eq!(pools[0]["name"], "main");
+    assert_eq!(pools[0]["blockSize"], 26);
+    assert_eq!(pools[0]["exclude"][0], "10.12.0.0/24");
+
+    rt().block_on(async {
+        let s = store(&e).await;
+        let p = s.get_pool("main").await.unwrap().unwrap();
+        let b = s.claim_next(&p, true, "node-a").await.unwrap().unwrap();
+        assert!(
+            !net("10.12.0.0/24").contains(&b.block),
+            "{} is excluded",
+            b.block
+        );
+        s.claim_next(&p, false, "node-b").await.unwrap().unwrap();
+    });
+    let blocks: serde_json::Value =
+        serde_json::from_slice(&ctl(&["-o", "json", "blocks", "--node", "node-a"]).stdout).unwrap();
+    let list = blocks.as_array().unwrap();
+    assert_eq!(list.len(), 1, "{blocks}");
+    assert_eq!(
+        (list[0]["pool"].as_str(), list[0]["node"].as_str()),
+        (Some("main"), Some("node-a"))
+    );
+    assert!(list[0]["block"].as_str().unwrap().ends_with("/26"));
+    let all = String::from_utf8_lossy(&ctl(&["blocks"]).stdout).into_owned();
+    assert!(all.contains("node-b") && all.contains("/122"), "{all}");
+
+    let refused = ctl(&["pool", "delete", "main"]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("2 owned block"));
+    assert_eq!(ctl(&["pool", "delete", "nope"]).status.code(), Some(3));
+    let down = std::process::Command::new(common::ipoolctl_bin())
+        .args([
+            "cluster",
+            "--etcd-endpoints",
+            "http://127.0.0.1:1",
+            "--etcd-timeout",
+            "1",
+        ])
+        .args(["pool", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(down.status.code(), Some(2), "{down:?}");
+}

@@ -1,0 +1,97 @@
+//! A real etcd for the tests (Debian's `etcd-server`): started on random loopback ports with
+//! its data in a temp dir; stopped and restarted on the same data.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Etcd {
+    pub dir: tempfile::TempDir,
+    pub client_url: String,
+    peer_url: String,
+    child: Option<Child>,
+}
+
+/// The etcd binary, when it is installed.
+pub fn etcd_bin() -> Option<PathBuf> {
+    let p = PathBuf::from("/usr/bin/etcd");
+    p.exists().then_some(p)
+}
+
+impl Etcd {
+    /// Starts an etcd; None (with a note) when etcd-server is not installed.
+    pub fn start() -> Option<Etcd> {
+        if etcd_bin().is_none() {
+            eprintln!("etcd-server is not installed (/usr/bin/etcd): skipping");
+            return None;
+        }
+        let client = super::free_port();
+        let peer = super::free_port();
+        let mut e = Etcd {
+            dir: tempfile::tempdir().expect("tempdir"),
+            client_url: format!("http://127.0.0.1:{client}"),
+            peer_url: format!("http://127.0.0.1:{peer}"),
+            child: None,
+        };
+        e.spawn();
+        Some(e)
+    }
+
+    /// Starts (again) on the same data and ports; waits until it answers.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .expect("log");
+        let child = Command::new(etcd_bin().expect("etcd"))
+            .args(["--name", "test"])
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &self.client_url])
+            .args(["--advertise-client-urls", &self.client_url])
+            .args(["--listen-peer-urls", &self.peer_url])
+            .args(["--initial-advertise-peer-urls", &self.peer_url])
+            .args(["--initial-cluster", &format!("test={}", self.peer_url)])
+            .env("ETCD_UNSUPPORTED_ARCH", "")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn etcd");
+        self.child = Some(child);
+        let addr = self.client_url.trim_start_matches("http://").to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if std::net::TcpStream::connect(&addr).is_ok() {
+                // Listening; a moment more for the member to be ready to serve.
+                std::thread::sleep(Duration::from_millis(200));
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not start:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
