@@ -9,14 +9,21 @@ use clap::Parser;
 use ipool_server::logbuf::{self, DeferredLog};
 use ipool_server::{
     clock::SystemClock,
-    config::{DaemonConfig, NodeRanges},
-    install,
+    config::DaemonConfig,
     ipam::{Ipam, Setup},
     k8s,
-    model::RouteSpec,
-    node_ranges::{self, Feed},
     server::{bind_socket, serve, shutdown_signal, Listeners, OpsTcp},
     store::SledStore,
+};
+
+mod host;
+mod kube;
+
+use host::{
+    install_cni, keep_private, raise_fd_limit, spawn_heap_trimmer, trim_heap, write_conflist,
+};
+use kube::{
+    end_quarantines, follow_node_ranges, kube_client, node_name, refused_as_damaged, set_aside,
 };
 
 #[derive(Parser, Debug)]
@@ -372,57 +379,6 @@ fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<DaemonConfig> {
     })
 }
 
-/// `ipoold install-cni`.
-fn install_cni(bin_dir: &std::path::Path, plugin: Option<&std::path::Path>) -> anyhow::Result<()> {
-    let plugin = match plugin {
-        Some(p) => p.to_path_buf(),
-        None => std::env::current_exe()
-            .context("locating ipoold")?
-            .with_file_name("ipool"),
-    };
-    anyhow::ensure!(
-        bin_dir.is_dir(),
-        "the CNI bin dir {} is not a directory (mount the host's /opt/cni/bin there)",
-        bin_dir.display()
-    );
-    let dest = bin_dir.join("ipool");
-    let outcome = install::install_file(&plugin, &dest, 0o755)?;
-    eprintln!(
-        "ipoold install-cni: {} {}",
-        dest.display(),
-        match outcome {
-            install::Outcome::Written => "installed",
-            install::Outcome::Unchanged => "already up to date",
-        }
-    );
-    Ok(())
-}
-
-/// Writes the conflist from `template` into `dir`.
-fn write_conflist(
-    dir: &std::path::Path,
-    template: &std::path::Path,
-    name: &str,
-    socket: &std::path::Path,
-) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(template)
-        .with_context(|| format!("reading --cni-conflist-template {}", template.display()))?;
-    let conflist = install::render_conflist(&text, socket)
-        .map_err(|e| anyhow::anyhow!("--cni-conflist-template {}: {e}", template.display()))?;
-    anyhow::ensure!(
-        [".conflist", ".conf", ".json"]
-            .iter()
-            .any(|s| name.ends_with(s))
-            && !name.contains('/'),
-        "--cni-conf-name {name:?} must be a file name ending in .conflist (or .conf, .json)"
-    );
-    let dest = dir.join(name);
-    let outcome = install::install_bytes(&dest, conflist.as_bytes(), 0o644)
-        .with_context(|| format!("writing the conflist {}", dest.display()))?;
-    tracing::info!(path = %dest.display(), written = outcome == install::Outcome::Written, "CNI conflist in place");
-    Ok(())
-}
-
 /// Opens the store and rebuilds the engine's state from it.
 fn open_ipam(args: &Args, config: DaemonConfig, boot_id: Option<String>) -> anyhow::Result<Ipam> {
     // Read through one handle, serve through a fresh one (see Ipam::open_with).
@@ -447,174 +403,3 @@ fn open_ipam(args: &Args, config: DaemonConfig, boot_id: Option<String>) -> anyh
     )
     .context("recovering state")
 }
-
-/// Moves a refused state dir aside; returns where.
-fn set_aside(state_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default();
-    let mut aside = state_dir.as_os_str().to_owned();
-    aside.push(format!(".refused-{secs}"));
-    let aside = PathBuf::from(aside);
-    std::fs::rename(state_dir, &aside).with_context(|| {
-        format!(
-            "moving the refused state dir {} to {}",
-            state_dir.display(),
-            aside.display()
-        )
-    })?;
-    Ok(aside)
-}
-
-/// True when opening failed because the store is damaged (what --rebuild-from-pods replaces).
-fn refused_as_damaged(e: &anyhow::Error) -> bool {
-    use ipool_server::{error::Error, store::StoreError};
-    matches!(
-        e.downcast_ref::<Error>(),
-        Some(Error::Store(StoreError::Corrupt { .. }))
-    )
-}
-
-/// Without [kubernetes], nothing would end a quarantine: each ends now (its addresses cool).
-async fn end_quarantines(ipam: &Ipam) {
-    for q in ipam.quarantines() {
-        tracing::warn!(network = %q.key.network, pod = %format!("{}/{}", q.key.namespace, q.key.name), "ending a quarantine: [kubernetes] is off, so its pod cannot be watched");
-        if let Err(e) = ipam.end_quarantine(&q).await {
-            tracing::error!(error = %e, "cannot end a quarantine");
-        }
-    }
-}
-
-fn node_name(args: &Args, why: &str) -> anyhow::Result<String> {
-    args.node_name.clone().with_context(|| {
-        format!("{why}: give --node-name (or NODE_NAME, from the downward API's spec.nodeName)")
-    })
-}
-
-/// The Kubernetes client, made once.
-async fn kube_client(
-    args: &Args,
-    client: &mut Option<kube::Client>,
-) -> anyhow::Result<kube::Client> {
-    if client.is_none() {
-        *client = Some(k8s::client(args.kubeconfig.as_deref()).await?);
-    }
-    Ok(client.clone().expect("made above"))
-}
-
-/// Starts following the node's ranges for the networks that take them from there.
-async fn follow_node_ranges(
-    args: &Args,
-    networks: &[(String, NodeRanges, Vec<RouteSpec>)],
-    ipam: &Ipam,
-    client: &mut Option<kube::Client>,
-) -> anyhow::Result<()> {
-    for (network, from, routes) in networks {
-        let feed = Feed::new(ipam.clone(), network, routes.clone());
-        match from {
-            NodeRanges::Flannel(path) => {
-                tokio::spawn(node_ranges::flannel::follow(feed, path.clone()));
-            }
-            NodeRanges::PodCidrs => {
-                let node = node_name(
-                    args,
-                    &format!("network {network:?} takes its ranges from the node's spec.podCIDRs"),
-                )?;
-                let c = kube_client(args, client).await?;
-                tokio::spawn(node_ranges::podcidrs::follow(feed, c, node));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Raises the soft limit on open files to the hard one: each TCP Ops connection holds a
-/// descriptor, and the soft default (1 024) is reached long before the hard one.
-fn raise_fd_limit() {
-    use rustix::process::{getrlimit, setrlimit, Resource};
-    let mut limit = getrlimit(Resource::Nofile);
-    let was = limit.current;
-    if was.is_some() && was != limit.maximum {
-        limit.current = limit.maximum;
-        match setrlimit(Resource::Nofile, limit) {
-            Ok(()) => {
-                tracing::debug!(from = ?was, to = ?limit.maximum, "open-file limit raised")
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
-        }
-    }
-}
-
-/// What ipoold writes is its own (umask 077): the state holds pod names and netns paths. The
-/// state dir is made, or brought to, 0700 and its files to 0600 (earlier versions made them
-/// 0755 and 0644).
-fn keep_private(state_dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(state_dir)
-        .with_context(|| format!("creating the state dir {}", state_dir.display()))?;
-    let mut dirs = vec![state_dir.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("making {} private (0700)", dir.display()))?;
-        let entries = std::fs::read_dir(&dir)
-            .with_context(|| format!("reading the state dir {}", dir.display()))?;
-        for entry in entries {
-            let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                dirs.push(entry.path());
-            } else if kind.is_file() {
-                std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600))
-                    .with_context(|| format!("making {} private (0600)", entry.path().display()))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// How often the heap is trimmed while serving. A DEL, a GC or a leak reclaim frees memory that
-/// glibc keeps in its arenas; without a trim a node's RSS stays at its high-water mark. A trim
-/// walks the free chunks of a heap of tens of MB and holds an arena's lock while it does, so
-/// it is kept rare: every 5 s is soon enough for an RSS that is scraped or read by a person,
-/// and keeps the trim off the request path nearly all the time (its duration is logged at
-/// trace level). Measured at 65 536 allocations, trimming every 250 ms or every second gave
-/// the same RSS.
-const HEAP_TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// A thread that trims the heap every [`HEAP_TRIM_EVERY`] (none where there is no trim).
-fn spawn_heap_trimmer() {
-    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("heap-trim".into())
-        .spawn(|| loop {
-            std::thread::sleep(HEAP_TRIM_EVERY);
-            let t = std::time::Instant::now();
-            trim_heap();
-            tracing::trace!(took = ?t.elapsed(), "heap trimmed");
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the heap-trim thread; freed memory stays in the allocator");
-    }
-}
-
-/// Gives the memory glibc's allocator holds free back to the OS (glibc returns it only from
-/// the top of the main heap by itself).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-fn trim_heap() {
-    // SAFETY: malloc_trim takes no pointers from us; it works on glibc's own free lists under
-    // its arena locks and is MT-Safe (malloc_trim(3)), so any thread may call it at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_heap() {}
