@@ -57,7 +57,6 @@ fn daemon_with(api: &FakeApi, ranges: &str, extra: &[&str]) -> Daemon {
 
 /// A CNI call for pod ns/name (uid "" leaves K8S_POD_UID out; name "" leaves the pod out).
 fn pod_cni(cmd: &str, container: &str, pod: (&str, &str, &str), conf: &str) -> Run {
-    let netns = format!("/var/run/netns/{container}");
     let mut args = "IgnoreUnknown=1".to_string();
     if !pod.1.is_empty() {
         args += &format!(";K8S_POD_NAMESPACE={};K8S_POD_NAME={}", pod.0, pod.1);
@@ -65,17 +64,7 @@ fn pod_cni(cmd: &str, container: &str, pod: (&str, &str, &str), conf: &str) -> R
     if !pod.2.is_empty() {
         args += &format!(";K8S_POD_UID={}", pod.2);
     }
-    plugin(
-        &[
-            ("CNI_COMMAND", cmd),
-            ("CNI_CONTAINERID", container),
-            ("CNI_NETNS", &netns),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/usr/lib/cni"),
-            ("CNI_ARGS", &args),
-        ],
-        conf,
-    )
+    cni_with_args(cmd, container, &args, conf)
 }
 
 fn details(r: &Run) -> String {

@@ -102,30 +102,6 @@ impl Ipam {
             }
         }
         suspects.seen = still;
-        if due.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (released, seq) = {
-            let mut guard = self.lock();
-            let st = &mut *guard;
-            // Only the attachments that are still the ones observed (not re-created since).
-            let keys: Vec<AttachmentKey> = due
-                .into_iter()
-                .filter(|(k, created)| {
-                    st.attachments
-                        .get(k)
-                        .is_some_and(|r| r.created_at_ms() == *created)
-                })
-                .map(|(k, _)| k)
-                .collect();
-            self.release_attachments(st, &keys, ReleaseBy::Leak)?
-        };
-        self.wait_durable(seq).await?;
-        for r in &released {
-            r.log(ReleaseBy::Leak);
-        }
-        self.emit_released(&released, ReleaseBy::Leak, ReleaseBy::Leak.reason());
-        self.shared.changed.notify_one();
-        Ok(released)
+        self.release_unchanged(&due, ReleaseBy::Leak).await
     }
 }

@@ -70,31 +70,7 @@ impl Ipam {
         &self,
         due: &[(AttachmentKey, Millis)],
     ) -> Result<Vec<Released>, Error> {
-        let by = ReleaseBy::PodGone;
-        let (released, seq) = {
-            let mut guard = self.lock();
-            let st = &mut *guard;
-            let keys: Vec<AttachmentKey> = due
-                .iter()
-                .filter(|(k, created)| {
-                    st.attachments
-                        .get(k)
-                        .is_some_and(|a| a.created_at_ms() == *created)
-                })
-                .map(|(k, _)| k.clone())
-                .collect();
-            if keys.is_empty() {
-                return Ok(Vec::new());
-            }
-            self.release_attachments(st, &keys, by)?
-        };
-        self.wait_durable(seq).await?;
-        for r in &released {
-            r.log(by);
-        }
-        self.emit_released(&released, by, by.reason());
-        self.shared.changed.notify_one();
-        Ok(released)
+        self.release_unchanged(due, ReleaseBy::PodGone).await
     }
 
     /// Ends the quarantine `q` (its pod is gone): its addresses go idle, cooling. None when it

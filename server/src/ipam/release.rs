@@ -112,6 +112,39 @@ impl Ipam {
         Ok(released.into_iter().flat_map(|r| r.addresses).collect())
     }
 
+    /// Releases, for `by`, the attachments `due` that are still the ones observed: the same key
+    /// and creation time (one re-created since is left alone). Each is logged and emitted.
+    pub(super) async fn release_unchanged(
+        &self,
+        due: &[(AttachmentKey, Millis)],
+        by: ReleaseBy,
+    ) -> Result<Vec<Released>, Error> {
+        let (released, seq) = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let keys: Vec<AttachmentKey> = due
+                .iter()
+                .filter(|(k, created)| {
+                    st.attachments
+                        .get(k)
+                        .is_some_and(|a| a.created_at_ms() == *created)
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.release_attachments(st, &keys, by)?
+        };
+        self.wait_durable(seq).await?;
+        for r in &released {
+            r.log(by);
+        }
+        self.emit_released(&released, by, by.reason());
+        self.shared.changed.notify_one();
+        Ok(released)
+    }
+
     /// Releases every attachment of `network` whose (container ID, ifname) is not in `valid`.
     /// Attachments younger than `[cni] gc_grace_secs` are spared: the runtime builds its list
     /// before it calls GC, and an ADD that finished in between is not on it. Returns what was

@@ -292,6 +292,16 @@ pub fn plugin(env: &[(&str, &str)], stdin: &str) -> Run {
 
 /// ADD/DEL/CHECK for a container with the usual env.
 pub fn cni(cmd: &str, container: &str, stdin: &str) -> Run {
+    cni_with_args(
+        cmd,
+        container,
+        &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME={container}"),
+        stdin,
+    )
+}
+
+/// [`cni`] with `args` as CNI_ARGS.
+pub fn cni_with_args(cmd: &str, container: &str, args: &str, stdin: &str) -> Run {
     let netns = format!("/var/run/netns/{container}");
     plugin(
         &[
@@ -300,10 +310,7 @@ pub fn cni(cmd: &str, container: &str, stdin: &str) -> Run {
             ("CNI_NETNS", &netns),
             ("CNI_IFNAME", "eth0"),
             ("CNI_PATH", "/usr/lib/cni"),
-            (
-                "CNI_ARGS",
-                &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME={container}"),
-            ),
+            ("CNI_ARGS", args),
         ],
         stdin,
     )
