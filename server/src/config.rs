@@ -142,6 +142,8 @@ pub struct DaemonConfig {
     pub store: StoreSettings,
     /// Present: the pods on this node, as the apiserver lists them, are the source of truth.
     pub kubernetes: Option<KubernetesSettings>,
+    /// Cluster mode: the etcd that networks with `ranges_from = "cluster"` claim blocks from.
+    pub cluster: Option<crate::cluster::settings::ClusterSettings>,
     #[serde(default, rename = "network")]
     pub networks: Vec<NetworkSpec>,
 }
@@ -269,6 +271,8 @@ pub struct NetworkSpec {
     pub ranges_from: Option<RangesFrom>,
     /// flannel's subnet file (`ranges_from = "flannel"`).
     pub subnet_file: Option<std::path::PathBuf>,
+    /// The cluster pool in etcd (`ranges_from = "cluster"`).
+    pub cluster_pool: Option<String>,
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
     #[serde(flatten)]
@@ -283,6 +287,8 @@ pub enum RangesFrom {
     Node,
     /// flannel's subnet file (`/run/flannel/subnet.env`).
     Flannel,
+    /// Blocks this node claims from a cluster pool in etcd (`cluster_pool`, `[cluster]`).
+    Cluster,
 }
 
 /// Where flannel writes this node's subnet.
@@ -326,6 +332,9 @@ impl DaemonConfig {
             .validate("[defaults]")
             .map_err(Error::InvalidConfig)?;
         cfg.check_bounds().map_err(Error::InvalidConfig)?;
+        if let Some(c) = &cfg.cluster {
+            c.validate().map_err(Error::InvalidConfig)?;
+        }
         let mut seen = std::collections::HashSet::new();
         for n in &cfg.networks {
             if !seen.insert(n.name.as_str()) {
@@ -335,6 +344,13 @@ impl DaemonConfig {
                 )));
             }
             n.def(&cfg.defaults)?;
+            if n.ranges_from == Some(RangesFrom::Cluster) && cfg.cluster.is_none() {
+                return Err(Error::InvalidConfig(format!(
+                    "network {:?} takes its ranges from cluster pool {:?}: add a [cluster] table (etcd_endpoints = [...])",
+                    n.name,
+                    n.cluster_pool.as_deref().unwrap_or_default()
+                )));
+            }
         }
         let defs = cfg.network_defs()?;
         for (i, d) in defs.iter().enumerate() {
@@ -388,6 +404,7 @@ impl DaemonConfig {
             .iter()
             .filter_map(|n| {
                 let from = match n.ranges_from? {
+                    RangesFrom::Cluster => return None,
                     RangesFrom::Node => NodeRanges::PodCidrs,
                     RangesFrom::Flannel => NodeRanges::Flannel(
                         n.subnet_file
@@ -397,6 +414,15 @@ impl DaemonConfig {
                 };
                 Some((n.name.clone(), from, n.routes.clone()))
             })
+            .collect()
+    }
+
+    /// The networks whose ranges are blocks of a cluster pool: (network, pool, routes).
+    pub fn cluster_networks(&self) -> Vec<(String, String, Vec<RouteSpec>)> {
+        self.networks
+            .iter()
+            .filter(|n| n.ranges_from == Some(RangesFrom::Cluster))
+            .filter_map(|n| Some((n.name.clone(), n.cluster_pool.clone()?, n.routes.clone())))
             .collect()
     }
 
@@ -423,6 +449,26 @@ impl NetworkSpec {
                         self.name
                     )));
                 }
+                match (&self.cluster_pool, from) {
+                    (Some(pool), RangesFrom::Cluster) => {
+                        ipool_proto::names::check_name("cluster_pool", pool).map_err(|e| {
+                            Error::InvalidConfig(format!("network {:?}: {e}", self.name))
+                        })?
+                    }
+                    (None, RangesFrom::Cluster) => {
+                        return Err(Error::InvalidConfig(format!(
+                            "network {:?}: ranges_from = \"cluster\" needs cluster_pool (the pool's name in etcd)",
+                            self.name
+                        )))
+                    }
+                    (Some(_), _) => {
+                        return Err(Error::InvalidConfig(format!(
+                            "network {:?}: cluster_pool goes with ranges_from = \"cluster\"",
+                            self.name
+                        )))
+                    }
+                    (None, _) => {}
+                }
                 Origin::Node
             }
             (Some(_), false) => {
@@ -433,11 +479,17 @@ impl NetworkSpec {
             }
             (None, true) => {
                 return Err(Error::InvalidConfig(format!(
-                "network {:?} has no ranges (set ranges, or ranges_from = \"node\" or \"flannel\")",
+                "network {:?} has no ranges (set ranges, or ranges_from = \"node\", \"flannel\" or \"cluster\")",
                 self.name
             )))
             }
             (None, false) => {
+                if self.cluster_pool.is_some() {
+                    return Err(Error::InvalidConfig(format!(
+                        "network {:?}: cluster_pool goes with ranges_from = \"cluster\"",
+                        self.name
+                    )));
+                }
                 if self.subnet_file.is_some() {
                     return Err(Error::InvalidConfig(format!(
                         "network {:?}: subnet_file goes with ranges_from = \"flannel\"",

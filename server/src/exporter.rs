@@ -133,8 +133,9 @@ impl Collector for PoolCollector {
     }
 }
 
-/// The registry behind `/metrics` (the apiserver's with `kubernetes`).
-pub fn registry(ipam: &Ipam, kubernetes: bool) -> Registry {
+/// The registry behind `/metrics` (the apiserver's with `kubernetes`, etcd's and the blocks'
+/// with `cluster`).
+pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
     let m = ipam.metrics();
     let mut r = Registry::default();
     r.register(
@@ -162,6 +163,39 @@ pub fn registry(ipam: &Ipam, kubernetes: bool) -> Registry {
             "ipool_pod_gc",
             "What the pod GC did: released (pod gone), unquarantined, quarantined.",
             m.pod_gc.clone(),
+        );
+    }
+    if cluster {
+        let c = &m.cluster;
+        r.register(
+            "ipool_cluster_etcd_up",
+            "1 while the last etcd call succeeded.",
+            c.etcd_up.clone(),
+        );
+        r.register(
+            "ipool_cluster_blocks_owned",
+            "Blocks this node owns, by pool and family.",
+            c.blocks_owned.clone(),
+        );
+        r.register(
+            "ipool_cluster_claims",
+            "Block claims by pool and result: won, exhausted (no free block), error.",
+            c.claims.clone(),
+        );
+        r.register(
+            "ipool_cluster_claim_conflicts",
+            "Candidate blocks another node won first.",
+            c.conflicts.clone(),
+        );
+        r.register(
+            "ipool_cluster_block_give_backs",
+            "Empty blocks given back after their hold-down.",
+            c.give_backs.clone(),
+        );
+        r.register(
+            "ipool_cluster_etcd_call_duration_seconds",
+            "etcd calls by operation.",
+            c.etcd_seconds.clone(),
         );
     }
     r.register_collector(Box::new(PoolCollector(ipam.clone())));

@@ -13,6 +13,10 @@
 //! - with Kubernetes: `ipool_apiserver_reachable` (1 or 0) and
 //!   `ipool_pod_gc_total{action}`: what the pod GC did (`released`, `unquarantined`,
 //!   `quarantined`).
+//! - in cluster mode: `ipool_cluster_etcd_up` (1 or 0), `ipool_cluster_blocks_owned{pool,
+//!   family}`, `ipool_cluster_claims_total{pool, result}` (`won`, `exhausted`, `error`),
+//!   `ipool_cluster_claim_conflicts_total{pool}` (a candidate block another node won first),
+//!   `ipool_cluster_block_give_backs_total{pool}`, `ipool_cluster_etcd_call_duration_seconds{op}`.
 
 use std::time::Duration;
 
@@ -33,6 +37,81 @@ pub struct ActionLabels {
     pub action: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolFamilyLabels {
+    pub pool: String,
+    pub family: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolResultLabels {
+    pub pool: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Cluster mode's numbers (registered only with `[cluster]`).
+#[derive(Debug)]
+pub struct ClusterMetrics {
+    pub etcd_up: Gauge,
+    pub blocks_owned: Family<PoolFamilyLabels, Gauge>,
+    pub claims: Family<PoolResultLabels, Counter>,
+    pub conflicts: Family<PoolLabels, Counter>,
+    pub give_backs: Family<PoolLabels, Counter>,
+    pub etcd_seconds: HistogramFamily<OpLabels>,
+}
+
+impl Default for ClusterMetrics {
+    fn default() -> Self {
+        ClusterMetrics {
+            etcd_up: Gauge::default(),
+            blocks_owned: Family::default(),
+            claims: Family::default(),
+            conflicts: Family::default(),
+            give_backs: Family::default(),
+            // 100 us .. ~3.3 s
+            etcd_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(100e-6, 2.0, 16))
+            }),
+        }
+    }
+}
+
+impl ClusterMetrics {
+    pub fn claim(&self, pool: &str, result: &str) {
+        self.claims
+            .get_or_create(&PoolResultLabels {
+                pool: pool.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    pub fn pool_counter(family: &Family<PoolLabels, Counter>, pool: &str, n: u64) {
+        family
+            .get_or_create(&PoolLabels { pool: pool.into() })
+            .inc_by(n);
+    }
+
+    pub fn etcd_call(&self, op: &str, took: Duration, ok: bool) {
+        self.etcd_seconds
+            .get_or_create(&OpLabels { op: op.into() })
+            .observe(took.as_secs_f64());
+        self.etcd_up.set(i64::from(ok));
+    }
+}
+
 /// The daemon's own counters and histograms (pool numbers are read at scrape time).
 #[derive(Debug)]
 pub struct Metrics {
@@ -43,6 +122,7 @@ pub struct Metrics {
     pub apiserver_reachable: Gauge,
     /// The pod GC's releases and quarantines, by action.
     pub pod_gc: Family<ActionLabels, Counter>,
+    pub cluster: ClusterMetrics,
 }
 
 impl Default for Metrics {
@@ -55,6 +135,7 @@ impl Default for Metrics {
             flush_seconds: Histogram::new(exponential_buckets(10e-6, 2.0, 15)),
             apiserver_reachable: Gauge::default(),
             pod_gc: Family::default(),
+            cluster: ClusterMetrics::default(),
         }
     }
 }

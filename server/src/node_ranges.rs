@@ -1,9 +1,11 @@
 //! A network's ranges from the node it runs on (`ranges_from` in the config): the Node's
-//! `spec.podCIDRs` ([`podcidrs`]) or flannel's subnet file ([`flannel`]). Each source watches
+//! `spec.podCIDRs` ([`podcidrs`]), flannel's subnet file ([`flannel`]) or a cluster pool's
+//! CIDRs in etcd ([`cluster`]). Each source watches
 //! its input and hands what it sees to a [`Feed`], which gives the engine the ranges
 //! (`Ipam::set_ranges_and_routes`), or the reason there are none yet (`Ipam::await_ranges`:
 //! ADD and STATUS say it), and logs every change once, and the wait every 30 s.
 
+pub mod cluster;
 pub mod flannel;
 pub mod podcidrs;
 
@@ -114,6 +116,13 @@ impl Feed {
     pub fn remind(&self) {
         if let Some(why) = self.ipam.awaiting(&self.network) {
             tracing::warn!(network = %self.network, why = %why, "still no ranges: ADDs wait, STATUS answers 50");
+        }
+    }
+
+    /// Why the network has no ranges, if it has none (ranges it has stay).
+    pub fn why_none(&self, why: &str) {
+        if let Err(e) = self.ipam.await_ranges(&self.network, why) {
+            tracing::error!(network = %self.network, error = %e, "cannot note why the network has no ranges");
         }
     }
 

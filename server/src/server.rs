@@ -87,6 +87,8 @@ pub struct Listeners {
     pub metrics: Option<TcpListener>,
     /// The pods of this node (with `[kubernetes]`): ADDs of pods take their metadata.
     pub pods: Option<crate::k8s::Pods>,
+    /// Cluster mode is on: `/metrics` carries its numbers.
+    pub cluster: bool,
 }
 
 pub struct OpsTcp {
@@ -114,6 +116,7 @@ pub async fn run(
             ops_tcp: None,
             metrics: None,
             pods: None,
+            cluster: false,
         },
         ipam,
         shutdown,
@@ -250,7 +253,11 @@ pub async fn serve(
     };
     let metrics = async {
         if let Some(listener) = l.metrics {
-            let registry = Arc::new(crate::exporter::registry(&ipam, l.pods.is_some()));
+            let registry = Arc::new(crate::exporter::registry(
+                &ipam,
+                l.pods.is_some(),
+                l.cluster,
+            ));
             crate::exporter::serve_metrics(listener, registry, stopped(stop_rx_metrics)).await;
         }
         Ok(())

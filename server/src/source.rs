@@ -11,7 +11,8 @@
 //! (`start_claim`): a future the engine runs outside its state lock. When the claim is done,
 //! the engine gives its result back under the lock (`land`) and wakes the ADDs that wait. A
 //! landed block is written to the store in the same change set as the first address taken
-//! from it (`unrecorded`), and given back at start (`restore_block`).
+//! from it (`unrecorded`), and given back at start (`restore_block`); a block the source gave
+//! back is struck from the store by the background loop (`forget`).
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -61,9 +62,12 @@ pub enum Next {
     Unavailable(String),
 }
 
-/// Work a source needs done outside the engine's lock: claiming a block. Its output is the
-/// block as the source writes it (`Ok`), or why the claim failed.
-pub type Claim = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
+/// Work a source needs done outside the engine's lock (claiming a block, say). Its output is
+/// the source's own: the engine hands it back to the source that made it ([`Source::land`]).
+pub type Claim = Pin<Box<dyn Future<Output = Landed> + Send>>;
+
+/// What a [`Claim`] brought back, for its source to take.
+pub type Landed = Box<dyn std::any::Any + Send>;
 
 pub trait Source: Send {
     /// The ranges, for status and error messages (e.g. "10.1.0.1-10.1.0.254").
@@ -104,14 +108,10 @@ pub trait Source: Send {
     fn start_claim(&mut self) -> Option<Claim> {
         None
     }
-    /// A claim's result, back under the engine's lock. A block that lands is not recorded yet.
-    fn land(&mut self, claimed: Result<String, String>) -> Result<(), String> {
-        match claimed {
-            Ok(block) => Err(format!(
-                "this source claims nothing, yet block {block} landed"
-            )),
-            Err(e) => Err(e),
-        }
+    /// A claim's result, back under the engine's lock: what landed, for the log (a block that
+    /// lands is not recorded yet), or why the work failed.
+    fn land(&mut self, _landed: Landed) -> Result<String, String> {
+        Err("this source starts no claims, yet one landed".into())
     }
     /// The block `ip` comes from when the store does not hold it yet: the change set that takes
     /// `ip` records it.
@@ -127,6 +127,21 @@ pub trait Source: Send {
     /// The blocks the store holds for this source (dropped with it).
     fn recorded_blocks(&self) -> Vec<String> {
         Vec::new()
+    }
+    /// Recorded blocks the source no longer has (it gave them back): from now on they count as
+    /// unrecorded, and the engine writes them as not held.
+    fn forget(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Why the source works in a reduced way now (its backend unreachable: it serves what it
+    /// holds), for status and metrics. None: all is well.
+    fn degraded(&self) -> Option<String> {
+        None
+    }
+    /// What the source holds and could get (its blocks, its backend's counts), for status and
+    /// for the error when it is exhausted.
+    fn detail(&self) -> Option<String> {
+        None
     }
 }
 

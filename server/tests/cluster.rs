@@ -27,6 +27,7 @@ async fn store(e: &Etcd) -> ClusterStore {
         std::slice::from_ref(&e.client_url),
         DEFAULT_PREFIX,
         Duration::from_secs(5),
+        None,
     )
     .await
     .expect("connect")
@@ -102,7 +103,9 @@ fn racing_claimers_never_share_a_block() {
         for i in 0..20 {
             let (s, p) = (s.clone(), p.clone());
             tasks.push(tokio::spawn(async move {
-                s.claim_next(&p, true, &format!("node-{i}")).await
+                s.claim_next(&p, true, &format!("node-{i}"))
+                    .await
+                    .map(|o| o.block)
             }));
         }
         let mut won = Vec::new();
@@ -197,13 +200,22 @@ fn ipoolctl_cluster_manages_pools_and_lists_blocks() {
     rt().block_on(async {
         let s = store(&e).await;
         let p = s.get_pool("main").await.unwrap().unwrap();
-        let b = s.claim_next(&p, true, "node-a").await.unwrap().unwrap();
+        let b = s
+            .claim_next(&p, true, "node-a")
+            .await
+            .unwrap()
+            .block
+            .unwrap();
         assert!(
             !net("10.12.0.0/24").contains(&b.block),
             "{} is excluded",
             b.block
         );
-        s.claim_next(&p, false, "node-b").await.unwrap().unwrap();
+        s.claim_next(&p, false, "node-b")
+            .await
+            .unwrap()
+            .block
+            .unwrap();
     });
     let blocks: serde_json::Value =
         serde_json::from_slice(&ctl(&["-o", "json", "blocks", "--node", "node-a"]).stdout).unwrap();

@@ -135,6 +135,65 @@ pub enum ClusterError {
     },
 }
 
+impl ClusterError {
+    /// etcd did not answer (as opposed to answering no).
+    pub fn is_unreachable(&self) -> bool {
+        use tonic::Code;
+        match self {
+            ClusterError::Timeout(_) => true,
+            ClusterError::Etcd(etcd_client::Error::GRpcStatus(s)) => matches!(
+                s.code(),
+                Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+            ),
+            // Transport and connection failures.
+            ClusterError::Etcd(_) => true,
+            ClusterError::Refused(_) | ClusterError::Malformed { .. } => false,
+        }
+    }
+}
+
+/// TLS towards etcd: the CA that signed its server certificate (ipool's image has no system
+/// roots), and this node's client identity when etcd asks for one.
+#[derive(Clone, Debug)]
+pub struct Tls {
+    ca: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Tls {
+    /// Reads the PEM files; each error names the file.
+    pub fn read(
+        ca: Option<&std::path::Path>,
+        cert_key: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Result<Tls, String> {
+        let read = |what: &str, p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| format!("reading {what} {}: {e}", p.display()))
+        };
+        Ok(Tls {
+            ca: ca.map(|p| read("the etcd CA", p)).transpose()?,
+            identity: cert_key
+                .map(|(c, k)| {
+                    Ok::<_, String>((
+                        read("the etcd client certificate", c)?,
+                        read("the etcd client key", k)?,
+                    ))
+                })
+                .transpose()?,
+        })
+    }
+
+    fn options(&self) -> etcd_client::TlsOptions {
+        let mut o = etcd_client::TlsOptions::new();
+        if let Some(ca) = &self.ca {
+            o = o.ca_certificate(etcd_client::Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.identity {
+            o = o.identity(etcd_client::Identity::from_pem(cert, key));
+        }
+        o
+    }
+}
+
 /// The pools and blocks in one etcd.
 #[derive(Clone)]
 pub struct ClusterStore {
@@ -153,7 +212,7 @@ fn parse_block_part(s: &str) -> Option<IpNet> {
     IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -161,15 +220,20 @@ fn now_ms() -> u64 {
 }
 
 impl ClusterStore {
-    /// Connects to `endpoints` ("http://127.0.0.1:2379"); each call is bounded by `timeout`.
+    /// Connects to `endpoints` ("http://127.0.0.1:2379", or https with `tls`); each call is
+    /// bounded by `timeout`.
     pub async fn connect(
         endpoints: &[String],
         prefix: &str,
         timeout: Duration,
+        tls: Option<&Tls>,
     ) -> Result<ClusterStore, ClusterError> {
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_timeout(timeout);
+        if let Some(tls) = tls {
+            options = options.with_tls(tls.options());
+        }
         let client = tokio::time::timeout(timeout, Client::connect(endpoints, Some(options)))
             .await
             .map_err(|_| ClusterError::Timeout(timeout))??;
@@ -178,6 +242,14 @@ impl ClusterStore {
             prefix: prefix.trim_end_matches('/').to_string(),
             timeout,
         })
+    }
+
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(super) fn key(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.prefix)
     }
 
     fn pool_key(&self, name: &str) -> String {
@@ -192,7 +264,7 @@ impl ClusterStore {
         format!("{}{}", self.blocks_prefix(pool), block_key_part(block))
     }
 
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T, ClusterError> {
@@ -393,27 +465,46 @@ impl ClusterStore {
     }
 
     /// Claims the first free block of `pool` in `node`'s order (see
-    /// [`CidrSet::free_in_order`]), for the CIDR of `family_v4`'s family: blocks others won
-    /// meanwhile are skipped. None when the pool has no free block of that family.
+    /// [`CidrSet::free_in_order`]), for the CIDRs of one family (`v4`): blocks others won
+    /// meanwhile are skipped. No block in the outcome: the pool has no free block of that
+    /// family.
     pub async fn claim_next(
         &self,
         pool: &PoolSpec,
         v4: bool,
         node: &str,
-    ) -> Result<Option<Block>, ClusterError> {
+    ) -> Result<ClaimOutcome, ClusterError> {
         let mut sets = pool.carve().map_err(ClusterError::Refused)?;
         sets.retain(|s| s.cidr().addr().is_ipv4() == v4);
+        let mut out = ClaimOutcome {
+            blocks: sets.iter().map(|s| s.len()).sum(),
+            excluded: sets.iter().map(|s| s.used()).sum(),
+            ..ClaimOutcome::default()
+        };
         for b in self.list_blocks(Some(&pool.name), None).await? {
+            if !sets.iter().any(|s| s.cidr().contains(&b.block)) {
+                continue;
+            }
             for s in sets.iter_mut() {
                 s.occupy(b.block);
+            }
+            match b.owner.node == node {
+                true => out.owned_here += 1,
+                false => out.owned_elsewhere += 1,
             }
         }
         for s in &sets {
             let free: Vec<IpNet> = s.free_in_order(node).collect();
             for block in free {
                 match self.claim(&pool.name, &block, node).await? {
-                    Claimed::Won(b) => return Ok(Some(b)),
-                    Claimed::Lost(_) => continue,
+                    Claimed::Won(b) => {
+                        out.block = Some(b);
+                        return Ok(out);
+                    }
+                    Claimed::Lost(_) => {
+                        out.lost += 1;
+                        out.owned_elsewhere += 1;
+                    }
                     Claimed::NoPool => {
                         return Err(ClusterError::Refused(format!(
                             "pool {:?} was deleted",
@@ -423,74 +514,24 @@ impl ClusterStore {
                 }
             }
         }
-        Ok(None)
+        Ok(out)
     }
+}
+
+/// What [`ClusterStore::claim_next`] found and got.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimOutcome {
+    /// The block won, if any.
+    pub block: Option<Block>,
+    /// Candidates another node won first.
+    pub lost: usize,
+    /// The pool's blocks of the family, and of them: touched by an excluded range, owned by
+    /// other nodes, by this node (as listed before the claim).
+    pub blocks: usize,
+    pub excluded: usize,
+    pub owned_elsewhere: usize,
+    pub owned_here: usize,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn block_keys_round_trip() {
-        let b: IpNet = "10.0.1.64/26".parse().unwrap();
-        assert_eq!(block_key_part(&b), "10.0.1.64-26");
-        assert_eq!(parse_block_part("10.0.1.64-26"), Some(b));
-        let v6: IpNet = "fd00::40/122".parse().unwrap();
-        assert_eq!(parse_block_part(&block_key_part(&v6)), Some(v6));
-        assert_eq!(parse_block_part("nonsense"), None);
-    }
-
-    #[test]
-    fn pools_are_checked() {
-        let net = |s: &str| s.parse::<IpNet>().unwrap();
-        let ok = PoolSpec {
-            name: "a".into(),
-            cidrs: vec![net("10.0.0.0/16"), net("fd00::/112")],
-            block_v4: 26,
-            block_v6: 122,
-            exclude: vec![net("10.0.0.0/24")],
-        };
-        ok.validate().unwrap();
-        for (bad, needle) in [
-            (
-                PoolSpec {
-                    cidrs: vec![],
-                    ..ok.clone()
-                },
-                "no CIDR",
-            ),
-            (
-                PoolSpec {
-                    cidrs: vec![net("10.0.0.0/16"), net("10.0.5.0/24")],
-                    ..ok.clone()
-                },
-                "overlap",
-            ),
-            (
-                PoolSpec {
-                    exclude: vec![net("192.168.0.0/24")],
-                    ..ok.clone()
-                },
-                "in none of its CIDRs",
-            ),
-            (
-                PoolSpec {
-                    block_v4: 8,
-                    ..ok.clone()
-                },
-                "does not fit",
-            ),
-            (
-                PoolSpec {
-                    name: "a b".into(),
-                    ..ok.clone()
-                },
-                "pool name",
-            ),
-        ] {
-            let e = bad.validate().unwrap_err();
-            assert!(e.contains(needle), "{e}");
-        }
-    }
-}
+mod tests;

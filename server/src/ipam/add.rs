@@ -318,13 +318,17 @@ pub(super) fn pick_addresses(
             }
             Err(PickError::Pool(e)) => {
                 let p = &mut net.pools[set];
-                let msg = format!(
+                let mut msg = format!(
                     "{} is exhausted: {e}; {} idle, {} cooling, {} reserved for sticky pods",
                     p.describe(&key.network),
                     p.pool.idle(),
                     p.pool.cooling(now),
                     p.pool.reserved()
                 );
+                if let Some(detail) = p.source.detail() {
+                    msg.push_str("; ");
+                    msg.push_str(&detail);
+                }
                 p.last_error = Some((now, msg.clone()));
                 return Err(Error::Exhausted(msg));
             }

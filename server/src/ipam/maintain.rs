@@ -53,8 +53,16 @@ impl Ipam {
         self.drop_retired(st)?;
         let mut work = Vec::new();
         let mut claims = Vec::new();
+        // Blocks the sources gave back, struck from the store.
+        let mut forgotten = Vec::new();
         for (name, net) in st.networks.iter_mut() {
             for (set, p) in net.pools.iter_mut().enumerate() {
+                forgotten.extend(p.source.forget().into_iter().map(|block| Change::PutBlock {
+                    network: name.clone(),
+                    set: p.id.clone(),
+                    block,
+                    held: false,
+                }));
                 if p.retiring {
                     continue;
                 }
@@ -96,10 +104,10 @@ impl Ipam {
             }
         }
         self.run_claims(claims);
-        if work.is_empty() {
+        if work.is_empty() && forgotten.is_empty() {
             return Ok((0, 0));
         }
-        let mut changes = Vec::new();
+        let mut changes = forgotten;
         for w in &work {
             changes.extend(w.blocks.iter().cloned());
             for ip in &w.fetch {

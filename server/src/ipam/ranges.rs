@@ -325,7 +325,7 @@ impl Ipam {
     }
 
     /// A claim's result, back under the lock: the source takes it, and waiting ADDs wake.
-    fn land(&self, network: &str, set: &str, result: Result<String, String>) {
+    fn land(&self, network: &str, set: &str, landed: crate::source::Landed) {
         let now = self.now();
         let mut st = self.lock();
         let Some(p) = st.networks.get_mut(network).and_then(|n| n.pool_by_id(set)) else {
@@ -336,16 +336,15 @@ impl Ipam {
         };
         // A claim started before the set was rebuilt (new ranges, a store recovery) lands in
         // the set's new source: the block is the set's either way.
-        let what = result.clone();
-        let landed = match p.source.land(result) {
-            Ok(()) => {
-                tracing::info!(network, set, block = %what.unwrap_or_default(), "block claimed");
+        let landed = match p.source.land(landed) {
+            Ok(what) => {
+                tracing::info!(network, set, %what, "claim landed");
                 true
             }
             Err(e) => {
-                tracing::warn!(network, set, error = %e, "claiming a block failed");
+                tracing::warn!(network, set, error = %e, "a claim failed");
                 p.source_errors += 1;
-                p.last_error = Some((now, format!("claiming a block failed: {e}")));
+                p.last_error = Some((now, format!("claiming failed: {e}")));
                 false
             }
         };

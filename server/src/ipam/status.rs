@@ -34,6 +34,10 @@ pub struct PoolStatus {
     pub min_idle: usize,
     pub max_idle: usize,
     pub bucket_tokens: f64,
+    /// The source's [`crate::source::Source::degraded`].
+    pub degraded: Option<String>,
+    /// The source's [`crate::source::Source::detail`].
+    pub detail: Option<String>,
 }
 
 impl Ipam {
@@ -143,6 +147,8 @@ impl Ipam {
                     min_idle: p.pool.config().min_idle,
                     max_idle: p.pool.config().max_idle,
                     bucket_tokens: p.bucket.level(now),
+                    degraded: p.source.degraded(),
+                    detail: p.source.detail(),
                 })
             })
             .collect()

@@ -167,6 +167,8 @@ impl pb::ops_server::Ops for OpsService {
                 min_idle: p.min_idle as u64,
                 max_idle: p.max_idle as u64,
                 bucket_tokens: p.bucket_tokens,
+                degraded: p.degraded.unwrap_or_default(),
+                source_detail: p.detail.unwrap_or_default(),
             })
             .collect();
         let store_error = self

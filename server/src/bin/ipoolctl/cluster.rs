@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use ipool_server::cluster::etcd::{
-    ClusterError, ClusterStore, PoolSpec, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
+    ClusterError, ClusterStore, PoolSpec, Tls, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
 
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
@@ -28,6 +28,14 @@ pub(super) struct EtcdArgs {
     /// Seconds an etcd call may take.
     #[arg(long, default_value_t = 5)]
     etcd_timeout: u64,
+    /// The CA that signed etcd's server certificate (https endpoints).
+    #[arg(long, env = "IPOOL_ETCD_CACERT")]
+    etcd_cacert: Option<std::path::PathBuf>,
+    /// A client certificate for etcd (with --etcd-key).
+    #[arg(long, env = "IPOOL_ETCD_CERT", requires = "etcd_key")]
+    etcd_cert: Option<std::path::PathBuf>,
+    #[arg(long, env = "IPOOL_ETCD_KEY", requires = "etcd_cert")]
+    etcd_key: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -41,6 +49,17 @@ pub(super) enum ClusterCommand {
         pool: Option<String>,
         #[arg(long)]
         node: Option<String>,
+    },
+    /// Give back every block of a node that is gone. Refused while its daemon's heartbeat
+    /// lease lives, or while it was seen in the last --absent-for seconds; --force gives them
+    /// back anyway (and reports what it dropped).
+    ReleaseNode {
+        node: String,
+        /// Seconds the node's daemon must have been silent.
+        #[arg(long, default_value_t = 3600)]
+        absent_for: u64,
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -86,10 +105,31 @@ fn exit_for(e: &ClusterError) -> u8 {
 }
 
 pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> ExitCode {
+    for e in &etcd.etcd_endpoints {
+        if let Err(e) = ipool_server::cluster::settings::check_endpoint(e) {
+            eprintln!("ipoolctl: --etcd-endpoints: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
+    let tls = match Tls::read(
+        etcd.etcd_cacert.as_deref(),
+        etcd.etcd_cert.as_deref().zip(etcd.etcd_key.as_deref()),
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("ipoolctl: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let https = etcd
+        .etcd_endpoints
+        .iter()
+        .any(|e| e.starts_with("https://"));
     let store = match ClusterStore::connect(
         &etcd.etcd_endpoints,
         &etcd.etcd_prefix,
         Duration::from_secs(etcd.etcd_timeout.max(1)),
+        https.then_some(&tls),
     )
     .await
     {
@@ -146,6 +186,11 @@ pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
             .list_blocks(pool.as_deref(), node.as_deref())
             .await
             .map(|blocks| print_blocks(&blocks, out)),
+        ClusterCommand::ReleaseNode {
+            node,
+            absent_for,
+            force,
+        } => release_node(&store, node, *absent_for, *force, out).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -211,4 +256,62 @@ fn print_blocks(blocks: &[ipool_server::cluster::etcd::Block], out: Output) {
         .map(|b| vec![b.pool.clone(), b.block.to_string(), b.owner.node.clone()])
         .collect();
     crate::print::table(&["POOL", "BLOCK", "NODE"], rows);
+}
+
+/// Gives back `node`'s blocks once it is gone (or with `force`), printing what was dropped.
+async fn release_node(
+    store: &ClusterStore,
+    node: &str,
+    absent_for: u64,
+    force: bool,
+    out: Output,
+) -> Result<(), ClusterError> {
+    let state = store.node_state(node).await?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default();
+    let silent_secs = state.seen_ms.map(|s| now.saturating_sub(s) / 1000);
+    let refusal = if state.alive {
+        Some(format!(
+            "node {node:?} is alive: its daemon keeps its heartbeat lease in etcd"
+        ))
+    } else {
+        match silent_secs {
+            Some(s) if s < absent_for => Some(format!(
+                "node {node:?} was seen {s} s ago, less than --absent-for {absent_for} s: it may be restarting or cut off from etcd"
+            )),
+            _ => None,
+        }
+    };
+    if let Some(why) = &refusal {
+        if !force {
+            return Err(ClusterError::Refused(format!(
+                "{why}; its {} block(s) stay (--force gives them back anyway)",
+                state.blocks.len()
+            )));
+        }
+        eprintln!("ipoolctl: --force: {why}; giving its blocks back anyway");
+    }
+    let released = store.release_node(node, &state.blocks).await?;
+    if out == Output::Json {
+        print_blocks(&released, out);
+        return Ok(());
+    }
+    for b in &released {
+        println!(
+            "released {} of pool {} (owned by {node} since {} ms after the epoch)",
+            b.block, b.pool, b.owner.claimed_at_ms
+        );
+    }
+    let kept = state.blocks.len() - released.len();
+    println!(
+        "node {node}: {} block(s) given back{}",
+        released.len(),
+        match kept {
+            0 => String::new(),
+            k => format!(", {k} re-created by another owner meanwhile and left alone"),
+        }
+    );
+    Ok(())
 }

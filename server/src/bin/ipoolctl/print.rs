@@ -53,6 +53,7 @@ pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
                     "retiring": p.retiring,
                     "lastSourceError": p.last_source_error, "freeInSource": p.free_in_source,
                     "minIdle": p.min_idle, "maxIdle": p.max_idle, "bucketTokens": p.bucket_tokens,
+                    "degraded": p.degraded, "sourceDetail": p.source_detail,
                 })
             })
             .collect();
@@ -89,6 +90,15 @@ pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
         ],
         rows,
     );
+    for p in &r.pools {
+        let family = format!("{} IPv{}", p.network, p.family);
+        if !p.source_detail.is_empty() {
+            println!("{family}: {}", p.source_detail);
+        }
+        if !p.degraded.is_empty() {
+            println!("{family}: DEGRADED: {}", p.degraded);
+        }
+    }
 }
 
 pub(super) fn print_list(r: &pb::ListAllocationsResponse, out: Output) {

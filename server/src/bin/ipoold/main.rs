@@ -16,6 +16,7 @@ use ipool_server::{
     store::SledStore,
 };
 
+mod cluster;
 mod host;
 mod kube;
 
@@ -294,7 +295,16 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         !args.rebuild_from_pods || kubernetes.is_some(),
         "--rebuild-from-pods needs the pods: add a [kubernetes] table to the config"
     );
-    let ipam = match open_ipam(&args, config.clone(), boot_id.clone()) {
+    let metrics = Arc::new(ipool_server::metrics::Metrics::default());
+    let (cluster, sources) = cluster::setup(&args, &config, &metrics)?;
+    let setup = |config: DaemonConfig| Setup {
+        config,
+        clock: Arc::new(SystemClock::new()),
+        boot_id: boot_id.clone(),
+        metrics: metrics.clone(),
+        sources: sources.clone(),
+    };
+    let ipam = match open_ipam(&args, setup(config.clone())) {
         Ok(ipam) => ipam,
         // Only a store refused as damaged: one that is locked (another ipoold), newer, or
         // unreadable for now is not thrown away.
@@ -302,13 +312,16 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             let aside = set_aside(&args.state_dir)?;
             tracing::warn!(error = %format!("{e:#}"), moved_to = %aside.display(), "--rebuild-from-pods: the store cannot be opened; it is kept aside and a new one is built from the live pods");
             keep_private(&args.state_dir)?;
-            open_ipam(&args, config, boot_id)?
+            open_ipam(&args, setup(config.clone()))?
         }
         Err(e) => return Err(e),
     };
     ipam.maintain().await.context("preloading pools")?;
     let mut client = None;
     follow_node_ranges(&args, &node_ranges, &ipam, &mut client).await?;
+    if let Some(c) = &cluster {
+        cluster::start(c, &ipam);
+    }
     let pods = match kubernetes {
         Some(settings) => {
             let node = node_name(&args, "[kubernetes] watches the pods of this node")?;
@@ -359,6 +372,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         ops_tcp,
         metrics,
         pods,
+        cluster: cluster.is_some(),
     };
     let served = serve(listeners, ipam, shutdown).await;
     let _ = std::fs::remove_file(&args.socket);
@@ -380,12 +394,12 @@ fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<DaemonConfig> {
 }
 
 /// Opens the store and rebuilds the engine's state from it.
-fn open_ipam(args: &Args, config: DaemonConfig, boot_id: Option<String>) -> anyhow::Result<Ipam> {
+fn open_ipam(args: &Args, setup: Setup) -> anyhow::Result<Ipam> {
     // Read through one handle, serve through a fresh one (see Ipam::open_with).
     let state_dir = args.state_dir.clone();
-    let options = config.store.options();
+    let options = setup.config.store.options();
     let serve_options = options.clone();
-    let shown_boot_id = boot_id.clone().unwrap_or_else(|| "unknown".into());
+    let shown_boot_id = setup.boot_id.clone().unwrap_or_else(|| "unknown".into());
     Ipam::open_with(
         || {
             let store = SledStore::open_with(&args.state_dir, options)?;
@@ -393,13 +407,7 @@ fn open_ipam(args: &Args, config: DaemonConfig, boot_id: Option<String>) -> anyh
             Ok(Arc::new(store))
         },
         move || Ok(Arc::new(SledStore::open_with(&state_dir, serve_options)?)),
-        Setup {
-            config,
-            clock: Arc::new(SystemClock::new()),
-            boot_id,
-            metrics: Arc::default(),
-            sources: Default::default(),
-        },
+        setup,
     )
     .context("recovering state")
 }

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::range::{OccupyError, Range};
-use crate::source::{Claim, Next, Source, Sources};
+use crate::source::{Claim, Landed, Next, Source, Sources};
 
 const NET: &str = r#"
     [[network]]
@@ -171,26 +171,33 @@ impl Source for BlockSource {
         let backend = self.backend.clone();
         let base = v4(self.range.subnet.network()).unwrap_or_default();
         Some(Box::pin(async move {
-            backend.started.fetch_add(1, Ordering::SeqCst);
-            backend
-                .gate
-                .acquire()
-                .await
-                .map_err(|e| e.to_string())?
-                .forget();
-            if let Some(why) = backend.fail.lock().expect("lock").clone() {
-                return Err(why);
+            let claimed: Result<String, String> = async {
+                backend.started.fetch_add(1, Ordering::SeqCst);
+                backend
+                    .gate
+                    .acquire()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .forget();
+                if let Some(why) = backend.fail.lock().expect("lock").clone() {
+                    return Err(why);
+                }
+                let i = backend.next_block.fetch_add(1, Ordering::SeqCst) as u32;
+                Ok(BlockSource::name(base + i * BLOCK))
             }
-            let i = backend.next_block.fetch_add(1, Ordering::SeqCst) as u32;
-            Ok(BlockSource::name(base + i * BLOCK))
+            .await;
+            Box::new(claimed) as Landed
         }))
     }
-    fn land(&mut self, claimed: Result<String, String>) -> Result<(), String> {
+    fn land(&mut self, landed: Landed) -> Result<String, String> {
         self.in_flight = false;
+        let claimed = *landed
+            .downcast::<Result<String, String>>()
+            .map_err(|_| "not this source's claim".to_string())?;
         match claimed {
             Ok(block) => {
                 self.failed = None;
-                self.add_block(&block, false)
+                self.add_block(&block, false).map(|()| block)
             }
             Err(why) => {
                 self.failed = Some(why.clone());

@@ -1,0 +1,148 @@
+//! The `[cluster]` table of ipoold's config: the etcd this node claims address blocks from
+//! (for networks with `ranges_from = "cluster"` and `cluster_pool`).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::etcd::DEFAULT_PREFIX;
+
+/// How ipoold reaches etcd and claims blocks.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// etcd's client URLs, e.g. ["https://10.0.0.10:2379"]. Hosts are IP addresses: the image
+    /// has no resolver.
+    pub etcd_endpoints: Vec<String>,
+    /// The CA that signed etcd's server certificate (https endpoints).
+    pub ca_file: Option<PathBuf>,
+    /// This node's client certificate and key, when etcd asks for one.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// Where ipool's keys live in etcd.
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// The name this node owns blocks under; default: `--node-name` (NODE_NAME, the
+    /// Kubernetes node name).
+    pub node_name: Option<String>,
+    /// A new block is claimed in the background when a pool's free addresses in its owned
+    /// blocks fall below this (or below the network's min_idle, if higher).
+    #[serde(default = "default_claim_ahead")]
+    pub claim_ahead: usize,
+    /// A block empty this long is given back (a node keeps at least one).
+    #[serde(default = "default_hold_down")]
+    pub block_hold_down_secs: u64,
+    /// Each etcd call's deadline.
+    #[serde(default = "default_etcd_timeout")]
+    pub etcd_timeout_ms: u64,
+    /// etcd calls per second (claims, give-backs, syncs; heartbeats aside), and how many may
+    /// come at once.
+    #[serde(default = "default_etcd_rate")]
+    pub etcd_rate: f64,
+    #[serde(default = "default_etcd_burst")]
+    pub etcd_burst: u32,
+    /// The heartbeat lease's TTL: while this node's daemon runs, its key
+    /// `<prefix>/nodes/<node>` lives.
+    #[serde(default = "default_heartbeat_ttl")]
+    pub heartbeat_ttl_secs: u64,
+}
+
+fn default_prefix() -> String {
+    DEFAULT_PREFIX.to_string()
+}
+fn default_claim_ahead() -> usize {
+    8
+}
+fn default_hold_down() -> u64 {
+    600
+}
+fn default_etcd_timeout() -> u64 {
+    2000
+}
+fn default_etcd_rate() -> f64 {
+    50.0
+}
+fn default_etcd_burst() -> u32 {
+    20
+}
+fn default_heartbeat_ttl() -> u64 {
+    30
+}
+
+impl ClusterSettings {
+    /// Every value usable; each error names the key and the bad value.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.etcd_endpoints.is_empty() {
+            return Err("[cluster] etcd_endpoints is empty: name at least one etcd client URL, e.g. \"https://10.0.0.10:2379\"".into());
+        }
+        for e in &self.etcd_endpoints {
+            check_endpoint(e)?;
+        }
+        let https = self
+            .etcd_endpoints
+            .iter()
+            .any(|e| e.starts_with("https://"));
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err("[cluster] cert_file and key_file go together".into());
+        }
+        if !https && (self.ca_file.is_some() || self.cert_file.is_some()) {
+            return Err(
+                "[cluster] ca_file/cert_file are for https:// etcd endpoints; these are http://"
+                    .into(),
+            );
+        }
+        if !self.prefix.starts_with('/') || self.prefix.len() < 2 {
+            return Err(format!(
+                "[cluster] prefix {:?} must start with '/' and name something",
+                self.prefix
+            ));
+        }
+        if let Some(n) = &self.node_name {
+            ipool_proto::names::check_name("node name", n)
+                .map_err(|e| format!("[cluster] node_name: {e}"))?;
+        }
+        if !(self.etcd_timeout_ms >= 100 && self.etcd_timeout_ms <= 60_000) {
+            return Err(format!(
+                "[cluster] etcd_timeout_ms must be within 100..=60000 (it is {})",
+                self.etcd_timeout_ms
+            ));
+        }
+        if !(self.etcd_rate.is_finite() && self.etcd_rate > 0.0) || self.etcd_burst == 0 {
+            return Err(format!(
+                "[cluster] etcd_rate must be above 0 and etcd_burst at least 1 (they are {} and {})",
+                self.etcd_rate, self.etcd_burst
+            ));
+        }
+        if !(5..=3600).contains(&self.heartbeat_ttl_secs) {
+            return Err(format!(
+                "[cluster] heartbeat_ttl_secs must be within 5..=3600 (it is {})",
+                self.heartbeat_ttl_secs
+            ));
+        }
+        if self.block_hold_down_secs > crate::model::MAX_SECS {
+            return Err(format!(
+                "[cluster] block_hold_down_secs is at most a year (it is {})",
+                self.block_hold_down_secs
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `http(s)://IP:PORT`: etcd's client URL with an address, not a host name (a static binary
+/// in a scratch image cannot resolve names).
+pub fn check_endpoint(e: &str) -> Result<(), String> {
+    let rest = e
+        .strip_prefix("http://")
+        .or_else(|| e.strip_prefix("https://"))
+        .ok_or_else(|| {
+            format!("etcd endpoint {e:?}: give a URL, http://IP:PORT or https://IP:PORT")
+        })?;
+    let rest = rest.trim_end_matches('/');
+    if rest.parse::<std::net::SocketAddr>().is_err() {
+        return Err(format!(
+            "etcd endpoint {e:?}: the host must be an IP address with a port (e.g. https://10.0.0.10:2379 or https://[fd00::10]:2379); names cannot be resolved in ipool's image"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! A network's ranges from a cluster pool (`ranges_from = "cluster"`): the pool's CIDRs, one
+//! range set per family, read from etcd at start and every minute after. The addresses
+//! themselves come from the blocks this node claims ([`crate::cluster::source`]); the ranges
+//! only say which CIDRs those blocks are carved from.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Feed, Seen};
+use crate::cluster::etcd::PoolSpec;
+use crate::cluster::node::ClusterNode;
+use crate::range::RangeSpec;
+
+/// How often the pool is read again once known.
+const REREAD: Duration = Duration::from_secs(60);
+
+/// The pool's CIDRs as range sets: IPv4 first, then IPv6.
+pub fn range_sets(spec: &PoolSpec) -> Vec<Vec<RangeSpec>> {
+    let set = |v4: bool| -> Vec<RangeSpec> {
+        spec.cidrs
+            .iter()
+            .filter(|c| c.addr().is_ipv4() == v4)
+            .map(|c| RangeSpec {
+                subnet: c.to_string(),
+                range_start: None,
+                range_end: None,
+                gateway: None,
+            })
+            .collect()
+    };
+    [set(true), set(false)]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Reads pool `pool` until the task is aborted, handing its CIDRs to `feed`.
+pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
+    let mut wait = Duration::from_secs(1);
+    let mut last_remind = tokio::time::Instant::now();
+    loop {
+        let pause = match node.read_pool(&pool).await {
+            Ok(Some(spec)) => {
+                wait = Duration::from_secs(1);
+                let seen = Seen::Ranges {
+                    sets: range_sets(&spec),
+                    routes: Vec::new(),
+                };
+                match feed.apply(seen).await {
+                    true => REREAD,
+                    false => Duration::from_secs(1),
+                }
+            }
+            Ok(None) => {
+                feed.apply(Seen::Missing(format!(
+                    "cluster pool {pool:?} does not exist in etcd (create it: ipoolctl cluster pool create {pool} --cidr CIDR)"
+                )))
+                .await;
+                Duration::from_secs(5)
+            }
+            Err(e) => {
+                feed.failed(&e);
+                feed.why_none(&format!("cannot read cluster pool {pool:?} from etcd: {e}"));
+                wait = (wait * 2).min(Duration::from_secs(30));
+                wait
+            }
+        };
+        if last_remind.elapsed() >= super::REMIND_EVERY {
+            feed.remind();
+            last_remind = tokio::time::Instant::now();
+        }
+        tokio::time::sleep(pause).await;
+    }
+}

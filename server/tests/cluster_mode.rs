@@ -1,0 +1,365 @@
+//! Cluster mode end to end: real ipoold daemons (own state dirs and node names) claiming blocks
+//! of pools in a real etcd, ADDs through the real plugin.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use common::etcd::Etcd;
+use common::*;
+use ipnet::IpNet;
+use serde_json::Value;
+
+/// `ipoolctl cluster` against `etcd`.
+fn cluster_ctl(etcd: &Etcd, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(ipoolctl_bin())
+        .args(["cluster", "--etcd-endpoints", &etcd.client_url])
+        .args(args)
+        .output()
+        .expect("run ipoolctl")
+}
+
+fn create_pool(etcd: &Etcd, args: &[&str]) {
+    let mut all = vec!["pool", "create"];
+    all.extend_from_slice(args);
+    let o = cluster_ctl(etcd, &all);
+    assert!(o.status.success(), "pool create: {}", stderr(&o));
+}
+
+/// Each block in etcd and its owner.
+fn owners(etcd: &Etcd) -> BTreeMap<IpNet, String> {
+    let o = cluster_ctl(etcd, &["-o", "json", "blocks"]);
+    assert!(o.status.success(), "blocks: {}", stderr(&o));
+    json(&o)
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|b| {
+            (
+                b["block"].as_str().unwrap().parse().unwrap(),
+                b["node"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// ipoold as node `node` with network "pods" on cluster pool `pool`.
+fn daemon(etcd: &Etcd, node: &str, pool: &str, extra: &str) -> Daemon {
+    let mut d = Daemon::prepare_with_config(&config(etcd, node, pool, extra));
+    d.spawn();
+    d
+}
+
+fn config(etcd: &Etcd, node: &str, pool: &str, extra: &str) -> String {
+    format!(
+        r#"
+[cni]
+add_wait_ms = 5000
+[cluster]
+etcd_endpoints = ["{}"]
+node_name = "{node}"
+etcd_timeout_ms = 500
+{extra}
+[[network]]
+name = "pods"
+ranges_from = "cluster"
+cluster_pool = "{pool}"
+routes = [{{ dst = "0.0.0.0/0" }}]
+"#,
+        etcd.client_url
+    )
+}
+
+fn addr(cidr: &str) -> IpAddr {
+    cidr.split('/').next().unwrap().parse().unwrap()
+}
+
+fn pool_status(d: &Daemon) -> Vec<Value> {
+    let o = d.ctl(&["-o", "json", "status"]);
+    assert!(o.status.success(), "status: {}", stderr(&o));
+    json(&o).as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn three_daemons_share_a_pool_and_never_hand_out_one_address_twice() {
+    let Some(etcd) = Etcd::start() else { return };
+    // 16 IPv4 blocks of /26, the first excluded; IPv6 blocks of /122.
+    create_pool(
+        &etcd,
+        &[
+            "p",
+            "--cidr",
+            "10.20.0.0/22",
+            "--cidr",
+            "fd00:20::/112",
+            "--exclude",
+            "10.20.0.0/26",
+        ],
+    );
+    let nodes = ["node-a", "node-b", "node-c"];
+    let daemons: Vec<Daemon> = nodes
+        .iter()
+        .map(|n| daemon(&etcd, n, "p", "claim_ahead = 8"))
+        .collect();
+    let confs: Vec<String> = daemons
+        .iter()
+        .map(|d| d.conf("1.0.0", "pods", ""))
+        .collect();
+
+    // 30 ADDs on each daemon, 3 threads per daemon, all at once.
+    let results: Vec<(usize, String, Run)> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for (i, conf) in confs.iter().enumerate() {
+            for t in 0..3 {
+                handles.push(s.spawn(move || {
+                    (0..10)
+                        .map(|k| {
+                            let c = format!("n{i}-t{t}-c{k}");
+                            let r = cni("ADD", &c, conf);
+                            (i, c, r)
+                        })
+                        .collect::<Vec<_>>()
+                }));
+            }
+        }
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let owned = owners(&etcd);
+    let excluded: IpNet = "10.20.0.0/26".parse().unwrap();
+    let mut seen = BTreeSet::new();
+    for (i, c, r) in &results {
+        assert!(
+            r.ok,
+            "ADD {c} on {}: {r:?}\n{}",
+            nodes[*i],
+            daemons[*i].log()
+        );
+        let ips = r.json["ips"].as_array().expect("ips");
+        assert_eq!(ips.len(), 2, "one address per family: {r:?}");
+        for ip in ips {
+            let cidr = ip["address"].as_str().unwrap();
+            let a = addr(cidr);
+            assert!(seen.insert(a), "{a} handed out twice");
+            assert!(!excluded.contains(&a), "{a} is in the excluded range");
+            let block = owned
+                .iter()
+                .find(|(b, _)| b.contains(&a))
+                .unwrap_or_else(|| panic!("{a} is in no owned block: {owned:?}"));
+            assert_eq!(
+                block.1, nodes[*i],
+                "{a} of {} is in {}'s block",
+                nodes[*i], block.1
+            );
+            // The block is the interface's subnet, its first address the gateway.
+            let prefix: u8 = cidr.split('/').nth(1).unwrap().parse().unwrap();
+            assert_eq!(prefix, block.0.prefix_len(), "{cidr}");
+            let gw: IpAddr = ip["gateway"].as_str().expect("gateway").parse().unwrap();
+            assert!(block.0.contains(&gw) && gw != a, "{cidr} via {gw}");
+        }
+    }
+    assert_eq!(seen.len(), 3 * 30 * 2);
+    for (i, n) in nodes.iter().enumerate() {
+        assert!(owned.values().any(|o| o == n), "{n} owns no block");
+        let status = pool_status(&daemons[i]);
+        let detail = status[0]["sourceDetail"].as_str().unwrap_or_default();
+        assert!(detail.contains("cluster pool \"p\""), "{status:?}");
+        assert_eq!(status[0]["degraded"], "", "{status:?}");
+    }
+    // DEL frees them on their own node.
+    for (i, c, _) in &results {
+        let r = cni("DEL", c, &confs[*i]);
+        assert!(r.ok, "DEL {c}: {r:?}");
+    }
+}
+
+#[test]
+fn with_etcd_down_owned_blocks_keep_serving_and_claims_resume_when_it_is_back() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    // /28 blocks: 13 addresses each.
+    create_pool(
+        &etcd,
+        &["q", "--cidr", "10.21.0.0/24", "--block-size", "28"],
+    );
+    let d = daemon(&etcd, "node-q", "q", "claim_ahead = 4");
+    let conf = d.conf("1.0.0", "pods", "");
+    let first = eventually(10, "the first ADD", || {
+        let r = cni("ADD", "q0", &conf);
+        if r.ok {
+            Ok(r)
+        } else {
+            Err(r)
+        }
+    });
+    assert!(ip_of(&first).starts_with("10.21.0."), "{first:?}");
+    // Claimed ahead: two blocks once fewer than 4 addresses are free.
+    let mut n = 1;
+    while owners(&etcd).len() < 2 {
+        let r = cni("ADD", &format!("q{n}"), &conf);
+        assert!(r.ok, "{r:?}");
+        n += 1;
+        assert!(n < 26, "no second block claimed ahead:\n{}", d.log());
+    }
+    let owned_before = owners(&etcd);
+    etcd.stop();
+
+    // Served from the owned blocks while etcd is down.
+    let free = 2 * 13 - n;
+    for k in 0..free {
+        let r = cni("ADD", &format!("down{k}"), &conf);
+        assert!(r.ok, "ADD {k} of {free} with etcd down: {r:?}\n{}", d.log());
+    }
+    // Nothing left and no claim possible: a retryable error that says why.
+    let r = cni("ADD", "none-left", &conf);
+    assert_eq!(r.code(), 11, "{r:?}");
+    let status = eventually(10, "status saying degraded", || {
+        let s = pool_status(&d);
+        match s[0]["degraded"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("etcd unreachable")
+        {
+            true => Ok(s),
+            false => Err(s),
+        }
+    });
+    assert!(!status.is_empty());
+    // DEL needs no etcd either.
+    assert!(cni("DEL", "down0", &conf).ok);
+    assert!(cni("ADD", "down0-again", &conf).ok);
+
+    etcd.spawn();
+    let more = eventually(
+        60,
+        "an ADD served from a block claimed after etcd came back",
+        || {
+            let r = cni("ADD", "after", &conf);
+            match r.ok {
+                true => Ok(r),
+                false => Err(r),
+            }
+        },
+    );
+    let owned_after = owners(&etcd);
+    assert!(owned_after.len() > owned_before.len(), "{owned_after:?}");
+    assert!(owned_after.values().all(|n| n == "node-q"));
+    let a = addr(&more.addresses()[0]);
+    assert!(
+        owned_after
+            .keys()
+            .any(|b| b.contains(&a) && !owned_before.contains_key(b)),
+        "{a} is not from the new block: {owned_after:?}"
+    );
+    eventually(10, "degraded cleared", || {
+        let s = pool_status(&d);
+        match s[0]["degraded"] == "" {
+            true => Ok(()),
+            false => Err(s),
+        }
+    });
+}
+
+#[test]
+fn two_daemons_race_for_the_last_block_and_the_loser_names_the_pool() {
+    let Some(etcd) = Etcd::start() else { return };
+    // Four /28 blocks, one excluded: three to claim.
+    create_pool(
+        &etcd,
+        &[
+            "last",
+            "--cidr",
+            "10.23.0.0/26",
+            "--block-size",
+            "28",
+            "--exclude",
+            "10.23.0.48/28",
+        ],
+    );
+    let a = daemon(&etcd, "node-a", "last", "claim_ahead = 1");
+    let b = daemon(&etcd, "node-b", "last", "claim_ahead = 1");
+    let (ca, cb) = (a.conf("1.0.0", "pods", ""), b.conf("1.0.0", "pods", ""));
+    // Each fills its first block (13 addresses) and then one more: they race for the third.
+    let outcome: Vec<Vec<Run>> = std::thread::scope(|s| {
+        let ha = s.spawn(|| (0..14).map(|k| cni("ADD", &format!("a{k}"), &ca)).collect());
+        let hb = s.spawn(|| (0..14).map(|k| cni("ADD", &format!("b{k}"), &cb)).collect());
+        vec![ha.join().unwrap(), hb.join().unwrap()]
+    });
+    let failed: Vec<&Run> = outcome.iter().flatten().filter(|r| !r.ok).collect();
+    assert_eq!(
+        failed.len(),
+        1,
+        "exactly one ADD finds no block: {failed:?}"
+    );
+    let msg = failed[0].json["details"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("cluster pool \"last\" has no free IPv4 block")
+            && msg.contains("4 block(s) of /28")
+            && msg.contains("1 touched by excluded ranges"),
+        "{msg}"
+    );
+    let owned = owners(&etcd);
+    assert_eq!(owned.len(), 3, "{owned:?}");
+    let mut all = BTreeSet::new();
+    for r in outcome.iter().flatten().filter(|r| r.ok) {
+        let ip = addr(&r.addresses()[0]);
+        assert!(all.insert(ip), "{ip} twice");
+        assert!(!"10.23.0.48/28".parse::<IpNet>().unwrap().contains(&ip));
+    }
+    assert_eq!(all.len(), 27);
+}
+
+#[test]
+fn a_daemon_killed_during_claims_owns_exactly_what_etcd_says_after_its_restart() {
+    let Some(etcd) = Etcd::start() else { return };
+    create_pool(&etcd, &["k", "--cidr", "10.24.0.0/20"]);
+    // min_idle 400: it claims /26 blocks one after another (seven of them).
+    let mut d = Daemon::prepare_with_config(&config(
+        &etcd,
+        "node-k",
+        "k",
+        "[defaults]\nmin_idle = 400\nmax_idle = 500\n",
+    ));
+    d.spawn();
+    d.wait_log(&["claimed block"]);
+    d.kill9();
+    let at_kill = owners(&etcd);
+    d.spawn();
+    // After the sync, the daemon holds exactly the blocks etcd lists as its own.
+    let conf = d.conf("1.0.0", "pods", "");
+    let r = eventually(30, "an ADD after the restart", || {
+        let r = cni("ADD", "after-kill", &conf);
+        match r.ok {
+            true => Ok(r),
+            false => Err(r),
+        }
+    });
+    let owned = owners(&etcd);
+    for b in at_kill.keys() {
+        assert!(
+            owned.contains_key(b),
+            "{b} was node-k's at the kill and is gone"
+        );
+    }
+    let detail = eventually(30, "status listing every owned block", || {
+        let s = pool_status(&d);
+        let detail = s[0]["sourceDetail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let owned = owners(&etcd);
+        match owned.keys().all(|b| detail.contains(&b.to_string())) {
+            true => Ok(detail),
+            false => Err((detail, owned)),
+        }
+    });
+    let a = addr(&r.addresses()[0]);
+    assert!(
+        owners(&etcd).keys().any(|b| b.contains(&a)),
+        "{a}: {detail}"
+    );
+}
