@@ -363,3 +363,142 @@ fn a_daemon_killed_during_claims_owns_exactly_what_etcd_says_after_its_restart()
         "{a}: {detail}"
     );
 }
+
+#[test]
+fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
+    let Some(etcd) = Etcd::start() else { return };
+    create_pool(
+        &etcd,
+        &["g", "--cidr", "10.25.0.0/24", "--block-size", "28"],
+    );
+    // Released addresses go straight back to the blocks (no cooldown, no idle set).
+    let extra =
+        "claim_ahead = 0\nblock_hold_down_secs = 1\n[defaults]\nmax_idle = 0\ncooldown_secs = 0\n";
+    let mut d = Daemon::prepare_with_config(&config(&etcd, "node-g", "g", extra));
+    d.spawn();
+    let conf = d.conf("1.0.0", "pods", "");
+    for k in 0..14 {
+        let r = cni("ADD", &format!("g{k}"), &conf);
+        assert!(r.ok, "ADD {k}: {r:?}");
+    }
+    eventually(10, "two blocks owned", || match owners(&etcd).len() {
+        2 => Ok(()),
+        n => Err(n),
+    });
+    for k in 0..14 {
+        assert!(cni("DEL", &format!("g{k}"), &conf).ok);
+    }
+    let kept = eventually(20, "one block given back", || {
+        let o = owners(&etcd);
+        match o.len() {
+            1 => Ok(o),
+            _ => Err(o),
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(owners(&etcd), kept, "the last block stays");
+    let log = d.log();
+    assert_eq!(
+        log.matches("gave back empty block").count(),
+        1,
+        "one block given back, the last one kept:\n{log}"
+    );
+    // The store no longer holds the block given back: nothing to drop at the next start.
+    d.terminate();
+    d.spawn();
+    let r = eventually(10, "an ADD after the restart", || {
+        let r = cni("ADD", "again", &conf);
+        match r.ok {
+            true => Ok(r),
+            false => Err(r),
+        }
+    });
+    let a = addr(&r.addresses()[0]);
+    assert!(kept.keys().any(|b| b.contains(&a)), "{a} not in {kept:?}");
+    assert!(
+        !d.log().contains("no longer this node's"),
+        "the store still held the given-back block:\n{}",
+        d.log()
+    );
+}
+
+#[test]
+fn release_node_waits_for_the_node_to_be_gone_unless_forced() {
+    let Some(etcd) = Etcd::start() else { return };
+    create_pool(&etcd, &["r", "--cidr", "10.26.0.0/24"]);
+    let extra = "heartbeat_ttl_secs = 5";
+    let mut gone = daemon(&etcd, "node-gone", "r", extra);
+    let alive = daemon(&etcd, "node-alive", "r", extra);
+    for d in [&gone, &alive] {
+        assert!(cni("ADD", "c", &d.conf("1.0.0", "pods", "")).ok);
+    }
+    let blocks_of = |node: &str| owners(&etcd).values().filter(|n| *n == node).count();
+    assert_eq!(blocks_of("node-gone"), 1);
+
+    // Its daemon runs: refused.
+    let o = cluster_ctl(&etcd, &["release-node", "node-gone", "--absent-for", "0"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("is alive"), "{}", stderr(&o));
+
+    gone.kill9();
+    // The lease lapses within its TTL; the node was seen moments ago: still refused.
+    let o = eventually(20, "refused for being seen lately", || {
+        let o = cluster_ctl(&etcd, &["release-node", "node-gone"]);
+        match stderr(&o).contains("was seen") {
+            true => Ok(o),
+            false => Err(stderr(&o)),
+        }
+    });
+    assert_eq!(code(&o), 1);
+    assert_eq!(blocks_of("node-gone"), 1);
+    let o = cluster_ctl(&etcd, &["release-node", "node-gone", "--absent-for", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("1 block(s) given back"));
+    assert_eq!(blocks_of("node-gone"), 0);
+    assert_eq!(blocks_of("node-alive"), 1);
+
+    // --force takes even a live node's blocks, and says so.
+    let o = cluster_ctl(&etcd, &["release-node", "node-alive", "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--force: node \"node-alive\" is alive"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(blocks_of("node-alive"), 0);
+    drop(alive);
+}
+
+#[test]
+fn a_daemon_started_while_etcd_is_down_serves_once_it_has_listed_its_blocks() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    create_pool(&etcd, &["s", "--cidr", "10.27.0.0/24"]);
+    let mut d = daemon(&etcd, "node-s", "s", "");
+    let conf = d.conf("1.0.0", "pods", "");
+    assert!(cni("ADD", "s0", &conf).ok);
+    d.terminate();
+    etcd.stop();
+    d.spawn();
+    // The store holds a block, but until etcd confirms it is still this node's (a
+    // release-node may have given it to another) nothing is handed out.
+    let r = cni("ADD", "s1", &conf);
+    assert_eq!(r.code(), 11, "{r:?}");
+    let why = r.json["details"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("this node's blocks of cluster pool \"s\""),
+        "{why}"
+    );
+    // The attachment made before is there all along; DEL works.
+    assert!(cni("DEL", "s0", &conf).ok);
+    etcd.spawn();
+    let r = eventually(60, "an ADD once etcd is back", || {
+        let r = cni("ADD", "s1", &conf);
+        match r.ok {
+            true => Ok(r),
+            false => Err(r),
+        }
+    });
+    assert!(ip_of(&r).starts_with("10.27.0."), "{r:?}");
+}

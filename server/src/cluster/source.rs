@@ -332,7 +332,14 @@ impl Source for ClusterSource {
         }
         let pool = &self.pool;
         match (&self.failed, &self.exhausted) {
-            (Some(why), _) if !self.in_flight => Next::Unavailable(why.clone()),
+            (Some(why), _) if !self.in_flight => Next::Unavailable(match self.synced {
+                false => format!(
+                    "cannot list this node's blocks of cluster pool {pool:?} in etcd (nothing is handed out before): {why}"
+                ),
+                true => format!(
+                    "no free address in this node's blocks of cluster pool {pool:?}, and claiming one failed: {why}"
+                ),
+            }),
             (None, Some(_)) if !self.in_flight => Next::Exhausted,
             _ if !self.synced => Next::Pending(format!(
                 "listing this node's blocks of cluster pool {pool:?} in etcd"

@@ -81,6 +81,60 @@ fn bad_toml_is_named() {
         ),
         ("[[network]]\nname = \"a\"\nranges_from = \"aws\"", "ranges_from"),
         ("[kubernetes]\npod_get_timeout_ms = 0", "pod_get_timeout_ms must be at least 100"),
+        (
+            "[[network]]\nname = \"a\"\nranges_from = \"cluster\"",
+            "ranges_from = \"cluster\" needs cluster_pool",
+        ),
+        (
+            "[[network]]\nname = \"a\"\nranges_from = \"cluster\"\ncluster_pool = \"p\"",
+            "add a [cluster] table",
+        ),
+        (
+            "[[network]]\nname = \"a\"\nranges = [[{ subnet = \"10.0.0.0/24\" }]]\ncluster_pool = \"p\"",
+            "cluster_pool goes with ranges_from = \"cluster\"",
+        ),
+        (
+            "[[network]]\nname = \"a\"\nranges_from = \"node\"\ncluster_pool = \"p\"",
+            "cluster_pool goes with ranges_from = \"cluster\"",
+        ),
+        (
+            "[[network]]\nname = \"a\"\nranges_from = \"cluster\"\ncluster_pool = \"a/b\"",
+            "cluster_pool \"a/b\"",
+        ),
+        ("[cluster]\netcd_endpoints = []", "etcd_endpoints is empty"),
+        (
+            "[cluster]\netcd_endpoints = [\"https://etcd.local:2379\"]",
+            "etcd endpoint \"https://etcd.local:2379\": the host must be an IP address",
+        ),
+        ("[cluster]\netcd_endpoints = [\"10.0.0.1:2379\"]", "give a URL"),
+        (
+            "[cluster]\netcd_endpoints = [\"https://10.0.0.1:2379\"]\ncert_file = \"/c\"",
+            "cert_file and key_file go together",
+        ),
+        (
+            "[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]\nca_file = \"/c\"",
+            "are for https://",
+        ),
+        (
+            "[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]\nprefix = \"ipool\"",
+            "prefix \"ipool\" must start with '/'",
+        ),
+        (
+            "[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]\netcd_rate = 0.0",
+            "etcd_rate must be above 0",
+        ),
+        (
+            "[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]\nheartbeat_ttl_secs = 1",
+            "heartbeat_ttl_secs must be within 5..=3600",
+        ),
+        (
+            "[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]\nnode_name = \"a/b\"",
+            "[cluster] node_name: node name \"a/b\"",
+        ),
+        (
+            "[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]\nclaim_ahaed = 3",
+            "unknown field `claim_ahaed`",
+        ),
     ] {
         let e = DaemonConfig::parse(text).expect_err(text).to_string();
         assert!(e.contains(needle), "{text:?}: {e}");
@@ -182,4 +236,31 @@ fn ranges_from_the_node() {
     assert_eq!(from[0].2.len(), 1);
     assert_eq!(from[1].1, NodeRanges::Flannel(DEFAULT_SUBNET_FILE.into()));
     assert_eq!(from[2].1, NodeRanges::Flannel("/tmp/s.env".into()));
+}
+
+#[test]
+fn cluster_networks_and_their_table() {
+    let c = DaemonConfig::parse(
+        r#"
+[cluster]
+etcd_endpoints = ["https://10.0.0.1:2379", "https://[fd00::1]:2379"]
+ca_file = "/etc/ipool/etcd-ca.pem"
+cert_file = "/etc/ipool/etcd.pem"
+key_file = "/etc/ipool/etcd-key.pem"
+[[network]]
+name = "pods"
+ranges_from = "cluster"
+cluster_pool = "main"
+"#,
+    )
+    .expect("valid");
+    let cluster = c.cluster.as_ref().expect("[cluster]");
+    assert_eq!(cluster.prefix, "/ipool/v1");
+    assert_eq!(cluster.block_hold_down_secs, 600);
+    assert_eq!(cluster.claim_ahead, 8);
+    assert_eq!(
+        c.cluster_networks(),
+        vec![("pods".to_string(), "main".to_string(), Vec::new())]
+    );
+    assert!(c.node_ranges().is_empty(), "not watched on the node");
 }
