@@ -1,6 +1,6 @@
 //! Cluster mode (issue 19): nodes claim address blocks from pools shared through etcd.
 //!
-//! - [`cidrset`]: a pool's CIDRs carved into blocks (nodeipam's cidrset);
+//! - [`pool`]: a pool's spec; [`cidrset`]: its CIDRs carved into blocks (nodeipam's cidrset);
 //! - [`etcd`]: pools and block owners in etcd, each decision one transaction; [`nodes`]: the
 //!   daemons' heartbeats and release-node;
 //! - [`settings`]: the `[cluster]` table; [`node`]: this node (etcd connection, token bucket,
@@ -15,6 +15,7 @@ pub mod cidrset;
 pub mod etcd;
 pub mod node;
 pub mod nodes;
+pub mod pool;
 pub mod settings;
 pub mod source;
 pub mod work;
