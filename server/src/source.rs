@@ -1,6 +1,7 @@
 //! Where a pool's addresses come from. Every call is made by the engine behind the pool's
 //! token bucket. [`LocalSource`] (ranges from the daemon config or the CNI `ipam` section) is
-//! the embedded default; the cluster mode (blocks claimed from etcd) will be a second impl.
+//! the embedded default; `cluster::source::ClusterSource` (blocks claimed from etcd) is the
+//! second impl.
 //!
 //! The engine first *looks* (`next`, `can_occupy`: nothing changes), writes what it decided
 //! to the store, and only then *takes* (`take_next`, `occupy`): a write the store refuses
@@ -127,6 +128,12 @@ pub trait Source: Send {
     /// The blocks the store holds for this source (dropped with it).
     fn recorded_blocks(&self) -> Vec<String> {
         Vec::new()
+    }
+    /// Why nothing may be handed out now, not even an address the source handed out before
+    /// (an idle one): a claiming source not yet sure its blocks are still its own. The
+    /// answer is [`Next::Pending`] or [`Next::Unavailable`]. None: the pool serves as usual.
+    fn held_back(&self) -> Option<Next> {
+        None
     }
     /// Recorded blocks the source no longer has (it gave them back): from now on they count as
     /// unrecorded, and the engine writes them as not held.

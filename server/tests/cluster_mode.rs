@@ -475,9 +475,17 @@ fn a_daemon_started_while_etcd_is_down_serves_once_it_has_listed_its_blocks() {
         return;
     };
     create_pool(&etcd, &["s", "--cidr", "10.27.0.0/24"]);
-    let mut d = daemon(&etcd, "node-s", "s", "");
+    // Idle addresses kept ready: even those wait for the sync.
+    let mut d = daemon(&etcd, "node-s", "s", "[defaults]\nmin_idle = 2\n");
     let conf = d.conf("1.0.0", "pods", "");
     assert!(cni("ADD", "s0", &conf).ok);
+    eventually(10, "two idle addresses", || {
+        let s = pool_status(&d);
+        match s[0]["idle"] == 2 {
+            true => Ok(()),
+            false => Err(s),
+        }
+    });
     d.terminate();
     etcd.stop();
     d.spawn();
@@ -490,6 +498,8 @@ fn a_daemon_started_while_etcd_is_down_serves_once_it_has_listed_its_blocks() {
         why.contains("this node's blocks of cluster pool \"s\""),
         "{why}"
     );
+    let status = plugin(&[("CNI_COMMAND", "STATUS")], &d.conf("1.1.0", "pods", ""));
+    assert_eq!(status.code(), 50, "{status:?}");
     // The attachment made before is there all along; DEL works.
     assert!(cni("DEL", "s0", &conf).ok);
     etcd.spawn();
@@ -501,4 +511,57 @@ fn a_daemon_started_while_etcd_is_down_serves_once_it_has_listed_its_blocks() {
         }
     });
     assert!(ip_of(&r).starts_with("10.27.0."), "{r:?}");
+}
+
+#[test]
+fn a_block_taken_by_another_node_is_found_at_the_next_sync_and_no_longer_handed_out() {
+    let Some(etcd) = Etcd::start() else { return };
+    create_pool(
+        &etcd,
+        &["t", "--cidr", "10.28.0.0/24", "--block-size", "28"],
+    );
+    let d = daemon(&etcd, "node-t", "t", "resync_secs = 1\nclaim_ahead = 1");
+    let conf = d.conf("1.0.0", "pods", "");
+    let first = cni("ADD", "t0", &conf);
+    assert!(first.ok, "{first:?}");
+    let (block, _) = owners(&etcd).into_iter().next().expect("a block");
+    // An operator forces the node's blocks away while it runs, and another node wins the
+    // block.
+    let o = cluster_ctl(&etcd, &["release-node", "node-t", "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let s = ipool_server::cluster::etcd::ClusterStore::connect(
+            std::slice::from_ref(&etcd.client_url),
+            ipool_server::cluster::etcd::DEFAULT_PREFIX,
+            std::time::Duration::from_secs(5),
+            None,
+        )
+        .await
+        .unwrap();
+        let won = s.claim("t", &block, "node-z").await.unwrap();
+        assert!(matches!(won, ipool_server::cluster::etcd::Claimed::Won(_)));
+    });
+    let detail = eventually(20, "the conflict in status", || {
+        let s = pool_status(&d);
+        let detail = s[0]["sourceDetail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        match detail.contains(&format!("{block} (CONFLICT")) {
+            true => Ok(detail),
+            false => Err(detail),
+        }
+    });
+    // New ADDs come from another block, never from the one node-z owns.
+    for k in 1..20 {
+        let r = cni("ADD", &format!("t{k}"), &conf);
+        assert!(r.ok, "{r:?}\n{detail}");
+        let a = addr(&r.addresses()[0]);
+        assert!(
+            !block.contains(&a),
+            "{a} handed out from {block}, now node-z's"
+        );
+    }
+    d.wait_log(&["block conflict"]);
 }

@@ -72,14 +72,20 @@ pub enum ClusterError {
 }
 
 impl ClusterError {
-    /// etcd did not answer (as opposed to answering no).
+    /// etcd cannot be used: it did not answer, or it refuses this client (credentials,
+    /// permissions), as opposed to answering a request no.
     pub fn is_unreachable(&self) -> bool {
         use tonic::Code;
         match self {
             ClusterError::Timeout(_) => true,
             ClusterError::Etcd(etcd_client::Error::GRpcStatus(s)) => matches!(
                 s.code(),
-                Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+                Code::Unavailable
+                    | Code::DeadlineExceeded
+                    | Code::Unknown
+                    | Code::Cancelled
+                    | Code::Unauthenticated
+                    | Code::PermissionDenied
             ),
             // Transport and connection failures.
             ClusterError::Etcd(_) => true,

@@ -49,6 +49,14 @@ impl PoolSpec {
         if self.cidrs.is_empty() {
             return Err(format!("pool {:?} has no CIDR", self.name));
         }
+        for (block, max, family) in [(self.block_v4, 30, "IPv4"), (self.block_v6, 126, "IPv6")] {
+            if block > max {
+                return Err(format!(
+                    "pool {:?}: {family} blocks of /{block} leave no address to hand out (the network, gateway and broadcast addresses are not): at most /{max}",
+                    self.name
+                ));
+            }
+        }
         self.carve()?;
         for (i, a) in self.cidrs.iter().enumerate() {
             for b in &self.cidrs[i + 1..] {

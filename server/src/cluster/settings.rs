@@ -32,6 +32,10 @@ pub struct ClusterSettings {
     /// A block empty this long is given back (a node keeps at least one).
     #[serde(default = "default_hold_down")]
     pub block_hold_down_secs: u64,
+    /// How often this node's blocks are listed again (a block given away meanwhile, by a
+    /// forced release-node, is found and nothing more is handed out from it).
+    #[serde(default = "default_resync")]
+    pub resync_secs: u64,
     /// Each etcd call's deadline.
     #[serde(default = "default_etcd_timeout")]
     pub etcd_timeout_ms: u64,
@@ -42,7 +46,7 @@ pub struct ClusterSettings {
     #[serde(default = "default_etcd_burst")]
     pub etcd_burst: u32,
     /// The heartbeat lease's TTL: while this node's daemon runs, its key
-    /// `<prefix>/nodes/<node>` lives.
+    /// `<prefix>/nodes/<node>/alive` lives (see [`super::nodes`]).
     #[serde(default = "default_heartbeat_ttl")]
     pub heartbeat_ttl_secs: u64,
 }
@@ -55,6 +59,9 @@ fn default_claim_ahead() -> usize {
 }
 fn default_hold_down() -> u64 {
     600
+}
+fn default_resync() -> u64 {
+    60
 }
 fn default_etcd_timeout() -> u64 {
     2000
@@ -111,6 +118,12 @@ impl ClusterSettings {
             return Err(format!(
                 "[cluster] etcd_rate must be above 0 and etcd_burst at least 1 (they are {} and {})",
                 self.etcd_rate, self.etcd_burst
+            ));
+        }
+        if !(1..=86_400).contains(&self.resync_secs) {
+            return Err(format!(
+                "[cluster] resync_secs must be within 1..=86400 (it is {})",
+                self.resync_secs
             ));
         }
         if !(5..=3600).contains(&self.heartbeat_ttl_secs) {

@@ -80,6 +80,7 @@ pub struct ClusterSource {
     describe: String,
     threshold: usize,
     synced: bool,
+    last_sync: Option<Instant>,
     /// By network address: handed out lowest block first.
     blocks: BTreeMap<IpAddr, Owned>,
     cursor: Option<IpAddr>,
@@ -112,6 +113,7 @@ impl ClusterSource {
             describe: parts.join(","),
             threshold,
             synced: false,
+            last_sync: None,
             blocks: BTreeMap::new(),
             cursor: None,
             in_flight: false,
@@ -210,7 +212,8 @@ impl ClusterSource {
 
     /// What to do next against etcd, if anything.
     fn next_work(&mut self) -> Option<Work> {
-        if !self.synced {
+        let resync = Duration::from_secs(self.node.settings().resync_secs);
+        if !self.synced || self.last_sync.is_none_or(|t| t.elapsed() >= resync) {
             return Some(Work::Sync);
         }
         if let Some(b) = self
@@ -383,10 +386,19 @@ impl Source for ClusterSource {
             Ok(outcome) => {
                 self.failed = None;
                 self.backoff = Duration::from_secs(1);
-                if !matches!(outcome, Outcome::PoolFull(_)) {
+                let full = matches!(outcome, Outcome::PoolFull(_));
+                // Answers, not failures: the pool is full (it waits of its own), a block is
+                // another node's (it is set aside, and a new one claimed at once).
+                let answer = full || matches!(outcome, Outcome::Taken(_));
+                if !full {
                     self.retry_at = None;
                 }
-                self.landed(done.work, outcome)
+                let r = self.landed(done.work, outcome);
+                if let (Err(why), false) = (&r, answer) {
+                    // A block that cannot be used: not claimed again at once.
+                    self.failed_now(why.clone());
+                }
+                r
             }
             Err(why) => {
                 if let Work::GiveBack(net) = &done.work {
@@ -421,6 +433,9 @@ impl Source for ClusterSource {
     }
     fn forget(&mut self) -> Vec<String> {
         std::mem::take(&mut self.forget)
+    }
+    fn held_back(&self) -> Option<Next> {
+        (!self.synced).then(|| self.next())
     }
     fn degraded(&self) -> Option<String> {
         self.node.degraded()

@@ -123,6 +123,13 @@ impl RangeSetPool {
             ip,
             from: From::Idle,
         };
+        match self.source.held_back() {
+            Some(Next::Pending(why)) if may_wait => return Ok(Step::Pending(Pending::new(why))),
+            Some(Next::Pending(why) | Next::Unavailable(why)) => {
+                return Err(PickError::Unavailable(why))
+            }
+            _ => {}
+        }
         let next = self.source.next();
         if let Plan::Idle(ip) = self.pool.plan(now, next == Next::Exhausted)? {
             return Ok(Step::Done(idle(ip)));

@@ -96,6 +96,12 @@ impl Ipam {
             return Err(why);
         }
         for p in &net.pools[..net.current] {
+            if let Some(Next::Pending(why) | Next::Unavailable(why)) = p.source.held_back() {
+                return Err(format!(
+                    "{} cannot serve an ADD: {why}",
+                    p.describe(network)
+                ));
+            }
             let next = p.source.next();
             if let Next::Unavailable(why) = &next {
                 if p.pool.fallback().is_err() {

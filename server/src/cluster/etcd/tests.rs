@@ -57,6 +57,20 @@ fn pools_are_checked() {
             },
             "pool name",
         ),
+        (
+            PoolSpec {
+                block_v4: 31,
+                ..ok.clone()
+            },
+            "IPv4 blocks of /31 leave no address",
+        ),
+        (
+            PoolSpec {
+                block_v6: 127,
+                ..ok.clone()
+            },
+            "at most /126",
+        ),
     ] {
         let e = bad.validate().unwrap_err();
         assert!(e.contains(needle), "{e}");

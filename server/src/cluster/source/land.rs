@@ -33,6 +33,7 @@ impl ClusterSource {
             }
         }
         self.synced = true;
+        self.last_sync = Some(Instant::now());
         Ok(format!(
             "this node owns {} block(s) of cluster pool {:?} ({})",
             mine.len(),
