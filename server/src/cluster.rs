@@ -3,8 +3,8 @@
 //! - [`pool`]: a pool's spec; [`cidrset`]: its CIDRs carved into blocks (nodeipam's cidrset);
 //! - [`etcd`]: pools and block owners in etcd, each decision one transaction; [`nodes`]: the
 //!   daemons' heartbeats and release-node;
-//! - [`settings`]: the `[cluster]` table; [`node`]: this node (etcd connection, token bucket,
-//!   etcd up or down, heartbeat);
+//! - [`node`]: this node, as `config::cluster` (the `[cluster]` table) says: its etcd
+//!   connection, token bucket, etcd up or down, heartbeat;
 //! - [`source`]: `ClusterSource`, a range set's addresses from the blocks this node owns, and
 //!   [`work`]: the etcd calls it hands the engine to run (sync, claim, claim back, give back).
 //!
@@ -16,6 +16,5 @@ pub mod etcd;
 pub mod node;
 pub mod nodes;
 pub mod pool;
-pub mod settings;
 pub mod source;
 pub mod work;

@@ -67,6 +67,7 @@ pub fn validate_routes(network: &str, routes: &[RouteSpec]) -> Result<(), Error>
     Ok(())
 }
 
+pub use cluster::ClusterSettings;
 pub use ipam_section::IpamSection;
 
 // === the daemon's TOML ===
@@ -84,7 +85,7 @@ pub struct DaemonConfig {
     /// Present: the pods on this node, as the apiserver lists them, are the source of truth.
     pub kubernetes: Option<KubernetesSettings>,
     /// Cluster mode: the etcd that networks with `ranges_from = "cluster"` claim blocks from.
-    pub cluster: Option<crate::cluster::settings::ClusterSettings>,
+    pub cluster: Option<ClusterSettings>,
     #[serde(default, rename = "network")]
     pub networks: Vec<NetworkSpec>,
 }
@@ -453,6 +454,7 @@ impl NetworkSpec {
     }
 }
 
+pub mod cluster;
 mod ipam_section;
 #[cfg(test)]
 mod tests;

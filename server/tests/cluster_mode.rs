@@ -75,6 +75,17 @@ fn addr(cidr: &str) -> IpAddr {
     cidr.split('/').next().unwrap().parse().unwrap()
 }
 
+/// ADD of `container` until it succeeds, for up to `secs`.
+fn add_within(secs: u64, what: &str, container: &str, conf: &str) -> Run {
+    eventually(secs, what, || {
+        let r = cni("ADD", container, conf);
+        match r.ok {
+            true => Ok(r),
+            false => Err(r),
+        }
+    })
+}
+
 fn pool_status(d: &Daemon) -> Vec<Value> {
     let o = d.ctl(&["-o", "json", "status"]);
     assert!(o.status.success(), "status: {}", stderr(&o));
@@ -188,14 +199,7 @@ fn with_etcd_down_owned_blocks_keep_serving_and_claims_resume_when_it_is_back() 
     );
     let d = daemon(&etcd, "node-q", "q", "claim_ahead = 4");
     let conf = d.conf("1.0.0", "pods", "");
-    let first = eventually(10, "the first ADD", || {
-        let r = cni("ADD", "q0", &conf);
-        if r.ok {
-            Ok(r)
-        } else {
-            Err(r)
-        }
-    });
+    let first = add_within(10, "the first ADD", "q0", &conf);
     assert!(ip_of(&first).starts_with("10.21.0."), "{first:?}");
     // Claimed ahead: two blocks once fewer than 4 addresses are free.
     let mut n = 1;
@@ -234,16 +238,11 @@ fn with_etcd_down_owned_blocks_keep_serving_and_claims_resume_when_it_is_back() 
     assert!(cni("ADD", "down0-again", &conf).ok);
 
     etcd.spawn();
-    let more = eventually(
+    let more = add_within(
         60,
         "an ADD served from a block claimed after etcd came back",
-        || {
-            let r = cni("ADD", "after", &conf);
-            match r.ok {
-                true => Ok(r),
-                false => Err(r),
-            }
-        },
+        "after",
+        &conf,
     );
     let owned_after = owners(&etcd);
     assert!(owned_after.len() > owned_before.len(), "{owned_after:?}");
@@ -331,13 +330,7 @@ fn a_daemon_killed_during_claims_owns_exactly_what_etcd_says_after_its_restart()
     d.spawn();
     // After the sync, the daemon holds exactly the blocks etcd lists as its own.
     let conf = d.conf("1.0.0", "pods", "");
-    let r = eventually(30, "an ADD after the restart", || {
-        let r = cni("ADD", "after-kill", &conf);
-        match r.ok {
-            true => Ok(r),
-            false => Err(r),
-        }
-    });
+    let r = add_within(30, "an ADD after the restart", "after-kill", &conf);
     let owned = owners(&etcd);
     for b in at_kill.keys() {
         assert!(
@@ -406,13 +399,7 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
     // The store no longer holds the block given back: nothing to drop at the next start.
     d.terminate();
     d.spawn();
-    let r = eventually(10, "an ADD after the restart", || {
-        let r = cni("ADD", "again", &conf);
-        match r.ok {
-            true => Ok(r),
-            false => Err(r),
-        }
-    });
+    let r = add_within(10, "an ADD after the restart", "again", &conf);
     let a = addr(&r.addresses()[0]);
     assert!(kept.keys().any(|b| b.contains(&a)), "{a} not in {kept:?}");
     assert!(
@@ -503,13 +490,7 @@ fn a_daemon_started_while_etcd_is_down_serves_once_it_has_listed_its_blocks() {
     // The attachment made before is there all along; DEL works.
     assert!(cni("DEL", "s0", &conf).ok);
     etcd.spawn();
-    let r = eventually(60, "an ADD once etcd is back", || {
-        let r = cni("ADD", "s1", &conf);
-        match r.ok {
-            true => Ok(r),
-            false => Err(r),
-        }
-    });
+    let r = add_within(60, "an ADD once etcd is back", "s1", &conf);
     assert!(ip_of(&r).starts_with("10.27.0."), "{r:?}");
 }
 

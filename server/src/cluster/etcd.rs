@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 pub use super::pool::PoolSpec;
 
 /// Default key prefix.
-pub const DEFAULT_PREFIX: &str = "/ipool/v1";
+pub use crate::config::cluster::DEFAULT_PREFIX;
 /// Default block sizes, as Calico's.
 pub const DEFAULT_BLOCK_V4: u8 = 26;
 pub const DEFAULT_BLOCK_V6: u8 = 122;
@@ -154,7 +154,8 @@ fn parse_block_part(s: &str) -> Option<IpNet> {
     IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()
 }
 
-pub(super) fn now_ms() -> u64 {
+/// Wall time in Unix milliseconds (0 before the epoch).
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

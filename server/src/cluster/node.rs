@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::etcd::{ClusterError, ClusterStore, PoolSpec, Tls};
-use super::settings::ClusterSettings;
+use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 use crate::pool::TokenBucket;
 

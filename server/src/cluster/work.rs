@@ -68,15 +68,7 @@ async fn execute(
     let me = node.name().to_string();
     let metrics = &node.metrics().cluster;
     match work {
-        Work::Sync => {
-            let (p, n) = (pool.to_string(), me.clone());
-            let listed = node
-                .call("list_blocks", |s| async move {
-                    s.list_blocks(Some(&p), Some(&n)).await
-                })
-                .await?;
-            Ok(Outcome::Synced(listed))
-        }
+        Work::Sync => sync(node, pool).await,
         Work::Claim => {
             let spec = node.pool(pool).await?.ok_or_else(|| {
                 ClusterError::Refused(format!(
@@ -125,16 +117,8 @@ async fn execute(
                 .await?;
             match claimed {
                 Claimed::Won(b) => Ok(Outcome::Reclaimed(b.create_revision)),
-                Claimed::Lost(owner) if owner.node == me => {
-                    // Listed meanwhile: ours after all.
-                    let (p, n) = (pool.to_string(), me.clone());
-                    let listed = node
-                        .call("list_blocks", |s| async move {
-                            s.list_blocks(Some(&p), Some(&n)).await
-                        })
-                        .await?;
-                    Ok(Outcome::Synced(listed))
-                }
+                // Listed meanwhile: ours after all.
+                Claimed::Lost(owner) if owner.node == me => sync(node, pool).await,
                 Claimed::Lost(owner) => {
                     crate::metrics::ClusterMetrics::pool_counter(&metrics.conflicts, pool, 1);
                     Ok(Outcome::Taken(owner.node))
@@ -160,4 +144,15 @@ async fn execute(
             Ok(Outcome::GaveBack(ours))
         }
     }
+}
+
+/// This node's blocks of `pool`, as etcd lists them.
+async fn sync(node: &ClusterNode, pool: &str) -> Result<Outcome, ClusterError> {
+    let (p, n) = (pool.to_string(), node.name().to_string());
+    let listed = node
+        .call("list_blocks", |s| async move {
+            s.list_blocks(Some(&p), Some(&n)).await
+        })
+        .await?;
+    Ok(Outcome::Synced(listed))
 }

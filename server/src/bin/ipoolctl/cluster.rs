@@ -106,7 +106,7 @@ fn exit_for(e: &ClusterError) -> u8 {
 
 pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> ExitCode {
     for e in &etcd.etcd_endpoints {
-        if let Err(e) = ipool_server::cluster::settings::check_endpoint(e) {
+        if let Err(e) = ipool_server::config::cluster::check_endpoint(e) {
             eprintln!("ipoolctl: --etcd-endpoints: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
@@ -267,10 +267,7 @@ async fn release_node(
     out: Output,
 ) -> Result<(), ClusterError> {
     let state = store.node_state(node).await?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default();
+    let now = ipool_server::cluster::etcd::now_ms();
     let silent_secs = state.seen_ms.map(|s| now.saturating_sub(s) / 1000);
     let refusal = if state.alive {
         Some(format!(

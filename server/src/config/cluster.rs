@@ -5,8 +5,6 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::etcd::DEFAULT_PREFIX;
-
 /// How ipoold reaches etcd and claims blocks.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,10 +44,13 @@ pub struct ClusterSettings {
     #[serde(default = "default_etcd_burst")]
     pub etcd_burst: u32,
     /// The heartbeat lease's TTL: while this node's daemon runs, its key
-    /// `<prefix>/nodes/<node>/alive` lives (see [`super::nodes`]).
+    /// `<prefix>/nodes/<node>/alive` lives (see `cluster::nodes`).
     #[serde(default = "default_heartbeat_ttl")]
     pub heartbeat_ttl_secs: u64,
 }
+
+/// Where ipool's keys live in etcd unless `prefix` says otherwise.
+pub const DEFAULT_PREFIX: &str = "/ipool/v1";
 
 fn default_prefix() -> String {
     DEFAULT_PREFIX.to_string()
