@@ -130,6 +130,77 @@ fn racing_claimers_never_share_a_block() {
     });
 }
 
+/// A node claims from the view of the pool it listed before: one transaction per claim, and
+/// each block another node won since costs a lost candidate (etcd decides: never a second
+/// owner). After four losses in a row, or when the view has no free block left, it lists
+/// again: a block given back since is found before the pool is called full.
+#[test]
+fn a_kept_view_costs_lost_candidates_and_is_listed_again() {
+    let Some(e) = Etcd::start() else { return };
+    rt().block_on(async {
+        let (a, b) = (store(&e).await, store(&e).await);
+        let p = pool("view", &["10.14.0.0/22"], &[]); // 16 blocks
+        a.create_pool(&p).await.unwrap();
+        let claim_a = || async { a.claim_next(&p, true, "node-a").await.unwrap() };
+        let first = claim_a().await.block.unwrap().block;
+        // node-a's next candidates, in its order.
+        let mut set = p.carve().unwrap().remove(0);
+        set.occupy(first);
+        let order: Vec<IpNet> = set.free_in_order("node-a").collect();
+        let mut b_won = Vec::new();
+        for blk in &order[..2] {
+            match b.claim("view", blk, "node-b").await.unwrap() {
+                Claimed::Won(won) => b_won.push(won),
+                other => panic!("{other:?}"),
+            }
+        }
+        let out = claim_a().await;
+        assert_eq!(out.lost, 2, "node-a claimed from its kept view: {out:?}");
+        assert_eq!(out.block.unwrap().block, order[2]);
+        for blk in &order[3..8] {
+            assert!(matches!(
+                b.claim("view", blk, "node-b").await.unwrap(),
+                Claimed::Won(_)
+            ));
+        }
+        let out = claim_a().await;
+        assert_eq!(out.lost, 4, "four losses, then a listing: {out:?}");
+        assert_eq!(out.block.unwrap().block, order[8]);
+        for _ in 0..4 {
+            assert_eq!(claim_a().await.lost, 0);
+        }
+        // 7 blocks node-a's, 7 node-b's; node-b takes the other 2, then gives one back.
+        while b
+            .claim_next(&p, true, "node-b")
+            .await
+            .unwrap()
+            .block
+            .is_some()
+        {}
+        assert!(b.give_back(&b_won[0]).await.unwrap());
+        let out = claim_a().await;
+        assert_eq!(out.lost, 2, "{out:?}");
+        assert_eq!(out.block.unwrap().block, order[0], "found on a new listing");
+        let full = claim_a().await;
+        assert_eq!(full.block, None);
+        assert_eq!(
+            (full.blocks, full.owned_here, full.owned_elsewhere),
+            (16, 8, 8),
+            "{full:?}"
+        );
+        let mut listed: Vec<IpNet> = a
+            .list_blocks(Some("view"), None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|b| b.block)
+            .collect();
+        listed.sort();
+        listed.dedup();
+        assert_eq!(listed.len(), 16);
+    });
+}
+
 #[test]
 fn a_give_back_is_refused_once_the_block_changed_hands() {
     let Some(e) = Etcd::start() else { return };

@@ -142,6 +142,8 @@ pub struct ClusterStore {
     client: Client,
     prefix: String,
     timeout: Duration,
+    /// Each claiming node's view of each pool's blocks, kept between claims.
+    views: claim::Views,
 }
 
 /// `10.0.0.0/26` as a key part: `10.0.0.0-26`.
@@ -184,6 +186,7 @@ impl ClusterStore {
             client,
             prefix: prefix.trim_end_matches('/').to_string(),
             timeout,
+            views: claim::Views::default(),
         })
     }
 
@@ -406,75 +409,11 @@ impl ClusterStore {
         let mut kv = self.client.kv_client();
         Ok(self.bounded(kv.txn(txn)).await?.succeeded())
     }
-
-    /// Claims the first free block of `pool` in `node`'s order (see
-    /// [`CidrSet::free_in_order`]), for the CIDRs of one family (`v4`): blocks others won
-    /// meanwhile are skipped. No block in the outcome: the pool has no free block of that
-    /// family.
-    pub async fn claim_next(
-        &self,
-        pool: &PoolSpec,
-        v4: bool,
-        node: &str,
-    ) -> Result<ClaimOutcome, ClusterError> {
-        let mut sets = pool.carve().map_err(ClusterError::Refused)?;
-        sets.retain(|s| s.cidr().addr().is_ipv4() == v4);
-        let mut out = ClaimOutcome {
-            blocks: sets.iter().map(|s| s.len()).sum(),
-            excluded: sets.iter().map(|s| s.used()).sum(),
-            ..ClaimOutcome::default()
-        };
-        for b in self.list_blocks(Some(&pool.name), None).await? {
-            if !sets.iter().any(|s| s.cidr().contains(&b.block)) {
-                continue;
-            }
-            for s in sets.iter_mut() {
-                s.occupy(b.block);
-            }
-            match b.owner.node == node {
-                true => out.owned_here += 1,
-                false => out.owned_elsewhere += 1,
-            }
-        }
-        for s in &sets {
-            let free: Vec<IpNet> = s.free_in_order(node).collect();
-            for block in free {
-                match self.claim(&pool.name, &block, node).await? {
-                    Claimed::Won(b) => {
-                        out.block = Some(b);
-                        return Ok(out);
-                    }
-                    Claimed::Lost(_) => {
-                        out.lost += 1;
-                        out.owned_elsewhere += 1;
-                    }
-                    Claimed::NoPool => {
-                        return Err(ClusterError::Refused(format!(
-                            "pool {:?} was deleted",
-                            pool.name
-                        )))
-                    }
-                }
-            }
-        }
-        Ok(out)
-    }
 }
 
-/// What [`ClusterStore::claim_next`] found and got.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClaimOutcome {
-    /// The block won, if any.
-    pub block: Option<Block>,
-    /// Candidates another node won first.
-    pub lost: usize,
-    /// The pool's blocks of the family, and of them: touched by an excluded range, owned by
-    /// other nodes, by this node (as listed before the claim).
-    pub blocks: usize,
-    pub excluded: usize,
-    pub owned_elsewhere: usize,
-    pub owned_here: usize,
-}
+pub use claim::ClaimOutcome;
+
+mod claim;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,187 @@
+//! Claiming a node's next block: the node's view of a pool's blocks, kept between claims.
+//!
+//! A claim tries the free blocks of the view in the node's order, one create-if-absent
+//! transaction each: etcd decides, so a stale view costs a lost candidate, never a second
+//! owner. The view is a full listing of the pool's blocks (O(blocks) for etcd and for this
+//! node), taken again only when it is older than [`VIEW_MAX_AGE`], after [`STALE_LOSSES`]
+//! candidates in a row were lost, or before the pool is said to have no free block; so a claim
+//! is usually one transaction, however many blocks the pool has.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{Block, Claimed, ClusterError, ClusterStore, PoolSpec};
+use crate::cluster::cidrset::CidrSet;
+
+/// A view older than this is listed again before a claim.
+const VIEW_MAX_AGE: Duration = Duration::from_secs(60);
+/// Lost candidates in a row that make a kept view list again.
+const STALE_LOSSES: usize = 4;
+
+/// Views by (pool, IPv4?, node).
+pub(super) type Views = Arc<Mutex<HashMap<(String, bool, String), View>>>;
+
+/// What a node knows of one family of a pool's blocks.
+pub(super) struct View {
+    spec: PoolSpec,
+    sets: Vec<CidrSet>,
+    listed_at: Instant,
+    excluded: usize,
+    owned_here: usize,
+    owned_elsewhere: usize,
+}
+
+impl View {
+    fn occupy(&mut self, block: ipnet::IpNet) {
+        for s in self.sets.iter_mut() {
+            s.occupy(block);
+        }
+    }
+}
+
+/// What [`ClusterStore::claim_next`] found and got.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimOutcome {
+    /// The block won, if any.
+    pub block: Option<Block>,
+    /// Candidates another node won first.
+    pub lost: usize,
+    /// The pool's blocks of the family, and of them: touched by an excluded range, owned by
+    /// other nodes, by this node (as this node knows them; from a fresh listing when no block
+    /// was won).
+    pub blocks: usize,
+    pub excluded: usize,
+    pub owned_elsewhere: usize,
+    pub owned_here: usize,
+}
+
+enum Try {
+    Won(Block),
+    /// Too many candidates lost: the view is stale.
+    Stale,
+    /// No free block in the view.
+    Full,
+}
+
+impl ClusterStore {
+    /// Claims the first free block of `pool` in `node`'s order (see
+    /// [`CidrSet::free_in_order`]), for the CIDRs of one family (`v4`): blocks others won
+    /// meanwhile are skipped. No block in the outcome: the pool has no free block of that
+    /// family (checked on a fresh listing).
+    pub async fn claim_next(
+        &self,
+        pool: &PoolSpec,
+        v4: bool,
+        node: &str,
+    ) -> Result<ClaimOutcome, ClusterError> {
+        let key = (pool.name.clone(), v4, node.to_string());
+        let kept = self
+            .views
+            .lock()
+            .expect("views mutex poisoned")
+            .remove(&key)
+            .filter(|v| v.spec == *pool && v.listed_at.elapsed() < VIEW_MAX_AGE);
+        let (mut view, mut fresh) = match kept {
+            Some(v) => (v, false),
+            None => (self.view(pool, v4, node).await?, true),
+        };
+        let mut lost = 0;
+        let won = loop {
+            match self.try_view(&mut view, node, fresh, &mut lost).await? {
+                Try::Won(b) => break Some(b),
+                Try::Full if fresh => break None,
+                Try::Stale | Try::Full => {
+                    view = self.view(pool, v4, node).await?;
+                    fresh = true;
+                }
+            }
+        };
+        let out = ClaimOutcome {
+            block: won,
+            lost,
+            blocks: view.sets.iter().map(|s| s.len()).sum(),
+            excluded: view.excluded,
+            owned_elsewhere: view.owned_elsewhere,
+            owned_here: view.owned_here,
+        };
+        self.views
+            .lock()
+            .expect("views mutex poisoned")
+            .insert(key, view);
+        Ok(out)
+    }
+
+    /// A full listing of `pool`'s blocks of one family, as `node` sees them.
+    async fn view(&self, pool: &PoolSpec, v4: bool, node: &str) -> Result<View, ClusterError> {
+        let mut sets = pool.carve().map_err(ClusterError::Refused)?;
+        sets.retain(|s| s.cidr().addr().is_ipv4() == v4);
+        let listed_at = Instant::now();
+        let listed = self.list_blocks(Some(&pool.name), None).await?;
+        let mut view = View {
+            spec: pool.clone(),
+            excluded: sets.iter().map(|s| s.used()).sum(),
+            sets,
+            listed_at,
+            owned_here: 0,
+            owned_elsewhere: 0,
+        };
+        for b in listed {
+            if !view.sets.iter().any(|s| s.cidr().contains(&b.block)) {
+                continue;
+            }
+            view.occupy(b.block);
+            match b.owner.node == node {
+                true => view.owned_here += 1,
+                false => view.owned_elsewhere += 1,
+            }
+        }
+        Ok(view)
+    }
+
+    /// Tries the view's free blocks in `node`'s order; what was lost or won is recorded in
+    /// the view. A kept (not `fresh`) view gives up after [`STALE_LOSSES`] losses.
+    async fn try_view(
+        &self,
+        view: &mut View,
+        node: &str,
+        fresh: bool,
+        lost: &mut usize,
+    ) -> Result<Try, ClusterError> {
+        let mut losses = Vec::new();
+        let mut result = Try::Full;
+        'sets: for s in &view.sets {
+            for block in s.free_in_order(node) {
+                match self.claim(&view.spec.name, &block, node).await? {
+                    Claimed::Won(b) => {
+                        result = Try::Won(b);
+                        break 'sets;
+                    }
+                    Claimed::Lost(_) => {
+                        *lost += 1;
+                        losses.push(block);
+                        if !fresh && losses.len() >= STALE_LOSSES {
+                            result = Try::Stale;
+                            break 'sets;
+                        }
+                    }
+                    Claimed::NoPool => {
+                        return Err(ClusterError::Refused(format!(
+                            "pool {:?} was deleted",
+                            view.spec.name
+                        )))
+                    }
+                }
+            }
+        }
+        view.owned_elsewhere += losses.len();
+        for b in losses {
+            view.occupy(b);
+        }
+        if let Try::Won(b) = &result {
+            view.occupy(b.block);
+            view.owned_here += 1;
+        }
+        Ok(result)
+    }
+}
