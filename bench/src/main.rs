@@ -14,6 +14,7 @@ macro_rules! progress {
     ($($t:tt)*) => { eprintln!("[ipool-bench] {}", format!($($t)*)) };
 }
 
+mod cluster;
 mod daemon;
 mod flood;
 mod grpc;
@@ -62,6 +63,13 @@ struct Args {
     /// embedded default configuration].
     #[arg(long)]
     ipoold_config: Option<PathBuf>,
+    /// Only cluster mode's rows (ADD on a cluster pool's network against a local one, block
+    /// claims against a real etcd).
+    #[arg(long)]
+    cluster_only: bool,
+    /// The etcd binary for cluster mode's rows (skipped, with a note, when it is missing).
+    #[arg(long, default_value = "/usr/bin/etcd")]
+    etcd: PathBuf,
     /// The ipool plugin binary to run [default: target/plugin/ipool, the shipped build made by
     /// `cargo build-plugin`, when it exists; else the ipool next to this executable].
     #[arg(long)]
@@ -92,6 +100,21 @@ fn run(args: &Args) -> Result<()> {
         .context("starting the tokio runtime")?;
     let mut phases: Vec<(String, Duration)> = Vec::new();
     let mut names = Names::default();
+
+    if args.cluster_only {
+        let cluster = cluster::run(&rt, &bins, &plan, &args.etcd, &mut names, &mut phases)?;
+        let mut o = String::from("# ipool cluster mode\n\n");
+        machine.markdown(&mut o, plan.mode, plan.samples);
+        cluster.markdown(&mut o);
+        print!("{o}");
+        if let Some(path) = &args.json {
+            let text =
+                serde_json::to_string_pretty(&serde_json::json!({ "cluster": cluster.json() }))
+                    .context("encoding the JSON")?;
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
 
     let t = Instant::now();
     progress!(
@@ -191,6 +214,7 @@ fn run(args: &Args) -> Result<()> {
     phases.push(("ADD under a read flood".into(), t.elapsed()));
 
     let restart = restart(&rt, &bins, &store_config, &plan, &mut phases)?;
+    let cluster = cluster::run(&rt, &bins, &plan, &args.etcd, &mut names, &mut phases)?;
     phases.push(("total".into(), total.elapsed()));
 
     let report = Report {
@@ -204,6 +228,7 @@ fn run(args: &Args) -> Result<()> {
         load,
         flood,
         restart,
+        cluster,
         phases,
         notes: notes(args),
     };

@@ -91,6 +91,22 @@ impl Net {
         }
     }
 
+    /// An ipool network the daemon's config defines (a cluster pool's, say): the netconf
+    /// names it and carries no ranges.
+    pub fn ipool_configured(bin: &Path, socket: &Path, name: &str) -> Net {
+        let socket = serde_json::Value::String(socket.display().to_string());
+        Net {
+            kind: Kind::Ipool,
+            name: name.to_string(),
+            bin: bin.to_path_buf(),
+            stdin: format!(
+                r#"{{"cniVersion":"1.0.0","name":"{name}","type":"bridge","ipam":{{"type":"ipool","socket":{socket}}}}}"#
+            ),
+            live: Arc::new(Live::new(format!("ipool network {name}"))),
+            data_dir: None,
+        }
+    }
+
     /// A host-local network with a fresh dataDir of its own.
     pub fn host_local(bin: &Path, name: &str) -> Result<Net> {
         let dir = tempfile::Builder::new()

@@ -99,6 +99,7 @@ pub struct Report {
     pub load: Vec<LoadRow>,
     pub flood: crate::flood::Flood,
     pub restart: Restart,
+    pub cluster: crate::cluster::Cluster,
     pub phases: Vec<(String, Duration)>,
     /// Printed under the ipoold table.
     pub notes: Vec<String>,
@@ -141,11 +142,10 @@ fn grouped(n: usize) -> String {
     out
 }
 
-impl Report {
-    pub fn markdown(&self) -> String {
-        let mut o = String::new();
-        let m = &self.machine;
-        let _ = writeln!(o, "# ipool vs host-local\n");
+impl Machine {
+    /// The machine table.
+    pub fn markdown(&self, o: &mut String, mode: &str, samples: usize) {
+        let m = self;
         let _ = writeln!(o, "| machine | |\n|---|---|");
         let _ = writeln!(o, "| CPU | {} |", m.cpu);
         let _ = writeln!(o, "| cores | {} |", m.cores);
@@ -161,8 +161,16 @@ impl Report {
         let _ = writeln!(
             o,
             "| mode | {}, {} sequential samples per latency row |",
-            self.mode, self.samples
+            mode, samples
         );
+    }
+}
+
+impl Report {
+    pub fn markdown(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "# ipool vs host-local\n");
+        self.machine.markdown(&mut o, self.mode, self.samples);
         let _ = writeln!(o, "\nhost-local format check: {}\n", self.host_local_check);
 
         let _ = writeln!(
@@ -364,6 +372,7 @@ impl Report {
             let _ = writeln!(o, "\nNote: {n}");
         }
         self.flood.markdown(&mut o);
+        self.cluster.markdown(&mut o);
 
         let _ = writeln!(o, "\n## Run time\n\n| phase | time |\n|---|---:|");
         for (p, d) in &self.phases {
@@ -427,6 +436,7 @@ impl Report {
                 "pair_latency": Summary::of(&r.latencies).json(),
             })).collect::<Vec<_>>(),
             "flood": self.flood.json(),
+            "cluster": self.cluster.json(),
             "restart": {
                 "allocations": x.allocations,
                 "subnet": x.subnet,

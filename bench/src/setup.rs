@@ -23,6 +23,11 @@ pub(crate) struct Plan {
     pub(crate) restart_allocations: usize,
     pub(crate) prefill_connections: usize,
     pub(crate) prefill_in_flight: usize,
+    /// Concurrent simulated nodes per claims/s run (at most 3 runs: each has a /10 of its own).
+    pub(crate) cluster_claimers: Vec<usize>,
+    pub(crate) cluster_duration: Duration,
+    /// Simulated nodes claiming their first block together.
+    pub(crate) cluster_first_nodes: usize,
 }
 
 impl Plan {
@@ -41,6 +46,9 @@ impl Plan {
                 restart_allocations: 1024,
                 prefill_connections: 4,
                 prefill_in_flight: 64,
+                cluster_claimers: vec![1, 10, 100],
+                cluster_duration: Duration::from_millis(500),
+                cluster_first_nodes: 100,
             }
         } else {
             Plan {
@@ -56,6 +64,9 @@ impl Plan {
                 restart_allocations: 65_536,
                 prefill_connections: 4,
                 prefill_in_flight: 64,
+                cluster_claimers: vec![1, 10, 100],
+                cluster_duration: Duration::from_secs(3),
+                cluster_first_nodes: 1_000,
             }
         }
     }

@@ -1,0 +1,272 @@
+//! Simulated nodes: each runs the daemon's claim code (`ClusterStore::claim_next`, what a
+//! node's background claim does: list the pool's blocks, then one create-if-absent transaction
+//! per candidate in its own order) against the real etcd, with a connection of its own.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ipnet::IpNet;
+use ipool_server::cluster::etcd::{ClusterStore, PoolSpec};
+
+/// Claims made by `claimers` simulated nodes.
+pub struct ClaimRun {
+    pub claimers: usize,
+    /// Blocks won.
+    pub claims: usize,
+    /// Candidates another node had won first (each cost a transaction).
+    pub lost: usize,
+    pub elapsed: Duration,
+    /// Each claim_next call, from its start to the block won.
+    pub latencies: Vec<Duration>,
+    /// Blocks listed in etcd afterwards, each checked against its winner.
+    pub verified: usize,
+}
+
+impl ClaimRun {
+    pub fn rate(&self) -> f64 {
+        self.claims as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// A pool of IPv4 blocks of /26 in `cidr`.
+pub fn pool(name: &str, cidr: &str) -> Result<PoolSpec> {
+    Ok(PoolSpec {
+        name: name.to_string(),
+        cidrs: vec![cidr.parse().with_context(|| format!("CIDR {cidr}"))?],
+        block_v4: 26,
+        block_v6: 122,
+        exclude: Vec::new(),
+    })
+}
+
+async fn connect(url: &str, prefix: &str) -> Result<ClusterStore> {
+    ClusterStore::connect(&[url.to_string()], prefix, Duration::from_secs(10), None)
+        .await
+        .with_context(|| format!("connecting to etcd at {url}"))
+}
+
+/// Waits (up to 20 s) until etcd answers a request.
+pub async fn wait_ready(url: &str, prefix: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = match connect(url, prefix).await {
+            Ok(s) => s
+                .list_pools()
+                .await
+                .map(|_| ())
+                .map_err(anyhow::Error::from),
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                return Err(e.context("etcd did not answer within 20 s"))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Creates `spec` in etcd; the connection that did.
+pub async fn create(url: &str, prefix: &str, spec: &PoolSpec) -> Result<ClusterStore> {
+    let admin = connect(url, prefix).await?;
+    admin
+        .create_pool(spec)
+        .await
+        .with_context(|| format!("creating pool {}", spec.name))?;
+    Ok(admin)
+}
+
+/// How many blocks of `pool` `node` owns.
+pub async fn owned(url: &str, prefix: &str, pool: &str, node: &str) -> Result<usize> {
+    let store = connect(url, prefix).await?;
+    let blocks = store
+        .list_blocks(Some(pool), Some(node))
+        .await
+        .with_context(|| format!("listing {node}'s blocks of pool {pool}"))?;
+    Ok(blocks.len())
+}
+
+/// One claim by `node`, timed; the block it won.
+async fn claim_one(
+    store: &ClusterStore,
+    spec: &PoolSpec,
+    node: &str,
+) -> Result<(IpNet, usize, Duration)> {
+    let t = Instant::now();
+    let out = store
+        .claim_next(spec, true, node)
+        .await
+        .with_context(|| format!("{node}: claiming a block of pool {}", spec.name))?;
+    let elapsed = t.elapsed();
+    match out.block {
+        Some(b) => Ok((b.block, out.lost, elapsed)),
+        None => bail!(
+            "{node}: pool {} has no free block ({} blocks, {} owned): the benchmark's pool is too small",
+            spec.name,
+            out.blocks,
+            out.owned_elsewhere + out.owned_here
+        ),
+    }
+}
+
+/// How long each claimer goes on.
+#[derive(Clone, Copy)]
+pub enum Until {
+    Claims(usize),
+    Time(Duration),
+}
+
+/// `claimers` simulated nodes ("<pool>-<i>", each with a connection of its own) claiming
+/// blocks of a fresh pool back to back.
+pub async fn run(
+    url: &str,
+    prefix: &str,
+    spec: &PoolSpec,
+    claimers: usize,
+    until: Until,
+) -> Result<ClaimRun> {
+    let admin = create(url, prefix, spec).await?;
+    let mut stores = Vec::with_capacity(claimers);
+    for _ in 0..claimers {
+        stores.push(connect(url, prefix).await?);
+    }
+    let start = Instant::now();
+    let more = move |won: usize| match until {
+        Until::Claims(n) => won < n,
+        Until::Time(d) => start.elapsed() < d,
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, store) in stores.into_iter().enumerate() {
+        let (spec, node) = (spec.clone(), format!("{}-{i}", spec.name));
+        tasks.spawn(async move {
+            let mut won = Vec::new();
+            let mut lost = 0;
+            let mut latencies = Vec::new();
+            while more(won.len()) {
+                let (block, l, d) = claim_one(&store, &spec, &node).await?;
+                won.push((block, node.clone()));
+                lost += l;
+                latencies.push(d);
+            }
+            Ok::<_, anyhow::Error>((won, lost, latencies))
+        });
+    }
+    let mut won = Vec::new();
+    let mut run = ClaimRun {
+        claimers,
+        claims: 0,
+        lost: 0,
+        elapsed: Duration::ZERO,
+        latencies: Vec::new(),
+        verified: 0,
+    };
+    while let Some(r) = tasks.join_next().await {
+        let (w, lost, latencies) = r.context("a claimer panicked")??;
+        won.extend(w);
+        run.lost += lost;
+        run.latencies.extend(latencies);
+    }
+    run.elapsed = start.elapsed();
+    run.claims = won.len();
+    run.verified = verify(&admin, &spec.name, &won).await?;
+    Ok(run)
+}
+
+/// `nodes` simulated nodes starting together, each claiming its first block.
+pub async fn first_blocks(
+    url: &str,
+    prefix: &str,
+    spec: &PoolSpec,
+    nodes: usize,
+) -> Result<FirstBlocks> {
+    let t = Instant::now();
+    let admin = create(url, prefix, spec).await?;
+    let mut stores = Vec::with_capacity(nodes);
+    for _ in 0..nodes {
+        stores.push(connect(url, prefix).await?);
+    }
+    let connect_time = t.elapsed();
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, store) in stores.into_iter().enumerate() {
+        let (spec, node) = (spec.clone(), format!("node-{i:04}"));
+        tasks.spawn(async move {
+            let r = claim_one(&store, &spec, &node).await;
+            r.map(|(block, lost, d)| (block, node, lost, d))
+        });
+    }
+    let (mut won, mut lost, mut latencies) = (Vec::new(), 0, Vec::new());
+    while let Some(r) = tasks.join_next().await {
+        let (block, node, l, d) = r.context("a node panicked")??;
+        won.push((block, node));
+        lost += l;
+        latencies.push(d);
+    }
+    let elapsed = start.elapsed();
+    let verified = verify(&admin, &spec.name, &won).await?;
+    Ok(FirstBlocks {
+        nodes,
+        connect: connect_time,
+        elapsed,
+        lost,
+        latencies,
+        verified,
+    })
+}
+
+/// 1 000 (or so) nodes' first blocks.
+pub struct FirstBlocks {
+    pub nodes: usize,
+    /// Creating the pool and every node's etcd client (before the clock starts).
+    pub connect: Duration,
+    /// From the start signal to the last node's block.
+    pub elapsed: Duration,
+    pub lost: usize,
+    pub latencies: Vec<Duration>,
+    pub verified: usize,
+}
+
+/// Checks what etcd lists for `pool` against the claims won: every block won by exactly one
+/// node, listed with that node as its owner, nothing else listed. Returns the blocks checked.
+async fn verify(store: &ClusterStore, pool: &str, won: &[(IpNet, String)]) -> Result<usize> {
+    let mut winners: HashMap<IpNet, &str> = HashMap::new();
+    for (block, node) in won {
+        if let Some(other) = winners.insert(*block, node) {
+            bail!("block {block} of pool {pool} was won by both {other} and {node}");
+        }
+    }
+    let listed = store
+        .list_blocks(Some(pool), None)
+        .await
+        .with_context(|| format!("listing the blocks of pool {pool}"))?;
+    for b in &listed {
+        match winners.get(&b.block) {
+            Some(n) if *n == b.owner.node => {}
+            Some(n) => bail!(
+                "block {} of pool {pool}: won by {n}, listed as {}'s",
+                b.block,
+                b.owner.node
+            ),
+            None => bail!(
+                "block {} of pool {pool} is listed as {}'s, but no claim won it",
+                b.block,
+                b.owner.node
+            ),
+        }
+    }
+    if listed.len() != winners.len() {
+        bail!(
+            "pool {pool}: {} blocks won, {} listed in etcd",
+            winners.len(),
+            listed.len()
+        );
+    }
+    let mut sorted: Vec<IpNet> = listed.iter().map(|b| b.block).collect();
+    sorted.sort();
+    if let Some(w) = sorted.windows(2).find(|w| w[0].contains(&w[1])) {
+        bail!("pool {pool}: blocks {} and {} overlap", w[0], w[1]);
+    }
+    Ok(listed.len())
+}

@@ -1,0 +1,180 @@
+//! Cluster mode's tables and JSON.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use super::{ClaimRun, Cluster, ClusterReport};
+use crate::stats::{micros, Summary};
+
+/// The issue's targets on a 2-core machine.
+const ADD_RATIO_GOAL: f64 = 1.1;
+const CLAIM_P50_GOAL_MS: f64 = 5.0;
+const CLAIMS_PER_S_GOAL: f64 = 1000.0;
+const FIRST_BLOCKS_GOAL_S: f64 = 10.0;
+
+fn verdict(ok: bool) -> &'static str {
+    match ok {
+        true => "met",
+        false => "**missed**",
+    }
+}
+
+impl Cluster {
+    pub fn markdown(&self, o: &mut String) {
+        let r = match self {
+            Cluster::Skipped(why) => {
+                let _ = writeln!(o, "\n## Cluster mode\n\nSkipped: {why}.");
+                return;
+            }
+            Cluster::Ran(r) => r,
+        };
+        r.markdown(o);
+    }
+
+    pub fn json(&self) -> Value {
+        match self {
+            Cluster::Skipped(why) => json!({ "skipped": why }),
+            Cluster::Ran(r) => r.json(),
+        }
+    }
+}
+
+impl ClusterReport {
+    fn markdown(&self, o: &mut String) {
+        let _ = writeln!(
+            o,
+            "\n## Cluster mode ({}, one member, data in the temp dir)\n\n\
+             ADD and DEL through the plugin: a network on a cluster pool and a local network of \
+             the same ipoold, interleaved (ms). Blocks are claimed in the background; the daemon \
+             owned {} block(s) of /26 at the end.\n",
+            self.etcd, self.add.blocks
+        );
+        let _ = writeln!(
+            o,
+            "| op | cluster p50 | cluster p99 | local p50 | local p99 | cluster/local p50 | goal (<= {ADD_RATIO_GOAL:.1}) |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---|");
+        let a = &self.add;
+        for (op, c, l) in [
+            ("ADD", &a.cluster_add, &a.local_add),
+            ("DEL", &a.cluster_del, &a.local_del),
+        ] {
+            let (c, l) = (Summary::of(c), Summary::of(l));
+            let ratio = c.p50 / l.p50.max(f64::MIN_POSITIVE);
+            let goal = match op {
+                "ADD" => verdict(ratio <= ADD_RATIO_GOAL),
+                _ => "-",
+            };
+            let _ = writeln!(
+                o,
+                "| {op} | {:.2} | {:.2} | {:.2} | {:.2} | {ratio:.2} | {goal} |",
+                c.p50, c.p99, l.p50, l.p99
+            );
+        }
+
+        let _ = writeln!(
+            o,
+            "\nBlock claims by simulated nodes, each with its own etcd connection, running the \
+             daemon's claim code (`ClusterStore::claim_next`: list the pool's blocks, then one \
+             create-if-absent transaction per candidate in the node's order). Every run ends \
+             with a check of etcd's listing against the claims won: each block won once, listed \
+             as its winner's, none overlapping.\n"
+        );
+        let _ = writeln!(o, "| measurement | value | target |\n|---|---:|---|");
+        let s = &self.sequential;
+        let sum = Summary::of(&s.latencies);
+        let _ = writeln!(
+            o,
+            "| claim latency, one node, {} claims back to back: p50 | {:.2} ms | < {CLAIM_P50_GOAL_MS} ms: {} |",
+            s.claims,
+            sum.p50,
+            verdict(sum.p50 < CLAIM_P50_GOAL_MS)
+        );
+        let _ = writeln!(o, "| claim latency: p99 | {:.2} ms | - |", sum.p99);
+        for r in &self.rates {
+            let sum = Summary::of(&r.latencies);
+            let target = match r.claimers {
+                100 => format!(
+                    ">= {CLAIMS_PER_S_GOAL:.0}/s: {}",
+                    verdict(r.rate() >= CLAIMS_PER_S_GOAL)
+                ),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                o,
+                "| claims/s, {} claimer(s) ({} claims in {:.1} s; claim p50 {:.2} ms, p99 {:.2} ms; {} conflicts) | {:.0} | {target} |",
+                r.claimers,
+                r.claims,
+                r.elapsed.as_secs_f64(),
+                sum.p50,
+                sum.p99,
+                r.lost,
+                r.rate()
+            );
+        }
+        let f = &self.first;
+        let sum = Summary::of(&f.latencies);
+        let _ = writeln!(
+            o,
+            "| {} nodes starting together, each claiming its first block: time to the last block (etcd clients made before the start: {:.1} s; claim p50 {:.1} ms, p99 {:.1} ms) | {:.2} s | < {FIRST_BLOCKS_GOAL_S} s: {} |",
+            f.nodes,
+            f.connect.as_secs_f64(),
+            sum.p50,
+            sum.p99,
+            f.elapsed.as_secs_f64(),
+            verdict(f.elapsed.as_secs_f64() < FIRST_BLOCKS_GOAL_S)
+        );
+        let _ = writeln!(
+            o,
+            "| ... conflicts (a candidate another node won first) | {} | - |",
+            f.lost
+        );
+        let checked: usize = self.sequential.verified
+            + self.rates.iter().map(|r| r.verified).sum::<usize>()
+            + f.verified;
+        let _ = writeln!(
+            o,
+            "| blocks with two owners, over all the runs ({checked} blocks checked) | 0 | 0 |"
+        );
+    }
+
+    fn json(&self) -> Value {
+        let run = |r: &ClaimRun| {
+            json!({
+                "claimers": r.claimers,
+                "claims": r.claims,
+                "conflicts": r.lost,
+                "elapsed_s": r.elapsed.as_secs_f64(),
+                "claims_per_s": r.rate(),
+                "latency": Summary::of(&r.latencies).json(),
+                "verified_blocks": r.verified,
+            })
+        };
+        let a = &self.add;
+        json!({
+            "etcd": self.etcd,
+            "add": {
+                "cluster": Summary::of(&a.cluster_add).json(),
+                "local": Summary::of(&a.local_add).json(),
+                "cluster_us": micros(&a.cluster_add),
+                "local_us": micros(&a.local_add),
+                "blocks_owned": a.blocks,
+            },
+            "del": {
+                "cluster": Summary::of(&a.cluster_del).json(),
+                "local": Summary::of(&a.local_del).json(),
+            },
+            "sequential_claims": run(&self.sequential),
+            "concurrent_claims": self.rates.iter().map(run).collect::<Vec<_>>(),
+            "first_blocks": {
+                "nodes": self.first.nodes,
+                "connect_s": self.first.connect.as_secs_f64(),
+                "elapsed_s": self.first.elapsed.as_secs_f64(),
+                "conflicts": self.first.lost,
+                "latency": Summary::of(&self.first.latencies).json(),
+                "verified_blocks": self.first.verified,
+            },
+        })
+    }
+}
