@@ -91,6 +91,44 @@ fn pools_are_created_listed_and_deleted_only_when_no_block_is_owned() {
     });
 }
 
+/// Pools created at the same instant with overlapping CIDRs: exactly one is created.
+#[test]
+fn overlapping_pools_created_together_are_refused_but_one() {
+    let Some(e) = Etcd::start() else { return };
+    rt().block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let s = store(&e).await;
+            tasks.push(tokio::spawn(async move {
+                let p = pool(&format!("p{i}"), &[&format!("10.40.{i}.0/24")], &[]);
+                let wide = pool(&format!("wide{i}"), &["10.40.0.0/16"], &[]);
+                let (a, b) = tokio::join!(s.create_pool(&p), s.create_pool(&wide));
+                (a.is_ok(), b.is_ok())
+            }));
+        }
+        let mut created = 0;
+        for t in tasks {
+            let (a, b) = t.await.unwrap();
+            created += a as usize + b as usize;
+        }
+        let s = store(&e).await;
+        let pools = s.list_pools().await.unwrap();
+        assert_eq!(created, pools.len());
+        for (i, a) in pools.iter().enumerate() {
+            for b in &pools[i + 1..] {
+                for x in &a.cidrs {
+                    assert!(
+                        !b.cidrs.iter().any(|y| x.contains(y) || y.contains(x)),
+                        "pools {} and {} overlap: {pools:?}",
+                        a.name,
+                        b.name
+                    );
+                }
+            }
+        }
+    });
+}
+
 #[test]
 fn racing_claimers_never_share_a_block() {
     let Some(e) = Etcd::start() else { return };

@@ -25,6 +25,8 @@ pub use crate::config::cluster::DEFAULT_PREFIX;
 /// Default block sizes, as Calico's.
 pub const DEFAULT_BLOCK_V4: u8 = 26;
 pub const DEFAULT_BLOCK_V6: u8 = 122;
+/// Listings a pool creation checks before it gives up on pools that keep changing.
+const CREATE_ATTEMPTS: usize = 5;
 
 /// Who owns a block.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,7 +201,7 @@ impl ClusterStore {
     }
 
     fn pool_key(&self, name: &str) -> String {
-        format!("{}/pools/{name}", self.prefix)
+        format!("{}{name}", self.pools_prefix())
     }
 
     fn blocks_prefix(&self, pool: &str) -> String {
@@ -221,43 +223,68 @@ impl ClusterStore {
     }
 
     /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
-    /// pool's.
+    /// pool's. The overlap check holds however creations interleave: the creation is
+    /// conditioned on no pool having been written since the listing it checked.
     pub async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
         spec.validate().map_err(ClusterError::Refused)?;
-        for other in self.list_pools().await? {
-            for a in &spec.cidrs {
-                if let Some(b) = other.cidrs.iter().find(|b| a.contains(*b) || b.contains(a)) {
-                    return Err(ClusterError::Refused(format!(
-                        "pool {:?}: CIDR {a} overlaps {b} of pool {:?}",
-                        spec.name, other.name
-                    )));
-                }
-            }
-        }
         let key = self.pool_key(&spec.name);
         let value = serde_json::to_vec(spec).expect("a pool serializes");
-        let txn = Txn::new()
-            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, value, None)]);
-        let mut kv = self.client.kv_client();
-        let r = self.bounded(kv.txn(txn)).await?;
-        match r.succeeded() {
-            true => Ok(()),
-            false => Err(ClusterError::Refused(format!(
-                "pool {:?} exists already",
-                spec.name
-            ))),
+        for _ in 0..CREATE_ATTEMPTS {
+            let (pools, revision) = self.list_pools_at().await?;
+            for other in pools {
+                for a in &spec.cidrs {
+                    if let Some(b) = other.cidrs.iter().find(|b| a.contains(*b) || b.contains(a)) {
+                        return Err(ClusterError::Refused(format!(
+                            "pool {:?}: CIDR {a} overlaps {b} of pool {:?}",
+                            spec.name, other.name
+                        )));
+                    }
+                }
+            }
+            let txn = Txn::new()
+                .when([
+                    Compare::version(key.clone(), CompareOp::Equal, 0),
+                    Compare::mod_revision(self.pools_prefix(), CompareOp::Less, revision + 1)
+                        .with_prefix(),
+                ])
+                .and_then([TxnOp::put(key.clone(), value.clone(), None)])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            let mut kv = self.client.kv_client();
+            let r = self.bounded(kv.txn(txn)).await?;
+            if r.succeeded() {
+                return Ok(());
+            }
+            let exists = r.op_responses().into_iter().any(|op| match op {
+                TxnOpResponse::Get(g) => !g.kvs().is_empty(),
+                _ => false,
+            });
+            if exists {
+                return Err(ClusterError::Refused(format!(
+                    "pool {:?} exists already",
+                    spec.name
+                )));
+            }
+            // Another pool was written since the listing: check again.
         }
+        Err(ClusterError::Refused(format!(
+            "pool {:?}: other pools kept changing during {CREATE_ATTEMPTS} attempts; try again",
+            spec.name
+        )))
     }
 
-    /// Every pool, by name.
-    pub async fn list_pools(&self) -> Result<Vec<PoolSpec>, ClusterError> {
-        let prefix = format!("{}/pools/", self.prefix);
+    fn pools_prefix(&self) -> String {
+        format!("{}/pools/", self.prefix)
+    }
+
+    /// Every pool, and the revision of the listing.
+    async fn list_pools_at(&self) -> Result<(Vec<PoolSpec>, i64), ClusterError> {
         let mut kv = self.client.kv_client();
         let r = self
-            .bounded(kv.get(prefix, Some(GetOptions::new().with_prefix())))
+            .bounded(kv.get(self.pools_prefix(), Some(GetOptions::new().with_prefix())))
             .await?;
-        r.kvs()
+        let revision = r.header().map(|h| h.revision()).unwrap_or_default();
+        let pools = r
+            .kvs()
             .iter()
             .map(|kv| {
                 serde_json::from_slice(kv.value()).map_err(|e| ClusterError::Malformed {
@@ -266,7 +293,13 @@ impl ClusterStore {
                     why: e.to_string(),
                 })
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok((pools, revision))
+    }
+
+    /// Every pool, by name.
+    pub async fn list_pools(&self) -> Result<Vec<PoolSpec>, ClusterError> {
+        Ok(self.list_pools_at().await?.0)
     }
 
     pub async fn get_pool(&self, name: &str) -> Result<Option<PoolSpec>, ClusterError> {
