@@ -368,6 +368,8 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
     let extra =
         "claim_ahead = 0\nblock_hold_down_secs = 1\n[defaults]\nmax_idle = 0\ncooldown_secs = 0\n";
     let mut d = Daemon::prepare_with_config(&config(&etcd, "node-g", "g", extra));
+    let metrics = format!("127.0.0.1:{}", free_port());
+    d.add_args(&["--metrics-listen", &metrics]);
     d.spawn();
     let conf = d.conf("1.0.0", "pods", "");
     for k in 0..14 {
@@ -396,6 +398,20 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
         1,
         "one block given back, the last one kept:\n{log}"
     );
+    let (_, body) = http_get(&metrics, "/metrics");
+    let m = samples(&body);
+    for (sample, want) in [
+        ("ipool_cluster_etcd_up", 1.0),
+        (r#"ipool_cluster_blocks_owned{pool="g",family="4"}"#, 1.0),
+        (r#"ipool_cluster_claims_total{pool="g",result="won"}"#, 2.0),
+        (r#"ipool_cluster_block_give_backs_total{pool="g"}"#, 1.0),
+    ] {
+        assert_eq!(m.get(sample), Some(&want), "{sample}:\n{body}");
+    }
+    let calls = m
+        .get(r#"ipool_cluster_etcd_call_duration_seconds_count{op="claim"}"#)
+        .copied();
+    assert!(calls >= Some(2.0), "claim calls timed:\n{body}");
     // The store no longer holds the block given back: nothing to drop at the next start.
     d.terminate();
     d.spawn();

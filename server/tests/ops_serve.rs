@@ -134,35 +134,6 @@ fn the_cni_service_refuses_callers_other_than_root() {
     assert!(cni("ADD", "root-ok", &conf).ok);
 }
 
-/// GET over plain HTTP/1.1; returns (status line, body).
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("http response");
-    (
-        head.lines().next().expect("status").to_string(),
-        body.to_string(),
-    )
-}
-
-/// Sample lines of an OpenMetrics text body: "name{labels}" -> value.
-fn samples(body: &str) -> std::collections::HashMap<String, f64> {
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 #[test]
 fn metrics_match_the_pools_after_a_known_sequence() {
     let addr = format!("127.0.0.1:{}", free_port());

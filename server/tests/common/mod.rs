@@ -10,6 +10,7 @@ use serde_json::Value;
 
 pub mod etcd;
 pub mod fake_api;
+pub mod pki;
 
 pub fn ipoold_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ipoold"))
@@ -374,4 +375,33 @@ pub fn free_port() -> u16 {
         .local_addr()
         .expect("addr")
         .port()
+}
+
+/// GET over plain HTTP/1.1; returns (status line, body).
+pub fn http_get(addr: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("http response");
+    (
+        head.lines().next().expect("status").to_string(),
+        body.to_string(),
+    )
+}
+
+/// Sample lines of an OpenMetrics text body: "name{labels}" -> value.
+pub fn samples(body: &str) -> std::collections::HashMap<String, f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
 }

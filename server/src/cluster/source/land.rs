@@ -78,7 +78,7 @@ impl ClusterSource {
                 crate::metrics::ClusterMetrics::pool_counter(
                     &self.node.metrics().cluster.give_backs,
                     &pool,
-                    1,
+                    ours as u64,
                 );
                 Ok(match ours {
                     true => format!("gave back empty block {net} of cluster pool {pool:?}"),
