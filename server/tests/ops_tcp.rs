@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
 use common::*;
@@ -109,85 +108,10 @@ fn tcp_without_auth_stays_on_loopback_and_refuses_writes() {
     );
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl");
-    assert!(out.status.success(), "openssl {args:?}: {out:?}");
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, all by openssl.
-fn make_pki(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=ipool test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    for (name, ext) in [
-        (
-            "server",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth",
-        ),
-        ("client", "extendedKeyUsage=clientAuth"),
-    ] {
-        std::fs::write(dir.join(format!("{name}.ext")), ext).expect("ext");
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                &format!("/CN={name}"),
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        );
-    }
-}
-
 #[test]
 fn mutual_tls_authenticates_every_call() {
     let pki = tempfile::tempdir().expect("tempdir");
-    make_pki(pki.path());
+    common::pki::make(pki.path());
     let p = |f: &str| pki.path().join(f).display().to_string();
     let addr = format!("127.0.0.1:{}", free_port());
     let d = Daemon::start_with(&[

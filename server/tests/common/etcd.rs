@@ -10,6 +10,8 @@ pub struct Etcd {
     pub dir: tempfile::TempDir,
     pub client_url: String,
     peer_url: String,
+    /// https with client certificates: the directory of `pki::make`'s files.
+    tls: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -22,6 +24,16 @@ pub fn etcd_bin() -> Option<PathBuf> {
 impl Etcd {
     /// Starts an etcd; None (with a note) when etcd-server is not installed.
     pub fn start() -> Option<Etcd> {
+        Etcd::start_with(None)
+    }
+
+    /// Starts an etcd that serves https with `pki`'s server certificate (see `pki::make`) and
+    /// asks every client for a certificate its CA signed.
+    pub fn start_tls(pki: &std::path::Path) -> Option<Etcd> {
+        Etcd::start_with(Some(pki.to_path_buf()))
+    }
+
+    fn start_with(tls: Option<PathBuf>) -> Option<Etcd> {
         if etcd_bin().is_none() {
             eprintln!("etcd-server is not installed (/usr/bin/etcd): skipping");
             return None;
@@ -30,8 +42,12 @@ impl Etcd {
         let peer = super::free_port();
         let mut e = Etcd {
             dir: tempfile::tempdir().expect("tempdir"),
-            client_url: format!("http://127.0.0.1:{client}"),
+            client_url: format!(
+                "{}://127.0.0.1:{client}",
+                if tls.is_some() { "https" } else { "http" }
+            ),
             peer_url: format!("http://127.0.0.1:{peer}"),
+            tls,
             child: None,
         };
         e.spawn();
@@ -45,7 +61,17 @@ impl Etcd {
             .append(true)
             .open(self.dir.path().join("etcd.log"))
             .expect("log");
-        let child = Command::new(etcd_bin().expect("etcd"))
+        let mut cmd = Command::new(etcd_bin().expect("etcd"));
+        if let Some(pki) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(pki.join("server.pem"))
+                .arg("--key-file")
+                .arg(pki.join("server.key"))
+                .arg("--trusted-ca-file")
+                .arg(pki.join("ca.pem"))
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--name", "test"])
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
@@ -61,7 +87,12 @@ impl Etcd {
             .spawn()
             .expect("spawn etcd");
         self.child = Some(child);
-        let addr = self.client_url.trim_start_matches("http://").to_string();
+        let addr = self
+            .client_url
+            .split("://")
+            .nth(1)
+            .expect("a URL")
+            .to_string();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if std::net::TcpStream::connect(&addr).is_ok() {

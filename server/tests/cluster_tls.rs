@@ -1,0 +1,100 @@
+//! Cluster mode against an etcd that serves https and asks every client for a certificate:
+//! `ipoolctl cluster` and ipoold with the CA and a client certificate; without one, refused.
+
+mod common;
+
+use std::process::Output;
+
+use common::etcd::Etcd;
+use common::*;
+
+#[test]
+fn an_https_etcd_with_client_certificates_serves_ipoolctl_and_the_daemon() {
+    let pki = tempfile::tempdir().expect("tempdir");
+    common::pki::make(pki.path());
+    let Some(etcd) = Etcd::start_tls(pki.path()) else {
+        return;
+    };
+    let file = |f: &str| pki.path().join(f).display().to_string();
+    let ctl = |tls: &[&str], args: &[&str]| -> Output {
+        std::process::Command::new(ipoolctl_bin())
+            .args(["cluster", "--etcd-endpoints", &etcd.client_url])
+            .args(tls)
+            .args(["--etcd-timeout", "3"])
+            .args(args)
+            .output()
+            .expect("run ipoolctl")
+    };
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let full = [
+        "--etcd-cacert",
+        ca.as_str(),
+        "--etcd-cert",
+        cert.as_str(),
+        "--etcd-key",
+        key.as_str(),
+    ];
+    let o = ctl(&full, &["pool", "create", "tls", "--cidr", "10.30.0.0/24"]);
+    assert!(o.status.success(), "pool create over https: {}", stderr(&o));
+
+    // No client certificate, or no CA for etcd's server certificate: etcd cannot be used.
+    for (what, tls) in [("no client certificate", &full[..2]), ("no CA", &full[2..])] {
+        let o = ctl(tls, &["pool", "list"]);
+        assert_eq!(o.status.code(), Some(2), "{what}: {o:?}");
+        assert!(stderr(&o).contains("etcd"), "{what}: {}", stderr(&o));
+    }
+
+    let config = |tls: &str| {
+        format!(
+            r#"
+[cni]
+add_wait_ms = 3000
+[cluster]
+etcd_endpoints = ["{}"]
+node_name = "node-tls"
+etcd_timeout_ms = 1000
+{tls}
+[[network]]
+name = "pods"
+ranges_from = "cluster"
+cluster_pool = "tls"
+"#,
+            etcd.client_url
+        )
+    };
+    let mut d = Daemon::prepare_with_config(&config(&format!(
+        "ca_file = \"{ca}\"\ncert_file = \"{cert}\"\nkey_file = \"{key}\""
+    )));
+    d.spawn();
+    let conf = d.conf("1.0.0", "pods", "");
+    let r = eventually(20, "an ADD over https", || {
+        let r = cni("ADD", "tls-0", &conf);
+        match r.ok {
+            true => Ok(r),
+            false => Err(r),
+        }
+    });
+    assert!(ip_of(&r).starts_with("10.30.0."), "{r:?}");
+    let blocks = json(&ctl(&full, &["-o", "json", "blocks"]));
+    assert_eq!(blocks[0]["node"], "node-tls", "{blocks}");
+
+    // A daemon without a client certificate: etcd refuses it, so it has not even read its
+    // pool; it hands out nothing, and says etcd is the reason.
+    let mut bare = Daemon::prepare_with_config(&config(&format!("ca_file = \"{ca}\"")));
+    bare.spawn();
+    let conf = bare.conf("1.0.0", "pods", "");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let r = cni("ADD", "bare-0", &conf);
+    assert!(!r.ok, "{r:?}");
+    assert_eq!(r.code(), 11, "{r:?}");
+    assert!(
+        r.stdout
+            .contains(r#"cannot read cluster pool \"tls\" from etcd"#),
+        "{r:?}"
+    );
+    assert!(
+        bare.log().contains("etcd does not answer"),
+        "{}",
+        bare.log()
+    );
+}
