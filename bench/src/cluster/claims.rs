@@ -1,6 +1,6 @@
 //! Simulated nodes: each runs the daemon's claim code (`ClusterStore::claim_next`, what a
-//! node's background claim does: list the pool's blocks, then one create-if-absent transaction
-//! per candidate in its own order) against the real etcd, with a connection of its own.
+//! node's background claim does: one create-if-absent transaction per candidate of its view of
+//! the pool, in its own order) against the real etcd, with an etcd client of its own.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
