@@ -10,106 +10,11 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
+use common::netns::{missing_prerequisite, runtime, Link, Netns};
 use common::*;
 
-struct Netns(String);
-
-impl Netns {
-    fn new(name: String) -> Netns {
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .expect("ip netns add");
-        assert!(ok.success(), "cannot create netns {name}");
-        Netns(name)
-    }
-    fn path(&self) -> String {
-        format!("/var/run/netns/{}", self.0)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-struct Link(String);
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
-    }
-}
-
-fn missing_prerequisite() -> Option<String> {
-    // SAFETY-free root check: /proc/self/status Uid line.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let root = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        == Some("0");
-    if !root {
-        return Some("needs root".into());
-    }
-    if !Path::new("/usr/lib/cni/bridge").exists() {
-        return Some(
-            "needs /usr/lib/cni/bridge (apt-get install containernetworking-plugins)".into(),
-        );
-    }
-    for tool in ["ip", "ping"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !found {
-            return Some(format!("needs {tool}(8) (iproute2, iputils-ping)"));
-        }
-    }
-    None
-}
-
 fn bridge(cmd: &str, ns: &Netns, conf: &str, plugin_dir: &Path) -> Run {
-    let cni_path = format!("{}:/usr/lib/cni", plugin_dir.display());
-    let bin = "/usr/lib/cni/bridge";
-    let mut child = Command::new(bin)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", format!("ctr-{}", ns.0))
-        .env("CNI_NETNS", ns.path())
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", cni_path)
-        .env(
-            "CNI_ARGS",
-            format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=bridge;K8S_POD_NAME={}",
-                ns.0
-            ),
-        )
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn bridge");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(conf.as_bytes())
-        .expect("write stdin");
-    let out = child.wait_with_output().expect("bridge");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    Run {
-        ok: out.status.success(),
-        json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
-        stdout,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        elapsed: std::time::Duration::ZERO,
-    }
+    runtime("/usr/lib/cni/bridge", cmd, ns, conf, plugin_dir)
 }
 
 fn run_bridge_check(version: &str, subnet: &str, tag: &str) {

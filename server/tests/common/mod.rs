@@ -10,6 +10,7 @@ use serde_json::Value;
 
 pub mod etcd;
 pub mod fake_api;
+pub mod netns;
 pub mod pki;
 
 pub fn ipoold_bin() -> PathBuf {
