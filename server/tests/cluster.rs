@@ -300,6 +300,16 @@ fn ipoolctl_cluster_manages_pools_and_lists_blocks() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("\"10.13.0.0/33\" is not a CIDR"));
     let dup = ctl(&["pool", "create", "other", "--cidr", "10.12.5.0/24"]);
     assert_eq!(dup.status.code(), Some(1), "{dup:?}");
+    // `ipoolctl cluster pool list | head -0`: the reader gone, ipoolctl ends quietly.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let piped = std::process::Command::new(common::ipoolctl_bin())
+        .args(["cluster", "--etcd-endpoints", &e.client_url, "pool", "list"])
+        .stdout(writer)
+        .output()
+        .expect("ipoolctl");
+    assert_eq!(piped.status.code(), Some(0), "{piped:?}");
+    assert!(piped.stderr.is_empty(), "{piped:?}");
     let pools: serde_json::Value =
         serde_json::from_slice(&ctl(&["-o", "json", "pool", "list"]).stdout).unwrap();
     assert_eq!(pools[0]["name"], "main");

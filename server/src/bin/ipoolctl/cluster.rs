@@ -168,7 +168,7 @@ pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
             };
             store.create_pool(&spec).await.map(|()| {
                 if out == Output::Table {
-                    println!("pool {name} created");
+                    outln!("pool {name} created");
                 }
             })
         }
@@ -178,7 +178,7 @@ pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
         ClusterCommand::Pool(PoolCommand::Delete { name }) => {
             store.delete_pool(name).await.map(|()| {
                 if out == Output::Table {
-                    println!("pool {name} deleted");
+                    outln!("pool {name} deleted");
                 }
             })
         }
@@ -212,7 +212,7 @@ fn print_pools(pools: &[PoolSpec], out: Output) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        outln!("{}", serde_json::Value::Array(v));
         return;
     }
     let rows = pools
@@ -248,7 +248,7 @@ fn print_blocks(blocks: &[ipool_server::cluster::etcd::Block], out: Output) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        outln!("{}", serde_json::Value::Array(v));
         return;
     }
     let rows = blocks
@@ -296,13 +296,15 @@ async fn release_node(
         return Ok(());
     }
     for b in &released {
-        println!(
+        outln!(
             "released {} of pool {} (owned by {node} since {} ms after the epoch)",
-            b.block, b.pool, b.owner.claimed_at_ms
+            b.block,
+            b.pool,
+            b.owner.claimed_at_ms
         );
     }
     let kept = state.blocks.len() - released.len();
-    println!(
+    outln!(
         "node {node}: {} block(s) given back{}",
         released.len(),
         match kept {

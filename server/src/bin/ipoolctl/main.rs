@@ -7,6 +7,27 @@
 //! Layout: the arguments and `main` here; `connect` (socket or TCP, TLS, token), `run` (one
 //! subcommand and its exit code), `print` (tables and JSON).
 
+// Standard output for every command: a reader that has gone (`ipoolctl list | head`) ends
+// ipoolctl quietly, with status 0, instead of the panic of `println!`. SIGPIPE stays ignored,
+// as Rust starts programs, so that a peer closing a socket (etcd refusing a TLS client) is an
+// error ipoolctl reports rather than a signal that kills it silently.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if write!(std::io::stdout(), $($t)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($t)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 mod cluster;
 mod connect;
 mod print;
@@ -175,19 +196,7 @@ const EXIT_NOT_FOUND: u8 = 3;
 const EXIT_NOT_ALLOWED: u8 = 4;
 const EXIT_USAGE: u8 = 64;
 
-/// `ipoolctl list | head`: when the reader goes, ipoolctl ends quietly (SIGPIPE, as `cat` and
-/// `ls` do) instead of panicking in `println!`. Rust starts programs with SIGPIPE ignored.
-#[allow(unsafe_code)]
-fn quiet_on_broken_pipe() {
-    // SAFETY: called first thing in main, before any thread is started; signal(2) with
-    // SIG_DFL installs no handler code of ours.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
 fn main() -> ExitCode {
-    quiet_on_broken_pipe();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {

@@ -3,7 +3,7 @@
 use crate::{pb, Output};
 
 pub(super) fn table(header: &[&str], rows: Vec<Vec<String>>) {
-    print!("{}", render(header, rows));
+    out!("{}", render(header, rows));
 }
 
 /// The table's text: columns padded to their widest cell, however wide (`format!`'s own
@@ -57,7 +57,7 @@ pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        outln!("{}", serde_json::Value::Array(v));
         return;
     }
     let rows = r
@@ -93,10 +93,10 @@ pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
     for p in &r.pools {
         let family = format!("{} IPv{}", p.network, p.family);
         if !p.source_detail.is_empty() {
-            println!("{family}: {}", p.source_detail);
+            outln!("{family}: {}", p.source_detail);
         }
         if !p.degraded.is_empty() {
-            println!("{family}: DEGRADED: {}", p.degraded);
+            outln!("{family}: DEGRADED: {}", p.degraded);
         }
     }
 }
@@ -115,7 +115,7 @@ pub(super) fn print_list(r: &pb::ListAllocationsResponse, out: Output) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        outln!("{}", serde_json::Value::Array(v));
         return;
     }
     // The owner column only where Kubernetes says who owns pods.
@@ -169,7 +169,7 @@ pub(super) fn print_reservations(rs: &[pb::Reservation], out: Output) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        outln!("{}", serde_json::Value::Array(v));
         return;
     }
     let now = std::time::SystemTime::now()
@@ -202,7 +202,7 @@ pub(super) fn print_event(e: &pb::Event, out: Output) {
         .map(|k| k.as_str_name().to_string())
         .unwrap_or_else(|_| e.kind.to_string());
     if out == Output::Json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "kind": kind, "atMs": e.at_ms, "network": e.network,
@@ -222,7 +222,7 @@ pub(super) fn print_event(e: &pb::Event, out: Output) {
     } else {
         &e.container_id
     };
-    println!(
+    outln!(
         "{}  {kind}  {}  {pod}  {container}  {}  {}",
         e.at_ms,
         if e.network.is_empty() {

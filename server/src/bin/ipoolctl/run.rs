@@ -33,7 +33,7 @@ async fn health(args: &Args, service: &str, live: bool) -> ExitCode {
     match HealthClient::new(channel).check(asked).await {
         Ok(r) => {
             let status = r.into_inner().status();
-            println!("{}", status.as_str_name());
+            outln!("{}", status.as_str_name());
             match status {
                 ServingStatus::Serving => ExitCode::SUCCESS,
                 _ if live => ExitCode::SUCCESS,
@@ -217,8 +217,8 @@ pub(super) async fn run(args: Args) -> ExitCode {
                     .await?
                     .into_inner();
                 match out {
-                    Output::Json => println!("{}", serde_json::json!({ "released": r.released })),
-                    Output::Table => println!("released {}", r.released.join(", ")),
+                    Output::Json => outln!("{}", serde_json::json!({ "released": r.released })),
+                    Output::Table => outln!("released {}", r.released.join(", ")),
                 }
             }
             Command::Drain { network, undo } => {
@@ -233,9 +233,9 @@ pub(super) async fn run(args: Args) -> ExitCode {
                     .await?
                     .into_inner();
                 match out {
-                    Output::Json => println!("{}", serde_json::json!({ "drained": r.drained })),
-                    Output::Table if r.drained.is_empty() => println!("no network is drained"),
-                    Output::Table => println!("drained: {}", r.drained.join(", ")),
+                    Output::Json => outln!("{}", serde_json::json!({ "drained": r.drained })),
+                    Output::Table if r.drained.is_empty() => outln!("no network is drained"),
+                    Output::Table => outln!("drained: {}", r.drained.join(", ")),
                 }
             }
             Command::Watch { network } => {
@@ -249,7 +249,7 @@ pub(super) async fn run(args: Args) -> ExitCode {
                     .await?
                     .into_inner();
                 if out == Output::Table {
-                    println!("TIME(ms)  KIND  NETWORK  POD  CONTAINER  ADDRESSES  REASON");
+                    outln!("TIME(ms)  KIND  NETWORK  POD  CONTAINER  ADDRESSES  REASON");
                 }
                 while let Some(e) = stream.message().await? {
                     print_event(&e, out);
