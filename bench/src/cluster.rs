@@ -15,8 +15,8 @@ use anyhow::{bail, Context, Result};
 use crate::daemon::Daemon;
 use crate::plugin::{Net, Op};
 use crate::setup::{Bins, Names, Plan};
+pub use claims::ClaimRun;
 use claims::Until;
-pub use claims::{ClaimRun, FirstBlocks};
 
 /// The key prefix the benchmark's pools live under.
 const PREFIX: &str = "/ipool-bench";
@@ -36,7 +36,8 @@ pub struct ClusterReport {
     pub sequential: ClaimRun,
     /// 1, 10, 100 claimers at once.
     pub rates: Vec<ClaimRun>,
-    pub first: FirstBlocks,
+    /// 1 000 nodes starting together, each claiming its first block.
+    pub first: ClaimRun,
 }
 
 /// ADD and DEL through the plugin, a cluster pool's network and a local network of the same
@@ -117,11 +118,12 @@ pub(crate) fn run(
         plan.cluster_first_nodes
     );
     let spec = claims::pool("first", "10.16.0.0/12")?;
-    let first = rt.block_on(claims::first_blocks(
+    let first = rt.block_on(claims::run(
         &url,
         PREFIX,
         &spec,
         plan.cluster_first_nodes,
+        Until::Claims(1),
     ))?;
     phases.push(("cluster: first blocks".into(), t.elapsed()));
 

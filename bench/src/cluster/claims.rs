@@ -21,6 +21,8 @@ pub struct ClaimRun {
     pub latencies: Vec<Duration>,
     /// Blocks listed in etcd afterwards, each checked against its winner.
     pub verified: usize,
+    /// Creating the pool and every claimer's etcd client (before the clock starts).
+    pub setup: Duration,
 }
 
 impl ClaimRun {
@@ -127,11 +129,13 @@ pub async fn run(
     claimers: usize,
     until: Until,
 ) -> Result<ClaimRun> {
+    let t = Instant::now();
     let admin = create(url, prefix, spec).await?;
     let mut stores = Vec::with_capacity(claimers);
     for _ in 0..claimers {
         stores.push(connect(url, prefix).await?);
     }
+    let setup = t.elapsed();
     let start = Instant::now();
     let more = move |won: usize| match until {
         Until::Claims(n) => won < n,
@@ -161,6 +165,7 @@ pub async fn run(
         elapsed: Duration::ZERO,
         latencies: Vec::new(),
         verified: 0,
+        setup,
     };
     while let Some(r) = tasks.join_next().await {
         let (w, lost, latencies) = r.context("a claimer panicked")??;
@@ -172,60 +177,6 @@ pub async fn run(
     run.claims = won.len();
     run.verified = verify(&admin, &spec.name, &won).await?;
     Ok(run)
-}
-
-/// `nodes` simulated nodes starting together, each claiming its first block.
-pub async fn first_blocks(
-    url: &str,
-    prefix: &str,
-    spec: &PoolSpec,
-    nodes: usize,
-) -> Result<FirstBlocks> {
-    let t = Instant::now();
-    let admin = create(url, prefix, spec).await?;
-    let mut stores = Vec::with_capacity(nodes);
-    for _ in 0..nodes {
-        stores.push(connect(url, prefix).await?);
-    }
-    let connect_time = t.elapsed();
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, store) in stores.into_iter().enumerate() {
-        let (spec, node) = (spec.clone(), format!("node-{i:04}"));
-        tasks.spawn(async move {
-            let r = claim_one(&store, &spec, &node).await;
-            r.map(|(block, lost, d)| (block, node, lost, d))
-        });
-    }
-    let (mut won, mut lost, mut latencies) = (Vec::new(), 0, Vec::new());
-    while let Some(r) = tasks.join_next().await {
-        let (block, node, l, d) = r.context("a node panicked")??;
-        won.push((block, node));
-        lost += l;
-        latencies.push(d);
-    }
-    let elapsed = start.elapsed();
-    let verified = verify(&admin, &spec.name, &won).await?;
-    Ok(FirstBlocks {
-        nodes,
-        connect: connect_time,
-        elapsed,
-        lost,
-        latencies,
-        verified,
-    })
-}
-
-/// 1 000 (or so) nodes' first blocks.
-pub struct FirstBlocks {
-    pub nodes: usize,
-    /// Creating the pool and every node's etcd client (before the clock starts).
-    pub connect: Duration,
-    /// From the start signal to the last node's block.
-    pub elapsed: Duration,
-    pub lost: usize,
-    pub latencies: Vec<Duration>,
-    pub verified: usize,
 }
 
 /// Checks what etcd lists for `pool` against the claims won: every block won by exactly one
