@@ -11,25 +11,16 @@ use common::*;
 use ipnet::IpNet;
 use serde_json::Value;
 
-/// `ipoolctl cluster` against `etcd`.
-fn cluster_ctl(etcd: &Etcd, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(ipoolctl_bin())
-        .args(["cluster", "--etcd-endpoints", &etcd.client_url])
-        .args(args)
-        .output()
-        .expect("run ipoolctl")
-}
-
 fn create_pool(etcd: &Etcd, args: &[&str]) {
     let mut all = vec!["pool", "create"];
     all.extend_from_slice(args);
-    let o = cluster_ctl(etcd, &all);
+    let o = etcd.ctl(&all);
     assert!(o.status.success(), "pool create: {}", stderr(&o));
 }
 
 /// Each block in etcd and its owner.
 fn owners(etcd: &Etcd) -> BTreeMap<IpNet, String> {
-    let o = cluster_ctl(etcd, &["-o", "json", "blocks"]);
+    let o = etcd.ctl(&["-o", "json", "blocks"]);
     assert!(o.status.success(), "blocks: {}", stderr(&o));
     json(&o)
         .as_array()
@@ -46,29 +37,9 @@ fn owners(etcd: &Etcd) -> BTreeMap<IpNet, String> {
 
 /// ipoold as node `node` with network "pods" on cluster pool `pool`.
 fn daemon(etcd: &Etcd, node: &str, pool: &str, extra: &str) -> Daemon {
-    let mut d = Daemon::prepare_with_config(&config(etcd, node, pool, extra));
+    let mut d = Daemon::prepare_with_config(&etcd.daemon_config(node, pool, extra));
     d.spawn();
     d
-}
-
-fn config(etcd: &Etcd, node: &str, pool: &str, extra: &str) -> String {
-    format!(
-        r#"
-[cni]
-add_wait_ms = 5000
-[cluster]
-etcd_endpoints = ["{}"]
-node_name = "{node}"
-etcd_timeout_ms = 500
-{extra}
-[[network]]
-name = "pods"
-ranges_from = "cluster"
-cluster_pool = "{pool}"
-routes = [{{ dst = "0.0.0.0/0" }}]
-"#,
-        etcd.client_url
-    )
 }
 
 fn addr(cidr: &str) -> IpAddr {
@@ -317,8 +288,7 @@ fn a_daemon_killed_during_claims_owns_exactly_what_etcd_says_after_its_restart()
     let Some(etcd) = Etcd::start() else { return };
     create_pool(&etcd, &["k", "--cidr", "10.24.0.0/20"]);
     // min_idle 400: it claims /26 blocks one after another (seven of them).
-    let mut d = Daemon::prepare_with_config(&config(
-        &etcd,
+    let mut d = Daemon::prepare_with_config(&etcd.daemon_config(
         "node-k",
         "k",
         "[defaults]\nmin_idle = 400\nmax_idle = 500\n",
@@ -367,7 +337,7 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
     // Released addresses go straight back to the blocks (no cooldown, no idle set).
     let extra =
         "claim_ahead = 0\nblock_hold_down_secs = 1\n[defaults]\nmax_idle = 0\ncooldown_secs = 0\n";
-    let mut d = Daemon::prepare_with_config(&config(&etcd, "node-g", "g", extra));
+    let mut d = Daemon::prepare_with_config(&etcd.daemon_config("node-g", "g", extra));
     let metrics = format!("127.0.0.1:{}", free_port());
     d.add_args(&["--metrics-listen", &metrics]);
     d.spawn();
@@ -439,14 +409,14 @@ fn release_node_waits_for_the_node_to_be_gone_unless_forced() {
     assert_eq!(blocks_of("node-gone"), 1);
 
     // Its daemon runs: refused.
-    let o = cluster_ctl(&etcd, &["release-node", "node-gone", "--absent-for", "0"]);
+    let o = etcd.ctl(&["release-node", "node-gone", "--absent-for", "0"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(stderr(&o).contains("is alive"), "{}", stderr(&o));
 
     gone.kill9();
     // The lease lapses within its TTL; the node was seen moments ago: still refused.
     let o = eventually(20, "refused for being seen lately", || {
-        let o = cluster_ctl(&etcd, &["release-node", "node-gone"]);
+        let o = etcd.ctl(&["release-node", "node-gone"]);
         match stderr(&o).contains("was seen") {
             true => Ok(o),
             false => Err(stderr(&o)),
@@ -454,14 +424,14 @@ fn release_node_waits_for_the_node_to_be_gone_unless_forced() {
     });
     assert_eq!(code(&o), 1);
     assert_eq!(blocks_of("node-gone"), 1);
-    let o = cluster_ctl(&etcd, &["release-node", "node-gone", "--absent-for", "0"]);
+    let o = etcd.ctl(&["release-node", "node-gone", "--absent-for", "0"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("1 block(s) given back"));
     assert_eq!(blocks_of("node-gone"), 0);
     assert_eq!(blocks_of("node-alive"), 1);
 
     // --force takes even a live node's blocks, and says so.
-    let o = cluster_ctl(&etcd, &["release-node", "node-alive", "--force"]);
+    let o = etcd.ctl(&["release-node", "node-alive", "--force"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("--force: node \"node-alive\" is alive"),
@@ -524,7 +494,7 @@ fn a_block_taken_by_another_node_is_found_at_the_next_sync_and_no_longer_handed_
     let (block, _) = owners(&etcd).into_iter().next().expect("a block");
     // An operator forces the node's blocks away while it runs, and another node wins the
     // block.
-    let o = cluster_ctl(&etcd, &["release-node", "node-t", "--force"]);
+    let o = etcd.ctl(&["release-node", "node-t", "--force"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

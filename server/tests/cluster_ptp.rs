@@ -20,15 +20,8 @@ fn ptp_pods_get_addresses_from_two_claimed_blocks_and_reach_their_gateway() {
         return;
     }
     let Some(etcd) = Etcd::start() else { return };
-    let ctl = |args: &[&str]| {
-        Command::new(ipoolctl_bin())
-            .args(["cluster", "--etcd-endpoints", &etcd.client_url])
-            .args(args)
-            .output()
-            .expect("run ipoolctl")
-    };
     // Blocks of /28: 13 pod addresses each (network, gateway, broadcast excluded).
-    let o = ctl(&[
+    let o = etcd.ctl(&[
         "pool",
         "create",
         "ptp",
@@ -38,25 +31,11 @@ fn ptp_pods_get_addresses_from_two_claimed_blocks_and_reach_their_gateway() {
         "28",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let mut d = Daemon::prepare_with_config(&format!(
-        r#"
-[cni]
-add_wait_ms = 5000
-[cluster]
-etcd_endpoints = ["{}"]
-node_name = "node-ptp"
-claim_ahead = 2
-[[network]]
-name = "ptp-pods"
-ranges_from = "cluster"
-cluster_pool = "ptp"
-routes = [{{ dst = "0.0.0.0/0" }}]
-"#,
-        etcd.client_url
-    ));
+    let mut d =
+        Daemon::prepare_with_config(&etcd.daemon_config("node-ptp", "ptp", "claim_ahead = 2"));
     d.spawn();
     let conf = format!(
-        r#"{{"cniVersion":"1.0.0","name":"ptp-pods","type":"ptp","ipMasq":false,"ipam":{{"type":"ipool","socket":"{}"}}}}"#,
+        r#"{{"cniVersion":"1.0.0","name":"pods","type":"ptp","ipMasq":false,"ipam":{{"type":"ipool","socket":"{}"}}}}"#,
         d.socket.display()
     );
     let plugin_dir = plugin_bin().parent().expect("dir").to_path_buf();
@@ -98,7 +77,8 @@ routes = [{{ dst = "0.0.0.0/0" }}]
         addrs.push(addr.parse::<IpNet>().expect("a CIDR"));
     }
     let blocks: serde_json::Value =
-        serde_json::from_slice(&ctl(&["-o", "json", "blocks"]).stdout).expect("blocks as JSON");
+        serde_json::from_slice(&etcd.ctl(&["-o", "json", "blocks"]).stdout)
+            .expect("blocks as JSON");
     let blocks: Vec<IpNet> = blocks
         .as_array()
         .expect("a list")

@@ -17,13 +17,10 @@ fn an_https_etcd_with_client_certificates_serves_ipoolctl_and_the_daemon() {
     };
     let file = |f: &str| pki.path().join(f).display().to_string();
     let ctl = |tls: &[&str], args: &[&str]| -> Output {
-        std::process::Command::new(ipoolctl_bin())
-            .args(["cluster", "--etcd-endpoints", &etcd.client_url])
-            .args(tls)
-            .args(["--etcd-timeout", "3"])
-            .args(args)
-            .output()
-            .expect("run ipoolctl")
+        let mut all = tls.to_vec();
+        all.extend(["--etcd-timeout", "3"]);
+        all.extend_from_slice(args);
+        etcd.ctl(&all)
     };
     let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
     let full = [
@@ -44,24 +41,7 @@ fn an_https_etcd_with_client_certificates_serves_ipoolctl_and_the_daemon() {
         assert!(stderr(&o).contains("etcd"), "{what}: {}", stderr(&o));
     }
 
-    let config = |tls: &str| {
-        format!(
-            r#"
-[cni]
-add_wait_ms = 3000
-[cluster]
-etcd_endpoints = ["{}"]
-node_name = "node-tls"
-etcd_timeout_ms = 1000
-{tls}
-[[network]]
-name = "pods"
-ranges_from = "cluster"
-cluster_pool = "tls"
-"#,
-            etcd.client_url
-        )
-    };
+    let config = |tls: &str| etcd.daemon_config("node-tls", "tls", tls);
     let mut d = Daemon::prepare_with_config(&config(&format!(
         "ca_file = \"{ca}\"\ncert_file = \"{cert}\"\nkey_file = \"{key}\""
     )));

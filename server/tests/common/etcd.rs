@@ -116,6 +116,37 @@ impl Etcd {
         }
     }
 
+    /// `ipoolctl cluster` against this etcd.
+    pub fn ctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(super::ipoolctl_bin())
+            .args(["cluster", "--etcd-endpoints", &self.client_url])
+            .args(args)
+            .output()
+            .expect("run ipoolctl")
+    }
+
+    /// An ipoold config for node `node` with network "pods" on cluster pool `pool`; `extra`
+    /// goes into `[cluster]` (and may open tables of its own).
+    pub fn daemon_config(&self, node: &str, pool: &str, extra: &str) -> String {
+        format!(
+            r#"
+[cni]
+add_wait_ms = 5000
+[cluster]
+etcd_endpoints = ["{}"]
+node_name = "{node}"
+etcd_timeout_ms = 500
+{extra}
+[[network]]
+name = "pods"
+ranges_from = "cluster"
+cluster_pool = "{pool}"
+routes = [{{ dst = "0.0.0.0/0" }}]
+"#,
+            self.client_url
+        )
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
