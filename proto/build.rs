@@ -1,10 +1,14 @@
-//! Compiles ipool/v1/*.proto with protox (pure Rust: no system `protoc` needed) and generates
-//! tonic/prost code. The file descriptor set is also written to OUT_DIR for server reflection.
+//! Compiles the protos with protox (pure Rust: no system `protoc` needed) and generates
+//! tonic/prost code:
+//! - `ipool/v1/*.proto`: ipool's API, servers and clients; the file descriptor set is also
+//!   written to OUT_DIR for server reflection;
+//! - `etcd/*.proto`: the part of etcd's v3 API that cluster mode calls, clients only.
 use std::{env, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = ["ipool/v1/cni.proto", "ipool/v1/ops.proto"];
-    for p in &protos {
+    let etcd = ["etcd/kv.proto", "etcd/rpc.proto"];
+    for p in protos.iter().chain(&etcd) {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(protos, ["."])?;
@@ -14,5 +18,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&fds),
     )?;
     tonic_prost_build::configure().compile_fds(fds)?;
+
+    let etcd_fds = protox::compile(etcd, ["."])?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .compile_fds(etcd_fds)?;
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! Generated code of the `ipool.v1` gRPC API (see `ipool/v1/*.proto`).
+//! Generated code of the `ipool.v1` gRPC API (see `ipool/v1/*.proto`), and of the part of
+//! etcd's v3 API that cluster mode calls (see `etcd/*.proto`; clients only).
 #![allow(clippy::all, missing_docs)]
 
 pub mod names;
@@ -9,4 +10,14 @@ pub mod v1 {
     /// Encoded `FileDescriptorSet` of `ipool.v1`, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/ipool_v1_descriptor.bin"));
+}
+
+/// etcd's v3 API, the part cluster mode calls: `etcdserverpb` (KV, Lease) and `mvccpb`.
+pub mod etcd {
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
 }

@@ -12,10 +12,10 @@
 
 use std::time::Duration;
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse,
-};
 use ipnet::IpNet;
+
+use client::{EtcdClient, EtcdError};
+use request::{cmp, op};
 use serde::{Deserialize, Serialize};
 
 pub use super::pool::PoolSpec;
@@ -60,9 +60,7 @@ pub enum Claimed {
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
-    #[error("etcd did not answer within {0:?}")]
-    Timeout(Duration),
+    Etcd(#[from] EtcdError),
     #[error("{0}")]
     Refused(String),
     #[error("etcd holds a malformed {what} at {key}: {why}")]
@@ -77,20 +75,8 @@ impl ClusterError {
     /// etcd cannot be used: it did not answer, or it refuses this client (credentials,
     /// permissions), as opposed to answering a request no.
     pub fn is_unreachable(&self) -> bool {
-        use tonic::Code;
         match self {
-            ClusterError::Timeout(_) => true,
-            ClusterError::Etcd(etcd_client::Error::GRpcStatus(s)) => matches!(
-                s.code(),
-                Code::Unavailable
-                    | Code::DeadlineExceeded
-                    | Code::Unknown
-                    | Code::Cancelled
-                    | Code::Unauthenticated
-                    | Code::PermissionDenied
-            ),
-            // Transport and connection failures.
-            ClusterError::Etcd(_) => true,
+            ClusterError::Etcd(e) => e.is_unreachable(),
             ClusterError::Refused(_) | ClusterError::Malformed { .. } => false,
         }
     }
@@ -99,10 +85,7 @@ impl ClusterError {
 /// TLS towards etcd: the CA that signed its server certificate (ipool's image has no system
 /// roots), and this node's client identity when etcd asks for one.
 #[derive(Clone, Debug)]
-pub struct Tls {
-    ca: Option<Vec<u8>>,
-    identity: Option<(Vec<u8>, Vec<u8>)>,
-}
+pub struct Tls(client::TlsFiles);
 
 impl Tls {
     /// Reads the PEM files; each error names the file.
@@ -113,7 +96,7 @@ impl Tls {
         let read = |what: &str, p: &std::path::Path| {
             std::fs::read(p).map_err(|e| format!("reading {what} {}: {e}", p.display()))
         };
-        Ok(Tls {
+        Ok(Tls(client::TlsFiles {
             ca: ca.map(|p| read("the etcd CA", p)).transpose()?,
             identity: cert_key
                 .map(|(c, k)| {
@@ -123,27 +106,15 @@ impl Tls {
                     ))
                 })
                 .transpose()?,
-        })
-    }
-
-    fn options(&self) -> etcd_client::TlsOptions {
-        let mut o = etcd_client::TlsOptions::new();
-        if let Some(ca) = &self.ca {
-            o = o.ca_certificate(etcd_client::Certificate::from_pem(ca));
-        }
-        if let Some((cert, key)) = &self.identity {
-            o = o.identity(etcd_client::Identity::from_pem(cert, key));
-        }
-        o
+        }))
     }
 }
 
 /// The pools and blocks in one etcd.
 #[derive(Clone)]
 pub struct ClusterStore {
-    client: Client,
+    client: EtcdClient,
     prefix: String,
-    timeout: Duration,
     /// Each claiming node's view of each pool's blocks, kept between claims.
     views: claim::Views,
 }
@@ -167,32 +138,29 @@ pub fn now_ms() -> u64 {
 }
 
 impl ClusterStore {
-    /// Connects to `endpoints` ("http://127.0.0.1:2379", or https with `tls`); each call is
-    /// bounded by `timeout`.
+    /// A store on the etcd at `endpoints` ("http://127.0.0.1:2379", or https with `tls`);
+    /// each call is bounded by `timeout`. The connection is made by the first call, and
+    /// checked here with a read.
     pub async fn connect(
         endpoints: &[String],
         prefix: &str,
         timeout: Duration,
         tls: Option<&Tls>,
     ) -> Result<ClusterStore, ClusterError> {
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_timeout(timeout);
-        if let Some(tls) = tls {
-            options = options.with_tls(tls.options());
-        }
-        let client = tokio::time::timeout(timeout, Client::connect(endpoints, Some(options)))
-            .await
-            .map_err(|_| ClusterError::Timeout(timeout))??;
-        Ok(ClusterStore {
+        let client = EtcdClient::new(endpoints, tls.map(|t| &t.0), timeout)?;
+        let store = ClusterStore {
             client,
             prefix: prefix.trim_end_matches('/').to_string(),
-            timeout,
             views: claim::Views::default(),
-        })
+        };
+        store
+            .client
+            .range(request::get(store.pools_prefix()))
+            .await?;
+        Ok(store)
     }
 
-    pub(super) fn client(&self) -> &Client {
+    pub(super) fn client(&self) -> &EtcdClient {
         &self.client
     }
 
@@ -210,16 +178,6 @@ impl ClusterStore {
 
     fn block_key(&self, pool: &str, block: &IpNet) -> String {
         format!("{}{}", self.blocks_prefix(pool), block_key_part(block))
-    }
-
-    pub(super) async fn bounded<T>(
-        &self,
-        f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, ClusterError> {
-        tokio::time::timeout(self.timeout, f)
-            .await
-            .map_err(|_| ClusterError::Timeout(self.timeout))?
-            .map_err(ClusterError::from)
     }
 
     /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
@@ -241,23 +199,23 @@ impl ClusterStore {
                     }
                 }
             }
-            let txn = Txn::new()
-                .when([
-                    Compare::version(key.clone(), CompareOp::Equal, 0),
-                    Compare::mod_revision(self.pools_prefix(), CompareOp::Less, revision + 1)
-                        .with_prefix(),
-                ])
-                .and_then([TxnOp::put(key.clone(), value.clone(), None)])
-                .or_else([TxnOp::get(key.clone(), None)]);
-            let mut kv = self.client.kv_client();
-            let r = self.bounded(kv.txn(txn)).await?;
-            if r.succeeded() {
+            let txn = request::txn(
+                [
+                    cmp::version(key.clone(), cmp::Equal, 0),
+                    cmp::with_prefix(cmp::mod_revision(
+                        self.pools_prefix(),
+                        cmp::Less,
+                        revision + 1,
+                    )),
+                ],
+                [op::put(key.clone(), value.clone(), 0)],
+                [op::get(key.clone())],
+            );
+            let r = self.client.txn(txn).await?;
+            if r.succeeded {
                 return Ok(());
             }
-            let exists = r.op_responses().into_iter().any(|op| match op {
-                TxnOpResponse::Get(g) => !g.kvs().is_empty(),
-                _ => false,
-            });
+            let exists = request::txn_reads(&r).next().is_some();
             if exists {
                 return Err(ClusterError::Refused(format!(
                     "pool {:?} exists already",
@@ -278,18 +236,18 @@ impl ClusterStore {
 
     /// Every pool, and the revision of the listing.
     async fn list_pools_at(&self) -> Result<(Vec<PoolSpec>, i64), ClusterError> {
-        let mut kv = self.client.kv_client();
         let r = self
-            .bounded(kv.get(self.pools_prefix(), Some(GetOptions::new().with_prefix())))
+            .client
+            .range(request::get_prefix(self.pools_prefix()))
             .await?;
-        let revision = r.header().map(|h| h.revision()).unwrap_or_default();
+        let revision = r.header.map(|h| h.revision).unwrap_or_default();
         let pools = r
-            .kvs()
+            .kvs
             .iter()
             .map(|kv| {
-                serde_json::from_slice(kv.value()).map_err(|e| ClusterError::Malformed {
+                serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
                     what: "pool",
-                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                    key: String::from_utf8_lossy(&kv.key).into_owned(),
                     why: e.to_string(),
                 })
             })
@@ -314,15 +272,16 @@ impl ClusterStore {
     pub async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
         let key = self.pool_key(name);
         let blocks = self.blocks_prefix(name);
-        let txn = Txn::new()
-            .when([
-                Compare::version(key.clone(), CompareOp::Greater, 0),
-                Compare::version(blocks.clone(), CompareOp::Equal, 0).with_prefix(),
-            ])
-            .and_then([TxnOp::delete(key, None)]);
-        let mut kv = self.client.kv_client();
-        let r = self.bounded(kv.txn(txn)).await?;
-        if r.succeeded() {
+        let txn = request::txn(
+            [
+                cmp::version(key.clone(), cmp::Greater, 0),
+                cmp::with_prefix(cmp::version(blocks, cmp::Equal, 0)),
+            ],
+            [op::delete(key)],
+            [],
+        );
+        let r = self.client.txn(txn).await?;
+        if r.succeeded {
             return Ok(());
         }
         if self.get_pool(name).await?.is_none() {
@@ -345,14 +304,11 @@ impl ClusterStore {
             Some(p) => self.blocks_prefix(p),
             None => format!("{}/blocks/", self.prefix),
         };
-        let mut kv = self.client.kv_client();
-        let r = self
-            .bounded(kv.get(prefix, Some(GetOptions::new().with_prefix())))
-            .await?;
+        let r = self.client.range(request::get_prefix(prefix)).await?;
         let root = format!("{}/blocks/", self.prefix);
         let mut out = Vec::new();
-        for item in r.kvs() {
-            let key = String::from_utf8_lossy(item.key()).into_owned();
+        for item in &r.kvs {
+            let key = String::from_utf8_lossy(&item.key).into_owned();
             let malformed = |why: String| ClusterError::Malformed {
                 what: "block",
                 key: key.clone(),
@@ -365,7 +321,7 @@ impl ClusterStore {
             let block =
                 parse_block_part(part).ok_or_else(|| malformed("no block in the key".into()))?;
             let owner: Owner =
-                serde_json::from_slice(item.value()).map_err(|e| malformed(e.to_string()))?;
+                serde_json::from_slice(&item.value).map_err(|e| malformed(e.to_string()))?;
             if node.is_some_and(|n| n != owner.node) {
                 continue;
             }
@@ -373,7 +329,7 @@ impl ClusterStore {
                 pool: pool_name.to_string(),
                 block,
                 owner,
-                create_revision: item.create_revision(),
+                create_revision: item.create_revision,
             });
         }
         Ok(out)
@@ -393,17 +349,17 @@ impl ClusterStore {
             claimed_at_ms: now_ms(),
         };
         let value = serde_json::to_vec(&owner).expect("an owner serializes");
-        let txn = Txn::new()
-            .when([
-                Compare::version(key.clone(), CompareOp::Equal, 0),
-                Compare::version(self.pool_key(pool), CompareOp::Greater, 0),
-            ])
-            .and_then([TxnOp::put(key.clone(), value, None)])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let mut kv = self.client.kv_client();
-        let r = self.bounded(kv.txn(txn)).await?;
-        if r.succeeded() {
-            let revision = r.header().map(|h| h.revision()).unwrap_or_default();
+        let txn = request::txn(
+            [
+                cmp::version(key.clone(), cmp::Equal, 0),
+                cmp::version(self.pool_key(pool), cmp::Greater, 0),
+            ],
+            [op::put(key.clone(), value, 0)],
+            [op::get(key.clone())],
+        );
+        let r = self.client.txn(txn).await?;
+        if r.succeeded {
+            let revision = r.header.map(|h| h.revision).unwrap_or_default();
             return Ok(Claimed::Won(Block {
                 pool: pool.to_string(),
                 block: *block,
@@ -411,10 +367,7 @@ impl ClusterStore {
                 create_revision: revision,
             }));
         }
-        let held = r.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-            _ => None,
-        });
+        let held = request::txn_reads(&r).next().map(|kv| kv.value.clone());
         match held {
             Some(v) => {
                 serde_json::from_slice(&v)
@@ -432,21 +385,24 @@ impl ClusterStore {
     /// Gives `b` back, only if it is still the key its owner created. False: it was not.
     pub async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
         let key = self.block_key(&b.pool, &b.block);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
+        let txn = request::txn(
+            [cmp::create_revision(
                 key.clone(),
-                CompareOp::Equal,
+                cmp::Equal,
                 b.create_revision,
-            )])
-            .and_then([TxnOp::delete(key, None)]);
-        let mut kv = self.client.kv_client();
-        Ok(self.bounded(kv.txn(txn)).await?.succeeded())
+            )],
+            [op::delete(key)],
+            [],
+        );
+        Ok(self.client.txn(txn).await?.succeeded)
     }
 }
 
 pub use claim::ClaimOutcome;
 
 mod claim;
+pub mod client;
+pub mod request;
 
 #[cfg(test)]
 mod tests;

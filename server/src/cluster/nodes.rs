@@ -6,9 +6,9 @@
 //! - `nodes/<node>/seen`: when the daemon last said it ran (Unix ms), rewritten every minute;
 //!   kept when the daemon goes, so that release-node knows how long it has been away.
 
-use etcd_client::{LeaseKeepAliveStream, LeaseKeeper, PutOptions};
 use serde::{Deserialize, Serialize};
 
+use super::etcd::request;
 use super::etcd::{now_ms, Block, ClusterError, ClusterStore};
 
 /// What a daemon writes in its `alive` and `seen` keys.
@@ -21,8 +21,7 @@ pub struct Seen {
 pub struct Heartbeat {
     store: ClusterStore,
     seen_key: String,
-    keeper: LeaseKeeper,
-    stream: LeaseKeepAliveStream,
+    lease: i64,
 }
 
 /// What etcd says about a node.
@@ -50,44 +49,39 @@ impl ClusterStore {
         node: &str,
         ttl_secs: u64,
     ) -> Result<Heartbeat, ClusterError> {
-        let mut lease = self.client().lease_client();
-        let granted = self.bounded(lease.grant(ttl_secs as i64, None)).await?;
-        let mut kv = self.client().kv_client();
+        let granted = self.client().lease_grant(ttl_secs as i64).await?;
         let alive = self.node_key(node, "alive");
-        self.bounded(kv.put(
-            alive,
-            seen_value(),
-            Some(PutOptions::new().with_lease(granted.id())),
-        ))
-        .await?;
-        let seen_key = self.node_key(node, "seen");
-        self.bounded(kv.put(seen_key.clone(), seen_value(), None))
+        self.client()
+            .put(request::put(alive, seen_value(), granted.id))
             .await?;
-        let (keeper, stream) = self.bounded(lease.keep_alive(granted.id())).await?;
+        let seen_key = self.node_key(node, "seen");
+        self.client()
+            .put(request::put(seen_key.clone(), seen_value(), 0))
+            .await?;
         Ok(Heartbeat {
             store: self.clone(),
             seen_key,
-            keeper,
-            stream,
+            lease: granted.id,
         })
     }
 
     /// The node's lease, last `seen`, and blocks.
     pub async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError> {
-        let mut kv = self.client().kv_client();
         let alive = self
-            .bounded(kv.get(self.node_key(node, "alive"), None))
+            .client()
+            .range(request::get(self.node_key(node, "alive")))
             .await?;
         let seen = self
-            .bounded(kv.get(self.node_key(node, "seen"), None))
+            .client()
+            .range(request::get(self.node_key(node, "seen")))
             .await?;
         let seen_ms = seen
-            .kvs()
+            .kvs
             .first()
-            .and_then(|kv| serde_json::from_slice::<Seen>(kv.value()).ok())
+            .and_then(|kv| serde_json::from_slice::<Seen>(&kv.value).ok())
             .map(|s| s.at_ms);
         Ok(NodeState {
-            alive: !alive.kvs().is_empty(),
+            alive: !alive.kvs.is_empty(),
             seen_ms,
             blocks: self.list_blocks(None, Some(node)).await?,
         })
@@ -107,8 +101,8 @@ impl ClusterStore {
                 released.push(b.clone());
             }
         }
-        let mut kv = self.client().kv_client();
-        self.bounded(kv.delete(self.node_key(node, "seen"), None))
+        self.client()
+            .delete_range(request::delete(self.node_key(node, "seen")))
             .await?;
         Ok(released)
     }
@@ -117,20 +111,16 @@ impl ClusterStore {
 impl Heartbeat {
     /// Renews the lease (and rewrites `seen` when `seen`); an error once the lease is gone.
     pub async fn renew(&mut self, seen: bool) -> Result<(), ClusterError> {
-        self.store.bounded(self.keeper.keep_alive()).await?;
-        let answer = self.store.bounded(self.stream.message()).await?;
-        match answer {
-            Some(r) if r.ttl() > 0 => {}
-            _ => {
-                return Err(ClusterError::Refused(
-                    "the heartbeat's lease expired".into(),
-                ))
-            }
+        let answer = self.store.client().lease_keep_alive(self.lease).await?;
+        if answer.ttl <= 0 {
+            return Err(ClusterError::Refused(
+                "the heartbeat's lease expired".into(),
+            ));
         }
         if seen {
-            let mut kv = self.store.client().kv_client();
             self.store
-                .bounded(kv.put(self.seen_key.clone(), seen_value(), None))
+                .client()
+                .put(request::put(self.seen_key.clone(), seen_value(), 0))
                 .await?;
         }
         Ok(())

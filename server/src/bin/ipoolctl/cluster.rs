@@ -98,7 +98,7 @@ fn parse_nets(what: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
 
 fn exit_for(e: &ClusterError) -> u8 {
     match e {
-        ClusterError::Etcd(_) | ClusterError::Timeout(_) => EXIT_UNREACHABLE,
+        ClusterError::Etcd(_) => EXIT_UNREACHABLE,
         ClusterError::Refused(m) if m.starts_with("no pool") => EXIT_NOT_FOUND,
         _ => EXIT_REFUSED,
     }
