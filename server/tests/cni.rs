@@ -292,13 +292,12 @@ fn host_local(cmd: &str, cid: &str, ipam: &Value, data_dir: &Path) -> Run {
 }
 
 #[test]
+#[ignore = "needs /usr/lib/cni/host-local (apt-get install containernetworking-plugins); CI runs it with --include-ignored"]
 fn same_address_sequence_as_host_local() {
-    if !Path::new("/usr/lib/cni/host-local").exists() {
-        println!(
-            "skipped: needs /usr/lib/cni/host-local (apt-get install containernetworking-plugins)"
-        );
-        return;
-    }
+    require(
+        Path::new("/usr/lib/cni/host-local").exists(),
+        "needs /usr/lib/cni/host-local (apt-get install containernetworking-plugins)",
+    );
     let d = Daemon::start();
     let cases = [
         json!({"subnet": "10.80.0.0/24"}),

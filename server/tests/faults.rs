@@ -235,11 +235,9 @@ const FAST_CHECKPOINTS: &str = "[store]\ncheckpoint_secs = 1\n";
 /// reason in `ipoolctl status`; once space is back it serves again by itself; nothing
 /// acknowledged is lost and nothing answered with an error is kept.
 #[test]
+#[ignore = "needs root (mounts a tmpfs); CI runs it with --include-ignored"]
 fn a_full_disk_stops_serving_and_recovers_by_itself() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
+    require(is_root(), "needs root (mounts a tmpfs)");
     let fs = Mount::tmpfs("16m");
     let mut d = daemon_on(&fs.at.join("state"), FAST_CHECKPOINTS);
     d.spawn();
@@ -294,11 +292,9 @@ fn a_full_disk_stops_serving_and_recovers_by_itself() {
 /// A state dir without room for the log files: the start is refused with the reason, and
 /// leaves no log file behind that a later start could take for a log.
 #[test]
+#[ignore = "needs root (mounts a tmpfs); CI runs it with --include-ignored"]
 fn a_start_without_room_for_the_log_is_refused_with_the_reason() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
+    require(is_root(), "needs root (mounts a tmpfs)");
     let fs = Mount::tmpfs("1m");
     let state = fs.at.join("state");
     let err = daemon_on(&state, "").run_expecting_failure();
@@ -313,11 +309,12 @@ fn a_start_without_room_for_the_log_is_refused_with_the_reason() {
 /// sysfs): ADDs after it are answered with an error, and none of them is held after the
 /// filesystem is repaired and the daemon restarted; every acknowledged one is.
 #[test]
+#[ignore = "needs root, mkfs.ext4 (e2fsprogs) and losetup (mount); CI runs it with --include-ignored"]
 fn a_filesystem_gone_read_only_keeps_only_what_was_acknowledged() {
-    if !is_root() || !have("mkfs.ext4") || !have("losetup") {
-        eprintln!("skipped: needs root, mkfs.ext4 and losetup");
-        return;
-    }
+    require(
+        is_root() && have("mkfs.ext4") && have("losetup"),
+        "needs root, mkfs.ext4 (e2fsprogs) and losetup (mount)",
+    );
     let fs = Mount::ext4(64);
     let mut d = daemon_on(&fs.at.join("state"), "");
     d.spawn();
@@ -431,11 +428,12 @@ const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 /// alone, as a real step leaves them): +1 h does not end a 130 s cooldown, +2 years does not
 /// expire a 600 s reservation (not even across a restart), and -1 day does not stall ADDs.
 #[test]
+#[ignore = "needs libfaketime (apt-get install faketime); CI runs it with --include-ignored"]
 fn clock_steps_neither_end_cooldowns_nor_expire_reservations() {
-    if !Path::new(FAKETIME).exists() {
-        eprintln!("skipped: needs libfaketime ({FAKETIME}, Debian's faketime)");
-        return;
-    }
+    require(
+        Path::new(FAKETIME).exists(),
+        "needs libfaketime (apt-get install faketime)",
+    );
     let toml = "[defaults]\nsticky = \"statefulset\"\nsticky_ttl_secs = 600\n";
     let mut d = Daemon::prepare_with_config(toml);
     let offset = d.dir.path().join("faketime");

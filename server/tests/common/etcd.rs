@@ -10,6 +10,9 @@ pub struct Etcd {
     pub dir: tempfile::TempDir,
     pub client_url: String,
     peer_url: String,
+    /// The member's name, and every member's `name=peer URL`.
+    name: String,
+    initial_cluster: String,
     /// https with client certificates: the directory of `pki::make`'s files.
     tls: Option<PathBuf>,
     child: Option<Child>,
@@ -22,40 +25,65 @@ pub fn etcd_bin() -> Option<PathBuf> {
 }
 
 impl Etcd {
-    /// Starts an etcd; None (with a note) when etcd-server is not installed.
-    pub fn start() -> Option<Etcd> {
-        Etcd::start_with(None)
+    /// Starts an etcd. Tests that call this are `#[ignore]`d with the reason (a fresh machine
+    /// has no etcd); run anyway (`--include-ignored`, as CI does) without etcd-server, they
+    /// fail here rather than pass.
+    pub fn start() -> Etcd {
+        Etcd::start_cluster_with(1, None).remove(0)
     }
 
     /// Starts an etcd that serves https with `pki`'s server certificate (see `pki::make`) and
     /// asks every client for a certificate its CA signed.
-    pub fn start_tls(pki: &std::path::Path) -> Option<Etcd> {
-        Etcd::start_with(Some(pki.to_path_buf()))
+    pub fn start_tls(pki: &std::path::Path) -> Etcd {
+        Etcd::start_cluster_with(1, Some(pki.to_path_buf())).remove(0)
     }
 
-    fn start_with(tls: Option<PathBuf>) -> Option<Etcd> {
-        if etcd_bin().is_none() {
-            eprintln!("etcd-server is not installed (/usr/bin/etcd): skipping");
-            return None;
+    /// Starts an etcd cluster of `n` members on loopback.
+    pub fn start_cluster(n: usize) -> Vec<Etcd> {
+        Etcd::start_cluster_with(n, None)
+    }
+
+    fn start_cluster_with(n: usize, tls: Option<PathBuf>) -> Vec<Etcd> {
+        super::require(
+            etcd_bin().is_some(),
+            "needs etcd-server (/usr/bin/etcd): apt-get install etcd-server",
+        );
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut members: Vec<Etcd> = (0..n)
+            .map(|i| Etcd {
+                dir: tempfile::tempdir().expect("tempdir"),
+                client_url: format!("{scheme}://127.0.0.1:{}", super::free_port()),
+                peer_url: format!("http://127.0.0.1:{}", super::free_port()),
+                name: format!("m{i}"),
+                initial_cluster: String::new(),
+                tls: tls.clone(),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url))
+            .collect::<Vec<_>>()
+            .join(",");
+        // Every member is started before any is waited for: a member serves once a quorum
+        // of them runs.
+        for m in members.iter_mut() {
+            m.initial_cluster = initial.clone();
+            m.launch();
         }
-        let client = super::free_port();
-        let peer = super::free_port();
-        let mut e = Etcd {
-            dir: tempfile::tempdir().expect("tempdir"),
-            client_url: format!(
-                "{}://127.0.0.1:{client}",
-                if tls.is_some() { "https" } else { "http" }
-            ),
-            peer_url: format!("http://127.0.0.1:{peer}"),
-            tls,
-            child: None,
-        };
-        e.spawn();
-        Some(e)
+        for m in &members {
+            m.wait_ready();
+        }
+        members
     }
 
     /// Starts (again) on the same data and ports; waits until it answers.
     pub fn spawn(&mut self) {
+        self.launch();
+        self.wait_ready();
+    }
+
+    fn launch(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -72,14 +100,14 @@ impl Etcd {
                 .arg("--client-cert-auth");
         }
         let child = cmd
-            .args(["--name", "test"])
+            .args(["--name", &self.name])
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &self.client_url])
             .args(["--advertise-client-urls", &self.client_url])
             .args(["--listen-peer-urls", &self.peer_url])
             .args(["--initial-advertise-peer-urls", &self.peer_url])
-            .args(["--initial-cluster", &format!("test={}", self.peer_url)])
+            .args(["--initial-cluster", &self.initial_cluster])
             .env("ETCD_UNSUPPORTED_ARCH", "")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -87,6 +115,9 @@ impl Etcd {
             .spawn()
             .expect("spawn etcd");
         self.child = Some(child);
+    }
+
+    fn wait_ready(&self) {
         let addr = self
             .client_url
             .split("://")

@@ -223,6 +223,14 @@ pub fn conf(version: &str, name: &str, socket: &Path, ipam_extra: &str) -> Strin
 }
 
 /// True when the tests run as root (mounts, namespaces, other uids).
+/// A test that needs what a fresh machine may lack (root, etcd, libfaketime, Debian's CNI
+/// plugins) is `#[ignore = "needs ..."]`: the plain `cargo test` lists it as ignored, and
+/// `cargo test -- --include-ignored` (CI) runs it. Run without what it needs, it fails here,
+/// naming what is missing: a test that cannot run never counts as passed.
+pub fn require(have: bool, need: &str) {
+    assert!(have, "this test {need}; it cannot run on this machine");
+}
+
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .map(|s| {

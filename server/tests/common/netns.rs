@@ -37,15 +37,9 @@ impl Drop for Link {
     }
 }
 
+/// What a network-namespace test needs that this machine lacks, if anything.
 pub fn missing_prerequisite() -> Option<String> {
-    // SAFETY-free root check: /proc/self/status Uid line.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let root = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        == Some("0");
-    if !root {
+    if !super::is_root() {
         return Some("needs root".into());
     }
     if !Path::new("/usr/lib/cni/bridge").exists() {
@@ -64,6 +58,13 @@ pub fn missing_prerequisite() -> Option<String> {
         }
     }
     None
+}
+
+/// Fails the test (never passes it) when namespaces cannot be made here; such tests are
+/// `#[ignore]`d with the reason, and CI runs them.
+pub fn require_netns() {
+    let missing = missing_prerequisite();
+    super::require(missing.is_none(), missing.as_deref().unwrap_or_default());
 }
 
 /// Execs interface plugin `bin` as a container runtime would, for a container in `ns`, with
