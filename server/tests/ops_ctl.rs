@@ -266,3 +266,138 @@ fn health_exit_codes_follow_the_daemon() {
     assert_eq!(code(&gone), 2, "{gone:?}");
     assert_eq!(code(&d.ctl(&["health", "--live"])), 2);
 }
+
+/// Options come before or after the subcommand, as kubectl's and etcdctl's do, and `--help`
+/// gives every command its own line.
+#[test]
+fn options_go_after_the_subcommand_and_help_names_each_command() {
+    let d = Daemon::start();
+    let ctl = |args: &[&str]| {
+        Command::new(ipoolctl_bin())
+            .args(args)
+            .output()
+            .expect("run ipoolctl")
+    };
+    let socket = d.socket.display().to_string();
+    // ipoold's options after the subcommand.
+    let o = ctl(&["status", "--socket", &socket, "-o", "json"]);
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert!(json(&o).is_array(), "{o:?}");
+    let o = ctl(&["list", "--output", "json", "--socket", &socket]);
+    assert_eq!(json(&o), serde_json::json!([]));
+    // The TLS and token options are read after the subcommand too: a CA that is not there is
+    // named (not a usage error).
+    let o = ctl(&[
+        "status",
+        "--addr",
+        "127.0.0.1:1",
+        "--tls-ca",
+        "/nonexistent/ca.pem",
+    ]);
+    assert_ne!(code(&o), 64, "{o:?}");
+    assert!(stderr(&o).contains("/nonexistent/ca.pem"), "{o:?}");
+    let o = ctl(&["status", "--tls-cert", "/nonexistent/c.pem"]);
+    assert_eq!(code(&o), 64, "--tls-cert without --tls-key: {o:?}");
+
+    // etcd's options after `cluster`'s subcommands: an etcd that is not there is exit 2,
+    // naming the endpoint; a usage error would be 64.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    for args in [
+        &[
+            "cluster",
+            "pool",
+            "create",
+            "pods",
+            "--cidr",
+            "10.244.0.0/16",
+            "--etcd-endpoints",
+            &dead,
+        ][..],
+        &[
+            "cluster",
+            "blocks",
+            "--node",
+            "n1",
+            "--etcd-endpoints",
+            &dead,
+            "--etcd-timeout",
+            "1",
+            "--etcd-prefix",
+            "/other",
+        ][..],
+        &[
+            "cluster",
+            "pool",
+            "list",
+            "-o",
+            "json",
+            "--etcd-endpoints",
+            &dead,
+        ][..],
+        &["cluster", "release-node", "n1", "--etcd-endpoints", &dead][..],
+    ] {
+        let o = ctl(args);
+        assert_eq!(code(&o), 2, "{args:?}: {o:?}");
+        assert!(stderr(&o).contains(&dead), "{args:?}: {o:?}");
+    }
+    let o = ctl(&[
+        "cluster",
+        "pool",
+        "list",
+        "--etcd-endpoints",
+        "https://127.0.0.1:2379",
+        "--etcd-cacert",
+        "/nonexistent/etcd-ca.pem",
+    ]);
+    assert!(stderr(&o).contains("/nonexistent/etcd-ca.pem"), "{o:?}");
+
+    // --help: one line per command, each with its own text.
+    let help = String::from_utf8(ctl(&["--help"]).stdout).expect("utf8");
+    let commands: Vec<(&str, &str)> = help
+        .split("Commands:")
+        .nth(1)
+        .and_then(|s| s.split("\n\n").next())
+        .expect("a Commands section")
+        .lines()
+        .filter_map(|l| l.trim().split_once(char::is_whitespace))
+        .map(|(name, text)| (name, text.trim()))
+        .collect();
+    let names: Vec<&str> = commands.iter().map(|(n, _)| *n).collect();
+    for want in ["status", "list", "cluster", "health", "watch"] {
+        assert!(names.contains(&want), "{want} missing from {help}");
+    }
+    for (name, text) in &commands {
+        assert!(!text.is_empty(), "{name} has no text: {help}");
+        let same: Vec<_> = commands.iter().filter(|(_, t)| t == text).collect();
+        assert_eq!(same.len(), 1, "{name} shares its text: {help}");
+    }
+    let text = |n: &str| commands.iter().find(|(c, _)| *c == n).map(|(_, t)| *t);
+    assert!(
+        text("cluster").is_some_and(|t| t.contains("etcd")),
+        "{help}"
+    );
+    assert!(
+        text("health").is_some_and(|t| t.contains("probes")),
+        "{help}"
+    );
+    assert!(
+        !text("cluster").is_some_and(|t| t.contains("probes")),
+        "{help}"
+    );
+    // Every option has a text (on the line after its name).
+    let options: Vec<&str> = help
+        .split("Options:")
+        .nth(1)
+        .expect("an Options section")
+        .lines()
+        .collect();
+    for (i, l) in options.iter().enumerate() {
+        if l.trim_start().starts_with('-') {
+            let text = options.get(i + 1).map(|t| t.trim()).unwrap_or_default();
+            assert!(
+                !text.is_empty() && !text.starts_with('-'),
+                "{l} has no text: {help}"
+            );
+        }
+    }
+}

@@ -11,30 +11,32 @@ use ipool_server::cluster::etcd::{
 
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
 
-/// Where etcd is.
+/// Where etcd is. Global to `cluster`'s subcommands: accepted after them too.
 #[derive(clap::Args, Debug)]
 pub(super) struct EtcdArgs {
     /// etcd endpoints, comma-separated (http://10.0.0.1:2379,...).
     #[arg(
         long,
+        global = true,
         env = "IPOOL_ETCD_ENDPOINTS",
         value_delimiter = ',',
         default_value = "http://127.0.0.1:2379"
     )]
     etcd_endpoints: Vec<String>,
     /// Key prefix of ipool's data in etcd.
-    #[arg(long, env = "IPOOL_ETCD_PREFIX", default_value = ipool_server::cluster::etcd::DEFAULT_PREFIX)]
+    #[arg(long, global = true, env = "IPOOL_ETCD_PREFIX", default_value = ipool_server::cluster::etcd::DEFAULT_PREFIX)]
     etcd_prefix: String,
     /// Seconds an etcd call may take.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, global = true, default_value_t = 5)]
     etcd_timeout: u64,
     /// The CA that signed etcd's server certificate (https endpoints).
-    #[arg(long, env = "IPOOL_ETCD_CACERT")]
+    #[arg(long, global = true, env = "IPOOL_ETCD_CACERT")]
     etcd_cacert: Option<std::path::PathBuf>,
     /// A client certificate for etcd (with --etcd-key).
-    #[arg(long, env = "IPOOL_ETCD_CERT", requires = "etcd_key")]
+    #[arg(long, global = true, env = "IPOOL_ETCD_CERT", requires = "etcd_key")]
     etcd_cert: Option<std::path::PathBuf>,
-    #[arg(long, env = "IPOOL_ETCD_KEY", requires = "etcd_cert")]
+    /// The client certificate's key (with --etcd-cert).
+    #[arg(long, global = true, env = "IPOOL_ETCD_KEY", requires = "etcd_cert")]
     etcd_key: Option<std::path::PathBuf>,
 }
 

@@ -41,6 +41,8 @@ use ipool_proto::v1 as pb;
 
 use run::run;
 
+/// Every option is global, as kubectl's and etcdctl's are: it may come before or after the
+/// subcommand (`ipoolctl status -o json`, `ipoolctl cluster pool list --etcd-endpoints ...`).
 #[derive(Parser, Debug)]
 #[command(version, about = "Look at and steer a running ipoold")]
 struct Args {
@@ -64,6 +66,7 @@ struct Args {
     /// Client certificate and key (PEM) for mutual TLS.
     #[arg(long, global = true, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM), with --tls-cert.
     #[arg(long, global = true, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// TLS server name to expect (default: the host of --addr).
@@ -165,8 +168,6 @@ enum Command {
         #[arg(long)]
         undo: bool,
     },
-    /// ipoold's health, for probes: exit 0 when SERVING, 1 when NOT_SERVING (the store failed,
-    /// every network drained), 2 when it cannot be reached.
     /// Cluster mode: pools and blocks in etcd (talks to etcd, not to ipoold).
     Cluster {
         #[command(flatten)]
@@ -174,6 +175,8 @@ enum Command {
         #[command(subcommand)]
         command: cluster::ClusterCommand,
     },
+    /// ipoold's health, for probes: exit 0 when SERVING, 1 when NOT_SERVING (the store failed,
+    /// every network drained), 2 when it cannot be reached.
     Health {
         /// The service asked about ("" = the daemon; or ipool.v1.Cni, ipool.v1.Ops).
         #[arg(long, default_value = "")]
