@@ -294,6 +294,14 @@ impl DaemonConfig {
                 )));
             }
         }
+        let mut pools = std::collections::HashMap::new();
+        for (network, pool, _) in cfg.cluster_networks() {
+            if let Some(other) = pools.insert(pool.clone(), network.clone()) {
+                return Err(Error::InvalidConfig(format!(
+                    "networks {other:?} and {network:?} both take their ranges from cluster pool {pool:?}: a node's blocks of a pool belong to one network (give each its own pool)"
+                )));
+            }
+        }
         let defs = cfg.network_defs()?;
         for (i, d) in defs.iter().enumerate() {
             let sets = d.current_ranges().map_err(Error::InvalidConfig)?;

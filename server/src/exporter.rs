@@ -173,19 +173,39 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             c.etcd_up.clone(),
         );
         r.register(
-            "ipool_cluster_blocks_owned",
-            "Blocks this node owns, by pool and family.",
-            c.blocks_owned.clone(),
+            "ipool_cluster_blocks",
+            "This node's blocks by pool, family and state: confirmed (hands out), unconfirmed (not yet synced), reclaiming, returning, unsettled (a give-back etcd did not answer), lost (another node owns it).",
+            c.blocks.clone(),
         );
         r.register(
             "ipool_cluster_claims",
-            "Block claims by pool and result: won, exhausted (no free block), error.",
+            "Block claims by pool and result: won, exhausted (no free block), pool_changed (read again), error.",
             c.claims.clone(),
         );
         r.register(
             "ipool_cluster_claim_conflicts",
-            "Candidate blocks another node won first.",
+            "Blocks found owned by another node, by kind: candidate (a free block another node won first; harmless), ownership (a block this node held).",
             c.conflicts.clone(),
+        );
+        r.register(
+            "ipool_cluster_node_name_taken",
+            "1 while another ipoold holds this node's name in etcd (this one hands out nothing).",
+            c.node_name_taken.clone(),
+        );
+        r.register(
+            "ipool_cluster_fenced",
+            "1 while this node could not renew its heartbeat within fence_secs (no new addresses).",
+            c.fenced.clone(),
+        );
+        r.register(
+            "ipool_cluster_malformed_keys",
+            "Keys under ipool's etcd prefix that name no owner (counted as occupied).",
+            c.malformed_keys.clone(),
+        );
+        r.register(
+            "ipool_cluster_etcd_resets",
+            "Times etcd was found restored from an older backup or made anew.",
+            c.etcd_resets.clone(),
         );
         r.register(
             "ipool_cluster_block_give_backs",

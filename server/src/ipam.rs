@@ -94,7 +94,14 @@ struct Shared {
     metrics: Arc<Metrics>,
     /// Makes each range set's source.
     sources: crate::source::Sources,
+    /// Says whether ADDs may be served yet, given the ranges version (Kubernetes: the live
+    /// pods' addresses quarantined against the ranges now); asked where the addresses are
+    /// chosen.
+    add_gate: std::sync::RwLock<Option<AddGate>>,
 }
+
+/// Why no ADD may be served yet, given [`Ipam::ranges_version`]; Ok when they may.
+pub type AddGate = Arc<dyn Fn(u64) -> Result<(), String> + Send + Sync>;
 
 /// What the daemon's health depends on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -103,12 +110,14 @@ pub struct Health {
     pub all_drained: bool,
     /// The store failed: no change is served until it is reopened.
     pub store_failure: Option<String>,
+    /// Another daemon holds this node's name (cluster mode): nothing is handed out.
+    pub name_taken: Option<String>,
 }
 
 impl Health {
     /// SERVING: ADDs can be served.
     pub fn serving(&self) -> bool {
-        !self.all_drained && self.store_failure.is_none()
+        !self.all_drained && self.store_failure.is_none() && self.name_taken.is_none()
     }
 }
 
@@ -211,6 +220,24 @@ impl Ipam {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Sets what ADDs (and STATUS) wait for before addresses are chosen: asked under the
+    /// engine's lock with the ranges version of that moment, so that an ADD is never served
+    /// from ranges the gate has not passed. [`Ipam::gate_opened`] wakes the ADDs that wait.
+    pub fn set_add_gate(&self, gate: AddGate) {
+        *self.shared.add_gate.write().expect("gate lock") = Some(gate);
+    }
+
+    /// The gate may have opened: waiting ADDs try again.
+    pub fn gate_opened(&self) {
+        self.shared.landed.notify_waiters();
+    }
+
+    /// Why ADDs may not be served yet, if they may not.
+    fn gate_closed(&self) -> Option<String> {
+        let gate = self.shared.add_gate.read().expect("gate lock");
+        gate.as_ref().and_then(|g| g(self.ranges_version()).err())
+    }
+
     /// The metrics, shared.
     pub fn metrics_handle(&self) -> Arc<Metrics> {
         self.shared.metrics.clone()
@@ -229,6 +256,16 @@ impl Ipam {
     /// What health reports, and its changes.
     pub fn health(&self) -> watch::Receiver<Health> {
         self.shared.health.subscribe()
+    }
+
+    /// Says that another daemon holds this node's name (cluster mode), or no longer does:
+    /// health is NOT_SERVING meanwhile.
+    pub fn set_name_taken(&self, why: Option<String>) {
+        self.shared.health.send_if_modified(|h| {
+            let changed = h.name_taken != why;
+            h.name_taken = why;
+            changed
+        });
     }
 }
 

@@ -13,10 +13,16 @@
 //! - with Kubernetes: `ipool_apiserver_reachable` (1 or 0) and
 //!   `ipool_pod_gc_total{action}`: what the pod GC did (`released`, `unquarantined`,
 //!   `quarantined`).
-//! - in cluster mode: `ipool_cluster_etcd_up` (1 or 0), `ipool_cluster_blocks_owned{pool,
-//!   family}`, `ipool_cluster_claims_total{pool, result}` (`won`, `exhausted`, `error`),
-//!   `ipool_cluster_claim_conflicts_total{pool}` (a candidate block another node won first),
-//!   `ipool_cluster_block_give_backs_total{pool}`, `ipool_cluster_etcd_call_duration_seconds{op}`.
+//! - in cluster mode: `ipool_cluster_etcd_up` (1 or 0), `ipool_cluster_blocks{pool, family,
+//!   state}` (this node's blocks by state: `confirmed`, `unconfirmed`, `reclaiming`,
+//!   `returning`, `unsettled`, `lost`), `ipool_cluster_claims_total{pool, result}` (`won`,
+//!   `exhausted`, `pool_changed`, `error`), `ipool_cluster_claim_conflicts_total{pool, kind}`
+//!   (`candidate`: a free block another node won first, harmless; `ownership`: a block this
+//!   node held that etcd says another owns), `ipool_cluster_block_give_backs_total{pool}`,
+//!   `ipool_cluster_etcd_call_duration_seconds{op}`, `ipool_cluster_node_name_taken` (1 while
+//!   another daemon holds this node's name), `ipool_cluster_fenced` (1 while the heartbeat
+//!   is not renewed within the fence), `ipool_cluster_malformed_keys` (keys under the prefix
+//!   that name no owner), `ipool_cluster_etcd_resets_total` (etcd found restored or made anew).
 
 use std::time::Duration;
 
@@ -49,6 +55,19 @@ pub struct PoolFamilyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BlockStateLabels {
+    pub pool: String,
+    pub family: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolKindLabels {
+    pub pool: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolResultLabels {
     pub pool: String,
     pub result: String,
@@ -65,18 +84,22 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 #[derive(Debug)]
 pub struct ClusterMetrics {
     pub etcd_up: Gauge,
-    pub blocks_owned: Family<PoolFamilyLabels, Gauge>,
+    pub blocks: Family<BlockStateLabels, Gauge>,
     pub claims: Family<PoolResultLabels, Counter>,
-    pub conflicts: Family<PoolLabels, Counter>,
+    pub conflicts: Family<PoolKindLabels, Counter>,
     pub give_backs: Family<PoolLabels, Counter>,
     pub etcd_seconds: HistogramFamily<OpLabels>,
+    pub node_name_taken: Gauge,
+    pub fenced: Gauge,
+    pub malformed_keys: Gauge,
+    pub etcd_resets: Counter,
 }
 
 impl Default for ClusterMetrics {
     fn default() -> Self {
         ClusterMetrics {
             etcd_up: Gauge::default(),
-            blocks_owned: Family::default(),
+            blocks: Family::default(),
             claims: Family::default(),
             conflicts: Family::default(),
             give_backs: Family::default(),
@@ -84,6 +107,10 @@ impl Default for ClusterMetrics {
             etcd_seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(100e-6, 2.0, 16))
             }),
+            node_name_taken: Gauge::default(),
+            fenced: Gauge::default(),
+            malformed_keys: Gauge::default(),
+            etcd_resets: Counter::default(),
         }
     }
 }
@@ -101,6 +128,15 @@ impl ClusterMetrics {
     pub fn pool_counter(family: &Family<PoolLabels, Counter>, pool: &str, n: u64) {
         family
             .get_or_create(&PoolLabels { pool: pool.into() })
+            .inc_by(n);
+    }
+
+    pub fn conflict(family: &Family<PoolKindLabels, Counter>, pool: &str, kind: &str, n: u64) {
+        family
+            .get_or_create(&PoolKindLabels {
+                pool: pool.into(),
+                kind: kind.into(),
+            })
             .inc_by(n);
     }
 

@@ -188,19 +188,26 @@ impl<O: Clone> Pool<O> {
         }
     }
 
-    /// Decides where the next address comes from. `source_dry` says the source has nothing left.
-    pub fn plan(&self, now: Millis, source_dry: bool) -> Result<Plan, PoolError> {
-        match self.idle.first().copied() {
+    /// Decides where the next address comes from. `source_dry` says the source has nothing
+    /// left; idle addresses that are not `usable` now (their source withholds them) are passed
+    /// over.
+    pub fn plan(
+        &self,
+        now: Millis,
+        source_dry: bool,
+        usable: impl Fn(IpAddr) -> bool,
+    ) -> Result<Plan, PoolError> {
+        match self.idle.iter().find(|(_, ip)| usable(*ip)).copied() {
             Some((at, ip)) if self.cooled(at, now) => Ok(Plan::Idle(ip)),
             _ if self.tokens() > 0 && !source_dry => Ok(Plan::Source),
-            _ => self.fallback().map(Plan::Idle),
+            _ => self.fallback(usable).map(Plan::Idle),
         }
     }
 
-    /// What is left when the source cannot serve: the idle address released longest ago,
-    /// cooled or not.
-    pub fn fallback(&self) -> Result<IpAddr, PoolError> {
-        match self.idle.first().copied() {
+    /// What is left when the source cannot serve: the `usable` idle address released longest
+    /// ago, cooled or not.
+    pub fn fallback(&self, usable: impl Fn(IpAddr) -> bool) -> Result<IpAddr, PoolError> {
+        match self.idle.iter().find(|(_, ip)| usable(*ip)).copied() {
             Some((_, ip)) => Ok(ip),
             None => Err(PoolError::Exhausted {
                 in_use: self.in_use.len(),

@@ -515,6 +515,9 @@ pub enum OccupyError {
     NotInRange(IpAddr),
     #[error("{0} is already handed out")]
     Taken(IpAddr),
+    /// The source holds it but hands nothing out from where it is now: why.
+    #[error("{0} cannot be handed out now: {1}")]
+    Withheld(IpAddr, String),
 }
 
 #[cfg(test)]

@@ -80,8 +80,14 @@ pub trait Source: Send {
     /// Hands out `ip`, one `next` gave, and continues after it. The block it came from counts
     /// as recorded from now on (the engine wrote `unrecorded(ip)` with it).
     fn take_next(&mut self, ip: IpAddr) -> Result<(), OccupyError>;
-    /// Whether `occupy(ip)` would succeed.
+    /// Whether `occupy(ip)` would succeed for a request to hand `ip` out (an address asked for
+    /// by name).
     fn can_occupy(&self, ip: IpAddr) -> Result<(), OccupyError>;
+    /// Whether `ip` could be taken from the source to be *kept* from everyone (a quarantine):
+    /// wherever the source holds it, even where it hands nothing out now.
+    fn can_hold(&self, ip: IpAddr) -> Result<(), OccupyError> {
+        self.can_occupy(ip)
+    }
     /// Hands out a given address (a static request, or rebuilding after a restart). As with
     /// `take_next`, its block counts as recorded from now on.
     fn occupy(&mut self, ip: IpAddr) -> Result<(), OccupyError>;
@@ -130,10 +136,22 @@ pub trait Source: Send {
         Vec::new()
     }
     /// Why nothing may be handed out now, not even an address the source handed out before
-    /// (an idle one): a claiming source not yet sure its blocks are still its own. The
-    /// answer is [`Next::Pending`] or [`Next::Unavailable`]. None: the pool serves as usual.
+    /// (an idle one): a claiming source not yet sure its blocks are still its own, or one
+    /// whose node is fenced. The answer is [`Next::Pending`] or [`Next::Unavailable`]. None:
+    /// the pool serves as usual.
     fn held_back(&self) -> Option<Next> {
         None
+    }
+    /// Why `ip`, which the source handed out before (idle, cooling, reserved), may not be
+    /// handed out again now, though the source serves: where it is (a block) does not serve.
+    /// Asked on every path that hands out an address the pool holds.
+    fn withheld(&self, _ip: IpAddr) -> Option<String> {
+        None
+    }
+    /// Ok once the source knows which addresses it holds (a claiming source: after its first
+    /// sync); a quarantine of live pods' addresses waits for it.
+    fn knows_its_addresses(&self) -> Result<(), String> {
+        Ok(())
     }
     /// Recorded blocks the source no longer has (it gave them back): from now on they count as
     /// unrecorded, and the engine writes them as not held.

@@ -3,64 +3,15 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use common::etcd::Etcd;
 use common::*;
 use ipnet::IpNet;
-use serde_json::Value;
-
-fn create_pool(etcd: &Etcd, args: &[&str]) {
-    let mut all = vec!["pool", "create"];
-    all.extend_from_slice(args);
-    let o = etcd.ctl(&all);
-    assert!(o.status.success(), "pool create: {}", stderr(&o));
-}
-
-/// Each block in etcd and its owner.
-fn owners(etcd: &Etcd) -> BTreeMap<IpNet, String> {
-    let o = etcd.ctl(&["-o", "json", "blocks"]);
-    assert!(o.status.success(), "blocks: {}", stderr(&o));
-    json(&o)
-        .as_array()
-        .expect("a list")
-        .iter()
-        .map(|b| {
-            (
-                b["block"].as_str().unwrap().parse().unwrap(),
-                b["node"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
-
-/// ipoold as node `node` with network "pods" on cluster pool `pool`.
-fn daemon(etcd: &Etcd, node: &str, pool: &str, extra: &str) -> Daemon {
-    let mut d = Daemon::prepare_with_config(&etcd.daemon_config(node, pool, extra));
-    d.spawn();
-    d
-}
 
 fn addr(cidr: &str) -> IpAddr {
     cidr.split('/').next().unwrap().parse().unwrap()
-}
-
-/// ADD of `container` until it succeeds, for up to `secs`.
-fn add_within(secs: u64, what: &str, container: &str, conf: &str) -> Run {
-    eventually(secs, what, || {
-        let r = cni("ADD", container, conf);
-        match r.ok {
-            true => Ok(r),
-            false => Err(r),
-        }
-    })
-}
-
-fn pool_status(d: &Daemon) -> Vec<Value> {
-    let o = d.ctl(&["-o", "json", "status"]);
-    assert!(o.status.success(), "status: {}", stderr(&o));
-    json(&o).as_array().cloned().unwrap_or_default()
 }
 
 #[test]
@@ -68,22 +19,19 @@ fn pool_status(d: &Daemon) -> Vec<Value> {
 fn three_daemons_share_a_pool_and_never_hand_out_one_address_twice() {
     let etcd = Etcd::start();
     // 16 IPv4 blocks of /26, the first excluded; IPv6 blocks of /122.
-    create_pool(
-        &etcd,
-        &[
-            "p",
-            "--cidr",
-            "10.20.0.0/22",
-            "--cidr",
-            "fd00:20::/112",
-            "--exclude",
-            "10.20.0.0/26",
-        ],
-    );
+    etcd.create_pool(&[
+        "p",
+        "--cidr",
+        "10.20.0.0/22",
+        "--cidr",
+        "fd00:20::/112",
+        "--exclude",
+        "10.20.0.0/26",
+    ]);
     let nodes = ["node-a", "node-b", "node-c"];
     let daemons: Vec<Daemon> = nodes
         .iter()
-        .map(|n| daemon(&etcd, n, "p", "claim_ahead = 8"))
+        .map(|n| etcd.daemon(n, "p", "claim_ahead = 8"))
         .collect();
     let confs: Vec<String> = daemons
         .iter()
@@ -111,7 +59,7 @@ fn three_daemons_share_a_pool_and_never_hand_out_one_address_twice() {
             .flat_map(|h| h.join().expect("thread"))
             .collect()
     });
-    let owned = owners(&etcd);
+    let owned = etcd.owners();
     let excluded: IpNet = "10.20.0.0/26".parse().unwrap();
     let mut seen = BTreeSet::new();
     for (i, c, r) in &results {
@@ -164,23 +112,20 @@ fn three_daemons_share_a_pool_and_never_hand_out_one_address_twice() {
 fn with_etcd_down_owned_blocks_keep_serving_and_claims_resume_when_it_is_back() {
     let mut etcd = Etcd::start();
     // /28 blocks: 13 addresses each.
-    create_pool(
-        &etcd,
-        &["q", "--cidr", "10.21.0.0/24", "--block-size", "28"],
-    );
-    let d = daemon(&etcd, "node-q", "q", "claim_ahead = 4");
+    etcd.create_pool(&["q", "--cidr", "10.21.0.0/24", "--block-size", "28"]);
+    let d = etcd.daemon("node-q", "q", "claim_ahead = 4");
     let conf = d.conf("1.0.0", "pods", "");
     let first = add_within(10, "the first ADD", "q0", &conf);
     assert!(ip_of(&first).starts_with("10.21.0."), "{first:?}");
     // Claimed ahead: two blocks once fewer than 4 addresses are free.
     let mut n = 1;
-    while owners(&etcd).len() < 2 {
+    while etcd.owners().len() < 2 {
         let r = cni("ADD", &format!("q{n}"), &conf);
         assert!(r.ok, "{r:?}");
         n += 1;
         assert!(n < 26, "no second block claimed ahead:\n{}", d.log());
     }
-    let owned_before = owners(&etcd);
+    let owned_before = etcd.owners();
     etcd.stop();
 
     // Served from the owned blocks while etcd is down.
@@ -215,7 +160,7 @@ fn with_etcd_down_owned_blocks_keep_serving_and_claims_resume_when_it_is_back() 
         "after",
         &conf,
     );
-    let owned_after = owners(&etcd);
+    let owned_after = etcd.owners();
     assert!(owned_after.len() > owned_before.len(), "{owned_after:?}");
     assert!(owned_after.values().all(|n| n == "node-q"));
     let a = addr(&more.addresses()[0]);
@@ -239,20 +184,17 @@ fn with_etcd_down_owned_blocks_keep_serving_and_claims_resume_when_it_is_back() 
 fn two_daemons_race_for_the_last_block_and_the_loser_names_the_pool() {
     let etcd = Etcd::start();
     // Four /28 blocks, one excluded: three to claim.
-    create_pool(
-        &etcd,
-        &[
-            "last",
-            "--cidr",
-            "10.23.0.0/26",
-            "--block-size",
-            "28",
-            "--exclude",
-            "10.23.0.48/28",
-        ],
-    );
-    let a = daemon(&etcd, "node-a", "last", "claim_ahead = 1");
-    let b = daemon(&etcd, "node-b", "last", "claim_ahead = 1");
+    etcd.create_pool(&[
+        "last",
+        "--cidr",
+        "10.23.0.0/26",
+        "--block-size",
+        "28",
+        "--exclude",
+        "10.23.0.48/28",
+    ]);
+    let a = etcd.daemon("node-a", "last", "claim_ahead = 1");
+    let b = etcd.daemon("node-b", "last", "claim_ahead = 1");
     let (ca, cb) = (a.conf("1.0.0", "pods", ""), b.conf("1.0.0", "pods", ""));
     // Each fills its first block (13 addresses) and then one more: they race for the third.
     let outcome: Vec<Vec<Run>> = std::thread::scope(|s| {
@@ -273,7 +215,7 @@ fn two_daemons_race_for_the_last_block_and_the_loser_names_the_pool() {
             && msg.contains("1 touched by excluded ranges"),
         "{msg}"
     );
-    let owned = owners(&etcd);
+    let owned = etcd.owners();
     assert_eq!(owned.len(), 3, "{owned:?}");
     let mut all = BTreeSet::new();
     for r in outcome.iter().flatten().filter(|r| r.ok) {
@@ -288,7 +230,7 @@ fn two_daemons_race_for_the_last_block_and_the_loser_names_the_pool() {
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn a_daemon_killed_during_claims_owns_exactly_what_etcd_says_after_its_restart() {
     let etcd = Etcd::start();
-    create_pool(&etcd, &["k", "--cidr", "10.24.0.0/20"]);
+    etcd.create_pool(&["k", "--cidr", "10.24.0.0/20"]);
     // min_idle 400: it claims /26 blocks one after another (seven of them).
     let mut d = Daemon::prepare_with_config(&etcd.daemon_config(
         "node-k",
@@ -298,12 +240,12 @@ fn a_daemon_killed_during_claims_owns_exactly_what_etcd_says_after_its_restart()
     d.spawn();
     d.wait_log(&["claimed block"]);
     d.kill9();
-    let at_kill = owners(&etcd);
+    let at_kill = etcd.owners();
     d.spawn();
     // After the sync, the daemon holds exactly the blocks etcd lists as its own.
     let conf = d.conf("1.0.0", "pods", "");
     let r = add_within(30, "an ADD after the restart", "after-kill", &conf);
-    let owned = owners(&etcd);
+    let owned = etcd.owners();
     for b in at_kill.keys() {
         assert!(
             owned.contains_key(b),
@@ -316,7 +258,7 @@ fn a_daemon_killed_during_claims_owns_exactly_what_etcd_says_after_its_restart()
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let owned = owners(&etcd);
+        let owned = etcd.owners();
         match owned.keys().all(|b| detail.contains(&b.to_string())) {
             true => Ok(detail),
             false => Err((detail, owned)),
@@ -324,7 +266,7 @@ fn a_daemon_killed_during_claims_owns_exactly_what_etcd_says_after_its_restart()
     });
     let a = addr(&r.addresses()[0]);
     assert!(
-        owners(&etcd).keys().any(|b| b.contains(&a)),
+        etcd.owners().keys().any(|b| b.contains(&a)),
         "{a}: {detail}"
     );
 }
@@ -333,10 +275,7 @@ fn a_daemon_killed_during_claims_owns_exactly_what_etcd_says_after_its_restart()
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
     let etcd = Etcd::start();
-    create_pool(
-        &etcd,
-        &["g", "--cidr", "10.25.0.0/24", "--block-size", "28"],
-    );
+    etcd.create_pool(&["g", "--cidr", "10.25.0.0/24", "--block-size", "28"]);
     // Released addresses go straight back to the blocks (no cooldown, no idle set).
     let extra =
         "claim_ahead = 0\nblock_hold_down_secs = 1\n[defaults]\nmax_idle = 0\ncooldown_secs = 0\n";
@@ -349,7 +288,7 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
         let r = cni("ADD", &format!("g{k}"), &conf);
         assert!(r.ok, "ADD {k}: {r:?}");
     }
-    eventually(10, "two blocks owned", || match owners(&etcd).len() {
+    eventually(10, "two blocks owned", || match etcd.owners().len() {
         2 => Ok(()),
         n => Err(n),
     });
@@ -357,14 +296,14 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
         assert!(cni("DEL", &format!("g{k}"), &conf).ok);
     }
     let kept = eventually(20, "one block given back", || {
-        let o = owners(&etcd);
+        let o = etcd.owners();
         match o.len() {
             1 => Ok(o),
             _ => Err(o),
         }
     });
     std::thread::sleep(std::time::Duration::from_secs(3));
-    assert_eq!(owners(&etcd), kept, "the last block stays");
+    assert_eq!(etcd.owners(), kept, "the last block stays");
     let log = d.log();
     assert_eq!(
         log.matches("gave back empty block").count(),
@@ -375,7 +314,14 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
     let m = samples(&body);
     for (sample, want) in [
         ("ipool_cluster_etcd_up", 1.0),
-        (r#"ipool_cluster_blocks_owned{pool="g",family="4"}"#, 1.0),
+        (
+            r#"ipool_cluster_blocks{pool="g",family="4",state="confirmed"}"#,
+            1.0,
+        ),
+        (
+            r#"ipool_cluster_blocks{pool="g",family="4",state="returning"}"#,
+            0.0,
+        ),
         (r#"ipool_cluster_claims_total{pool="g",result="won"}"#, 2.0),
         (r#"ipool_cluster_block_give_backs_total{pool="g"}"#, 1.0),
     ] {
@@ -402,14 +348,14 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn release_node_waits_for_the_node_to_be_gone_unless_forced() {
     let etcd = Etcd::start();
-    create_pool(&etcd, &["r", "--cidr", "10.26.0.0/24"]);
+    etcd.create_pool(&["r", "--cidr", "10.26.0.0/24"]);
     let extra = "heartbeat_ttl_secs = 5";
-    let mut gone = daemon(&etcd, "node-gone", "r", extra);
-    let alive = daemon(&etcd, "node-alive", "r", extra);
+    let mut gone = etcd.daemon("node-gone", "r", extra);
+    let alive = etcd.daemon("node-alive", "r", extra);
     for d in [&gone, &alive] {
         assert!(cni("ADD", "c", &d.conf("1.0.0", "pods", "")).ok);
     }
-    let blocks_of = |node: &str| owners(&etcd).values().filter(|n| *n == node).count();
+    let blocks_of = |node: &str| etcd.owners().values().filter(|n| *n == node).count();
     assert_eq!(blocks_of("node-gone"), 1);
 
     // Its daemon runs: refused.
@@ -418,18 +364,31 @@ fn release_node_waits_for_the_node_to_be_gone_unless_forced() {
     assert!(stderr(&o).contains("is alive"), "{}", stderr(&o));
 
     gone.kill9();
-    // The lease lapses within its TTL; the node was seen moments ago: still refused.
+    // The lease lapses within its TTL; etcd saw the node moments ago: still refused.
     let o = eventually(20, "refused for being seen lately", || {
         let o = etcd.ctl(&["release-node", "node-gone"]);
-        match stderr(&o).contains("was seen") {
+        match stderr(&o).contains("was last seen") {
             true => Ok(o),
             false => Err(stderr(&o)),
         }
     });
     assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("by etcd's clock"), "{}", stderr(&o));
     assert_eq!(blocks_of("node-gone"), 1);
+    // --absent-for 0 still waits out the node's fence (5 s, its heartbeat TTL) and a renewal.
     let o = etcd.ctl(&["release-node", "node-gone", "--absent-for", "0"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("its fence of 5 s") || o.status.success(),
+        "{}",
+        stderr(&o)
+    );
+    let o = eventually(20, "released past the fence", || {
+        let o = etcd.ctl(&["release-node", "node-gone", "--absent-for", "0"]);
+        match o.status.success() {
+            true => Ok(o),
+            false => Err(stderr(&o)),
+        }
+    });
     assert!(String::from_utf8_lossy(&o.stdout).contains("1 block(s) given back"));
     assert_eq!(blocks_of("node-gone"), 0);
     assert_eq!(blocks_of("node-alive"), 1);
@@ -450,9 +409,9 @@ fn release_node_waits_for_the_node_to_be_gone_unless_forced() {
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn a_daemon_started_while_etcd_is_down_serves_once_it_has_listed_its_blocks() {
     let mut etcd = Etcd::start();
-    create_pool(&etcd, &["s", "--cidr", "10.27.0.0/24"]);
+    etcd.create_pool(&["s", "--cidr", "10.27.0.0/24"]);
     // Idle addresses kept ready: even those wait for the sync.
-    let mut d = daemon(&etcd, "node-s", "s", "[defaults]\nmin_idle = 2\n");
+    let mut d = etcd.daemon("node-s", "s", "[defaults]\nmin_idle = 2\n");
     let conf = d.conf("1.0.0", "pods", "");
     assert!(cni("ADD", "s0", &conf).ok);
     eventually(10, "two idle addresses", || {
@@ -465,13 +424,14 @@ fn a_daemon_started_while_etcd_is_down_serves_once_it_has_listed_its_blocks() {
     d.terminate();
     etcd.stop();
     d.spawn();
-    // The store holds a block, but until etcd confirms it is still this node's (a
-    // release-node may have given it to another) nothing is handed out.
+    // The store holds a block, but until this daemon holds its node's name in etcd and etcd
+    // confirms the block is still this node's (a release-node may have given it to another)
+    // nothing is handed out.
     let r = cni("ADD", "s1", &conf);
     assert_eq!(r.code(), 11, "{r:?}");
     let why = r.json["details"].as_str().unwrap_or_default();
     assert!(
-        why.contains("this node's blocks of cluster pool \"s\""),
+        why.contains("cannot register node name \"node-s\" in etcd"),
         "{why}"
     );
     let status = plugin(&[("CNI_COMMAND", "STATUS")], &d.conf("1.1.0", "pods", ""));
@@ -487,15 +447,12 @@ fn a_daemon_started_while_etcd_is_down_serves_once_it_has_listed_its_blocks() {
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn a_block_taken_by_another_node_is_found_at_the_next_sync_and_no_longer_handed_out() {
     let etcd = Etcd::start();
-    create_pool(
-        &etcd,
-        &["t", "--cidr", "10.28.0.0/24", "--block-size", "28"],
-    );
-    let d = daemon(&etcd, "node-t", "t", "resync_secs = 1\nclaim_ahead = 1");
+    etcd.create_pool(&["t", "--cidr", "10.28.0.0/24", "--block-size", "28"]);
+    let d = etcd.daemon("node-t", "t", "resync_secs = 1\nclaim_ahead = 1");
     let conf = d.conf("1.0.0", "pods", "");
     let first = cni("ADD", "t0", &conf);
     assert!(first.ok, "{first:?}");
-    let (block, _) = owners(&etcd).into_iter().next().expect("a block");
+    let (block, _) = etcd.owners().into_iter().next().expect("a block");
     // An operator forces the node's blocks away while it runs, and another node wins the
     // block.
     let o = etcd.ctl(&["release-node", "node-t", "--force"]);
@@ -510,7 +467,8 @@ fn a_block_taken_by_another_node_is_found_at_the_next_sync_and_no_longer_handed_
         )
         .await
         .unwrap();
-        let won = s.claim("t", &block, "node-z").await.unwrap();
+        let revision = s.get_pool("t").await.unwrap().unwrap().1;
+        let won = s.claim("t", revision, &block, "node-z").await.unwrap();
         assert!(matches!(won, ipool_server::cluster::etcd::Claimed::Won(_)));
     });
     let detail = eventually(20, "the conflict in status", || {

@@ -53,11 +53,7 @@ pub async fn wait_ready(url: &str, prefix: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let r = match connect(url, prefix).await {
-            Ok(s) => s
-                .list_pools()
-                .await
-                .map(|_| ())
-                .map_err(anyhow::Error::from),
+            Ok(s) => s.pools().await.map(|_| ()).map_err(anyhow::Error::from),
             Err(e) => Err(e),
         };
         match r {
@@ -87,18 +83,19 @@ pub async fn owned(url: &str, prefix: &str, pool: &str, node: &str) -> Result<us
         .list_blocks(Some(pool), Some(node))
         .await
         .with_context(|| format!("listing {node}'s blocks of pool {pool}"))?;
-    Ok(blocks.len())
+    Ok(blocks.blocks.len())
 }
 
 /// One claim by `node`, timed; the block it won.
 async fn claim_one(
     store: &ClusterStore,
     spec: &PoolSpec,
+    revision: i64,
     node: &str,
 ) -> Result<(IpNet, usize, Duration)> {
     let t = Instant::now();
     let out = store
-        .claim_next(spec, true, node)
+        .claim_next(spec, revision, true, node)
         .await
         .with_context(|| format!("{node}: claiming a block of pool {}", spec.name))?;
     let elapsed = t.elapsed();
@@ -131,6 +128,11 @@ pub async fn run(
 ) -> Result<ClaimRun> {
     let t = Instant::now();
     let admin = create(url, prefix, spec).await?;
+    // Read once, as a daemon keeps it: every claim is conditioned on it.
+    let (_, revision) = admin
+        .get_pool(&spec.name)
+        .await?
+        .with_context(|| format!("pool {} is gone", spec.name))?;
     let mut stores = Vec::with_capacity(claimers);
     for _ in 0..claimers {
         stores.push(connect(url, prefix).await?);
@@ -149,7 +151,7 @@ pub async fn run(
             let mut lost = 0;
             let mut latencies = Vec::new();
             while more(won.len()) {
-                let (block, l, d) = claim_one(&store, &spec, &node).await?;
+                let (block, l, d) = claim_one(&store, &spec, revision, &node).await?;
                 won.push((block, node.clone()));
                 lost += l;
                 latencies.push(d);
@@ -192,7 +194,7 @@ async fn verify(store: &ClusterStore, pool: &str, won: &[(IpNet, String)]) -> Re
         .list_blocks(Some(pool), None)
         .await
         .with_context(|| format!("listing the blocks of pool {pool}"))?;
-    for b in &listed {
+    for b in &listed.blocks {
         match winners.get(&b.block) {
             Some(n) if *n == b.owner.node => {}
             Some(n) => bail!(
@@ -207,17 +209,18 @@ async fn verify(store: &ClusterStore, pool: &str, won: &[(IpNet, String)]) -> Re
             ),
         }
     }
-    if listed.len() != winners.len() {
+    if listed.blocks.len() != winners.len() || !listed.malformed.is_empty() {
         bail!(
-            "pool {pool}: {} blocks won, {} listed in etcd",
+            "pool {pool}: {} blocks won, {} listed in etcd ({} malformed keys)",
             winners.len(),
-            listed.len()
+            listed.blocks.len(),
+            listed.malformed.len()
         );
     }
-    let mut sorted: Vec<IpNet> = listed.iter().map(|b| b.block).collect();
+    let mut sorted: Vec<IpNet> = listed.blocks.iter().map(|b| b.block).collect();
     sorted.sort();
     if let Some(w) = sorted.windows(2).find(|w| w[0].contains(&w[1])) {
         bail!("pool {pool}: blocks {} and {} overlap", w[0], w[1]);
     }
-    Ok(listed.len())
+    Ok(listed.blocks.len())
 }

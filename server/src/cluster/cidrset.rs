@@ -1,7 +1,7 @@
 //! The blocks of a cluster pool, carved as kube-controller-manager's nodeipam `cidrset` carves
-//! node CIDRs: a bitmap over block indexes (`1 << (block prefix - pool prefix)` of them), a
-//! rotating next candidate, `occupy` for any range (the excluded ranges, the blocks others
-//! own) and `release`. IPv4 and IPv6 alike; at most 2^16 blocks per pool CIDR, as cidrset.
+//! node CIDRs: a bitmap over block indexes (`1 << (block prefix - pool prefix)` of them), and
+//! `occupy` for any range (the excluded ranges, the blocks others own). IPv4 and IPv6 alike;
+//! at most 2^16 blocks per pool CIDR, as cidrset.
 //!
 //! Which free block a node tries first is seeded by the node's name ([`CidrSet::order`]), so
 //! nodes that start together rarely reach for the same one.
@@ -20,8 +20,6 @@ pub struct CidrSet {
     /// Bit `i` set: block `i` is taken (owned, or overlapping an excluded range).
     taken: Vec<u64>,
     used: usize,
-    /// Where `allocate_next` looks first.
-    next: usize,
 }
 
 /// Why a pool CIDR cannot be carved.
@@ -89,16 +87,11 @@ impl CidrSet {
             block_prefix,
             taken: vec![0; n.div_ceil(64)],
             used: 0,
-            next: 0,
         })
     }
 
     pub fn cidr(&self) -> IpNet {
         self.cidr
-    }
-
-    pub fn block_prefix(&self) -> u8 {
-        self.block_prefix
     }
 
     /// How many blocks the CIDR holds.
@@ -129,34 +122,14 @@ impl CidrSet {
         .expect("a prefix no longer than the address")
     }
 
-    /// The index of `block`, when it is one of this set's blocks exactly.
-    pub fn index_of(&self, block: IpNet) -> Option<usize> {
-        if block.prefix_len() != self.block_prefix
-            || block.trunc() != block
-            || !self.cidr.contains(&block)
-        {
-            return None;
-        }
-        let off = to_u128(block.network()) - to_u128(self.cidr.network());
-        Some((off >> self.shift()) as usize)
-    }
-
     pub fn is_taken(&self, i: usize) -> bool {
         self.taken[i / 64] & (1 << (i % 64)) != 0
     }
 
-    fn set(&mut self, i: usize, taken: bool) {
-        let was = self.is_taken(i);
-        match (was, taken) {
-            (false, true) => {
-                self.taken[i / 64] |= 1 << (i % 64);
-                self.used += 1;
-            }
-            (true, false) => {
-                self.taken[i / 64] &= !(1 << (i % 64));
-                self.used -= 1;
-            }
-            _ => {}
+    fn take(&mut self, i: usize) {
+        if !self.is_taken(i) {
+            self.taken[i / 64] |= 1 << (i % 64);
+            self.used += 1;
         }
     }
 
@@ -167,20 +140,9 @@ impl CidrSet {
         };
         let before = self.used;
         for i in first..=last {
-            self.set(i, true);
+            self.take(i);
         }
         self.used - before
-    }
-
-    /// Marks block `block` free again; false when it is not one of this set's blocks.
-    pub fn release(&mut self, block: IpNet) -> bool {
-        match self.index_of(block) {
-            Some(i) => {
-                self.set(i, false);
-                true
-            }
-            None => false,
-        }
     }
 
     /// The indexes of the blocks `range` overlaps.
@@ -199,20 +161,6 @@ impl CidrSet {
             ((rlo.max(lo) - lo) >> s) as usize,
             ((rhi.min(hi) - lo) >> s) as usize,
         ))
-    }
-
-    /// Takes the next free block from the rotating candidate; None when all are taken.
-    pub fn allocate_next(&mut self) -> Option<IpNet> {
-        let n = self.len();
-        for k in 0..n {
-            let i = (self.next + k) % n;
-            if !self.is_taken(i) {
-                self.set(i, true);
-                self.next = (i + 1) % n;
-                return Some(self.block(i));
-            }
-        }
-        None
     }
 
     /// Every block index, in the order a node named `seed` tries them: from a start and with

@@ -2,31 +2,35 @@
 //!
 //! - `<prefix>/pools/<name>`: a pool ([`PoolSpec`], JSON);
 //! - `<prefix>/blocks/<pool>/<block>`: a block's owner ([`Owner`], JSON), the block written
-//!   as Calico does, `10.0.0.0-26`.
+//!   as Calico does, `10.0.0.0-26`;
+//! - `<prefix>/nodes/<node>/...`: the daemons' heartbeats ([`super::nodes`]).
 //!
 //! Every decision is one etcd transaction: a claim is "create the block's key if it is absent
-//! and the pool still exists" (the loser learns the winner), a give-back is "delete it if it is
-//! still the one this node created" (by its create revision), deleting a pool is "delete it if
-//! no block key exists under it". Two nodes never own one block, and a pool with owned blocks
-//! is never deleted, however the calls interleave.
+//! and the pool is still as this node read it" (the loser learns the winner), a give-back is
+//! "delete it if it is still the one this node created" (by its create revision), deleting a
+//! pool is "delete it if no block key exists under it". Two nodes never own one block, a claim
+//! never follows a pool spec that changed since it was read, and a pool with owned blocks is
+//! never deleted, however the calls interleave. A malformed key under the prefix is reported
+//! and counts as occupied; it does not fail the listing it is in.
+//!
+//! `pools` reads and writes pools, `blocks` lists, claims and gives back blocks, `claim` finds
+//! a node's next block, `client` is etcd's API over tonic, `request` builds its requests.
 
 use std::time::Duration;
 
 use ipnet::IpNet;
 
 use client::{EtcdClient, EtcdError};
-use request::{cmp, op};
 use serde::{Deserialize, Serialize};
 
 pub use super::pool::PoolSpec;
+pub use blocks::Listing;
 
 /// Default key prefix.
 pub use crate::config::cluster::DEFAULT_PREFIX;
 /// Default block sizes, as Calico's.
 pub const DEFAULT_BLOCK_V4: u8 = 26;
 pub const DEFAULT_BLOCK_V6: u8 = 122;
-/// Listings a pool creation checks before it gives up on pools that keep changing.
-const CREATE_ATTEMPTS: usize = 5;
 
 /// Who owns a block.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,14 +50,32 @@ pub struct Block {
     pub create_revision: i64,
 }
 
+/// A key under the prefix that does not say what it should.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MalformedKey {
+    pub key: String,
+    pub why: String,
+    /// The block its key names, when it names one: that block counts as occupied.
+    pub block: Option<IpNet>,
+}
+
+impl std::fmt::Display for MalformedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.key, self.why)
+    }
+}
+
 /// What a claim got.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claimed {
     Won(Block),
-    /// Another node has it.
-    Lost(Owner),
+    /// Someone has it: the node, or what stands in the key when it names none.
+    Lost(String),
     /// The pool was deleted.
     NoPool,
+    /// The pool is not as it was read (deleted and created again, maybe with other block
+    /// sizes): read it again before claiming.
+    PoolChanged,
 }
 
 /// An etcd failure, or a refusal.
@@ -61,6 +83,9 @@ pub enum Claimed {
 pub enum ClusterError {
     #[error("etcd: {0}")]
     Etcd(#[from] EtcdError),
+    /// What was asked for does not exist (a pool, a node).
+    #[error("{0}")]
+    NotFound(String),
     #[error("{0}")]
     Refused(String),
     #[error("etcd holds a malformed {what} at {key}: {why}")]
@@ -77,7 +102,9 @@ impl ClusterError {
     pub fn is_unreachable(&self) -> bool {
         match self {
             ClusterError::Etcd(e) => e.is_unreachable(),
-            ClusterError::Refused(_) | ClusterError::Malformed { .. } => false,
+            ClusterError::NotFound(_)
+            | ClusterError::Refused(_)
+            | ClusterError::Malformed { .. } => false,
         }
     }
 }
@@ -124,9 +151,11 @@ pub fn block_key_part(block: &IpNet) -> String {
     format!("{}-{}", block.network(), block.prefix_len())
 }
 
+/// The block a key part names: `10.0.0.0-26`, its address the block's first.
 fn parse_block_part(s: &str) -> Option<IpNet> {
     let (addr, len) = s.rsplit_once('-')?;
-    IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()
+    let net = IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()?;
+    (net.trunc() == net).then_some(net)
 }
 
 /// Wall time in Unix milliseconds (0 before the epoch).
@@ -160,8 +189,18 @@ impl ClusterStore {
         Ok(store)
     }
 
-    pub(super) fn client(&self) -> &EtcdClient {
+    /// The etcd client underneath (for what the store does not do itself).
+    pub fn client(&self) -> &EtcdClient {
         &self.client
+    }
+
+    /// How many times this store's etcd was found reset (see [`EtcdClient::resets`]).
+    pub fn resets(&self) -> (u64, Option<String>) {
+        self.client.resets()
+    }
+
+    fn pools_prefix(&self) -> String {
+        format!("{}/pools/", self.prefix)
     }
 
     pub(super) fn key(&self, rest: &str) -> String {
@@ -179,230 +218,15 @@ impl ClusterStore {
     fn block_key(&self, pool: &str, block: &IpNet) -> String {
         format!("{}{}", self.blocks_prefix(pool), block_key_part(block))
     }
-
-    /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
-    /// pool's. The overlap check holds however creations interleave: the creation is
-    /// conditioned on no pool having been written since the listing it checked.
-    pub async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
-        spec.validate().map_err(ClusterError::Refused)?;
-        let key = self.pool_key(&spec.name);
-        let value = serde_json::to_vec(spec).expect("a pool serializes");
-        for _ in 0..CREATE_ATTEMPTS {
-            let (pools, revision) = self.list_pools_at().await?;
-            for other in pools {
-                for a in &spec.cidrs {
-                    if let Some(b) = other.cidrs.iter().find(|b| a.contains(*b) || b.contains(a)) {
-                        return Err(ClusterError::Refused(format!(
-                            "pool {:?}: CIDR {a} overlaps {b} of pool {:?}",
-                            spec.name, other.name
-                        )));
-                    }
-                }
-            }
-            let txn = request::txn(
-                [
-                    cmp::version(key.clone(), cmp::Equal, 0),
-                    cmp::with_prefix(cmp::mod_revision(
-                        self.pools_prefix(),
-                        cmp::Less,
-                        revision + 1,
-                    )),
-                ],
-                [op::put(key.clone(), value.clone(), 0)],
-                [op::get(key.clone())],
-            );
-            let r = self.client.txn(txn).await?;
-            if r.succeeded {
-                return Ok(());
-            }
-            let exists = request::txn_reads(&r).next().is_some();
-            if exists {
-                return Err(ClusterError::Refused(format!(
-                    "pool {:?} exists already",
-                    spec.name
-                )));
-            }
-            // Another pool was written since the listing: check again.
-        }
-        Err(ClusterError::Refused(format!(
-            "pool {:?}: other pools kept changing during {CREATE_ATTEMPTS} attempts; try again",
-            spec.name
-        )))
-    }
-
-    fn pools_prefix(&self) -> String {
-        format!("{}/pools/", self.prefix)
-    }
-
-    /// Every pool, and the revision of the listing.
-    async fn list_pools_at(&self) -> Result<(Vec<PoolSpec>, i64), ClusterError> {
-        let r = self
-            .client
-            .range(request::get_prefix(self.pools_prefix()))
-            .await?;
-        let revision = r.header.map(|h| h.revision).unwrap_or_default();
-        let pools = r
-            .kvs
-            .iter()
-            .map(|kv| {
-                serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
-                    what: "pool",
-                    key: String::from_utf8_lossy(&kv.key).into_owned(),
-                    why: e.to_string(),
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok((pools, revision))
-    }
-
-    /// Every pool, by name.
-    pub async fn list_pools(&self) -> Result<Vec<PoolSpec>, ClusterError> {
-        Ok(self.list_pools_at().await?.0)
-    }
-
-    pub async fn get_pool(&self, name: &str) -> Result<Option<PoolSpec>, ClusterError> {
-        Ok(self
-            .list_pools()
-            .await?
-            .into_iter()
-            .find(|p| p.name == name))
-    }
-
-    /// Deletes pool `name`; refused while any of its blocks is owned.
-    pub async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
-        let key = self.pool_key(name);
-        let blocks = self.blocks_prefix(name);
-        let txn = request::txn(
-            [
-                cmp::version(key.clone(), cmp::Greater, 0),
-                cmp::with_prefix(cmp::version(blocks, cmp::Equal, 0)),
-            ],
-            [op::delete(key)],
-            [],
-        );
-        let r = self.client.txn(txn).await?;
-        if r.succeeded {
-            return Ok(());
-        }
-        if self.get_pool(name).await?.is_none() {
-            return Err(ClusterError::Refused(format!("no pool {name:?}")));
-        }
-        let owned = self.list_blocks(Some(name), None).await?;
-        Err(ClusterError::Refused(format!(
-            "pool {name:?} still has {} owned block(s) (release them first: ipoolctl cluster release-node)",
-            owned.len()
-        )))
-    }
-
-    /// Owned blocks, of one pool and/or one node.
-    pub async fn list_blocks(
-        &self,
-        pool: Option<&str>,
-        node: Option<&str>,
-    ) -> Result<Vec<Block>, ClusterError> {
-        let prefix = match pool {
-            Some(p) => self.blocks_prefix(p),
-            None => format!("{}/blocks/", self.prefix),
-        };
-        let r = self.client.range(request::get_prefix(prefix)).await?;
-        let root = format!("{}/blocks/", self.prefix);
-        let mut out = Vec::new();
-        for item in &r.kvs {
-            let key = String::from_utf8_lossy(&item.key).into_owned();
-            let malformed = |why: String| ClusterError::Malformed {
-                what: "block",
-                key: key.clone(),
-                why,
-            };
-            let rest = key.strip_prefix(&root).unwrap_or(&key);
-            let (pool_name, part) = rest
-                .split_once('/')
-                .ok_or_else(|| malformed("no pool in the key".into()))?;
-            let block =
-                parse_block_part(part).ok_or_else(|| malformed("no block in the key".into()))?;
-            let owner: Owner =
-                serde_json::from_slice(&item.value).map_err(|e| malformed(e.to_string()))?;
-            if node.is_some_and(|n| n != owner.node) {
-                continue;
-            }
-            out.push(Block {
-                pool: pool_name.to_string(),
-                block,
-                owner,
-                create_revision: item.create_revision,
-            });
-        }
-        Ok(out)
-    }
-
-    /// Claims `block` of `pool` for `node`: one transaction, won only when no one owns it and
-    /// the pool still exists.
-    pub async fn claim(
-        &self,
-        pool: &str,
-        block: &IpNet,
-        node: &str,
-    ) -> Result<Claimed, ClusterError> {
-        let key = self.block_key(pool, block);
-        let owner = Owner {
-            node: node.to_string(),
-            claimed_at_ms: now_ms(),
-        };
-        let value = serde_json::to_vec(&owner).expect("an owner serializes");
-        let txn = request::txn(
-            [
-                cmp::version(key.clone(), cmp::Equal, 0),
-                cmp::version(self.pool_key(pool), cmp::Greater, 0),
-            ],
-            [op::put(key.clone(), value, 0)],
-            [op::get(key.clone())],
-        );
-        let r = self.client.txn(txn).await?;
-        if r.succeeded {
-            let revision = r.header.map(|h| h.revision).unwrap_or_default();
-            return Ok(Claimed::Won(Block {
-                pool: pool.to_string(),
-                block: *block,
-                owner,
-                create_revision: revision,
-            }));
-        }
-        let held = request::txn_reads(&r).next().map(|kv| kv.value.clone());
-        match held {
-            Some(v) => {
-                serde_json::from_slice(&v)
-                    .map(Claimed::Lost)
-                    .map_err(|e| ClusterError::Malformed {
-                        what: "block",
-                        key,
-                        why: e.to_string(),
-                    })
-            }
-            None => Ok(Claimed::NoPool),
-        }
-    }
-
-    /// Gives `b` back, only if it is still the key its owner created. False: it was not.
-    pub async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
-        let key = self.block_key(&b.pool, &b.block);
-        let txn = request::txn(
-            [cmp::create_revision(
-                key.clone(),
-                cmp::Equal,
-                b.create_revision,
-            )],
-            [op::delete(key)],
-            [],
-        );
-        Ok(self.client.txn(txn).await?.succeeded)
-    }
 }
 
-pub use claim::ClaimOutcome;
-
+mod blocks;
 mod claim;
 pub mod client;
+mod pools;
 pub mod request;
+
+pub use claim::ClaimOutcome;
 
 #[cfg(test)]
 mod tests;

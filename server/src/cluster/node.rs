@@ -1,6 +1,14 @@
-//! This node in cluster mode: its name, its etcd connection (made when first needed, again
-//! after a failure), the token bucket in front of its etcd calls, whether etcd answers, the
-//! pools it read, and the heartbeat that says its daemon runs.
+//! This node in cluster mode: its name and the daemon instance that holds it, its etcd
+//! connection (made when first needed, again after a failure), the token bucket in front of
+//! its etcd calls, whether etcd answers, the pools it read, and the heartbeat that holds its
+//! name and fences it.
+//!
+//! The node *serves* (its sources may hand out addresses) only while this daemon holds the
+//! node's name in etcd and renewed its heartbeat within `fence_secs`. Each time it starts to
+//! serve again (name taken, fence lifted, etcd found reset), the serving [`epoch`] moves on,
+//! and a source hands out nothing until it has synced its blocks within the new epoch.
+//!
+//! [`epoch`]: ClusterNode::serving
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -8,15 +16,46 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::etcd::{ClusterError, ClusterStore, PoolSpec, Tls};
+use super::nodes::{Acquired, Alive, Heartbeat};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 use crate::pool::TokenBucket;
 
-/// How often the heartbeat's `seen` key is rewritten (release-node reads it).
-pub const SEEN_EVERY: Duration = Duration::from_secs(60);
+/// Whether this daemon holds its node's name in etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Identity {
+    /// Not yet: the heartbeat's first start is on its way (None), or failed (why).
+    Starting(Option<String>),
+    /// This daemon holds it.
+    Held,
+    /// Another daemon (instance) holds it: this one serves nothing until that one's lease is
+    /// gone.
+    Taken { instance: String },
+}
+
+/// What the heartbeat knows.
+struct Beat {
+    identity: Identity,
+    /// When the last renewal that succeeded was sent (a fence counts from there: the lease's
+    /// TTL counts from etcd's receipt, which is later).
+    renewed: Option<Instant>,
+    /// Moves on each time the node starts to serve again.
+    epoch: u64,
+    /// etcd resets (see `EtcdClient::resets`) taken into the epoch.
+    resets: u64,
+}
+
+/// Why the node does not serve; `pending`: it is on its way to (the first start).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotServing {
+    pub why: String,
+    pub pending: bool,
+}
 
 pub struct ClusterNode {
     name: String,
+    /// This daemon's instance: the id of its state dir.
+    instance: String,
     settings: ClusterSettings,
     tls: Option<Tls>,
     conn: tokio::sync::Mutex<Option<ClusterStore>>,
@@ -24,15 +63,23 @@ pub struct ClusterNode {
     started: Instant,
     /// Since when, and why, etcd does not answer (None: the last call succeeded).
     down: Mutex<Option<(Instant, String)>>,
-    pools: Mutex<HashMap<String, PoolSpec>>,
+    /// Pools as last read, with the revision of their key.
+    pools: Mutex<HashMap<String, (PoolSpec, i64)>>,
+    beat: Mutex<Beat>,
+    /// Keys under the prefix that name no owner, from the last listings, by key.
+    malformed: Mutex<HashMap<String, String>>,
+    /// The identity's changes, for health.
+    identity_changes: tokio::sync::watch::Sender<Identity>,
     metrics: Arc<Metrics>,
 }
 
 impl ClusterNode {
     /// Reads the TLS files (an unreadable one is an error now, not at the first claim).
+    /// `instance` says which daemon this is (the same across restarts on one state dir).
     pub fn new(
         settings: ClusterSettings,
         name: String,
+        instance: String,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<ClusterNode>, String> {
         settings.validate()?;
@@ -52,12 +99,21 @@ impl ClusterNode {
         Ok(Arc::new(ClusterNode {
             bucket: Mutex::new(TokenBucket::new(settings.etcd_rate, settings.etcd_burst, 0)),
             name,
+            instance,
             settings,
             tls,
             conn: tokio::sync::Mutex::new(None),
             started: Instant::now(),
             down: Mutex::new(None),
             pools: Mutex::default(),
+            beat: Mutex::new(Beat {
+                identity: Identity::Starting(None),
+                renewed: None,
+                epoch: 0,
+                resets: 0,
+            }),
+            malformed: Mutex::default(),
+            identity_changes: tokio::sync::watch::Sender::new(Identity::Starting(None)),
             metrics,
         }))
     }
@@ -66,12 +122,21 @@ impl ClusterNode {
         &self.name
     }
 
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
     pub fn settings(&self) -> &ClusterSettings {
         &self.settings
     }
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The fence: how long after its last renewal the node stops handing out.
+    pub fn fence(&self) -> Duration {
+        Duration::from_secs(self.settings.fence())
     }
 
     /// One token for an etcd call, if the bucket has one now.
@@ -107,10 +172,13 @@ impl ClusterNode {
         Fut: Future<Output = Result<T, ClusterError>>,
     {
         let t = Instant::now();
-        let r = match self.store().await {
-            Ok(s) => f(s).await,
-            Err(e) => Err(e),
+        let (r, store) = match self.store().await {
+            Ok(s) => (f(s.clone()).await, Some(s)),
+            Err(e) => (Err(e), None),
         };
+        if let Some(s) = store {
+            self.check_resets(&s);
+        }
         let reached = !matches!(&r, Err(e) if e.is_unreachable());
         self.metrics.cluster.etcd_call(op, t.elapsed(), reached);
         let mut down = self.down.lock().expect("down lock");
@@ -130,6 +198,21 @@ impl ClusterNode {
         r
     }
 
+    /// An etcd found reset (restored from a backup, made anew): the pools are read again, and
+    /// no source serves before it has synced in the new epoch.
+    fn check_resets(&self, store: &ClusterStore) {
+        let (resets, why) = store.resets();
+        let mut beat = self.beat.lock().expect("beat lock");
+        if resets > beat.resets {
+            beat.resets = resets;
+            beat.epoch += 1;
+            drop(beat);
+            self.pools.lock().expect("pools lock").clear();
+            self.metrics.cluster.etcd_resets.inc();
+            tracing::error!(node = %self.name, why = why.as_deref().unwrap_or_default(), "etcd was reset: every block is synced again before anything more is handed out");
+        }
+    }
+
     /// Why this node is degraded (etcd unreachable), if it is.
     pub fn degraded(&self) -> Option<String> {
         self.down
@@ -144,8 +227,79 @@ impl ClusterNode {
             })
     }
 
-    /// Pool `name` as last read from etcd (read now if never).
-    pub async fn pool(&self, name: &str) -> Result<Option<PoolSpec>, ClusterError> {
+    /// The serving epoch, when the node serves; else why not (for ADD 11 and STATUS 50).
+    pub fn serving(&self) -> Result<u64, NotServing> {
+        let beat = self.beat.lock().expect("beat lock");
+        let name = &self.name;
+        let not = |why: String, pending: bool| Err(NotServing { why, pending });
+        match &beat.identity {
+            Identity::Starting(None) => not(
+                format!("registering node name {name:?} in etcd (its heartbeat)"),
+                true,
+            ),
+            Identity::Starting(Some(e)) => not(
+                format!(
+                    "this daemon cannot register node name {name:?} in etcd ({e}): nothing is handed out before"
+                ),
+                false,
+            ),
+            Identity::Taken { instance } => not(
+                format!(
+                    "another ipoold (instance {instance}) holds node name {name:?} in etcd: this one (instance {}) hands out nothing until that one's heartbeat lease is gone (the same [cluster] node_name on two nodes?)",
+                    self.instance
+                ),
+                false,
+            ),
+            Identity::Held => match beat.renewed {
+                Some(t) if t.elapsed() <= self.fence() => Ok(beat.epoch),
+                _ => not(
+                    format!(
+                        "fenced: node {name:?} could not renew its heartbeat in etcd for {} s or more (fence_secs); existing pods keep their addresses, new ones wait until it has renewed and synced its blocks again",
+                        self.fence().as_secs()
+                    ),
+                    false,
+                ),
+            },
+        }
+    }
+
+    /// Whether this daemon holds its node's name, as the heartbeat last found.
+    pub fn identity(&self) -> Identity {
+        self.beat.lock().expect("beat lock").identity.clone()
+    }
+
+    /// The identity, as it changes.
+    pub fn watch_identity(&self) -> tokio::sync::watch::Receiver<Identity> {
+        self.identity_changes.subscribe()
+    }
+
+    /// Reports malformed keys found by a listing of pool `pool`'s blocks: logged once each,
+    /// counted, and shown in status.
+    pub fn malformed_seen(&self, pool: &str, found: &[super::etcd::MalformedKey]) {
+        let scope = format!(
+            "{}/blocks/{pool}/",
+            self.settings.prefix.trim_end_matches('/')
+        );
+        let mut m = self.malformed.lock().expect("malformed lock");
+        m.retain(|k, _| !k.starts_with(&scope) || found.iter().any(|f| &f.key == k));
+        for f in found {
+            if m.insert(f.key.clone(), f.why.clone()).is_none() {
+                tracing::error!(node = %self.name, key = %f.key, why = %f.why, "a malformed key under ipool's etcd prefix: counted as occupied (fix or delete it)");
+            }
+        }
+        self.metrics.cluster.malformed_keys.set(m.len() as i64);
+    }
+
+    /// The malformed keys last seen, for status.
+    pub fn malformed(&self) -> Vec<String> {
+        let m = self.malformed.lock().expect("malformed lock");
+        let mut v: Vec<String> = m.iter().map(|(k, why)| format!("{k} ({why})")).collect();
+        v.sort();
+        v
+    }
+
+    /// Pool `name` and its key's revision, as last read from etcd (read now if never).
+    pub async fn pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
         if let Some(p) = self.pools.lock().expect("pools lock").get(name) {
             return Ok(Some(p.clone()));
         }
@@ -153,7 +307,7 @@ impl ClusterNode {
     }
 
     /// Pool `name`, read from etcd now (and kept).
-    pub async fn read_pool(&self, name: &str) -> Result<Option<PoolSpec>, ClusterError> {
+    pub async fn read_pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
         let name_owned = name.to_string();
         let spec = self
             .call("get_pool", |s| async move { s.get_pool(&name_owned).await })
@@ -166,43 +320,142 @@ impl ClusterNode {
         Ok(spec)
     }
 
-    /// Keeps this node's heartbeat: a key on a lease kept alive while the daemon runs, and a
-    /// `seen` time rewritten every [`SEEN_EVERY`]. Runs until aborted; etcd failures are
-    /// retried (a new lease once etcd answers again).
+    /// Forgets pool `name` as read (it changed): the next use reads it again.
+    pub fn forget_pool(&self, name: &str) {
+        self.pools.lock().expect("pools lock").remove(name);
+    }
+
+    fn set_identity(&self, identity: Identity) {
+        let mut beat = self.beat.lock().expect("beat lock");
+        if beat.identity == identity {
+            return;
+        }
+        match &identity {
+            Identity::Held => {
+                beat.epoch += 1;
+                tracing::info!(node = %self.name, instance = %self.instance, "this daemon holds its node name in etcd");
+            }
+            Identity::Taken { instance } => {
+                tracing::error!(node = %self.name, instance = %self.instance, other = %instance, "another ipoold holds this node name in etcd: handing out nothing until its heartbeat lease is gone");
+            }
+            Identity::Starting(_) => {}
+        }
+        let taken = matches!(identity, Identity::Taken { .. });
+        self.metrics.cluster.node_name_taken.set(i64::from(taken));
+        beat.identity = identity.clone();
+        drop(beat);
+        self.identity_changes.send_replace(identity);
+    }
+
+    /// Notes a renewal sent at `sent` that succeeded; a node that was fenced starts a new
+    /// epoch (it syncs before it serves again).
+    fn renewed(&self, sent: Instant) {
+        let mut beat = self.beat.lock().expect("beat lock");
+        let fenced = beat.renewed.is_none_or(|t| t.elapsed() > self.fence());
+        if fenced && beat.renewed.is_some() {
+            beat.epoch += 1;
+            tracing::info!(node = %self.name, "heartbeat renewed: the fence lifts once the blocks are synced again");
+        }
+        beat.renewed = Some(sent);
+        self.metrics.cluster.fenced.set(0);
+    }
+
+    /// Tests: the node as its heartbeat would leave it, holding its name and renewed
+    /// `ago` before now.
+    #[cfg(test)]
+    pub(crate) fn pretend_renewed(&self, ago: Duration) {
+        self.set_identity(Identity::Held);
+        let sent = Instant::now()
+            .checked_sub(ago)
+            .expect("a monotonic clock this old");
+        self.renewed(sent);
+    }
+
+    /// Tests: the node's name as the heartbeat would find it.
+    #[cfg(test)]
+    pub(crate) fn pretend_identity(&self, identity: Identity) {
+        self.set_identity(identity);
+    }
+
+    /// Keeps this node's heartbeat until aborted: takes the node's name (or waits for
+    /// another daemon's lease to go), renews both leases every third of the TTL, and starts
+    /// over when the lease is gone. etcd failures are retried.
     pub async fn heartbeat(self: Arc<Self>) {
         let ttl = self.settings.heartbeat_ttl_secs;
+        let every = Duration::from_secs(ttl / 3).max(Duration::from_secs(1));
+        let me = Alive {
+            instance: self.instance.clone(),
+            at_ms: 0,
+            fence_secs: self.settings.fence(),
+        };
         let mut wait = Duration::from_secs(1);
         loop {
-            let node = self.name.clone();
-            let lease = self
+            let sent = Instant::now();
+            let (node, me) = (
+                self.name.clone(),
+                Alive {
+                    at_ms: super::etcd::now_ms(),
+                    ..me.clone()
+                },
+            );
+            let started = self
                 .call("heartbeat", |s| async move {
-                    s.start_heartbeat(&node, ttl).await
+                    s.start_heartbeat(&node, &me, ttl, every.as_secs()).await
                 })
                 .await;
-            match lease {
-                Ok(mut beat) => {
+            match started {
+                Ok(Acquired::Held(beat)) => {
                     wait = Duration::from_secs(1);
-                    let every = Duration::from_secs(ttl / 3).max(Duration::from_secs(1));
-                    let mut last_seen = Instant::now();
-                    loop {
-                        tokio::time::sleep(every).await;
-                        let seen = last_seen.elapsed() >= SEEN_EVERY;
-                        let r = self
-                            .call("heartbeat", |_| async { beat.renew(seen).await })
-                            .await;
-                        if let Err(e) = r {
-                            tracing::warn!(node = %self.name, error = %e, "heartbeat lost; starting a new one");
-                            break;
-                        }
-                        if seen {
-                            last_seen = Instant::now();
-                        }
-                    }
+                    self.renewed(sent);
+                    self.set_identity(Identity::Held);
+                    self.keep(&beat, every).await;
+                }
+                Ok(Acquired::Taken { instance, ttl_left }) => {
+                    self.set_identity(Identity::Taken { instance });
+                    let left = Duration::from_secs(ttl_left.clamp(1, ttl as i64) as u64);
+                    tokio::time::sleep(left.min(every)).await;
                 }
                 Err(e) => {
+                    if !matches!(self.identity(), Identity::Held) {
+                        self.set_identity(Identity::Starting(Some(e.to_string())));
+                    }
                     tracing::debug!(node = %self.name, error = %e, "cannot start the heartbeat; retrying");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(30));
+                    wait = (wait * 2).min(every);
+                }
+            }
+        }
+    }
+
+    /// Renews `beat` until its lease is gone (or, etcd silent, surely gone).
+    async fn keep(&self, beat: &Heartbeat, every: Duration) {
+        let ttl = Duration::from_secs(self.settings.heartbeat_ttl_secs);
+        let mut last_ok = Instant::now();
+        let mut pause = every;
+        loop {
+            tokio::time::sleep(pause).await;
+            let sent = Instant::now();
+            let b = beat.clone();
+            let r = self
+                .call("heartbeat", |s| async move { s.renew_heartbeat(&b).await })
+                .await;
+            match r {
+                Ok(()) => {
+                    self.renewed(sent);
+                    last_ok = sent;
+                    pause = every;
+                }
+                Err(e) if e.is_unreachable() && last_ok.elapsed() < ttl => {
+                    if last_ok.elapsed() > self.fence() {
+                        self.metrics.cluster.fenced.set(1);
+                    }
+                    tracing::warn!(node = %self.name, error = %e, "heartbeat not renewed; retrying");
+                    pause = Duration::from_secs(1);
+                }
+                Err(e) => {
+                    self.metrics.cluster.fenced.set(1);
+                    tracing::warn!(node = %self.name, error = %e, "heartbeat lost; taking the node's name again");
+                    return;
                 }
             }
         }

@@ -1,41 +1,74 @@
-//! Nodes in etcd: the heartbeat a running daemon keeps, and giving back the blocks of a node
-//! that is gone (`ipoolctl cluster release-node`). Keys, under the prefix:
+//! Nodes in etcd: the heartbeat that holds a node's name for one daemon, and giving back the
+//! blocks of a node that is gone (`ipoolctl cluster release-node`). Keys, under the prefix:
 //!
-//! - `nodes/<node>/alive`: on a lease the daemon keeps alive (gone within the lease's TTL
-//!   of the daemon stopping or losing etcd);
-//! - `nodes/<node>/seen`: when the daemon last said it ran (Unix ms), rewritten every minute;
-//!   kept when the daemon goes, so that release-node knows how long it has been away.
+//! - `nodes/<node>/alive` ([`Alive`]): on a lease of `heartbeat_ttl_secs` that the daemon
+//!   renews. Created only when absent, or when it is this daemon's own (the same `instance`: the
+//!   node's state dir); a daemon that finds another instance there holds back until that one's
+//!   lease is gone. Gone within the TTL of the daemon stopping or losing etcd.
+//! - `nodes/<node>/seen` ([`Seen`]): on a second lease of [`SEEN_TTL_SECS`], renewed with the
+//!   first: how long the node has been away is that lease's granted TTL minus what is left of
+//!   it, as etcd counts (no wall clock of any machine is compared). Gone after
+//!   [`SEEN_TTL_SECS`] of absence, or when the node is released.
+//!
+//! release-node gives back each block in one transaction conditioned on the block being the
+//! key its owner created and on the node's `alive` key being absent: a daemon that comes back
+//! meanwhile keeps its blocks.
 
 use serde::{Deserialize, Serialize};
 
-use super::etcd::request;
-use super::etcd::{now_ms, Block, ClusterError, ClusterStore};
+use super::etcd::request::{self, cmp, op};
+use super::etcd::{now_ms, Block, ClusterError, ClusterStore, Listing};
 
-/// What a daemon writes in its `alive` and `seen` keys.
+/// The `seen` lease's TTL: absences up to this long are measured; past it, the key is gone and
+/// the absence is at least this long.
+pub const SEEN_TTL_SECS: i64 = 30 * 24 * 3600;
+
+/// What a daemon writes in its node's `alive` key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alive {
+    /// The daemon's instance: its state dir's id.
+    pub instance: String,
+    /// When the key was written (Unix ms, the daemon's clock: for people, not for decisions).
+    pub at_ms: u64,
+    /// The daemon stops handing out addresses this long after its last renewal.
+    pub fence_secs: u64,
+}
+
+/// What a daemon writes in its node's `seen` key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Seen {
+    pub instance: String,
+    pub fence_secs: u64,
+    /// Seconds between renewals: the absence etcd measures can be this much too long.
+    pub renew_secs: u64,
     pub at_ms: u64,
 }
 
-/// A running heartbeat.
+/// What a start of the heartbeat found.
+pub enum Acquired {
+    /// This daemon holds the node's name.
+    Held(Heartbeat),
+    /// Another daemon (instance) holds it; its lease's TTL left, in seconds.
+    Taken { instance: String, ttl_left: i64 },
+}
+
+/// The leases of a held heartbeat, and the `alive` key they keep.
+#[derive(Clone, Debug)]
 pub struct Heartbeat {
-    store: ClusterStore,
-    seen_key: String,
-    lease: i64,
+    pub alive_key: String,
+    pub alive_lease: i64,
+    pub seen_lease: i64,
 }
 
 /// What etcd says about a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeState {
-    /// Its daemon's lease is alive.
-    pub alive: bool,
-    /// When its daemon last said it ran (Unix ms).
-    pub seen_ms: Option<u64>,
-    pub blocks: Vec<Block>,
-}
-
-fn seen_value() -> Vec<u8> {
-    serde_json::to_vec(&Seen { at_ms: now_ms() }).expect("serializes")
+    /// Its daemon's `alive` key, if it holds one.
+    pub alive: Option<Alive>,
+    /// What its last `seen` key says, and how long etcd says it has been away (seconds); None:
+    /// no `seen` key (away longer than [`SEEN_TTL_SECS`], released, or never seen).
+    pub seen: Option<(Seen, i64)>,
+    pub blocks: Listing,
 }
 
 impl ClusterStore {
@@ -43,86 +76,193 @@ impl ClusterStore {
         self.key(&format!("nodes/{node}/{what}"))
     }
 
-    /// Grants a lease of `ttl_secs`, puts `alive` on it and `seen`.
+    /// The `alive` key of `node`.
+    pub fn alive_key(&self, node: &str) -> String {
+        self.node_key(node, "alive")
+    }
+
+    /// Takes `node`'s name for `me` (an instance id): grants the leases and creates `alive`
+    /// only if it is absent or `me`'s own. The leases of a start that found the name taken are
+    /// revoked.
     pub async fn start_heartbeat(
         &self,
         node: &str,
+        me: &Alive,
         ttl_secs: u64,
-    ) -> Result<Heartbeat, ClusterError> {
-        let granted = self.client().lease_grant(ttl_secs as i64).await?;
-        let alive = self.node_key(node, "alive");
+        renew_secs: u64,
+    ) -> Result<Acquired, ClusterError> {
+        let alive_key = self.alive_key(node);
+        let alive_lease = self.client().lease_grant(ttl_secs as i64).await?.id;
+        let value = serde_json::to_vec(me).expect("serializes");
+        // Absent: create it. Present: read it (ours: take it over, on the new lease).
+        let txn = request::txn(
+            [cmp::version(alive_key.clone(), cmp::Equal, 0)],
+            [op::put(alive_key.clone(), value.clone(), alive_lease)],
+            [op::get(alive_key.clone())],
+        );
+        let r = self.client().txn(txn).await?;
+        if !r.succeeded {
+            let kv = request::txn_reads(&r).next().cloned();
+            let theirs = kv
+                .as_ref()
+                .map(|kv| serde_json::from_slice::<Alive>(&kv.value));
+            let taken = match (&kv, theirs) {
+                (Some(kv), Some(Ok(a))) if a.instance == me.instance => {
+                    let txn = request::txn(
+                        [cmp::mod_revision(
+                            alive_key.clone(),
+                            cmp::Equal,
+                            kv.mod_revision,
+                        )],
+                        [op::put(alive_key.clone(), value, alive_lease)],
+                        [],
+                    );
+                    match self.client().txn(txn).await?.succeeded {
+                        true => None,
+                        // Changed under us: look again at the next start.
+                        false => Some((a.instance, 0)),
+                    }
+                }
+                (Some(kv), Some(Ok(a))) => Some((a.instance, kv.lease)),
+                (Some(kv), Some(Err(e))) => Some((format!("unreadable ({e})"), kv.lease)),
+                // Gone between the two reads.
+                _ => Some((String::new(), 0)),
+            };
+            if let Some((instance, lease)) = taken {
+                let _ = self.client().lease_revoke(alive_lease).await;
+                let ttl_left = match lease {
+                    0 => 0,
+                    id => self.client().lease_time_to_live(id).await?.ttl,
+                };
+                return Ok(Acquired::Taken { instance, ttl_left });
+            }
+        }
+        let seen_lease = self.client().lease_grant(SEEN_TTL_SECS).await?.id;
+        let seen = Seen {
+            instance: me.instance.clone(),
+            fence_secs: me.fence_secs,
+            renew_secs,
+            at_ms: now_ms(),
+        };
         self.client()
-            .put(request::put(alive, seen_value(), granted.id))
+            .put(request::put(
+                self.node_key(node, "seen"),
+                serde_json::to_vec(&seen).expect("serializes"),
+                seen_lease,
+            ))
             .await?;
-        let seen_key = self.node_key(node, "seen");
-        self.client()
-            .put(request::put(seen_key.clone(), seen_value(), 0))
-            .await?;
-        Ok(Heartbeat {
-            store: self.clone(),
-            seen_key,
-            lease: granted.id,
-        })
+        Ok(Acquired::Held(Heartbeat {
+            alive_key,
+            alive_lease,
+            seen_lease,
+        }))
     }
 
-    /// The node's lease, last `seen`, and blocks.
+    /// Renews both leases of `beat` and reads its `alive` key back; an error once the lease
+    /// is gone or the key is no longer on it (etcd restored from a backup, say). The read also
+    /// shows a reset etcd to the client (the revision in its answer).
+    pub async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+        let answer = self.client().lease_keep_alive(beat.alive_lease).await?;
+        if answer.ttl <= 0 {
+            return Err(ClusterError::Refused(
+                "the heartbeat's lease expired".into(),
+            ));
+        }
+        self.client().lease_keep_alive(beat.seen_lease).await?;
+        let mut read = request::get(beat.alive_key.clone());
+        read.keys_only = true;
+        let alive = self.client().range(read).await?;
+        match alive.kvs.first() {
+            Some(kv) if kv.lease == beat.alive_lease => Ok(()),
+            _ => Err(ClusterError::Refused(format!(
+                "{} is no longer on this daemon's lease",
+                beat.alive_key
+            ))),
+        }
+    }
+
+    /// Ends a heartbeat at once (a clean stop): the node is away from now on.
+    pub async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+        self.client().lease_revoke(beat.alive_lease).await?;
+        Ok(())
+    }
+
+    /// The node's `alive` and `seen` keys, how long etcd says it has been away, and its
+    /// blocks.
     pub async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError> {
         let alive = self
             .client()
-            .range(request::get(self.node_key(node, "alive")))
+            .range(request::get(self.alive_key(node)))
             .await?;
-        let seen = self
-            .client()
-            .range(request::get(self.node_key(node, "seen")))
-            .await?;
-        let seen_ms = seen
-            .kvs
-            .first()
-            .and_then(|kv| serde_json::from_slice::<Seen>(&kv.value).ok())
-            .map(|s| s.at_ms);
+        let alive = alive.kvs.first().map(|kv| {
+            serde_json::from_slice::<Alive>(&kv.value).unwrap_or(Alive {
+                instance: format!("unreadable: {}", String::from_utf8_lossy(&kv.value)),
+                at_ms: 0,
+                fence_secs: 0,
+            })
+        });
+        let seen_key = self.node_key(node, "seen");
+        let seen = self.client().range(request::get(seen_key.clone())).await?;
+        let seen = match seen.kvs.first() {
+            None => None,
+            Some(kv) => {
+                let value: Seen =
+                    serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
+                        what: "node's seen key",
+                        key: seen_key.clone(),
+                        why: e.to_string(),
+                    })?;
+                if kv.lease == 0 {
+                    return Err(ClusterError::Malformed {
+                        what: "node's seen key",
+                        key: seen_key,
+                        why: "it is on no lease (written by an older ipoold): how long the node has been away cannot be measured".into(),
+                    });
+                }
+                let ttl = self.client().lease_time_to_live(kv.lease).await?;
+                let away = match ttl.ttl {
+                    // Expired between the two reads.
+                    t if t < 0 => SEEN_TTL_SECS,
+                    t => ttl.granted_ttl - t,
+                };
+                Some((value, away))
+            }
+        };
         Ok(NodeState {
-            alive: !alive.kvs.is_empty(),
-            seen_ms,
+            alive,
+            seen,
             blocks: self.list_blocks(None, Some(node)).await?,
         })
     }
 
-    /// Gives back every block in `blocks` (each conditioned on its create revision) and drops
-    /// the node's `seen` key. Returns the blocks given back (one another node re-created
-    /// meanwhile is left alone).
+    /// Gives back every block in `blocks`, each conditioned on its create revision and (unless
+    /// `force`) on the node's `alive` key being absent; then drops the node's `seen` key.
+    /// Returns the blocks given back; stops with an error when the node came back.
     pub async fn release_node(
         &self,
         node: &str,
         blocks: &[Block],
+        force: bool,
     ) -> Result<Vec<Block>, ClusterError> {
+        let alive = self.alive_key(node);
         let mut released = Vec::new();
         for b in blocks {
-            if self.give_back(b).await? {
+            let unless = (!force).then_some(alive.as_str());
+            if self.give_back(b, unless).await? {
                 released.push(b.clone());
+                continue;
+            }
+            if !force && self.node_state(node).await?.alive.is_some() {
+                return Err(ClusterError::Refused(format!(
+                    "node {node:?} came back while its blocks were given back ({} given back, {} kept)",
+                    released.len(),
+                    blocks.len() - released.len()
+                )));
             }
         }
         self.client()
             .delete_range(request::delete(self.node_key(node, "seen")))
             .await?;
         Ok(released)
-    }
-}
-
-impl Heartbeat {
-    /// Renews the lease (and rewrites `seen` when `seen`); an error once the lease is gone.
-    pub async fn renew(&mut self, seen: bool) -> Result<(), ClusterError> {
-        let answer = self.store.client().lease_keep_alive(self.lease).await?;
-        if answer.ttl <= 0 {
-            return Err(ClusterError::Refused(
-                "the heartbeat's lease expired".into(),
-            ));
-        }
-        if seen {
-            self.store
-                .client()
-                .put(request::put(self.seen_key.clone(), seen_value(), 0))
-                .await?;
-        }
-        Ok(())
     }
 }

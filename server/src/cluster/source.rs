@@ -1,15 +1,24 @@
 //! [`ClusterSource`]: a range set's addresses from the blocks this node owns in a cluster
 //! pool. Addresses are handed out from owned blocks with no etcd call; everything that talks
-//! to etcd is a [`Claim`] the engine runs outside its lock ([`work`](super::work)):
+//! to etcd is a [`Claim`] the engine runs outside its lock ([`work`](super::work)).
 //!
-//! 1. first a full sync: this node's blocks of the pool, as etcd lists them (nothing is
-//!    handed out or claimed before it);
-//! 2. blocks the store recorded but etcd does not list as this node's, with addresses still in
-//!    use, are claimed back one by one (another node owning one: it hands nothing more out);
+//! Each block has a state ([`BlockState`]); only a *confirmed* block (etcd listed it as this
+//! node's at the last sync, or this node just claimed it) hands anything out, by any path:
+//! a new address, an idle or cooling one, a requested one, a sticky pod's. And the source as a
+//! whole hands out nothing while the node does not serve (its name not held, or fenced:
+//! [`ClusterNode::serving`]) or before it synced in the node's current serving epoch.
+//!
+//! 1. a sync (this node's blocks of the pool, as etcd lists them) before anything else, again
+//!    every `resync_secs`, after each new epoch, and after a give-back whose outcome is not
+//!    known;
+//! 2. blocks the store holds but etcd does not list as this node's, with addresses still held
+//!    here, are claimed back one by one (another node owning one: it is lost, and hands
+//!    nothing more out);
 //! 3. a new block when the free addresses fall below the threshold (`claim_ahead`, or the
 //!    network's min_idle if higher);
 //! 4. an empty block, after `block_hold_down_secs`, given back (not the last one, and not
-//!    when that would bring the free addresses below the threshold).
+//!    when that would bring the free addresses below the threshold); nothing can be placed in
+//!    it meanwhile, and one found holding something when the give-back lands is claimed back.
 //!
 //! Each goes through the node's token bucket; a failure is retried with a backoff.
 //! Each block is a host-local range: its first address is the gateway, the network (and for
@@ -23,54 +32,20 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 
 use super::node::ClusterNode;
-use super::work::{Done, Outcome, Work};
+use super::work::{Done, Work};
 
+mod block;
 mod land;
-use crate::metrics::PoolFamilyLabels;
-use crate::range::{Family, OccupyError, Range, RangeAllocator, RangeSpec};
+use crate::metrics::BlockStateLabels;
+use crate::range::{Family, OccupyError, Range};
 use crate::source::{Claim, Landed, Next, Source};
+pub use block::BlockState;
+use block::Owned;
 
 /// The longest wait between retries after etcd failed.
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a pool with no free block is left alone before the next try.
 const EXHAUSTED_RETRY: Duration = Duration::from_secs(10);
-
-struct Owned {
-    alloc: RangeAllocator,
-    /// The store holds it.
-    recorded: bool,
-    /// The create revision of its key in etcd; None until etcd confirmed it is this node's.
-    revision: Option<i64>,
-    empty_since: Option<Instant>,
-    /// Being given back: nothing is handed out from it.
-    returning: bool,
-    /// Another node owns it in etcd: nothing more is handed out from it.
-    lost: Option<String>,
-}
-
-impl Owned {
-    fn new(net: IpNet, recorded: bool, revision: Option<i64>) -> Result<Owned, String> {
-        let range = Range::from_spec(&RangeSpec {
-            subnet: net.to_string(),
-            range_start: None,
-            range_end: None,
-            gateway: None,
-        })
-        .map_err(|e| format!("block {net}: {e}"))?;
-        Ok(Owned {
-            alloc: RangeAllocator::new(vec![range]),
-            recorded,
-            revision,
-            empty_since: Some(Instant::now()),
-            returning: false,
-            lost: None,
-        })
-    }
-
-    fn is_empty(&self) -> bool {
-        self.alloc.free() == self.alloc.size()
-    }
-}
 
 pub struct ClusterSource {
     node: Arc<ClusterNode>,
@@ -79,7 +54,8 @@ pub struct ClusterSource {
     cidrs: Vec<IpNet>,
     describe: String,
     threshold: usize,
-    synced: bool,
+    /// The serving epoch of the last sync (see `ClusterNode::serving`); None: never synced.
+    synced: Option<u64>,
     last_sync: Option<Instant>,
     /// By network address: handed out lowest block first.
     blocks: BTreeMap<IpAddr, Owned>,
@@ -90,7 +66,7 @@ pub struct ClusterSource {
     failed: Option<String>,
     /// The pool had no free block (why, with its counts).
     exhausted: Option<String>,
-    /// Recorded blocks given back, for the engine to strike from the store.
+    /// Recorded blocks dropped, for the engine to strike from the store.
     forget: Vec<String>,
 }
 
@@ -112,7 +88,7 @@ impl ClusterSource {
             cidrs: ranges.iter().map(|r| r.subnet).collect(),
             describe: parts.join(","),
             threshold,
-            synced: false,
+            synced: None,
             last_sync: None,
             blocks: BTreeMap::new(),
             cursor: None,
@@ -125,11 +101,31 @@ impl ClusterSource {
         }
     }
 
+    /// Why nothing at all is handed out now: the node does not serve, or this source has not
+    /// synced in the node's serving epoch.
+    fn not_serving(&self) -> Option<Next> {
+        let epoch = match self.node.serving() {
+            Ok(e) => e,
+            Err(n) if n.pending => return Some(Next::Pending(n.why)),
+            Err(n) => return Some(Next::Unavailable(n.why)),
+        };
+        if self.synced == Some(epoch) {
+            return None;
+        }
+        let pool = &self.pool;
+        Some(match (&self.failed, self.in_flight) {
+            (Some(why), false) => Next::Unavailable(format!(
+                "cannot list this node's blocks of cluster pool {pool:?} in etcd (nothing is handed out before): {why}"
+            )),
+            _ => Next::Pending(format!(
+                "listing this node's blocks of cluster pool {pool:?} in etcd"
+            )),
+        })
+    }
+
+    /// The blocks that hand out (when the source serves).
     fn usable(&self) -> impl Iterator<Item = &Owned> + '_ {
-        let synced = self.synced;
-        self.blocks
-            .values()
-            .filter(move |b| synced && !b.returning && b.lost.is_none())
+        self.blocks.values().filter(|b| b.confirmed())
     }
 
     fn block_of(&self, ip: IpAddr) -> Option<&Owned> {
@@ -137,7 +133,7 @@ impl ClusterSource {
             .range(..=ip)
             .next_back()
             .map(|(_, b)| b)
-            .filter(|b| b.alloc.ranges()[0].subnet.contains(&ip))
+            .filter(|b| b.net().contains(&ip))
     }
 
     fn block_of_mut(&mut self, ip: IpAddr) -> Option<&mut Owned> {
@@ -145,19 +141,14 @@ impl ClusterSource {
             .range_mut(..=ip)
             .next_back()
             .map(|(_, b)| b)
-            .filter(|b| b.alloc.ranges()[0].subnet.contains(&ip))
+            .filter(|b| b.net().contains(&ip))
     }
 
     fn usable_free(&self) -> u128 {
         self.usable().map(|b| b.alloc.free()).sum()
     }
 
-    fn add_block(
-        &mut self,
-        net: IpNet,
-        recorded: bool,
-        revision: Option<i64>,
-    ) -> Result<(), String> {
+    fn add_block(&mut self, net: IpNet, recorded: bool, state: BlockState) -> Result<(), String> {
         if !self.cidrs.iter().any(|c| c.contains(&net)) {
             return Err(format!(
                 "block {net} is in none of cluster pool {:?}'s {} CIDRs ({})",
@@ -172,20 +163,14 @@ impl ClusterSource {
         match self.blocks.get_mut(&net.network()) {
             Some(b) => {
                 b.recorded |= recorded;
-                if revision.is_some() {
-                    b.revision = revision;
-                }
+                b.state = state;
             }
             None => {
                 self.blocks
-                    .insert(net.network(), Owned::new(net, recorded, revision)?);
+                    .insert(net.network(), Owned::new(net, recorded, state)?);
             }
         }
         Ok(())
-    }
-
-    fn net_of(b: &Owned) -> IpNet {
-        b.alloc.ranges()[0].subnet
     }
 
     /// Drops a block (given back, or found not to be this node's while empty).
@@ -198,45 +183,65 @@ impl ClusterSource {
     }
 
     fn count_blocks(&self) {
-        let n = self.blocks.values().filter(|b| b.lost.is_none()).count();
-        self.node
-            .metrics()
-            .cluster
-            .blocks_owned
-            .get_or_create(&PoolFamilyLabels {
-                pool: self.pool.clone(),
-                family: self.family.as_str().into(),
-            })
-            .set(n as i64);
+        let metrics = &self.node.metrics().cluster;
+        for state in BlockState::ALL {
+            let n = self
+                .blocks
+                .values()
+                .filter(|b| b.state.name() == state)
+                .count();
+            metrics
+                .blocks
+                .get_or_create(&BlockStateLabels {
+                    pool: self.pool.clone(),
+                    family: self.family.as_str().into(),
+                    state: state.into(),
+                })
+                .set(n as i64);
+        }
     }
 
-    /// What to do next against etcd, if anything.
+    /// What to do next against etcd, if anything: nothing while the node does not serve.
     fn next_work(&mut self) -> Option<Work> {
+        let epoch = self.node.serving().ok()?;
         let resync = Duration::from_secs(self.node.settings().resync_secs);
-        if !self.synced || self.last_sync.is_none_or(|t| t.elapsed() >= resync) {
-            return Some(Work::Sync);
+        let unsettled = self
+            .blocks
+            .values()
+            .any(|b| matches!(b.state, BlockState::Unsettled(_)));
+        if self.synced != Some(epoch)
+            || unsettled
+            || self.last_sync.is_none_or(|t| t.elapsed() >= resync)
+        {
+            return Some(Work::Sync { epoch });
         }
         if let Some(b) = self
             .blocks
             .values()
-            .find(|b| b.revision.is_none() && b.lost.is_none())
+            .find(|b| b.state == BlockState::Reclaiming)
         {
-            return Some(Work::Reclaim(Self::net_of(b)));
+            return Some(Work::Reclaim(b.net()));
         }
         let free = self.usable_free();
         if free < self.threshold.max(1) as u128 && self.exhausted.is_none() {
-            return Some(Work::Claim);
+            return Some(Work::Claim {
+                cidrs: self.cidrs.clone(),
+            });
         }
         let hold_down = Duration::from_secs(self.node.settings().block_hold_down_secs);
         let usable = self.usable().count();
-        let giving = self.usable().find(|b| {
-            b.is_empty()
-                && b.revision.is_some()
-                && b.empty_since.is_some_and(|t| t.elapsed() >= hold_down)
-                && free - b.alloc.free() >= self.threshold as u128
+        let giving = self.usable().find_map(|b| match b.state {
+            BlockState::Confirmed(revision)
+                if b.is_empty()
+                    && b.empty_since.is_some_and(|t| t.elapsed() >= hold_down)
+                    && free - b.alloc.free() >= self.threshold as u128 =>
+            {
+                Some((b.net(), revision))
+            }
+            _ => None,
         });
         match giving {
-            Some(b) if usable > 1 => Some(Work::GiveBack(Self::net_of(b))),
+            Some((net, revision)) if usable > 1 => Some(Work::GiveBack(net, revision)),
             _ => None,
         }
     }
@@ -253,27 +258,25 @@ impl Source for ClusterSource {
         self.describe.clone()
     }
     fn next(&self) -> Next {
+        if let Some(n) = self.not_serving() {
+            return n;
+        }
         if let Some(ip) = self.usable().find_map(|b| b.alloc.peek_next()) {
             return Next::Ready(ip);
         }
         let pool = &self.pool;
         match (&self.failed, &self.exhausted) {
-            (Some(why), _) if !self.in_flight => Next::Unavailable(match self.synced {
-                false => format!(
-                    "cannot list this node's blocks of cluster pool {pool:?} in etcd (nothing is handed out before): {why}"
-                ),
-                true => format!(
-                    "no free address in this node's blocks of cluster pool {pool:?}, and claiming one failed: {why}"
-                ),
-            }),
-            (None, Some(_)) if !self.in_flight => Next::Exhausted,
-            _ if !self.synced => Next::Pending(format!(
-                "listing this node's blocks of cluster pool {pool:?} in etcd"
+            (Some(why), _) if !self.in_flight => Next::Unavailable(format!(
+                "no free address in this node's blocks of cluster pool {pool:?}, and claiming one failed: {why}"
             )),
+            (None, Some(_)) if !self.in_flight => Next::Exhausted,
             _ => Next::Pending(format!("claiming a block of cluster pool {pool:?}")),
         }
     }
     fn peek_next_n(&self, n: usize) -> Vec<IpAddr> {
+        if self.not_serving().is_some() {
+            return Vec::new();
+        }
         let mut out = Vec::new();
         for b in self.usable() {
             if out.len() >= n {
@@ -293,8 +296,21 @@ impl Source for ClusterSource {
     }
     fn can_occupy(&self, ip: IpAddr) -> Result<(), OccupyError> {
         match self.block_of(ip) {
-            Some(b) if b.lost.is_none() => b.alloc.can_occupy(ip),
-            _ => Err(OccupyError::NotInRange(ip)),
+            Some(b) if b.confirmed() => b.alloc.can_occupy(ip),
+            Some(b) => Err(OccupyError::Withheld(ip, self.why_withheld(b))),
+            None => Err(OccupyError::Withheld(
+                ip,
+                format!(
+                    "it is in no block this node owns of cluster pool {:?}",
+                    self.pool
+                ),
+            )),
+        }
+    }
+    fn can_hold(&self, ip: IpAddr) -> Result<(), OccupyError> {
+        match self.block_of(ip) {
+            Some(b) => b.alloc.can_occupy(ip),
+            None => Err(OccupyError::NotInRange(ip)),
         }
     }
     fn occupy(&mut self, ip: IpAddr) -> Result<(), OccupyError> {
@@ -311,8 +327,26 @@ impl Source for ClusterSource {
         let vacated = b.alloc.release(ip);
         if vacated && b.is_empty() {
             b.empty_since = Some(Instant::now());
+            // A block that is not this node's and holds nothing any more: nothing to claim
+            // back or keep.
+            if matches!(b.state, BlockState::Lost(_) | BlockState::Reclaiming) {
+                let net = b.net();
+                tracing::info!(pool = %self.pool, block = %net, "a block that is not this node's holds nothing here any more: dropped");
+                self.drop_block(net);
+                self.count_blocks();
+            }
         }
         vacated
+    }
+    fn withheld(&self, ip: IpAddr) -> Option<String> {
+        match self.block_of(ip) {
+            Some(b) if b.confirmed() => None,
+            Some(b) => Some(self.why_withheld(b)),
+            None => Some(format!(
+                "{ip} is in no block this node owns of cluster pool {:?}",
+                self.pool
+            )),
+        }
     }
     fn contains(&self, ip: IpAddr) -> bool {
         self.block_of(ip).is_some_and(|b| b.alloc.contains(ip))
@@ -359,22 +393,18 @@ impl Source for ClusterSource {
         if !self.node.try_call() {
             return None;
         }
-        if let Work::GiveBack(net) = &work {
+        if let Work::GiveBack(net, revision) = &work {
             if let Some(b) = self.blocks.get_mut(&net.network()) {
-                b.returning = true;
+                b.state = BlockState::Returning(*revision);
             }
+            self.count_blocks();
         }
         self.in_flight = true;
-        let revision = match &work {
-            Work::GiveBack(net) => self.blocks.get(&net.network()).and_then(|b| b.revision),
-            _ => None,
-        };
         Some(super::work::run(
             self.node.clone(),
             self.pool.clone(),
             self.family,
             work,
-            revision,
         ))
     }
     fn land(&mut self, landed: Landed) -> Result<String, String> {
@@ -382,92 +412,50 @@ impl Source for ClusterSource {
             .downcast::<Done>()
             .map_err(|_| "a claim of another kind of source landed here".to_string())?;
         self.in_flight = false;
-        let result = match done.result {
-            Ok(outcome) => {
-                self.failed = None;
-                self.backoff = Duration::from_secs(1);
-                let full = matches!(outcome, Outcome::PoolFull(_));
-                // Answers, not failures: the pool is full (it waits of its own), a block is
-                // another node's (it is set aside, and a new one claimed at once).
-                let answer = full || matches!(outcome, Outcome::Taken(_));
-                if !full {
-                    self.retry_at = None;
-                }
-                let r = self.landed(done.work, outcome);
-                if let (Err(why), false) = (&r, answer) {
-                    // A block that cannot be used: not claimed again at once.
-                    self.failed_now(why.clone());
-                }
-                r
-            }
-            Err(why) => {
-                if let Work::GiveBack(net) = &done.work {
-                    if let Some(b) = self.blocks.get_mut(&net.network()) {
-                        b.returning = false;
-                    }
-                }
-                self.failed_now(why.clone());
-                Err(why)
-            }
-        };
+        let result = self.landed(done);
         self.count_blocks();
         result
     }
     fn unrecorded(&self, ip: IpAddr) -> Option<String> {
         self.block_of(ip)
             .filter(|b| !b.recorded)
-            .map(|b| Self::net_of(b).to_string())
+            .map(|b| b.net().to_string())
     }
     fn restore_block(&mut self, block: &str) -> Result<(), String> {
         let net: IpNet = block
             .parse()
             .map_err(|_| format!("{block:?} is not a block CIDR"))?;
-        self.add_block(net, true, None)
+        self.add_block(net, true, BlockState::Unconfirmed)
     }
     fn recorded_blocks(&self) -> Vec<String> {
         self.blocks
             .values()
             .filter(|b| b.recorded)
-            .map(|b| Self::net_of(b).to_string())
+            .map(|b| b.net().to_string())
             .collect()
     }
     fn forget(&mut self) -> Vec<String> {
         std::mem::take(&mut self.forget)
     }
     fn held_back(&self) -> Option<Next> {
-        (!self.synced).then(|| self.next())
+        self.not_serving()
+    }
+    fn knows_its_addresses(&self) -> Result<(), String> {
+        match self.synced {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "this node's blocks of cluster pool {:?} are not listed yet",
+                self.pool
+            )),
+        }
     }
     fn degraded(&self) -> Option<String> {
         self.node.degraded()
     }
     fn detail(&self) -> Option<String> {
-        let owned: Vec<String> = self
-            .blocks
-            .values()
-            .map(|b| {
-                let net = Self::net_of(b);
-                let used = b.alloc.size() - b.alloc.free();
-                match (&b.lost, b.returning) {
-                    (Some(_), _) => format!("{net} (CONFLICT: another node owns it)"),
-                    (None, true) => format!("{net} (giving back)"),
-                    (None, false) => format!("{net} ({used} used)"),
-                }
-            })
-            .collect();
-        let mut s = format!(
-            "cluster pool {:?}: {} block(s) here{}{}",
-            self.pool,
-            owned.len(),
-            if owned.is_empty() { "" } else { ": " },
-            owned.join(", ")
-        );
-        if !self.synced {
-            s.push_str("; not yet synced with etcd");
-        }
-        if let Some(why) = &self.exhausted {
-            s.push_str("; ");
-            s.push_str(why);
-        }
-        Some(s)
+        Some(self.describe_blocks())
     }
 }
+
+#[cfg(test)]
+mod tests;

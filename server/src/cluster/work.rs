@@ -5,21 +5,22 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::etcd::{Block, Claimed, ClusterError};
+use super::etcd::{Block, Claimed, ClusterError, Owner};
 use super::node::ClusterNode;
+use crate::metrics::ClusterMetrics;
 use crate::range::Family;
 use crate::source::{Claim, Landed};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Work {
-    /// List this node's blocks of the pool.
-    Sync,
-    /// Claim the next free block.
-    Claim,
+    /// List this node's blocks of the pool, in serving epoch `epoch`.
+    Sync { epoch: u64 },
+    /// Claim the next free block, inside the source's ranges.
+    Claim { cidrs: Vec<IpNet> },
     /// Claim back a block the store holds but etcd does not list as this node's.
     Reclaim(IpNet),
-    /// Give back an empty block.
-    GiveBack(IpNet),
+    /// Give back an empty block (its key's create revision).
+    GiveBack(IpNet, i64),
 }
 
 #[derive(Debug)]
@@ -28,9 +29,11 @@ pub enum Outcome {
     Claimed(Block),
     /// No free block: why, with the pool's counts.
     PoolFull(String),
+    /// The pool changed since it was read: nothing was claimed.
+    PoolChanged,
     /// Claimed back, with its create revision.
     Reclaimed(i64),
-    /// Another node owns it.
+    /// Someone else holds it (a node, or what stands in its key).
     Taken(String),
     /// Given back (false: the key was no longer the one this node created).
     GaveBack(bool),
@@ -43,15 +46,9 @@ pub struct Done {
 }
 
 /// The claim that does `work` for `node`'s range set of `pool` (one family).
-pub fn run(
-    node: Arc<ClusterNode>,
-    pool: String,
-    family: Family,
-    work: Work,
-    revision: Option<i64>,
-) -> Claim {
+pub fn run(node: Arc<ClusterNode>, pool: String, family: Family, work: Work) -> Claim {
     Box::pin(async move {
-        let result = execute(&node, &pool, family, &work, revision)
+        let result = execute(&node, &pool, family, &work)
             .await
             .map_err(|e| e.to_string());
         Box::new(Done { work, result }) as Landed
@@ -63,22 +60,23 @@ async fn execute(
     pool: &str,
     family: Family,
     work: &Work,
-    revision: Option<i64>,
 ) -> Result<Outcome, ClusterError> {
     let me = node.name().to_string();
     let metrics = &node.metrics().cluster;
     match work {
-        Work::Sync => sync(node, pool).await,
-        Work::Claim => {
-            let spec = node.pool(pool).await?.ok_or_else(|| {
-                ClusterError::Refused(format!(
+        Work::Sync { .. } => sync(node, pool).await,
+        Work::Claim { cidrs } => {
+            let (spec, revision) = node.pool(pool).await?.ok_or_else(|| {
+                ClusterError::NotFound(format!(
                     "cluster pool {pool:?} does not exist in etcd (ipoolctl cluster pool create)"
                 ))
             })?;
             let v4 = family == Family::V4;
             let (s2, n) = (spec.clone(), me.clone());
             let out = node
-                .call("claim", |s| async move { s.claim_next(&s2, v4, &n).await })
+                .call("claim", |s| async move {
+                    s.claim_next(&s2, revision, v4, &n).await
+                })
                 .await;
             let out = match out {
                 Ok(o) => o,
@@ -87,8 +85,27 @@ async fn execute(
                     return Err(e);
                 }
             };
-            crate::metrics::ClusterMetrics::pool_counter(&metrics.conflicts, pool, out.lost as u64);
+            node.malformed_seen(pool, &out.malformed);
+            ClusterMetrics::conflict(&metrics.conflicts, pool, "candidate", out.lost as u64);
+            if out.pool_changed {
+                node.forget_pool(pool);
+                metrics.claim(pool, "pool_changed");
+                return Ok(Outcome::PoolChanged);
+            }
             match out.block {
+                Some(b) if !cidrs.iter().any(|c| c.contains(&b.block)) => {
+                    // The pool's CIDRs are not (yet) this network's ranges: not a block this
+                    // source can use. Given back at once.
+                    let given = b.clone();
+                    node.call(
+                        "give_back",
+                        |s| async move { s.give_back(&given, None).await },
+                    )
+                    .await?;
+                    node.forget_pool(pool);
+                    metrics.claim(pool, "pool_changed");
+                    Ok(Outcome::PoolChanged)
+                }
                 Some(b) => {
                     metrics.claim(pool, "won");
                     Ok(Outcome::Claimed(b))
@@ -111,42 +128,64 @@ async fn execute(
             }
         }
         Work::Reclaim(net) => {
+            let Some((spec, revision)) = node.pool(pool).await? else {
+                return Ok(Outcome::Taken(format!(
+                    "nobody (cluster pool {pool:?} no longer exists)"
+                )));
+            };
+            let size = match family {
+                Family::V4 => spec.block_v4,
+                Family::V6 => spec.block_v6,
+            };
+            if net.prefix_len() != size || !spec.cidrs.iter().any(|c| c.contains(net)) {
+                return Ok(Outcome::Taken(format!(
+                    "nobody: it is not a block of cluster pool {pool:?} (its blocks are /{size} of {}; the network's pool changed?)",
+                    spec.cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
+                )));
+            }
             let (p, n, b) = (pool.to_string(), me.clone(), *net);
             let claimed = node
-                .call("claim", |s| async move { s.claim(&p, &b, &n).await })
+                .call(
+                    "claim",
+                    |s| async move { s.claim(&p, revision, &b, &n).await },
+                )
                 .await?;
             match claimed {
                 Claimed::Won(b) => Ok(Outcome::Reclaimed(b.create_revision)),
                 // Listed meanwhile: ours after all.
-                Claimed::Lost(owner) if owner.node == me => sync(node, pool).await,
-                Claimed::Lost(owner) => {
-                    crate::metrics::ClusterMetrics::pool_counter(&metrics.conflicts, pool, 1);
-                    Ok(Outcome::Taken(owner.node))
+                Claimed::Lost(owner) if owner == me => sync(node, pool).await,
+                Claimed::Lost(owner) => Ok(Outcome::Taken(format!("node {owner:?}"))),
+                Claimed::PoolChanged => {
+                    node.forget_pool(pool);
+                    Ok(Outcome::PoolChanged)
                 }
-                Claimed::NoPool => Err(ClusterError::Refused(format!(
-                    "cluster pool {pool:?} was deleted"
+                Claimed::NoPool => Ok(Outcome::Taken(format!(
+                    "nobody (cluster pool {pool:?} was deleted)"
                 ))),
             }
         }
-        Work::GiveBack(net) => {
+        Work::GiveBack(net, revision) => {
             let block = Block {
                 pool: pool.to_string(),
                 block: *net,
-                owner: super::etcd::Owner {
+                owner: Owner {
                     node: me.clone(),
                     claimed_at_ms: 0,
                 },
-                create_revision: revision.unwrap_or_default(),
+                create_revision: *revision,
             };
             let ours = node
-                .call("give_back", |s| async move { s.give_back(&block).await })
+                .call(
+                    "give_back",
+                    |s| async move { s.give_back(&block, None).await },
+                )
                 .await?;
             Ok(Outcome::GaveBack(ours))
         }
     }
 }
 
-/// This node's blocks of `pool`, as etcd lists them.
+/// This node's blocks of `pool`, as etcd lists them (malformed keys reported).
 async fn sync(node: &ClusterNode, pool: &str) -> Result<Outcome, ClusterError> {
     let (p, n) = (pool.to_string(), node.name().to_string());
     let listed = node
@@ -154,5 +193,6 @@ async fn sync(node: &ClusterNode, pool: &str) -> Result<Outcome, ClusterError> {
             s.list_blocks(Some(&p), Some(&n)).await
         })
         .await?;
-    Ok(Outcome::Synced(listed))
+    node.malformed_seen(pool, &listed.malformed);
+    Ok(Outcome::Synced(listed.blocks))
 }

@@ -47,6 +47,10 @@ pub struct ClusterSettings {
     /// `<prefix>/nodes/<node>/alive` lives (see `cluster::nodes`).
     #[serde(default = "default_heartbeat_ttl")]
     pub heartbeat_ttl_secs: u64,
+    /// A daemon that could not renew its heartbeat for this long stops handing out new
+    /// addresses until it has renewed and synced again; default: the heartbeat TTL (at most
+    /// that: by the time the lease is gone and another may act on it, this node is fenced).
+    pub fence_secs: Option<u64>,
 }
 
 /// Where ipool's keys live in etcd unless `prefix` says otherwise.
@@ -78,6 +82,11 @@ fn default_heartbeat_ttl() -> u64 {
 }
 
 impl ClusterSettings {
+    /// The fence, in seconds (see `fence_secs`).
+    pub fn fence(&self) -> u64 {
+        self.fence_secs.unwrap_or(self.heartbeat_ttl_secs)
+    }
+
     /// Every value usable; each error names the key and the bad value.
     pub fn validate(&self) -> Result<(), String> {
         if self.etcd_endpoints.is_empty() {
@@ -132,6 +141,14 @@ impl ClusterSettings {
                 "[cluster] heartbeat_ttl_secs must be within 5..=3600 (it is {})",
                 self.heartbeat_ttl_secs
             ));
+        }
+        if let Some(f) = self.fence_secs {
+            if !(1..=self.heartbeat_ttl_secs).contains(&f) {
+                return Err(format!(
+                    "[cluster] fence_secs must be within 1..=heartbeat_ttl_secs ({}): a node must stop handing out before its lease can be gone (it is {f})",
+                    self.heartbeat_ttl_secs
+                ));
+            }
         }
         if self.block_hold_down_secs > crate::model::MAX_SECS {
             return Err(format!(

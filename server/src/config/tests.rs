@@ -103,6 +103,14 @@ fn bad_toml_is_named() {
         ),
         ("[cluster]\netcd_endpoints = []", "etcd_endpoints is empty"),
         (
+            "[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]\n[[network]]\nname = \"a\"\nranges_from = \"cluster\"\ncluster_pool = \"p\"\n[[network]]\nname = \"b\"\nranges_from = \"cluster\"\ncluster_pool = \"p\"",
+            "networks \"a\" and \"b\" both take their ranges from cluster pool \"p\"",
+        ),
+        (
+            "[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]\nheartbeat_ttl_secs = 10\nfence_secs = 11",
+            "fence_secs must be within 1..=heartbeat_ttl_secs (10)",
+        ),
+        (
             "[cluster]\netcd_endpoints = [\"https://etcd.local:2379\"]",
             "etcd endpoint \"https://etcd.local:2379\": the host must be an IP address",
         ),
@@ -258,6 +266,11 @@ cluster_pool = "main"
     assert_eq!(cluster.prefix, "/ipool/v1");
     assert_eq!(cluster.block_hold_down_secs, 600);
     assert_eq!(cluster.claim_ahead, 8);
+    assert_eq!(
+        cluster.fence(),
+        30,
+        "the fence defaults to the heartbeat TTL"
+    );
     assert_eq!(
         c.cluster_networks(),
         vec![("pods".to_string(), "main".to_string(), Vec::new())]

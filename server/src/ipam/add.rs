@@ -96,6 +96,12 @@ impl Ipam {
             return Ok(Step::Done((net.reply_for(existing.addresses()), seq)));
         }
         self.serving(st)?;
+        if let Some(why) = self.gate_closed() {
+            return match may_wait {
+                true => Ok(Step::Pending(Pending::new(why))),
+                false => Err(Error::Busy(why)),
+            };
+        }
         if st.is_drained(&req.key.network) {
             return Err(Error::Busy(format!(
                 "network {:?} is drained by an operator: no new addresses until it is undrained (ipoolctl drain --undo)",
@@ -401,6 +407,9 @@ fn claim_error(
         }
         ClaimError::NotHandedOut(why) => Error::InvalidConfig(format!(
             "requested address {ip}: {why} (network, broadcast and gateway addresses are never handed out)"
+        )),
+        ClaimError::Unavailable(why) => Error::Busy(format!(
+            "requested address {ip} of network {network:?} cannot be handed out now: {why}"
         )),
         ClaimError::Pool(e) => Error::Exhausted(format!(
             "requested address {ip} of network {network:?}: {e}"

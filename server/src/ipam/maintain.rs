@@ -1,6 +1,7 @@
 //! The background loop: ends reservations whose TTL passed, drops retiring range sets that hold
 //! nothing any more, starts the claims sources want (ahead of need), keeps each pool's idle set
-//! within [min_idle, max_idle] through the source's token bucket, (when configured) reclaims
+//! within [min_idle, max_idle] through the source's token bucket (and without the idle
+//! addresses its source withholds now: a block another node owns), (when configured) reclaims
 //! attachments whose network namespace is gone, and records the clock's high-water mark.
 //! After a store failure it reopens the store instead, until that succeeds. Woken after every
 //! change, and by a ticker.
@@ -63,7 +64,25 @@ impl Ipam {
                     block,
                     held: false,
                 }));
+                // Idle addresses where the source hands nothing out any more (a block another
+                // node owns now, say) leave the pool.
+                let withheld: Vec<IpAddr> = p
+                    .pool
+                    .idle_addresses()
+                    .map(|(ip, _)| ip)
+                    .filter(|ip| p.source.withheld(*ip).is_some())
+                    .collect();
                 if p.retiring {
+                    if !withheld.is_empty() {
+                        work.push(Work {
+                            network: name.clone(),
+                            set,
+                            set_id: p.id.clone(),
+                            fetch: Vec::new(),
+                            blocks: Vec::new(),
+                            give_back: withheld,
+                        });
+                    }
                     continue;
                 }
                 if let Some(claim) = p.source.start_claim() {
@@ -87,7 +106,10 @@ impl Ipam {
                 if fetch.len() < allowed {
                     p.source_errors += 1;
                 }
-                if !fetch.is_empty() || !m.give_back.is_empty() {
+                let mut give_back = m.give_back;
+                give_back.retain(|ip| !withheld.contains(ip));
+                give_back.extend(withheld);
+                if !fetch.is_empty() || !give_back.is_empty() {
                     let mut blocks = Vec::new();
                     for ip in &fetch {
                         p.block_change(name, *ip, &mut blocks);
@@ -98,7 +120,7 @@ impl Ipam {
                         set_id: p.id.clone(),
                         fetch,
                         blocks,
-                        give_back: m.give_back,
+                        give_back,
                     });
                 }
             }

@@ -107,6 +107,17 @@ impl Ipam {
             let mut guard = self.lock();
             let st = &mut *guard;
             self.serving(st)?;
+            // A source that does not know yet which addresses it holds (a cluster pool's
+            // blocks before the first sync) would find the live pods' addresses in none: wait.
+            for net in st.networks.values() {
+                for p in &net.pools[..net.current] {
+                    if let Err(why) = p.source.knows_its_addresses() {
+                        return Err(Error::Busy(format!(
+                            "the live pods' addresses are quarantined once {why}"
+                        )));
+                    }
+                }
+            }
             let now = self.now();
             let mut made: Vec<(Reservation, Vec<super::range_set::Pick>)> = Vec::new();
             let mut chosen = std::collections::HashSet::new();
@@ -156,7 +167,7 @@ impl Ipam {
                         tracing::warn!(%network, %ip, pod = %who, "a live pod reports an address the store does not hold, and the pod has a reservation already: not quarantined");
                         continue;
                     }
-                    let pick = match net.pools[set].pick_requested(set, *ip) {
+                    let pick = match net.pools[set].pick_quarantined(set, *ip) {
                         Ok(p) => p,
                         Err(e) => {
                             tracing::warn!(%network, %ip, pod = %who, error = ?e, "cannot quarantine a live pod's address");

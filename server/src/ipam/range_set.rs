@@ -76,6 +76,8 @@ pub(super) enum ClaimError {
     /// Reserved for a pod identity.
     Reserved,
     NotHandedOut(String),
+    /// The source hands nothing out from where the address is, now: why.
+    Unavailable(String),
     Pool(PoolError),
 }
 
@@ -131,7 +133,9 @@ impl RangeSetPool {
             _ => {}
         }
         let next = self.source.next();
-        if let Plan::Idle(ip) = self.pool.plan(now, next == Next::Exhausted)? {
+        let source = &self.source;
+        let usable = |ip| source.withheld(ip).is_none();
+        if let Plan::Idle(ip) = self.pool.plan(now, next == Next::Exhausted, usable)? {
             return Ok(Step::Done(idle(ip)));
         }
         // The pool asks the source (it has a token, and no cooled idle address).
@@ -165,7 +169,8 @@ impl RangeSetPool {
             Next::Exhausted => None,
         };
         // Settle for a cooling address.
-        match (self.pool.fallback(), why) {
+        let source = &self.source;
+        match (self.pool.fallback(|ip| source.withheld(ip).is_none()), why) {
             (Ok(ip), _) => Ok(Step::Done(idle(ip))),
             (Err(_), Some(why)) => Err(PickError::Unavailable(why)),
             (Err(e), None) => Err(PickError::Pool(e)),
@@ -173,8 +178,22 @@ impl RangeSetPool {
     }
 
     /// Picks the requested address `ip`: from idle (even if cooling: it was asked for by
-    /// name), or straight from the source.
+    /// name), or straight from the source. Nothing is picked where the source hands nothing
+    /// out now.
     pub(super) fn pick_requested(&mut self, set: usize, ip: IpAddr) -> Result<Pick, ClaimError> {
+        if let Some(Next::Pending(why) | Next::Unavailable(why)) = self.source.held_back() {
+            return Err(ClaimError::Unavailable(why));
+        }
+        self.pick_to_hold(set, ip, false)
+    }
+
+    /// Picks `ip` to be kept for a live pod (a quarantine): wherever the source holds it, even
+    /// where it hands nothing out now (keeping an address from everyone is always safe).
+    pub(super) fn pick_quarantined(&mut self, set: usize, ip: IpAddr) -> Result<Pick, ClaimError> {
+        self.pick_to_hold(set, ip, true)
+    }
+
+    fn pick_to_hold(&mut self, set: usize, ip: IpAddr, keep: bool) -> Result<Pick, ClaimError> {
         if self.pool.is_in_use(ip) {
             return Err(ClaimError::Held);
         }
@@ -182,6 +201,9 @@ impl RangeSetPool {
             return Err(ClaimError::Reserved);
         }
         if self.pool.idle_since(ip).is_some() {
+            if let Some(why) = self.source.withheld(ip).filter(|_| !keep) {
+                return Err(ClaimError::Unavailable(why));
+            }
             return Ok(Pick {
                 set,
                 ip,
@@ -189,9 +211,16 @@ impl RangeSetPool {
             });
         }
         self.source_calls += 1;
-        if let Err(e) = self.source.can_occupy(ip) {
+        let can = match keep {
+            true => self.source.can_hold(ip),
+            false => self.source.can_occupy(ip),
+        };
+        if let Err(e) = can {
             self.source_errors += 1;
-            return Err(ClaimError::NotHandedOut(e.to_string()));
+            return Err(match e {
+                crate::range::OccupyError::Withheld(_, why) => ClaimError::Unavailable(why),
+                e => ClaimError::NotHandedOut(e.to_string()),
+            });
         }
         if self.pool.tokens() == 0 {
             return Err(ClaimError::Pool(PoolError::NoToken(
@@ -205,9 +234,12 @@ impl RangeSetPool {
         })
     }
 
-    /// Picks `ip`, reserved for the requester's pod, if it is reserved here.
+    /// Picks `ip`, reserved for the requester's pod, if it is reserved here and its source
+    /// hands it out now (else the pod gets another address, or waits with the rest while its
+    /// source holds everything back).
     pub(super) fn pick_reserved(&self, set: usize, ip: IpAddr) -> Option<Pick> {
-        self.pool.is_reserved(ip).then_some(Pick {
+        let serves = self.source.held_back().is_none() && self.source.withheld(ip).is_none();
+        (serves && self.pool.is_reserved(ip)).then_some(Pick {
             set,
             ip,
             from: From::Reserved,

@@ -113,11 +113,13 @@ impl Ipam {
                 health: watch::Sender::new(Health {
                     all_drained,
                     store_failure: None,
+                    name_taken: None,
                 }),
                 metrics: setup.metrics,
                 sources: setup.sources,
                 landed: Notify::new(),
                 ranges_version: Default::default(),
+                add_gate: Default::default(),
             }),
         };
         {

@@ -72,6 +72,9 @@ impl Ipam {
         let mut st = self.lock();
         self.notice_store_failure(&mut st);
         self.serving(&st).map_err(|e| e.to_string())?;
+        if let Some(why) = self.gate_closed() {
+            return Err(why);
+        }
         let now = self.now();
         let Some(net) = st.networks.get(network) else {
             return match declared {
@@ -103,19 +106,38 @@ impl Ipam {
                 ));
             }
             let next = p.source.next();
+            let usable = |ip| p.source.withheld(ip).is_none();
             if let Next::Unavailable(why) = &next {
-                if p.pool.fallback().is_err() {
+                if p.pool.fallback(usable).is_err() {
                     return Err(format!(
                         "{} cannot serve an ADD: {why}",
                         p.describe(network)
                     ));
                 }
             }
-            if let Err(e) = p.pool.plan(now, next == Next::Exhausted) {
+            if let Err(e) = p.pool.plan(now, next == Next::Exhausted, usable) {
                 return Err(format!("{} cannot serve an ADD: {e}", p.describe(network)));
             }
         }
         Ok(())
+    }
+
+    /// True if anything here holds an address of `net`: an attachment, a reservation, an
+    /// idle address (a block of a pool no network uses any more is given back only when not).
+    pub fn holds_in(&self, net: &ipnet::IpNet) -> bool {
+        let st = self.lock();
+        st.attachments
+            .iter()
+            .any(|a| a.addresses().iter().any(|ip| net.contains(ip)))
+            || st
+                .reservations
+                .values()
+                .any(|r| r.addresses.iter().any(|ip| net.contains(ip)))
+            || st.networks.values().any(|n| {
+                n.pools
+                    .iter()
+                    .any(|p| p.pool.idle_addresses().any(|(ip, _)| net.contains(&ip)))
+            })
     }
 
     pub fn pool_status(&self, network: Option<&str>) -> Vec<PoolStatus> {

@@ -144,6 +144,7 @@ mod inputs;
 mod lifecycle;
 mod races;
 mod ranges;
+mod withheld;
 
 /// ipoold's start-up: read through one sled handle, serve through a second one opened after the
 /// first is dropped (sled locks its directory, so this also proves the reader is gone).

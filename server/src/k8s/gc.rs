@@ -59,6 +59,7 @@ pub async fn run(ipam: Ipam, pods: Pods) {
         let now = (pods.list_count(), ipam.ranges_version());
         if done != Some(now) && quarantine(&ipam, &pods).await {
             pods.quarantined(now.1);
+            ipam.gate_opened();
             done = Some(now);
         }
         if tokio::time::Instant::now() < next_check {
@@ -99,6 +100,11 @@ pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
         Ok(made) => {
             ipam.metrics().pod_gc("quarantined", made.len());
             true
+        }
+        // Waiting (a cluster pool's blocks not listed yet): tried again shortly.
+        Err(crate::error::Error::Busy(why)) => {
+            tracing::debug!(%why, "the live pods' addresses are not quarantined yet");
+            false
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot quarantine the live pods' addresses");

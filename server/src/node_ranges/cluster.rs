@@ -40,7 +40,7 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
     let mut last_remind = tokio::time::Instant::now();
     loop {
         let pause = match node.read_pool(&pool).await {
-            Ok(Some(spec)) => {
+            Ok(Some((spec, _))) => {
                 wait = Duration::from_secs(1);
                 let seen = Seen::Ranges {
                     sets: range_sets(&spec),
@@ -70,5 +70,57 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
             last_remind = tokio::time::Instant::now();
         }
         tokio::time::sleep(pause).await;
+    }
+}
+
+/// Gives back, every `resync_secs` while the node serves, this node's blocks of the pools no
+/// network here takes its ranges from any more (a network removed, or given another
+/// `cluster_pool`) once nothing here holds an address of them. Runs until aborted.
+pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, used: Vec<String>) {
+    let every = Duration::from_secs(node.settings().resync_secs);
+    loop {
+        tokio::time::sleep(every).await;
+        if node.serving().is_err() {
+            continue;
+        }
+        let me = node.name().to_string();
+        let listed = match node
+            .call("list_blocks", |s| async move {
+                s.list_blocks(None, Some(&me)).await
+            })
+            .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot list this node's blocks of unused pools");
+                continue;
+            }
+        };
+        for b in listed.blocks {
+            if used.contains(&b.pool) || ipam.holds_in(&b.block) {
+                continue;
+            }
+            let (given, block) = (b.clone(), b.block);
+            match node
+                .call(
+                    "give_back",
+                    |s| async move { s.give_back(&given, None).await },
+                )
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(pool = %b.pool, %block, "gave back a block of a pool no network here uses any more");
+                    crate::metrics::ClusterMetrics::pool_counter(
+                        &node.metrics().cluster.give_backs,
+                        &b.pool,
+                        1,
+                    );
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(pool = %b.pool, %block, error = %e, "cannot give back a block of an unused pool")
+                }
+            }
+        }
     }
 }

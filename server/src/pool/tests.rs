@@ -32,7 +32,7 @@ fn acquire(
 ) -> Result<IpAddr, PoolError> {
     let mut dry = false;
     loop {
-        match pool.plan(now, dry)? {
+        match pool.plan(now, dry, |_| true)? {
             Plan::Idle(ip) => {
                 pool.take(ip, owner)?;
                 return Ok(ip);
@@ -154,7 +154,7 @@ fn restored_holdings_may_exceed_a_lowered_capacity() {
         .expect("restored");
     assert_eq!((pool.in_use(), pool.idle(), pool.tokens()), (3, 1, 0));
     assert_eq!(
-        pool.plan(1000, false),
+        pool.plan(1000, false, |_| true),
         Ok(Plan::Idle(ip("10.0.0.9"))),
         "a cooled idle address still serves"
     );
@@ -235,7 +235,7 @@ fn reserved_addresses_hold_a_token_and_are_never_planned() {
     assert_eq!((pool.in_use(), pool.idle(), pool.reserved()), (0, 0, 1));
     assert_eq!(pool.tokens(), 1);
     assert_eq!(
-        pool.plan(0, true),
+        pool.plan(0, true, |_| true),
         Err(PoolError::Exhausted {
             in_use: 0,
             capacity: 2,

@@ -69,9 +69,6 @@ impl CniService {
         let result = async {
             let ipam = IpamSection::parse(&r.ipam_json)?;
             let mut requested = parse_ips(&r.requested_ips)?;
-            if let Some(pods) = &self.pods {
-                pods.ready(self.ipam.ranges_version())?;
-            }
             // A pod's ADD (K8S_POD_NAME given) takes the pod's metadata from the apiserver;
             // any other (podman, `ctr run --cni`) is served as it comes.
             let info = match (&self.pods, &mut pod) {
@@ -212,17 +209,10 @@ impl CniService {
                 None => Ok(None),
             })
             .map_err(Status::from)?;
-        let ready = match &self.pods {
-            Some(pods) => pods
-                .ready(self.ipam.ranges_version())
-                .map_err(|e| e.to_string()),
-            None => Ok(()),
+        let (available, reason) = match self.ipam.status(&r.network, declared.as_ref()) {
+            Ok(()) => (true, String::new()),
+            Err(why) => (false, why),
         };
-        let (available, reason) =
-            match ready.and_then(|()| self.ipam.status(&r.network, declared.as_ref())) {
-                Ok(()) => (true, String::new()),
-                Err(why) => (false, why),
-            };
         tracing::debug!(op = "STATUS", network = %r.network, available, reason = %reason);
         Ok(Response::new(pb::StatusResponse { available, reason }))
     }

@@ -74,7 +74,33 @@ impl Etcd {
         for m in &members {
             m.wait_ready();
         }
+        if n > 1 {
+            for m in &members {
+                m.wait_healthy();
+            }
+        }
         members
+    }
+
+    /// Waits until the member says it is healthy (it has a leader): a cluster serves once a
+    /// leader is elected. http only.
+    fn wait_healthy(&self) {
+        let addr = self.client_url.trim_start_matches("http://").to_string();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let healthy = std::panic::catch_unwind(|| super::http_get(&addr, "/health"))
+                .is_ok_and(|(status, body)| status.contains("200") && body.contains("true"));
+            if healthy {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd member {} has no leader:\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Starts (again) on the same data and ports; waits until it answers.
@@ -176,6 +202,38 @@ routes = [{{ dst = "0.0.0.0/0" }}]
 "#,
             self.client_url
         )
+    }
+
+    /// `ipoolctl cluster pool create ARGS...`, which must succeed.
+    pub fn create_pool(&self, args: &[&str]) {
+        let mut all = vec!["pool", "create"];
+        all.extend_from_slice(args);
+        let o = self.ctl(&all);
+        assert!(o.status.success(), "pool create: {}", super::stderr(&o));
+    }
+
+    /// Each block in etcd and its owner, as `ipoolctl cluster blocks` lists them.
+    pub fn owners(&self) -> std::collections::BTreeMap<ipnet::IpNet, String> {
+        let o = self.ctl(&["-o", "json", "blocks"]);
+        assert!(o.status.success(), "blocks: {}", super::stderr(&o));
+        super::json(&o)
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|b| {
+                (
+                    b["block"].as_str().expect("block").parse().expect("a CIDR"),
+                    b["node"].as_str().expect("node").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// ipoold as node `node` with network "pods" on cluster pool `pool`, started.
+    pub fn daemon(&self, node: &str, pool: &str, extra: &str) -> super::Daemon {
+        let mut d = super::Daemon::prepare_with_config(&self.daemon_config(node, pool, extra));
+        d.spawn();
+        d
     }
 
     pub fn log(&self) -> String {

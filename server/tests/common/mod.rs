@@ -10,8 +10,10 @@ use serde_json::Value;
 
 pub mod etcd;
 pub mod fake_api;
+pub mod history;
 pub mod netns;
 pub mod pki;
+pub mod proxy;
 
 pub fn ipoold_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ipoold"))
@@ -378,6 +380,24 @@ pub fn eventually<T, U: std::fmt::Debug>(
 }
 
 /// A loopback TCP port that was free a moment ago.
+/// ADD of `container` until it succeeds, for up to `secs`.
+pub fn add_within(secs: u64, what: &str, container: &str, conf: &str) -> Run {
+    eventually(secs, what, || {
+        let r = cni("ADD", container, conf);
+        match r.ok {
+            true => Ok(r),
+            false => Err(r),
+        }
+    })
+}
+
+/// `ipoolctl status -o json`: one entry per pool (network and family).
+pub fn pool_status(d: &Daemon) -> Vec<Value> {
+    let o = d.ctl(&["-o", "json", "status"]);
+    assert!(o.status.success(), "status: {}", stderr(&o));
+    json(&o).as_array().cloned().unwrap_or_default()
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use ipool_server::cluster::etcd::{
-    ClusterError, ClusterStore, PoolSpec, Tls, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
+    ClusterError, ClusterStore, MalformedKey, PoolSpec, Tls, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
+use ipool_server::cluster::nodes::NodeState;
 
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
 
@@ -53,11 +54,12 @@ pub(super) enum ClusterCommand {
         node: Option<String>,
     },
     /// Give back every block of a node that is gone. Refused while its daemon's heartbeat
-    /// lease lives, or while it was seen in the last --absent-for seconds; --force gives them
-    /// back anyway (and reports what it dropped).
+    /// lease lives, or while etcd has seen it within --absent-for seconds (and its fence);
+    /// each give-back holds only while the node stays away. --force gives them back anyway
+    /// (and reports what it dropped).
     ReleaseNode {
         node: String,
-        /// Seconds the node's daemon must have been silent.
+        /// Seconds the node's daemon must have been away, as etcd counts (its `seen` lease).
         #[arg(long, default_value_t = 3600)]
         absent_for: u64,
         #[arg(long)]
@@ -101,8 +103,15 @@ fn parse_nets(what: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
 fn exit_for(e: &ClusterError) -> u8 {
     match e {
         ClusterError::Etcd(_) => EXIT_UNREACHABLE,
-        ClusterError::Refused(m) if m.starts_with("no pool") => EXIT_NOT_FOUND,
-        _ => EXIT_REFUSED,
+        ClusterError::NotFound(_) => EXIT_NOT_FOUND,
+        ClusterError::Refused(_) | ClusterError::Malformed { .. } => EXIT_REFUSED,
+    }
+}
+
+/// Says on stderr which keys under the prefix name no owner (they count as occupied).
+fn warn_malformed(found: &[MalformedKey]) {
+    for m in found {
+        eprintln!("ipoolctl: warning: a malformed key in etcd, counted as occupied: {m}");
     }
 }
 
@@ -174,8 +183,9 @@ pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
                 }
             })
         }
-        ClusterCommand::Pool(PoolCommand::List) => store.list_pools().await.map(|pools| {
-            print_pools(&pools, out);
+        ClusterCommand::Pool(PoolCommand::List) => store.pools().await.map(|listed| {
+            warn_malformed(&listed.malformed);
+            print_pools(&listed.pools, out);
         }),
         ClusterCommand::Pool(PoolCommand::Delete { name }) => {
             store.delete_pool(name).await.map(|()| {
@@ -187,7 +197,10 @@ pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
         ClusterCommand::Blocks { pool, node } => store
             .list_blocks(pool.as_deref(), node.as_deref())
             .await
-            .map(|blocks| print_blocks(&blocks, out)),
+            .map(|listed| {
+                warn_malformed(&listed.malformed);
+                print_blocks(&listed.blocks, out)
+            }),
         ClusterCommand::ReleaseNode {
             node,
             absent_for,
@@ -260,7 +273,8 @@ fn print_blocks(blocks: &[ipool_server::cluster::etcd::Block], out: Output) {
     crate::print::table(&["POOL", "BLOCK", "NODE"], rows);
 }
 
-/// Gives back `node`'s blocks once it is gone (or with `force`), printing what was dropped.
+/// Gives back `node`'s blocks once etcd says it has been away long enough (or with
+/// `force`), printing what was given back.
 async fn release_node(
     store: &ClusterStore,
     node: &str,
@@ -268,31 +282,55 @@ async fn release_node(
     force: bool,
     out: Output,
 ) -> Result<(), ClusterError> {
-    let state = store.node_state(node).await?;
-    let now = ipool_server::cluster::etcd::now_ms();
-    let silent_secs = state.seen_ms.map(|s| now.saturating_sub(s) / 1000);
-    let refusal = if state.alive {
-        Some(format!(
-            "node {node:?} is alive: its daemon keeps its heartbeat lease in etcd"
-        ))
-    } else {
-        match silent_secs {
-            Some(s) if s < absent_for => Some(format!(
-                "node {node:?} was seen {s} s ago, less than --absent-for {absent_for} s: it may be restarting or cut off from etcd"
-            )),
-            _ => None,
+    let state = match store.node_state(node).await {
+        Err(e @ ClusterError::Malformed { .. }) if force => {
+            eprintln!("ipoolctl: --force: {e}");
+            let blocks = store.list_blocks(None, Some(node)).await?;
+            NodeState {
+                alive: None,
+                seen: None,
+                blocks,
+            }
         }
+        r => r?,
+    };
+    warn_malformed(&state.blocks.malformed);
+    let blocks = &state.blocks.blocks;
+    if blocks.is_empty() && state.alive.is_none() && state.seen.is_none() {
+        return Err(ClusterError::NotFound(format!(
+            "node {node:?} owns no block and has no heartbeat in etcd"
+        )));
+    }
+    let refusal = match (&state.alive, &state.seen) {
+        (Some(a), _) => Some(format!(
+            "node {node:?} is alive: its daemon (instance {}) keeps its heartbeat lease in etcd",
+            a.instance
+        )),
+        (None, Some((seen, away))) => {
+            // Past the fence, by more than a renewal's slack: the daemon, wherever it is, hands
+            // nothing out any more.
+            let fence = seen.fence_secs + seen.renew_secs + 1;
+            let need = absent_for.max(fence);
+            (*away < need as i64).then(|| {
+                format!(
+                    "node {node:?} was last seen {away} s ago by etcd's clock, less than {need} s (--absent-for {absent_for}, and its fence of {} s): it may be restarting or cut off from etcd",
+                    seen.fence_secs
+                )
+            })
+        }
+        // No `seen` key: away longer than its lease (30 days), or it never ran a heartbeat.
+        (None, None) => None,
     };
     if let Some(why) = &refusal {
         if !force {
             return Err(ClusterError::Refused(format!(
                 "{why}; its {} block(s) stay (--force gives them back anyway)",
-                state.blocks.len()
+                blocks.len()
             )));
         }
         eprintln!("ipoolctl: --force: {why}; giving its blocks back anyway");
     }
-    let released = store.release_node(node, &state.blocks).await?;
+    let released = store.release_node(node, blocks, force).await?;
     if out == Output::Json {
         print_blocks(&released, out);
         return Ok(());
@@ -305,7 +343,7 @@ async fn release_node(
             b.owner.claimed_at_ms
         );
     }
-    let kept = state.blocks.len() - released.len();
+    let kept = blocks.len() - released.len();
     outln!(
         "node {node}: {} block(s) given back{}",
         released.len(),

@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ipool_server::{
-    cluster::{node::ClusterNode, source::ClusterSource},
+    cluster::{
+        node::{ClusterNode, Identity},
+        source::ClusterSource,
+    },
     config::DaemonConfig,
     ipam::Ipam,
     metrics::Metrics,
@@ -38,7 +41,13 @@ pub(crate) fn setup(
             "[cluster]: this node owns blocks under its name: set [cluster] node_name, or give --node-name (NODE_NAME, from the downward API's spec.nodeName)"
         ),
     };
-    let node = ClusterNode::new(settings, name, metrics.clone())
+    if let (Some(configured), Some(given)) = (&settings.node_name, &args.node_name) {
+        if configured != given {
+            tracing::warn!(node_name = %configured, flag = %given, "[cluster] node_name differs from --node-name (NODE_NAME): blocks are owned under the config's name; one ConfigMap with a node_name on every node makes every node the same one in etcd (only one of them serves)");
+        }
+    }
+    let instance = instance_id(&args.state_dir).context("[cluster]: this daemon's instance id")?;
+    let node = ClusterNode::new(settings, name, instance, metrics.clone())
         .map_err(anyhow::Error::msg)
         .context("[cluster]")?;
     let networks = config.cluster_networks();
@@ -59,10 +68,55 @@ pub(crate) fn setup(
     Ok((Some(Cluster { node, networks }), sources))
 }
 
+/// This daemon's instance in etcd: the id of its state dir, made at its first start (a
+/// restart on the same state dir is the same instance; another machine, or a wiped state dir,
+/// is another).
+fn instance_id(state_dir: &std::path::Path) -> anyhow::Result<String> {
+    let path = state_dir.join("cluster-instance");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map(|u| u.trim().to_string())
+        .unwrap_or_else(|_| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            format!("{:x}-{:x}", t.as_nanos(), std::process::id())
+        });
+    ipool_server::install::install_bytes(&path, id.as_bytes(), 0o600)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(id)
+}
+
 /// Starts the heartbeat and follows each cluster network's pool.
 pub(crate) fn start(cluster: &Cluster, ipam: &Ipam) {
-    tracing::info!(node = %cluster.node.name(), etcd = %cluster.node.settings().etcd_endpoints.join(","), networks = cluster.networks.len(), "cluster mode");
+    tracing::info!(node = %cluster.node.name(), instance = %cluster.node.instance(), etcd = %cluster.node.settings().etcd_endpoints.join(","), networks = cluster.networks.len(), "cluster mode");
     tokio::spawn(cluster.node.clone().heartbeat());
+    // Health follows whether this daemon holds the node's name.
+    let (node, health) = (cluster.node.clone(), ipam.clone());
+    let mut changes = node.watch_identity();
+    tokio::spawn(async move {
+        loop {
+            let taken = match &*changes.borrow_and_update() {
+                Identity::Taken { .. } => node.serving().err().map(|n| n.why),
+                _ => None,
+            };
+            health.set_name_taken(taken);
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    let used = cluster.networks.iter().map(|(_, p, _)| p.clone()).collect();
+    tokio::spawn(node_ranges::cluster::give_back_unused(
+        cluster.node.clone(),
+        ipam.clone(),
+        used,
+    ));
     for (network, pool, routes) in &cluster.networks {
         let feed = Feed::new(ipam.clone(), network, routes.clone());
         tokio::spawn(node_ranges::cluster::follow(

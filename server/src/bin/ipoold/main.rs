@@ -328,7 +328,12 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             let c = kube_client(&args, &mut client).await?;
             let pods = k8s::Pods::start(c, &node, settings, ipam.metrics_handle());
             // ADDs wait (CNI 11, STATUS 50) until the pods are listed and their addresses
-            // quarantined: a lost or rebuilt store hands out no running pod's address.
+            // quarantined against the ranges they are served from: a lost or rebuilt store
+            // hands out no running pod's address.
+            let gate = pods.clone();
+            ipam.set_add_gate(std::sync::Arc::new(move |ranges_version| {
+                gate.ready(ranges_version).map_err(|e| e.to_string())
+            }));
             tokio::spawn(k8s::gc::run(ipam.clone(), pods.clone()));
             Some(pods)
         }

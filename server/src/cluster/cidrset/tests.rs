@@ -6,19 +6,26 @@ fn net(s: &str) -> IpNet {
 }
 
 #[test]
-fn carves_blocks_and_finds_them_again() {
-    let s = CidrSet::new(net("10.0.0.0/16"), 26).unwrap();
+fn carves_blocks_and_occupies_them() {
+    let mut s = CidrSet::new(net("10.0.0.0/16"), 26).unwrap();
     assert_eq!(s.len(), 1024);
     assert_eq!(s.block(0), net("10.0.0.0/26"));
     assert_eq!(s.block(5), net("10.0.1.64/26"));
     assert_eq!(s.block(1023), net("10.0.255.192/26"));
-    assert_eq!(s.index_of(net("10.0.1.64/26")), Some(5));
-    assert_eq!(s.index_of(net("10.0.1.64/27")), None, "another size");
-    assert_eq!(s.index_of(net("10.1.0.0/26")), None, "outside");
-    let v6 = CidrSet::new(net("fd00::/112"), 122).unwrap();
+    assert_eq!(s.occupy(net("10.0.1.64/26")), 1);
+    assert!(s.is_taken(5));
+    assert_eq!(
+        s.occupy(net("10.0.1.64/27")),
+        0,
+        "within a block taken already"
+    );
+    assert_eq!(s.occupy(net("10.1.0.0/26")), 0, "outside");
+    assert_eq!(s.used(), 1);
+    let mut v6 = CidrSet::new(net("fd00::/112"), 122).unwrap();
     assert_eq!(v6.len(), 1024);
     assert_eq!(v6.block(1), net("fd00::40/122"));
-    assert_eq!(v6.index_of(net("fd00::40/122")), Some(1));
+    assert_eq!(v6.occupy(net("fd00::40/122")), 1);
+    assert!(v6.is_taken(1));
 }
 
 #[test]
@@ -34,16 +41,20 @@ fn bad_carvings_are_named() {
 }
 
 #[test]
-fn allocate_rotates_and_skips_what_is_taken() {
+fn the_free_blocks_in_a_nodes_order_skip_what_is_taken() {
     let mut s = CidrSet::new(net("10.0.0.0/24"), 26).unwrap();
     assert_eq!(s.occupy(net("10.0.0.64/26")), 1);
-    assert_eq!(s.allocate_next(), Some(net("10.0.0.0/26")));
-    assert_eq!(s.allocate_next(), Some(net("10.0.0.128/26")));
-    assert!(s.release(net("10.0.0.0/26")));
-    // The candidate rotates on: the released block comes after the rest.
-    assert_eq!(s.allocate_next(), Some(net("10.0.0.192/26")));
-    assert_eq!(s.allocate_next(), Some(net("10.0.0.0/26")));
-    assert_eq!(s.allocate_next(), None);
+    let free: Vec<IpNet> = s.free_in_order("node-a").collect();
+    assert_eq!(free.len(), 3);
+    assert!(!free.contains(&net("10.0.0.64/26")));
+    let order: Vec<IpNet> = s.order("node-a").map(|i| s.block(i)).collect();
+    let kept: Vec<IpNet> = order
+        .into_iter()
+        .filter(|b| *b != net("10.0.0.64/26"))
+        .collect();
+    assert_eq!(free, kept, "in the node's order");
+    s.occupy(net("10.0.0.0/24"));
+    assert_eq!(s.free_in_order("node-a").next(), None);
     assert_eq!(s.used(), 4);
 }
 
@@ -54,7 +65,7 @@ fn an_excluded_range_occupies_every_block_it_touches() {
     assert_eq!(s.occupy(net("10.96.0.0/16")), 256);
     assert_eq!(s.occupy(net("10.111.255.128/25")), 1);
     assert_eq!(s.occupy(net("10.0.0.0/8")), s.len() - 257, "covers all");
-    assert_eq!(s.allocate_next(), None);
+    assert_eq!(s.free_in_order("x").next(), None);
     assert_eq!(s.occupy(net("192.168.0.0/16")), 0);
     assert_eq!(s.occupy(net("fd00::/8")), 0, "another family");
 }

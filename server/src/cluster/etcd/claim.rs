@@ -1,8 +1,9 @@
 //! Claiming a node's next block: the node's view of a pool's blocks, kept between claims.
 //!
 //! A claim tries the free blocks of the view in the node's order, one create-if-absent
-//! transaction each: etcd decides, so a stale view costs a lost candidate, never a second
-//! owner. The view is a full listing of the pool's blocks (O(blocks) for etcd and for this
+//! transaction each, conditioned on the pool as it was read: etcd decides, so a stale view
+//! costs a lost candidate, never a second owner, and a pool created anew (other block sizes)
+//! is read again before anything is claimed from it. The view is a full listing of the pool's blocks (O(blocks) for etcd and for this
 //! node), taken again only when it is older than [`VIEW_MAX_AGE`], after [`STALE_LOSSES`]
 //! candidates in a row were lost, or before the pool is said to have no free block; so a claim
 //! is usually one transaction, however many blocks the pool has.
@@ -25,11 +26,14 @@ pub(super) type Views = Arc<Mutex<HashMap<(String, bool, String), View>>>;
 /// What a node knows of one family of a pool's blocks.
 pub(super) struct View {
     spec: PoolSpec,
+    /// The pool key's revision the spec was read at: every claim is conditioned on it.
+    revision: i64,
     sets: Vec<CidrSet>,
     listed_at: Instant,
     excluded: usize,
     owned_here: usize,
     owned_elsewhere: usize,
+    malformed: Vec<super::MalformedKey>,
 }
 
 impl View {
@@ -47,6 +51,11 @@ pub struct ClaimOutcome {
     pub block: Option<Block>,
     /// Candidates another node won first.
     pub lost: usize,
+    /// The pool is no longer as it was read (deleted, or created anew): nothing was claimed;
+    /// read it again.
+    pub pool_changed: bool,
+    /// Keys of the pool that name no owner (counted as occupied), from the last listing.
+    pub malformed: Vec<super::MalformedKey>,
     /// The pool's blocks of the family, and of them: touched by an excluded range, owned by
     /// other nodes, by this node (as this node knows them; from a fresh listing when no block
     /// was won).
@@ -58,6 +67,8 @@ pub struct ClaimOutcome {
 
 enum Try {
     Won(Block),
+    /// The pool changed since it was read.
+    PoolChanged,
     /// Too many candidates lost: the view is stale.
     Stale,
     /// No free block in the view.
@@ -65,13 +76,14 @@ enum Try {
 }
 
 impl ClusterStore {
-    /// Claims the first free block of `pool` in `node`'s order (see
+    /// Claims the first free block of `pool` (read at `revision`) in `node`'s order (see
     /// [`CidrSet::free_in_order`]), for the CIDRs of one family (`v4`): blocks others won
     /// meanwhile are skipped. No block in the outcome: the pool has no free block of that
-    /// family (checked on a fresh listing).
+    /// family (checked on a fresh listing), or it changed since it was read (`pool_changed`).
     pub async fn claim_next(
         &self,
         pool: &PoolSpec,
+        revision: i64,
         v4: bool,
         node: &str,
     ) -> Result<ClaimOutcome, ClusterError> {
@@ -81,18 +93,25 @@ impl ClusterStore {
             .lock()
             .expect("views mutex poisoned")
             .remove(&key)
-            .filter(|v| v.spec == *pool && v.listed_at.elapsed() < VIEW_MAX_AGE);
+            .filter(|v| {
+                v.spec == *pool && v.revision == revision && v.listed_at.elapsed() < VIEW_MAX_AGE
+            });
         let (mut view, mut fresh) = match kept {
             Some(v) => (v, false),
-            None => (self.view(pool, v4, node).await?, true),
+            None => (self.view(pool, revision, v4, node).await?, true),
         };
         let mut lost = 0;
+        let mut pool_changed = false;
         let won = loop {
             match self.try_view(&mut view, node, fresh, &mut lost).await? {
                 Try::Won(b) => break Some(b),
+                Try::PoolChanged => {
+                    pool_changed = true;
+                    break None;
+                }
                 Try::Full if fresh => break None,
                 Try::Stale | Try::Full => {
-                    view = self.view(pool, v4, node).await?;
+                    view = self.view(pool, revision, v4, node).await?;
                     fresh = true;
                 }
             }
@@ -100,33 +119,55 @@ impl ClusterStore {
         let out = ClaimOutcome {
             block: won,
             lost,
+            pool_changed,
+            malformed: view.malformed.clone(),
             blocks: view.sets.iter().map(|s| s.len()).sum(),
             excluded: view.excluded,
             owned_elsewhere: view.owned_elsewhere,
             owned_here: view.owned_here,
         };
-        self.views
-            .lock()
-            .expect("views mutex poisoned")
-            .insert(key, view);
+        if !pool_changed {
+            self.views
+                .lock()
+                .expect("views mutex poisoned")
+                .insert(key, view);
+        }
         Ok(out)
     }
 
     /// A full listing of `pool`'s blocks of one family, as `node` sees them.
-    async fn view(&self, pool: &PoolSpec, v4: bool, node: &str) -> Result<View, ClusterError> {
+    async fn view(
+        &self,
+        pool: &PoolSpec,
+        revision: i64,
+        v4: bool,
+        node: &str,
+    ) -> Result<View, ClusterError> {
         let mut sets = pool.carve().map_err(ClusterError::Refused)?;
         sets.retain(|s| s.cidr().addr().is_ipv4() == v4);
         let listed_at = Instant::now();
         let listed = self.list_blocks(Some(&pool.name), None).await?;
         let mut view = View {
             spec: pool.clone(),
+            revision,
             excluded: sets.iter().map(|s| s.used()).sum(),
             sets,
             listed_at,
             owned_here: 0,
             owned_elsewhere: 0,
+            malformed: Vec::new(),
         };
-        for b in listed {
+        // A key that names a block but no owner: occupied by someone nobody can name.
+        for m in listed.malformed {
+            if let Some(b) = m.block {
+                if view.sets.iter().any(|s| s.cidr().contains(&b)) {
+                    view.occupy(b);
+                    view.owned_elsewhere += 1;
+                }
+            }
+            view.malformed.push(m);
+        }
+        for b in listed.blocks {
             if !view.sets.iter().any(|s| s.cidr().contains(&b.block)) {
                 continue;
             }
@@ -152,7 +193,10 @@ impl ClusterStore {
         let mut result = Try::Full;
         'sets: for s in &view.sets {
             for block in s.free_in_order(node) {
-                match self.claim(&view.spec.name, &block, node).await? {
+                match self
+                    .claim(&view.spec.name, view.revision, &block, node)
+                    .await?
+                {
                     Claimed::Won(b) => {
                         result = Try::Won(b);
                         break 'sets;
@@ -166,10 +210,14 @@ impl ClusterStore {
                         }
                     }
                     Claimed::NoPool => {
-                        return Err(ClusterError::Refused(format!(
+                        return Err(ClusterError::NotFound(format!(
                             "pool {:?} was deleted",
                             view.spec.name
                         )))
+                    }
+                    Claimed::PoolChanged => {
+                        result = Try::PoolChanged;
+                        break 'sets;
                     }
                 }
             }

@@ -9,6 +9,9 @@
 //!   write whose answer was lost is ambiguous, and the caller settles it (by reading).
 //! - Every call has a deadline (`timeout`), sent to etcd as `grpc-timeout` too.
 //! - TLS: the CA that signed etcd's certificate, and a client certificate when etcd asks.
+//! - Every answer's header is watched: an etcd whose cluster id changed, or whose revision is
+//!   below one seen before the request was sent (restored from an older backup), counts as
+//!   reset ([`EtcdClient::resets`]); what this node knew of it may no longer hold.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -109,7 +112,45 @@ struct Inner {
     conn: tokio::sync::Mutex<Option<(usize, Channel)>>,
     /// The endpoint the next connection starts from.
     next: AtomicUsize,
+    history: std::sync::Mutex<History>,
 }
+
+/// What the answers' headers said so far.
+#[derive(Default)]
+struct History {
+    cluster_id: u64,
+    revision: i64,
+    resets: u64,
+    last_reset: Option<String>,
+}
+
+/// An answer that carries etcd's response header (KV answers do; lease answers are left out:
+/// their revision is not that of the keys).
+pub trait Answer {
+    fn header(&self) -> Option<&pb::ResponseHeader> {
+        None
+    }
+}
+
+macro_rules! kv_answer {
+    ($($t:ty),*) => {$(
+        impl Answer for $t {
+            fn header(&self) -> Option<&pb::ResponseHeader> {
+                self.header.as_ref()
+            }
+        }
+    )*};
+}
+kv_answer!(
+    pb::RangeResponse,
+    pb::PutResponse,
+    pb::DeleteRangeResponse,
+    pb::TxnResponse
+);
+impl Answer for pb::LeaseGrantResponse {}
+impl Answer for pb::LeaseRevokeResponse {}
+impl Answer for pb::LeaseKeepAliveResponse {}
+impl Answer for pb::LeaseTimeToLiveResponse {}
 
 impl EtcdClient {
     /// A client of `endpoints` (`http://IP:PORT`, or `https://` with `tls`); every call is
@@ -147,6 +188,7 @@ impl EtcdClient {
                 timeout,
                 conn: tokio::sync::Mutex::new(None),
                 next: AtomicUsize::new(0),
+                history: Default::default(),
             }),
         })
     }
@@ -154,6 +196,47 @@ impl EtcdClient {
     /// Each call's deadline.
     pub fn timeout(&self) -> Duration {
         self.inner.timeout
+    }
+
+    /// How many times etcd was found reset (another cluster id, or its revision gone back),
+    /// and what was seen the last time.
+    pub fn resets(&self) -> (u64, Option<String>) {
+        let h = self.inner.history.lock().expect("history lock");
+        (h.resets, h.last_reset.clone())
+    }
+
+    fn revision_seen(&self) -> i64 {
+        self.inner.history.lock().expect("history lock").revision
+    }
+
+    /// Takes in an answer's header; `floor` is the highest revision seen before the request
+    /// was sent: a linearizable answer cannot be older.
+    fn observe(&self, floor: i64, header: &pb::ResponseHeader) {
+        let mut h = self.inner.history.lock().expect("history lock");
+        let mut reset = None;
+        if h.cluster_id != 0 && header.cluster_id != 0 && header.cluster_id != h.cluster_id {
+            reset = Some(format!(
+                "etcd's cluster id changed from {:x} to {:x} (a cluster made anew, from a backup?)",
+                h.cluster_id, header.cluster_id
+            ));
+        } else if header.revision > 0 && header.revision < floor {
+            reset = Some(format!(
+                "etcd's revision went back from {floor} to {} (restored from an older backup?)",
+                header.revision
+            ));
+        }
+        if header.cluster_id != 0 {
+            h.cluster_id = header.cluster_id;
+        }
+        match reset {
+            Some(why) => {
+                tracing::error!(%why, "etcd was reset: what this node knew of it is read again");
+                h.resets += 1;
+                h.last_reset = Some(why);
+                h.revision = header.revision;
+            }
+            None => h.revision = h.revision.max(header.revision),
+        }
     }
 
     /// The connection in use, or a new one: the endpoints are tried in turn from the one
@@ -207,13 +290,14 @@ impl EtcdClient {
     }
 
     /// Runs one call on the connection in use, within the deadline.
-    async fn run<T, F, Fut>(&self, f: F) -> Result<T, EtcdError>
+    async fn run<T: Answer, F, Fut>(&self, f: F) -> Result<T, EtcdError>
     where
         F: FnOnce(Channel, Duration) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let timeout = self.inner.timeout;
         let deadline = Instant::now() + timeout;
+        let floor = self.revision_seen();
         let (at, ch) = self.channel(deadline).await?;
         let left = deadline.saturating_duration_since(Instant::now());
         let r = match tokio::time::timeout_at(deadline, f(ch, left)).await {
@@ -221,10 +305,14 @@ impl EtcdClient {
             Ok(Err(s)) => Err(EtcdError::Status(s)),
             Err(_) => Err(EtcdError::Timeout(timeout)),
         };
-        if let Err(e) = &r {
-            if e.drops_connection() {
-                self.failed(at).await;
+        match &r {
+            Ok(answer) => {
+                if let Some(h) = answer.header() {
+                    self.observe(floor, h);
+                }
             }
+            Err(e) if e.drops_connection() => self.failed(at).await,
+            Err(_) => {}
         }
         r
     }

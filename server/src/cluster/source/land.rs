@@ -1,85 +1,99 @@
-//! What landed: a claim's outcome taken into the source.
+//! What landed: a claim's outcome taken into the source, and how the source describes its
+//! blocks.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
 use super::super::etcd::Block;
-use super::super::work::{Outcome, Work};
-use super::{ClusterSource, EXHAUSTED_RETRY};
-
+use super::super::work::{Done, Outcome, Work};
+use super::{BlockState, ClusterSource, Owned, EXHAUSTED_RETRY};
+use crate::metrics::ClusterMetrics;
+use crate::source::Next;
 impl ClusterSource {
-    pub(super) fn synced_with(&mut self, listed: Vec<Block>) -> Result<String, String> {
-        let mut mine = Vec::new();
-        for b in listed {
-            if self.cidrs.iter().any(|c| c.contains(&b.block)) {
-                self.add_block(b.block, false, Some(b.create_revision))?;
-                mine.push(b.block.network());
+    /// Takes in what a claim did (or why it failed).
+    pub(super) fn landed(&mut self, done: Done) -> Result<String, String> {
+        let outcome = match done.result {
+            Ok(o) => o,
+            Err(why) => {
+                match &done.work {
+                    // The delete may have been applied or not: the next sync says.
+                    Work::GiveBack(net, revision) => {
+                        if let Some(b) = self.blocks.get_mut(&net.network()) {
+                            b.state = BlockState::Unsettled(*revision);
+                        }
+                    }
+                    Work::Sync { .. } | Work::Claim { .. } | Work::Reclaim(_) => {}
+                }
+                self.failed_now(why.clone());
+                return Err(why);
             }
+        };
+        self.failed = None;
+        self.backoff = Duration::from_secs(1);
+        if !matches!(outcome, Outcome::PoolFull(_)) {
+            self.retry_at = None;
         }
-        let stale: Vec<IpNet> = self
-            .blocks
-            .iter()
-            .filter(|(k, b)| !mine.contains(k) && b.is_empty())
-            .map(|(_, b)| Self::net_of(b))
-            .collect();
-        for net in stale {
-            tracing::info!(pool = %self.pool, block = %net, "a block the store recorded is no longer this node's in etcd and holds nothing: dropped");
-            self.drop_block(net);
-        }
-        for b in self.blocks.values_mut() {
-            if !mine.contains(&Self::net_of(b).network()) {
-                b.revision = None;
-            }
-        }
-        self.synced = true;
-        self.last_sync = Some(Instant::now());
-        Ok(format!(
-            "this node owns {} block(s) of cluster pool {:?} ({})",
-            mine.len(),
-            self.pool,
-            self.family.as_str()
-        ))
-    }
-
-    pub(super) fn landed(&mut self, work: Work, outcome: Outcome) -> Result<String, String> {
         let pool = self.pool.clone();
-        match (work, outcome) {
-            (_, Outcome::Synced(listed)) => self.synced_with(listed),
-            (_, Outcome::Claimed(b)) => {
+        let node = self.node.clone();
+        let metrics = &node.metrics().cluster;
+        match (done.work, outcome) {
+            (Work::Sync { epoch }, Outcome::Synced(listed)) => Ok(self.synced_with(epoch, listed)),
+            (Work::Claim { .. }, Outcome::Claimed(b)) => {
                 self.exhausted = None;
-                self.add_block(b.block, false, Some(b.create_revision))?;
-                Ok(format!(
-                    "claimed block {} of cluster pool {pool:?}",
-                    b.block
-                ))
+                let net = b.block;
+                let r = self.add_block(net, false, BlockState::Confirmed(b.create_revision));
+                r.map(|()| format!("claimed block {net} of cluster pool {pool:?}"))
             }
             (_, Outcome::PoolFull(why)) => {
                 self.exhausted = Some(why.clone());
                 self.retry_at = Some(Instant::now() + EXHAUSTED_RETRY);
                 Err(why)
             }
+            (_, Outcome::PoolChanged) => Ok(format!(
+                "cluster pool {pool:?} changed since it was read: read again before claiming"
+            )),
+            // Claiming it back found it this node's already: as listed now.
+            (Work::Reclaim(net), Outcome::Synced(listed)) => {
+                let ours = listed.iter().find(|b| b.block == net);
+                if let (Some(l), Some(b)) = (ours, self.blocks.get_mut(&net.network())) {
+                    b.state = BlockState::Confirmed(l.create_revision);
+                }
+                Ok(format!(
+                    "block {net} of cluster pool {pool:?} is this node's after all"
+                ))
+            }
             (Work::Reclaim(net), Outcome::Reclaimed(revision)) => {
                 if let Some(b) = self.blocks.get_mut(&net.network()) {
-                    b.revision = Some(revision);
+                    b.state = BlockState::Confirmed(revision);
                 }
-                Ok(format!("claimed back block {net} of cluster pool {pool:?}, which still holds addresses in use here"))
+                Ok(format!("claimed back block {net} of cluster pool {pool:?}, which holds addresses in use here"))
             }
-            (Work::Reclaim(net), Outcome::Taken(owner)) => {
-                let why = format!("block {net} of cluster pool {pool:?} holds addresses in use here, but etcd says node {owner:?} owns it: nothing more is handed out from it (a forced release-node?)");
+            (Work::Reclaim(net), Outcome::Taken(holder)) => {
+                let why = format!("block {net} of cluster pool {pool:?} holds addresses in use here, but etcd says {holder} owns it: nothing more is handed out from it (a forced release-node?)");
                 tracing::error!(%why, "block conflict");
+                ClusterMetrics::conflict(&metrics.conflicts, &pool, "ownership", 1);
                 if let Some(b) = self.blocks.get_mut(&net.network()) {
-                    b.lost = Some(why.clone());
+                    b.state = BlockState::Lost(format!("{holder} owns it"));
                 }
                 Err(why)
             }
-            (Work::GiveBack(net), Outcome::GaveBack(ours)) => {
+            (Work::GiveBack(net, _), Outcome::GaveBack(ours)) => {
+                if ours {
+                    ClusterMetrics::pool_counter(&metrics.give_backs, &pool, 1);
+                }
+                let held_here = self
+                    .blocks
+                    .get(&net.network())
+                    .is_some_and(|b| !b.is_empty());
+                if held_here {
+                    // Something was placed in it meanwhile (a quarantine): claim it back.
+                    if let Some(b) = self.blocks.get_mut(&net.network()) {
+                        b.state = BlockState::Reclaiming;
+                    }
+                    return Err(format!("block {net} of cluster pool {pool:?} was given back while an address of it came to be held here: claiming it back"));
+                }
                 self.drop_block(net);
-                crate::metrics::ClusterMetrics::pool_counter(
-                    &self.node.metrics().cluster.give_backs,
-                    &pool,
-                    ours as u64,
-                );
                 Ok(match ours {
                     true => format!("gave back empty block {net} of cluster pool {pool:?}"),
                     false => format!("block {net} of cluster pool {pool:?} was no longer this node's key in etcd; dropped"),
@@ -87,5 +101,116 @@ impl ClusterSource {
             }
             (work, outcome) => Err(format!("{work:?} cannot end in {outcome:?}")),
         }
+    }
+
+    /// This node's blocks of the pool as etcd listed them, in serving epoch `epoch`.
+    fn synced_with(&mut self, epoch: u64, listed: Vec<Block>) -> String {
+        let mut mine = Vec::new();
+        for b in listed {
+            if !self.cidrs.iter().any(|c| c.contains(&b.block)) {
+                continue;
+            }
+            match self.add_block(b.block, false, BlockState::Confirmed(b.create_revision)) {
+                Ok(()) => mine.push(b.block.network()),
+                Err(e) => {
+                    tracing::warn!(pool = %self.pool, error = %e, "a listed block cannot be used")
+                }
+            }
+        }
+        let mut dropped = Vec::new();
+        for (k, b) in self.blocks.iter_mut() {
+            if mine.contains(k) {
+                continue;
+            }
+            match (&b.state, b.is_empty()) {
+                (_, true) => dropped.push(b.net()),
+                (BlockState::Lost(_), false) => {}
+                (_, false) => {
+                    tracing::warn!(pool = %self.pool, block = %b.net(), "a block holding addresses here is not this node's in etcd: claiming it back; nothing is handed out from it meanwhile");
+                    b.state = BlockState::Reclaiming;
+                }
+            }
+        }
+        for net in dropped {
+            tracing::info!(pool = %self.pool, block = %net, "a block that is not this node's in etcd holds nothing here: dropped");
+            self.drop_block(net);
+        }
+        let first = self.synced.is_none();
+        self.synced = Some(epoch);
+        self.last_sync = Some(Instant::now());
+        if first {
+            tracing::info!(pool = %self.pool, family = self.family.as_str(), blocks = mine.len(), "this node's blocks listed: serving");
+        }
+        format!(
+            "this node owns {} block(s) of cluster pool {:?} ({})",
+            mine.len(),
+            self.pool,
+            self.family.as_str()
+        )
+    }
+
+    /// Why nothing is handed out from block `b`.
+    pub(super) fn why_withheld(&self, b: &Owned) -> String {
+        let net = b.net();
+        let pool = &self.pool;
+        match &b.state {
+            BlockState::Confirmed(_) => String::new(),
+            BlockState::Unconfirmed => format!(
+                "block {net} of cluster pool {pool:?} is not yet confirmed as this node's by etcd"
+            ),
+            BlockState::Reclaiming => format!(
+                "block {net} of cluster pool {pool:?} is not this node's in etcd and is being claimed back"
+            ),
+            BlockState::Returning(_) => {
+                format!("block {net} of cluster pool {pool:?} is being given back")
+            }
+            BlockState::Unsettled(_) => format!(
+                "block {net} of cluster pool {pool:?} was being given back and etcd did not answer: the next sync says whose it is"
+            ),
+            BlockState::Lost(why) => format!(
+                "block {net} of cluster pool {pool:?} is not this node's: {why}"
+            ),
+        }
+    }
+
+    /// The blocks and their states, for status.
+    pub(super) fn describe_blocks(&self) -> String {
+        let owned: Vec<String> = self
+            .blocks
+            .values()
+            .map(|b| {
+                let net: IpNet = b.net();
+                let used = b.alloc.size() - b.alloc.free();
+                match &b.state {
+                    BlockState::Confirmed(_) => format!("{net} ({used} used)"),
+                    BlockState::Lost(why) => format!("{net} (CONFLICT: {why}; {used} held here)"),
+                    other => format!("{net} ({}, {used} held here)", other.name().to_uppercase()),
+                }
+            })
+            .collect();
+        let mut s = format!(
+            "cluster pool {:?}: {} block(s) here{}{}",
+            self.pool,
+            owned.len(),
+            if owned.is_empty() { "" } else { ": " },
+            owned.join(", ")
+        );
+        if let Some(Next::Pending(why) | Next::Unavailable(why)) = self.not_serving() {
+            s.push_str("; not serving: ");
+            s.push_str(&why);
+        }
+        if let Some(why) = &self.exhausted {
+            s.push_str("; ");
+            s.push_str(why);
+        }
+        let malformed = self.node.malformed();
+        if !malformed.is_empty() {
+            s.push_str(&format!(
+                "; {} malformed key(s) in etcd, counted as occupied: {}",
+                malformed.len(),
+                malformed.join(", ")
+            ));
+        }
+        s
     }
 }

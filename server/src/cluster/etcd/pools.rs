@@ -1,0 +1,147 @@
+//! Pools in etcd: created only when no other pool overlaps (however creations interleave),
+//! read with the revision a claim is conditioned on, deleted only when no block of theirs is
+//! owned.
+
+use super::request::{self, cmp, op};
+use super::{ClusterError, ClusterStore, MalformedKey, PoolSpec};
+
+/// Listings a pool creation checks before it gives up on pools that keep changing.
+const CREATE_ATTEMPTS: usize = 5;
+
+/// Every pool, the keys under `pools/` that hold none, and the revision of the listing.
+pub struct Pools {
+    pub pools: Vec<PoolSpec>,
+    pub malformed: Vec<MalformedKey>,
+    pub revision: i64,
+}
+
+impl ClusterStore {
+    /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
+    /// pool's (or a malformed pool key stands there). The overlap check holds however
+    /// creations interleave: the creation is conditioned on no pool having been written since
+    /// the listing it checked.
+    pub async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
+        spec.validate().map_err(ClusterError::Refused)?;
+        let key = self.pool_key(&spec.name);
+        let value = serde_json::to_vec(spec).expect("a pool serializes");
+        for _ in 0..CREATE_ATTEMPTS {
+            let listed = self.pools().await?;
+            if let Some(m) = listed.malformed.first() {
+                return Err(ClusterError::Refused(format!(
+                    "pool {:?}: another pool's key is malformed, so overlaps cannot be ruled out: {m} (fix or delete it)",
+                    spec.name
+                )));
+            }
+            for other in listed.pools {
+                for a in &spec.cidrs {
+                    if let Some(b) = other.cidrs.iter().find(|b| a.contains(*b) || b.contains(a)) {
+                        return Err(ClusterError::Refused(format!(
+                            "pool {:?}: CIDR {a} overlaps {b} of pool {:?}",
+                            spec.name, other.name
+                        )));
+                    }
+                }
+            }
+            let txn = request::txn(
+                [
+                    cmp::version(key.clone(), cmp::Equal, 0),
+                    cmp::with_prefix(cmp::mod_revision(
+                        self.pools_prefix(),
+                        cmp::Less,
+                        listed.revision + 1,
+                    )),
+                ],
+                [op::put(key.clone(), value.clone(), 0)],
+                [op::get(key.clone())],
+            );
+            let r = self.client.txn(txn).await?;
+            if r.succeeded {
+                return Ok(());
+            }
+            if request::txn_reads(&r).next().is_some() {
+                return Err(ClusterError::Refused(format!(
+                    "pool {:?} exists already",
+                    spec.name
+                )));
+            }
+            // Another pool was written since the listing: check again.
+        }
+        Err(ClusterError::Refused(format!(
+            "pool {:?}: other pools kept changing during {CREATE_ATTEMPTS} attempts; try again",
+            spec.name
+        )))
+    }
+
+    /// Every pool; a key that holds no pool is reported, not an error.
+    pub async fn pools(&self) -> Result<Pools, ClusterError> {
+        let r = self
+            .client
+            .range(request::get_prefix(self.pools_prefix()))
+            .await?;
+        let mut out = Pools {
+            pools: Vec::new(),
+            malformed: Vec::new(),
+            revision: r.header.map(|h| h.revision).unwrap_or_default(),
+        };
+        for kv in &r.kvs {
+            let key = String::from_utf8_lossy(&kv.key).into_owned();
+            match serde_json::from_slice::<PoolSpec>(&kv.value) {
+                Ok(p) => out.pools.push(p),
+                Err(e) => out.malformed.push(MalformedKey {
+                    key,
+                    why: e.to_string(),
+                    block: None,
+                }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pool `name` and the revision it was last written at (a claim is conditioned on it).
+    pub async fn get_pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
+        let key = self.pool_key(name);
+        let r = self.client.range(request::get(key.clone())).await?;
+        let Some(kv) = r.kvs.first() else {
+            return Ok(None);
+        };
+        let spec: PoolSpec =
+            serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
+                what: "pool",
+                key: key.clone(),
+                why: e.to_string(),
+            })?;
+        if spec.name != name {
+            return Err(ClusterError::Malformed {
+                what: "pool",
+                key,
+                why: format!("it names pool {:?}", spec.name),
+            });
+        }
+        Ok(Some((spec, kv.mod_revision)))
+    }
+
+    /// Deletes pool `name`; refused while any of its blocks is owned.
+    pub async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
+        let key = self.pool_key(name);
+        let blocks = self.blocks_prefix(name);
+        let txn = request::txn(
+            [
+                cmp::version(key.clone(), cmp::Greater, 0),
+                cmp::with_prefix(cmp::version(blocks, cmp::Equal, 0)),
+            ],
+            [op::delete(key)],
+            [],
+        );
+        if self.client.txn(txn).await?.succeeded {
+            return Ok(());
+        }
+        if self.get_pool(name).await?.is_none() {
+            return Err(ClusterError::NotFound(format!("no pool {name:?}")));
+        }
+        let owned = self.list_blocks(Some(name), None).await?;
+        Err(ClusterError::Refused(format!(
+            "pool {name:?} still has {} owned block(s) (release them first: ipoolctl cluster release-node)",
+            owned.blocks.len() + owned.malformed.len()
+        )))
+    }
+}

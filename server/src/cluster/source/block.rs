@@ -1,0 +1,87 @@
+//! A block this node holds, and where it stands between this node and etcd.
+
+use std::time::Instant;
+
+use ipnet::IpNet;
+
+use crate::range::{Range, RangeAllocator, RangeSpec};
+
+/// Where a block stands between this node and etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// The store holds it; no sync has said yet whose it is.
+    Unconfirmed,
+    /// This node's, as of the last sync or its claim: its key's create revision.
+    Confirmed(i64),
+    /// etcd does not list it as this node's, and addresses held here are in it: to be
+    /// claimed back.
+    Reclaiming,
+    /// Being given back (it was empty).
+    Returning(i64),
+    /// A give-back whose outcome is not known (etcd did not answer): the next sync says.
+    Unsettled(i64),
+    /// Another node owns it, or it cannot be this node's: why.
+    Lost(String),
+}
+
+impl BlockState {
+    /// The label of the state (metrics, status).
+    pub fn name(&self) -> &'static str {
+        match self {
+            BlockState::Unconfirmed => "unconfirmed",
+            BlockState::Confirmed(_) => "confirmed",
+            BlockState::Reclaiming => "reclaiming",
+            BlockState::Returning(_) => "returning",
+            BlockState::Unsettled(_) => "unsettled",
+            BlockState::Lost(_) => "lost",
+        }
+    }
+
+    /// Every state, for metrics that show zeros too.
+    pub const ALL: [&'static str; 6] = [
+        "unconfirmed",
+        "confirmed",
+        "reclaiming",
+        "returning",
+        "unsettled",
+        "lost",
+    ];
+}
+
+pub(super) struct Owned {
+    pub(super) alloc: RangeAllocator,
+    /// The store holds it.
+    pub(super) recorded: bool,
+    pub(super) state: BlockState,
+    pub(super) empty_since: Option<Instant>,
+}
+
+impl Owned {
+    pub(super) fn new(net: IpNet, recorded: bool, state: BlockState) -> Result<Owned, String> {
+        let range = Range::from_spec(&RangeSpec {
+            subnet: net.to_string(),
+            range_start: None,
+            range_end: None,
+            gateway: None,
+        })
+        .map_err(|e| format!("block {net}: {e}"))?;
+        Ok(Owned {
+            alloc: RangeAllocator::new(vec![range]),
+            recorded,
+            state,
+            empty_since: Some(Instant::now()),
+        })
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.alloc.free() == self.alloc.size()
+    }
+
+    pub(super) fn confirmed(&self) -> bool {
+        matches!(self.state, BlockState::Confirmed(_))
+    }
+
+    pub(super) fn net(&self) -> IpNet {
+        self.alloc.ranges()[0].subnet
+    }
+}

@@ -1,0 +1,244 @@
+//! The block states of a [`ClusterSource`], driven by the outcomes that land (no etcd: the
+//! claims it starts are dropped unpolled, and their results made up here).
+
+use std::time::Duration;
+
+use super::*;
+use crate::cluster::etcd::{Block, Owner};
+use crate::cluster::node::Identity;
+use crate::cluster::work::Outcome;
+use crate::config::ClusterSettings;
+use crate::range::RangeSpec;
+
+fn net(s: &str) -> IpNet {
+    s.parse().expect("test CIDR")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test address")
+}
+
+fn node(extra: &str) -> Arc<ClusterNode> {
+    let settings: ClusterSettings = toml::from_str(&format!(
+        "etcd_endpoints = [\"http://127.0.0.1:1\"]\nheartbeat_ttl_secs = 10\nclaim_ahead = 1\nblock_hold_down_secs = 0\n{extra}"
+    ))
+    .expect("settings");
+    ClusterNode::new(settings, "n1".into(), "inst-1".into(), Arc::default()).expect("node")
+}
+
+fn source(node: &Arc<ClusterNode>) -> ClusterSource {
+    let range = Range::from_spec(&RangeSpec {
+        subnet: "10.0.0.0/24".into(),
+        range_start: None,
+        range_end: None,
+        gateway: None,
+    })
+    .expect("range");
+    ClusterSource::new(node.clone(), "p", &[range], 0)
+}
+
+fn block(cidr: &str, revision: i64) -> Block {
+    Block {
+        pool: "p".into(),
+        block: net(cidr),
+        owner: Owner {
+            node: "n1".into(),
+            claimed_at_ms: 0,
+        },
+        create_revision: revision,
+    }
+}
+
+fn land(
+    s: &mut ClusterSource,
+    work: Work,
+    result: Result<Outcome, String>,
+) -> Result<String, String> {
+    s.land(Box::new(Done { work, result }))
+}
+
+/// The work the source starts next (its claim is dropped: nothing runs).
+fn next_work(s: &mut ClusterSource) -> Option<Work> {
+    let w = s.next_work();
+    if let Some(claim) = s.start_claim() {
+        drop(claim);
+    }
+    w
+}
+
+fn epoch(n: &ClusterNode) -> u64 {
+    n.serving().expect("serving")
+}
+
+fn synced(s: &mut ClusterSource, n: &ClusterNode, blocks: &[Block]) {
+    let e = epoch(n);
+    land(
+        s,
+        Work::Sync { epoch: e },
+        Ok(Outcome::Synced(blocks.to_vec())),
+    )
+    .expect("synced");
+}
+
+#[test]
+fn nothing_is_handed_out_before_the_node_holds_its_name_and_the_source_synced() {
+    let n = node("");
+    let mut s = source(&n);
+    assert!(
+        matches!(s.held_back(), Some(Next::Pending(w)) if w.contains("registering node name \"n1\""))
+    );
+    assert_eq!(
+        next_work(&mut s),
+        None,
+        "no etcd work before the name is held"
+    );
+    n.pretend_identity(Identity::Taken {
+        instance: "other".into(),
+    });
+    assert!(matches!(s.held_back(), Some(Next::Unavailable(w)) if w.contains("instance other")));
+    n.pretend_renewed(Duration::ZERO);
+    assert!(matches!(s.held_back(), Some(Next::Pending(w)) if w.contains("listing")));
+    assert!(s.knows_its_addresses().is_err());
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    assert_eq!(s.held_back(), None);
+    assert!(s.knows_its_addresses().is_ok());
+    assert_eq!(s.next(), Next::Ready(ip("10.0.0.2")));
+}
+
+#[test]
+fn a_fenced_node_hands_out_nothing_until_it_renewed_and_synced_again() {
+    let n = node("fence_secs = 5");
+    let mut s = source(&n);
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    assert_eq!(s.held_back(), None);
+    // Not renewed for longer than the fence.
+    n.pretend_renewed(Duration::from_secs(6));
+    match s.held_back() {
+        Some(Next::Unavailable(why)) => assert!(why.contains("fenced"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.peek_next_n(3), Vec::<IpAddr>::new());
+    assert!(
+        s.can_occupy(ip("10.0.0.5")).is_ok(),
+        "the block is still this node's"
+    );
+    // Renewed: a new epoch; the old sync does not count.
+    n.pretend_renewed(Duration::ZERO);
+    assert!(matches!(s.held_back(), Some(Next::Pending(_))));
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    assert_eq!(s.held_back(), None);
+}
+
+#[test]
+fn a_block_being_given_back_takes_nothing_in_and_an_unanswered_give_back_waits_for_a_sync() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source(&n);
+    synced(
+        &mut s,
+        &n,
+        &[block("10.0.0.0/28", 7), block("10.0.0.16/28", 8)],
+    );
+    // The second block is empty and not needed: it is given back.
+    s.take_next(ip("10.0.0.2")).expect("take");
+    let w = next_work(&mut s);
+    assert_eq!(w, Some(Work::GiveBack(net("10.0.0.16/28"), 8)));
+    let inside = ip("10.0.0.20");
+    let e = s.can_occupy(inside).expect_err("returning");
+    assert!(e.to_string().contains("being given back"), "{e}");
+    assert!(s.withheld(inside).is_some());
+    assert!(s
+        .peek_next_n(20)
+        .iter()
+        .all(|a| !net("10.0.0.16/28").contains(a)));
+    // etcd did not answer: the delete may have been applied.
+    land(
+        &mut s,
+        Work::GiveBack(net("10.0.0.16/28"), 8),
+        Err("etcd: no answer within 2s".into()),
+    )
+    .expect_err("failed");
+    assert!(s
+        .withheld(inside)
+        .is_some_and(|w| w.contains("did not answer")));
+    assert!(s.detail().unwrap_or_default().contains("UNSETTLED"));
+    // The next work is a sync, whatever the backoff says about claims.
+    s.retry_at = None;
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+    // The delete had been applied: the sync does not list it, and it is dropped.
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    assert!(!s.contains(inside));
+    assert!(s.withheld(inside).is_some());
+}
+
+#[test]
+fn a_give_back_that_lands_on_a_block_holding_an_address_claims_it_back() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source(&n);
+    synced(
+        &mut s,
+        &n,
+        &[block("10.0.0.0/28", 7), block("10.0.0.16/28", 8)],
+    );
+    s.take_next(ip("10.0.0.2")).expect("take");
+    assert_eq!(
+        next_work(&mut s),
+        Some(Work::GiveBack(net("10.0.0.16/28"), 8))
+    );
+    // A live pod's address, quarantined meanwhile: kept from everyone, even here.
+    assert!(s.can_hold(ip("10.0.0.20")).is_ok());
+    s.occupy(ip("10.0.0.20")).expect("kept");
+    land(
+        &mut s,
+        Work::GiveBack(net("10.0.0.16/28"), 8),
+        Ok(Outcome::GaveBack(true)),
+    )
+    .expect_err("not given back as empty");
+    assert_eq!(next_work(&mut s), Some(Work::Reclaim(net("10.0.0.16/28"))));
+}
+
+#[test]
+fn a_block_etcd_gives_to_another_node_serves_nothing_and_goes_once_empty() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source(&n);
+    s.restore_block("10.0.0.0/28").expect("recorded");
+    s.occupy(ip("10.0.0.3")).expect("in use");
+    assert!(s
+        .withheld(ip("10.0.0.3"))
+        .is_some_and(|w| w.contains("not yet confirmed")));
+    // etcd lists nothing as this node's: a block holding an address here is claimed back.
+    synced(&mut s, &n, &[]);
+    assert!(s
+        .withheld(ip("10.0.0.3"))
+        .is_some_and(|w| w.contains("claimed back")));
+    assert_eq!(next_work(&mut s), Some(Work::Reclaim(net("10.0.0.0/28"))));
+    land(
+        &mut s,
+        Work::Reclaim(net("10.0.0.0/28")),
+        Ok(Outcome::Taken("node \"n2\"".into())),
+    )
+    .expect_err("a conflict");
+    assert!(s.detail().unwrap_or_default().contains("CONFLICT"));
+    assert!(s.can_occupy(ip("10.0.0.5")).is_err());
+    // Its last address released: nothing here holds it any more; it is forgotten.
+    assert!(s.vacate(ip("10.0.0.3")));
+    assert!(!s.contains(ip("10.0.0.5")));
+    assert_eq!(s.forget(), vec!["10.0.0.0/28".to_string()]);
+}
+
+#[test]
+fn an_empty_block_etcd_no_longer_lists_is_dropped_at_the_sync() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source(&n);
+    s.restore_block("10.0.0.0/28").expect("recorded");
+    synced(&mut s, &n, &[block("10.0.0.16/28", 9)]);
+    assert!(!s.contains(ip("10.0.0.2")));
+    assert_eq!(s.forget(), vec!["10.0.0.0/28".to_string()]);
+    assert_eq!(s.next(), Next::Ready(ip("10.0.0.18")));
+}

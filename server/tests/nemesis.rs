@@ -1,0 +1,459 @@
+//! The randomized fault test of cluster mode (a nemesis, as etcd's functional tester and Jepsen
+//! have): 3 to 5 real daemons on one real etcd, each through a TCP proxy of the test's own;
+//! pods added and deleted through the real plugin by worker threads, while the nemesis kills
+//! and restarts daemons, stops and starts etcd, delays, drops or cuts a daemon's etcd
+//! connection, starts a second daemon under a node's name, and retires nodes (store wiped,
+//! blocks force-released: the node and its pods are gone). The checker (`common::history`)
+//! then proves that no address was ever held by two pods at once, that every acknowledged
+//! attachment is still held unless a DEL released it, and that every held address lies in a
+//! block etcd says its node owns.
+//!
+//! Seeded: the fault schedule follows from `IPOOL_NEMESIS_SEED` (printed; random when unset).
+//! It runs `IPOOL_NEMESIS_SECS` seconds (default 100: CI's bounded run; set more to search
+//! longer).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::etcd::Etcd;
+use common::history::{History, Hold, Rng};
+use common::proxy::{Mode, Proxy};
+use common::*;
+use ipnet::IpNet;
+
+const POOL: &str = "nemesis";
+/// The daemons' settings: short leases and fences, quick give-backs, so that blocks move.
+const TUNING: &str = "heartbeat_ttl_secs = 5\nresync_secs = 2\nblock_hold_down_secs = 1\nclaim_ahead = 2\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n";
+
+struct Node {
+    name: String,
+    daemon: Mutex<Daemon>,
+    proxy: Proxy,
+    conf: String,
+    /// A fault of the nemesis is on this node now.
+    busy: AtomicBool,
+}
+
+struct Run {
+    etcd: Mutex<Etcd>,
+    nodes: Vec<Node>,
+    history: Mutex<History>,
+    stop: AtomicBool,
+    seed: u64,
+}
+
+impl Run {
+    fn now(&self) -> f64 {
+        self.history.lock().unwrap().now()
+    }
+}
+
+fn addr(cidr: &str) -> IpAddr {
+    cidr.split('/').next().unwrap().parse().unwrap()
+}
+
+/// A worker: ADDs and DELs through the real plugin on random nodes, as a kubelet would (a
+/// failed ADD is followed by a DEL; a DEL is called until it succeeds).
+fn worker(run: Arc<Run>, id: usize) {
+    let mut rng = Rng::new(run.seed ^ (id as u64 + 1).wrapping_mul(0x1234_5678_9abc));
+    let mut pods: Vec<(usize, String)> = Vec::new();
+    let mut to_delete: Vec<(usize, String)> = Vec::new();
+    let mut n = 0u64;
+    while !run.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(20 + rng.below(40)));
+        // Pending DELs first.
+        to_delete.retain(|(i, c)| !cni("DEL", c, &run.nodes[*i].conf).ok);
+        let del = !pods.is_empty() && (pods.len() > 60 || rng.chance(0.45));
+        if del {
+            let (i, c) = pods.swap_remove(rng.below(pods.len() as u64) as usize);
+            let node = &run.nodes[i];
+            let at = run.now();
+            run.history.lock().unwrap().deleting(&node.name, &c, at);
+            if !cni("DEL", &c, &node.conf).ok {
+                to_delete.push((i, c));
+            }
+            continue;
+        }
+        let i = rng.below(run.nodes.len() as u64) as usize;
+        let node = &run.nodes[i];
+        n += 1;
+        let c = format!("w{id}-{n}");
+        let r = cni("ADD", &c, &node.conf);
+        let at = run.now();
+        match r.ok {
+            true => {
+                let ip = addr(&r.addresses()[0]);
+                run.history.lock().unwrap().acked(&node.name, &c, ip, at);
+                pods.push((i, c));
+            }
+            false => {
+                run.history.lock().unwrap().adds_failed += 1;
+                to_delete.push((i, c));
+            }
+        }
+    }
+    // The end: every DEL still owed is made (the nemesis healed everything first).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !to_delete.is_empty() && Instant::now() < deadline {
+        to_delete.retain(|(i, c)| !cni("DEL", c, &run.nodes[*i].conf).ok);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        to_delete.is_empty(),
+        "seed {}: DELs that never succeeded: {to_delete:?}",
+        run.seed
+    );
+}
+
+/// Takes node `i` for a fault: false if another fault holds it.
+fn take(run: &Run, i: usize) -> bool {
+    !run.nodes[i].busy.swap(true, Ordering::SeqCst)
+}
+
+fn release(run: &Run, i: usize) {
+    run.nodes[i].busy.store(false, Ordering::SeqCst);
+}
+
+fn log_fault(run: &Run, what: String) {
+    let at = run.now();
+    eprintln!("nemesis {at:7.2}s: {what}");
+    run.history.lock().unwrap().fault(at, what);
+}
+
+/// One fault, chosen by `rng`, run to its end (faults of different nodes overlap: each runs on
+/// a thread of its own).
+fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
+    let i = rng.below(run.nodes.len() as u64) as usize;
+    let pause = Duration::from_millis(500 + rng.below(7000));
+    let kind = rng.below(100);
+    let name = run.nodes[i].name.clone();
+    if kind < 12 {
+        // etcd itself: stopped, then started.
+        let run = run.clone();
+        return Some(std::thread::spawn(move || {
+            log_fault(&run, format!("etcd stopped for {pause:?}"));
+            run.etcd.lock().unwrap().stop();
+            std::thread::sleep(pause);
+            run.etcd.lock().unwrap().spawn();
+            log_fault(&run, "etcd started".into());
+        }));
+    }
+    if !take(run, i) {
+        return None;
+    }
+    let run = run.clone();
+    let mode = match rng.below(4) {
+        0 => Mode::Delay(Duration::from_millis(50 + rng.below(400))),
+        1 => Mode::DropReplies,
+        2 => Mode::Blackhole,
+        _ => Mode::Refuse,
+    };
+    Some(std::thread::spawn(move || {
+        let node = &run.nodes[i];
+        match kind {
+            12..=45 => {
+                log_fault(
+                    &run,
+                    format!("{name}: etcd connection {mode:?} for {pause:?}"),
+                );
+                node.proxy.set(mode);
+                std::thread::sleep(pause);
+                node.proxy.set(Mode::Pass);
+                node.proxy.cut();
+            }
+            46..=70 => {
+                log_fault(&run, format!("{name}: killed (-9), back in {pause:?}"));
+                node.daemon.lock().unwrap().kill9();
+                std::thread::sleep(pause.min(Duration::from_secs(3)));
+                node.daemon.lock().unwrap().spawn();
+                log_fault(&run, format!("{name}: restarted"));
+            }
+            71..=80 => {
+                // The node and its pods are gone: its store wiped, its blocks released.
+                let mut d = node.daemon.lock().unwrap();
+                d.kill9();
+                let at = run.now();
+                run.history.lock().unwrap().wiped(&name, at);
+                std::fs::remove_dir_all(&d.state).expect("wipe the store");
+                let etcd_url = run.etcd.lock().unwrap().client_url.clone();
+                let released = std::process::Command::new(ipoolctl_bin())
+                    .args(["cluster", "release-node", &name, "--force"])
+                    .args(["--etcd-endpoints", &etcd_url, "--etcd-timeout", "2"])
+                    .output()
+                    .expect("ipoolctl");
+                log_fault(
+                    &run,
+                    format!(
+                        "{name}: retired (store wiped, release-node --force: {}), back in {pause:?}",
+                        if released.status.success() { "done" } else { "failed" }
+                    ),
+                );
+                drop(d);
+                std::thread::sleep(pause.min(Duration::from_secs(3)));
+                node.daemon.lock().unwrap().spawn();
+                log_fault(&run, format!("{name}: started with an empty store"));
+            }
+            81..=90 => {
+                // Its store wiped without a release: it comes back to its blocks, its pods gone.
+                let mut d = node.daemon.lock().unwrap();
+                d.kill9();
+                let at = run.now();
+                run.history.lock().unwrap().wiped(&name, at);
+                std::fs::remove_dir_all(&d.state).expect("wipe the store");
+                d.spawn();
+                log_fault(&run, format!("{name}: restarted with a wiped store"));
+            }
+            _ => {
+                // A second daemon under the same node name, for a while: it must hold back.
+                let toml = run.etcd.lock().unwrap().daemon_config(&name, POOL, TUNING);
+                let mut twin = Daemon::prepare_with_config(&toml);
+                twin.spawn();
+                log_fault(
+                    &run,
+                    format!("{name}: a second daemon started under its name"),
+                );
+                let conf = twin.conf("1.0.0", "pods", "");
+                let twin_name = format!("{name}#twin");
+                let deadline = Instant::now() + pause;
+                let mut k = 0;
+                while Instant::now() < deadline {
+                    k += 1;
+                    let c = format!("twin-{}-{k}", run.now() as u64);
+                    let r = cni("ADD", &c, &conf);
+                    if r.ok {
+                        let at = run.now();
+                        let ip = addr(&r.addresses()[0]);
+                        run.history.lock().unwrap().acked(&twin_name, &c, ip, at);
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                twin.kill9();
+                let at = run.now();
+                run.history.lock().unwrap().wiped(&twin_name, at);
+                log_fault(&run, format!("{name}: the second daemon stopped"));
+            }
+        }
+        release(&run, i);
+    }))
+}
+
+fn seed() -> u64 {
+    match std::env::var("IPOOL_NEMESIS_SEED") {
+        Ok(s) => s.parse().expect("IPOOL_NEMESIS_SEED: a number"),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1),
+    }
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn no_address_is_ever_held_twice_whatever_the_faults() {
+    let seed = seed();
+    let secs: u64 = std::env::var("IPOOL_NEMESIS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let mut rng = Rng::new(seed);
+    let count = 3 + rng.below(3) as usize;
+    eprintln!("nemesis: seed {seed}, {count} nodes, {secs} s (IPOOL_NEMESIS_SEED={seed} replays the schedule)");
+    let etcd = Etcd::start();
+    etcd.create_pool(&[POOL, "--cidr", "10.80.0.0/23", "--block-size", "28"]);
+    let etcd_addr = etcd.client_url.trim_start_matches("http://").to_string();
+    let nodes: Vec<Node> = (0..count)
+        .map(|i| {
+            let name = format!("node-{i}");
+            let proxy = Proxy::start(&etcd_addr);
+            let toml = etcd
+                .daemon_config(&name, POOL, TUNING)
+                .replace(&etcd.client_url, &proxy.url);
+            let mut d = Daemon::prepare_with_config(&toml);
+            d.spawn();
+            let conf = d.conf("1.0.0", "pods", "");
+            Node {
+                name,
+                daemon: Mutex::new(d),
+                proxy,
+                conf,
+                busy: AtomicBool::new(false),
+            }
+        })
+        .collect();
+    let run = Arc::new(Run {
+        etcd: Mutex::new(etcd),
+        nodes,
+        history: Mutex::new(History::new()),
+        stop: AtomicBool::new(false),
+        seed,
+    });
+    let workers: Vec<_> = (0..4)
+        .map(|id| {
+            let run = run.clone();
+            std::thread::spawn(move || worker(run, id))
+        })
+        .collect();
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut faults = Vec::new();
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(300 + rng.below(1500)));
+        faults.retain(|f: &std::thread::JoinHandle<()>| !f.is_finished());
+        if faults.len() < 2 {
+            faults.extend(fault(&run, &mut rng));
+        }
+    }
+    for f in faults {
+        f.join().expect("a fault's thread panicked");
+    }
+    log_fault(&run, "healed: every fault over".into());
+    run.stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        w.join().expect("a worker panicked");
+    }
+
+    let history = run.history.lock().unwrap();
+    eprintln!("nemesis: seed {seed}: {}", history.summary());
+    let overlaps = history.overlaps();
+    assert!(
+        overlaps.is_empty(),
+        "seed {seed}: one address held twice at once:\n{}\nfaults:\n{}",
+        describe(&overlaps),
+        faults_text(&history)
+    );
+    // The end: what each daemon lists against what the history says it holds.
+    let mut listed: BTreeMap<String, BTreeSet<(String, IpAddr)>> = BTreeMap::new();
+    for node in &run.nodes {
+        let d = node.daemon.lock().unwrap();
+        let o = d.ctl(&["-o", "json", "list"]);
+        assert!(
+            o.status.success(),
+            "seed {seed}: {}: {}",
+            node.name,
+            stderr(&o)
+        );
+        let set = json(&o)
+            .as_array()
+            .expect("a list")
+            .iter()
+            .flat_map(|a| {
+                let c = a["containerID"].as_str().unwrap_or_default().to_string();
+                a["addresses"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |ip| (c.clone(), ip.as_str().unwrap_or_default().parse().unwrap()))
+            })
+            .collect();
+        listed.insert(node.name.clone(), set);
+    }
+    let problems = history.check_end(&listed);
+    assert!(
+        problems.is_empty(),
+        "seed {seed}:\n{}\nfaults:\n{}",
+        problems.join("\n"),
+        faults_text(&history)
+    );
+    // Every held address lies in a block etcd says its node owns (once the nodes synced).
+    let etcd = run.etcd.lock().unwrap();
+    eventually(30, "every held address in a block of its own node", || {
+        let owners = etcd.owners();
+        let wrong: Vec<String> = listed
+            .iter()
+            .flat_map(|(node, l)| l.iter().map(move |(c, ip)| (node, c, *ip)))
+            .filter(|(node, _, ip)| {
+                owners
+                    .iter()
+                    .find(|(b, _): &(&IpNet, &String)| b.contains(ip))
+                    .is_none_or(|(_, owner)| owner != *node)
+            })
+            .map(|(node, c, ip)| format!("{node} holds {c} {ip}, in a block not its own"))
+            .collect();
+        match wrong.is_empty() {
+            true => Ok(()),
+            false => Err(format!("seed {seed}: {wrong:?}")),
+        }
+    });
+    assert!(
+        history.adds_ok > 50 && history.faults.len() > 5,
+        "seed {seed}: the run did too little to prove anything: {}",
+        history.summary()
+    );
+}
+
+fn describe(overlaps: &[(Hold, Hold)]) -> String {
+    overlaps
+        .iter()
+        .map(|(a, b)| format!("{a:?}\n  and {b:?}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn faults_text(h: &History) -> String {
+    h.faults
+        .iter()
+        .map(|(at, w)| format!("{at:7.2}s {w}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The checker finds what it must: an overlap of two holds of one address (on one node and
+/// across nodes), an acknowledged attachment gone without a DEL, a leak, and an address listed
+/// twice; and a clean history passes.
+#[test]
+fn the_checker_finds_duplicates_losses_and_leaks() {
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    let mut h = History::new();
+    h.acked("n1", "a", ip("10.0.0.2"), 1.0);
+    h.deleting("n1", "a", 2.0);
+    h.acked("n2", "b", ip("10.0.0.2"), 2.5);
+    assert!(h.overlaps().is_empty(), "one after the other");
+    h.acked("n3", "c", ip("10.0.0.2"), 3.0);
+    assert_eq!(h.overlaps().len(), 1, "across nodes");
+    h.acked("n2", "d", ip("10.0.0.3"), 3.0);
+    h.acked("n2", "e", ip("10.0.0.3"), 4.0);
+    assert_eq!(h.overlaps().len(), 2, "on one node");
+    // A wiped node's holds end with it; an answer recorded after the wipe but acknowledged
+    // before it ends there too.
+    let mut w = History::new();
+    w.acked("n1", "a", ip("10.0.0.9"), 1.0);
+    w.wiped("n1", 2.0);
+    w.acked("n2", "b", ip("10.0.0.9"), 2.5);
+    w.acked("n1", "late", ip("10.0.0.8"), 1.5);
+    w.acked("n2", "c", ip("10.0.0.8"), 2.6);
+    assert!(w.overlaps().is_empty(), "{:?}", w.overlaps());
+    assert!(w.open().iter().all(|h| h.node == "n2"));
+
+    let mut end = History::new();
+    end.acked("n1", "a", ip("10.0.0.2"), 1.0);
+    end.acked("n2", "b", ip("10.0.0.3"), 1.0);
+    let mut listed: BTreeMap<String, BTreeSet<(String, IpAddr)>> = BTreeMap::new();
+    listed
+        .entry("n1".into())
+        .or_default()
+        .insert(("a".into(), ip("10.0.0.2")));
+    listed
+        .entry("n2".into())
+        .or_default()
+        .insert(("b".into(), ip("10.0.0.3")));
+    assert!(end.check_end(&listed).is_empty());
+    let mut lost = listed.clone();
+    lost.get_mut("n2").unwrap().clear();
+    assert!(end.check_end(&lost)[0].contains("no longer held"));
+    let mut leaked = listed.clone();
+    leaked
+        .get_mut("n2")
+        .unwrap()
+        .insert(("z".into(), ip("10.0.0.2")));
+    let p = end.check_end(&leaked);
+    assert!(p.iter().any(|p| p.contains("a leak")), "{p:?}");
+    assert!(
+        p.iter().any(|p| p.contains("held on n1 and on n2")),
+        "{p:?}"
+    );
+}
