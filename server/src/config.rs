@@ -176,10 +176,22 @@ pub struct KubernetesSettings {
     /// How long an ADD waits for the apiserver when its pod is not in the watch cache.
     #[serde(default = "default_pod_get_ms")]
     pub pod_get_timeout_ms: u64,
+    /// The longest wait for the apiserver's next byte on any request (lists included); a watch
+    /// is ended by the apiserver before it (every `read_timeout_secs - 5`) and made again.
+    #[serde(default = "default_read_timeout")]
+    pub read_timeout_secs: u64,
 }
 
 fn default_pod_get_ms() -> u64 {
     2000
+}
+
+/// The apiserver's read deadline unless `[kubernetes] read_timeout_secs` says otherwise (and
+/// without `[kubernetes]`: the Node watched for `ranges_from = "node"`).
+pub const DEFAULT_READ_TIMEOUT_SECS: u64 = 30;
+
+fn default_read_timeout() -> u64 {
+    DEFAULT_READ_TIMEOUT_SECS
 }
 
 impl Default for KubernetesSettings {
@@ -188,6 +200,7 @@ impl Default for KubernetesSettings {
             gc_grace_secs: default_gc_grace(),
             sticky_kinds: Vec::new(),
             pod_get_timeout_ms: default_pod_get_ms(),
+            read_timeout_secs: default_read_timeout(),
         }
     }
 }
@@ -339,6 +352,12 @@ impl DaemonConfig {
                 MAX_ADD_WAIT_MS,
                 "10 minutes",
             )?;
+            if !(10..=600).contains(&k.read_timeout_secs) {
+                return Err(format!(
+                    "[kubernetes] read_timeout_secs must be within 10..=600 (it is {})",
+                    k.read_timeout_secs
+                ));
+            }
         }
         at_most(
             "[cni] add_wait_ms",

@@ -52,9 +52,10 @@ mod release;
 mod state;
 mod status;
 mod sticky;
+mod suspects;
 
 pub use events::{Event, EventKind};
-pub use leak::LeakSuspects;
+pub use leak::{netns_gone, LeakSuspects};
 pub use maintain::spawn_maintenance;
 pub use ops::{Filter, ALL_NETWORKS};
 pub use pods::{LivePod, PodAttachment, Quarantine};
@@ -62,6 +63,7 @@ pub use ranges::RangesChanged;
 pub use recover::Setup;
 pub use release::{ReleaseBy, Released};
 pub use status::PoolStatus;
+pub use suspects::Suspects;
 
 use state::State;
 
@@ -83,8 +85,10 @@ struct Shared {
     changed: Notify,
     /// Wakes the ADDs waiting for addresses on their way: a claim landed, ranges arrived.
     landed: Notify,
-    /// Bumped whenever a network's ranges change at runtime (see `Ipam::ranges_version`).
+    /// Bumped whenever a network's ranges change at runtime, or a source comes to know which
+    /// addresses it holds (see `Ipam::ranges_version`); sent to `ranges_changes` too.
     ranges_version: std::sync::atomic::AtomicU64,
+    ranges_changes: watch::Sender<u64>,
     /// Time between leak checks; zero: none.
     leak_check: Duration,
     /// Allocation events, for `Watch`.
@@ -212,12 +216,27 @@ impl Ipam {
         &self.shared.metrics
     }
 
-    /// A number that changes whenever a network's ranges change at runtime: what was checked
-    /// against the ranges (the live pods' addresses) is checked again.
+    /// A number that changes whenever a network's ranges change at runtime, or a source comes
+    /// to know which addresses it holds (a cluster pool's first sync): what was checked against
+    /// the ranges (the live pods' addresses) is checked again.
     pub fn ranges_version(&self) -> u64 {
         self.shared
             .ranges_version
             .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// [`Ipam::ranges_version`], as it changes.
+    pub fn watch_ranges(&self) -> watch::Receiver<u64> {
+        self.shared.ranges_changes.subscribe()
+    }
+
+    /// The ranges changed (before they serve: whoever checks against them sees it).
+    fn ranges_moved(&self) {
+        let v = self
+            .shared
+            .ranges_version
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.shared.ranges_changes.send_replace(v + 1);
     }
 
     /// Sets what ADDs (and STATUS) wait for before addresses are chosen: asked under the

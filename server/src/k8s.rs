@@ -7,5 +7,5 @@ pub mod gc;
 pub mod meta;
 pub mod pods;
 
-pub use client::client;
+pub use client::{client, watch_config};
 pub use pods::Pods;

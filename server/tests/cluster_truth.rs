@@ -127,6 +127,7 @@ fn a_lost_store_quarantines_the_live_pods_addresses_against_the_synced_blocks() 
     let etcd = Etcd::start();
     etcd.create_pool(&["q1", "--cidr", "10.71.0.0/24", "--block-size", "28"]);
     let api = FakeApi::start();
+    api.put("nodes", json!({"metadata": {"name": "n1"}}));
     let pod = |name: &str, uid: &str, ip: Option<&str>| {
         let mut p = json!({"metadata": {"namespace": "app", "name": name, "uid": uid},
             "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}});

@@ -41,6 +41,8 @@ struct Node {
 
 struct Run {
     etcd: Mutex<Etcd>,
+    /// An etcd fault is on (one at a time).
+    etcd_busy: AtomicBool,
     nodes: Vec<Node>,
     history: Mutex<History>,
     stop: AtomicBool,
@@ -134,6 +136,9 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
     let name = run.nodes[i].name.clone();
     if kind < 12 {
         // etcd itself: stopped, then started.
+        if run.etcd_busy.swap(true, Ordering::SeqCst) {
+            return None;
+        }
         let run = run.clone();
         return Some(std::thread::spawn(move || {
             log_fault(&run, format!("etcd stopped for {pause:?}"));
@@ -141,6 +146,7 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
             std::thread::sleep(pause);
             run.etcd.lock().unwrap().spawn();
             log_fault(&run, "etcd started".into());
+            run.etcd_busy.store(false, Ordering::SeqCst);
         }));
     }
     if !take(run, i) {
@@ -287,6 +293,7 @@ fn no_address_is_ever_held_twice_whatever_the_faults() {
         .collect();
     let run = Arc::new(Run {
         etcd: Mutex::new(etcd),
+        etcd_busy: AtomicBool::new(false),
         nodes,
         history: Mutex::new(History::new()),
         stop: AtomicBool::new(false),

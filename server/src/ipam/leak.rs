@@ -4,34 +4,21 @@
 //! for a sticky pod, and never when the path's directory itself is not visible (ipoold cannot
 //! tell, e.g. /var/run/netns is not mounted into its container).
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
+use super::suspects::Suspects;
 use super::{Ipam, ReleaseBy, Released};
 use crate::error::Error;
 use crate::model::Millis;
 use crate::store::AttachmentKey;
 
-/// Attachments seen without their network namespace: key -> (the record's creation time, when
-/// first seen missing). Kept by the caller between checks.
-#[derive(Debug, Default)]
-pub struct LeakSuspects {
-    seen: HashMap<AttachmentKey, (Millis, Millis)>,
-}
+/// Attachments seen without their network namespace. Kept by the caller between checks.
+pub type LeakSuspects = Suspects<AttachmentKey>;
 
-impl LeakSuspects {
-    pub fn len(&self) -> usize {
-        self.seen.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seen.is_empty()
-    }
-}
-
-/// Some(true): the namespace is gone; Some(false): it is there; None: ipoold cannot tell.
-fn netns_gone(path: &str) -> Option<bool> {
+/// Some(true): the namespace at `path` is gone; Some(false): it is there; None: ipoold cannot
+/// tell (the directory it would be in is not visible here).
+pub fn netns_gone(path: &str) -> Option<bool> {
     let p = Path::new(path);
     if p.symlink_metadata().is_ok() {
         return Some(false);
@@ -81,27 +68,29 @@ impl Ipam {
         // Filesystem checks happen outside the state lock.
         let now = self.now();
         let gap = u64::try_from(min_gap.as_millis()).unwrap_or(u64::MAX);
+        let missing: Vec<(AttachmentKey, Millis, String)> = candidates
+            .into_iter()
+            .filter(|(_, _, netns)| netns_gone(netns) == Some(true))
+            .collect();
+        let paths: std::collections::HashMap<AttachmentKey, String> = missing
+            .iter()
+            .map(|(k, _, p)| (k.clone(), p.clone()))
+            .collect();
         let mut due: Vec<(AttachmentKey, Millis)> = Vec::new();
-        let mut still = HashMap::new();
-        for (key, created, netns) in candidates {
-            if netns_gone(&netns) != Some(true) {
-                continue;
-            }
-            let first = suspects
-                .seen
-                .get(&key)
-                .filter(|(c, _)| *c == created)
-                .map_or(now, |(_, f)| *f);
+        for (key, created, first) in
+            suspects.check(missing.into_iter().map(|(k, c, _)| (k, c)), now)
+        {
+            // A network namespace has no age of its own here: the gap alone decides.
             if first < now && now - first >= gap {
                 due.push((key, created));
-            } else {
-                if first == now {
-                    tracing::info!(network = %key.network, container = %key.container_id, ifname = %key.ifname, %netns, "network namespace missing; released if still missing at the next check");
-                }
-                still.insert(key, (created, first));
+            } else if first == now {
+                let netns = paths.get(&key).map(String::as_str).unwrap_or_default();
+                tracing::info!(network = %key.network, container = %key.container_id, ifname = %key.ifname, %netns, "network namespace missing; released if still missing at the next check");
             }
         }
-        suspects.seen = still;
+        for (key, _) in &due {
+            suspects.clear(key);
+        }
         self.release_unchanged(&due, ReleaseBy::Leak).await
     }
 }

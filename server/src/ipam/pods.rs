@@ -17,6 +17,8 @@ pub struct PodAttachment {
     pub key: AttachmentKey,
     pub pod: Pod,
     pub created_at_ms: Millis,
+    /// Its network namespace as the runtime gave it (CNI_NETNS), "" if none.
+    pub netns: String,
 }
 
 /// A pod the apiserver lists as running here, with the addresses it reports.
@@ -45,6 +47,7 @@ impl Ipam {
                 key: a.key(),
                 pod: a.pod(),
                 created_at_ms: a.created_at_ms(),
+                netns: a.netns().to_string(),
             })
             .collect()
     }

@@ -118,9 +118,7 @@ impl Ipam {
                 now,
             )?;
             // Before the new ranges serve: whoever checks against them sees they changed.
-            self.shared
-                .ranges_version
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.ranges_moved();
             let seq = self.commit(st, &changes, |st| {
                 for r in &ended {
                     st.reservations.remove(&r.key);
@@ -336,7 +334,14 @@ impl Ipam {
         };
         // A claim started before the set was rebuilt (new ranges, a store recovery) lands in
         // the set's new source: the block is the set's either way.
-        let landed = match p.source.land(landed) {
+        let knew = p.source.knows_its_addresses().is_ok();
+        let result = p.source.land(landed);
+        if !knew && p.source.knows_its_addresses().is_ok() {
+            // Its addresses are known now: what was checked against the ranges is checked
+            // again (before anything is handed out from them).
+            self.ranges_moved();
+        }
+        let landed = match result {
             Ok(what) => {
                 tracing::info!(network, set, %what, "claim landed");
                 true

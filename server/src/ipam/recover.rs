@@ -119,6 +119,7 @@ impl Ipam {
                 sources: setup.sources,
                 landed: Notify::new(),
                 ranges_version: Default::default(),
+                ranges_changes: watch::Sender::new(0),
                 add_gate: Default::default(),
             }),
         };

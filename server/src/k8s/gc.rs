@@ -1,36 +1,38 @@
 //! The pod GC (Calico's rules, Terway's re-check): an attachment whose pod is gone (not in the
-//! watch cache, or there with another UID) is released only when it was seen gone at two
-//! checks at least `gc_grace_secs` apart, it is at least that old, and a live GET just before
-//! confirms it (404, or another UID). Any check that finds the pod clears the suspicion. No
-//! check runs before the first full list, nor while the apiserver does not answer. A sticky
-//! pod's addresses become its reservation. Quarantines (see [`crate::ipam::Ipam::quarantine`])
-//! end by the same rules; they are made after each full list.
+//! watch cache, there with another UID, or finished: Succeeded or Failed) is released only when
+//! it was seen gone at two checks at least `gc_grace_secs` apart, it is at least that old, a
+//! live GET just before confirms it (404, another UID, bound elsewhere, finished), and its
+//! network namespace no longer exists (a sandbox that is still there keeps its address, however
+//! long the apiserver has forgotten its pod). Any check that finds the pod clears the suspicion.
+//! No check runs before the first full list, before the apiserver confirmed this node exists,
+//! nor while it does not answer. A sticky pod's addresses become its reservation.
+//!
+//! Quarantines (see [`crate::ipam::Ipam::quarantine`]) are made after each full list and each
+//! change of the ranges, and end by the same rules (the pod gone as the apiserver sees it). The
+//! loop runs on those events and on the GC's timer, not on a poll.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::meta::{pod_ips, same_pod, uid};
+use super::meta::{finished, node_of, pod_ips, runtime_uid, same_pod};
 use super::Pods;
-use crate::ipam::{Ipam, LivePod, Quarantine};
+use crate::ipam::{netns_gone, Ipam, LivePod, Quarantine, Suspects};
 use crate::model::{Millis, Pod};
 use crate::store::AttachmentKey;
 
 /// What the GC may release.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Held {
+pub enum Held {
     Attachment(AttachmentKey),
     Quarantine(crate::model::ReservationKey),
 }
-
-/// Things seen without their pod: -> (their creation time, when first seen so).
-#[derive(Default)]
-pub struct Suspects(HashMap<Held, (Millis, Millis)>);
 
 /// A thing the GC judges, with its pod.
 struct Candidate {
     held: Held,
     pod: Pod,
     created: Millis,
+    netns: String,
     quarantine: Option<Quarantine>,
 }
 
@@ -39,33 +41,54 @@ pub fn period(grace_secs: u64) -> Duration {
     Duration::from_millis((grace_secs.saturating_mul(500)).clamp(200, 10_000))
 }
 
-/// How often the loop looks for a new list or new ranges to quarantine against (ADDs wait
-/// for it).
-const QUARANTINE_CHECK: Duration = Duration::from_millis(100);
+/// How long a quarantine that could not be made (the store failed, a cluster pool's blocks
+/// not listed yet) waits before the next try, besides the events that wake it.
+const QUARANTINE_RETRY: Duration = Duration::from_secs(1);
 
 /// Runs the GC and the quarantines, forever.
 pub async fn run(ipam: Ipam, pods: Pods) {
     let every = period(pods.settings().gc_grace_secs);
     let mut suspects = Suspects::default();
     let mut paused = false;
+    let mut lists = pods.lists();
+    let mut ranges = ipam.watch_ranges();
     // (list count, ranges version) last quarantined against.
     let mut done = None;
-    let mut next_check = tokio::time::Instant::now() + every;
+    let mut retry = None;
+    let mut gc = tokio::time::interval(every);
+    gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    say_what_namespaces_are_seen(&ipam);
     loop {
-        tokio::time::sleep(QUARANTINE_CHECK).await;
-        if !pods.synced() {
+        let wake = async {
+            match retry {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let check = tokio::select! {
+            _ = lists.changed() => false,
+            _ = ranges.changed() => false,
+            _ = wake => false,
+            _ = gc.tick() => true,
+        };
+        if !pods.synced() || !pods.node_found() {
             continue;
         }
         let now = (pods.list_count(), ipam.ranges_version());
-        if done != Some(now) && quarantine(&ipam, &pods).await {
-            pods.quarantined(now.1);
-            ipam.gate_opened();
-            done = Some(now);
+        if done != Some(now) {
+            match quarantine(&ipam, &pods).await {
+                true => {
+                    pods.quarantined(now.1);
+                    ipam.gate_opened();
+                    done = Some(now);
+                    retry = None;
+                }
+                false => retry = Some(tokio::time::Instant::now() + QUARANTINE_RETRY),
+            }
         }
-        if tokio::time::Instant::now() < next_check {
+        if !check {
             continue;
         }
-        next_check = tokio::time::Instant::now() + every;
         if !pods.reachable() && !pods.probe().await {
             if !paused {
                 tracing::warn!("pod GC paused: the apiserver does not answer");
@@ -76,12 +99,33 @@ pub async fn run(ipam: Ipam, pods: Pods) {
         if std::mem::take(&mut paused) {
             tracing::info!("pod GC resumed");
         }
-        check(&ipam, &pods, &mut suspects).await;
+        self::check(&ipam, &pods, &mut suspects).await;
+    }
+}
+
+/// Says once, at start, whether the network namespaces the runtime names can be seen here: if
+/// not, the GC judges by the apiserver alone.
+fn say_what_namespaces_are_seen(ipam: &Ipam) {
+    let paths: Vec<String> = ipam
+        .pod_attachments()
+        .into_iter()
+        .map(|a| a.netns)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let unseen = paths.iter().filter(|p| netns_gone(p).is_none()).count();
+    match (paths.len(), unseen) {
+        (0, _) => {}
+        (n, 0) => {
+            tracing::info!(attachments = n, "the pods' network namespaces are visible: the pod GC releases none while its namespace exists")
+        }
+        (n, u) => {
+            tracing::warn!(attachments = n, unseen = u, example = %paths[0], "the network namespaces of some pods cannot be seen here (mount the host's netns directory at the same path): for those, the pod GC judges by the apiserver alone")
+        }
     }
 }
 
 /// Quarantines the addresses live pods report that the store does not hold for them. False
-/// when it could not be done (the store failed).
+/// when it could not be done (the store failed, a cluster pool's blocks not listed yet).
 pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
     let live: Vec<LivePod> = pods
         .all()
@@ -90,7 +134,8 @@ pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
             pod: Pod {
                 namespace: p.metadata.namespace.clone().unwrap_or_default(),
                 name: p.metadata.name.clone().unwrap_or_default(),
-                uid: uid(p).to_string(),
+                // A static pod's addresses are the runtime's: its UID, not its mirror's.
+                uid: runtime_uid(p).to_string(),
             },
             ips: pod_ips(p),
         })
@@ -114,13 +159,14 @@ pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
 }
 
 /// One GC check.
-pub async fn check(ipam: &Ipam, pods: &Pods, suspects: &mut Suspects) {
+pub async fn check(ipam: &Ipam, pods: &Pods, suspects: &mut Suspects<Held>) {
     let grace = pods.settings().gc_grace_secs.saturating_mul(1000);
     let now = ipam.now();
     let attachments = ipam.pod_attachments().into_iter().map(|a| Candidate {
         held: Held::Attachment(a.key),
         pod: a.pod,
         created: a.created_at_ms,
+        netns: a.netns,
         quarantine: None,
     });
     let quarantines = ipam.quarantines().into_iter().map(|q| Candidate {
@@ -131,46 +177,51 @@ pub async fn check(ipam: &Ipam, pods: &Pods, suspects: &mut Suspects) {
             uid: q.uid.clone(),
         },
         created: q.created_at_ms,
+        netns: String::new(),
         quarantine: Some(q),
     });
-    let mut due = Vec::new();
-    let mut seen = HashMap::new();
+    let mut gone: HashMap<Held, Candidate> = HashMap::new();
     for c in attachments.chain(quarantines) {
         let alive = pods
             .cached(&c.pod.namespace, &c.pod.name)
-            .is_some_and(|p| same_pod(&p, &c.pod.uid));
-        if alive {
+            .is_some_and(|p| same_pod(&p, &c.pod.uid) && !finished(&p));
+        if !alive {
+            gone.insert(c.held.clone(), c);
+        }
+    }
+    let seen = suspects.check(gone.iter().map(|(h, c)| (h.clone(), c.created)), now);
+    let mut due = Vec::new();
+    for (held, created, first) in seen {
+        let Some(c) = gone.remove(&held) else {
             continue;
-        }
-        let first = suspects
-            .0
-            .get(&c.held)
-            .filter(|(created, _)| *created == c.created)
-            .map_or(now, |(_, first)| *first);
-        seen.insert(c.held.clone(), (c.created, first));
+        };
         if first == now {
-            tracing::info!(pod = %format!("{}/{}", c.pod.namespace, c.pod.name), uid = %c.pod.uid, held = ?c.held, "pod not in the apiserver's list; released if still gone after the grace");
+            tracing::info!(pod = %format!("{}/{}", c.pod.namespace, c.pod.name), uid = %c.pod.uid, held = ?c.held, "pod gone or finished in the apiserver's list; released if still so after the grace");
         }
-        if now.saturating_sub(first) >= grace && now.saturating_sub(c.created) >= grace {
+        if Suspects::<Held>::due(first, created, now, grace) {
             due.push(c);
         }
     }
-    // Seen alive (or gone from the store) since: no longer suspects.
-    suspects.0 = seen;
-    let mut gone = Vec::new();
+    let mut released = Vec::new();
     let mut ended = Vec::new();
     for c in due {
         match pods.get_live(&c.pod.namespace, &c.pod.name).await {
-            // The same pod, still on this node (a pod bound elsewhere holds nothing here).
+            // The same pod, running on this node (a pod bound elsewhere holds nothing here).
             Ok(Some(p))
-                if same_pod(&p, &c.pod.uid)
-                    && p.spec.as_ref().and_then(|s| s.node_name.as_deref())
-                        == Some(pods.node()) =>
+                if same_pod(&p, &c.pod.uid) && node_of(&p) == pods.node() && !finished(&p) =>
             {
-                suspects.0.remove(&c.held);
+                suspects.clear(&c.held);
             }
             Ok(_) => match (c.held, c.quarantine) {
-                (Held::Attachment(key), _) => gone.push((key, c.created)),
+                (Held::Attachment(key), _) => {
+                    // A sandbox whose network namespace still exists keeps its address.
+                    if !c.netns.is_empty() && netns_gone(&c.netns) == Some(false) {
+                        tracing::warn!(container = %key.container_id, network = %key.network, netns = %c.netns, pod = %format!("{}/{}", c.pod.namespace, c.pod.name), "the pod is gone from the apiserver but its network namespace still exists: its address is kept until the namespace is gone");
+                        ipam.metrics().pod_gc("kept_netns_exists", 1);
+                        continue;
+                    }
+                    released.push((key, c.created));
+                }
                 (Held::Quarantine(_), Some(q)) => ended.push(q),
                 _ => {}
             },
@@ -180,12 +231,12 @@ pub async fn check(ipam: &Ipam, pods: &Pods, suspects: &mut Suspects) {
             }
         }
     }
-    if !gone.is_empty() {
-        match ipam.release_pods_gone(&gone).await {
-            Ok(released) => {
-                ipam.metrics().pod_gc("released", released.len());
-                for r in &released {
-                    suspects.0.remove(&Held::Attachment(r.key.clone()));
+    if !released.is_empty() {
+        match ipam.release_pods_gone(&released).await {
+            Ok(done) => {
+                ipam.metrics().pod_gc("released", done.len());
+                for r in &done {
+                    suspects.clear(&Held::Attachment(r.key.clone()));
                 }
             }
             Err(e) => tracing::error!(error = %e, "pod GC: release failed"),
@@ -195,7 +246,7 @@ pub async fn check(ipam: &Ipam, pods: &Pods, suspects: &mut Suspects) {
         match ipam.end_quarantine(&q).await {
             Ok(Some(_)) => {
                 ipam.metrics().pod_gc("unquarantined", 1);
-                suspects.0.remove(&Held::Quarantine(q.key));
+                suspects.clear(&Held::Quarantine(q.key));
             }
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "pod GC: ending a quarantine failed"),

@@ -99,7 +99,7 @@ pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
             sticky_ttl_secs,
         },
         ips,
-        uid: uid(pod).to_string(),
+        uid: runtime_uid(pod).to_string(),
     })
 }
 
@@ -110,7 +110,70 @@ pub fn uid(pod: &Pod) -> &str {
 
 /// The annotation kubelet puts on a static pod's mirror: the UID kubelet (and so the runtime,
 /// in K8S_POD_UID) knows the pod by, not the mirror's own.
-const MIRROR: &str = "kubernetes.io/config.mirror";
+pub const MIRROR: &str = "kubernetes.io/config.mirror";
+
+/// The UID the runtime knows `pod` by: a static pod's (its mirror's `config.mirror`
+/// annotation), else the pod's own.
+pub fn runtime_uid(pod: &Pod) -> &str {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(MIRROR))
+        .map(String::as_str)
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| uid(pod))
+}
+
+/// The node the pod is bound to, "" when none yet.
+pub fn node_of(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default()
+}
+
+/// True when the pod has finished (phase Succeeded or Failed): its containers are gone, and
+/// what it held goes with them.
+pub fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// `pod` reduced to what ipool reads (metadata that names it, its owner, ipool's and the
+/// mirror's annotations, node, hostNetwork, phase, addresses): what the watch cache keeps.
+pub fn strip(pod: &mut Pod) {
+    let md = &mut pod.metadata;
+    md.managed_fields = None;
+    md.labels = None;
+    md.generate_name = None;
+    md.finalizers = None;
+    if let Some(a) = md.annotations.as_mut() {
+        a.retain(|k, _| k.starts_with("ipool.io/") || k == MIRROR);
+    }
+    if let Some(owners) = md.owner_references.as_mut() {
+        for o in owners.iter_mut() {
+            o.api_version = String::new();
+            o.block_owner_deletion = None;
+        }
+    }
+    if let Some(spec) = pod.spec.take() {
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name,
+            host_network: spec.host_network,
+            ..Default::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: status.phase,
+            pod_ip: status.pod_ip,
+            pod_ips: status.pod_ips,
+            ..Default::default()
+        });
+    }
+}
 
 /// True when `pod` is the pod the runtime calls `want_uid` ("" matches any).
 pub fn same_pod(pod: &Pod, want_uid: &str) -> bool {
@@ -128,16 +191,10 @@ pub fn same_pod(pod: &Pod, want_uid: &str) -> bool {
 /// hostNetwork pod reports the node's; a finished pod keeps reporting addresses its DEL gave
 /// back).
 pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
-    if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
+    if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) || finished(pod) {
         return Vec::new();
     }
     let status = pod.status.as_ref();
-    if matches!(
-        status.and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    ) {
-        return Vec::new();
-    }
     let mut ips: Vec<IpAddr> = status
         .and_then(|s| s.pod_ips.as_ref())
         .into_iter()

@@ -1,20 +1,22 @@
 //! The pods on this node: a watch (`fieldSelector=spec.nodeName=<node>`) reflected into a
-//! cache. The cache is a complete picture only after the first full list; it is kept, as it
-//! was, while the apiserver errors (the watcher reconnects with backoff and relists when its
-//! resourceVersion expired). Each change between reachable and unreachable is logged once and
-//! shown by the `ipool_apiserver_reachable` gauge.
+//! cache of pods stripped to what ipool reads ([`super::meta::strip`]). The cache is a complete
+//! picture only after the first full list; it is kept, as it was, while the apiserver errors
+//! (the watcher reconnects with backoff and relists when its resourceVersion expired). Each
+//! change between reachable and unreachable is logged once and shown by the
+//! `ipool_apiserver_reachable` gauge. The node itself is looked up at start: a `--node-name`
+//! the apiserver does not know serves nothing (its pods would all look bound elsewhere).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 
-use super::meta::{pod_info, same_pod, uid, PodInfo};
+use super::meta::{node_of, pod_info, same_pod, strip, uid, PodInfo};
 use crate::config::KubernetesSettings;
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -40,6 +42,8 @@ struct Inner {
     /// 1 + the ranges version (`Ipam::ranges_version`) the live pods' addresses were last
     /// quarantined against; 0: not yet. ADDs wait for it (see [`Pods::ready`]).
     quarantined: std::sync::atomic::AtomicU64,
+    /// Whether the apiserver knows this node: None until it said.
+    node_found: Mutex<Option<Result<(), String>>>,
 }
 
 impl Pods {
@@ -63,11 +67,17 @@ impl Pods {
             last_error: Mutex::new(String::new()),
             lists,
             quarantined: Default::default(),
+            node_found: Mutex::new(None),
         }));
         pods.0.metrics.apiserver_reachable.set(1);
+        tokio::spawn(pods.clone().look_up_node());
         let api: Api<Pod> = Api::all(client);
-        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let stream = watcher(api, config).default_backoff().reflect(writer);
+        let read_timeout = Duration::from_secs(pods.0.settings.read_timeout_secs);
+        let config = super::watch_config(read_timeout).fields(&format!("spec.nodeName={node}"));
+        let stream = watcher(api, config)
+            .default_backoff()
+            .modify(strip)
+            .reflect(writer);
         let me = pods.clone();
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
@@ -103,6 +113,57 @@ impl Pods {
         &self.0.settings
     }
 
+    /// Asks the apiserver for this node until it answers: a node it does not know (a
+    /// `--node-name` that is not the node's name) is an error logged and shown by
+    /// [`Pods::ready`], and asked again every 10 s.
+    async fn look_up_node(self) {
+        let api: Api<Node> = Api::all(self.0.client.clone());
+        let deadline = Duration::from_millis(self.0.settings.pod_get_timeout_ms.max(1000));
+        let mut wait = Duration::from_secs(1);
+        loop {
+            let found = match tokio::time::timeout(deadline, api.get_opt(&self.0.node)).await {
+                Ok(Ok(Some(_))) => Ok(()),
+                Ok(Ok(None)) => Err(format!(
+                    "node {:?} does not exist in the apiserver: --node-name (NODE_NAME) must be the node's name as `kubectl get nodes` shows it",
+                    self.0.node
+                )),
+                Ok(Err(e)) => {
+                    self.failed(&e.to_string());
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+                Err(_) => {
+                    self.failed("no answer");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            };
+            self.answered();
+            let ok = found.is_ok();
+            match &found {
+                Ok(()) => tracing::info!(node = %self.0.node, "this node is in the apiserver"),
+                Err(why) => {
+                    tracing::error!(%why, "ADDs are not served and the pod GC does not run")
+                }
+            }
+            *self.0.node_found.lock().expect("not poisoned") = Some(found);
+            if ok {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+    }
+
+    /// The apiserver knows this node (the pod GC runs only then).
+    pub fn node_found(&self) -> bool {
+        matches!(
+            *self.0.node_found.lock().expect("not poisoned"),
+            Some(Ok(()))
+        )
+    }
+
     /// The cache holds the first full list.
     pub fn synced(&self) -> bool {
         self.0.synced.load(Ordering::SeqCst)
@@ -132,6 +193,17 @@ impl Pods {
     /// the ranges now (`ranges_version`); else why not (a retryable error). Until then an
     /// address a running pod holds could look free (a lost store, ranges that just came).
     pub fn ready(&self, ranges_version: u64) -> Result<(), Error> {
+        match &*self.0.node_found.lock().expect("not poisoned") {
+            Some(Ok(())) => {}
+            Some(Err(why)) => return Err(Error::Busy(why.clone())),
+            None => {
+                return Err(Error::Busy(format!(
+                    "looking up node {} in the apiserver (apiserver: {})",
+                    self.0.node,
+                    self.last_error()
+                )))
+            }
+        }
         if !self.synced() {
             return Err(Error::Busy(format!(
                 "the pods of node {} are not listed yet (apiserver: {})",
@@ -189,14 +261,11 @@ impl Pods {
         got
     }
 
-    /// Asks the apiserver whether it answers (the watch may be quiet after a reconnection).
+    /// Asks the apiserver whether it answers (the watch may be quiet after a reconnection):
+    /// `GET /version`, which costs it nothing.
     pub async fn probe(&self) -> bool {
-        let api: Api<Pod> = Api::all(self.0.client.clone());
-        let params = kube::api::ListParams::default()
-            .fields(&format!("spec.nodeName={}", self.0.node))
-            .limit(1);
         let deadline = Duration::from_millis(self.0.settings.pod_get_timeout_ms);
-        match tokio::time::timeout(deadline, api.list_metadata(&params)).await {
+        match tokio::time::timeout(deadline, self.0.client.apiserver_version()).await {
             Ok(Ok(_)) => {
                 self.answered();
                 true
@@ -212,14 +281,16 @@ impl Pods {
         }
     }
 
-    /// The metadata an ADD of `want` records: its pod from the cache (with the UID the
-    /// runtime gave, when it gave one), else from one live GET. Fails with a retryable error
-    /// when the apiserver cannot say, never silently without the metadata.
+    /// The metadata an ADD of `want` records: its pod from the cache when the runtime gave
+    /// its UID and the cached pod has it, else from one live GET (a cached pod of that name
+    /// may be an earlier one). Fails with a retryable error when the apiserver cannot say,
+    /// never silently without the metadata; a pod bound to another node is refused, naming
+    /// both nodes.
     pub async fn info_for(&self, want: &model::Pod) -> Result<PodInfo, Error> {
         let who = format!("pod {}/{}", want.namespace, want.name);
         let matches = |p: &Pod| same_pod(p, &want.uid);
         let pod = match self.cached(&want.namespace, &want.name) {
-            Some(p) if matches(&p) => (*p).clone(),
+            Some(p) if !want.uid.is_empty() && matches(&p) => (*p).clone(),
             _ => match self.get_live(&want.namespace, &want.name).await {
                 Ok(Some(p)) if matches(&p) => p,
                 Ok(Some(p)) => {
@@ -237,6 +308,13 @@ impl Pods {
                 }
             },
         };
+        let bound = node_of(&pod);
+        if !bound.is_empty() && bound != self.0.node {
+            return Err(Error::InvalidRequest(format!(
+                "{who} is bound to node {bound:?}, and this ipoold is node {:?} (is --node-name the node's name?)",
+                self.0.node
+            )));
+        }
         pod_info(&pod, &self.0.settings.sticky_kinds).map_err(Error::InvalidRequest)
     }
 

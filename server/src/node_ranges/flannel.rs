@@ -2,8 +2,9 @@
 //! `/run/flannel/subnet.env` (atomically, by rename): `FLANNEL_SUBNET=10.244.1.1/24` is the
 //! first usable address with the prefix (subnet 10.244.1.0/24, gateway 10.244.1.1),
 //! `FLANNEL_IPV6_SUBNET` likewise; `FLANNEL_NETWORK` and `FLANNEL_IPV6_NETWORK` (the whole
-//! cluster's network) become routes. The file is read again every [`POLL_EVERY`]; a change
-//! takes effect then.
+//! cluster's networks, one CIDR or a comma-separated list) become routes. The file is read
+//! again every [`POLL_EVERY`]; a change takes effect once two reads [`CONFIRM_AFTER`] apart
+//! agree (a file written in place can be read half written).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,9 @@ use crate::range::RangeSpec;
 
 /// How often the file is read (a change is picked up within this).
 pub const POLL_EVERY: Duration = Duration::from_secs(2);
+
+/// How soon a read that differs from what applies is read again, to confirm it.
+pub const CONFIRM_AFTER: Duration = Duration::from_millis(250);
 
 /// The largest subnet file read (flannel's is about 100 bytes).
 const MAX_FILE: u64 = 64 * 1024;
@@ -62,13 +66,15 @@ pub fn parse(path: &Path, text: &str) -> Seen {
                 subnets.push((v6, net));
             }
             "FLANNEL_NETWORK" | "FLANNEL_IPV6_NETWORK" => {
-                let Ok(net) = value.parse::<IpNet>() else {
-                    return bad("a CIDR");
-                };
-                routes.push(RouteSpec {
-                    dst: net.trunc().to_string(),
-                    gw: None,
-                });
+                for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                    let Ok(net) = part.parse::<IpNet>() else {
+                        return bad("a CIDR or a comma-separated list of CIDRs");
+                    };
+                    routes.push(RouteSpec {
+                        dst: net.trunc().to_string(),
+                        gw: None,
+                    });
+                }
             }
             _ => {}
         }
@@ -135,25 +141,64 @@ pub fn look(path: &Path) -> Seen {
     }
 }
 
+/// What the reads of the file settle on: a read that differs from what applies is a candidate,
+/// applied when the next read agrees.
+#[derive(Default)]
+pub struct Settle {
+    applied: Option<Seen>,
+    candidate: Option<Seen>,
+}
+
+impl Settle {
+    /// Takes a read: what to apply now, if anything.
+    pub fn read(&mut self, seen: Seen) -> Option<Seen> {
+        if self.applied.as_ref() == Some(&seen) {
+            self.candidate = None;
+            return None;
+        }
+        if self.candidate.as_ref() == Some(&seen) {
+            return Some(seen);
+        }
+        self.candidate = Some(seen);
+        None
+    }
+
+    /// `seen` applies now (an apply can fail and is tried again at the next read).
+    pub fn applied(&mut self, seen: Seen) {
+        self.applied = Some(seen);
+        self.candidate = None;
+    }
+
+    /// A candidate waits for its confirming read.
+    pub fn waiting(&self) -> bool {
+        self.candidate.is_some()
+    }
+}
+
 /// Follows the file for `feed`'s network, forever.
 pub async fn follow(mut feed: Feed, path: PathBuf) {
     tracing::info!(network = feed.network(), file = %path.display(), "ranges from flannel's subnet file");
-    let mut poll = tokio::time::interval(POLL_EVERY);
     let mut remind = tokio::time::interval(REMIND_EVERY);
     remind.tick().await;
-    let mut last = None;
+    let mut settle = Settle::default();
+    let mut next = tokio::time::Instant::now();
     loop {
         tokio::select! {
-            _ = poll.tick() => {
+            _ = tokio::time::sleep_until(next) => {
                 let p = path.clone();
                 let seen = match tokio::task::spawn_blocking(move || look(&p)).await {
                     Ok(seen) => seen,
                     Err(e) => Seen::Bad(format!("reading {}: {e}", path.display())),
                 };
-                // Again after a failed apply (the store failed for a while, ...).
-                if last.as_ref() != Some(&seen) && feed.apply(seen.clone()).await {
-                    last = Some(seen);
+                if let Some(seen) = settle.read(seen) {
+                    // Kept as the candidate when the apply fails (the store failed for a
+                    // while, ...): tried again at the next read.
+                    if feed.apply(seen.clone()).await {
+                        settle.applied(seen);
+                    }
                 }
+                next = tokio::time::Instant::now()
+                    + if settle.waiting() { CONFIRM_AFTER } else { POLL_EVERY };
             }
             _ = remind.tick() => feed.remind(),
         }

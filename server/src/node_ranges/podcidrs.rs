@@ -66,10 +66,15 @@ pub fn from_node(node: &str, obj: &Node) -> Seen {
 
 /// Watches Node `node` for `feed`'s network, forever (the watcher relists and reconnects
 /// with backoff; the network keeps its ranges meanwhile).
-pub async fn follow(mut feed: Feed, client: Client, node: String) {
+pub async fn follow(
+    mut feed: Feed,
+    client: Client,
+    node: String,
+    read_timeout: std::time::Duration,
+) {
     tracing::info!(network = feed.network(), node = %node, "ranges from the node's spec.podCIDRs");
     let api: Api<Node> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let config = crate::k8s::watch_config(read_timeout).fields(&format!("metadata.name={node}"));
     let mut events = std::pin::pin!(watcher(api, config).default_backoff());
     let mut remind = tokio::time::interval(REMIND_EVERY);
     remind.tick().await;

@@ -37,6 +37,11 @@ struct World {
     cut: u64,
     /// Request lines seen ("GET /api/v1/nodes?...").
     requests: Vec<String>,
+    /// The next requests (other than watches) get no answer at all: the connection stays open,
+    /// silent (a black hole).
+    hangs: usize,
+    /// Open watches hear nothing while set (their connections stay open).
+    frozen: bool,
 }
 
 pub struct FakeApi {
@@ -143,6 +148,28 @@ impl FakeApi {
         self.change(|w| w.failures.extend_from_slice(statuses));
     }
 
+    /// True when the object exists.
+    pub fn has(&self, resource: &str, namespace: &str, name: &str) -> bool {
+        let key = (
+            resource.to_string(),
+            namespace.to_string(),
+            name.to_string(),
+        );
+        self.world.lock().unwrap().objects.contains_key(&key)
+    }
+
+    /// Open watches hear nothing while `frozen` (a watch that fell behind); GETs and lists
+    /// answer as usual.
+    pub fn freeze_watches(&self, frozen: bool) {
+        self.change(|w| w.frozen = frozen);
+    }
+
+    /// The next `n` requests other than watches are never answered (their connections stay
+    /// open and silent).
+    pub fn hang_next(&self, n: usize) {
+        self.change(|w| w.hangs += n);
+    }
+
     /// Cuts every open watch mid-stream (the connection is dropped, no final chunk).
     pub fn drop_watches(&self) {
         self.change(|w| w.cut += 1);
@@ -189,6 +216,20 @@ async fn serve(
             let svc = hyper::service::service_fn(move |req| {
                 let (world, wake) = (world.clone(), wake.clone());
                 async move {
+                    let hang = {
+                        let mut w = world.lock().unwrap();
+                        let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
+                        let hang = !watch && w.hangs > 0;
+                        if hang {
+                            w.hangs -= 1;
+                            w.requests
+                                .push(format!("{} {} (unanswered)", req.method(), req.uri()));
+                        }
+                        hang
+                    };
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
                     answer(req, &world, &wake)
                         .ok_or_else(|| std::io::Error::other("the fake apiserver is down"))
                 }
@@ -307,6 +348,14 @@ fn respond(
         let code = w.failures.remove(0);
         return status(code, "InternalError", &format!("injected failure {code}"));
     }
+    if path == "/version" {
+        return full(
+            StatusCode::OK,
+            json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "",
+                   "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+                   "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"}),
+        );
+    }
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     // api/v1/{resource} | api/v1/{resource}/{name} | api/v1/namespaces/{ns}/{resource}[/{name}]
     let (resource, ns, name) = match parts.as_slice() {
@@ -383,8 +432,11 @@ fn respond(
                         })
                         .map(|(_, _, t, o)| json!({"type": t, "object": o}).to_string())
                         .collect();
-                    cursor = w.rv;
-                    (lines, w.cut)
+                    // A frozen watch hears nothing (and catches up when thawed).
+                    if !w.frozen {
+                        cursor = w.rv;
+                    }
+                    (if w.frozen { Vec::new() } else { lines }, w.cut)
                 };
                 if now_cut != cut {
                     // Dropped: an error ends the body without its last chunk.

@@ -1,5 +1,5 @@
 //! ipoold's Kubernetes wiring: the node's name and the client, the networks whose ranges come
-//! from the node, and what --rebuild-from-pods and a config without [kubernetes] do to the store.
+//! from the node, and what --rebuild-from-pods does to the store.
 
 use std::path::PathBuf;
 
@@ -42,29 +42,20 @@ pub(crate) fn refused_as_damaged(e: &anyhow::Error) -> bool {
     )
 }
 
-/// Without [kubernetes], nothing would end a quarantine: each ends now (its addresses cool).
-pub(crate) async fn end_quarantines(ipam: &Ipam) {
-    for q in ipam.quarantines() {
-        tracing::warn!(network = %q.key.network, pod = %format!("{}/{}", q.key.namespace, q.key.name), "ending a quarantine: [kubernetes] is off, so its pod cannot be watched");
-        if let Err(e) = ipam.end_quarantine(&q).await {
-            tracing::error!(error = %e, "cannot end a quarantine");
-        }
-    }
-}
-
 pub(crate) fn node_name(args: &Args, why: &str) -> anyhow::Result<String> {
     args.node_name.clone().with_context(|| {
         format!("{why}: give --node-name (or NODE_NAME, from the downward API's spec.nodeName)")
     })
 }
 
-/// The Kubernetes client, made once.
+/// The Kubernetes client, made once; every request answered within `read_timeout`.
 pub(crate) async fn kube_client(
     args: &Args,
+    read_timeout: std::time::Duration,
     client: &mut Option<kube::Client>,
 ) -> anyhow::Result<kube::Client> {
     if client.is_none() {
-        *client = Some(k8s::client(args.kubeconfig.as_deref()).await?);
+        *client = Some(k8s::client(args.kubeconfig.as_deref(), read_timeout).await?);
     }
     Ok(client.clone().expect("made above"))
 }
@@ -74,6 +65,7 @@ pub(crate) async fn follow_node_ranges(
     args: &Args,
     networks: &[(String, NodeRanges, Vec<RouteSpec>)],
     ipam: &Ipam,
+    read_timeout: std::time::Duration,
     client: &mut Option<kube::Client>,
 ) -> anyhow::Result<()> {
     for (network, from, routes) in networks {
@@ -87,8 +79,8 @@ pub(crate) async fn follow_node_ranges(
                     args,
                     &format!("network {network:?} takes its ranges from the node's spec.podCIDRs"),
                 )?;
-                let c = kube_client(args, client).await?;
-                tokio::spawn(node_ranges::podcidrs::follow(feed, c, node));
+                let c = kube_client(args, read_timeout, client).await?;
+                tokio::spawn(node_ranges::podcidrs::follow(feed, c, node, read_timeout));
             }
         }
     }

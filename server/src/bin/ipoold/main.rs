@@ -23,9 +23,7 @@ mod kube;
 use host::{
     install_cni, keep_private, raise_fd_limit, spawn_heap_trimmer, trim_heap, write_conflist,
 };
-use kube::{
-    end_quarantines, follow_node_ranges, kube_client, node_name, refused_as_damaged, set_aside,
-};
+use kube::{follow_node_ranges, kube_client, node_name, refused_as_damaged, set_aside};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -318,14 +316,22 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     };
     ipam.maintain().await.context("preloading pools")?;
     let mut client = None;
-    follow_node_ranges(&args, &node_ranges, &ipam, &mut client).await?;
+    // Every request to the apiserver answered within this, lists included.
+    let read_timeout = std::time::Duration::from_secs(
+        kubernetes
+            .as_ref()
+            .map_or(ipool_server::config::DEFAULT_READ_TIMEOUT_SECS, |k| {
+                k.read_timeout_secs
+            }),
+    );
+    follow_node_ranges(&args, &node_ranges, &ipam, read_timeout, &mut client).await?;
     if let Some(c) = &cluster {
         cluster::start(c, &ipam);
     }
     let pods = match kubernetes {
         Some(settings) => {
             let node = node_name(&args, "[kubernetes] watches the pods of this node")?;
-            let c = kube_client(&args, &mut client).await?;
+            let c = kube_client(&args, read_timeout, &mut client).await?;
             let pods = k8s::Pods::start(c, &node, settings, ipam.metrics_handle());
             // ADDs wait (CNI 11, STATUS 50) until the pods are listed and their addresses
             // quarantined against the ranges they are served from: a lost or rebuilt store
@@ -337,8 +343,13 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             tokio::spawn(k8s::gc::run(ipam.clone(), pods.clone()));
             Some(pods)
         }
+        // Quarantines stay: their pods cannot be watched, so only an operator ends them
+        // (ipoolctl unreserve); a config change never does.
         None => {
-            end_quarantines(&ipam).await;
+            let kept = ipam.quarantines();
+            if !kept.is_empty() {
+                tracing::warn!(quarantines = kept.len(), "quarantines kept without [kubernetes]: their pods cannot be watched; `ipoolctl unreserve` ends one once its pod is gone");
+            }
             None
         }
     };

@@ -97,3 +97,55 @@ fn no_subnet_yet_is_missing() {
     std::fs::create_dir(&file).unwrap();
     assert!(matches!(look(&file), Seen::Bad(why) if why.contains("not a regular file")));
 }
+
+#[test]
+fn network_lists_become_one_route_each() {
+    let text = "FLANNEL_NETWORK=10.244.0.0/16,10.245.0.0/16\nFLANNEL_IPV6_NETWORK=fd00:10:244::/56, fd00:10:245::/56\nFLANNEL_SUBNET=10.244.1.1/24\n";
+    let Seen::Ranges { routes, .. } = parse(p(), text) else {
+        panic!("{:?}", parse(p(), text))
+    };
+    assert_eq!(
+        routes,
+        vec![
+            route("10.244.0.0/16"),
+            route("10.245.0.0/16"),
+            route("fd00:10:244::/56"),
+            route("fd00:10:245::/56")
+        ]
+    );
+    let bad = parse(
+        p(),
+        "FLANNEL_NETWORK=10.244.0.0/16,nope\nFLANNEL_SUBNET=10.244.1.1/24\n",
+    );
+    assert!(
+        matches!(&bad, Seen::Bad(e) if e.contains("comma-separated list")),
+        "{bad:?}"
+    );
+}
+
+#[test]
+fn a_change_applies_only_once_two_reads_agree() {
+    let full = parse(p(), "FLANNEL_SUBNET=10.244.1.1/24\n");
+    let half = parse(p(), "FLANNEL_SUBNET=10.244.1.1/2\n");
+    let mut s = Settle::default();
+    assert_eq!(
+        s.read(full.clone()),
+        None,
+        "a first read waits for a second"
+    );
+    assert!(s.waiting());
+    assert_eq!(s.read(full.clone()), Some(full.clone()));
+    s.applied(full.clone());
+    assert!(!s.waiting());
+    assert_eq!(s.read(full.clone()), None, "nothing new");
+    // Read half written once, then whole again: never applied.
+    assert_eq!(s.read(half.clone()), None);
+    assert_eq!(s.read(full.clone()), None);
+    assert!(!s.waiting());
+    // A real change: applied on its second read.
+    let moved = parse(p(), "FLANNEL_SUBNET=10.244.9.1/24\n");
+    assert_eq!(s.read(moved.clone()), None);
+    assert_eq!(s.read(half), None, "a different second read starts over");
+    assert_eq!(s.read(moved.clone()), None);
+    assert_eq!(s.read(moved.clone()), Some(moved));
+}
