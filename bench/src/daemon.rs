@@ -196,6 +196,11 @@ impl Daemon {
         self.dir.path().join("ipoold.log")
     }
 
+    /// The whole log so far.
+    pub fn full_log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
     pub fn log(&self) -> String {
         let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();

@@ -18,6 +18,7 @@ mod cluster;
 mod daemon;
 mod flood;
 mod grpc;
+mod kube;
 mod live;
 mod machine;
 mod phases;
@@ -67,6 +68,9 @@ struct Args {
     /// claims against a real etcd).
     #[arg(long)]
     cluster_only: bool,
+    /// Only the Kubernetes watch cache's row (ipoold's RSS with 0 and 1000 pods cached).
+    #[arg(long)]
+    kube_only: bool,
     /// The etcd binary for cluster mode's rows (skipped, with a note, when it is missing).
     #[arg(long, default_value = "/usr/bin/etcd")]
     etcd: PathBuf,
@@ -100,6 +104,19 @@ fn run(args: &Args) -> Result<()> {
         .context("starting the tokio runtime")?;
     let mut phases: Vec<(String, Duration)> = Vec::new();
     let mut names = Names::default();
+
+    if args.kube_only {
+        let kube = kube::run(&rt, &bins.ipoold, KUBE_PODS)?;
+        for r in &kube {
+            println!(
+                "| {} pods in the cache | served {} KiB | ipoold RSS {:.1} MiB |",
+                r.pods,
+                r.served_bytes / 1024,
+                r.rss_kib as f64 / 1024.0
+            );
+        }
+        return Ok(());
+    }
 
     if args.cluster_only {
         let cluster = cluster::run(&rt, &bins, &plan, &args.etcd, &mut names, &mut phases)?;
@@ -214,6 +231,10 @@ fn run(args: &Args) -> Result<()> {
     phases.push(("ADD under a read flood".into(), t.elapsed()));
 
     let restart = restart(&rt, &bins, &store_config, &plan, &mut phases)?;
+    let t = Instant::now();
+    progress!("the Kubernetes watch cache: RSS with 0 and {KUBE_PODS} pods");
+    let kube = kube::run(&rt, &bins.ipoold, KUBE_PODS)?;
+    phases.push(("Kubernetes watch cache".into(), t.elapsed()));
     let cluster = cluster::run(&rt, &bins, &plan, &args.etcd, &mut names, &mut phases)?;
     phases.push(("total".into(), total.elapsed()));
 
@@ -228,6 +249,7 @@ fn run(args: &Args) -> Result<()> {
         load,
         flood,
         restart,
+        kube,
         cluster,
         phases,
         notes: notes(args),
@@ -240,6 +262,9 @@ fn run(args: &Args) -> Result<()> {
     }
     Ok(())
 }
+
+/// Pods on the node for the watch cache's row (a busy node's count).
+const KUBE_PODS: usize = 1000;
 
 /// The daemon-only phases' config: the source's token bucket (a rate policy, 1000/s by
 /// default, which would cap every number) out of the way.

@@ -99,6 +99,8 @@ pub struct Report {
     pub load: Vec<LoadRow>,
     pub flood: crate::flood::Flood,
     pub restart: Restart,
+    /// ipoold's RSS with its Kubernetes watch cache holding 0 and N pods.
+    pub kube: Vec<crate::kube::KubeRow>,
     pub cluster: crate::cluster::Cluster,
     pub phases: Vec<(String, Duration)>,
     /// Printed under the ipoold table.
@@ -371,6 +373,21 @@ impl Report {
         for n in &self.notes {
             let _ = writeln!(o, "\nNote: {n}");
         }
+        if !self.kube.is_empty() {
+            let _ = writeln!(
+                o,
+                "\n## The Kubernetes watch cache\n\nipoold with `[kubernetes]` against an apiserver of the benchmark's own (the node's pods as an apiserver serves them: labels, managedFields, containers, conditions); RSS once the cache holds them.\n\n| pods in the cache | served (JSON) | ipoold RSS |\n|---:|---:|---:|"
+            );
+            for r in &self.kube {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} |",
+                    grouped(r.pods),
+                    mib((r.served_bytes / 1024) as u64),
+                    mib(r.rss_kib)
+                );
+            }
+        }
         self.flood.markdown(&mut o);
         self.cluster.markdown(&mut o);
 
@@ -436,6 +453,9 @@ impl Report {
                 "pair_latency": Summary::of(&r.latencies).json(),
             })).collect::<Vec<_>>(),
             "flood": self.flood.json(),
+            "kube": self.kube.iter().map(|r| json!({
+                "pods": r.pods, "served_bytes": r.served_bytes, "rss_kib": r.rss_kib,
+            })).collect::<Vec<_>>(),
             "cluster": self.cluster.json(),
             "restart": {
                 "allocations": x.allocations,

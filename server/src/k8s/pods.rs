@@ -22,6 +22,9 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model;
 
+/// Pods per page of the watch's lists.
+const LIST_PAGE: u32 = 50;
+
 /// A handle on the pods of this node (cheap to clone).
 #[derive(Clone)]
 pub struct Pods(Arc<Inner>);
@@ -73,7 +76,11 @@ impl Pods {
         tokio::spawn(pods.clone().look_up_node());
         let api: Api<Pod> = Api::all(client);
         let read_timeout = Duration::from_secs(pods.0.settings.read_timeout_secs);
-        let config = super::watch_config(read_timeout).fields(&format!("spec.nodeName={node}"));
+        // Listed in small pages: a page of whole pods is what the list holds at once before
+        // they are stripped.
+        let config = super::watch_config(read_timeout)
+            .fields(&format!("spec.nodeName={node}"))
+            .page_size(LIST_PAGE);
         let stream = watcher(api, config)
             .default_backoff()
             .modify(strip)
