@@ -6,6 +6,7 @@
 mod claims;
 mod etcd;
 mod report;
+mod scale;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use crate::plugin::{Net, Op};
 use crate::setup::{Bins, Names, Plan};
 pub use claims::ClaimRun;
 use claims::Until;
+pub use scale::Scale;
 
 /// The key prefix the benchmark's pools live under.
 const PREFIX: &str = "/ipool-bench";
@@ -38,6 +40,8 @@ pub struct ClusterReport {
     pub rates: Vec<ClaimRun>,
     /// 1 000 nodes starting together, each claiming its first block.
     pub first: ClaimRun,
+    /// A pool nearly all owned by other nodes.
+    pub scale: scale::ScaleReport,
 }
 
 /// ADD and DEL through the plugin, a cluster pool's network and a local network of the same
@@ -127,12 +131,21 @@ pub(crate) fn run(
     ))?;
     phases.push(("cluster: first blocks".into(), t.elapsed()));
 
+    let t = Instant::now();
+    progress!(
+        "cluster mode at scale: {} blocks owned by other nodes",
+        plan.cluster_scale.owned
+    );
+    let scale = scale::run(rt, bins, &url, plan.cluster_scale, plan.samples)?;
+    phases.push(("cluster: scale".into(), t.elapsed()));
+
     Ok(Cluster::Ran(Box::new(ClusterReport {
         etcd: version,
         add,
         sequential,
         rates,
         first,
+        scale,
     })))
 }
 

@@ -28,6 +28,8 @@ pub(crate) struct Plan {
     pub(crate) cluster_duration: Duration,
     /// Simulated nodes claiming their first block together.
     pub(crate) cluster_first_nodes: usize,
+    /// The pool nearly all owned by others, and how many nodes resync at once.
+    pub(crate) cluster_scale: crate::cluster::Scale,
 }
 
 impl Plan {
@@ -49,6 +51,11 @@ impl Plan {
                 cluster_claimers: vec![1, 10, 100],
                 cluster_duration: Duration::from_millis(500),
                 cluster_first_nodes: 100,
+                cluster_scale: crate::cluster::Scale {
+                    owned: 2_000,
+                    resyncing: 250,
+                    claimers: 100,
+                },
             }
         } else {
             Plan {
@@ -67,6 +74,11 @@ impl Plan {
                 cluster_claimers: vec![1, 10, 100],
                 cluster_duration: Duration::from_secs(3),
                 cluster_first_nodes: 1_000,
+                cluster_scale: crate::cluster::Scale {
+                    owned: 60_000,
+                    resyncing: 5_000,
+                    claimers: 100,
+                },
             }
         }
     }
@@ -75,6 +87,7 @@ impl Plan {
 /// The binaries under test.
 pub(crate) struct Bins {
     pub(crate) ipoold: PathBuf,
+    pub(crate) ipoolctl: PathBuf,
     pub(crate) ipool: PathBuf,
     pub(crate) host_local: PathBuf,
 }
@@ -112,6 +125,7 @@ impl Bins {
         };
         Ok(Bins {
             ipoold: find("ipoold")?,
+            ipoolctl: find("ipoolctl")?,
             ipool,
             host_local: host_local.to_path_buf(),
         })

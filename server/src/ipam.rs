@@ -246,6 +246,13 @@ impl Ipam {
         *self.shared.add_gate.write().expect("gate lock") = Some(gate);
     }
 
+    /// Something the sources wait for changed (their node took its name, say): the background
+    /// loop makes a pass now rather than at its next tick, and waiting ADDs try again.
+    pub fn nudge(&self) {
+        self.shared.changed.notify_one();
+        self.shared.landed.notify_waiters();
+    }
+
     /// The gate may have opened: waiting ADDs try again.
     pub fn gate_opened(&self) {
         self.shared.landed.notify_waiters();

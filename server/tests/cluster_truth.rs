@@ -68,21 +68,8 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
     std::fs::remove_dir_all(etcd.dir.path().join("data")).unwrap();
     copy_dir(&backup.path().join("data"), &etcd.dir.path().join("data"));
     etcd.spawn();
-    d.wait_log(&["etcd was reset"]);
-    let (_, body) = http_get(&metrics, "/metrics");
-    assert_eq!(
-        samples(&body).get("ipool_cluster_etcd_resets_total"),
-        Some(&1.0),
-        "{body}"
-    );
-    // Another node wins one of the blocks etcd now says is free.
+    // Another node wins, at once, one of the blocks etcd now says is free.
     let taken = newer[0];
-    let o = Command::new(ipoolctl_bin())
-        .args(["cluster", "--etcd-endpoints", &etcd.client_url])
-        .args(["pool", "list"])
-        .output()
-        .unwrap();
-    assert!(o.status.success());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -103,6 +90,13 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
             "{won:?}"
         );
     });
+    d.wait_log(&["etcd was reset"]);
+    let (_, body) = http_get(&metrics, "/metrics");
+    assert_eq!(
+        samples(&body).get("ipool_cluster_etcd_resets_total"),
+        Some(&1.0),
+        "{body}"
+    );
     // The node synced again after the reset: the block node-z won serves it nothing more.
     for k in 0..20 {
         assert!(cni("DEL", &format!("r{k}"), &conf).ok);

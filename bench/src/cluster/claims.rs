@@ -86,22 +86,25 @@ pub async fn owned(url: &str, prefix: &str, pool: &str, node: &str) -> Result<us
     Ok(blocks.blocks.len())
 }
 
-/// One claim by `node`, timed; the block it won.
+/// One claim by `node`, timed; the block it won (None: the pool is full, and `until` allows
+/// that).
 async fn claim_one(
     store: &ClusterStore,
     spec: &PoolSpec,
     revision: i64,
     node: &str,
-) -> Result<(IpNet, usize, Duration)> {
+    until: Until,
+) -> Result<Option<(IpNet, usize, Duration)>> {
     let t = Instant::now();
     let out = store
         .claim_next(spec, revision, true, node)
         .await
         .with_context(|| format!("{node}: claiming a block of pool {}", spec.name))?;
     let elapsed = t.elapsed();
-    match out.block {
-        Some(b) => Ok((b.block, out.lost, elapsed)),
-        None => bail!(
+    match (out.block, until) {
+        (Some(b), _) => Ok(Some((b.block, out.lost, elapsed))),
+        (None, Until::Full) => Ok(None),
+        (None, _) => bail!(
             "{node}: pool {} has no free block ({} blocks, {} owned): the benchmark's pool is too small",
             spec.name,
             out.blocks,
@@ -115,6 +118,8 @@ async fn claim_one(
 pub enum Until {
     Claims(usize),
     Time(Duration),
+    /// Until the pool has no free block.
+    Full,
 }
 
 /// `claimers` simulated nodes ("<pool>-<i>", each with a connection of its own) claiming
@@ -128,6 +133,38 @@ pub async fn run(
 ) -> Result<ClaimRun> {
     let t = Instant::now();
     let admin = create(url, prefix, spec).await?;
+    claim_with(admin, url, prefix, spec, claimers, until, t, "").await
+}
+
+/// `claimers` nodes claiming the free blocks of `spec`, an existing pool whose other blocks are
+/// owned by nodes named `filler*`, until it is full.
+pub async fn drain(url: &str, prefix: &str, spec: &PoolSpec, claimers: usize) -> Result<ClaimRun> {
+    let t = Instant::now();
+    let admin = connect(url, prefix).await?;
+    claim_with(
+        admin,
+        url,
+        prefix,
+        spec,
+        claimers,
+        Until::Full,
+        t,
+        "scale-node-",
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn claim_with(
+    admin: ClusterStore,
+    url: &str,
+    prefix: &str,
+    spec: &PoolSpec,
+    claimers: usize,
+    until: Until,
+    t: Instant,
+    filler: &str,
+) -> Result<ClaimRun> {
     // Read once, as a daemon keeps it: every claim is conditioned on it.
     let (_, revision) = admin
         .get_pool(&spec.name)
@@ -142,6 +179,7 @@ pub async fn run(
     let more = move |won: usize| match until {
         Until::Claims(n) => won < n,
         Until::Time(d) => start.elapsed() < d,
+        Until::Full => true,
     };
     let mut tasks = tokio::task::JoinSet::new();
     for (i, store) in stores.into_iter().enumerate() {
@@ -151,7 +189,10 @@ pub async fn run(
             let mut lost = 0;
             let mut latencies = Vec::new();
             while more(won.len()) {
-                let (block, l, d) = claim_one(&store, &spec, revision, &node).await?;
+                let Some((block, l, d)) = claim_one(&store, &spec, revision, &node, until).await?
+                else {
+                    break;
+                };
                 won.push((block, node.clone()));
                 lost += l;
                 latencies.push(d);
@@ -177,13 +218,19 @@ pub async fn run(
     }
     run.elapsed = start.elapsed();
     run.claims = won.len();
-    run.verified = verify(&admin, &spec.name, &won).await?;
+    run.verified = verify(&admin, &spec.name, &won, filler).await?;
     Ok(run)
 }
 
 /// Checks what etcd lists for `pool` against the claims won: every block won by exactly one
-/// node, listed with that node as its owner, nothing else listed. Returns the blocks checked.
-async fn verify(store: &ClusterStore, pool: &str, won: &[(IpNet, String)]) -> Result<usize> {
+/// node, listed with that node as its owner, nothing else listed but blocks of nodes named
+/// `filler*` (when not empty). Returns the blocks checked.
+async fn verify(
+    store: &ClusterStore,
+    pool: &str,
+    won: &[(IpNet, String)],
+    filler: &str,
+) -> Result<usize> {
     let mut winners: HashMap<IpNet, &str> = HashMap::new();
     for (block, node) in won {
         if let Some(other) = winners.insert(*block, node) {
@@ -202,6 +249,7 @@ async fn verify(store: &ClusterStore, pool: &str, won: &[(IpNet, String)]) -> Re
                 b.block,
                 b.owner.node
             ),
+            None if !filler.is_empty() && b.owner.node.starts_with(filler) => {}
             None => bail!(
                 "block {} of pool {pool} is listed as {}'s, but no claim won it",
                 b.block,
@@ -209,7 +257,12 @@ async fn verify(store: &ClusterStore, pool: &str, won: &[(IpNet, String)]) -> Re
             ),
         }
     }
-    if listed.blocks.len() != winners.len() || !listed.malformed.is_empty() {
+    let fillers = listed
+        .blocks
+        .iter()
+        .filter(|b| !filler.is_empty() && b.owner.node.starts_with(filler))
+        .count();
+    if listed.blocks.len() != winners.len() + fillers || !listed.malformed.is_empty() {
         bail!(
             "pool {pool}: {} blocks won, {} listed in etcd ({} malformed keys)",
             winners.len(),

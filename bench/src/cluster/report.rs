@@ -12,6 +12,10 @@ const ADD_RATIO_GOAL: f64 = 1.1;
 const CLAIM_P50_GOAL_MS: f64 = 5.0;
 const CLAIMS_PER_S_GOAL: f64 = 1000.0;
 const FIRST_BLOCKS_GOAL_S: f64 = 10.0;
+const JOIN_GOAL_S: f64 = 1.0;
+const RESYNC_GOAL_MS: f64 = 50.0;
+const CTL_NODE_GOAL_S: f64 = 1.0;
+const RESYNC_BYTES_GOAL: f64 = 2048.0;
 
 fn verdict(ok: bool) -> &'static str {
     match ok {
@@ -139,6 +143,85 @@ impl ClusterReport {
             o,
             "| blocks with two owners, over all the runs ({checked} blocks checked) | 0 | 0 |"
         );
+        self.scale_markdown(o);
+    }
+
+    fn scale_markdown(&self, o: &mut String) {
+        let x = &self.scale;
+        let nodes = x.scale.owned / super::scale::PER_NODE;
+        let _ = writeln!(
+            o,
+            "\n### At scale: {} blocks of {} owned by {nodes} other nodes ({} each), written in {:.1} s\n",
+            x.scale.owned,
+            x.pool,
+            super::scale::PER_NODE,
+            x.fill.as_secs_f64()
+        );
+        let _ = writeln!(o, "| measurement | value | target |\n|---|---:|---|");
+        let _ = writeln!(
+            o,
+            "| a joining node: ipoold started -> its first ADD answered (its index made, the pool's view read in pages, a block claimed) | {:.2} s | < {JOIN_GOAL_S} s: {} |",
+            x.join_first_add.as_secs_f64(),
+            verdict(x.join_first_add.as_secs_f64() < JOIN_GOAL_S)
+        );
+        let sum = Summary::of(&x.resync);
+        let _ = writeln!(
+            o,
+            "| a node's resync ({} blocks: its index, checked), p50 / p99 | {:.2} / {:.2} ms | < {RESYNC_GOAL_MS} ms: {} |",
+            super::scale::PER_NODE,
+            sum.p50,
+            sum.p99,
+            verdict(sum.p99 < RESYNC_GOAL_MS)
+        );
+        let _ = writeln!(
+            o,
+            "| ... etcd requests and bytes read per resync | {:.1} requests, {:.0} B | < {RESYNC_BYTES_GOAL:.0} B: {} |",
+            x.resync_requests,
+            x.resync_bytes,
+            verdict(x.resync_bytes < RESYNC_BYTES_GOAL)
+        );
+        let _ = writeln!(
+            o,
+            "| before the index, a sync was a listing of the whole pool: its time, requests and bytes (then one reply, past gRPC's 4 MiB past ~35 000 blocks) | {:.0} ms, {} requests, {:.1} MiB | - |",
+            x.full_listing.as_secs_f64() * 1e3,
+            x.full_listing_requests,
+            x.full_listing_bytes as f64 / 1048576.0
+        );
+        let _ = writeln!(
+            o,
+            "| `ipoolctl cluster blocks --node` | {:.2} s | < {CTL_NODE_GOAL_S} s: {} |",
+            x.ctl_node.as_secs_f64(),
+            verdict(x.ctl_node.as_secs_f64() < CTL_NODE_GOAL_S)
+        );
+        let per = x.many_bytes as f64 / x.scale.resyncing.max(1) as f64;
+        let _ = writeln!(
+            o,
+            "| {} nodes resyncing once (64 connections): all done | {:.2} s | - |",
+            x.scale.resyncing,
+            x.many.as_secs_f64()
+        );
+        let _ = writeln!(
+            o,
+            "| ... etcd requests, bytes read (total; per node) | {}, {:.1} MiB; {:.1}, {per:.0} B | < {RESYNC_BYTES_GOAL:.0} B per node: {} |",
+            x.many_requests,
+            x.many_bytes as f64 / 1048576.0,
+            x.many_requests as f64 / x.scale.resyncing.max(1) as f64,
+            verdict(per < RESYNC_BYTES_GOAL)
+        );
+        let f = &x.fill90;
+        let sum = Summary::of(&f.latencies);
+        let _ = writeln!(
+            o,
+            "| claims/s, {} claimers at 90 % fill until the pool is full ({} claims in {:.2} s; claim p50 {:.2} ms, p99 {:.2} ms; {} conflicts; {} blocks checked) | {:.0} | - |",
+            f.claimers,
+            f.claims,
+            f.elapsed.as_secs_f64(),
+            sum.p50,
+            sum.p99,
+            f.lost,
+            f.verified,
+            f.rate()
+        );
     }
 
     fn json(&self) -> Value {
@@ -169,6 +252,24 @@ impl ClusterReport {
             },
             "sequential_claims": run(&self.sequential),
             "concurrent_claims": self.rates.iter().map(run).collect::<Vec<_>>(),
+            "scale": {
+                "owned_blocks": self.scale.scale.owned,
+                "pool": self.scale.pool,
+                "fill_s": self.scale.fill.as_secs_f64(),
+                "join_first_add_s": self.scale.join_first_add.as_secs_f64(),
+                "resync": Summary::of(&self.scale.resync).json(),
+                "resync_requests": self.scale.resync_requests,
+                "resync_bytes": self.scale.resync_bytes,
+                "full_listing_ms": self.scale.full_listing.as_secs_f64() * 1e3,
+                "full_listing_requests": self.scale.full_listing_requests,
+                "full_listing_bytes": self.scale.full_listing_bytes,
+                "ctl_blocks_node_s": self.scale.ctl_node.as_secs_f64(),
+                "resyncing_nodes": self.scale.scale.resyncing,
+                "resync_all_s": self.scale.many.as_secs_f64(),
+                "resync_all_requests": self.scale.many_requests,
+                "resync_all_bytes": self.scale.many_bytes,
+                "fill90": run(&self.scale.fill90),
+            },
             "first_blocks": {
                 "nodes": self.first.claimers,
                 "connect_s": self.first.setup.as_secs_f64(),

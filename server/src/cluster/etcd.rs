@@ -3,7 +3,9 @@
 //! - `<prefix>/pools/<name>`: a pool ([`PoolSpec`], JSON);
 //! - `<prefix>/blocks/<pool>/<block>`: a block's owner ([`Owner`], JSON), the block written
 //!   as Calico does, `10.0.0.0-26`;
-//! - `<prefix>/nodes/<node>/...`: the daemons' heartbeats ([`super::nodes`]).
+//! - `<prefix>/nodes/<node>/blocks/<pool>/<block>`: the node's index of its blocks, written and
+//!   deleted with them; `<prefix>/nodes/<node>/indexed`: its index is complete;
+//! - `<prefix>/nodes/<node>/alive`, `.../seen`: the daemons' heartbeats ([`super::nodes`]).
 //!
 //! Every decision is one etcd transaction: a claim is "create the block's key if it is absent
 //! and the pool is still as this node read it" (the loser learns the winner), a give-back is
@@ -71,6 +73,9 @@ pub enum Claimed {
     Won(Block),
     /// Someone has it: the node, or what stands in the key when it names none.
     Lost(String),
+    /// This node has it already (claimed before its index existed): the block, its index
+    /// entry written now.
+    Mine(Block),
     /// The pool was deleted.
     NoPool,
     /// The pool is not as it was read (deleted and created again, maybe with other block
@@ -176,7 +181,18 @@ impl ClusterStore {
         timeout: Duration,
         tls: Option<&Tls>,
     ) -> Result<ClusterStore, ClusterError> {
-        let client = EtcdClient::new(endpoints, tls.map(|t| &t.0), timeout)?;
+        ClusterStore::connect_limited(endpoints, prefix, timeout, tls, None).await
+    }
+
+    /// [`ClusterStore::connect`], every request through `limiter`.
+    pub async fn connect_limited(
+        endpoints: &[String],
+        prefix: &str,
+        timeout: Duration,
+        tls: Option<&Tls>,
+        limiter: Option<std::sync::Arc<client::Limiter>>,
+    ) -> Result<ClusterStore, ClusterError> {
+        let client = EtcdClient::new(endpoints, tls.map(|t| &t.0), timeout, limiter)?;
         let store = ClusterStore {
             client,
             prefix: prefix.trim_end_matches('/').to_string(),
@@ -187,6 +203,15 @@ impl ClusterStore {
             .range(request::get(store.pools_prefix()))
             .await?;
         Ok(store)
+    }
+
+    /// The same store whose requests never wait for the etcd rate limit (the heartbeat's).
+    pub fn urgent(&self) -> ClusterStore {
+        ClusterStore {
+            client: self.client.urgent(),
+            prefix: self.prefix.clone(),
+            views: self.views.clone(),
+        }
     }
 
     /// The etcd client underneath (for what the store does not do itself).

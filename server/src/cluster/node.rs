@@ -1,7 +1,7 @@
 //! This node in cluster mode: its name and the daemon instance that holds it, its etcd
-//! connection (made when first needed, again after a failure), the token bucket in front of
-//! its etcd calls, whether etcd answers, the pools it read, and the heartbeat that holds its
-//! name and fences it.
+//! connection (made when first needed, again after a failure), the limiter every etcd request
+//! goes through (`etcd_rate`), whether etcd answers, the pools it read, its index of blocks
+//! made complete once, and the heartbeat that holds its name and fences it.
 //!
 //! The node *serves* (its sources may hand out addresses) only while this daemon holds the
 //! node's name in etcd and renewed its heartbeat within `fence_secs`. Each time it starts to
@@ -15,11 +15,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::etcd::client::Limiter;
 use super::etcd::{ClusterError, ClusterStore, PoolSpec, Tls};
 use super::nodes::{Acquired, Alive, Heartbeat};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
-use crate::pool::TokenBucket;
 
 /// Whether this daemon holds its node's name in etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,8 +59,10 @@ pub struct ClusterNode {
     settings: ClusterSettings,
     tls: Option<Tls>,
     conn: tokio::sync::Mutex<Option<ClusterStore>>,
-    bucket: Mutex<TokenBucket>,
-    started: Instant,
+    /// Every etcd request goes through it (`etcd_rate`, `etcd_burst`).
+    limiter: Arc<Limiter>,
+    /// The node's index of its blocks is complete (made so once, at start).
+    index: tokio::sync::OnceCell<()>,
     /// Since when, and why, etcd does not answer (None: the last call succeeded).
     down: Mutex<Option<(Instant, String)>>,
     /// Pools as last read, with the revision of their key.
@@ -97,13 +99,13 @@ impl ClusterNode {
             .any(|e| e.starts_with("https://"))
             .then_some(tls);
         Ok(Arc::new(ClusterNode {
-            bucket: Mutex::new(TokenBucket::new(settings.etcd_rate, settings.etcd_burst, 0)),
+            limiter: Arc::new(Limiter::new(settings.etcd_rate, settings.etcd_burst)),
+            index: tokio::sync::OnceCell::new(),
             name,
             instance,
             settings,
             tls,
             conn: tokio::sync::Mutex::new(None),
-            started: Instant::now(),
             down: Mutex::new(None),
             pools: Mutex::default(),
             beat: Mutex::new(Beat {
@@ -139,14 +141,33 @@ impl ClusterNode {
         Duration::from_secs(self.settings.fence())
     }
 
-    /// One token for an etcd call, if the bucket has one now.
-    pub fn try_call(&self) -> bool {
-        let now = self.started.elapsed().as_millis() as u64;
-        self.bucket
-            .lock()
-            .expect("bucket lock")
-            .try_take(now)
-            .is_ok()
+    /// When the etcd rate limit (`etcd_rate`) made a request wait within the last minute:
+    /// what status says about it.
+    pub fn rate_note(&self) -> Option<String> {
+        let (ago, took) = self.limiter.last_wait(Duration::from_secs(60))?;
+        let (rate, burst) = self.limiter.rate();
+        Some(format!(
+            "etcd_rate: a request waited {} ms for a token {} s ago (etcd_rate {rate}/s, etcd_burst {burst})",
+            took.as_millis(),
+            ago.as_secs()
+        ))
+    }
+
+    /// Makes this node's index of its blocks complete, once (see `ClusterStore::ensure_index`).
+    pub async fn ensure_index(&self) -> Result<(), ClusterError> {
+        self.index
+            .get_or_try_init(|| async {
+                let node = self.name.clone();
+                let written = self
+                    .call("ensure_index", |s| async move { s.ensure_index(&node).await })
+                    .await?;
+                if written > 0 {
+                    tracing::info!(node = %self.name, blocks = written, "indexed this node's blocks (claimed by an older ipoold)");
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
     }
 
     async fn store(&self) -> Result<ClusterStore, ClusterError> {
@@ -154,11 +175,12 @@ impl ClusterNode {
         if let Some(s) = conn.as_ref() {
             return Ok(s.clone());
         }
-        let s = ClusterStore::connect(
+        let s = ClusterStore::connect_limited(
             &self.settings.etcd_endpoints,
             &self.settings.prefix,
             Duration::from_millis(self.settings.etcd_timeout_ms),
             self.tls.as_ref(),
+            Some(self.limiter.clone()),
         )
         .await?;
         *conn = Some(s.clone());
@@ -207,6 +229,7 @@ impl ClusterNode {
             beat.resets = resets;
             beat.epoch += 1;
             drop(beat);
+            self.identity_changes.send_modify(|_| {});
             self.pools.lock().expect("pools lock").clear();
             self.metrics.cluster.etcd_resets.inc();
             tracing::error!(node = %self.name, why = why.as_deref().unwrap_or_default(), "etcd was reset: every block is synced again before anything more is handed out");
@@ -352,12 +375,18 @@ impl ClusterNode {
     fn renewed(&self, sent: Instant) {
         let mut beat = self.beat.lock().expect("beat lock");
         let fenced = beat.renewed.is_none_or(|t| t.elapsed() > self.fence());
-        if fenced && beat.renewed.is_some() {
+        let lifted = fenced && beat.renewed.is_some();
+        if lifted {
             beat.epoch += 1;
             tracing::info!(node = %self.name, "heartbeat renewed: the fence lifts once the blocks are synced again");
         }
         beat.renewed = Some(sent);
+        drop(beat);
         self.metrics.cluster.fenced.set(0);
+        if lifted {
+            // Watchers of the identity (the engine) look again: the sources sync now.
+            self.identity_changes.send_modify(|_| {});
+        }
     }
 
     /// Tests: the node as its heartbeat would leave it, holding its name and renewed
@@ -383,6 +412,14 @@ impl ClusterNode {
     pub async fn heartbeat(self: Arc<Self>) {
         let ttl = self.settings.heartbeat_ttl_secs;
         let every = Duration::from_secs(ttl / 3).max(Duration::from_secs(1));
+        // Before the first heartbeat writes `seen`: whether this node ran before decides
+        // whether its blocks must be found and indexed.
+        while let Err(e) = self.ensure_index().await {
+            if !matches!(self.identity(), Identity::Held) {
+                self.set_identity(Identity::Starting(Some(e.to_string())));
+            }
+            tokio::time::sleep(super::jitter(Duration::from_secs(2))).await;
+        }
         let me = Alive {
             instance: self.instance.clone(),
             at_ms: 0,
@@ -400,7 +437,9 @@ impl ClusterNode {
             );
             let started = self
                 .call("heartbeat", |s| async move {
-                    s.start_heartbeat(&node, &me, ttl, every.as_secs()).await
+                    s.urgent()
+                        .start_heartbeat(&node, &me, ttl, every.as_secs())
+                        .await
                 })
                 .await;
             match started {
@@ -413,14 +452,14 @@ impl ClusterNode {
                 Ok(Acquired::Taken { instance, ttl_left }) => {
                     self.set_identity(Identity::Taken { instance });
                     let left = Duration::from_secs(ttl_left.clamp(1, ttl as i64) as u64);
-                    tokio::time::sleep(left.min(every)).await;
+                    tokio::time::sleep(super::jitter(left.min(every))).await;
                 }
                 Err(e) => {
                     if !matches!(self.identity(), Identity::Held) {
                         self.set_identity(Identity::Starting(Some(e.to_string())));
                     }
                     tracing::debug!(node = %self.name, error = %e, "cannot start the heartbeat; retrying");
-                    tokio::time::sleep(wait).await;
+                    tokio::time::sleep(super::jitter(wait)).await;
                     wait = (wait * 2).min(every);
                 }
             }
@@ -431,19 +470,21 @@ impl ClusterNode {
     async fn keep(&self, beat: &Heartbeat, every: Duration) {
         let ttl = Duration::from_secs(self.settings.heartbeat_ttl_secs);
         let mut last_ok = Instant::now();
-        let mut pause = every;
+        let mut pause = super::jitter(every);
         loop {
             tokio::time::sleep(pause).await;
             let sent = Instant::now();
             let b = beat.clone();
             let r = self
-                .call("heartbeat", |s| async move { s.renew_heartbeat(&b).await })
+                .call("heartbeat", |s| async move {
+                    s.urgent().renew_heartbeat(&b).await
+                })
                 .await;
             match r {
                 Ok(()) => {
                     self.renewed(sent);
                     last_ok = sent;
-                    pause = every;
+                    pause = super::jitter(every);
                 }
                 Err(e) if e.is_unreachable() && last_ok.elapsed() < ttl => {
                     if last_ok.elapsed() > self.fence() {

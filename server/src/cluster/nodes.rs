@@ -34,12 +34,16 @@ pub struct Alive {
     pub fence_secs: u64,
 }
 
-/// What a daemon writes in its node's `seen` key.
+/// What a daemon writes in its node's `seen` key (an older ipoold wrote `at_ms` alone, on no
+/// lease).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Seen {
+    #[serde(default)]
     pub instance: String,
+    #[serde(default)]
     pub fence_secs: u64,
     /// Seconds between renewals: the absence etcd measures can be this much too long.
+    #[serde(default)]
     pub renew_secs: u64,
     pub at_ms: u64,
 }
@@ -228,11 +232,31 @@ impl ClusterStore {
                 Some((value, away))
             }
         };
+        let blocks = self.blocks_of_node(node).await?;
         Ok(NodeState {
             alive,
             seen,
-            blocks: self.list_blocks(None, Some(node)).await?,
+            blocks,
         })
+    }
+
+    /// Every block of `node`: its index, or, for a node that never ran an ipoold with the index
+    /// (no `indexed` mark), the pools' blocks read in pages.
+    pub async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
+        let indexed = !self
+            .client()
+            .range(request::get(self.node_key(node, "indexed")))
+            .await?
+            .kvs
+            .is_empty();
+        match indexed {
+            true => self.list_blocks(None, Some(node)).await,
+            false => {
+                let mut all = self.list_blocks(None, None).await?;
+                all.blocks.retain(|b| b.owner.node == node);
+                Ok(all)
+            }
+        }
     }
 
     /// Gives back every block in `blocks`, each conditioned on its create revision and (unless

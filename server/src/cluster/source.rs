@@ -20,7 +20,8 @@
 //!    when that would bring the free addresses below the threshold); nothing can be placed in
 //!    it meanwhile, and one found holding something when the give-back lands is claimed back.
 //!
-//! Each goes through the node's token bucket; a failure is retried with a backoff.
+//! Each etcd request goes through the node's limiter (`etcd_rate`); a failure is retried with a
+//! jittered backoff, and the resyncs are jittered too.
 //! Each block is a host-local range: its first address is the gateway, the network (and for
 //! IPv4 the broadcast) address is never handed out.
 
@@ -56,7 +57,8 @@ pub struct ClusterSource {
     threshold: usize,
     /// The serving epoch of the last sync (see `ClusterNode::serving`); None: never synced.
     synced: Option<u64>,
-    last_sync: Option<Instant>,
+    /// When the next resync is due (`resync_secs`, jittered).
+    next_sync: Option<Instant>,
     /// By network address: handed out lowest block first.
     blocks: BTreeMap<IpAddr, Owned>,
     cursor: Option<IpAddr>,
@@ -89,7 +91,7 @@ impl ClusterSource {
             describe: parts.join(","),
             threshold,
             synced: None,
-            last_sync: None,
+            next_sync: None,
             blocks: BTreeMap::new(),
             cursor: None,
             in_flight: false,
@@ -204,14 +206,13 @@ impl ClusterSource {
     /// What to do next against etcd, if anything: nothing while the node does not serve.
     fn next_work(&mut self) -> Option<Work> {
         let epoch = self.node.serving().ok()?;
-        let resync = Duration::from_secs(self.node.settings().resync_secs);
         let unsettled = self
             .blocks
             .values()
             .any(|b| matches!(b.state, BlockState::Unsettled(_)));
         if self.synced != Some(epoch)
             || unsettled
-            || self.last_sync.is_none_or(|t| t.elapsed() >= resync)
+            || self.next_sync.is_none_or(|t| Instant::now() >= t)
         {
             return Some(Work::Sync { epoch });
         }
@@ -248,7 +249,7 @@ impl ClusterSource {
 
     fn failed_now(&mut self, why: String) {
         self.failed = Some(why);
-        self.retry_at = Some(Instant::now() + self.backoff);
+        self.retry_at = Some(Instant::now() + super::jitter(self.backoff));
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
     }
 }
@@ -390,9 +391,6 @@ impl Source for ClusterSource {
             self.exhausted = None;
         }
         let work = self.next_work()?;
-        if !self.node.try_call() {
-            return None;
-        }
         if let Work::GiveBack(net, revision) = &work {
             if let Some(b) = self.blocks.get_mut(&net.network()) {
                 b.state = BlockState::Returning(*revision);

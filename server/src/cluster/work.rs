@@ -151,9 +151,8 @@ async fn execute(
                 )
                 .await?;
             match claimed {
-                Claimed::Won(b) => Ok(Outcome::Reclaimed(b.create_revision)),
-                // Listed meanwhile: ours after all.
-                Claimed::Lost(owner) if owner == me => sync(node, pool).await,
+                // Won, or ours all along (claimed before the index: its entry written now).
+                Claimed::Won(b) | Claimed::Mine(b) => Ok(Outcome::Reclaimed(b.create_revision)),
                 Claimed::Lost(owner) => Ok(Outcome::Taken(format!("node {owner:?}"))),
                 Claimed::PoolChanged => {
                     node.forget_pool(pool);
@@ -185,8 +184,10 @@ async fn execute(
     }
 }
 
-/// This node's blocks of `pool`, as etcd lists them (malformed keys reported).
+/// This node's blocks of `pool`, as etcd lists them (its index, each entry checked; malformed
+/// keys reported).
 async fn sync(node: &ClusterNode, pool: &str) -> Result<Outcome, ClusterError> {
+    node.ensure_index().await?;
     let (p, n) = (pool.to_string(), node.name().to_string());
     let listed = node
         .call("list_blocks", |s| async move {

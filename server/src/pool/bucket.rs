@@ -52,6 +52,13 @@ impl TokenBucket {
         }
     }
 
+    /// Takes one token now, whether or not there is one: the level may go below zero, and
+    /// later callers wait the longer (for calls that must not wait, counted all the same).
+    pub fn take_now(&mut self, now: Millis) {
+        self.refill(now);
+        self.tokens -= 1.0;
+    }
+
     /// Tokens available at `now` (for status reports).
     pub fn level(&self, now: Millis) -> f64 {
         let mut b = self.clone();
@@ -75,6 +82,16 @@ mod tests {
         assert_eq!(b.try_take(1_100), Ok(()));
         // A long pause refills only up to the burst.
         assert!((b.level(100_000) - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_call_that_cannot_wait_takes_a_token_all_the_same() {
+        let mut b = TokenBucket::new(10.0, 1, 1_000);
+        b.take_now(1_000);
+        b.take_now(1_000);
+        // Two taken from one: the next waits for two refills.
+        assert_eq!(b.try_take(1_000), Err(200));
+        assert_eq!(b.try_take(1_200), Ok(()));
     }
 
     #[test]

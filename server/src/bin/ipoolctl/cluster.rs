@@ -285,7 +285,7 @@ async fn release_node(
     let state = match store.node_state(node).await {
         Err(e @ ClusterError::Malformed { .. }) if force => {
             eprintln!("ipoolctl: --force: {e}");
-            let blocks = store.list_blocks(None, Some(node)).await?;
+            let blocks = store.blocks_of_node(node).await?;
             NodeState {
                 alive: None,
                 seen: None,

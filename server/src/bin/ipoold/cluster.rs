@@ -106,6 +106,9 @@ pub(crate) fn start(cluster: &Cluster, ipam: &Ipam) {
                 _ => None,
             };
             health.set_name_taken(taken);
+            // The sources sync (and serve) once the name is held: at once, not at the next
+            // tick of the background loop.
+            health.nudge();
             if changes.changed().await.is_err() {
                 return;
             }

@@ -1,6 +1,11 @@
 //! Blocks in etcd: listed (a malformed key reported and counted as occupied), claimed with one
 //! create-if-absent transaction conditioned on the pool as it was read, given back with one
 //! delete conditioned on the key being the one its owner created.
+//!
+//! Each node's blocks are indexed under `nodes/<node>/blocks/<pool>/<block>`, written and
+//! deleted in the same transactions as the block keys: a node's blocks are one range read of
+//! its own, whatever the pool's size ([`ClusterStore::node_blocks`]). Each index entry is
+//! checked against its block key when read; one that no longer matches is removed.
 
 use ipnet::IpNet;
 
@@ -8,6 +13,12 @@ use super::request::{self, cmp, op};
 use super::{
     now_ms, parse_block_part, Block, Claimed, ClusterError, ClusterStore, MalformedKey, Owner,
 };
+
+/// Keys per page of a listing that can grow with a pool.
+pub const PAGE: i64 = 1000;
+/// Reads per transaction when index entries are checked against their blocks (etcd takes at
+/// most 128 operations in one).
+const CHECKS_PER_TXN: usize = 100;
 
 /// Blocks as listed: those with an owner, and keys that name none.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -17,65 +28,138 @@ pub struct Listing {
 }
 
 impl ClusterStore {
-    /// Owned blocks, of one pool and/or one node. Keys that hold no owner are in `malformed`
-    /// (whatever the node asked for: nobody can tell whose they are).
+    fn index_prefix(&self, node: &str, pool: Option<&str>) -> String {
+        match pool {
+            Some(p) => self.key(&format!("nodes/{node}/blocks/{p}/")),
+            None => self.key(&format!("nodes/{node}/blocks/")),
+        }
+    }
+
+    pub(super) fn index_key(&self, node: &str, pool: &str, block: &IpNet) -> String {
+        format!(
+            "{}{}",
+            self.index_prefix(node, Some(pool)),
+            super::block_key_part(block)
+        )
+    }
+
+    /// Owned blocks, of one pool and/or one node (a node's: its index, read in pages; all of a
+    /// pool's: the pool's keys, read in pages). Keys that hold no owner are in `malformed`.
     pub async fn list_blocks(
         &self,
         pool: Option<&str>,
         node: Option<&str>,
     ) -> Result<Listing, ClusterError> {
+        if let Some(n) = node {
+            return self.node_blocks(n, pool).await;
+        }
         let root = format!("{}/blocks/", self.prefix);
         let prefix = match pool {
             Some(p) => self.blocks_prefix(p),
             None => root.clone(),
         };
-        let r = self.client.range(request::get_prefix(prefix)).await?;
+        let kvs = self
+            .client
+            .range_paged(request::get_prefix(prefix), PAGE)
+            .await?;
         let mut out = Listing::default();
-        for item in &r.kvs {
+        for item in &kvs {
             let key = String::from_utf8_lossy(&item.key).into_owned();
-            let rest = key.strip_prefix(&root).unwrap_or(&key);
-            let Some((pool_name, part)) = rest.split_once('/') else {
-                out.malformed.push(MalformedKey {
-                    why: "no pool in the key".into(),
+            match parse_block_key(&root, &key) {
+                Err(why) => out.malformed.push(MalformedKey {
+                    why,
                     key,
                     block: None,
-                });
-                continue;
-            };
-            let Some(block) = parse_block_part(part) else {
-                out.malformed.push(MalformedKey {
-                    why: "no block in the key".into(),
-                    key,
-                    block: None,
-                });
-                continue;
-            };
-            let owner = match serde_json::from_slice::<Owner>(&item.value) {
-                Ok(o) => o,
-                Err(e) => {
-                    out.malformed.push(MalformedKey {
+                }),
+                Ok((pool_name, block)) => match serde_json::from_slice::<Owner>(&item.value) {
+                    Ok(owner) => out.blocks.push(Block {
+                        pool: pool_name.to_string(),
+                        block,
+                        owner,
+                        create_revision: item.create_revision,
+                    }),
+                    Err(e) => out.malformed.push(MalformedKey {
                         why: format!("no owner in the value: {e}"),
                         key,
                         block: Some(block),
-                    });
-                    continue;
-                }
-            };
-            if node.is_some_and(|n| n != owner.node) {
-                continue;
+                    }),
+                },
             }
-            out.blocks.push(Block {
-                pool: pool_name.to_string(),
-                block,
-                owner,
-                create_revision: item.create_revision,
-            });
+        }
+        Ok(out)
+    }
+
+    /// `node`'s blocks (of `pool`, or of every pool): its index, each entry checked against
+    /// its block key (read in one transaction per hundred). An entry whose block is gone or
+    /// another's is removed (conditioned on the entry being as read); a block key whose value
+    /// names no owner is reported.
+    pub async fn node_blocks(
+        &self,
+        node: &str,
+        pool: Option<&str>,
+    ) -> Result<Listing, ClusterError> {
+        let prefix = self.index_prefix(node, None);
+        let mut read = request::get_prefix(self.index_prefix(node, pool));
+        read.keys_only = true;
+        let entries = self.client.range_paged(read, PAGE).await?;
+        let mut out = Listing::default();
+        let mut listed = Vec::new();
+        for e in &entries {
+            let key = String::from_utf8_lossy(&e.key).into_owned();
+            match parse_block_key(&prefix, &key) {
+                Ok((p, b)) => listed.push((p.to_string(), b, e.key.clone(), e.mod_revision)),
+                Err(why) => out.malformed.push(MalformedKey {
+                    why,
+                    key,
+                    block: None,
+                }),
+            }
+        }
+        let mut stale = Vec::new();
+        for chunk in listed.chunks(CHECKS_PER_TXN) {
+            let gets = chunk
+                .iter()
+                .map(|(p, b, _, _)| op::get(self.block_key(p, b)));
+            let r = self.client.txn(request::txn([], gets, [])).await?;
+            let found: std::collections::HashMap<Vec<u8>, _> = request::txn_reads(&r)
+                .map(|kv| (kv.key.clone(), kv))
+                .collect();
+            for (p, b, index_key, index_rev) in chunk {
+                let block_key = self.block_key(p, b);
+                match found.get(block_key.as_bytes()) {
+                    Some(kv) => match serde_json::from_slice::<Owner>(&kv.value) {
+                        Ok(owner) if owner.node == node => out.blocks.push(Block {
+                            pool: p.clone(),
+                            block: *b,
+                            owner,
+                            create_revision: kv.create_revision,
+                        }),
+                        Ok(_) => stale.push((index_key.clone(), *index_rev)),
+                        Err(e) => out.malformed.push(MalformedKey {
+                            why: format!("no owner in the value: {e}"),
+                            key: block_key,
+                            block: Some(*b),
+                        }),
+                    },
+                    None => stale.push((index_key.clone(), *index_rev)),
+                }
+            }
+        }
+        for (key, rev) in stale {
+            let txn = request::txn(
+                [cmp::mod_revision(key.clone(), cmp::Equal, rev)],
+                [op::delete(key)],
+                [],
+            );
+            self.client.txn(txn).await?;
         }
         Ok(out)
     }
 
     /// Claims `block` of `pool` for `node`: one transaction, won only when no one owns it and
-    /// the pool is still as it was at `pool_revision` (its key's mod revision when read).
+    /// the pool is still as it was at `pool_revision` (its key's mod revision when read); the
+    /// node's index entry is written with it. A block the node owns already (claimed by an
+    /// older ipoold, which wrote no index) comes back as [`Claimed::Mine`], its entry written.
     pub async fn claim(
         &self,
         pool: &str,
@@ -85,6 +169,7 @@ impl ClusterStore {
     ) -> Result<Claimed, ClusterError> {
         let key = self.block_key(pool, block);
         let pool_key = self.pool_key(pool);
+        let index = self.index_key(node, pool, block);
         let owner = Owner {
             node: node.to_string(),
             claimed_at_ms: now_ms(),
@@ -96,7 +181,10 @@ impl ClusterStore {
                 cmp::version(pool_key.clone(), cmp::Greater, 0),
                 cmp::mod_revision(pool_key.clone(), cmp::Equal, pool_revision),
             ],
-            [op::put(key.clone(), value, 0)],
+            [
+                op::put(key.clone(), value, 0),
+                op::put(index.clone(), "", 0),
+            ],
             [op::get(key.clone()), op::get(pool_key.clone())],
         );
         let r = self.client.txn(txn).await?;
@@ -114,23 +202,41 @@ impl ClusterStore {
         for kv in request::txn_reads(&r) {
             if kv.key == key.as_bytes() {
                 held = Some(match serde_json::from_slice::<Owner>(&kv.value) {
-                    Ok(o) => o.node,
-                    Err(e) => format!("a malformed key ({e})"),
+                    Ok(o) => Ok((o, kv.create_revision)),
+                    Err(e) => Err(format!("a malformed key ({e})")),
                 });
             } else if kv.key == pool_key.as_bytes() {
                 pool_there = true;
             }
         }
         Ok(match (held, pool_there) {
-            (Some(holder), _) => Claimed::Lost(holder),
+            (Some(Ok((o, revision))), _) if o.node == node => {
+                // Ours, from before the index: its entry, conditioned on the key as read.
+                let txn = request::txn(
+                    [cmp::create_revision(key, cmp::Equal, revision)],
+                    [op::put(index, "", 0)],
+                    [],
+                );
+                match self.client.txn(txn).await?.succeeded {
+                    true => Claimed::Mine(Block {
+                        pool: pool.to_string(),
+                        block: *block,
+                        owner: o,
+                        create_revision: revision,
+                    }),
+                    false => Claimed::Lost("another node, just now".into()),
+                }
+            }
+            (Some(Ok((o, _))), _) => Claimed::Lost(o.node),
+            (Some(Err(why)), _) => Claimed::Lost(why),
             (None, false) => Claimed::NoPool,
             (None, true) => Claimed::PoolChanged,
         })
     }
 
-    /// Gives `b` back, only if it is still the key its owner created and, with `while_absent`,
-    /// only while that key (a node's `alive`, say) does not exist. False: it was not given
-    /// back.
+    /// Gives `b` back (and its owner's index entry), only if it is still the key its owner
+    /// created and, with `while_absent`, only while that key (a node's `alive`, say) does not
+    /// exist. False: it was not given back.
     pub async fn give_back(
         &self,
         b: &Block,
@@ -145,7 +251,51 @@ impl ClusterStore {
         if let Some(k) = while_absent {
             when.push(cmp::version(k, cmp::Equal, 0));
         }
-        let txn = request::txn(when, [op::delete(key)], []);
+        let index = self.index_key(&b.owner.node, &b.pool, &b.block);
+        let txn = request::txn(when, [op::delete(key), op::delete(index)], []);
         Ok(self.client.txn(txn).await?.succeeded)
     }
+
+    /// Makes `node`'s index complete once: a node that ran an ipoold from before the index (its
+    /// `seen` key there, no `indexed` mark) has every pool's blocks read, in pages, and an
+    /// entry written for each of its own (conditioned on the block as read); a node never seen
+    /// has no blocks to index. Then the mark is written.
+    pub async fn ensure_index(&self, node: &str) -> Result<usize, ClusterError> {
+        let mark = self.key(&format!("nodes/{node}/indexed"));
+        if !self
+            .client
+            .range(request::get(mark.clone()))
+            .await?
+            .kvs
+            .is_empty()
+        {
+            return Ok(0);
+        }
+        let seen = self.key(&format!("nodes/{node}/seen"));
+        let mut written = 0;
+        if !self.client.range(request::get(seen)).await?.kvs.is_empty() {
+            let all = self.list_blocks(None, None).await?;
+            for b in all.blocks.iter().filter(|b| b.owner.node == node) {
+                let key = self.block_key(&b.pool, &b.block);
+                let txn = request::txn(
+                    [cmp::create_revision(key, cmp::Equal, b.create_revision)],
+                    [op::put(self.index_key(node, &b.pool, &b.block), "", 0)],
+                    [],
+                );
+                written += usize::from(self.client.txn(txn).await?.succeeded);
+            }
+        }
+        self.client.put(request::put(mark, "1", 0)).await?;
+        Ok(written)
+    }
+}
+
+/// `<pool>/<block>` under `root`.
+fn parse_block_key<'a>(root: &str, key: &'a str) -> Result<(&'a str, IpNet), String> {
+    let rest = key.strip_prefix(root).unwrap_or(key);
+    let (pool, part) = rest
+        .split_once('/')
+        .ok_or_else(|| "no pool in the key".to_string())?;
+    let block = parse_block_part(part).ok_or_else(|| "no block in the key".to_string())?;
+    Ok((pool, block))
 }

@@ -1,12 +1,12 @@
 //! Claiming a node's next block: the node's view of a pool's blocks, kept between claims.
 //!
-//! A claim tries the free blocks of the view in the node's order, one create-if-absent
+//! The view is read in pages (no answer grows with the pool). A claim tries the free blocks of the view in the node's order, one create-if-absent
 //! transaction each, conditioned on the pool as it was read: etcd decides, so a stale view
 //! costs a lost candidate, never a second owner, and a pool created anew (other block sizes)
-//! is read again before anything is claimed from it. The view is a full listing of the pool's blocks (O(blocks) for etcd and for this
-//! node), taken again only when it is older than [`VIEW_MAX_AGE`], after [`STALE_LOSSES`]
-//! candidates in a row were lost, or before the pool is said to have no free block; so a claim
-//! is usually one transaction, however many blocks the pool has.
+//! is read again before anything is claimed from it. The view is read again only when it is
+//! older than [`VIEW_MAX_AGE`], after [`STALE_LOSSES`] candidates in a row were lost, or before
+//! the pool is said to have no free block; so a claim is usually one transaction, however many
+//! blocks the pool has.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -146,6 +146,7 @@ impl ClusterStore {
         let mut sets = pool.carve().map_err(ClusterError::Refused)?;
         sets.retain(|s| s.cidr().addr().is_ipv4() == v4);
         let listed_at = Instant::now();
+        // Read in pages: no answer grows with the pool.
         let listed = self.list_blocks(Some(&pool.name), None).await?;
         let mut view = View {
             spec: pool.clone(),
@@ -197,7 +198,7 @@ impl ClusterStore {
                     .claim(&view.spec.name, view.revision, &block, node)
                     .await?
                 {
-                    Claimed::Won(b) => {
+                    Claimed::Won(b) | Claimed::Mine(b) => {
                         result = Try::Won(b);
                         break 'sets;
                     }

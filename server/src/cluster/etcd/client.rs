@@ -12,9 +12,13 @@
 //! - Every answer's header is watched: an etcd whose cluster id changed, or whose revision is
 //!   below one seen before the request was sent (restored from an older backup), counts as
 //!   reset ([`EtcdClient::resets`]); what this node knew of it may no longer hold.
+//! - Every request goes through the [`Limiter`] when one is set (`etcd_rate`, `etcd_burst`):
+//!   it waits for a token, except an urgent client's (the heartbeat), which takes one anyway.
+//! - Requests sent and bytes received are counted ([`EtcdClient::stats`]); reads that can grow
+//!   with a pool are paged ([`EtcdClient::range_paged`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipool_proto::etcd::etcdserverpb as pb;
@@ -103,6 +107,83 @@ impl TlsFiles {
 #[derive(Clone)]
 pub struct EtcdClient {
     inner: Arc<Inner>,
+    /// This handle's requests never wait for the limiter (they take a token anyway).
+    urgent: bool,
+}
+
+/// etcd requests per second for a node (`etcd_rate`, `etcd_burst`): a token bucket every
+/// request goes through, and what it last made a request wait.
+pub struct Limiter {
+    bucket: Mutex<crate::pool::TokenBucket>,
+    started: Instant,
+    /// The last wait: when, how long, and the total so far.
+    last_wait: Mutex<Option<(Instant, Duration)>>,
+    waited_ms: AtomicU64,
+}
+
+impl Limiter {
+    pub fn new(rate: f64, burst: u32) -> Limiter {
+        Limiter {
+            bucket: Mutex::new(crate::pool::TokenBucket::new(rate, burst, 0)),
+            started: Instant::now(),
+            last_wait: Mutex::new(None),
+            waited_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// A token, waiting for it unless `urgent`.
+    async fn acquire(&self, urgent: bool) {
+        let started = Instant::now();
+        loop {
+            let wait = {
+                let mut b = self.bucket.lock().expect("bucket lock");
+                if urgent {
+                    b.take_now(self.now());
+                    return;
+                }
+                match b.try_take(self.now()) {
+                    Ok(()) => break,
+                    Err(ms) => ms,
+                }
+            };
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        let waited = started.elapsed();
+        if waited >= Duration::from_millis(1) {
+            self.waited_ms
+                .fetch_add(waited.as_millis() as u64, Ordering::Relaxed);
+            *self.last_wait.lock().expect("wait lock") = Some((Instant::now(), waited));
+        }
+    }
+
+    /// The last wait for a token, when it was within `recent`: how long ago, how long.
+    pub fn last_wait(&self, recent: Duration) -> Option<(Duration, Duration)> {
+        let w = *self.last_wait.lock().expect("wait lock");
+        w.filter(|(at, _)| at.elapsed() <= recent)
+            .map(|(at, took)| (at.elapsed(), took))
+    }
+
+    /// Milliseconds requests waited for tokens so far.
+    pub fn waited_ms(&self) -> u64 {
+        self.waited_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn rate(&self) -> (f64, f64) {
+        let b = self.bucket.lock().expect("bucket lock");
+        (b.rate(), b.burst())
+    }
+}
+
+/// What a client has sent and received so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub requests: u64,
+    /// Encoded size of the answers (protobuf), not counting gRPC and HTTP/2 framing.
+    pub bytes: u64,
 }
 
 struct Inner {
@@ -113,6 +194,9 @@ struct Inner {
     /// The endpoint the next connection starts from.
     next: AtomicUsize,
     history: std::sync::Mutex<History>,
+    limiter: Option<Arc<Limiter>>,
+    requests: AtomicU64,
+    bytes: AtomicU64,
 }
 
 /// What the answers' headers said so far.
@@ -126,7 +210,7 @@ struct History {
 
 /// An answer that carries etcd's response header (KV answers do; lease answers are left out:
 /// their revision is not that of the keys).
-pub trait Answer {
+pub trait Answer: prost::Message {
     fn header(&self) -> Option<&pb::ResponseHeader> {
         None
     }
@@ -159,6 +243,7 @@ impl EtcdClient {
         endpoints: &[String],
         tls: Option<&TlsFiles>,
         timeout: Duration,
+        limiter: Option<Arc<Limiter>>,
     ) -> Result<EtcdClient, EtcdError> {
         if endpoints.is_empty() {
             return Err(EtcdError::Connect("no endpoint given".into()));
@@ -189,8 +274,35 @@ impl EtcdClient {
                 conn: tokio::sync::Mutex::new(None),
                 next: AtomicUsize::new(0),
                 history: Default::default(),
+                limiter,
+                requests: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
             }),
+            urgent: false,
         })
+    }
+
+    /// A handle on the same connection whose requests never wait for the limiter (they take
+    /// a token all the same): the heartbeat's, which a burst of claims must not delay into a
+    /// fence.
+    pub fn urgent(&self) -> EtcdClient {
+        EtcdClient {
+            inner: self.inner.clone(),
+            urgent: true,
+        }
+    }
+
+    /// The limiter every request goes through, if any.
+    pub fn limiter(&self) -> Option<&Arc<Limiter>> {
+        self.inner.limiter.as_ref()
+    }
+
+    /// Requests sent and bytes received so far.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            requests: self.inner.requests.load(Ordering::Relaxed),
+            bytes: self.inner.bytes.load(Ordering::Relaxed),
+        }
     }
 
     /// Each call's deadline.
@@ -295,9 +407,13 @@ impl EtcdClient {
         F: FnOnce(Channel, Duration) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        if let Some(l) = &self.inner.limiter {
+            l.acquire(self.urgent).await;
+        }
         let timeout = self.inner.timeout;
         let deadline = Instant::now() + timeout;
         let floor = self.revision_seen();
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         let (at, ch) = self.channel(deadline).await?;
         let left = deadline.saturating_duration_since(Instant::now());
         let r = match tokio::time::timeout_at(deadline, f(ch, left)).await {
@@ -307,6 +423,9 @@ impl EtcdClient {
         };
         match &r {
             Ok(answer) => {
+                self.inner
+                    .bytes
+                    .fetch_add(answer.encoded_len() as u64, Ordering::Relaxed);
                 if let Some(h) = answer.header() {
                     self.observe(floor, h);
                 }
@@ -320,6 +439,34 @@ impl EtcdClient {
     pub async fn range(&self, req: pb::RangeRequest) -> Result<pb::RangeResponse, EtcdError> {
         self.run(|ch, left| async move { KvClient::new(ch).range(request(req, left)).await })
             .await
+    }
+
+    /// Every key of `req`'s range, read in pages of `page` keys (each page one request, the
+    /// next starting after the last key read): no answer grows with the range. The pages are
+    /// read at the first page's revision, so they agree.
+    pub async fn range_paged(
+        &self,
+        mut req: pb::RangeRequest,
+        page: i64,
+    ) -> Result<Vec<ipool_proto::etcd::mvccpb::KeyValue>, EtcdError> {
+        req.limit = page;
+        let mut out = Vec::new();
+        loop {
+            let r = self.range(req.clone()).await?;
+            if req.revision == 0 {
+                req.revision = r.header.as_ref().map_or(0, |h| h.revision);
+            }
+            let more = r.more;
+            if let Some(last) = r.kvs.last() {
+                let mut next = last.key.clone();
+                next.push(0);
+                req.key = next;
+            }
+            out.extend(r.kvs);
+            if !more {
+                return Ok(out);
+            }
+        }
     }
 
     pub async fn put(&self, req: pb::PutRequest) -> Result<pb::PutResponse, EtcdError> {
@@ -404,8 +551,8 @@ mod tests {
 
     #[tokio::test]
     async fn no_endpoint_is_an_error_and_bad_urls_are_named() {
-        assert!(EtcdClient::new(&[], None, Duration::from_secs(1)).is_err());
-        let e = EtcdClient::new(&["not a url".into()], None, Duration::from_secs(1))
+        assert!(EtcdClient::new(&[], None, Duration::from_secs(1), None).is_err());
+        let e = EtcdClient::new(&["not a url".into()], None, Duration::from_secs(1), None)
             .err()
             .expect("refused");
         assert!(e.to_string().contains("not a url"), "{e}");
@@ -427,11 +574,36 @@ mod tests {
             .iter()
             .map(|p| format!("http://127.0.0.1:{p}"))
             .collect();
-        let c = EtcdClient::new(&urls, None, Duration::from_secs(2)).expect("client");
+        let c = EtcdClient::new(&urls, None, Duration::from_secs(2), None).expect("client");
         let e = c.range(get("k")).await.expect_err("no etcd there");
         assert!(e.is_unreachable(), "{e}");
         for p in ports {
             assert!(e.to_string().contains(&p.to_string()), "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod limiter_tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_wait_for_tokens_and_urgent_ones_do_not() {
+        let l = Limiter::new(10.0, 2);
+        let t = tokio::time::Instant::now();
+        l.acquire(false).await;
+        l.acquire(false).await;
+        assert_eq!(l.waited_ms(), 0, "the burst");
+        // Urgent: at once, and in debt.
+        l.acquire(true).await;
+        assert_eq!(t.elapsed(), Duration::ZERO);
+        // The next one waits for the debt and its own token: 200 ms at 10/s.
+        l.acquire(false).await;
+        assert!(
+            t.elapsed() >= Duration::from_millis(200),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(l.last_wait(Duration::from_secs(1)).is_some());
     }
 }

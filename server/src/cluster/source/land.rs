@@ -47,22 +47,12 @@ impl ClusterSource {
             }
             (_, Outcome::PoolFull(why)) => {
                 self.exhausted = Some(why.clone());
-                self.retry_at = Some(Instant::now() + EXHAUSTED_RETRY);
+                self.retry_at = Some(Instant::now() + super::super::jitter(EXHAUSTED_RETRY));
                 Err(why)
             }
             (_, Outcome::PoolChanged) => Ok(format!(
                 "cluster pool {pool:?} changed since it was read: read again before claiming"
             )),
-            // Claiming it back found it this node's already: as listed now.
-            (Work::Reclaim(net), Outcome::Synced(listed)) => {
-                let ours = listed.iter().find(|b| b.block == net);
-                if let (Some(l), Some(b)) = (ours, self.blocks.get_mut(&net.network())) {
-                    b.state = BlockState::Confirmed(l.create_revision);
-                }
-                Ok(format!(
-                    "block {net} of cluster pool {pool:?} is this node's after all"
-                ))
-            }
             (Work::Reclaim(net), Outcome::Reclaimed(revision)) => {
                 if let Some(b) = self.blocks.get_mut(&net.network()) {
                     b.state = BlockState::Confirmed(revision);
@@ -137,7 +127,8 @@ impl ClusterSource {
         }
         let first = self.synced.is_none();
         self.synced = Some(epoch);
-        self.last_sync = Some(Instant::now());
+        let resync = Duration::from_secs(self.node.settings().resync_secs);
+        self.next_sync = Some(Instant::now() + super::super::jitter(resync));
         if first {
             tracing::info!(pool = %self.pool, family = self.family.as_str(), blocks = mine.len(), "this node's blocks listed: serving");
         }
@@ -202,6 +193,10 @@ impl ClusterSource {
         if let Some(why) = &self.exhausted {
             s.push_str("; ");
             s.push_str(why);
+        }
+        if let Some(note) = self.node.rate_note() {
+            s.push_str("; ");
+            s.push_str(&note);
         }
         let malformed = self.node.malformed();
         if !malformed.is_empty() {
