@@ -148,6 +148,12 @@ pub trait Source: Send {
     fn withheld(&self, _ip: IpAddr) -> Option<String> {
         None
     }
+    /// Whether [`Source::withheld`] may say Some for any address. A source that never
+    /// withholds (ranges: every address serves while the source does) says false, and the
+    /// engine's maintenance skips the walk over the idle set that looks for withheld ones.
+    fn may_withhold(&self) -> bool {
+        false
+    }
     /// Ok once the source knows which addresses it holds (a claiming source: after its first
     /// sync); a quarantine of live pods' addresses waits for it.
     fn knows_its_addresses(&self) -> Result<(), String> {

@@ -339,6 +339,9 @@ impl Source for ClusterSource {
         }
         vacated
     }
+    fn may_withhold(&self) -> bool {
+        true
+    }
     fn withheld(&self, ip: IpAddr) -> Option<String> {
         match self.block_of(ip) {
             Some(b) if b.confirmed() => None,

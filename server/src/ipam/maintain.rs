@@ -66,12 +66,15 @@ impl Ipam {
                 }));
                 // Idle addresses where the source hands nothing out any more (a block another
                 // node owns now, say) leave the pool.
-                let withheld: Vec<IpAddr> = p
-                    .pool
-                    .idle_addresses()
-                    .map(|(ip, _)| ip)
-                    .filter(|ip| p.source.withheld(*ip).is_some())
-                    .collect();
+                let withheld: Vec<IpAddr> = match p.source.may_withhold() {
+                    true => p
+                        .pool
+                        .idle_addresses()
+                        .map(|(ip, _)| ip)
+                        .filter(|ip| p.source.withheld(*ip).is_some())
+                        .collect(),
+                    false => Vec::new(),
+                };
                 if p.retiring {
                     if !withheld.is_empty() {
                         work.push(Work {

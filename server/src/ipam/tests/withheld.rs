@@ -55,6 +55,9 @@ impl Source for Withholding {
     fn withheld(&self, ip: IpAddr) -> Option<String> {
         self.why(ip)
     }
+    fn may_withhold(&self) -> bool {
+        true
+    }
     fn contains(&self, ip: IpAddr) -> bool {
         self.inner.contains(ip)
     }
