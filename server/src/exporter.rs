@@ -129,6 +129,21 @@ impl Collector for PoolCollector {
             ConstCounter::new(0u64).metric_type(),
         )?;
         ConstCounter::new(stats.durable).encode(m)?;
+        let failed = self.0.health().borrow().store_failure.is_some();
+        let m = enc.encode_descriptor(
+            "ipool_store_failed",
+            "1 while the store has failed and no change is served (it is reopened in the background).",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        ConstGauge::new(i64::from(failed)).encode(m)?;
+        let m = enc.encode_descriptor(
+            "ipool_host_problems",
+            "Problems that keep the node's runtime from using ipool (the conflist not written); ipoolctl status names them.",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        ConstGauge::new(self.0.host_problems().len() as i64).encode(m)?;
         Ok(())
     }
 }

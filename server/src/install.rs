@@ -109,5 +109,7 @@ pub fn render_conflist(template: &str, socket: &Path) -> Result<String, String> 
         .map_err(|e| e.to_string())
 }
 
+pub mod chain;
+
 #[cfg(test)]
 mod tests;

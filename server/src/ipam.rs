@@ -102,6 +102,8 @@ struct Shared {
     /// pods' addresses quarantined against the ranges now); asked where the addresses are
     /// chosen.
     add_gate: std::sync::RwLock<Option<AddGate>>,
+    /// What keeps the node's runtime from using ipool, by topic ("conflist"): for status.
+    host_problems: Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 /// Why no ADD may be served yet, given [`Ipam::ranges_version`]; Ok when they may.
@@ -251,6 +253,22 @@ impl Ipam {
     pub fn nudge(&self) {
         self.shared.changed.notify_one();
         self.shared.landed.notify_waiters();
+    }
+
+    /// Says that `topic` ("conflist") keeps the node's runtime from using ipool (why), or no
+    /// longer does (None): status shows it.
+    pub fn set_host_problem(&self, topic: &str, why: Option<String>) {
+        let mut p = self.shared.host_problems.lock().expect("problems lock");
+        match why {
+            Some(w) => p.insert(topic.to_string(), w),
+            None => p.remove(topic),
+        };
+    }
+
+    /// What keeps the node's runtime from using ipool (see [`Ipam::set_host_problem`]).
+    pub fn host_problems(&self) -> Vec<String> {
+        let p = self.shared.host_problems.lock().expect("problems lock");
+        p.iter().map(|(t, w)| format!("{t}: {w}")).collect()
     }
 
     /// The gate may have opened: waiting ADDs try again.

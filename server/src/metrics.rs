@@ -10,6 +10,9 @@
 //! - `ipool_add_duration_seconds`: ADD latency in the daemon, histogram;
 //! - `ipool_store_flush_duration_seconds`: group-commit flushes (flush + fdatasync), histogram;
 //! - `ipool_store_commits_total`: writes made durable (several per flush under load);
+//! - `ipool_store_failed` (1 while the store has failed: nothing changes until it is
+//!   reopened) and `ipool_host_problems` (what keeps the runtime from using ipool: the
+//!   conflist not written), read at each scrape;
 //! - with Kubernetes: `ipool_apiserver_reachable` (1 or 0) and
 //!   `ipool_pod_gc_total{action}`: what the pod GC did (`released`, `unquarantined`,
 //!   `quarantined`).

@@ -379,6 +379,37 @@ fn ipoolctl_cluster_manages_pools_and_lists_blocks() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("\"10.13.0.0/33\" is not a CIDR"));
     let dup = ctl(&["pool", "create", "other", "--cidr", "10.12.5.0/24"]);
     assert_eq!(dup.status.code(), Some(1), "{dup:?}");
+    // The same pool again: refused, unless --exists-ok (a Job run twice); another spec under
+    // the name is refused even then, naming both.
+    let same = [
+        "pool",
+        "create",
+        "main",
+        "--cidr",
+        "10.12.0.0/16",
+        "--cidr",
+        "fd00:12::/112",
+        "--exclude",
+        "10.12.0.0/24",
+    ];
+    let again = ctl(&same);
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    let again = ctl(&[&same[..], &["--exists-ok"]].concat());
+    assert!(again.status.success(), "{again:?}");
+    assert!(String::from_utf8_lossy(&again.stdout).contains("pool main exists, as asked"));
+    let other = ctl(&[
+        "pool",
+        "create",
+        "main",
+        "--cidr",
+        "10.12.0.0/16",
+        "--exists-ok",
+    ]);
+    assert_eq!(other.status.code(), Some(1), "{other:?}");
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("exists with another spec"),
+        "{other:?}"
+    );
     // `ipoolctl cluster pool list | head -0`: the reader gone, ipoolctl ends quietly.
     let (reader, writer) = std::io::pipe().expect("pipe");
     drop(reader);

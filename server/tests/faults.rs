@@ -317,7 +317,14 @@ fn a_filesystem_gone_read_only_keeps_only_what_was_acknowledged() {
     );
     let fs = Mount::ext4(64);
     let mut d = daemon_on(&fs.at.join("state"), "");
+    let metrics = format!("127.0.0.1:{}", common::free_port());
+    d.add_args(&["--metrics-listen", &metrics]);
     d.spawn();
+    let store_failed = || {
+        let (_, body) = common::http_get(&metrics, "/metrics");
+        common::samples(&body).get("ipool_store_failed").copied()
+    };
+    assert_eq!(store_failed(), Some(0.0));
     let conf = d.conf("1.1.0", "rofs", r#""subnet":"10.81.0.0/22""#);
     let mut told = Told::default();
     for i in 0..20 {
@@ -333,6 +340,8 @@ fn a_filesystem_gone_read_only_keeps_only_what_was_acknowledged() {
         "ADDs on a read-only filesystem were all acknowledged"
     );
     assert_eq!(status(&conf).code(), 50);
+    // What the IpoolStoreFailed alert (deploy/monitoring) watches.
+    assert_eq!(store_failed(), Some(1.0));
     d.kill9();
     fs.unmount();
     let dev = fs.loop_dev.clone().expect("loop device");

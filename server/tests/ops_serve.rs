@@ -203,6 +203,8 @@ fn metrics_match_the_pools_after_a_known_sequence() {
     assert_eq!(get("ipool_add_duration_seconds_count"), 5.0);
     assert!(get("ipool_store_flush_duration_seconds_count") >= 1.0);
     assert!(get("ipool_store_commits_total") >= 7.0, "5 ADDs, 2 DELs");
+    assert_eq!(get("ipool_store_failed"), 0.0);
+    assert_eq!(get("ipool_host_problems"), 0.0);
     assert!(
         !body.contains("ipool_apiserver") && !body.contains("ipool_pod_gc"),
         "no Kubernetes metrics without [kubernetes]:\n{body}"

@@ -121,6 +121,7 @@ impl Ipam {
                 ranges_version: Default::default(),
                 ranges_changes: watch::Sender::new(0),
                 add_gate: Default::default(),
+                host_problems: Default::default(),
             }),
         };
         {

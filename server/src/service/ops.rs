@@ -176,7 +176,11 @@ impl pb::ops_server::Ops for OpsService {
             .store_failure()
             .map(|(ago, why)| format!("{why} ({} s ago)", ago.as_secs()))
             .unwrap_or_default();
-        Ok(Response::new(pb::PoolStatusResponse { pools, store_error }))
+        Ok(Response::new(pb::PoolStatusResponse {
+            pools,
+            store_error,
+            host_problems: self.ipam.host_problems(),
+        }))
     }
 
     async fn list_allocations(

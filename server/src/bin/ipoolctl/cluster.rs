@@ -83,6 +83,10 @@ pub(super) enum PoolCommand {
         /// Ranges never handed out (the service CIDR, say).
         #[arg(long = "exclude")]
         exclude: Vec<String>,
+        /// Succeed when the pool exists already with exactly this spec (a Job that may run
+        /// again); a pool of that name with another spec is still refused.
+        #[arg(long)]
+        exists_ok: bool,
     },
     List,
     /// Delete a pool (refused while any of its blocks is owned).
@@ -98,6 +102,37 @@ fn parse_nets(what: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
                 .map_err(|_| format!("{what} {s:?} is not a CIDR"))
         })
         .collect()
+}
+
+/// `pool create`: with `exists_ok`, a pool of this name and exactly this spec is success.
+async fn create_pool(
+    store: &ClusterStore,
+    spec: &PoolSpec,
+    exists_ok: bool,
+    out: Output,
+) -> Result<(), ClusterError> {
+    let name = &spec.name;
+    if exists_ok {
+        let listed = store.pools().await?;
+        if let Some(found) = listed.pools.iter().find(|p| p.name == *name) {
+            if found != spec {
+                return Err(ClusterError::Refused(format!(
+                    "pool {name:?} exists with another spec ({}), not the one asked ({})",
+                    serde_json::to_string(found).unwrap_or_default(),
+                    serde_json::to_string(spec).unwrap_or_default()
+                )));
+            }
+            if out == Output::Table {
+                outln!("pool {name} exists, as asked");
+            }
+            return Ok(());
+        }
+    }
+    store.create_pool(spec).await?;
+    if out == Output::Table {
+        outln!("pool {name} created");
+    }
+    Ok(())
 }
 
 fn exit_for(e: &ClusterError) -> u8 {
@@ -160,6 +195,7 @@ pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
             block_size,
             block_size_v6,
             exclude,
+            exists_ok,
         }) => {
             let spec = match (
                 parse_nets("--cidr", cidrs),
@@ -177,11 +213,7 @@ pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
                     return ExitCode::from(EXIT_USAGE);
                 }
             };
-            store.create_pool(&spec).await.map(|()| {
-                if out == Output::Table {
-                    outln!("pool {name} created");
-                }
-            })
+            create_pool(&store, &spec, *exists_ok, out).await
         }
         ClusterCommand::Pool(PoolCommand::List) => store.pools().await.map(|listed| {
             warn_malformed(&listed.malformed);

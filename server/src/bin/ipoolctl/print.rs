@@ -34,6 +34,9 @@ fn render(header: &[&str], rows: Vec<Vec<String>>) -> String {
 }
 
 pub(super) fn print_status(r: &pb::PoolStatusResponse, out: Output) {
+    for p in &r.host_problems {
+        eprintln!("ipoold: {p}");
+    }
     if !r.store_error.is_empty() {
         eprintln!(
             "ipoold's store has failed: it serves no ADD or DEL until it is reopened (it retries by itself): {}",

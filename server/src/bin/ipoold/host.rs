@@ -3,6 +3,8 @@
 
 use anyhow::Context;
 use ipool_server::install;
+use ipool_server::install::chain::ChainError;
+use ipool_server::ipam::Ipam;
 
 /// `ipoold install-cni`.
 pub(crate) fn install_cni(
@@ -33,29 +35,79 @@ pub(crate) fn install_cni(
     Ok(())
 }
 
-/// Writes the conflist from `template` into `dir`.
-pub(crate) fn write_conflist(
-    dir: &std::path::Path,
-    template: &std::path::Path,
-    name: &str,
-    socket: &std::path::Path,
-) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(template)
-        .with_context(|| format!("reading --cni-conflist-template {}", template.display()))?;
-    let conflist = install::render_conflist(&text, socket)
-        .map_err(|e| anyhow::anyhow!("--cni-conflist-template {}: {e}", template.display()))?;
-    anyhow::ensure!(
-        [".conflist", ".conf", ".json"]
-            .iter()
-            .any(|s| name.ends_with(s))
-            && !name.contains('/'),
-        "--cni-conf-name {name:?} must be a file name ending in .conflist (or .conf, .json)"
-    );
-    let dest = dir.join(name);
-    let outcome = install::install_bytes(&dest, conflist.as_bytes(), 0o644)
-        .with_context(|| format!("writing the conflist {}", dest.display()))?;
-    tracing::info!(path = %dest.display(), written = outcome == install::Outcome::Written, "CNI conflist in place");
-    Ok(())
+/// Where the conflist goes, from what, for which socket, checked against which bin dir.
+#[derive(Clone, Debug)]
+pub(crate) struct Conflist {
+    pub dir: std::path::PathBuf,
+    pub template: std::path::PathBuf,
+    pub name: String,
+    pub socket: std::path::PathBuf,
+    pub bin_dir: std::path::PathBuf,
+}
+
+/// The host problem `ipoolctl status` shows while the conflist is not written.
+const NOT_WRITTEN: &str = "conflist not written";
+
+impl Conflist {
+    /// Writes the conflist from the template once every plugin it names is in the bin dir,
+    /// at the highest CNI version they all support; else says why not (Ok(Err)), to be tried
+    /// again. A template that is wrong is an error.
+    pub(crate) fn write(&self) -> anyhow::Result<Result<install::chain::Chain, ChainError>> {
+        let template = &self.template;
+        let text = std::fs::read_to_string(template)
+            .with_context(|| format!("reading --cni-conflist-template {}", template.display()))?;
+        let conflist = install::render_conflist(&text, &self.socket)
+            .map_err(|e| anyhow::anyhow!("--cni-conflist-template {}: {e}", template.display()))?;
+        let name = &self.name;
+        anyhow::ensure!(
+            [".conflist", ".conf", ".json"]
+                .iter()
+                .any(|s| name.ends_with(s))
+                && !name.contains('/'),
+            "--cni-conf-name {name:?} must be a file name ending in .conflist (or .conf, .json)"
+        );
+        let mut v: serde_json::Value = serde_json::from_str(&conflist)?;
+        let chain = match install::chain::common_version(&v, &self.bin_dir) {
+            Ok(chain) => chain,
+            Err(why) => return Ok(Err(why)),
+        };
+        for plugin in &chain.assumed {
+            tracing::warn!(%plugin, cni_version = %chain.version, "a plugin of the conflist could not be asked its CNI versions: the template's cniVersion is assumed for it");
+        }
+        v["cniVersion"] = chain.version.clone().into();
+        let text = serde_json::to_string_pretty(&v)? + "\n";
+        let dest = self.dir.join(name);
+        let outcome = install::install_bytes(&dest, text.as_bytes(), 0o644)
+            .with_context(|| format!("writing the conflist {}", dest.display()))?;
+        tracing::info!(path = %dest.display(), cni_version = %chain.version, written = outcome == install::Outcome::Written, "CNI conflist in place");
+        Ok(Ok(chain))
+    }
+
+    /// Writes the conflist now if it can. If a plugin of the chain is missing (flannel's or
+    /// the runtime's not installed yet, say), says why (log, `ipoolctl status`) and tries
+    /// again every 10 s in the background: the node stays NotReady until then.
+    pub(crate) fn write_or_retry(self, ipam: &Ipam) -> anyhow::Result<()> {
+        let why = match self.write()? {
+            Ok(_) => return Ok(()),
+            Err(why) => why,
+        };
+        tracing::error!(%why, "the CNI conflist is not written: the node's runtime cannot use ipool until it is (tried again every 10 s)");
+        ipam.set_host_problem(NOT_WRITTEN, Some(why.to_string()));
+        let ipam = ipam.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+                match self.write() {
+                    Ok(Ok(_)) => return ipam.set_host_problem(NOT_WRITTEN, None),
+                    Ok(Err(why)) => ipam.set_host_problem(NOT_WRITTEN, Some(why.to_string())),
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "writing the CNI conflist")
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
 }
 
 /// Raises the soft limit on open files to the hard one: each TCP Ops connection holds a
@@ -147,3 +199,41 @@ pub(crate) fn trim_heap() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub(crate) fn trim_heap() {}
+
+/// `--metrics-listen`: `IP:PORT`, `[IPv6]:PORT`, or an IPv6 address and a port joined by one
+/// colon, as `$(NODE_IP):9655` gives on an IPv6 node (the port is what follows the last colon).
+pub(crate) fn parse_listen(v: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(a) = v.parse() {
+        return Ok(a);
+    }
+    let bad = || format!("{v:?} is not IP:PORT (e.g. 127.0.0.1:9655, [::1]:9655)");
+    let (ip, port) = v.rsplit_once(':').ok_or_else(bad)?;
+    let ip: std::net::Ipv6Addr = ip.parse().map_err(|_| bad())?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    Ok((ip, port).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_listen;
+
+    #[test]
+    fn metrics_listen_takes_an_address_and_port_in_every_spelling_kubernetes_gives() {
+        assert_eq!(
+            parse_listen("10.0.0.5:9655").unwrap().to_string(),
+            "10.0.0.5:9655"
+        );
+        assert_eq!(
+            parse_listen("[fd00::5]:9655").unwrap().to_string(),
+            "[fd00::5]:9655"
+        );
+        assert_eq!(
+            parse_listen("fd00::5:9655").unwrap().to_string(),
+            "[fd00::5]:9655"
+        );
+        for bad in ["10.0.0.5", "node-1:9655", "10.0.0.5:99999", ":9655", ""] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+}

@@ -20,9 +20,7 @@ mod cluster;
 mod host;
 mod kube;
 
-use host::{
-    install_cni, keep_private, raise_fd_limit, spawn_heap_trimmer, trim_heap, write_conflist,
-};
+use host::{install_cni, keep_private, raise_fd_limit, spawn_heap_trimmer, trim_heap, Conflist};
 use kube::{follow_node_ranges, kube_client, node_name, refused_as_damaged, set_aside};
 
 #[derive(Parser, Debug)]
@@ -69,8 +67,9 @@ struct Args {
     /// CA (PEM) that client certificates must chain to: mutual TLS, every call authenticated.
     #[arg(long, env = "IPOOL_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
-    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9655.
-    #[arg(long, env = "IPOOL_METRICS_LISTEN")]
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9655 (an IPv6 address
+    /// may come bracketed or not: $(NODE_IP):9655 works on either family).
+    #[arg(long, env = "IPOOL_METRICS_LISTEN", value_parser = host::parse_listen)]
     metrics_listen: Option<std::net::SocketAddr>,
     /// Kubernetes config file, for a daemon outside a pod (in a pod: the service account's
     /// in-cluster config; else KUBECONFIG or ~/.kube/config). Used only when a network takes
@@ -96,6 +95,14 @@ struct Args {
     /// The conflist's file name: runtimes use the first in lexical order.
     #[arg(long, env = "IPOOL_CNI_CONF_NAME", default_value = "10-ipool.conflist")]
     cni_conf_name: String,
+    /// Where the node's CNI plugins are: the conflist is written only once every plugin it
+    /// names is there, at the highest CNI version all of them support.
+    #[arg(
+        long = "cni-plugin-dir",
+        env = "IPOOL_CNI_PLUGIN_DIR",
+        default_value = "/opt/cni/bin"
+    )]
+    cni_plugin_dir: PathBuf,
     /// Print the embedded default config and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -379,7 +386,14 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     // The runtime learns of the network only now that the IPAM answers: a node must not turn
     // Ready with an IPAM that does not.
     if let (Some(dir), Some(template)) = (&args.cni_conf_dir, &args.cni_conflist_template) {
-        write_conflist(dir, template, &args.cni_conf_name, &args.socket)?;
+        Conflist {
+            dir: dir.clone(),
+            template: template.clone(),
+            name: args.cni_conf_name.clone(),
+            socket: args.socket.clone(),
+            bin_dir: args.cni_plugin_dir.clone(),
+        }
+        .write_or_retry(&ipam)?;
     }
     let listeners = Listeners {
         socket: listener,
