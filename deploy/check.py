@@ -1,13 +1,23 @@
 #!/usr/bin/env python3
-"""Offline checks of deploy/ (run by .ci/run; needs PyYAML and the built binaries).
+"""Offline checks of deploy/ (run by .ci/run; needs PyYAML, kubectl and the built binaries).
 
     deploy/check.py [TARGET_DIR]      TARGET_DIR holds ipoold and ipoolctl (default target/debug)
 
-1. deploy/ipool.yaml is deploy/kustomization.yaml rendered: the same objects.
+For each variant (deploy/: node podCIDRs; deploy/flannel/; deploy/cluster/: cluster mode):
+1. Its ipool.yaml is its kustomization rendered by kustomize (`kubectl kustomize`; KUBECTL
+   names the binary): the same objects. A kubectl older than 1.21 (kustomize v2, Debian's
+   kubernetes-client) is given the same kustomizations in v2's spelling (`bases`,
+   `patchesStrategicMerge`).
 2. The DaemonSet agrees with the binaries and the image: every flag and env it passes exists
-   (`ipoold --help`, `ipoolctl health --help`, ...), the ConfigMap's ipoold.toml is a config
-   ipoold accepts, the conflist template's network and socket are the daemon's, the probes'
-   binary is in the image, every path the daemon writes is a writable hostPath, maxSurge is 0.
+   (`ipoold --help`, `ipoolctl health --help`, ...; an env that only an arg's $(VAR) uses is
+   fine), the ConfigMap's ipoold.toml is a config ipoold accepts, the conflist template's
+   network and socket are the daemon's, the probes' binary is in the image, every path the
+   daemon writes is a writable hostPath, maxSurge is 0; Linux nodes only, seccomp
+   RuntimeDefault, metrics not on every address; the CNI plugin dir it checks is the one
+   install-cni writes; the files the config reads (flannel's subnet file, [cluster]'s TLS
+   files) are mounted.
+3. Every Job runs an ipoolctl command that exists, with flags that exist, and the files it
+   reads are mounted.
 
 Each failure is printed; the exit code is the number of failures (0: all good).
 """
@@ -15,6 +25,7 @@ Each failure is printed; the exit code is the number of failures (0: all good).
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,10 +34,16 @@ import tomllib
 import yaml
 
 DEPLOY = os.path.dirname(os.path.abspath(__file__))
+# Variant name -> its directory under deploy/.
+VARIANTS = {"deploy": ".", "flannel": "flannel", "cluster": "cluster"}
 failures = []
+# The variant being checked, named in each failure.
+checking = [None]
 
 
 def fail(msg):
+    if checking[0]:
+        msg = f"[{checking[0]}] {msg}"
     failures.append(msg)
     print(f"FAIL: {msg}")
 
@@ -89,24 +106,170 @@ def canonical(docs):
     return sorted(json.dumps(d, sort_keys=True) for d in docs)
 
 
+def kubectl():
+    k = os.environ.get("KUBECTL") or shutil.which("kubectl")
+    if not k:
+        fail("no kubectl to render the kustomizations with (apt-get install kubernetes-client)")
+    return k
+
+
+def modern_kustomize(k):
+    """Whether `k kustomize` reads today's spelling (kubectl 1.21+: kustomize v4 and later)."""
+    out = subprocess.run([k, "version", "--client", "-o", "json"], capture_output=True, text=True)
+    try:
+        v = json.loads(out.stdout)["clientVersion"]
+        return (int(v["major"]), int(re.match(r"\d+", v["minor"]).group())) >= (1, 21)
+    except (ValueError, KeyError, AttributeError):
+        return True
+
+
+def legacy_tree(tmp):
+    """deploy/'s kustomizations in kustomize v2's spelling, in a copy under `tmp`."""
+    root = os.path.join(tmp, "deploy")
+    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("__pycache__"))
+    for d, _, files in os.walk(root):
+        if "kustomization.yaml" not in files:
+            continue
+        path = os.path.join(d, "kustomization.yaml")
+        with open(path) as f:
+            k = yaml.safe_load(f)
+        res = k.pop("resources", [])
+        k["resources"] = [r for r in res if not os.path.isdir(os.path.join(d, r))]
+        bases = [r for r in res if os.path.isdir(os.path.join(d, r))]
+        if bases:
+            k["bases"] = bases
+        patches = k.pop("patches", [])
+        if patches:
+            k["patchesStrategicMerge"] = [p["path"] for p in patches]
+        with open(path, "w") as f:
+            yaml.safe_dump(k, f)
+    return root
+
+
+def render(k, root, variant):
+    out = subprocess.run([k, "kustomize", os.path.join(root, VARIANTS[variant])],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        fail(f"{variant}: kubectl kustomize failed: {out.stderr.strip()}")
+        return []
+    return [d for d in yaml.safe_load_all(out.stdout) if d is not None]
+
+
 def check_rendered():
-    with open(os.path.join(DEPLOY, "kustomization.yaml")) as f:
-        k = yaml.safe_load(f)
-    extra = set(k) - {"apiVersion", "kind", "resources"}
-    if extra:
-        fail(f"kustomization.yaml uses {sorted(extra)}: check_rendered compares plain resources only")
-    docs = []
-    for r in k["resources"]:
-        docs += load_all(os.path.join(DEPLOY, r))
-    rendered = load_all(os.path.join(DEPLOY, "ipool.yaml"))
-    if canonical(docs) != canonical(rendered):
-        fail("deploy/ipool.yaml is not deploy/kustomization.yaml rendered: run "
-             "`kubectl kustomize deploy/ > deploy/ipool.yaml` (and keep its header comment)")
-    return docs
+    """Each variant rendered, compared with its ipool.yaml; the rendered objects."""
+    k = kubectl()
+    if not k:
+        return {}
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = DEPLOY if modern_kustomize(k) else legacy_tree(tmp)
+        for variant, d in VARIANTS.items():
+            docs = render(k, root, variant)
+            rendered_file = os.path.normpath(os.path.join(DEPLOY, d, "ipool.yaml"))
+            shown = os.path.relpath(rendered_file, os.path.dirname(DEPLOY))
+            rendered = load_all(rendered_file) if os.path.exists(rendered_file) else []
+            if canonical(docs) != canonical(rendered):
+                fail(f"{shown} is not its kustomization rendered: run `kubectl kustomize "
+                     f"{os.path.dirname(shown)}/ > {shown}` (and keep its header comment)")
+            out[variant] = docs
+    return out
 
 
 def under(path, mount):
     return path == mount or path.startswith(mount.rstrip("/") + "/")
+
+
+class Pod:
+    """A pod template's volumes, with the ConfigMaps of the variant."""
+
+    def __init__(self, spec, cms):
+        self.spec = spec
+        self.volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        self.cms = cms
+
+    def mount_of(self, container, path, kind):
+        """The mount of `container` under which `path` is, on a volume of `kind`, and the
+        volume; None if there is none."""
+        best = None
+        for m in container.get("volumeMounts", []):
+            v = self.volumes.get(m["name"], {})
+            if kind in v and under(path, m["mountPath"]):
+                if best is None or len(m["mountPath"]) > len(best[0]["mountPath"]):
+                    best = (m, v)
+        return best
+
+    def hostpath_mount(self, container, path, writable=True, same_path=False):
+        """The hostPath mount `path` is on (and the host's path for it), checked."""
+        found = self.mount_of(container, path, "hostPath")
+        if not found:
+            fail(f"{container['name']}: {path}, which it uses, is not on a hostPath mount")
+            return None, None
+        m, v = found
+        if writable and m.get("readOnly"):
+            fail(f"{container['name']}: {path} is on read-only mount {m['mountPath']}")
+        host = os.path.normpath(os.path.join(
+            v["hostPath"]["path"], os.path.relpath(path, m["mountPath"])))
+        if same_path and host != os.path.normpath(path):
+            fail(f"{container['name']}: {path} is {host} on the host; what runs on the host "
+                 "looks for it at the same path")
+        return m, host
+
+    def configmap_file(self, container, path):
+        found = self.mount_of(container, path, "configMap")
+        if not found:
+            fail(f"{container['name']}: {path} is not on a ConfigMap mount")
+            return None
+        m, v = found
+        key = os.path.relpath(path, m["mountPath"])
+        data = self.cms.get(v["configMap"]["name"], {}).get("data", {})
+        if key not in data:
+            fail(f"{container['name']}: {path}: ConfigMap {v['configMap']['name']} has no key {key}")
+            return None
+        return data[key]
+
+    def secret_file(self, container, path, what):
+        found = self.mount_of(container, path, "secret")
+        if not found:
+            fail(f"{container['name']}: {what} {path} is not on a Secret mount")
+            return
+        m, v = found
+        items = v["secret"].get("items")
+        key = os.path.relpath(path, m["mountPath"])
+        if items is not None and key not in [i["path"] for i in items]:
+            fail(f"{container['name']}: {what} {path}: the Secret volume's items have no {key}")
+
+    def check_linux_and_seccomp(self, what):
+        if self.spec.get("nodeSelector", {}).get("kubernetes.io/os") != "linux":
+            fail(f"{what}: no nodeSelector kubernetes.io/os: linux (it would land on Windows nodes)")
+        prof = self.spec.get("securityContext", {}).get("seccompProfile", {}).get("type")
+        if prof != "RuntimeDefault":
+            fail(f"{what}: the pod's seccompProfile is {prof!r}, not RuntimeDefault")
+
+
+def image_files():
+    files = set()
+    with open(os.path.join(DEPLOY, "Containerfile")) as f:
+        for line in f:
+            if line.startswith("COPY "):
+                parts = line.split()[1:]
+                files |= {os.path.join(parts[-1], p) for p in parts[:-1]}
+    return files
+
+
+def check_config_files(pod, container, config):
+    """The files ipoold.toml makes the daemon (or ipoolctl) read are mounted."""
+    if config is None:
+        return
+    try:
+        doc = tomllib.loads(config)
+    except tomllib.TOMLDecodeError as e:
+        fail(f"{container['name']}: ipoold.toml is not TOML: {e}")
+        return
+    for key in ["ca_file", "cert_file", "key_file"]:
+        path = doc.get("cluster", {}).get(key)
+        if path:
+            pod.secret_file(container, path, f"[cluster] {key}")
+    return doc
 
 
 def check_daemonset(docs, bindir):
@@ -119,54 +282,24 @@ def check_daemonset(docs, bindir):
         return
     ds = ds[0]
     spec = ds["spec"]["template"]["spec"]
+    pod = Pod(spec, cms)
+    pod.check_linux_and_seccomp("the DaemonSet")
     if ds["spec"].get("updateStrategy", {}).get("rollingUpdate", {}).get("maxSurge") != 0:
         fail("the DaemonSet's rollingUpdate.maxSurge must be 0: two ipoolds must never share a node")
-    volumes = {v["name"]: v for v in spec.get("volumes", [])}
-    with open(os.path.join(DEPLOY, "Containerfile")) as f:
-        image_files = set()
-        for line in f:
-            if line.startswith("COPY "):
-                parts = line.split()[1:]
-                image_files |= {os.path.join(parts[-1], p) for p in parts[:-1]}
-
-    def hostpath_mount(container, path, writable=True, same_path=False):
-        for m in container.get("volumeMounts", []):
-            v = volumes.get(m["name"], {})
-            if under(path, m["mountPath"]) and "hostPath" in v:
-                if writable and m.get("readOnly"):
-                    fail(f"{container['name']}: {path} is on read-only mount {m['mountPath']}")
-                host = os.path.normpath(os.path.join(
-                    v["hostPath"]["path"], os.path.relpath(path, m["mountPath"])))
-                if same_path and host != os.path.normpath(path):
-                    fail(f"{container['name']}: {path} is {host} on the host; the plugin, "
-                         "which runs on the host, looks for it at the same path")
-                return m
-        fail(f"{container['name']}: {path}, which it writes, is not on a hostPath mount")
-
-    def configmap_file(container, path):
-        for m in container.get("volumeMounts", []):
-            v = volumes.get(m["name"], {})
-            if "configMap" in v and under(path, m["mountPath"]):
-                key = os.path.relpath(path, m["mountPath"])
-                data = cms.get(v["configMap"]["name"], {}).get("data", {})
-                if key not in data:
-                    fail(f"{container['name']}: {path}: ConfigMap {v['configMap']['name']} has no key {key}")
-                    return None
-                return data[key]
-        fail(f"{container['name']}: {path} is not on a ConfigMap mount")
-        return None
+    in_image = image_files()
 
     daemon_help = help_of(ipoold)
     daemon_flags, daemon_envs = flags_in(daemon_help), envs_in(daemon_help)
     containers = spec.get("initContainers", []) + spec["containers"]
     main = None
+    cni_bin_host = None
     for c in containers:
         argv = list(c.get("command", [])) + list(c.get("args", []))
         if not argv:
             fail(f"{c['name']}: no command")
             continue
         binary = argv[0]
-        if binary not in image_files:
+        if binary not in in_image:
             fail(f"{c['name']}: {binary} is not in the image (deploy/Containerfile)")
         if os.path.basename(binary) != "ipoold":
             fail(f"{c['name']}: runs {binary}, not ipoold")
@@ -181,33 +314,48 @@ def check_daemonset(docs, bindir):
             for f in flag_names(rest[1:]) - known:
                 fail(f"{c['name']}: ipoold {sub} has no flag {f}")
             if sub == "install-cni":
-                hostpath_mount(c, flag_value(rest, "--cni-bin-dir") or "/host/opt/cni/bin")
+                _, cni_bin_host = pod.hostpath_mount(
+                    c, flag_value(rest, "--cni-bin-dir") or "/host/opt/cni/bin")
             continue
         main = c
         for f in flag_names(rest) - daemon_flags:
             fail(f"{c['name']}: ipoold has no flag {f}")
         for e in c.get("env", []):
-            if e["name"] not in daemon_envs:
-                fail(f"{c['name']}: ipoold reads no env {e['name']}")
+            used = any(f"$({e['name']})" in a for a in argv)
+            if e["name"] not in daemon_envs and not used:
+                fail(f"{c['name']}: ipoold reads no env {e['name']}, and no arg uses it")
+        for a in argv:
+            for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", a):
+                if ref not in [e["name"] for e in c.get("env", [])]:
+                    fail(f"{c['name']}: {a} uses $({ref}), which the container does not define")
     if main is None:
         fail("no container runs the daemon")
         return
     argv = main.get("args", [])
     socket = flag_value(argv, "--socket") or "/run/ipool/ipool.sock"
-    hostpath_mount(main, os.path.dirname(socket), same_path=True)
+    pod.hostpath_mount(main, os.path.dirname(socket), same_path=True)
     state = flag_value(argv, "--state-dir") or "/var/lib/ipool"
-    m = hostpath_mount(main, state)
+    m, _ = pod.hostpath_mount(main, state)
     if m and os.path.normpath(m["mountPath"]) == os.path.normpath(state):
         fail(f"--state-dir {state} is a mount point: --rebuild-from-pods could not move a "
              "damaged store aside (put it one level below the hostPath mount)")
     if flag_value(argv, "--cni-conf-dir"):
-        hostpath_mount(main, flag_value(argv, "--cni-conf-dir"))
+        pod.hostpath_mount(main, flag_value(argv, "--cni-conf-dir"))
+        plugin_dir = flag_value(argv, "--cni-plugin-dir") or "/opt/cni/bin"
+        _, host = pod.hostpath_mount(main, plugin_dir, writable=False)
+        if host and cni_bin_host and host != cni_bin_host:
+            fail(f"--cni-plugin-dir {plugin_dir} is the host's {host}, but install-cni puts "
+                 f"the plugin in {cni_bin_host}")
+    listen = flag_value(argv, "--metrics-listen")
+    if listen and re.match(r"^(0\.0\.0\.0|\[::\]|::):", listen):
+        fail(f"--metrics-listen {listen}: every address of the node (hostNetwork); use "
+             "$(NODE_IP) from status.hostIP, or loopback")
     with open(os.path.join(DEPLOY, "..", "Cargo.toml")) as f:
         version = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
     for c in containers:
         if not c.get("image", "").endswith(":" + version):
             fail(f"{c['name']}: image {c.get('image')} is not this version ({version})")
-    config = configmap_file(main, flag_value(argv, "--config") or "")
+    config = pod.configmap_file(main, flag_value(argv, "--config") or "")
     networks = []
     if config is not None:
         with tempfile.NamedTemporaryFile("w", suffix=".toml") as t:
@@ -217,8 +365,13 @@ def check_daemonset(docs, bindir):
                                  capture_output=True, text=True)
             if out.returncode != 0:
                 fail(f"the ConfigMap's ipoold.toml is refused: {out.stderr.strip()}")
-        networks = [n["name"] for n in tomllib.loads(config).get("network", [])]
-    template = configmap_file(main, flag_value(argv, "--cni-conflist-template") or "")
+        doc = check_config_files(pod, main, config) or {}
+        networks = [n["name"] for n in doc.get("network", [])]
+        for n in doc.get("network", []):
+            if n.get("ranges_from") == "flannel":
+                subnet = n.get("subnet_file", "/run/flannel/subnet.env")
+                pod.hostpath_mount(main, subnet, writable=False, same_path=True)
+    template = pod.configmap_file(main, flag_value(argv, "--cni-conflist-template") or "")
     if template is not None:
         conflist = json.loads(template)
         if networks and conflist.get("name") not in networks:
@@ -237,7 +390,7 @@ def check_daemonset(docs, bindir):
             fail(f"{main['name']}: no {kind}")
             continue
         cmd = probe.get("exec", {}).get("command", [])
-        if not cmd or cmd[0] not in image_files:
+        if not cmd or cmd[0] not in in_image:
             fail(f"{kind}: {cmd[:1]} is not in the image")
             continue
         args = cmd[1:]
@@ -255,10 +408,49 @@ def check_daemonset(docs, bindir):
                  "reopening its store), and kubelet restarts a daemon that is fine")
 
 
+def check_jobs(docs, bindir):
+    """Each Job's containers run an ipoolctl command that exists, and can read its files."""
+    ipoolctl = os.path.join(bindir, "ipoolctl")
+    cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    in_image = image_files()
+    for job in [d for d in docs if d["kind"] == "Job"]:
+        spec = job["spec"]["template"]["spec"]
+        pod = Pod(spec, cms)
+        pod.check_linux_and_seccomp(f"Job {job['metadata']['name']}")
+        for c in spec["containers"]:
+            argv = list(c.get("command", [])) + list(c.get("args", []))
+            if not argv or argv[0] not in in_image:
+                fail(f"{c['name']}: {argv[:1]} is not in the image")
+                continue
+            if os.path.basename(argv[0]) != "ipoolctl":
+                fail(f"{c['name']}: runs {argv[0]}, not ipoolctl")
+                continue
+            path = []
+            for a in argv[1:]:
+                if a.startswith("-"):
+                    continue
+                if a in subcommands_in(help_of(ipoolctl, *path)):
+                    path.append(a)
+                else:
+                    break
+            if not path:
+                fail(f"{c['name']}: no ipoolctl subcommand in {argv[1:]}")
+                continue
+            known = flags_in(help_of(ipoolctl, *path))
+            for f in flag_names(argv[1:]) - known:
+                fail(f"{c['name']}: ipoolctl {' '.join(path)} has no flag {f}")
+            config = flag_value(argv, "--config")
+            if config:
+                check_config_files(pod, c, pod.configmap_file(c, config))
+
+
 def main():
     bindir = sys.argv[1] if len(sys.argv) > 1 else "target/debug"
-    docs = check_rendered()
-    check_daemonset(docs, bindir)
+    for variant, docs in check_rendered().items():
+        checking[0] = variant
+        check_daemonset(docs, bindir)
+        check_jobs(docs, bindir)
+    checking[0] = None
     print(f"deploy/check.py: {len(failures)} failure(s)")
     sys.exit(min(len(failures), 100))
 

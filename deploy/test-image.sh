@@ -46,22 +46,29 @@ echo "== the daemon container, with the DaemonSet's args"
 # The DaemonSet's config watches the apiserver; here there is none: a fixed range instead.
 python3 - "$conf" <<'PY'
 import sys, yaml
-docs = list(yaml.safe_load_all(open("deploy/configmap.yaml")))
+docs = list(yaml.safe_load_all(open("deploy/base/configmap.yaml")))
 data = docs[0]["data"]
 open(f"{sys.argv[1]}/10-ipool.conflist", "w").write(data["10-ipool.conflist"])
 open(f"{sys.argv[1]}/ipoold.toml", "w").write(
     '[[network]]\nname = "k8s-pod-network"\nranges = [[{ subnet = "10.251.0.0/24" }]]\n')
 PY
+# The conflist names bridge and portmap: Debian's, which (dynamically linked) cannot run in
+# the image, so the daemon takes them at the template's cniVersion.
+cp /usr/lib/cni/bridge /usr/lib/cni/portmap "$host/opt/cni/bin/"
+# kubelet expands $(NODE_IP) (status.hostIP) in the args; here the host is loopback.
 mapfile -t args < <(python3 -c '
 import yaml
-ds = yaml.safe_load(open("deploy/daemonset.yaml"))
+ds = yaml.safe_load(open("deploy/base/daemonset.yaml"))
 c = ds["spec"]["template"]["spec"]["containers"][0]
 for a in c["args"]:
-    print(a)
+    print(a.replace("$(NODE_IP)", "127.0.0.1"))
 ')
+metrics=$(printf '%s\n' "${args[@]}" | sed -n 's/^--metrics-listen=//p')
+[ -n "$metrics" ] || fail "the DaemonSet passes no --metrics-listen"
 podman run -d --name "$name" --network host "${limits[@]}" --read-only --read-only-tmpfs=false --cap-drop ALL \
   -e NODE_NAME=test-node \
   -v "$conf:/etc/ipool:ro" \
+  -v "$host/opt/cni/bin:/host/opt/cni/bin:ro" \
   -v "$host/run/ipool:/run/ipool" \
   -v "$host/var/lib/ipool:/var/lib/ipool" \
   -v "$host/etc/cni/net.d:/host/etc/cni/net.d" \
@@ -71,10 +78,19 @@ for _ in $(seq 100); do [ -s "$host/etc/cni/net.d/10-ipool.conflist" ] && break;
 podman logs "$name" > "$host/daemon.log" 2>&1 || true
 [ -S "$host/run/ipool/ipool.sock" ] || fail "no socket"
 [ -s "$host/etc/cni/net.d/10-ipool.conflist" ] || fail "no conflist written"
+version=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cniVersion"])' "$host/etc/cni/net.d/10-ipool.conflist")
+[ "$version" = 1.0.0 ] || fail "the conflist's cniVersion is $version, not the template's 1.0.0"
+grep -q "could not be asked its CNI versions" "$host/daemon.log" \
+  || fail "no warning that Debian's plugins could not be asked their versions"
+python3 - "$metrics" <<'PY' || fail "metrics on $metrics"
+import sys, urllib.request
+body = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
+assert "ipool_host_problems 0" in body, body
+PY
 # The DaemonSet's probes, as kubelet runs them.
 mapfile -t probes < <(python3 -c '
 import json, yaml
-ds = yaml.safe_load(open("deploy/daemonset.yaml"))
+ds = yaml.safe_load(open("deploy/base/daemonset.yaml"))
 c = ds["spec"]["template"]["spec"]["containers"][0]
 for k in ["startupProbe", "readinessProbe", "livenessProbe"]:
     print(json.dumps(c[k]["exec"]["command"]))

@@ -423,6 +423,40 @@ fn ipoolctl_cluster_manages_pools_and_lists_blocks() {
     let pools: serde_json::Value =
         serde_json::from_slice(&ctl(&["-o", "json", "pool", "list"]).stdout).unwrap();
     assert_eq!(pools[0]["name"], "main");
+    // etcd as the daemon's config names it (the pool-creating Job of deploy/cluster/ does
+    // this): the same answer; a config without [cluster], or with a wrong prefix, is not.
+    let dir = tempfile::tempdir().unwrap();
+    let with_config = |toml: &str| {
+        let path = dir.path().join("ipoold.toml");
+        std::fs::write(&path, toml).unwrap();
+        std::process::Command::new(common::ipoolctl_bin())
+            .args(["-o", "json", "cluster", "--config"])
+            .arg(&path)
+            .args(["pool", "list"])
+            .output()
+            .expect("ipoolctl")
+    };
+    let o = with_config(&format!(
+        "[cluster]\netcd_endpoints = [\"{}\"]\n",
+        e.client_url
+    ));
+    assert!(o.status.success(), "{o:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed, pools);
+    let o = with_config(&format!(
+        "[cluster]\netcd_endpoints = [\"{}\"]\nprefix = \"/elsewhere\"\n",
+        e.client_url
+    ));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap(),
+        serde_json::json!([])
+    );
+    let o = with_config("[[network]]\nname = \"n\"\nranges = [[{ subnet = \"10.1.0.0/24\" }]]\n");
+    assert_eq!(o.status.code(), Some(64), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no [cluster] table"),
+        "{o:?}"
+    );
     assert_eq!(pools[0]["blockSize"], 26);
     assert_eq!(pools[0]["exclude"][0], "10.12.0.0/24");
 

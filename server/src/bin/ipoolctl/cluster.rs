@@ -15,18 +15,28 @@ use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
 /// Where etcd is. Global to `cluster`'s subcommands: accepted after them too.
 #[derive(clap::Args, Debug)]
 pub(super) struct EtcdArgs {
-    /// etcd endpoints, comma-separated (http://10.0.0.1:2379,...).
+    /// Take etcd's endpoints, TLS files and prefix from this ipoold config's `[cluster]`, as
+    /// the daemon on the node does (in the DaemonSet: /etc/ipool/ipoold.toml), instead of the
+    /// --etcd-* flags.
+    #[arg(
+        long,
+        global = true,
+        env = "IPOOL_CONFIG",
+        conflicts_with_all = ["etcd_endpoints", "etcd_prefix", "etcd_cacert", "etcd_cert", "etcd_key"]
+    )]
+    config: Option<std::path::PathBuf>,
+    /// etcd endpoints, comma-separated (http://10.0.0.1:2379,...); default
+    /// http://127.0.0.1:2379.
     #[arg(
         long,
         global = true,
         env = "IPOOL_ETCD_ENDPOINTS",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:2379"
+        value_delimiter = ','
     )]
     etcd_endpoints: Vec<String>,
-    /// Key prefix of ipool's data in etcd.
-    #[arg(long, global = true, env = "IPOOL_ETCD_PREFIX", default_value = ipool_server::cluster::etcd::DEFAULT_PREFIX)]
-    etcd_prefix: String,
+    /// Key prefix of ipool's data in etcd; default /ipool/v1.
+    #[arg(long, global = true, env = "IPOOL_ETCD_PREFIX")]
+    etcd_prefix: Option<String>,
     /// Seconds an etcd call may take.
     #[arg(long, global = true, default_value_t = 5)]
     etcd_timeout: u64,
@@ -39,6 +49,46 @@ pub(super) struct EtcdArgs {
     /// The client certificate's key (with --etcd-cert).
     #[arg(long, global = true, env = "IPOOL_ETCD_KEY", requires = "etcd_cert")]
     etcd_key: Option<std::path::PathBuf>,
+}
+
+/// Where etcd is, from the flags or from an ipoold config.
+struct Etcd {
+    endpoints: Vec<String>,
+    prefix: String,
+    cacert: Option<std::path::PathBuf>,
+    cert_key: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl EtcdArgs {
+    fn resolve(&self) -> Result<Etcd, String> {
+        let Some(path) = &self.config else {
+            return Ok(Etcd {
+                endpoints: match self.etcd_endpoints.is_empty() {
+                    true => vec!["http://127.0.0.1:2379".to_string()],
+                    false => self.etcd_endpoints.clone(),
+                },
+                prefix: self
+                    .etcd_prefix
+                    .clone()
+                    .unwrap_or_else(|| ipool_server::cluster::etcd::DEFAULT_PREFIX.to_string()),
+                cacert: self.etcd_cacert.clone(),
+                cert_key: self.etcd_cert.clone().zip(self.etcd_key.clone()),
+            });
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--config {}: {e}", path.display()))?;
+        let config = ipool_server::config::DaemonConfig::parse(&text)
+            .map_err(|e| format!("--config {}: {e}", path.display()))?;
+        let c = config
+            .cluster
+            .ok_or_else(|| format!("--config {}: no [cluster] table", path.display()))?;
+        Ok(Etcd {
+            endpoints: c.etcd_endpoints,
+            prefix: c.prefix,
+            cacert: c.ca_file,
+            cert_key: c.cert_file.zip(c.key_file),
+        })
+    }
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -150,16 +200,25 @@ fn warn_malformed(found: &[MalformedKey]) {
     }
 }
 
-pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> ExitCode {
-    for e in &etcd.etcd_endpoints {
+pub(super) async fn run(args: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> ExitCode {
+    let etcd = match args.resolve() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("ipoolctl: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    for e in &etcd.endpoints {
         if let Err(e) = ipool_server::config::cluster::check_endpoint(e) {
             eprintln!("ipoolctl: --etcd-endpoints: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     }
     let tls = match Tls::read(
-        etcd.etcd_cacert.as_deref(),
-        etcd.etcd_cert.as_deref().zip(etcd.etcd_key.as_deref()),
+        etcd.cacert.as_deref(),
+        etcd.cert_key
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path())),
     ) {
         Ok(t) => t,
         Err(e) => {
@@ -167,14 +226,11 @@ pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let https = etcd
-        .etcd_endpoints
-        .iter()
-        .any(|e| e.starts_with("https://"));
+    let https = etcd.endpoints.iter().any(|e| e.starts_with("https://"));
     let store = match ClusterStore::connect(
-        &etcd.etcd_endpoints,
-        &etcd.etcd_prefix,
-        Duration::from_secs(etcd.etcd_timeout.max(1)),
+        &etcd.endpoints,
+        &etcd.prefix,
+        Duration::from_secs(args.etcd_timeout.max(1)),
         https.then_some(&tls),
     )
     .await
@@ -183,7 +239,7 @@ pub(super) async fn run(etcd: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
         Err(e) => {
             eprintln!(
                 "ipoolctl: cannot reach etcd at {}: {e}",
-                etcd.etcd_endpoints.join(",")
+                etcd.endpoints.join(",")
             );
             return ExitCode::from(EXIT_UNREACHABLE);
         }
