@@ -18,6 +18,10 @@ For each variant (deploy/: node podCIDRs; deploy/flannel/; deploy/cluster/: clus
    files) are mounted.
 3. Every Job runs an ipoolctl command that exists, with flags that exist, and the files it
    reads are mounted.
+And deploy/monitoring/ renders; its PrometheusRule holds rules.yaml's groups, its PodMonitor
+scrapes the DaemonSet's pods on their metrics port, and its dashboard ConfigMap holds
+dashboard.json. (promtool and a real Prometheus check the rules themselves:
+server/tests/monitoring.rs.)
 
 Each failure is printed; the exit code is the number of failures (0: all good).
 """
@@ -147,7 +151,7 @@ def legacy_tree(tmp):
 
 
 def render(k, root, variant):
-    out = subprocess.run([k, "kustomize", os.path.join(root, VARIANTS[variant])],
+    out = subprocess.run([k, "kustomize", os.path.join(root, VARIANTS.get(variant, variant))],
                          capture_output=True, text=True)
     if out.returncode != 0:
         fail(f"{variant}: kubectl kustomize failed: {out.stderr.strip()}")
@@ -156,13 +160,15 @@ def render(k, root, variant):
 
 
 def check_rendered():
-    """Each variant rendered, compared with its ipool.yaml; the rendered objects."""
+    """Each variant rendered, compared with its ipool.yaml; the rendered objects, and
+    deploy/monitoring's."""
     k = kubectl()
     if not k:
-        return {}
+        return {}, []
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = DEPLOY if modern_kustomize(k) else legacy_tree(tmp)
+        monitoring = render(k, root, "monitoring")
         for variant, d in VARIANTS.items():
             docs = render(k, root, variant)
             rendered_file = os.path.normpath(os.path.join(DEPLOY, d, "ipool.yaml"))
@@ -172,7 +178,7 @@ def check_rendered():
                 fail(f"{shown} is not its kustomization rendered: run `kubectl kustomize "
                      f"{os.path.dirname(shown)}/ > {shown}` (and keep its header comment)")
             out[variant] = docs
-    return out
+    return out, monitoring
 
 
 def under(path, mount):
@@ -444,13 +450,48 @@ def check_jobs(docs, bindir):
                 check_config_files(pod, c, pod.configmap_file(c, config))
 
 
+def check_monitoring(docs, base):
+    """deploy/monitoring against rules.yaml, dashboard.json and the DaemonSet."""
+    checking[0] = "monitoring"
+    mon = os.path.join(DEPLOY, "monitoring")
+    kinds = {d["kind"]: d for d in docs}
+    with open(os.path.join(mon, "rules.yaml")) as f:
+        rules = yaml.safe_load(f)
+    rule = kinds.get("PrometheusRule")
+    if not rule or rule["spec"] != rules:
+        fail("prometheusrule.yaml's spec is not rules.yaml's groups: copy them over")
+    with open(os.path.join(mon, "dashboard.json")) as f:
+        dashboard = json.load(f)
+    cm = kinds.get("ConfigMap", {})
+    shipped = next(iter(cm.get("data", {}).values()), "{}")
+    if json.loads(shipped) != dashboard:
+        fail("the dashboard ConfigMap does not hold dashboard.json")
+    ds = next((d for d in base if d["kind"] == "DaemonSet"), None)
+    pm = kinds.get("PodMonitor")
+    if ds and pm:
+        labels = ds["spec"]["template"]["metadata"].get("labels", {})
+        want = pm["spec"]["selector"].get("matchLabels", {})
+        if any(labels.get(k) != v for k, v in want.items()):
+            fail(f"the PodMonitor selects {want}, not the DaemonSet's pods ({labels})")
+        ports = {p.get("name") for c in ds["spec"]["template"]["spec"]["containers"]
+                 for p in c.get("ports", [])}
+        for e in pm["spec"]["podMetricsEndpoints"]:
+            if e.get("port") not in ports:
+                fail(f"the PodMonitor scrapes port {e.get('port')!r}; the DaemonSet has {sorted(ports)}")
+    elif not pm:
+        fail("deploy/monitoring has no PodMonitor")
+    checking[0] = None
+
+
 def main():
     bindir = sys.argv[1] if len(sys.argv) > 1 else "target/debug"
-    for variant, docs in check_rendered().items():
+    variants, monitoring = check_rendered()
+    for variant, docs in variants.items():
         checking[0] = variant
         check_daemonset(docs, bindir)
         check_jobs(docs, bindir)
     checking[0] = None
+    check_monitoring(monitoring, variants.get("deploy", []))
     print(f"deploy/check.py: {len(failures)} failure(s)")
     sys.exit(min(len(failures), 100))
 

@@ -95,6 +95,22 @@ impl Collector for PoolCollector {
                 ConstGauge::new(v).encode(m.encode_family(l)?)?;
             }
         }
+        // Only where the source cannot grow: a cluster network's pool claims another block
+        // when it runs low (its pool's exhaustion is ipool_cluster_claims_total{result="exhausted"}).
+        let mut m = enc.encode_descriptor(
+            "ipool_pool_available",
+            "Addresses a new ADD could still get (idle ones, and the source's within the capacity); not for cluster networks, whose pools grow by claiming blocks.",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (l, sets) in &pools {
+            let fixed: Vec<_> = sets.iter().filter(|p| !p.grows && !p.retiring).collect();
+            if !fixed.is_empty() {
+                let v = fixed.iter().map(|p| p.available()).sum::<u128>();
+                ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
+                    .encode(m.encode_family(l)?)?;
+            }
+        }
         type Count = fn(&crate::ipam::PoolStatus) -> u64;
         let counters: [(&str, &str, Count); 3] = [
             (
@@ -304,3 +320,6 @@ fn answer<B>(req: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests;

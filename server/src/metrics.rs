@@ -4,7 +4,8 @@
 //!
 //! - per pool (labels `network`, `family`), read from the pools at each scrape:
 //!   `ipool_pool_in_use`, `_idle`, `_cooling`, `_reserved`, `_capacity`, `_free_in_source`,
-//!   `_drained`; counters `ipool_source_calls_total`, `ipool_source_errors_total`,
+//!   `_drained`, and `ipool_pool_available` (what a new ADD could still get; not for cluster
+//!   networks, whose pools grow); counters `ipool_source_calls_total`, `ipool_source_errors_total`,
 //!   `ipool_source_bucket_waits_total`;
 //! - `ipool_requests_total{op, result}`: CNI calls by outcome (`ok` or the gRPC code);
 //! - `ipool_add_duration_seconds`: ADD latency in the daemon, histogram;

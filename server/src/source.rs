@@ -154,6 +154,12 @@ pub trait Source: Send {
     fn may_withhold(&self) -> bool {
         false
     }
+    /// Whether the source claims more addresses when it runs low (a cluster pool's blocks):
+    /// then [`Source::free`] is what it holds now, not what it could ever hand out, and a pool
+    /// with no free address is not exhausted.
+    fn grows(&self) -> bool {
+        false
+    }
     /// Ok once the source knows which addresses it holds (a claiming source: after its first
     /// sync); a quarantine of live pods' addresses waits for it.
     fn knows_its_addresses(&self) -> Result<(), String> {

@@ -327,6 +327,15 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
     ] {
         assert_eq!(m.get(sample), Some(&want), "{sample}:\n{body}");
     }
+    // A cluster network's pool grows by claiming: no 'available' count to alert on.
+    assert!(
+        !body.contains(r#"ipool_pool_available{network="pods""#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"ipool_pool_in_use{network="pods""#),
+        "{body}"
+    );
     let calls = m
         .get(r#"ipool_cluster_etcd_call_duration_seconds_count{op="claim"}"#)
         .copied();

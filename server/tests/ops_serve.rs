@@ -186,6 +186,13 @@ fn metrics_match_the_pools_after_a_known_sequence() {
             "{metric} vs status {field}"
         );
     }
+    // What a new ADD could still get: the idle ones, and the source's within the capacity.
+    let n = |f: &str| pool[0][f].as_f64().expect("number");
+    let room = n("capacity") - n("inUse") - n("idle") - n("reserved");
+    assert_eq!(
+        get(&format!("ipool_pool_available{l}")),
+        n("idle") + n("freeInSource").min(room)
+    );
     assert_eq!(get(&format!("ipool_pool_in_use{l}")), 3.0);
     assert_eq!(get(&format!("ipool_pool_cooling{l}")), 2.0);
     assert_eq!(get(&format!("ipool_source_calls_total{l}")), 5.0);

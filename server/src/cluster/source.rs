@@ -342,6 +342,9 @@ impl Source for ClusterSource {
     fn may_withhold(&self) -> bool {
         true
     }
+    fn grows(&self) -> bool {
+        true
+    }
     fn withheld(&self, ip: IpAddr) -> Option<String> {
         match self.block_of(ip) {
             Some(b) if b.confirmed() => None,

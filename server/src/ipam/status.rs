@@ -31,6 +31,8 @@ pub struct PoolStatus {
     pub source_errors: u64,
     pub bucket_waits: u64,
     pub free_in_source: u128,
+    /// The source claims more when it runs low ([`crate::source::Source::grows`]).
+    pub grows: bool,
     pub min_idle: usize,
     pub max_idle: usize,
     pub bucket_tokens: f64,
@@ -38,6 +40,16 @@ pub struct PoolStatus {
     pub degraded: Option<String>,
     /// The source's [`crate::source::Source::detail`].
     pub detail: Option<String>,
+}
+
+impl PoolStatus {
+    /// Addresses a new ADD could still get without the source growing: the idle ones (the
+    /// cooling ones last) and what the source has left, within the pool's capacity.
+    pub fn available(&self) -> u128 {
+        let held = (self.in_use + self.idle + self.reserved) as u128;
+        let room = (self.capacity as u128).saturating_sub(held);
+        self.idle as u128 + self.free_in_source.min(room)
+    }
 }
 
 impl Ipam {
@@ -172,6 +184,7 @@ impl Ipam {
                     source_errors: p.source_errors,
                     bucket_waits: p.bucket_waits,
                     free_in_source: p.source.free(),
+                    grows: p.source.grows(),
                     min_idle: p.pool.config().min_idle,
                     max_idle: p.pool.config().max_idle,
                     bucket_tokens: p.bucket.level(now),
