@@ -362,26 +362,7 @@ fn ipoolctl_cluster_manages_pools_and_lists_blocks() {
             .output()
             .expect("ipoolctl")
     };
-    let created = ctl(&[
-        "pool",
-        "create",
-        "main",
-        "--cidr",
-        "10.12.0.0/16",
-        "--cidr",
-        "fd00:12::/112",
-        "--exclude",
-        "10.12.0.0/24",
-    ]);
-    assert!(created.status.success(), "{created:?}");
-    let bad = ctl(&["pool", "create", "x", "--cidr", "10.13.0.0/33"]);
-    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("\"10.13.0.0/33\" is not a CIDR"));
-    let dup = ctl(&["pool", "create", "other", "--cidr", "10.12.5.0/24"]);
-    assert_eq!(dup.status.code(), Some(1), "{dup:?}");
-    // The same pool again: refused, unless --exists-ok (a Job run twice); another spec under
-    // the name is refused even then, naming both.
-    let same = [
+    let main = [
         "pool",
         "create",
         "main",
@@ -392,9 +373,18 @@ fn ipoolctl_cluster_manages_pools_and_lists_blocks() {
         "--exclude",
         "10.12.0.0/24",
     ];
-    let again = ctl(&same);
+    let created = ctl(&main);
+    assert!(created.status.success(), "{created:?}");
+    let bad = ctl(&["pool", "create", "x", "--cidr", "10.13.0.0/33"]);
+    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("\"10.13.0.0/33\" is not a CIDR"));
+    let dup = ctl(&["pool", "create", "other", "--cidr", "10.12.5.0/24"]);
+    assert_eq!(dup.status.code(), Some(1), "{dup:?}");
+    // The same pool again: refused, unless --exists-ok (a Job run twice); another spec under
+    // the name is refused even then, naming both.
+    let again = ctl(&main);
     assert_eq!(again.status.code(), Some(1), "{again:?}");
-    let again = ctl(&[&same[..], &["--exists-ok"]].concat());
+    let again = ctl(&[&main[..], &["--exists-ok"]].concat());
     assert!(again.status.success(), "{again:?}");
     assert!(String::from_utf8_lossy(&again.stdout).contains("pool main exists, as asked"));
     let other = ctl(&[
