@@ -284,9 +284,13 @@ fn quarantines_outlive_a_config_change_and_static_pods_keep_their_runtime_uid() 
     assert!(!d.log().contains("one address on two pods"), "{}", d.log());
     // Another quarantine, then a config without [kubernetes]: it stays.
     assert!(call("DEL", "c-static", "etcd-n1", "runtime-uid", "", &conf).ok);
+    // Quarantines are made after a full list: the pod is put while the watch hears nothing, so
+    // that the watch resumes from before it, finds that history gone (410) and relists. (Heard
+    // first, the watch would resume after it and never relist.)
+    api.freeze_watches(true);
     api.put("pods", running(pod("other", "u-o", "n1"), "10.254.0.20"));
-    // Quarantines are made after a full list (the watcher relists after its backoff).
     api.compact();
+    api.freeze_watches(false);
     eventually(30, "the second quarantine", || {
         let log = d.log();
         match log
