@@ -48,8 +48,19 @@ pub struct Block {
     pub pool: String,
     pub block: IpNet,
     pub owner: Owner,
-    /// The etcd revision that created the key: a give-back is conditioned on it.
-    pub create_revision: i64,
+    /// Which write of its key was read: a give-back is conditioned on it.
+    pub revision: KeyRevision,
+}
+
+/// Which write of a block's key was read: the etcd revision that created the key and the one
+/// that last wrote it. A give-back is conditioned on both, so that a write of the key made
+/// after it was sent (a settle, [`ClusterStore::settle`]) makes it fail wherever it is: a
+/// give-back whose answer never came may still be applied later (etcd received it, or will),
+/// and a read cannot tell; only a write that it must come after can.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRevision {
+    pub create: i64,
+    pub modified: i64,
 }
 
 /// A key under the prefix that does not say what it should.

@@ -10,7 +10,10 @@
 //!
 //! 1. a sync (this node's blocks of the pool, as etcd lists them) before anything else, again
 //!    every `resync_secs`, after each new epoch, and after a give-back whose outcome is not
-//!    known;
+//!    known; every block it lists that is not confirmed here as listed (restored from the
+//!    store, a give-back not answered, or not known here: a give-back of it may still reach
+//!    etcd) is settled by it, its key written again, so that such a give-back cannot apply
+//!    once it serves;
 //! 2. blocks the store holds but etcd does not list as this node's, with addresses still held
 //!    here, are claimed back one by one (another node owning one: it is lost, and hands
 //!    nothing more out);
@@ -32,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
+use super::etcd::KeyRevision;
 use super::node::ClusterNode;
 use super::work::{Done, Work};
 
@@ -48,7 +52,13 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a pool with no free block is left alone before the next try.
 const EXHAUSTED_RETRY: Duration = Duration::from_secs(10);
 
+/// Source ids, each source its own: a source takes the results of its own work only.
+static SOURCE_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 pub struct ClusterSource {
+    /// Results of work another source started (the one this replaced, when the range set was
+    /// rebuilt) are not taken: their etcd call may have raced this source's own.
+    id: u64,
     node: Arc<ClusterNode>,
     pool: String,
     family: Family,
@@ -84,6 +94,7 @@ impl ClusterSource {
         let parts: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
         let threshold = node.settings().claim_ahead.max(min_idle);
         ClusterSource {
+            id: SOURCE_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             node,
             pool: pool.to_string(),
             family: ranges.first().map_or(Family::V4, |r| r.family()),
@@ -206,6 +217,16 @@ impl ClusterSource {
     /// What to do next against etcd, if anything: nothing while the node does not serve.
     fn next_work(&mut self) -> Option<Work> {
         let epoch = self.node.serving().ok()?;
+        // The sync settles every other block it lists before it serves: a give-back of it may
+        // be on its way (unanswered, or sent before a restart).
+        let trusted: Vec<(IpNet, KeyRevision)> = self
+            .blocks
+            .values()
+            .filter_map(|b| match b.state {
+                BlockState::Confirmed(r) => Some((b.net(), r)),
+                _ => None,
+            })
+            .collect();
         let unsettled = self
             .blocks
             .values()
@@ -214,7 +235,7 @@ impl ClusterSource {
             || unsettled
             || self.next_sync.is_none_or(|t| Instant::now() >= t)
         {
-            return Some(Work::Sync { epoch });
+            return Some(Work::Sync { epoch, trusted });
         }
         if let Some(b) = self
             .blocks
@@ -408,6 +429,7 @@ impl Source for ClusterSource {
             self.node.clone(),
             self.pool.clone(),
             self.family,
+            self.id,
             work,
         ))
     }
@@ -415,6 +437,14 @@ impl Source for ClusterSource {
         let done = *landed
             .downcast::<Done>()
             .map_err(|_| "a claim of another kind of source landed here".to_string())?;
+        if done.source != self.id {
+            // Started by the source this one replaced: its call may have raced this one's own
+            // (a give-back against a sync); the next sync says what holds.
+            return Ok(format!(
+                "ignored the result of {:?}, started before the range set was rebuilt",
+                done.work
+            ));
+        }
         self.in_flight = false;
         let result = self.landed(done);
         self.count_blocks();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::etcd::{Block, Claimed, ClusterError, Owner};
+use super::etcd::{Block, Claimed, ClusterError, KeyRevision, Owner};
 use super::node::ClusterNode;
 use crate::metrics::ClusterMetrics;
 use crate::range::Family;
@@ -13,14 +13,21 @@ use crate::source::{Claim, Landed};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Work {
-    /// List this node's blocks of the pool, in serving epoch `epoch`.
-    Sync { epoch: u64 },
+    /// List this node's blocks of the pool, in serving epoch `epoch`, and settle each one
+    /// listed that is not in `trusted` as listed: the blocks the source holds as confirmed,
+    /// with their keys as it last read or wrote them. Any other (restored after a restart,
+    /// given back with no answer, or not known here at all) may have a give-back of it on its
+    /// way, sent before, that etcd could still apply.
+    Sync {
+        epoch: u64,
+        trusted: Vec<(IpNet, KeyRevision)>,
+    },
     /// Claim the next free block, inside the source's ranges.
     Claim { cidrs: Vec<IpNet> },
     /// Claim back a block the store holds but etcd does not list as this node's.
     Reclaim(IpNet),
-    /// Give back an empty block (its key's create revision).
-    GiveBack(IpNet, i64),
+    /// Give back an empty block (its key as last read or written).
+    GiveBack(IpNet, KeyRevision),
 }
 
 #[derive(Debug)]
@@ -31,8 +38,8 @@ pub enum Outcome {
     PoolFull(String),
     /// The pool changed since it was read: nothing was claimed.
     PoolChanged,
-    /// Claimed back, with its create revision.
-    Reclaimed(i64),
+    /// Claimed back: its key now.
+    Reclaimed(KeyRevision),
     /// Someone else holds it (a node, or what stands in its key).
     Taken(String),
     /// Given back (false: the key was no longer the one this node created).
@@ -41,17 +48,24 @@ pub enum Outcome {
 
 /// What lands.
 pub struct Done {
+    /// The source that started the work (see `ClusterSource`'s id): only it takes the result.
+    pub source: u64,
     pub work: Work,
     pub result: Result<Outcome, String>,
 }
 
-/// The claim that does `work` for `node`'s range set of `pool` (one family).
-pub fn run(node: Arc<ClusterNode>, pool: String, family: Family, work: Work) -> Claim {
+/// The claim that does `work` for `node`'s range set of `pool` (one family), started by
+/// source `source`.
+pub fn run(node: Arc<ClusterNode>, pool: String, family: Family, source: u64, work: Work) -> Claim {
     Box::pin(async move {
         let result = execute(&node, &pool, family, &work)
             .await
             .map_err(|e| e.to_string());
-        Box::new(Done { work, result }) as Landed
+        Box::new(Done {
+            source,
+            work,
+            result,
+        }) as Landed
     })
 }
 
@@ -64,7 +78,7 @@ async fn execute(
     let me = node.name().to_string();
     let metrics = &node.metrics().cluster;
     match work {
-        Work::Sync { .. } => sync(node, pool).await,
+        Work::Sync { trusted, .. } => sync(node, pool, trusted).await,
         Work::Claim { cidrs } => {
             let (spec, revision) = node.pool(pool).await?.ok_or_else(|| {
                 ClusterError::NotFound(format!(
@@ -152,7 +166,7 @@ async fn execute(
                 .await?;
             match claimed {
                 // Won, or ours all along (claimed before the index: its entry written now).
-                Claimed::Won(b) | Claimed::Mine(b) => Ok(Outcome::Reclaimed(b.create_revision)),
+                Claimed::Won(b) | Claimed::Mine(b) => Ok(Outcome::Reclaimed(b.revision)),
                 Claimed::Lost(owner) => Ok(Outcome::Taken(format!("node {owner:?}"))),
                 Claimed::PoolChanged => {
                     node.forget_pool(pool);
@@ -171,7 +185,7 @@ async fn execute(
                     node: me.clone(),
                     claimed_at_ms: 0,
                 },
-                create_revision: *revision,
+                revision: *revision,
             };
             let ours = node
                 .call(
@@ -185,8 +199,14 @@ async fn execute(
 }
 
 /// This node's blocks of `pool`, as etcd lists them (its index, each entry checked; malformed
-/// keys reported).
-async fn sync(node: &ClusterNode, pool: &str) -> Result<Outcome, ClusterError> {
+/// keys reported). Those not in `trusted` as listed are settled (written again, conditioned
+/// on the write listed): one whose key changed since it was listed is left out, not this
+/// node's.
+async fn sync(
+    node: &ClusterNode,
+    pool: &str,
+    trusted: &[(IpNet, KeyRevision)],
+) -> Result<Outcome, ClusterError> {
     node.ensure_index().await?;
     let (p, n) = (pool.to_string(), node.name().to_string());
     let listed = node
@@ -195,5 +215,22 @@ async fn sync(node: &ClusterNode, pool: &str) -> Result<Outcome, ClusterError> {
         })
         .await?;
     node.malformed_seen(pool, &listed.malformed);
-    Ok(Outcome::Synced(listed.blocks))
+    let mut mine = Vec::with_capacity(listed.blocks.len());
+    for mut b in listed.blocks {
+        if !trusted.contains(&(b.block, b.revision)) {
+            let read = b.clone();
+            match node
+                .call("settle", |s| async move { s.settle(&read).await })
+                .await?
+            {
+                Some(now) => b.revision = now,
+                None => {
+                    tracing::warn!(pool, block = %b.block, "a block in doubt changed in etcd since it was listed (a give-back applied late?): not this node's");
+                    continue;
+                }
+            }
+        }
+        mine.push(b);
+    }
+    Ok(Outcome::Synced(mine))
 }

@@ -333,7 +333,8 @@ impl Ipam {
             return;
         };
         // A claim started before the set was rebuilt (new ranges, a store recovery) lands in
-        // the set's new source: the block is the set's either way.
+        // the set's new source, which decides whether to take it (a cluster source takes only
+        // its own: the next sync says what the other's call did).
         let knew = p.source.knows_its_addresses().is_ok();
         let result = p.source.land(landed);
         if !knew && p.source.knows_its_addresses().is_ok() {

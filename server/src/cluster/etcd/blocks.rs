@@ -11,7 +11,8 @@ use ipnet::IpNet;
 
 use super::request::{self, cmp, op};
 use super::{
-    now_ms, parse_block_part, Block, Claimed, ClusterError, ClusterStore, MalformedKey, Owner,
+    now_ms, parse_block_part, Block, Claimed, ClusterError, ClusterStore, KeyRevision,
+    MalformedKey, Owner,
 };
 
 /// Keys per page of a listing that can grow with a pool: a page of blocks is ~450 KB, far
@@ -78,7 +79,10 @@ impl ClusterStore {
                         pool: pool_name.to_string(),
                         block,
                         owner,
-                        create_revision: item.create_revision,
+                        revision: KeyRevision {
+                            create: item.create_revision,
+                            modified: item.mod_revision,
+                        },
                     }),
                     Err(e) => out.malformed.push(MalformedKey {
                         why: format!("no owner in the value: {e}"),
@@ -134,7 +138,10 @@ impl ClusterStore {
                             pool: p.clone(),
                             block: *b,
                             owner,
-                            create_revision: kv.create_revision,
+                            revision: KeyRevision {
+                                create: kv.create_revision,
+                                modified: kv.mod_revision,
+                            },
                         }),
                         Ok(_) => stale.push((index_key.clone(), *index_rev)),
                         Err(e) => out.malformed.push(MalformedKey {
@@ -196,7 +203,10 @@ impl ClusterStore {
                 pool: pool.to_string(),
                 block: *block,
                 owner,
-                create_revision: revision,
+                revision: KeyRevision {
+                    create: revision,
+                    modified: revision,
+                },
             }));
         }
         let mut held = None;
@@ -204,7 +214,13 @@ impl ClusterStore {
         for kv in request::txn_reads(&r) {
             if kv.key == key.as_bytes() {
                 held = Some(match serde_json::from_slice::<Owner>(&kv.value) {
-                    Ok(o) => Ok((o, kv.create_revision)),
+                    Ok(o) => Ok((
+                        o,
+                        KeyRevision {
+                            create: kv.create_revision,
+                            modified: kv.mod_revision,
+                        },
+                    )),
                     Err(e) => Err(format!("a malformed key ({e})")),
                 });
             } else if kv.key == pool_key.as_bytes() {
@@ -213,18 +229,27 @@ impl ClusterStore {
         }
         Ok(match (held, pool_there) {
             (Some(Ok((o, revision))), _) if o.node == node => {
-                // Ours, from before the index: its entry, conditioned on the key as read.
+                // Ours, from before the index: its entry, and the key settled (written again:
+                // no give-back of it sent before can apply), conditioned on the key as read.
+                let value = serde_json::to_vec(&o).expect("an owner serializes");
                 let txn = request::txn(
-                    [cmp::create_revision(key, cmp::Equal, revision)],
-                    [op::put(index, "", 0)],
+                    [
+                        cmp::create_revision(key.clone(), cmp::Equal, revision.create),
+                        cmp::mod_revision(key.clone(), cmp::Equal, revision.modified),
+                    ],
+                    [op::put(key, value, 0), op::put(index, "", 0)],
                     [],
                 );
-                match self.client.txn(txn).await?.succeeded {
+                let r = self.client.txn(txn).await?;
+                match r.succeeded {
                     true => Claimed::Mine(Block {
                         pool: pool.to_string(),
                         block: *block,
                         owner: o,
-                        create_revision: revision,
+                        revision: KeyRevision {
+                            create: revision.create,
+                            modified: r.header.map(|h| h.revision).unwrap_or_default(),
+                        },
                     }),
                     false => Claimed::Lost("another node, just now".into()),
                 }
@@ -236,26 +261,49 @@ impl ClusterStore {
         })
     }
 
-    /// Gives `b` back (and its owner's index entry), only if it is still the key its owner
-    /// created and, with `while_absent`, only while that key (a node's `alive`, say) does not
-    /// exist. False: it was not given back.
+    /// Gives `b` back (and its owner's index entry), only if its key is still the write that
+    /// was read (created and last written at `b.revision`) and, with `while_absent`, only while
+    /// that key (a node's `alive`, say) does not exist. False: it was not given back.
     pub async fn give_back(
         &self,
         b: &Block,
         while_absent: Option<&str>,
     ) -> Result<bool, ClusterError> {
         let key = self.block_key(&b.pool, &b.block);
-        let mut when = vec![cmp::create_revision(
-            key.clone(),
-            cmp::Equal,
-            b.create_revision,
-        )];
+        let mut when = vec![
+            cmp::create_revision(key.clone(), cmp::Equal, b.revision.create),
+            cmp::mod_revision(key.clone(), cmp::Equal, b.revision.modified),
+        ];
         if let Some(k) = while_absent {
             when.push(cmp::version(k, cmp::Equal, 0));
         }
         let index = self.index_key(&b.owner.node, &b.pool, &b.block);
         let txn = request::txn(when, [op::delete(key), op::delete(index)], []);
         Ok(self.client.txn(txn).await?.succeeded)
+    }
+
+    /// Settles `b`, listed as its owner's while its state was in doubt (a give-back of it may
+    /// be on its way: one whose answer never came, or one sent by a daemon killed since): its
+    /// key written again, conditioned on the write that was listed. Some(the key's revision
+    /// now): it is the owner's, and no give-back sent before can apply any more. None: the key
+    /// changed since it was listed (such a give-back applied, or the key was claimed anew) and
+    /// it is not to be used.
+    pub async fn settle(&self, b: &Block) -> Result<Option<KeyRevision>, ClusterError> {
+        let key = self.block_key(&b.pool, &b.block);
+        let value = serde_json::to_vec(&b.owner).expect("an owner serializes");
+        let txn = request::txn(
+            [
+                cmp::create_revision(key.clone(), cmp::Equal, b.revision.create),
+                cmp::mod_revision(key.clone(), cmp::Equal, b.revision.modified),
+            ],
+            [op::put(key, value, 0)],
+            [],
+        );
+        let r = self.client.txn(txn).await?;
+        Ok(r.succeeded.then(|| KeyRevision {
+            create: b.revision.create,
+            modified: r.header.map(|h| h.revision).unwrap_or_default(),
+        }))
     }
 
     /// Makes `node`'s index complete once: a node that ran an ipoold from before the index (its
@@ -280,7 +328,7 @@ impl ClusterStore {
             for b in all.blocks.iter().filter(|b| b.owner.node == node) {
                 let key = self.block_key(&b.pool, &b.block);
                 let txn = request::txn(
-                    [cmp::create_revision(key, cmp::Equal, b.create_revision)],
+                    [cmp::create_revision(key, cmp::Equal, b.revision.create)],
                     [op::put(self.index_key(node, &b.pool, &b.block), "", 0)],
                     [],
                 );

@@ -6,7 +6,8 @@
 //!   moves on to the next endpoint within the same call; a call that fails for want of a
 //!   working connection (unavailable, deadline, transport) drops the connection, and the next
 //!   call starts from the next endpoint. A failed call is never sent again by the client: a
-//!   write whose answer was lost is ambiguous, and the caller settles it (by reading).
+//!   write whose answer was lost is ambiguous, and may still be applied later: the caller
+//!   settles it by a write it must come after (see `ClusterStore::settle`), not by a read.
 //! - Every call has a deadline (`timeout`), sent to etcd as `grpc-timeout` too.
 //! - TLS: the CA that signed etcd's certificate, and a client certificate when etcd asks.
 //! - Every answer's header is watched: an etcd whose cluster id changed, or whose revision is

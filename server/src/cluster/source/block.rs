@@ -4,22 +4,25 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 
+use crate::cluster::etcd::KeyRevision;
 use crate::range::{Range, RangeAllocator, RangeSpec};
 
 /// Where a block stands between this node and etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BlockState {
-    /// The store holds it; no sync has said yet whose it is.
+    /// The store holds it; no sync has said yet whose it is (a give-back of it may be on its
+    /// way, sent before a restart: the sync settles it).
     Unconfirmed,
-    /// This node's, as of the last sync or its claim: its key's create revision.
-    Confirmed(i64),
+    /// This node's, as of the last sync or its claim: its key as last read or written.
+    Confirmed(KeyRevision),
     /// etcd does not list it as this node's, and addresses held here are in it: to be
     /// claimed back.
     Reclaiming,
     /// Being given back (it was empty).
-    Returning(i64),
-    /// A give-back whose outcome is not known (etcd did not answer): the next sync says.
-    Unsettled(i64),
+    Returning(KeyRevision),
+    /// A give-back whose outcome is not known (etcd did not answer, and may still apply it):
+    /// the next sync settles it.
+    Unsettled(KeyRevision),
     /// Another node owns it, or it cannot be this node's: why.
     Lost(String),
 }

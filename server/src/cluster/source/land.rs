@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
-use super::super::etcd::Block;
+use super::super::etcd::{Block, KeyRevision};
 use super::super::work::{Done, Outcome, Work};
 use super::{BlockState, ClusterSource, Owned, EXHAUSTED_RETRY};
 use crate::metrics::ClusterMetrics;
@@ -38,11 +38,13 @@ impl ClusterSource {
         let node = self.node.clone();
         let metrics = &node.metrics().cluster;
         match (done.work, outcome) {
-            (Work::Sync { epoch }, Outcome::Synced(listed)) => Ok(self.synced_with(epoch, listed)),
+            (Work::Sync { epoch, trusted }, Outcome::Synced(listed)) => {
+                Ok(self.synced_with(epoch, &trusted, listed))
+            }
             (Work::Claim { .. }, Outcome::Claimed(b)) => {
                 self.exhausted = None;
                 let net = b.block;
-                let r = self.add_block(net, false, BlockState::Confirmed(b.create_revision));
+                let r = self.add_block(net, false, BlockState::Confirmed(b.revision));
                 r.map(|()| format!("claimed block {net} of cluster pool {pool:?}"))
             }
             (_, Outcome::PoolFull(why)) => {
@@ -93,14 +95,29 @@ impl ClusterSource {
         }
     }
 
-    /// This node's blocks of the pool as etcd listed them, in serving epoch `epoch`.
-    fn synced_with(&mut self, epoch: u64, listed: Vec<Block>) -> String {
+    /// This node's blocks of the pool as etcd listed them, in serving epoch `epoch`: those not
+    /// in `trusted` were settled by the sync (which leaves out any that could not be).
+    fn synced_with(
+        &mut self,
+        epoch: u64,
+        trusted: &[(IpNet, KeyRevision)],
+        listed: Vec<Block>,
+    ) -> String {
         let mut mine = Vec::new();
         for b in listed {
             if !self.cidrs.iter().any(|c| c.contains(&b.block)) {
                 continue;
             }
-            match self.add_block(b.block, false, BlockState::Confirmed(b.create_revision)) {
+            // A block that came to be in doubt after the sync started (trusted then) was not
+            // settled by it: it stays in doubt until the next.
+            let doubt = self.blocks.get(&b.block.network()).is_some_and(|o| {
+                !matches!(o.state, BlockState::Confirmed(_) | BlockState::Lost(_))
+            });
+            if doubt && trusted.iter().any(|(n, _)| *n == b.block) {
+                mine.push(b.block.network());
+                continue;
+            }
+            match self.add_block(b.block, false, BlockState::Confirmed(b.revision)) {
                 Ok(()) => mine.push(b.block.network()),
                 Err(e) => {
                     tracing::warn!(pool = %self.pool, error = %e, "a listed block cannot be used")

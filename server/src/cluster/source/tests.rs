@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::cluster::etcd::{Block, Owner};
+use crate::cluster::etcd::{Block, KeyRevision, Owner};
 use crate::cluster::node::Identity;
 use crate::cluster::work::Outcome;
 use crate::config::ClusterSettings;
@@ -37,6 +37,14 @@ fn source(node: &Arc<ClusterNode>) -> ClusterSource {
     ClusterSource::new(node.clone(), "p", &[range], 0)
 }
 
+/// A key created and last written at `revision`.
+fn rev(revision: i64) -> KeyRevision {
+    KeyRevision {
+        create: revision,
+        modified: revision,
+    }
+}
+
 fn block(cidr: &str, revision: i64) -> Block {
     Block {
         pool: "p".into(),
@@ -45,7 +53,7 @@ fn block(cidr: &str, revision: i64) -> Block {
             node: "n1".into(),
             claimed_at_ms: 0,
         },
-        create_revision: revision,
+        revision: rev(revision),
     }
 }
 
@@ -54,7 +62,12 @@ fn land(
     work: Work,
     result: Result<Outcome, String>,
 ) -> Result<String, String> {
-    s.land(Box::new(Done { work, result }))
+    let source = s.id;
+    s.land(Box::new(Done {
+        source,
+        work,
+        result,
+    }))
 }
 
 /// The work the source starts next (its claim is dropped: nothing runs).
@@ -70,11 +83,24 @@ fn epoch(n: &ClusterNode) -> u64 {
     n.serving().expect("serving")
 }
 
+/// The blocks a sync started now would not settle: those confirmed here.
+fn trusted(s: &ClusterSource) -> Vec<(IpNet, KeyRevision)> {
+    s.blocks
+        .values()
+        .filter_map(|b| match b.state {
+            BlockState::Confirmed(r) => Some((b.net(), r)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A sync in the node's epoch that listed (and settled as needed) `blocks`.
 fn synced(s: &mut ClusterSource, n: &ClusterNode, blocks: &[Block]) {
     let e = epoch(n);
+    let trusted = trusted(s);
     land(
         s,
-        Work::Sync { epoch: e },
+        Work::Sync { epoch: e, trusted },
         Ok(Outcome::Synced(blocks.to_vec())),
     )
     .expect("synced");
@@ -145,7 +171,7 @@ fn a_block_being_given_back_takes_nothing_in_and_an_unanswered_give_back_waits_f
     // The second block is empty and not needed: it is given back.
     s.take_next(ip("10.0.0.2")).expect("take");
     let w = next_work(&mut s);
-    assert_eq!(w, Some(Work::GiveBack(net("10.0.0.16/28"), 8)));
+    assert_eq!(w, Some(Work::GiveBack(net("10.0.0.16/28"), rev(8))));
     let inside = ip("10.0.0.20");
     let e = s.can_occupy(inside).expect_err("returning");
     assert!(e.to_string().contains("being given back"), "{e}");
@@ -157,7 +183,7 @@ fn a_block_being_given_back_takes_nothing_in_and_an_unanswered_give_back_waits_f
     // etcd did not answer: the delete may have been applied.
     land(
         &mut s,
-        Work::GiveBack(net("10.0.0.16/28"), 8),
+        Work::GiveBack(net("10.0.0.16/28"), rev(8)),
         Err("etcd: no answer within 2s".into()),
     )
     .expect_err("failed");
@@ -187,14 +213,14 @@ fn a_give_back_that_lands_on_a_block_holding_an_address_claims_it_back() {
     s.take_next(ip("10.0.0.2")).expect("take");
     assert_eq!(
         next_work(&mut s),
-        Some(Work::GiveBack(net("10.0.0.16/28"), 8))
+        Some(Work::GiveBack(net("10.0.0.16/28"), rev(8)))
     );
     // A live pod's address, quarantined meanwhile: kept from everyone, even here.
     assert!(s.can_hold(ip("10.0.0.20")).is_ok());
     s.occupy(ip("10.0.0.20")).expect("kept");
     land(
         &mut s,
-        Work::GiveBack(net("10.0.0.16/28"), 8),
+        Work::GiveBack(net("10.0.0.16/28"), rev(8)),
         Ok(Outcome::GaveBack(true)),
     )
     .expect_err("not given back as empty");
@@ -241,4 +267,86 @@ fn an_empty_block_etcd_no_longer_lists_is_dropped_at_the_sync() {
     assert!(!s.contains(ip("10.0.0.2")));
     assert_eq!(s.forget(), vec!["10.0.0.0/28".to_string()]);
     assert_eq!(s.next(), Next::Ready(ip("10.0.0.18")));
+}
+
+/// A block in doubt (restored after a restart, or after a give-back with no answer: a
+/// give-back of it may still reach etcd) is settled by the sync before it hands anything out;
+/// a sync that trusted it (started before it fell in doubt) does not confirm it, and the
+/// give-backs that follow are conditioned on the write that settled it.
+#[test]
+fn a_block_in_doubt_serves_only_after_a_sync_settled_it() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source(&n);
+    s.restore_block("10.0.0.16/28").expect("recorded");
+    let doubt = net("10.0.0.16/28");
+    match next_work(&mut s) {
+        Some(Work::Sync { trusted, .. }) => assert_eq!(trusted, vec![]),
+        other => panic!("{other:?}"),
+    }
+    // A sync that trusted it as listed (so did not settle it): still in doubt.
+    let e = epoch(&n);
+    let sync = Work::Sync {
+        epoch: e,
+        trusted: vec![(doubt, rev(8))],
+    };
+    let listed = vec![block("10.0.0.0/28", 7), block("10.0.0.16/28", 8)];
+    land(&mut s, sync, Ok(Outcome::Synced(listed))).expect("synced");
+    assert!(s
+        .withheld(ip("10.0.0.20"))
+        .is_some_and(|w| w.contains("not yet confirmed")));
+    // Settled: its key written again at revision 12.
+    let mut settled = block("10.0.0.16/28", 8);
+    settled.revision.modified = 12;
+    let sync = Work::Sync {
+        epoch: e,
+        trusted: vec![(net("10.0.0.0/28"), rev(7))],
+    };
+    let listed = vec![block("10.0.0.0/28", 7), settled];
+    land(&mut s, sync, Ok(Outcome::Synced(listed))).expect("synced");
+    assert_eq!(s.withheld(ip("10.0.0.20")), None);
+    // Empty and not needed: given back, conditioned on the settling write.
+    s.take_next(ip("10.0.0.2")).expect("take");
+    let w = next_work(&mut s);
+    let at = KeyRevision {
+        create: 8,
+        modified: 12,
+    };
+    assert_eq!(w, Some(Work::GiveBack(doubt, at)));
+    // No answer: in doubt again, and the next sync settles it (it trusts only the other).
+    land(
+        &mut s,
+        Work::GiveBack(doubt, at),
+        Err("etcd: no answer".into()),
+    )
+    .expect_err("failed");
+    s.retry_at = None;
+    match next_work(&mut s) {
+        Some(Work::Sync { trusted, .. }) => {
+            assert_eq!(trusted, vec![(net("10.0.0.0/28"), rev(7))])
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The result of work started by another source (the one this replaced when the range set
+/// was rebuilt) is not taken: it neither changes a block nor ends this source's own work.
+#[test]
+fn a_result_of_a_replaced_source_is_not_taken() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source(&n);
+    s.restore_block("10.0.0.16/28").expect("recorded");
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+    assert!(s.in_flight);
+    let old = source(&n);
+    let stale = Done {
+        source: old.id,
+        work: Work::GiveBack(net("10.0.0.16/28"), rev(8)),
+        result: Ok(Outcome::GaveBack(true)),
+    };
+    assert!(s.land(Box::new(stale)).is_ok());
+    assert!(s.in_flight, "this source's own sync is still on its way");
+    assert!(s.blocks.contains_key(&ip("10.0.0.16")));
+    assert_eq!(s.start_claim().map(|_| ()), None, "one request at a time");
 }
