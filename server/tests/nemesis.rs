@@ -2,7 +2,9 @@
 //! have): 3 to 5 real daemons on one real etcd, each through a TCP proxy of the test's own;
 //! pods added and deleted through the real plugin by worker threads, while the nemesis kills
 //! and restarts daemons, stops and starts etcd, delays, drops or cuts a daemon's etcd
-//! connection, starts a second daemon under a node's name, and retires nodes (store wiped,
+//! connection, holds a daemon's requests past its etcd timeout and delivers them late (after
+//! it gave up on them and went on), starts a second daemon under a node's name, and retires
+//! nodes (store wiped,
 //! blocks force-released: the node and its pods are gone). The checker (`common::history`)
 //! then proves that no address was ever held by two pods at once, that every acknowledged
 //! attachment is still held unless a DEL released it, and that every held address lies in a
@@ -153,15 +155,33 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
         return None;
     }
     let run = run.clone();
-    let mode = match rng.below(4) {
+    let mode = match rng.below(5) {
         0 => Mode::Delay(Duration::from_millis(50 + rng.below(400))),
         1 => Mode::DropReplies,
         2 => Mode::Blackhole,
-        _ => Mode::Refuse,
+        3 => Mode::Refuse,
+        // Longer than the daemons' etcd timeout (500 ms): see `late` below.
+        _ => Mode::Delay(Duration::from_millis(1500 + rng.below(2000))),
     };
+    // Requests held past the timeout for a moment, then the connection passes again without
+    // a cut: what was held reaches etcd late, after the daemon gave up on it (a write whose
+    // outcome it does not know) and went on with other calls on a new connection.
+    let late = matches!(mode, Mode::Delay(d) if d > Duration::from_secs(1));
+    let window = Duration::from_millis(300 + rng.below(500));
     Some(std::thread::spawn(move || {
         let node = &run.nodes[i];
         match kind {
+            12..=45 if late => {
+                log_fault(
+                    &run,
+                    format!(
+                        "{name}: etcd requests held {mode:?} for {window:?}, then delivered late"
+                    ),
+                );
+                node.proxy.set(mode);
+                std::thread::sleep(window);
+                node.proxy.set(Mode::Pass);
+            }
             12..=45 => {
                 log_fault(
                     &run,
