@@ -24,6 +24,29 @@ pub fn etcd_bin() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
+/// Runs `f` with a store on the etcd at `url` (both on one runtime of its own: a connection
+/// lives on the runtime that made it).
+pub fn with_store<T, F: std::future::Future<Output = T>>(
+    url: &str,
+    f: impl FnOnce(ipool_server::cluster::etcd::ClusterStore) -> F,
+) -> T {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let s = ipool_server::cluster::etcd::ClusterStore::connect(
+            &[url.to_string()],
+            ipool_server::cluster::etcd::DEFAULT_PREFIX,
+            Duration::from_secs(5),
+            None,
+        )
+        .await
+        .expect("connect");
+        f(s).await
+    })
+}
+
 impl Etcd {
     /// Starts an etcd. Tests that call this are `#[ignore]`d with the reason (a fresh machine
     /// has no etcd); run anyway (`--include-ignored`, as CI does) without etcd-server, they
