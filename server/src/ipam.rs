@@ -47,6 +47,7 @@ mod ops;
 mod pods;
 mod range_set;
 mod ranges;
+mod reconcile;
 mod recover;
 mod release;
 mod state;
@@ -274,6 +275,11 @@ impl Ipam {
     /// The gate may have opened: waiting ADDs try again.
     pub fn gate_opened(&self) {
         self.shared.landed.notify_waiters();
+    }
+
+    /// Whether ADDs pass a gate ([`Ipam::set_add_gate`]: with `[kubernetes]`).
+    fn has_add_gate(&self) -> bool {
+        self.shared.add_gate.read().expect("gate lock").is_some()
     }
 
     /// Why ADDs may not be served yet, if they may not.

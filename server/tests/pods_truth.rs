@@ -118,6 +118,28 @@ fn an_add_waiting_for_ranges_never_gets_a_running_pods_address() {
     d.wait_log(&["quarantined", "10.250.0.2"]);
 }
 
+/// A network a CNI config declares after the first list (ipoold's config does not name it, and
+/// the store was lost: it is new): the live pods' addresses in its ranges are quarantined
+/// before anything is handed out of them.
+#[test]
+fn a_network_a_cni_config_declares_never_hands_out_a_running_pods_address() {
+    let api = FakeApi::start();
+    api.put("nodes", node("n1", &[]));
+    api.put("pods", running(pod("a", "u-a", "n1"), "10.252.0.2"));
+    api.put("pods", pod("b", "u-b", "n1"));
+    let d = daemon(
+        &api,
+        "n1",
+        "ranges = [[{ subnet = \"10.253.0.0/24\" }]]",
+        "",
+    );
+    d.wait_log(&["pods listed"]);
+    let conf = d.conf("1.1.0", "declared", r#""subnet": "10.252.0.0/29""#);
+    let b = add("c-b", "b", "u-b", &conf);
+    assert_ne!(ip_of(&b), "10.252.0.2", "a running pod's address: {b:?}");
+    d.wait_log(&["quarantined", "10.252.0.2"]);
+}
+
 /// Item 2: a --node-name the apiserver does not know serves nothing and releases nothing; a
 /// pod bound to another node is refused, naming both.
 #[test]

@@ -110,12 +110,38 @@ impl Ipam {
         }
         let now = self.now();
         let mut declaration = self.plan_network(st, &req.key.network, declared, now)?;
-        // Most nodes hold no reservation: then no key is built on the ADD path.
+        if declaration.is_some() && self.has_add_gate() {
+            // New ranges (a network a CNI config declares, or redefines): what the gate checks
+            // against the ranges (the live pods' addresses, to quarantine) is checked against
+            // these before anything is handed out of them. Declared now; the ADD waits.
+            let (net, changes, displaced) = declaration.take().expect("a declaration");
+            let name = req.key.network.clone();
+            self.commit(st, &changes, |st| {
+                for gone in &displaced {
+                    st.networks.remove(gone);
+                }
+                st.networks.insert(name.clone(), net);
+                Ok(())
+            })?;
+            tracing::info!(network = %name, "network declared by CNI config; its ADDs wait until the live pods' addresses are checked against its ranges");
+            self.ranges_moved();
+            let why = self.gate_closed().unwrap_or_else(|| {
+                format!("network {name:?} was just declared: checking the live pods' addresses against its ranges")
+            });
+            return match may_wait {
+                true => Ok(Step::Pending(Pending::new(why))),
+                false => Err(Error::Busy(why)),
+            };
+        }
+        // Most nodes hold no reservation: then no key is built on the ADD path. A quarantine
+        // is its pod's by UID: a namesake (the pod made again while the old one's sandbox
+        // still runs) does not get the address the old one uses.
         let reservation = (!st.reservations.is_empty())
             .then(|| sticky::identity(&req.key.network, &req.pod))
             .flatten()
             .and_then(|k| st.reservations.get(&k))
             .filter(|r| r.expires_at_ms > now)
+            .filter(|r| r.pod_uid.as_deref().is_none_or(|u| u == req.pod.uid))
             .cloned();
         let State {
             networks,

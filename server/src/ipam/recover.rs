@@ -5,7 +5,7 @@
 //! every attachment of the old boot is released (sticky pods' addresses become reservations):
 //! their network namespaces died with the boot.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{watch, Notify};
@@ -13,13 +13,14 @@ use tokio::sync::{watch, Notify};
 use super::attachments::Attachments;
 use super::range_set::RangeSetPool;
 use super::ranges::carry_idle;
+use super::reconcile::reconcile_defs;
 use super::state::{Network, State};
 use super::{Health, Ipam, ReleaseBy, Shared, ALL_NETWORKS};
 use crate::clock::Clock;
 use crate::config::DaemonConfig;
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::model::{Millis, NetworkDef, Origin};
+use crate::model::{Millis, Origin};
 use crate::pool::Since;
 use crate::source::Sources;
 use crate::store::{Change, Committer, Snapshot, Store, StoreError};
@@ -353,72 +354,6 @@ fn cursor_owner<'a>(pools: &'a mut [RangeSetPool], set: &str) -> Option<&'a mut 
         return pools.get_mut(i);
     }
     set.parse::<usize>().ok().and_then(|i| pools.get_mut(i))
-}
-
-/// The network definitions to run with: the stored ones, brought to the config's. Networks
-/// that CNI configs declared follow the daemon's current [defaults]; a config network replaces
-/// a stored one with other ranges only when nothing holds an address of it (returned in
-/// `reset`: its idle addresses and cursors are dropped).
-fn reconcile_defs(
-    snap: &Snapshot,
-    attachments: &Attachments,
-    config: &DaemonConfig,
-    changes: &mut Vec<Change>,
-) -> Result<(BTreeMap<String, NetworkDef>, Vec<String>), Error> {
-    let mut live: HashMap<&str, usize> = HashMap::new();
-    for a in attachments.iter() {
-        *live.entry(a.network()).or_default() += 1;
-    }
-    for r in &snap.reservations {
-        *live.entry(r.key.network.as_str()).or_default() += 1;
-    }
-    let mut defs: BTreeMap<String, NetworkDef> = snap
-        .networks
-        .iter()
-        .map(|d| (d.name.clone(), d.clone()))
-        .collect();
-    let mut reset = Vec::new();
-    for def in defs.values_mut() {
-        if !def.origin.from_config() && def.tuning != config.defaults {
-            def.tuning = config.defaults.clone();
-            changes.push(Change::PutNetwork(def.clone()));
-        }
-    }
-    for mut def in config.network_defs()? {
-        if let Some(old) = defs.get(&def.name) {
-            // Sets retiring at runtime stay until nothing holds them.
-            def.retiring = old.retiring.clone();
-            if def.origin == Origin::Node {
-                // The node's ranges as last seen stand until its source says otherwise (and
-                // a change then retires them as `set_ranges` does).
-                def.range_sets = old.range_sets.clone();
-                if old.origin == Origin::Node {
-                    def.routes = old.routes.clone();
-                }
-            }
-        }
-        match defs.get(&def.name) {
-            Some(old) if old == &def => continue,
-            Some(old) if old.same_addresses(&def) => {}
-            Some(old) => {
-                let n = live.get(def.name.as_str()).copied().unwrap_or(0);
-                if n > 0 {
-                    return Err(Error::InvalidConfig(format!(
-                        "network {:?}: the config now says ranges {}, but the store holds {n} attachment(s) or reservation(s) in its ranges {} (restore the old ranges, or release them first)",
-                        def.name,
-                        def.describe_ranges(),
-                        old.describe_ranges()
-                    )));
-                }
-                tracing::warn!(network = %def.name, old = %old.describe_ranges(), new = %def.describe_ranges(), "network ranges changed in the config; it had no attachments");
-                reset.push(def.name.clone());
-            }
-            None => {}
-        }
-        changes.push(Change::PutNetwork(def.clone()));
-        defs.insert(def.name.clone(), def);
-    }
-    Ok((defs, reset))
 }
 
 /// Puts every attachment's addresses back into use in its network's pools.

@@ -449,3 +449,36 @@ async fn a_failed_add_declares_no_network() {
     rig.ipam.add(req("fresh", "a", V4)).await.expect("add");
     assert_eq!(rig.store.load().expect("load").networks.len(), 1);
 }
+
+/// A config network renamed while its pods run: the store keeps the old network (its
+/// attachments hold addresses of it), and the new one with the same ranges would hand those
+/// addresses out again. The start is refused, naming both; once the old network holds nothing
+/// it is dropped and the new one serves.
+#[tokio::test]
+async fn a_renamed_network_never_hands_out_what_the_old_name_holds() {
+    let rig = Rig::new("[[network]]\nname = \"k8s\"\nranges = [[{ subnet = \"10.70.0.0/24\" }]]");
+    let held = ips(&rig.ipam.add(req("k8s", "a", "")).await.expect("add a"));
+    let renamed = DaemonConfig::parse(
+        "[[network]]\nname = \"pods\"\nranges = [[{ subnet = \"10.70.0.0/24\" }]]",
+    )
+    .expect("config");
+    let open =
+        |c: &DaemonConfig| Ipam::open(rig.store.clone(), rig.clock.clone(), c, Some("boot-1"));
+    match open(&renamed) {
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains("\"k8s\"") && e.contains("\"pods\""), "{e}");
+        }
+        Ok(ipam) => {
+            let got = ips(&ipam.add(req("pods", "b", "")).await.expect("add b"));
+            panic!("started; pod b got {got:?} while pod a holds {held:?}");
+        }
+    }
+    // Pod a goes (its DEL under the old name); then the rename takes.
+    let ipam = open(&rig.config).expect("the old config");
+    ipam.del(&key("k8s", "a")).await.expect("del a");
+    drop(ipam);
+    let ipam = open(&renamed).expect("nothing holds the old name");
+    ipam.add(req("pods", "b", "")).await.expect("add b");
+    assert!(ipam.pool_status(None).iter().all(|s| s.network != "k8s"));
+}

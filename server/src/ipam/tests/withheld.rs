@@ -205,3 +205,35 @@ async fn a_quarantine_keeps_a_withheld_address_from_everyone() {
         }
     }
 }
+
+/// A quarantine is its pod's, by UID: a pod made again under the same name (a StatefulSet's
+/// web-0, force-deleted while its sandbox still runs, and recreated on this node) does not get
+/// the address the old one still uses.
+#[tokio::test]
+async fn a_quarantine_goes_back_to_its_own_pod_only_not_to_a_namesake() {
+    let withheld = Arc::new(Mutex::new(HashSet::new()));
+    let (ipam, _clock) = open(&withheld);
+    let live = ip("10.9.0.3");
+    let web0 = |uid: &str| Pod {
+        namespace: "ns".into(),
+        name: "web-0".into(),
+        uid: uid.into(),
+    };
+    ipam.quarantine(&[LivePod {
+        pod: web0("u1"),
+        ips: vec![live],
+    }])
+    .await
+    .expect("quarantine");
+    let mut namesake = sts("c-new", "web-0");
+    namesake.pod = web0("u2");
+    let got = ips(&ipam.add(namesake).await.expect("add u2"))[0];
+    assert_ne!(
+        got, live,
+        "web-0 (u2) got the address web-0 (u1) still uses"
+    );
+    // Its own pod's ADD gets it back.
+    let mut own = sts("c-old", "web-0");
+    own.pod = web0("u1");
+    assert_eq!(ips(&ipam.add(own).await.expect("add u1"))[0], live);
+}
