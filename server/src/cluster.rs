@@ -1,6 +1,8 @@
 //! Cluster mode (issue 19): nodes claim address blocks from pools shared through etcd.
 //!
 //! - [`pool`]: a pool's spec; [`cidrset`]: its CIDRs carved into blocks (nodeipam's cidrset);
+//! - [`datastore`]: what cluster mode asks of the store that holds pools, blocks and node
+//!   names, as one trait (`Datastore`); etcd's `ClusterStore` implements it;
 //! - [`etcd`]: pools and block owners in etcd, each decision one transaction; [`nodes`]: the
 //!   daemons' heartbeats and release-node;
 //! - [`node`]: this node, as `config::cluster` (the `[cluster]` table) says: its etcd
@@ -32,6 +34,7 @@ pub fn jitter(d: std::time::Duration) -> std::time::Duration {
 }
 
 pub mod cidrset;
+pub mod datastore;
 pub mod etcd;
 pub mod node;
 pub mod nodes;

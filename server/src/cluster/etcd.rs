@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::pool::PoolSpec;
 pub use blocks::Listing;
+pub use pools::Pools;
 
 /// Default key prefix.
 pub use crate::config::cluster::DEFAULT_PREFIX;

@@ -15,6 +15,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::datastore::Store;
 use super::etcd::client::Limiter;
 use super::etcd::{ClusterError, ClusterStore, PoolSpec, Tls};
 use super::nodes::{Acquired, Alive, Heartbeat};
@@ -58,7 +59,7 @@ pub struct ClusterNode {
     instance: String,
     settings: ClusterSettings,
     tls: Option<Tls>,
-    conn: tokio::sync::Mutex<Option<ClusterStore>>,
+    conn: tokio::sync::Mutex<Option<Store>>,
     /// Every etcd request goes through it (`etcd_rate`, `etcd_burst`).
     limiter: Arc<Limiter>,
     /// The node's index of its blocks is complete (made so once, at start).
@@ -170,19 +171,21 @@ impl ClusterNode {
             .map(|_| ())
     }
 
-    async fn store(&self) -> Result<ClusterStore, ClusterError> {
+    async fn store(&self) -> Result<Store, ClusterError> {
         let mut conn = self.conn.lock().await;
         if let Some(s) = conn.as_ref() {
             return Ok(s.clone());
         }
-        let s = ClusterStore::connect_limited(
-            &self.settings.etcd_endpoints,
-            &self.settings.prefix,
-            Duration::from_millis(self.settings.etcd_timeout_ms),
-            self.tls.as_ref(),
-            Some(self.limiter.clone()),
-        )
-        .await?;
+        let s: Store = std::sync::Arc::new(
+            ClusterStore::connect_limited(
+                &self.settings.etcd_endpoints,
+                &self.settings.prefix,
+                Duration::from_millis(self.settings.etcd_timeout_ms),
+                self.tls.as_ref(),
+                Some(self.limiter.clone()),
+            )
+            .await?,
+        );
         *conn = Some(s.clone());
         Ok(s)
     }
@@ -190,7 +193,7 @@ impl ClusterNode {
     /// Runs `f` against etcd: timed (`op`), and etcd counted up or down by its outcome.
     pub async fn call<T, F, Fut>(&self, op: &str, f: F) -> Result<T, ClusterError>
     where
-        F: FnOnce(ClusterStore) -> Fut,
+        F: FnOnce(Store) -> Fut,
         Fut: Future<Output = Result<T, ClusterError>>,
     {
         let t = Instant::now();
@@ -222,7 +225,7 @@ impl ClusterNode {
 
     /// An etcd found reset (restored from a backup, made anew): the pools are read again, and
     /// no source serves before it has synced in the new epoch.
-    fn check_resets(&self, store: &ClusterStore) {
+    fn check_resets(&self, store: &Store) {
         let (resets, why) = store.resets();
         let mut beat = self.beat.lock().expect("beat lock");
         if resets > beat.resets {

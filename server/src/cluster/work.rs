@@ -111,11 +111,8 @@ async fn execute(
                     // The pool's CIDRs are not (yet) this network's ranges: not a block this
                     // source can use. Given back at once.
                     let given = b.clone();
-                    node.call(
-                        "give_back",
-                        |s| async move { s.give_back(&given, None).await },
-                    )
-                    .await?;
+                    node.call("give_back", |s| async move { s.give_back(&given).await })
+                        .await?;
                     node.forget_pool(pool);
                     metrics.claim(pool, "pool_changed");
                     Ok(Outcome::PoolChanged)
@@ -188,10 +185,7 @@ async fn execute(
                 revision: *revision,
             };
             let ours = node
-                .call(
-                    "give_back",
-                    |s| async move { s.give_back(&block, None).await },
-                )
+                .call("give_back", |s| async move { s.give_back(&block).await })
                 .await?;
             Ok(Outcome::GaveBack(ours))
         }

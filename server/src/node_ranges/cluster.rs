@@ -102,10 +102,7 @@ pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, u
             }
             let (given, block) = (b.clone(), b.block);
             match node
-                .call(
-                    "give_back",
-                    |s| async move { s.give_back(&given, None).await },
-                )
+                .call("give_back", |s| async move { s.give_back(&given).await })
                 .await
             {
                 Ok(true) => {
