@@ -32,7 +32,9 @@ fn blocks_of(etcd: &Etcd, pool: &str, node: &str) -> Vec<Block> {
 fn late_give_back(etcd: &Etcd, b: &Block) -> bool {
     let b = b.clone();
     with_store(&etcd.client_url, |s| async move {
-        s.give_back(&b, None).await.unwrap()
+        s.give_back(&b, None)
+            .await
+            .expect("etcd answers the give-back")
     })
 }
 

@@ -217,16 +217,6 @@ impl ClusterSource {
     /// What to do next against etcd, if anything: nothing while the node does not serve.
     fn next_work(&mut self) -> Option<Work> {
         let epoch = self.node.serving().ok()?;
-        // The sync settles every other block it lists before it serves: a give-back of it may
-        // be on its way (unanswered, or sent before a restart).
-        let trusted: Vec<(IpNet, KeyRevision)> = self
-            .blocks
-            .values()
-            .filter_map(|b| match b.state {
-                BlockState::Confirmed(r) => Some((b.net(), r)),
-                _ => None,
-            })
-            .collect();
         let unsettled = self
             .blocks
             .values()
@@ -235,6 +225,16 @@ impl ClusterSource {
             || unsettled
             || self.next_sync.is_none_or(|t| Instant::now() >= t)
         {
+            // The sync settles every other block it lists before it serves: a give-back of it
+            // may be on its way (unanswered, or sent before a restart).
+            let trusted: Vec<(IpNet, KeyRevision)> = self
+                .blocks
+                .values()
+                .filter_map(|b| match b.state {
+                    BlockState::Confirmed(r) => Some((b.net(), r)),
+                    _ => None,
+                })
+                .collect();
             return Some(Work::Sync { epoch, trusted });
         }
         if let Some(b) = self

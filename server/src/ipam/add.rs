@@ -110,19 +110,12 @@ impl Ipam {
         }
         let now = self.now();
         let mut declaration = self.plan_network(st, &req.key.network, declared, now)?;
-        if declaration.is_some() && self.has_add_gate() {
+        if let Some(d) = declaration.take_if(|_| self.has_add_gate()) {
             // New ranges (a network a CNI config declares, or redefines): what the gate checks
             // against the ranges (the live pods' addresses, to quarantine) is checked against
             // these before anything is handed out of them. Declared now; the ADD waits.
-            let (net, changes, displaced) = declaration.take().expect("a declaration");
-            let name = req.key.network.clone();
-            self.commit(st, &changes, |st| {
-                for gone in &displaced {
-                    st.networks.remove(gone);
-                }
-                st.networks.insert(name.clone(), net);
-                Ok(())
-            })?;
+            let name = &req.key.network;
+            self.declare_now(st, name, d)?;
             tracing::info!(network = %name, "network declared by CNI config; its ADDs wait until the live pods' addresses are checked against its ranges");
             self.ranges_moved();
             let why = self.gate_closed().unwrap_or_else(|| {
@@ -168,16 +161,9 @@ impl Ipam {
             Step::Done(p) => p,
             Step::Wait(ms) => return Ok(Step::Wait(ms)),
             Step::Pending(p) => {
-                if let Some((net, changes, displaced)) = declaration {
+                if let Some(d) = declaration {
                     // Declared now, so that the claims its sources started land in it.
-                    let name = req.key.network.clone();
-                    self.commit(st, &changes, |st| {
-                        for gone in &displaced {
-                            st.networks.remove(gone);
-                        }
-                        st.networks.insert(name, net);
-                        Ok(())
-                    })?;
+                    self.declare_now(st, &req.key.network, d)?;
                 }
                 return Ok(Step::Pending(p));
             }

@@ -14,6 +14,25 @@ use crate::store::Change;
 pub(super) type Declaration = (Network, Vec<Change>, Vec<String>);
 
 impl Ipam {
+    /// Writes `declaration` of network `name` on its own (before any attachment of it), in
+    /// place of the networks it displaces.
+    pub(super) fn declare_now(
+        &self,
+        st: &mut State,
+        name: &str,
+        declaration: Declaration,
+    ) -> Result<(), Error> {
+        let (net, changes, displaced) = declaration;
+        self.commit(st, &changes, |st| {
+            for gone in &displaced {
+                st.networks.remove(gone);
+            }
+            st.networks.insert(name.to_string(), net);
+            Ok(())
+        })?;
+        Ok(())
+    }
+
     /// The network an ADD needs, when it is not the known one: declared by the CNI config (a
     /// new network, or a new definition of one without attachments), with the changes that
     /// write it. None: the known network serves as it is.
