@@ -1,10 +1,12 @@
 //! Cluster mode (issue 19): nodes claim address blocks from pools shared through etcd.
 //!
 //! - [`pool`]: a pool's spec; [`cidrset`]: its CIDRs carved into blocks (nodeipam's cidrset);
+//! - [`claim`]: a node's next block of a pool, found and claimed through either store;
 //! - [`datastore`]: what cluster mode asks of the store that holds pools, blocks and node
 //!   names, as one trait (`Datastore`); etcd's `ClusterStore` implements it;
 //! - [`etcd`]: pools and block owners in etcd, each decision one transaction; [`nodes`]: the
 //!   daemons' heartbeats and release-node;
+//! - [`kube`]: the same on the Kubernetes API (custom resources, a Lease per node);
 //! - [`node`]: this node, as `config::cluster` (the `[cluster]` table) says: its etcd
 //!   connection, token bucket, etcd up or down, heartbeat;
 //! - [`source`]: `ClusterSource`, a range set's addresses from the blocks this node owns, and
@@ -34,8 +36,10 @@ pub fn jitter(d: std::time::Duration) -> std::time::Duration {
 }
 
 pub mod cidrset;
+pub mod claim;
 pub mod datastore;
 pub mod etcd;
+pub mod kube;
 pub mod node;
 pub mod nodes;
 pub mod pool;

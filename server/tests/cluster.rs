@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::etcd::Etcd;
 use ipnet::IpNet;
+use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::etcd::{ClaimOutcome, Claimed, ClusterStore, PoolSpec, DEFAULT_PREFIX};
 
 fn net(s: &str) -> IpNet {

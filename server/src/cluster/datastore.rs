@@ -1,6 +1,7 @@
 //! The seam between cluster mode and the store that holds its pools, its blocks' owners and its
 //! nodes' names: everything [`ClusterNode`](super::node::ClusterNode), the sources' work and
-//! `ipoolctl cluster` ask of it, as one trait. etcd ([`ClusterStore`]) is the store today.
+//! `ipoolctl cluster` ask of it, as one trait, and the two stores that implement it: etcd
+//! ([`ClusterStore`]) and the Kubernetes API ([`KubeStore`]).
 //!
 //! What a store must guarantee, whatever the interleaving (the rules of README "Cluster
 //! mode"): a claim wins only a block no one owns, and only while the pool is as it was read;
@@ -11,16 +12,59 @@
 //! measured by the store, not by anyone's wall clock.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use ipnet::IpNet;
 
+use super::claim::Views;
+use super::etcd::client::Limiter;
+use super::etcd::Tls;
 use super::etcd::{
     Block, ClaimOutcome, Claimed, ClusterError, ClusterStore, KeyRevision, Listing, PoolSpec, Pools,
 };
+use super::kube::KubeStore;
 use super::nodes::{Acquired, Alive, Heartbeat, NodeState};
+use crate::config::cluster::{ClusterSettings, DatastoreKind};
 
 /// A store shared by the calls of one node (or of one `ipoolctl` run).
 pub type Store = Arc<dyn Datastore>;
+
+/// The store `settings` name, its requests through `limiter`; each bounded by
+/// `etcd_timeout_ms`.
+pub async fn connect(
+    settings: &ClusterSettings,
+    tls: Option<&Tls>,
+    limiter: &Arc<Limiter>,
+) -> Result<Store, ClusterError> {
+    let timeout = Duration::from_millis(settings.etcd_timeout_ms);
+    Ok(match settings.datastore {
+        DatastoreKind::Etcd => Arc::new(
+            ClusterStore::connect_limited(
+                &settings.etcd_endpoints,
+                &settings.prefix,
+                timeout,
+                tls,
+                Some(limiter.clone()),
+            )
+            .await?,
+        ),
+        DatastoreKind::Kubernetes => {
+            // No answer within the timeout fails the call, as etcd's.
+            let client = crate::k8s::client(settings.kubeconfig.as_deref(), timeout)
+                .await
+                .map_err(|e| ClusterError::Refused(format!("{e:#}")))?;
+            Arc::new(
+                KubeStore::connect(
+                    client,
+                    &settings.lease_namespace,
+                    Some(limiter.clone()),
+                    super::kube::FIELD_MANAGER,
+                )
+                .await?,
+            )
+        }
+    })
+}
 
 #[async_trait::async_trait]
 pub trait Datastore: Send + Sync {
@@ -53,7 +97,11 @@ pub trait Datastore: Send + Sync {
         pool_revision: i64,
         v4: bool,
         node: &str,
-    ) -> Result<ClaimOutcome, ClusterError>;
+    ) -> Result<ClaimOutcome, ClusterError> {
+        super::claim::claim_next(self, self.views(), pool, pool_revision, v4, node).await
+    }
+    /// Each claiming node's view of each pool's blocks, kept between claims.
+    fn views(&self) -> &Views;
     /// Claims one block of `pool` for `node` (a claim-back), conditioned the same way.
     async fn claim(
         &self,
@@ -124,14 +172,8 @@ impl Datastore for ClusterStore {
     ) -> Result<Listing, ClusterError> {
         ClusterStore::list_blocks(self, pool, node).await
     }
-    async fn claim_next(
-        &self,
-        pool: &PoolSpec,
-        pool_revision: i64,
-        v4: bool,
-        node: &str,
-    ) -> Result<ClaimOutcome, ClusterError> {
-        ClusterStore::claim_next(self, pool, pool_revision, v4, node).await
+    fn views(&self) -> &Views {
+        ClusterStore::views(self)
     }
     async fn claim(
         &self,

@@ -100,6 +100,9 @@ pub enum Claimed {
 pub enum ClusterError {
     #[error("etcd: {0}")]
     Etcd(#[from] EtcdError),
+    /// The Kubernetes API's (`datastore = "kubernetes"`).
+    #[error("the Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
     /// What was asked for does not exist (a pool, a node).
     #[error("{0}")]
     NotFound(String),
@@ -119,6 +122,13 @@ impl ClusterError {
     pub fn is_unreachable(&self) -> bool {
         match self {
             ClusterError::Etcd(e) => e.is_unreachable(),
+            // No answer, or one that says the apiserver cannot serve this client now
+            // (credentials, permissions, overload, its own etcd).
+            ClusterError::Kube(kube::Error::Api(s)) => {
+                matches!(s.code, 401 | 403 | 429 | 500..=599)
+            }
+            ClusterError::Kube(kube::Error::SerdeError(_)) => false,
+            ClusterError::Kube(_) => true,
             ClusterError::NotFound(_)
             | ClusterError::Refused(_)
             | ClusterError::Malformed { .. } => false,
@@ -160,7 +170,7 @@ pub struct ClusterStore {
     client: EtcdClient,
     prefix: String,
     /// Each claiming node's view of each pool's blocks, kept between claims.
-    views: claim::Views,
+    views: super::claim::Views,
 }
 
 /// `10.0.0.0/26` as a key part: `10.0.0.0-26`.
@@ -208,7 +218,7 @@ impl ClusterStore {
         let store = ClusterStore {
             client,
             prefix: prefix.trim_end_matches('/').to_string(),
-            views: claim::Views::default(),
+            views: super::claim::Views::default(),
         };
         store
             .client
@@ -224,6 +234,11 @@ impl ClusterStore {
             prefix: self.prefix.clone(),
             views: self.views.clone(),
         }
+    }
+
+    /// Each claiming node's view of each pool's blocks.
+    pub fn views(&self) -> &super::claim::Views {
+        &self.views
     }
 
     /// The etcd client underneath (for what the store does not do itself).
@@ -258,12 +273,11 @@ impl ClusterStore {
 }
 
 mod blocks;
-mod claim;
 pub mod client;
 mod pools;
 pub mod request;
 
-pub use claim::ClaimOutcome;
+pub use super::claim::ClaimOutcome;
 
 #[cfg(test)]
 mod tests;

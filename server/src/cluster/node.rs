@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::datastore::Store;
 use super::etcd::client::Limiter;
-use super::etcd::{ClusterError, ClusterStore, PoolSpec, Tls};
+use super::etcd::{ClusterError, PoolSpec, Tls};
 use super::nodes::{Acquired, Alive, Heartbeat};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
@@ -176,16 +176,7 @@ impl ClusterNode {
         if let Some(s) = conn.as_ref() {
             return Ok(s.clone());
         }
-        let s: Store = std::sync::Arc::new(
-            ClusterStore::connect_limited(
-                &self.settings.etcd_endpoints,
-                &self.settings.prefix,
-                Duration::from_millis(self.settings.etcd_timeout_ms),
-                self.tls.as_ref(),
-                Some(self.limiter.clone()),
-            )
-            .await?,
-        );
+        let s = super::datastore::connect(&self.settings, self.tls.as_ref(), &self.limiter).await?;
         *conn = Some(s.clone());
         Ok(s)
     }

@@ -59,7 +59,10 @@ pub enum Acquired {
 /// The leases of a held heartbeat, and the `alive` key they keep.
 #[derive(Clone, Debug)]
 pub struct Heartbeat {
+    /// etcd: the `alive` key; the Kubernetes API: the Lease's name.
     pub alive_key: String,
+    /// The daemon instance that holds it.
+    pub instance: String,
     pub alive_lease: i64,
     pub seen_lease: i64,
 }
@@ -157,6 +160,7 @@ impl ClusterStore {
             .await?;
         Ok(Acquired::Held(Heartbeat {
             alive_key,
+            instance: me.instance.clone(),
             alive_lease,
             seen_lease,
         }))

@@ -9,9 +9,21 @@ use serde::Deserialize;
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSettings {
+    /// Where pools, blocks and node names live: `"etcd"` (an etcd ipool writes to, at
+    /// `etcd_endpoints`) or `"kubernetes"` (custom resources and Leases in the cluster's own
+    /// API: see `cluster::kube`).
+    #[serde(default)]
+    pub datastore: DatastoreKind,
     /// etcd's client URLs, e.g. ["https://10.0.0.10:2379"]. Hosts are IP addresses: the image
     /// has no resolver.
+    #[serde(default)]
     pub etcd_endpoints: Vec<String>,
+    /// `datastore = "kubernetes"`: the kubeconfig to reach the apiserver with; default:
+    /// ipoold's `--kubeconfig`, else the pod's service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// `datastore = "kubernetes"`: the namespace of the nodes' Leases.
+    #[serde(default = "default_lease_namespace")]
+    pub lease_namespace: String,
     /// The CA that signed etcd's server certificate (https endpoints).
     pub ca_file: Option<PathBuf>,
     /// This node's client certificate and key, when etcd asks for one.
@@ -53,6 +65,22 @@ pub struct ClusterSettings {
     pub fence_secs: Option<u64>,
 }
 
+/// The store of cluster mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatastoreKind {
+    #[default]
+    Etcd,
+    Kubernetes,
+}
+
+/// The namespace of the nodes' Leases unless `lease_namespace` says otherwise (deploy/'s).
+pub const DEFAULT_LEASE_NAMESPACE: &str = "ipool-system";
+
+fn default_lease_namespace() -> String {
+    DEFAULT_LEASE_NAMESPACE.to_string()
+}
+
 /// Where ipool's keys live in etcd unless `prefix` says otherwise.
 pub const DEFAULT_PREFIX: &str = "/ipool/v1";
 
@@ -89,8 +117,21 @@ impl ClusterSettings {
 
     /// Every value usable; each error names the key and the bad value.
     pub fn validate(&self) -> Result<(), String> {
-        if self.etcd_endpoints.is_empty() {
-            return Err("[cluster] etcd_endpoints is empty: name at least one etcd client URL, e.g. \"https://10.0.0.10:2379\"".into());
+        match self.datastore {
+            DatastoreKind::Etcd if self.etcd_endpoints.is_empty() => {
+                return Err("[cluster] etcd_endpoints is empty: name at least one etcd client URL, e.g. \"https://10.0.0.10:2379\" (or set datastore = \"kubernetes\")".into());
+            }
+            DatastoreKind::Kubernetes if !self.etcd_endpoints.is_empty() => {
+                return Err("[cluster] etcd_endpoints are for datastore = \"etcd\"; with datastore = \"kubernetes\" pools and blocks live in the cluster's API".into());
+            }
+            DatastoreKind::Etcd if self.kubeconfig.is_some() => {
+                return Err("[cluster] kubeconfig is for datastore = \"kubernetes\"".into());
+            }
+            _ => {}
+        }
+        if self.datastore == DatastoreKind::Kubernetes {
+            ipool_proto::names::check_name("lease_namespace", &self.lease_namespace)
+                .map_err(|e| format!("[cluster] {e}"))?;
         }
         for e in &self.etcd_endpoints {
             check_endpoint(e)?;

@@ -1,5 +1,6 @@
 //! A fake Kubernetes apiserver for the tests: real HTTP/1.1 on 127.0.0.1, the core/v1 paths
-//! ipoold reads (nodes and pods: list, watch, get), with resourceVersions, field selectors
+//! ipoold reads (nodes and pods: list, watch, get), the `/apis` paths of cluster mode's
+//! Kubernetes store (custom resources and Leases, read and written: [`writes`]), with resourceVersions, field selectors
 //! (`metadata.name=`, `spec.nodeName=`), watches streamed as chunked JSON lines, and the
 //! failures a real one has: error statuses, an apiserver that is down, dropped connections,
 //! and expired resourceVersions (410 Gone).
@@ -13,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame};
-use hyper::{Request, Response, StatusCode};
+use hyper::{Response, StatusCode};
 use serde_json::{json, Value};
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -42,7 +43,17 @@ struct World {
     hangs: usize,
     /// Open watches hear nothing while set (their connections stay open).
     frozen: bool,
+    /// ipool.io's resources are not served (its CRDs not applied).
+    no_crds: bool,
+    /// Seconds the server's clock is moved on by (the times it stamps on writes).
+    clock_skew: i64,
+    /// uids handed out.
+    uids: u64,
+    /// Pages of lists of custom resources and Leases answered.
+    listed_pages: u64,
 }
+
+mod writes;
 
 pub struct FakeApi {
     pub addr: SocketAddr,
@@ -184,6 +195,57 @@ impl FakeApi {
     }
 
     /// The request lines served so far.
+    /// Replaces an object of the `/apis` paths as an update would (its uid kept, a new
+    /// resourceVersion), whatever resourceVersion it says.
+    pub fn put_custom(&self, resource: &str, mut obj: Value) {
+        let ns = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_string();
+        self.change(|w| {
+            w.rv += 1;
+            obj["metadata"]["resourceVersion"] = json!(w.rv.to_string());
+            w.objects
+                .insert((resource.to_string(), ns, name), obj.clone());
+            let rv = w.rv;
+            w.events.push((rv, resource.to_string(), "MODIFIED", obj));
+        });
+    }
+
+    /// Serves ipool.io's resources (its CRDs applied) or not.
+    pub fn set_crds(&self, applied: bool) {
+        self.world.lock().unwrap().no_crds = !applied;
+    }
+
+    /// Moves the server's clock on by `secs` (the times it stamps on writes).
+    pub fn advance_clock(&self, secs: i64) {
+        self.world.lock().unwrap().clock_skew += secs;
+    }
+
+    /// Every object of `resource` (all namespaces).
+    pub fn objects(&self, resource: &str) -> Vec<Value> {
+        let w = self.world.lock().unwrap();
+        w.objects
+            .iter()
+            .filter(|(k, _)| k.0 == resource)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// One object, if it exists.
+    pub fn get(&self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
+        let key = (
+            resource.to_string(),
+            namespace.to_string(),
+            name.to_string(),
+        );
+        self.world.lock().unwrap().objects.get(&key).cloned()
+    }
+
     pub fn requests(&self) -> Vec<String> {
         self.world.lock().unwrap().requests.clone()
     }
@@ -213,27 +275,36 @@ async fn serve(
         }
         let (world, wake) = (world.clone(), wake.clone());
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let (world, wake) = (world.clone(), wake.clone());
-                async move {
-                    let hang = {
-                        let mut w = world.lock().unwrap();
-                        let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
-                        let hang = !watch && w.hangs > 0;
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let (world, wake) = (world.clone(), wake.clone());
+                    async move {
+                        let hang = {
+                            let mut w = world.lock().unwrap();
+                            let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
+                            let hang = !watch && w.hangs > 0;
+                            if hang {
+                                w.hangs -= 1;
+                                w.requests.push(format!(
+                                    "{} {} (unanswered)",
+                                    req.method(),
+                                    req.uri()
+                                ));
+                            }
+                            hang
+                        };
                         if hang {
-                            w.hangs -= 1;
-                            w.requests
-                                .push(format!("{} {} (unanswered)", req.method(), req.uri()));
+                            std::future::pending::<()>().await;
                         }
-                        hang
-                    };
-                    if hang {
-                        std::future::pending::<()>().await;
+                        let (parts, body) = req.into_parts();
+                        let body = match body.collect().await {
+                            Ok(b) => b.to_bytes(),
+                            Err(e) => return Err(std::io::Error::other(e)),
+                        };
+                        answer(parts, &body, &world, &wake)
+                            .ok_or_else(|| std::io::Error::other("the fake apiserver is down"))
                     }
-                    answer(req, &world, &wake)
-                        .ok_or_else(|| std::io::Error::other("the fake apiserver is down"))
-                }
-            });
+                });
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(io, svc)
@@ -277,11 +348,6 @@ fn selected(obj: &Value, selector: &str) -> bool {
     })
 }
 
-fn query(req: &Request<hyper::body::Incoming>) -> BTreeMap<String, String> {
-    let q = req.uri().query().unwrap_or("");
-    url_pairs(q)
-}
-
 fn url_pairs(q: &str) -> BTreeMap<String, String> {
     q.split('&')
         .filter_map(|kv| kv.split_once('='))
@@ -321,20 +387,40 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The answer to `req`; None drops the connection (the apiserver is down).
+/// The answer to a request; None drops the connection (the apiserver is down).
 fn answer(
-    req: Request<hyper::body::Incoming>,
+    req: hyper::http::request::Parts,
+    body: &[u8],
     world: &Arc<Mutex<World>>,
     wake: &tokio::sync::watch::Sender<u64>,
 ) -> Option<Response<Body>> {
-    let path = req.uri().path().to_string();
-    let q = query(&req);
-    let mut w = world.lock().unwrap();
-    w.requests.push(format!("{} {}", req.method(), req.uri()));
-    if w.down {
-        return None;
-    }
-    Some(respond(&mut w, &path, &q, world, wake))
+    let path = req.uri.path().to_string();
+    let q = url_pairs(req.uri.query().unwrap_or(""));
+    let v = {
+        let mut w = world.lock().unwrap();
+        w.requests.push(format!("{} {}", req.method, req.uri));
+        if w.down {
+            return None;
+        }
+        if !w.failures.is_empty() {
+            return Some(respond(&mut w, &path, &q, world, wake));
+        }
+        if let Some(r) = writes::respond(&mut w, &req.method, &path, &q, body) {
+            let v = w.rv + w.cut;
+            drop(w);
+            wake.send_replace(v);
+            return Some(r);
+        }
+        if req.method != hyper::Method::GET {
+            return Some(status(
+                405,
+                "MethodNotAllowed",
+                &format!("{} {path}", req.method),
+            ));
+        }
+        Some(respond(&mut w, &path, &q, world, wake))
+    };
+    v
 }
 
 fn respond(

@@ -188,6 +188,8 @@ async fn create_pool(
 fn exit_for(e: &ClusterError) -> u8 {
     match e {
         ClusterError::Etcd(_) => EXIT_UNREACHABLE,
+        ClusterError::Kube(_) if e.is_unreachable() => EXIT_UNREACHABLE,
+        ClusterError::Kube(_) => EXIT_REFUSED,
         ClusterError::NotFound(_) => EXIT_NOT_FOUND,
         ClusterError::Refused(_) | ClusterError::Malformed { .. } => EXIT_REFUSED,
     }

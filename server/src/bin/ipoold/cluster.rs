@@ -9,7 +9,7 @@ use ipool_server::{
         node::{ClusterNode, Identity},
         source::ClusterSource,
     },
-    config::DaemonConfig,
+    config::{cluster::DatastoreKind, DaemonConfig},
     ipam::Ipam,
     metrics::Metrics,
     model::RouteSpec,
@@ -32,9 +32,12 @@ pub(crate) fn setup(
     config: &DaemonConfig,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<(Option<Cluster>, Sources)> {
-    let Some(settings) = config.cluster.clone() else {
+    let Some(mut settings) = config.cluster.clone() else {
         return Ok((None, Sources::default()));
     };
+    if settings.datastore == DatastoreKind::Kubernetes && settings.kubeconfig.is_none() {
+        settings.kubeconfig = args.kubeconfig.clone();
+    }
     let name = match settings.node_name.clone().or_else(|| args.node_name.clone()) {
         Some(n) => n,
         None => anyhow::bail!(

@@ -137,7 +137,7 @@ impl Limiter {
     }
 
     /// A token, waiting for it unless `urgent`.
-    async fn acquire(&self, urgent: bool) {
+    pub(crate) async fn acquire(&self, urgent: bool) {
         let started = Instant::now();
         loop {
             let wait = {

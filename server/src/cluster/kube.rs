@@ -1,0 +1,169 @@
+//! Cluster mode's store on the Kubernetes API (`[cluster] datastore = "kubernetes"`): no etcd
+//! of ipool's own. Cluster-scoped custom resources of `ipool.io/v1` (their definitions in
+//! `deploy/crds`):
+//!
+//! - `IPPool` (`ippools`): a pool's CIDRs, block sizes and excluded ranges, and its phase
+//!   (`status.phase`: Pending while its creation checks for overlaps, Ready, Deleting while its
+//!   deletion checks for blocks);
+//! - `IPBlock` (`ipblocks`): a block's owner, named after its CIDR (`10-0-0-0-26`), labelled
+//!   with its node and pool so that a node's sync lists only its own;
+//! - a `coordination.k8s.io/v1` Lease per node (`ipool-<node>`, in `lease_namespace`): who
+//!   holds the node's name (holder: the daemon's instance id).
+//!
+//! The apiserver has no transactions over two objects; each rule of [`super::datastore`] is
+//! one conditioned write, or a write and a read ordered so that of two racing callers at least
+//! one sees the other (the apiserver is linearizable: its writes and unpaged lists go to etcd):
+//!
+//! - a claim is a create (409 AlreadyExists: another node won), then a read of the pool: a
+//!   pool no longer Ready, or made anew, gets the block given back at once;
+//! - deleting a pool marks it Deleting, then lists its blocks: none, it is deleted (on the
+//!   marked resourceVersion); some, it is Ready again and the deletion refused. A claim's block
+//!   created before the listing is seen by it; one created after it reads Deleting;
+//! - creating a pool writes it Pending, then lists the pools: another overlapping pool (of any
+//!   phase) makes it withdraw; else it is made Ready. Of two overlapping creations at least
+//!   one sees the other, and nothing is claimed from a Pending pool;
+//! - a give-back is a delete with preconditions (the uid and resourceVersion listed), a
+//!   settle an update on the resourceVersion listed: no give-back sent before it applies;
+//! - a node's name is its Lease, taken with a create or an update on the resourceVersion
+//!   read. Another holder's Lease is taken over only after it stayed unchanged, as this process
+//!   observed it, for its whole duration (client-go's leader election rule: no wall clock of
+//!   another machine is trusted). How long a node has been away, for release-node, is the
+//!   apiserver's clock: the time it stamped on the daemon's last renewal against the time it
+//!   stamps on ipoolctl's own write (`metadata.managedFields`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::Client;
+
+use super::claim::Views;
+use super::etcd::client::Limiter;
+use super::etcd::ClusterError;
+
+mod blocks;
+mod lease;
+mod objects;
+mod pools;
+mod store;
+
+pub use objects::block_name;
+
+/// The API group of ipool's custom resources, and its version.
+pub const GROUP: &str = "ipool.io";
+pub const VERSION: &str = "v1";
+/// Labels every block carries: its node and its pool.
+pub const NODE_LABEL: &str = "ipool.io/node";
+pub const POOL_LABEL: &str = "ipool.io/pool";
+/// The field manager of ipool's writes (their times, in `metadata.managedFields`, are the
+/// apiserver's clock).
+pub const FIELD_MANAGER: &str = "ipoold";
+/// Objects per page of a listing.
+const PAGE: u32 = 500;
+
+/// The pools and blocks of one cluster in its Kubernetes API.
+#[derive(Clone)]
+pub struct KubeStore {
+    pools: Api<DynamicObject>,
+    blocks: Api<DynamicObject>,
+    leases: Api<Lease>,
+    lease_namespace: String,
+    limiter: Option<Arc<Limiter>>,
+    urgent: bool,
+    views: Views,
+    /// Leases held by another daemon, as first seen unchanged: (resourceVersion, when).
+    observed: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+    field_manager: String,
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+impl KubeStore {
+    /// A store on the apiserver `client` talks to, its Leases in `lease_namespace`; every
+    /// request through `limiter`. The custom resources are checked here with a read (a cluster
+    /// without ipool's CRDs is an error now, naming them).
+    pub async fn connect(
+        client: Client,
+        lease_namespace: &str,
+        limiter: Option<Arc<Limiter>>,
+        field_manager: &str,
+    ) -> Result<KubeStore, ClusterError> {
+        let store = KubeStore {
+            pools: Api::all_with(client.clone(), &resource("IPPool", "ippools")),
+            blocks: Api::all_with(client.clone(), &resource("IPBlock", "ipblocks")),
+            leases: Api::namespaced(client, lease_namespace),
+            lease_namespace: lease_namespace.to_string(),
+            limiter,
+            urgent: false,
+            views: Views::default(),
+            observed: Arc::default(),
+            field_manager: field_manager.to_string(),
+        };
+        store.token().await;
+        store
+            .pools
+            .list(&kube::api::ListParams::default().limit(1))
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(s) if s.code == 404 => ClusterError::NotFound(format!(
+                    "the apiserver has no {GROUP}/{VERSION} ippools: apply ipool's CustomResourceDefinitions (deploy/crds) first"
+                )),
+                e => e.into(),
+            })?;
+        Ok(store)
+    }
+
+    /// The same store, its requests never waiting for the rate limit (the heartbeat's).
+    pub fn urgent(&self) -> KubeStore {
+        KubeStore {
+            urgent: true,
+            ..self.clone()
+        }
+    }
+
+    /// Waits for a token of the rate limit (takes one at once when urgent).
+    async fn token(&self) {
+        if let Some(l) = &self.limiter {
+            l.acquire(self.urgent).await;
+        }
+    }
+
+    fn post(&self) -> PostParams {
+        PostParams {
+            dry_run: false,
+            field_manager: Some(self.field_manager.clone()),
+        }
+    }
+
+    pub fn views(&self) -> &Views {
+        &self.views
+    }
+
+    /// The Lease that holds `node`'s name.
+    pub fn lease_name(node: &str) -> String {
+        format!("ipool-{node}")
+    }
+
+    /// Where the Leases are.
+    pub fn lease_namespace(&self) -> &str {
+        &self.lease_namespace
+    }
+}
+
+/// The status of a refused request, when the apiserver answered one.
+fn api_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}

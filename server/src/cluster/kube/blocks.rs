@@ -1,0 +1,169 @@
+//! Blocks on the apiserver: listed by label (a node's own, a pool's), claimed with a create
+//! and then checked against the pool, given back with a delete on the uid and resourceVersion
+//! listed, settled with an update on the resourceVersion listed.
+
+use ipnet::IpNet;
+use kube::api::{DeleteParams, ListParams, Preconditions};
+use serde_json::json;
+
+use super::objects::{self, hash, new_block, parse_block, Phase};
+use super::{api_code, KubeStore, NODE_LABEL, PAGE, POOL_LABEL};
+use crate::cluster::etcd::{now_ms, Block, Claimed, ClusterError, KeyRevision, Listing};
+
+/// Creates that find the block taken and then gone again before they can read its owner.
+const CLAIM_ATTEMPTS: usize = 3;
+
+impl KubeStore {
+    /// Owned blocks, of one pool and/or one node (by their labels), read in pages.
+    pub async fn list_blocks(
+        &self,
+        pool: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Listing, ClusterError> {
+        let mut selector = Vec::new();
+        if let Some(p) = pool {
+            selector.push(format!("{POOL_LABEL}={p}"));
+        }
+        if let Some(n) = node {
+            selector.push(format!("{NODE_LABEL}={n}"));
+        }
+        let mut params = ListParams::default().limit(PAGE);
+        if !selector.is_empty() {
+            params = params.labels(&selector.join(","));
+        }
+        let mut out = Listing::default();
+        loop {
+            self.token().await;
+            let page = self.blocks.list(&params).await?;
+            for obj in &page.items {
+                match parse_block(obj) {
+                    Ok(b) => out.blocks.push(b),
+                    Err(m) => out.malformed.push(m),
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => params = params.continue_token(&next),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// Claims `block` of `pool` for `node`: created if no one has it, then kept only while the
+    /// pool is still Ready and the one read at `pool_revision` (else given back at once).
+    pub async fn claim(
+        &self,
+        pool: &str,
+        pool_revision: i64,
+        block: &IpNet,
+        node: &str,
+    ) -> Result<Claimed, ClusterError> {
+        let obj = new_block(pool, block, node, now_ms());
+        let mut claimed = None;
+        for _ in 0..CLAIM_ATTEMPTS {
+            self.token().await;
+            match self.blocks.create(&self.post(), &obj).await {
+                Ok(created) => {
+                    claimed = Some(Claimed::Won(parse_block(&created).map_err(|m| {
+                        ClusterError::Malformed {
+                            what: "block, as created",
+                            key: m.key,
+                            why: m.why,
+                        }
+                    })?));
+                    break;
+                }
+                Err(e) if api_code(&e) == Some(409) => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.token().await;
+            let Some(theirs) = self.blocks.get_opt(&objects::block_name(block)).await? else {
+                // Given back between the create and the read: try again.
+                continue;
+            };
+            claimed = Some(match parse_block(&theirs) {
+                Ok(b) if b.owner.node == node && b.pool == pool => match self.settle(&b).await? {
+                    Some(revision) => Claimed::Mine(Block { revision, ..b }),
+                    None => continue,
+                },
+                Ok(b) => Claimed::Lost(b.owner.node),
+                Err(m) => Claimed::Lost(format!("a malformed block ({m})")),
+            });
+            break;
+        }
+        let claimed = claimed.unwrap_or_else(|| {
+            Claimed::Lost("another node (the block kept changing hands)".into())
+        });
+        let (Claimed::Won(b) | Claimed::Mine(b)) = &claimed else {
+            return Ok(claimed);
+        };
+        // The pool, read after the create: a deletion that listed no block before it finds the
+        // pool Deleting now, a pool made anew has another uid.
+        self.token().await;
+        let now = self.pools.get_opt(pool).await?;
+        let verdict = match now.as_ref().map(|p| (objects::parse_pool(p), p)) {
+            None => Some(Claimed::NoPool),
+            Some((Ok((_, Phase::Ready)), p))
+                if hash(p.metadata.uid.as_deref().unwrap_or("")) == pool_revision =>
+            {
+                None
+            }
+            Some((Ok((_, Phase::Deleting)), _)) => Some(Claimed::NoPool),
+            Some(_) => Some(Claimed::PoolChanged),
+        };
+        match verdict {
+            None => Ok(claimed),
+            Some(v) => {
+                self.give_back(b).await?;
+                Ok(v)
+            }
+        }
+    }
+
+    /// Gives `b` back if it is still the write `b.revision` names (read, then deleted on its
+    /// uid and resourceVersion: a delete that arrives late finds another resourceVersion).
+    pub async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
+        let name = objects::block_name(&b.block);
+        self.token().await;
+        let Some(now) = self.blocks.get_opt(&name).await? else {
+            return Ok(false);
+        };
+        if objects::revision(&now.metadata) != b.revision {
+            return Ok(false);
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: now.metadata.uid.clone(),
+                resource_version: now.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        self.token().await;
+        match self.blocks.delete(&name, &params).await {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(api_code(&e), Some(404 | 409)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes `b` again (its `settledAtMs`), on the resourceVersion listed; None: it changed
+    /// since.
+    pub async fn settle(&self, b: &Block) -> Result<Option<KeyRevision>, ClusterError> {
+        let name = objects::block_name(&b.block);
+        self.token().await;
+        let Some(mut now) = self.blocks.get_opt(&name).await? else {
+            return Ok(None);
+        };
+        if objects::revision(&now.metadata) != b.revision {
+            return Ok(None);
+        }
+        // A write that changes nothing is not a write: the apiserver keeps the resourceVersion.
+        let last = now.data["spec"]["settledAtMs"].as_u64().unwrap_or(0);
+        now.data["spec"]["settledAtMs"] = json!(now_ms().max(last + 1));
+        self.token().await;
+        match self.blocks.replace(&name, &self.post(), &now).await {
+            Ok(written) => Ok(Some(objects::revision(&written.metadata))),
+            Err(e) if matches!(api_code(&e), Some(404 | 409)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

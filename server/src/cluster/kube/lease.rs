@@ -1,0 +1,359 @@
+//! Node names on the apiserver: one `coordination.k8s.io/v1` Lease per node, held by one
+//! daemon instance; release-node.
+//!
+//! A daemon takes its node's Lease when it is absent, released (no holder), its own (the same
+//! instance: a restart), or held by another instance but unchanged, as this process saw it,
+//! for the Lease's whole duration. It renews the Lease on the resourceVersion it read; a
+//! renewal that finds another holder, or no Lease, fails and the daemon starts over (fenced
+//! meanwhile, as on etcd).
+//!
+//! release-node measures absence with the apiserver's clock: it writes an annotation on the
+//! Lease (on the resourceVersion read, so no renewal came between) and compares the time the
+//! apiserver stamped on that write with the one it stamped on the daemon's last
+//! (`metadata.managedFields`). Before it gives back a block it holds the Lease itself, so a
+//! daemon that comes back meanwhile waits (as for any other holder) and then finds its blocks
+//! gone.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Preconditions};
+
+use super::{api_code, KubeStore, FIELD_MANAGER};
+use crate::cluster::etcd::{Block, ClusterError, Listing};
+use crate::cluster::nodes::{Acquired, Alive, Heartbeat, NodeState, Seen};
+
+const FENCE: &str = "ipool.io/fence-secs";
+const RENEW: &str = "ipool.io/renew-secs";
+const CHECKED: &str = "ipool.io/absence-checked-by";
+/// The holder release-node writes while it gives a node's blocks back.
+pub const RELEASER: &str = "ipoolctl release-node";
+
+fn holder(l: &Lease) -> Option<String> {
+    l.spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .filter(|h| !h.is_empty())
+}
+
+fn duration_secs(l: &Lease) -> i64 {
+    l.spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .map_or(0, i64::from)
+}
+
+fn annotation(l: &Lease, key: &str) -> u64 {
+    l.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The time the apiserver stamped on `manager`'s last write of `l`, Unix seconds.
+fn written_at(l: &Lease, manager: &str) -> Option<i64> {
+    l.metadata
+        .managed_fields
+        .as_ref()?
+        .iter()
+        .filter(|m| m.manager.as_deref() == Some(manager))
+        .filter_map(|m| m.time.as_ref().map(|t| t.0.as_second()))
+        .max()
+}
+
+impl KubeStore {
+    /// `l` held by `me` from now, renewed now (a new holder: acquired now, one more transition).
+    fn held_by(&self, l: Option<&Lease>, name: &str, me: &Alive, ttl: u64, renew: u64) -> Lease {
+        let mut lease = l.cloned().unwrap_or_else(|| Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(self.lease_namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec::default()),
+        });
+        let now = MicroTime(Timestamp::now());
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(me.instance.as_str()) {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            spec.holder_identity = Some(me.instance.clone());
+        }
+        spec.renew_time = Some(now);
+        spec.lease_duration_seconds = Some(i32::try_from(ttl).unwrap_or(i32::MAX));
+        let notes = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        notes.insert(FENCE.into(), me.fence_secs.to_string());
+        notes.insert(RENEW.into(), renew.to_string());
+        lease
+    }
+
+    /// Takes `node`'s Lease for `me`, unless another daemon holds it (see the module).
+    pub async fn start_heartbeat(
+        &self,
+        node: &str,
+        me: &Alive,
+        ttl_secs: u64,
+        renew_secs: u64,
+    ) -> Result<Acquired, ClusterError> {
+        let name = Self::lease_name(node);
+        self.token().await;
+        let now = self.leases.get_opt(&name).await?;
+        if let Some(l) = &now {
+            match holder(l) {
+                Some(h) if h != me.instance => {
+                    let rv = l.metadata.resource_version.clone().unwrap_or_default();
+                    let duration = duration_secs(l);
+                    let mut seen = self.observed.lock().expect("observed lock");
+                    let since = match seen.get(&name) {
+                        Some((v, at)) if *v == rv => *at,
+                        _ => {
+                            seen.insert(name.clone(), (rv, Instant::now()));
+                            Instant::now()
+                        }
+                    };
+                    let left = duration - since.elapsed().as_secs() as i64;
+                    if left > 0 {
+                        return Ok(Acquired::Taken {
+                            instance: h,
+                            ttl_left: left,
+                        });
+                    }
+                    tracing::warn!(node, holder = %h, lease = %name, "taking over a Lease its holder left unchanged for its whole duration");
+                }
+                _ => {}
+            }
+        }
+        let lease = self.held_by(now.as_ref(), &name, me, ttl_secs, renew_secs);
+        self.token().await;
+        let written = match &now {
+            None => self.leases.create(&self.post(), &lease).await,
+            Some(_) => self.leases.replace(&name, &self.post(), &lease).await,
+        };
+        match written {
+            Ok(_) => {
+                self.observed.lock().expect("observed lock").remove(&name);
+                Ok(Acquired::Held(Heartbeat {
+                    alive_key: name,
+                    alive_lease: 0,
+                    seen_lease: 0,
+                    instance: me.instance.clone(),
+                }))
+            }
+            // Written by someone else between the read and the write: look again next time.
+            Err(e) if api_code(&e) == Some(409) => Ok(Acquired::Taken {
+                instance: "(another daemon, just now)".into(),
+                ttl_left: 1,
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Renews a held Lease; an error once another holds it or it is gone.
+    pub async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+        self.token().await;
+        let Some(mut l) = self.leases.get_opt(&beat.alive_key).await? else {
+            return Err(ClusterError::Refused(format!(
+                "Lease {}/{} is gone",
+                self.lease_namespace, beat.alive_key
+            )));
+        };
+        match holder(&l) {
+            Some(h) if h == beat.instance => {}
+            h => {
+                return Err(ClusterError::Refused(format!(
+                    "Lease {}/{} is held by {} now, not by this daemon",
+                    self.lease_namespace,
+                    beat.alive_key,
+                    h.as_deref().unwrap_or("no one")
+                )))
+            }
+        }
+        if let Some(s) = l.spec.as_mut() {
+            s.renew_time = Some(MicroTime(Timestamp::now()));
+        }
+        self.token().await;
+        match self.leases.replace(&beat.alive_key, &self.post(), &l).await {
+            Ok(_) => Ok(()),
+            Err(e) if api_code(&e) == Some(409) => Err(ClusterError::Refused(format!(
+                "Lease {}/{} changed under this daemon",
+                self.lease_namespace, beat.alive_key
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Releases a held Lease (a clean stop): no holder, so the next daemon takes it at once.
+    pub async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+        self.token().await;
+        let Some(mut l) = self.leases.get_opt(&beat.alive_key).await? else {
+            return Ok(());
+        };
+        if holder(&l).as_deref() != Some(beat.instance.as_str()) {
+            return Ok(());
+        }
+        if let Some(s) = l.spec.as_mut() {
+            s.holder_identity = None;
+        }
+        self.token().await;
+        match self.leases.replace(&beat.alive_key, &self.post(), &l).await {
+            Ok(_) => Ok(()),
+            Err(e) if api_code(&e) == Some(409) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The node's Lease (its holder, unless the apiserver's clock says it lapsed) and how long
+    /// it has been away by the apiserver's clock, and its blocks. The measurement is a write
+    /// (see the module): it needs `update` on the Lease.
+    pub async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError> {
+        let blocks = self.blocks_of_node(node).await?;
+        let name = Self::lease_name(node);
+        self.token().await;
+        let Some(mut l) = self.leases.get_opt(&name).await? else {
+            return Ok(NodeState {
+                alive: None,
+                seen: None,
+                blocks,
+            });
+        };
+        l.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            // A value of its own each time: a write that changes nothing is no write, and its
+            // time would not be stamped.
+            .insert(
+                CHECKED.into(),
+                format!(
+                    "{} at {}",
+                    self.field_manager,
+                    crate::cluster::etcd::now_ms()
+                ),
+            );
+        self.token().await;
+        let checked = match self.leases.replace(&name, &self.post(), &l).await {
+            Ok(c) => c,
+            Err(e) if api_code(&e) == Some(409) => {
+                // Renewed while it was being checked: alive.
+                return Ok(NodeState {
+                    alive: Some(alive_of(&l)),
+                    seen: None,
+                    blocks,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let (Some(theirs), Some(now)) = (
+            written_at(&checked, FIELD_MANAGER),
+            written_at(&checked, &self.field_manager),
+        ) else {
+            return Err(ClusterError::Malformed {
+                what: "node Lease",
+                key: format!("{}/{name}", self.lease_namespace),
+                why: "the apiserver keeps no write times for it (metadata.managedFields): how long the node has been away cannot be measured".into(),
+            });
+        };
+        let away = (now - theirs).max(0);
+        let lapsed = away > duration_secs(&checked);
+        let seen = Seen {
+            instance: holder(&checked).unwrap_or_default(),
+            fence_secs: annotation(&checked, FENCE),
+            renew_secs: annotation(&checked, RENEW),
+            at_ms: u64::try_from(theirs).unwrap_or(0) * 1000,
+        };
+        Ok(NodeState {
+            alive: (holder(&checked).is_some() && !lapsed).then(|| alive_of(&checked)),
+            seen: Some((seen, away)),
+            blocks,
+        })
+    }
+
+    /// Every block of `node` (its label).
+    pub async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
+        self.list_blocks(None, Some(node)).await
+    }
+
+    /// Gives back `blocks` of a node that is gone. Unless `force`, its Lease is held by
+    /// [`RELEASER`] meanwhile (taken only if it still is as [`Self::node_state`] left it: not
+    /// renewed since), then deleted: a daemon that comes back waits, then finds no block.
+    pub async fn release_node(
+        &self,
+        node: &str,
+        blocks: &[Block],
+        force: bool,
+    ) -> Result<Vec<Block>, ClusterError> {
+        let name = Self::lease_name(node);
+        self.token().await;
+        let lease = self.leases.get_opt(&name).await?;
+        let held = match (&lease, force) {
+            (Some(l), false) => {
+                // Still as node_state measured it: unrenewed for longer than its duration
+                // when ipoolctl last wrote it (by the apiserver's clock).
+                let lapsed = written_at(l, &self.field_manager)
+                    .zip(written_at(l, FIELD_MANAGER))
+                    .is_some_and(|(checked, renewed)| checked - renewed > duration_secs(l));
+                if holder(l).as_deref().is_some_and(|h| h != RELEASER) && !lapsed {
+                    return Err(ClusterError::Refused(format!(
+                        "node {node:?} is alive or came back: its Lease was renewed within its duration of the last check"
+                    )));
+                }
+                let me = Alive {
+                    instance: RELEASER.into(),
+                    at_ms: 0,
+                    fence_secs: 0,
+                };
+                let ttl = u64::try_from(duration_secs(l).max(1)).unwrap_or(1);
+                let taken = self.held_by(Some(l), &name, &me, ttl, 0);
+                self.token().await;
+                match self.leases.replace(&name, &self.post(), &taken).await {
+                    Ok(t) => Some(t),
+                    Err(e) if api_code(&e) == Some(409) => {
+                        return Err(ClusterError::Refused(format!(
+                            "node {node:?} came back: its Lease changed while its blocks were about to be given back"
+                        )))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            _ => None,
+        };
+        let mut released = Vec::new();
+        for b in blocks {
+            if self.give_back(b).await? {
+                released.push(b.clone());
+            }
+        }
+        if let Some(t) = held {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: t.metadata.uid.clone(),
+                    resource_version: t.metadata.resource_version.clone(),
+                }),
+                ..DeleteParams::default()
+            };
+            self.token().await;
+            match self.leases.delete(&name, &params).await {
+                Ok(_) => {}
+                Err(e) if matches!(api_code(&e), Some(404 | 409)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(released)
+    }
+}
+
+fn alive_of(l: &Lease) -> Alive {
+    Alive {
+        instance: holder(l).unwrap_or_default(),
+        at_ms: l
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .map_or(0, |t| u64::try_from(t.0.as_millisecond()).unwrap_or(0)),
+        fence_secs: annotation(l, FENCE),
+    }
+}

@@ -1,0 +1,233 @@
+//! ipool's custom resources as JSON, and back: a block's name from its CIDR, an object's
+//! [`KeyRevision`] from its uid and resourceVersion, and what a malformed one says.
+
+use ipnet::IpNet;
+use kube::api::{DynamicObject, ObjectMeta};
+use serde_json::{json, Value};
+
+use super::{resource, NODE_LABEL, POOL_LABEL};
+use crate::cluster::etcd::{Block, KeyRevision, MalformedKey, Owner, PoolSpec};
+
+/// `10.0.0.0/26` as an object name: `10-0-0-0-26`; `fd00::/122`: every group, in hex,
+/// `fd00-0-0-0-0-0-0-0-122` (a name has no `.`-free way to say `::`, and this one is one
+/// name per block).
+pub fn block_name(b: &IpNet) -> String {
+    match b {
+        IpNet::V4(n) => format!(
+            "{}-{}",
+            n.network().to_string().replace('.', "-"),
+            n.prefix_len()
+        ),
+        IpNet::V6(n) => {
+            let groups: Vec<String> = n
+                .network()
+                .segments()
+                .iter()
+                .map(|g| format!("{g:x}"))
+                .collect();
+            format!("{}-{}", groups.join("-"), n.prefix_len())
+        }
+    }
+}
+
+/// A stable 63-bit hash (FNV-1a): the uid and resourceVersion of an object as the numbers of
+/// a [`KeyRevision`] (compared for equality only; the strings are read again before a write).
+pub(super) fn hash(s: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h & (i64::MAX as u64)) as i64
+}
+
+/// Which write of an object was read.
+pub(super) fn revision(meta: &ObjectMeta) -> KeyRevision {
+    KeyRevision {
+        create: hash(meta.uid.as_deref().unwrap_or("")),
+        modified: hash(meta.resource_version.as_deref().unwrap_or("")),
+    }
+}
+
+/// A new block object: `block` of `pool`, owned by `node`.
+pub(super) fn new_block(pool: &str, block: &IpNet, node: &str, now_ms: u64) -> DynamicObject {
+    let mut obj = DynamicObject::new(&block_name(block), &resource("IPBlock", "ipblocks")).data(
+        json!({"spec": {"cidr": block.to_string(), "pool": pool, "node": node,
+                        "claimedAtMs": now_ms}}),
+    );
+    obj.metadata.labels = Some(
+        [
+            (NODE_LABEL.to_string(), node.to_string()),
+            (POOL_LABEL.to_string(), pool.to_string()),
+        ]
+        .into(),
+    );
+    obj
+}
+
+/// The block an object says; a malformed one names what is wrong (and its block, when its
+/// name or CIDR names one: that block counts as occupied).
+pub(super) fn parse_block(obj: &DynamicObject) -> Result<Block, MalformedKey> {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let spec = &obj.data["spec"];
+    let cidr = spec["cidr"].as_str().and_then(|c| c.parse::<IpNet>().ok());
+    let bad = |why: String| MalformedKey {
+        key: format!("ipblocks/{name}"),
+        why,
+        block: cidr.filter(|c| c.trunc() == *c),
+    };
+    let Some(block) = cidr else {
+        return Err(bad(format!("spec.cidr {} is not a CIDR", spec["cidr"])));
+    };
+    if block.trunc() != block || block_name(&block) != name {
+        return Err(bad(format!(
+            "spec.cidr {block} is not the block its name ({name}) says"
+        )));
+    }
+    let (Some(pool), Some(node)) = (spec["pool"].as_str(), spec["node"].as_str()) else {
+        return Err(bad("spec.pool or spec.node is missing".into()));
+    };
+    let labels = obj.metadata.labels.clone().unwrap_or_default();
+    if labels.get(NODE_LABEL).map(String::as_str) != Some(node) {
+        return Err(bad(format!(
+            "its label {NODE_LABEL} does not say its owner {node:?} (a node's listing would miss it)"
+        )));
+    }
+    Ok(Block {
+        pool: pool.to_string(),
+        block,
+        owner: Owner {
+            node: node.to_string(),
+            claimed_at_ms: spec["claimedAtMs"].as_u64().unwrap_or(0),
+        },
+        revision: revision(&obj.metadata),
+    })
+}
+
+/// Where a pool is in its life: only a Ready pool is claimed from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Created, its overlaps being checked.
+    Pending,
+    Ready,
+    /// Its blocks being checked before it is deleted.
+    Deleting,
+}
+
+impl Phase {
+    fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Ready => "Ready",
+            Phase::Deleting => "Deleting",
+        }
+    }
+}
+
+/// A new pool object, in `phase`.
+pub(super) fn new_pool(spec: &PoolSpec, phase: Phase) -> DynamicObject {
+    DynamicObject::new(&spec.name, &resource("IPPool", "ippools")).data(json!({
+        "spec": pool_spec_json(spec),
+        "status": {"phase": phase.as_str()},
+    }))
+}
+
+fn pool_spec_json(spec: &PoolSpec) -> Value {
+    json!({
+        "cidrs": spec.cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+        "blockSizeV4": spec.block_v4,
+        "blockSizeV6": spec.block_v6,
+        "exclude": spec.exclude.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+    })
+}
+
+/// `obj` moved to `phase`.
+pub(super) fn with_phase(obj: &DynamicObject, phase: Phase) -> DynamicObject {
+    let mut obj = obj.clone();
+    obj.data["status"] = json!({"phase": phase.as_str()});
+    obj
+}
+
+/// The pool an object says, and its phase; else what is wrong with it.
+pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, Phase), String> {
+    let spec = &obj.data["spec"];
+    let nets = |key: &str| -> Result<Vec<IpNet>, String> {
+        match &spec[key] {
+            Value::Null => Ok(Vec::new()),
+            Value::Array(items) => items
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| format!("spec.{key}: {v} is not a CIDR"))
+                })
+                .collect(),
+            other => Err(format!("spec.{key}: {other} is not a list")),
+        }
+    };
+    let size = |key: &str| -> Result<u8, String> {
+        spec[key]
+            .as_u64()
+            .and_then(|v| u8::try_from(v).ok())
+            .ok_or_else(|| format!("spec.{key}: {} is not a prefix length", spec[key]))
+    };
+    let pool = PoolSpec {
+        name: obj.metadata.name.clone().unwrap_or_default(),
+        cidrs: nets("cidrs")?,
+        block_v4: size("blockSizeV4")?,
+        block_v6: size("blockSizeV6")?,
+        exclude: nets("exclude")?,
+    };
+    pool.validate()?;
+    let phase = match obj.data["status"]["phase"].as_str() {
+        Some("Ready") => Phase::Ready,
+        Some("Deleting") => Phase::Deleting,
+        // No phase: written by hand, not by ipoolctl; not claimed from until it is Ready.
+        _ => Phase::Pending,
+    };
+    Ok((pool, phase))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_names_are_one_per_block_and_valid_object_names() {
+        let cases = [
+            ("10.0.0.0/26", "10-0-0-0-26"),
+            ("10.0.0.64/26", "10-0-0-64-26"),
+            ("fd00::/122", "fd00-0-0-0-0-0-0-0-122"),
+            ("fd00::40/122", "fd00-0-0-0-0-0-0-40-122"),
+        ];
+        for (cidr, name) in cases {
+            let net: IpNet = cidr.parse().unwrap();
+            assert_eq!(block_name(&net), name);
+            let obj = new_block("p", &net, "n1", 5);
+            let back = parse_block(&obj).unwrap();
+            assert_eq!((back.block, back.owner.node.as_str()), (net, "n1"));
+        }
+    }
+
+    #[test]
+    fn a_block_whose_name_is_not_its_cidr_is_malformed_and_occupied() {
+        let mut obj = new_block("p", &"10.0.0.0/26".parse().unwrap(), "n1", 5);
+        obj.metadata.name = Some("10-0-0-64-26".into());
+        let m = parse_block(&obj).unwrap_err();
+        assert_eq!(m.block, Some("10.0.0.0/26".parse().unwrap()));
+        assert!(m.why.contains("not the block its name"), "{}", m.why);
+    }
+
+    #[test]
+    fn pools_round_trip_with_their_phase() {
+        let spec = PoolSpec {
+            name: "p".into(),
+            cidrs: vec!["10.0.0.0/16".parse().unwrap(), "fd00::/112".parse().unwrap()],
+            block_v4: 26,
+            block_v6: 122,
+            exclude: vec!["10.0.1.0/24".parse().unwrap()],
+        };
+        let obj = with_phase(&new_pool(&spec, Phase::Pending), Phase::Deleting);
+        assert_eq!(parse_pool(&obj).unwrap(), (spec, Phase::Deleting));
+    }
+}

@@ -1,0 +1,232 @@
+//! Pools on the apiserver: created Pending, made Ready only when no other pool overlaps
+//! (however creations interleave), read with the uid a claim is checked against, deleted only
+//! when no block of theirs exists (marked Deleting first: see the module's rules).
+
+use kube::api::{DeleteParams, ListParams, Preconditions};
+
+use super::objects::{hash, new_pool, parse_pool, with_phase, Phase};
+use super::{api_code, KubeStore, PAGE};
+use crate::cluster::etcd::{ClusterError, MalformedKey, PoolSpec, Pools};
+
+impl KubeStore {
+    /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
+    /// pool's, of any phase (or a malformed pool stands there).
+    pub async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
+        spec.validate().map_err(ClusterError::Refused)?;
+        self.token().await;
+        let created = match self
+            .pools
+            .create(&self.post(), &new_pool(spec, Phase::Pending))
+            .await
+        {
+            Ok(p) => p,
+            Err(e) if api_code(&e) == Some(409) => {
+                return Err(ClusterError::Refused(format!(
+                    "pool {:?} exists",
+                    spec.name
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let clash = match self.all_pools().await {
+            Err(e) => Some(format!("the pools could not be listed ({e})")),
+            Ok((pools, malformed)) => overlap(spec, &pools, &malformed),
+        };
+        if let Some(why) = clash {
+            // Withdrawn: nothing was claimed from it (it was never Ready).
+            let _ = self.delete_written(&created).await;
+            return Err(ClusterError::Refused(why));
+        }
+        self.token().await;
+        match self
+            .pools
+            .replace(
+                &spec.name,
+                &self.post(),
+                &with_phase(&created, Phase::Ready),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Every pool object, parsed (of any phase), and those that say no pool.
+    async fn all_pools(
+        &self,
+    ) -> Result<(Vec<(PoolSpec, Phase, String)>, Vec<MalformedKey>), ClusterError> {
+        let mut params = ListParams::default().limit(PAGE);
+        let (mut pools, mut malformed) = (Vec::new(), Vec::new());
+        loop {
+            self.token().await;
+            let page = self.pools.list(&params).await?;
+            for obj in &page.items {
+                let name = obj.metadata.name.clone().unwrap_or_default();
+                match parse_pool(obj) {
+                    Ok((spec, phase)) => {
+                        pools.push((spec, phase, obj.metadata.uid.clone().unwrap_or_default()))
+                    }
+                    Err(why) => malformed.push(MalformedKey {
+                        key: format!("ippools/{name}"),
+                        why,
+                        block: None,
+                    }),
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => params = params.continue_token(&next),
+                None => return Ok((pools, malformed)),
+            }
+        }
+    }
+
+    /// Every Ready pool (a Pending or Deleting one is not there to claim from).
+    pub async fn pools(&self) -> Result<Pools, ClusterError> {
+        let (pools, malformed) = self.all_pools().await?;
+        Ok(Pools {
+            pools: pools
+                .into_iter()
+                .filter(|(_, phase, _)| *phase == Phase::Ready)
+                .map(|(spec, _, _)| spec)
+                .collect(),
+            malformed,
+            revision: 0,
+        })
+    }
+
+    /// Pool `name` when it is Ready, with (a hash of) its uid: a claim from it is checked
+    /// against it.
+    pub async fn get_pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
+        self.token().await;
+        let Some(obj) = self.pools.get_opt(name).await? else {
+            return Ok(None);
+        };
+        match parse_pool(&obj) {
+            Ok((spec, Phase::Ready)) => Ok(Some((
+                spec,
+                hash(obj.metadata.uid.as_deref().unwrap_or("")),
+            ))),
+            Ok(_) => Ok(None),
+            Err(why) => Err(ClusterError::Malformed {
+                what: "pool",
+                key: format!("ippools/{name}"),
+                why,
+            }),
+        }
+    }
+
+    /// Deletes pool `name` unless a block of it exists: marked Deleting, its blocks listed,
+    /// then deleted on the resourceVersion it was marked at (or made Ready again).
+    pub async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
+        self.token().await;
+        let Some(obj) = self.pools.get_opt(name).await? else {
+            return Err(ClusterError::NotFound(format!("no pool {name:?}")));
+        };
+        self.token().await;
+        let marked = match self
+            .pools
+            .replace(name, &self.post(), &with_phase(&obj, Phase::Deleting))
+            .await
+        {
+            Ok(m) => m,
+            Err(e) if api_code(&e) == Some(409) => {
+                return Err(ClusterError::Refused(format!(
+                    "pool {name:?} changed while it was being deleted; try again"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let blocks = self.list_blocks(Some(name), None).await?;
+        let owned = blocks.blocks.len() + blocks.malformed.len();
+        if owned > 0 {
+            self.token().await;
+            let back = self
+                .pools
+                .replace(name, &self.post(), &with_phase(&marked, Phase::Ready))
+                .await;
+            return Err(ClusterError::Refused(format!(
+                "pool {name:?} has {owned} owned block(s): release them first{}",
+                match back {
+                    Ok(_) => String::new(),
+                    Err(e) => format!(
+                        " (and it could not be made Ready again: {e}; `kubectl edit ippool {name}` sets status.phase)"
+                    ),
+                }
+            )));
+        }
+        self.delete_written(&marked).await
+    }
+
+    /// Deletes a pool object on the uid and resourceVersion it was written at.
+    async fn delete_written(&self, obj: &kube::api::DynamicObject) -> Result<(), ClusterError> {
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: obj.metadata.uid.clone(),
+                resource_version: obj.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        self.token().await;
+        match self.pools.delete(&name, &params).await {
+            Ok(_) => Ok(()),
+            Err(e) if api_code(&e) == Some(409) => Err(ClusterError::Refused(format!(
+                "pool {name:?} changed while it was being deleted; try again"
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Why `spec` may not be made Ready beside `pools` (another pool of that name is itself).
+fn overlap(
+    spec: &PoolSpec,
+    pools: &[(PoolSpec, Phase, String)],
+    malformed: &[MalformedKey],
+) -> Option<String> {
+    if let Some(m) = malformed.first() {
+        return Some(format!(
+            "pool {:?}: another pool is malformed, so overlaps cannot be ruled out: {m} (fix or delete it)",
+            spec.name
+        ));
+    }
+    for (other, phase, _) in pools.iter().filter(|(o, _, _)| o.name != spec.name) {
+        for a in &spec.cidrs {
+            if let Some(b) = other.cidrs.iter().find(|b| a.contains(*b) || b.contains(a)) {
+                return Some(format!(
+                    "pool {:?}: CIDR {a} overlaps {b} of pool {:?} ({phase:?})",
+                    spec.name, other.name
+                ));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_overlapping_another_of_any_phase_is_refused() {
+        let pool = |name: &str, cidr: &str| PoolSpec {
+            name: name.into(),
+            cidrs: vec![cidr.parse().unwrap()],
+            block_v4: 26,
+            block_v6: 122,
+            exclude: vec![],
+        };
+        let me = pool("a", "10.0.0.0/16");
+        for phase in [Phase::Pending, Phase::Ready, Phase::Deleting] {
+            let others = [(pool("b", "10.0.128.0/17"), phase, String::new())];
+            let why = overlap(&me, &others, &[]).expect("overlaps");
+            assert!(why.contains("overlaps 10.0.128.0/17"), "{why}");
+        }
+        let others = [(pool("b", "10.1.0.0/16"), Phase::Ready, String::new())];
+        assert_eq!(overlap(&me, &others, &[]), None);
+        // Itself (its own name) is no other pool.
+        let others = [(me.clone(), Phase::Pending, String::new())];
+        assert_eq!(overlap(&me, &others, &[]), None);
+    }
+}

@@ -1,0 +1,416 @@
+//! Cluster mode on the Kubernetes API (`datastore = "kubernetes"`), against the fake apiserver
+//! over real HTTP: the store's rules one by one (claims, give-backs, settles, pools, Leases,
+//! release-node), then real ipoold daemons handing out addresses through the real plugin.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use common::fake_api::FakeApi;
+use common::*;
+use ipnet::IpNet;
+use ipool_server::cluster::datastore::Datastore;
+use ipool_server::cluster::etcd::{Claimed, ClusterError, PoolSpec};
+use ipool_server::cluster::kube::KubeStore;
+use ipool_server::cluster::nodes::{Acquired, Alive};
+
+fn pool(name: &str, cidrs: &[&str]) -> PoolSpec {
+    PoolSpec {
+        name: name.into(),
+        cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+        block_v4: 26,
+        block_v6: 122,
+        exclude: vec![],
+    }
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+/// Runs `f` with a store on `api` whose writes are made by `manager`.
+fn with_kube<T, F: std::future::Future<Output = T>>(
+    api: &FakeApi,
+    manager: &str,
+    f: impl FnOnce(KubeStore) -> F,
+) -> T {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let client = ipool_server::k8s::client(Some(&kubeconfig), Duration::from_secs(5))
+            .await
+            .expect("client");
+        let s = KubeStore::connect(client, "ipool-system", None, manager)
+            .await
+            .expect("connect");
+        f(s).await
+    })
+}
+
+#[test]
+fn without_the_crds_the_store_says_which_to_apply() {
+    let api = FakeApi::start();
+    api.set_crds(false);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let e = rt.block_on(async {
+        let client = ipool_server::k8s::client(Some(&kubeconfig), Duration::from_secs(5))
+            .await
+            .unwrap();
+        KubeStore::connect(client, "ipool-system", None, "ipoold")
+            .await
+            .err()
+            .expect("refused")
+    });
+    assert!(e.to_string().contains("deploy/crds"), "{e}");
+}
+
+#[test]
+fn a_block_has_one_owner_and_a_late_give_back_finds_it_settled() {
+    let api = FakeApi::start();
+    with_kube(&api, "ipoold", |s| async move {
+        s.create_pool(&pool("p", &["10.0.0.0/24"])).await.unwrap();
+        let (_, rev) = s.get_pool("p").await.unwrap().expect("ready");
+        let b = net("10.0.0.64/26");
+        let won = match s.claim("p", rev, &b, "node-a").await.unwrap() {
+            Claimed::Won(b) => b,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            s.claim("p", rev, &b, "node-b").await.unwrap(),
+            Claimed::Lost("node-a".into())
+        );
+        // Claimed again by its owner: its own, written anew.
+        let mine = match s.claim("p", rev, &b, "node-a").await.unwrap() {
+            Claimed::Mine(m) => m,
+            other => panic!("{other:?}"),
+        };
+        assert_ne!(mine.revision, won.revision);
+        // A give-back of the write first listed (sent before the settle, arriving after) fails.
+        assert!(!s.give_back(&won).await.unwrap());
+        let settled = s.settle(&mine).await.unwrap().expect("settled");
+        assert!(!s.give_back(&mine).await.unwrap(), "settled since");
+        let current = ipool_server::cluster::etcd::Block {
+            revision: settled,
+            ..mine
+        };
+        assert!(s.give_back(&current).await.unwrap());
+        assert!(s
+            .list_blocks(Some("p"), None)
+            .await
+            .unwrap()
+            .blocks
+            .is_empty());
+    });
+}
+
+#[test]
+fn concurrent_claims_of_three_nodes_never_share_a_block() {
+    let api = FakeApi::start();
+    let blocks = with_kube(&api, "ipoold", |s| async move {
+        s.create_pool(&pool("p", &["10.1.0.0/22"])).await.unwrap();
+        let (spec, rev) = s.get_pool("p").await.unwrap().unwrap();
+        let mut tasks = Vec::new();
+        for n in ["node-a", "node-b", "node-c"] {
+            let (s, spec) = (s.clone(), spec.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                while let Some(b) = s.claim_next(&spec, rev, true, n).await.unwrap().block {
+                    got.push((b.block, n));
+                }
+                got
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        all
+    });
+    let distinct: BTreeSet<IpNet> = blocks.iter().map(|(b, _)| *b).collect();
+    assert_eq!(
+        distinct.len(),
+        blocks.len(),
+        "a block won twice: {blocks:?}"
+    );
+    assert_eq!(blocks.len(), 16, "every /26 of the /22 claimed once");
+    assert_eq!(api.objects("ipblocks").len(), 16);
+    // Each labelled with its node: a node's listing is its own.
+    for o in api.objects("ipblocks") {
+        assert_eq!(o["metadata"]["labels"]["ipool.io/node"], o["spec"]["node"]);
+    }
+}
+
+#[test]
+fn pools_overlap_nothing_and_go_only_when_no_block_is_left() {
+    let api = FakeApi::start();
+    with_kube(&api, "ipoolctl", |s| async move {
+        s.create_pool(&pool("p", &["10.2.0.0/24"])).await.unwrap();
+        let e = s
+            .create_pool(&pool("q", &["10.2.0.128/25"]))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("overlaps"), "{e}");
+        assert!(s.get_pool("q").await.unwrap().is_none(), "withdrawn");
+        let e = s
+            .create_pool(&pool("p", &["10.9.0.0/24"]))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("exists"), "{e}");
+
+        let (_, rev) = s.get_pool("p").await.unwrap().unwrap();
+        let Claimed::Won(b) = s.claim("p", rev, &net("10.2.0.0/26"), "n").await.unwrap() else {
+            panic!("won")
+        };
+        let e = s.delete_pool("p").await.unwrap_err();
+        assert!(matches!(e, ClusterError::Refused(_)), "{e}");
+        // Refused, and Ready again: claims go on.
+        let (_, again) = s.get_pool("p").await.unwrap().expect("ready again");
+        assert_eq!(again, rev);
+        assert!(s.give_back(&b).await.unwrap());
+        s.delete_pool("p").await.unwrap();
+        assert!(s.get_pool("p").await.unwrap().is_none());
+
+        // A claim conditioned on the pool as it was, once it is made anew, is given back.
+        s.create_pool(&pool("p", &["10.2.0.0/24"])).await.unwrap();
+        assert_eq!(
+            s.claim("p", rev, &net("10.2.0.0/26"), "n").await.unwrap(),
+            Claimed::PoolChanged
+        );
+        s.delete_pool("p").await.unwrap();
+        assert_eq!(
+            s.claim("p", rev, &net("10.2.0.0/26"), "n").await.unwrap(),
+            Claimed::NoPool
+        );
+        assert!(s.list_blocks(None, None).await.unwrap().blocks.is_empty());
+    });
+}
+
+#[test]
+fn a_pool_being_deleted_gives_back_what_is_claimed_from_it() {
+    let api = FakeApi::start();
+    let fake = &api;
+    with_kube(&api, "ipoolctl", |s| async move {
+        s.create_pool(&pool("p", &["10.3.0.0/24"])).await.unwrap();
+        let (_, rev) = s.get_pool("p").await.unwrap().unwrap();
+        // The deletion has marked it and is listing its blocks: a claim now reads Deleting.
+        let mut obj = fake.get("ippools", "", "p").unwrap();
+        obj["status"]["phase"] = "Deleting".into();
+        fake.put_custom("ippools", obj);
+        assert_eq!(
+            s.claim("p", rev, &net("10.3.0.0/26"), "n").await.unwrap(),
+            Claimed::NoPool
+        );
+        assert!(fake.objects("ipblocks").is_empty());
+    });
+}
+
+fn alive(instance: &str) -> Alive {
+    Alive {
+        instance: instance.into(),
+        at_ms: 0,
+        fence_secs: 5,
+    }
+}
+
+#[test]
+fn a_node_name_is_held_by_one_daemon_and_taken_over_only_after_its_lease_lapses() {
+    let api = FakeApi::start();
+    with_kube(&api, "ipoold", |s| async move {
+        let Acquired::Held(a) = s.start_heartbeat("n1", &alive("A"), 2, 1).await.unwrap() else {
+            panic!("held")
+        };
+        // Another instance waits, however often it asks, while A renews.
+        for _ in 0..4 {
+            match s.start_heartbeat("n1", &alive("B"), 2, 1).await.unwrap() {
+                Acquired::Taken { instance, .. } => assert_eq!(instance, "A"),
+                Acquired::Held(_) => panic!("taken from a live holder"),
+            }
+            s.renew_heartbeat(&a).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        // A restart of A (the same instance) takes it back at once.
+        let Acquired::Held(a) = s.start_heartbeat("n1", &alive("A"), 2, 1).await.unwrap() else {
+            panic!("A again")
+        };
+        // A stops renewing: B takes it once it stayed unchanged for its duration (2 s).
+        let t = std::time::Instant::now();
+        let b = loop {
+            match s.start_heartbeat("n1", &alive("B"), 2, 1).await.unwrap() {
+                Acquired::Held(b) => break b,
+                Acquired::Taken { .. } => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(s.renew_heartbeat(&a).await.is_err(), "A no longer holds it");
+        s.renew_heartbeat(&b).await.unwrap();
+        // A clean stop releases it: the next daemon takes it at once.
+        s.stop_heartbeat(&b).await.unwrap();
+        assert!(matches!(
+            s.start_heartbeat("n1", &alive("C"), 2, 1).await.unwrap(),
+            Acquired::Held(_)
+        ));
+    });
+    let lease = api.get("leases", "ipool-system", "ipool-n1").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "C");
+    assert_eq!(lease["spec"]["leaseTransitions"], 3);
+}
+
+#[test]
+fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
+    let api = FakeApi::start();
+    let (blocks, beat) = with_kube(&api, "ipoold", |s| async move {
+        s.create_pool(&pool("p", &["10.4.0.0/24"])).await.unwrap();
+        let (spec, rev) = s.get_pool("p").await.unwrap().unwrap();
+        let Acquired::Held(beat) = s.start_heartbeat("n1", &alive("A"), 10, 3).await.unwrap()
+        else {
+            panic!("held")
+        };
+        let b = s.claim_next(&spec, rev, true, "n1").await.unwrap();
+        (b.block.expect("a block"), beat)
+    });
+    let (state, _) = with_kube(&api, "ipoolctl", |s| async move {
+        let state = s.node_state("n1").await.unwrap();
+        assert!(state.alive.is_some(), "just renewed: alive");
+        let e = s
+            .release_node("n1", &state.blocks.blocks, false)
+            .await
+            .unwrap_err();
+        (state, e)
+    });
+    assert_eq!(state.blocks.blocks.len(), 1);
+    assert_eq!(blocks.block, state.blocks.blocks[0].block);
+    assert_eq!(api.objects("ipblocks").len(), 1, "kept while alive");
+
+    // 100 s later by the apiserver's clock, with no renewal: away 100 s, gone.
+    api.advance_clock(100);
+    with_kube(&api, "ipoolctl", |s| async move {
+        let state = s.node_state("n1").await.unwrap();
+        assert!(state.alive.is_none(), "{state:?}");
+        let (seen, away) = state.seen.clone().expect("measured");
+        assert!((100..110).contains(&away), "away {away}");
+        assert_eq!((seen.instance.as_str(), seen.fence_secs), ("A", 5));
+        let released = s
+            .release_node("n1", &state.blocks.blocks, false)
+            .await
+            .unwrap();
+        assert_eq!(released.len(), 1);
+    });
+    assert!(api.objects("ipblocks").is_empty());
+    // The Lease is gone with the blocks: the daemon, back, renews nothing it had.
+    assert!(api.get("leases", "ipool-system", "ipool-n1").is_none());
+    with_kube(&api, "ipoold", |s| async move {
+        assert!(s.renew_heartbeat(&beat).await.is_err());
+    });
+}
+
+fn addr(cidr: &str) -> IpAddr {
+    cidr.split('/').next().unwrap().parse().unwrap()
+}
+
+/// ipoold as node `node` on cluster pool `pool`, its store the fake apiserver.
+fn kube_daemon(api: &FakeApi, dir: &std::path::Path, node: &str, pool: &str) -> Daemon {
+    let kubeconfig = api.kubeconfig(dir);
+    let config = format!(
+        r#"
+[cni]
+add_wait_ms = 5000
+[cluster]
+datastore = "kubernetes"
+kubeconfig = "{}"
+node_name = "{node}"
+etcd_timeout_ms = 1000
+heartbeat_ttl_secs = 6
+claim_ahead = 8
+[[network]]
+name = "pods"
+ranges_from = "cluster"
+cluster_pool = "{pool}"
+routes = [{{ dst = "0.0.0.0/0" }}]
+"#,
+        kubeconfig.display()
+    );
+    let mut d = Daemon::prepare_with_config(&config);
+    d.spawn();
+    d
+}
+
+#[test]
+fn three_daemons_on_the_kubernetes_api_never_hand_out_one_address_twice() {
+    let api = FakeApi::start();
+    with_kube(&api, "ipoolctl", |s| async move {
+        s.create_pool(&pool("p", &["10.30.0.0/23", "fd00:30::/116"]))
+            .await
+            .unwrap();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = ["node-a", "node-b", "node-c"];
+    let daemons: Vec<Daemon> = nodes
+        .iter()
+        .map(|n| kube_daemon(&api, dir.path(), n, "p"))
+        .collect();
+    let confs: Vec<String> = daemons
+        .iter()
+        .map(|d| d.conf("1.0.0", "pods", ""))
+        .collect();
+    let results: Vec<(usize, String, Run)> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for (i, conf) in confs.iter().enumerate() {
+            for t in 0..3 {
+                handles.push(s.spawn(move || {
+                    (0..8)
+                        .map(|k| {
+                            let c = format!("n{i}-t{t}-c{k}");
+                            (i, c.clone(), cni("ADD", &c, conf))
+                        })
+                        .collect::<Vec<_>>()
+                }));
+            }
+        }
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let owners: Vec<(IpNet, String)> = api
+        .objects("ipblocks")
+        .iter()
+        .map(|o| {
+            (
+                o["spec"]["cidr"].as_str().unwrap().parse().unwrap(),
+                o["spec"]["node"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut seen = BTreeSet::new();
+    for (i, c, r) in &results {
+        assert!(
+            r.ok,
+            "ADD {c} on {}: {r:?}\n{}",
+            nodes[*i],
+            daemons[*i].log()
+        );
+        let ips = r.json["ips"].as_array().expect("ips");
+        assert_eq!(ips.len(), 2, "one address per family: {r:?}");
+        for ip in ips {
+            let a = addr(ip["address"].as_str().unwrap());
+            assert!(seen.insert(a), "{a} handed out twice");
+            let owner = owners
+                .iter()
+                .find(|(b, _)| b.contains(&a))
+                .unwrap_or_else(|| panic!("{a} is in no block: {owners:?}"));
+            assert_eq!(owner.1, nodes[*i], "{a} from a block of {}", owner.1);
+        }
+    }
+    for n in nodes {
+        let lease = api.get("leases", "ipool-system", &format!("ipool-{n}"));
+        assert!(lease.is_some(), "{n} holds its Lease");
+    }
+}
