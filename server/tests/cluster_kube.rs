@@ -316,8 +316,7 @@ fn addr(cidr: &str) -> IpAddr {
 }
 
 /// ipoold as node `node` on cluster pool `pool`, its store the fake apiserver.
-fn kube_daemon(api: &FakeApi, dir: &std::path::Path, node: &str, pool: &str) -> Daemon {
-    let kubeconfig = api.kubeconfig(dir);
+fn kube_daemon(kubeconfig: &std::path::Path, node: &str, pool: &str) -> Daemon {
     let config = format!(
         r#"
 [cni]
@@ -351,10 +350,11 @@ fn three_daemons_on_the_kubernetes_api_never_hand_out_one_address_twice() {
             .unwrap();
     });
     let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
     let nodes = ["node-a", "node-b", "node-c"];
     let daemons: Vec<Daemon> = nodes
         .iter()
-        .map(|n| kube_daemon(&api, dir.path(), n, "p"))
+        .map(|n| kube_daemon(&kubeconfig, n, "p"))
         .collect();
     let confs: Vec<String> = daemons
         .iter()

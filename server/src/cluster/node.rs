@@ -129,6 +129,14 @@ impl ClusterNode {
         &self.instance
     }
 
+    /// The store, as messages name it.
+    pub fn store_name(&self) -> &'static str {
+        match self.settings.datastore {
+            crate::config::cluster::DatastoreKind::Etcd => "etcd",
+            crate::config::cluster::DatastoreKind::Kubernetes => "the Kubernetes API",
+        }
+    }
+
     pub fn settings(&self) -> &ClusterSettings {
         &self.settings
     }
@@ -238,7 +246,8 @@ impl ClusterNode {
             .as_ref()
             .map(|(since, why)| {
                 format!(
-                    "etcd unreachable for {} s ({why}): serving owned blocks only",
+                    "{} unreachable for {} s ({why}): serving owned blocks only",
+                    self.store_name(),
                     since.elapsed().as_secs()
                 )
             })
@@ -248,21 +257,22 @@ impl ClusterNode {
     pub fn serving(&self) -> Result<u64, NotServing> {
         let beat = self.beat.lock().expect("beat lock");
         let name = &self.name;
+        let store = self.store_name();
         let not = |why: String, pending: bool| Err(NotServing { why, pending });
         match &beat.identity {
             Identity::Starting(None) => not(
-                format!("registering node name {name:?} in etcd (its heartbeat)"),
+                format!("registering node name {name:?} in {store} (its heartbeat)"),
                 true,
             ),
             Identity::Starting(Some(e)) => not(
                 format!(
-                    "this daemon cannot register node name {name:?} in etcd ({e}): nothing is handed out before"
+                    "this daemon cannot register node name {name:?} in {store} ({e}): nothing is handed out before"
                 ),
                 false,
             ),
             Identity::Taken { instance } => not(
                 format!(
-                    "another ipoold (instance {instance}) holds node name {name:?} in etcd: this one (instance {}) hands out nothing until that one's heartbeat lease is gone (the same [cluster] node_name on two nodes?)",
+                    "another ipoold (instance {instance}) holds node name {name:?} in {store}: this one (instance {}) hands out nothing until that one's heartbeat lease is gone (the same [cluster] node_name on two nodes?)",
                     self.instance
                 ),
                 false,
@@ -271,7 +281,7 @@ impl ClusterNode {
                 Some(t) if t.elapsed() <= self.fence() => Ok(beat.epoch),
                 _ => not(
                     format!(
-                        "fenced: node {name:?} could not renew its heartbeat in etcd for {} s or more (fence_secs); existing pods keep their addresses, new ones wait until it has renewed and synced its blocks again",
+                        "fenced: node {name:?} could not renew its heartbeat in {store} for {} s or more (fence_secs); existing pods keep their addresses, new ones wait until it has renewed and synced its blocks again",
                         self.fence().as_secs()
                     ),
                     false,

@@ -126,12 +126,13 @@ impl ClusterSource {
             return None;
         }
         let pool = &self.pool;
+        let store = self.node.store_name();
         Some(match (&self.failed, self.in_flight) {
             (Some(why), false) => Next::Unavailable(format!(
-                "cannot list this node's blocks of cluster pool {pool:?} in etcd (nothing is handed out before): {why}"
+                "cannot list this node's blocks of cluster pool {pool:?} in {store} (nothing is handed out before): {why}"
             )),
             _ => Next::Pending(format!(
-                "listing this node's blocks of cluster pool {pool:?} in etcd"
+                "listing this node's blocks of cluster pool {pool:?} in {store}"
             )),
         })
     }

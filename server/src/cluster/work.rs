@@ -82,7 +82,8 @@ async fn execute(
         Work::Claim { cidrs } => {
             let (spec, revision) = node.pool(pool).await?.ok_or_else(|| {
                 ClusterError::NotFound(format!(
-                    "cluster pool {pool:?} does not exist in etcd (ipoolctl cluster pool create)"
+                    "cluster pool {pool:?} does not exist in {} (ipoolctl cluster pool create)",
+                    node.store_name()
                 ))
             })?;
             let v4 = family == Family::V4;

@@ -1,95 +1,17 @@
-//! `ipoolctl cluster ...`: cluster mode's pools and blocks, read and written in etcd directly
-//! (no ipoold involved).
+//! `ipoolctl cluster ...`: cluster mode's pools and blocks, read and written in its store
+//! (etcd or the Kubernetes API) directly (no ipoold involved).
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use ipnet::IpNet;
+use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::etcd::{
-    ClusterError, ClusterStore, MalformedKey, PoolSpec, Tls, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
+    ClusterError, MalformedKey, PoolSpec, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
 use ipool_server::cluster::nodes::NodeState;
 
+pub(super) use crate::cluster_store::StoreArgs;
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
-
-/// Where etcd is. Global to `cluster`'s subcommands: accepted after them too.
-#[derive(clap::Args, Debug)]
-pub(super) struct EtcdArgs {
-    /// Take etcd's endpoints, TLS files and prefix from this ipoold config's `[cluster]`, as
-    /// the daemon on the node does (in the DaemonSet: /etc/ipool/ipoold.toml), instead of the
-    /// --etcd-* flags.
-    #[arg(
-        long,
-        global = true,
-        env = "IPOOL_CONFIG",
-        conflicts_with_all = ["etcd_endpoints", "etcd_prefix", "etcd_cacert", "etcd_cert", "etcd_key"]
-    )]
-    config: Option<std::path::PathBuf>,
-    /// etcd endpoints, comma-separated (http://10.0.0.1:2379,...); default
-    /// http://127.0.0.1:2379.
-    #[arg(
-        long,
-        global = true,
-        env = "IPOOL_ETCD_ENDPOINTS",
-        value_delimiter = ','
-    )]
-    etcd_endpoints: Vec<String>,
-    /// Key prefix of ipool's data in etcd; default /ipool/v1.
-    #[arg(long, global = true, env = "IPOOL_ETCD_PREFIX")]
-    etcd_prefix: Option<String>,
-    /// Seconds an etcd call may take.
-    #[arg(long, global = true, default_value_t = 5)]
-    etcd_timeout: u64,
-    /// The CA that signed etcd's server certificate (https endpoints).
-    #[arg(long, global = true, env = "IPOOL_ETCD_CACERT")]
-    etcd_cacert: Option<std::path::PathBuf>,
-    /// A client certificate for etcd (with --etcd-key).
-    #[arg(long, global = true, env = "IPOOL_ETCD_CERT", requires = "etcd_key")]
-    etcd_cert: Option<std::path::PathBuf>,
-    /// The client certificate's key (with --etcd-cert).
-    #[arg(long, global = true, env = "IPOOL_ETCD_KEY", requires = "etcd_cert")]
-    etcd_key: Option<std::path::PathBuf>,
-}
-
-/// Where etcd is, from the flags or from an ipoold config.
-struct Etcd {
-    endpoints: Vec<String>,
-    prefix: String,
-    cacert: Option<std::path::PathBuf>,
-    cert_key: Option<(std::path::PathBuf, std::path::PathBuf)>,
-}
-
-impl EtcdArgs {
-    fn resolve(&self) -> Result<Etcd, String> {
-        let Some(path) = &self.config else {
-            return Ok(Etcd {
-                endpoints: match self.etcd_endpoints.is_empty() {
-                    true => vec!["http://127.0.0.1:2379".to_string()],
-                    false => self.etcd_endpoints.clone(),
-                },
-                prefix: self
-                    .etcd_prefix
-                    .clone()
-                    .unwrap_or_else(|| ipool_server::cluster::etcd::DEFAULT_PREFIX.to_string()),
-                cacert: self.etcd_cacert.clone(),
-                cert_key: self.etcd_cert.clone().zip(self.etcd_key.clone()),
-            });
-        };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("--config {}: {e}", path.display()))?;
-        let config = ipool_server::config::DaemonConfig::parse(&text)
-            .map_err(|e| format!("--config {}: {e}", path.display()))?;
-        let c = config
-            .cluster
-            .ok_or_else(|| format!("--config {}: no [cluster] table", path.display()))?;
-        Ok(Etcd {
-            endpoints: c.etcd_endpoints,
-            prefix: c.prefix,
-            cacert: c.ca_file,
-            cert_key: c.cert_file.zip(c.key_file),
-        })
-    }
-}
 
 #[derive(clap::Subcommand, Debug)]
 pub(super) enum ClusterCommand {
@@ -156,7 +78,7 @@ fn parse_nets(what: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
 
 /// `pool create`: with `exists_ok`, a pool of this name and exactly this spec is success.
 async fn create_pool(
-    store: &ClusterStore,
+    store: &dyn Datastore,
     spec: &PoolSpec,
     exists_ok: bool,
     out: Output,
@@ -185,7 +107,7 @@ async fn create_pool(
     Ok(())
 }
 
-fn exit_for(e: &ClusterError) -> u8 {
+pub(crate) fn exit_for(e: &ClusterError) -> u8 {
     match e {
         ClusterError::Etcd(_) => EXIT_UNREACHABLE,
         ClusterError::Kube(_) if e.is_unreachable() => EXIT_UNREACHABLE,
@@ -195,57 +117,20 @@ fn exit_for(e: &ClusterError) -> u8 {
     }
 }
 
-/// Says on stderr which keys under the prefix name no owner (they count as occupied).
-fn warn_malformed(found: &[MalformedKey]) {
+/// Says on stderr which keys under the prefix (objects) name no owner (they count as
+/// occupied).
+fn warn_malformed(place: &str, found: &[MalformedKey]) {
     for m in found {
-        eprintln!("ipoolctl: warning: a malformed key in etcd, counted as occupied: {m}");
+        eprintln!("ipoolctl: warning: a malformed entry in {place}, counted as occupied: {m}");
     }
 }
 
-pub(super) async fn run(args: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> ExitCode {
-    let etcd = match args.resolve() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("ipoolctl: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    for e in &etcd.endpoints {
-        if let Err(e) = ipool_server::config::cluster::check_endpoint(e) {
-            eprintln!("ipoolctl: --etcd-endpoints: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    }
-    let tls = match Tls::read(
-        etcd.cacert.as_deref(),
-        etcd.cert_key
-            .as_ref()
-            .map(|(c, k)| (c.as_path(), k.as_path())),
-    ) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("ipoolctl: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let https = etcd.endpoints.iter().any(|e| e.starts_with("https://"));
-    let store = match ClusterStore::connect(
-        &etcd.endpoints,
-        &etcd.prefix,
-        Duration::from_secs(args.etcd_timeout.max(1)),
-        https.then_some(&tls),
-    )
-    .await
-    {
+pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> ExitCode {
+    let (store, place) = match crate::cluster_store::connect(args).await {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!(
-                "ipoolctl: cannot reach etcd at {}: {e}",
-                etcd.endpoints.join(",")
-            );
-            return ExitCode::from(EXIT_UNREACHABLE);
-        }
+        Err(code) => return code,
     };
+    let store = store.as_ref();
     let result = match cmd {
         ClusterCommand::Pool(PoolCommand::Create {
             name,
@@ -271,10 +156,10 @@ pub(super) async fn run(args: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
                     return ExitCode::from(EXIT_USAGE);
                 }
             };
-            create_pool(&store, &spec, *exists_ok, out).await
+            create_pool(store, &spec, *exists_ok, out).await
         }
         ClusterCommand::Pool(PoolCommand::List) => store.pools().await.map(|listed| {
-            warn_malformed(&listed.malformed);
+            warn_malformed(place, &listed.malformed);
             print_pools(&listed.pools, out);
         }),
         ClusterCommand::Pool(PoolCommand::Delete { name }) => {
@@ -288,14 +173,14 @@ pub(super) async fn run(args: &EtcdArgs, cmd: &ClusterCommand, out: Output) -> E
             .list_blocks(pool.as_deref(), node.as_deref())
             .await
             .map(|listed| {
-                warn_malformed(&listed.malformed);
+                warn_malformed(place, &listed.malformed);
                 print_blocks(&listed.blocks, out)
             }),
         ClusterCommand::ReleaseNode {
             node,
             absent_for,
             force,
-        } => release_node(&store, node, *absent_for, *force, out).await,
+        } => release_node(store, place, node, *absent_for, *force, out).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -363,10 +248,11 @@ fn print_blocks(blocks: &[ipool_server::cluster::etcd::Block], out: Output) {
     crate::print::table(&["POOL", "BLOCK", "NODE"], rows);
 }
 
-/// Gives back `node`'s blocks once etcd says it has been away long enough (or with
+/// Gives back `node`'s blocks once the store says it has been away long enough (or with
 /// `force`), printing what was given back.
 async fn release_node(
-    store: &ClusterStore,
+    store: &dyn Datastore,
+    place: &str,
     node: &str,
     absent_for: u64,
     force: bool,
@@ -384,16 +270,20 @@ async fn release_node(
         }
         r => r?,
     };
-    warn_malformed(&state.blocks.malformed);
+    warn_malformed(place, &state.blocks.malformed);
+    let clock = match place {
+        "etcd" => "etcd's clock",
+        _ => "the apiserver's clock",
+    };
     let blocks = &state.blocks.blocks;
     if blocks.is_empty() && state.alive.is_none() && state.seen.is_none() {
         return Err(ClusterError::NotFound(format!(
-            "node {node:?} owns no block and has no heartbeat in etcd"
+            "node {node:?} owns no block and has no heartbeat in {place}"
         )));
     }
     let refusal = match (&state.alive, &state.seen) {
         (Some(a), _) => Some(format!(
-            "node {node:?} is alive: its daemon (instance {}) keeps its heartbeat lease in etcd",
+            "node {node:?} is alive: its daemon (instance {}) keeps its heartbeat lease in {place}",
             a.instance
         )),
         (None, Some((seen, away))) => {
@@ -403,7 +293,7 @@ async fn release_node(
             let need = absent_for.max(fence);
             (*away < need as i64).then(|| {
                 format!(
-                    "node {node:?} was last seen {away} s ago by etcd's clock, less than {need} s (--absent-for {absent_for}, and its fence of {} s): it may be restarting or cut off from etcd",
+                    "node {node:?} was last seen {away} s ago by {clock}, less than {need} s (--absent-for {absent_for}, and its fence of {} s): it may be restarting or cut off from {place}",
                     seen.fence_secs
                 )
             })

@@ -29,6 +29,7 @@ macro_rules! outln {
 }
 
 mod cluster;
+mod cluster_store;
 mod connect;
 mod print;
 mod run;
@@ -171,7 +172,7 @@ enum Command {
     /// Cluster mode: pools and blocks in etcd (talks to etcd, not to ipoold).
     Cluster {
         #[command(flatten)]
-        etcd: cluster::EtcdArgs,
+        etcd: cluster::StoreArgs,
         #[command(subcommand)]
         command: cluster::ClusterCommand,
     },

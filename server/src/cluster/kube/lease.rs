@@ -153,37 +153,45 @@ impl KubeStore {
         }
     }
 
-    /// Renews a held Lease; an error once another holds it or it is gone.
+    /// Renews a held Lease; an error once another holds it or it is gone. A write that lost
+    /// to another (ipoolctl's check, say) is tried again on what it wrote.
     pub async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
-        self.token().await;
-        let Some(mut l) = self.leases.get_opt(&beat.alive_key).await? else {
-            return Err(ClusterError::Refused(format!(
-                "Lease {}/{} is gone",
-                self.lease_namespace, beat.alive_key
-            )));
-        };
-        match holder(&l) {
-            Some(h) if h == beat.instance => {}
-            h => {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            self.token().await;
+            let Some(mut l) = self.leases.get_opt(&beat.alive_key).await? else {
                 return Err(ClusterError::Refused(format!(
-                    "Lease {}/{} is held by {} now, not by this daemon",
-                    self.lease_namespace,
-                    beat.alive_key,
-                    h.as_deref().unwrap_or("no one")
-                )))
+                    "Lease {}/{} is gone",
+                    self.lease_namespace, beat.alive_key
+                )));
+            };
+            match holder(&l) {
+                Some(h) if h == beat.instance => {}
+                h => {
+                    return Err(ClusterError::Refused(format!(
+                        "Lease {}/{} is held by {} now, not by this daemon",
+                        self.lease_namespace,
+                        beat.alive_key,
+                        h.as_deref().unwrap_or("no one")
+                    )))
+                }
             }
-        }
-        if let Some(s) = l.spec.as_mut() {
-            s.renew_time = Some(MicroTime(Timestamp::now()));
-        }
-        self.token().await;
-        match self.leases.replace(&beat.alive_key, &self.post(), &l).await {
-            Ok(_) => Ok(()),
-            Err(e) if api_code(&e) == Some(409) => Err(ClusterError::Refused(format!(
-                "Lease {}/{} changed under this daemon",
-                self.lease_namespace, beat.alive_key
-            ))),
-            Err(e) => Err(e.into()),
+            if let Some(s) = l.spec.as_mut() {
+                s.renew_time = Some(MicroTime(Timestamp::now()));
+            }
+            self.token().await;
+            match self.leases.replace(&beat.alive_key, &self.post(), &l).await {
+                Ok(_) => return Ok(()),
+                Err(e) if api_code(&e) == Some(409) && attempts < 3 => continue,
+                Err(e) if api_code(&e) == Some(409) => {
+                    return Err(ClusterError::Refused(format!(
+                        "Lease {}/{} keeps changing under this daemon",
+                        self.lease_namespace, beat.alive_key
+                    )))
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 

@@ -222,7 +222,10 @@ mod tests {
     fn pools_round_trip_with_their_phase() {
         let spec = PoolSpec {
             name: "p".into(),
-            cidrs: vec!["10.0.0.0/16".parse().unwrap(), "fd00::/112".parse().unwrap()],
+            cidrs: vec![
+                "10.0.0.0/16".parse().unwrap(),
+                "fd00::/112".parse().unwrap(),
+            ],
             block_v4: 26,
             block_v6: 122,
             exclude: vec!["10.0.1.0/24".parse().unwrap()],

@@ -1,0 +1,129 @@
+//! `ipoolctl cluster --datastore kubernetes`: the same commands, outputs and exit codes as on
+//! etcd, against the fake apiserver over real HTTP.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::fake_api::FakeApi;
+use common::*;
+
+fn ctl(kubeconfig: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(ipoolctl_bin())
+        .args(["cluster", "--datastore", "kubernetes", "--kubeconfig"])
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .expect("run ipoolctl")
+}
+
+#[test]
+fn pools_blocks_and_release_node_through_ipoolctl() {
+    let api = FakeApi::start();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = api.kubeconfig(dir.path());
+    let o = ctl(&kc, &["pool", "create", "p", "--cidr", "10.40.0.0/24"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("pool p created"));
+    // The same spec again: refused, unless --exists-ok.
+    let o = ctl(&kc, &["pool", "create", "p", "--cidr", "10.40.0.0/24"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let o = ctl(
+        &kc,
+        &[
+            "pool",
+            "create",
+            "p",
+            "--cidr",
+            "10.40.0.0/24",
+            "--exists-ok",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&kc, &["pool", "create", "q", "--cidr", "10.40.0.128/25"]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("overlaps"), "{}", stderr(&o));
+    let o = ctl(&kc, &["-o", "json", "pool", "list"]);
+    let pools = json(&o);
+    assert_eq!(pools.as_array().unwrap().len(), 1, "{pools}");
+    assert_eq!(pools[0]["cidrs"][0], "10.40.0.0/24");
+    assert_eq!(pools[0]["blockSize"], 26);
+
+    // A daemon's blocks, as the daemon writes them.
+    let mut d = Daemon::prepare_with_config(&format!(
+        r#"
+[cluster]
+datastore = "kubernetes"
+kubeconfig = "{}"
+node_name = "node-x"
+etcd_timeout_ms = 1000
+heartbeat_ttl_secs = 6
+claim_ahead = 1
+[[network]]
+name = "pods"
+ranges_from = "cluster"
+cluster_pool = "p"
+"#,
+        kc.display()
+    ));
+    d.spawn();
+    let conf = d.conf("1.0.0", "pods", "");
+    let r = add_within(20, "a first ADD", "c1", &conf);
+    assert!(r.json["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .starts_with("10.40.0."));
+    let o = ctl(&kc, &["-o", "json", "blocks", "--node", "node-x"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let blocks = json(&o);
+    assert!(!blocks.as_array().unwrap().is_empty(), "{blocks}");
+    assert_eq!(blocks[0]["node"], "node-x");
+
+    // In use: the pool stays, the node is alive.
+    let o = ctl(&kc, &["pool", "delete", "p"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let o = ctl(&kc, &["release-node", "node-x", "--absent-for", "0"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("alive"), "{}", stderr(&o));
+
+    // Killed: by the apiserver's clock, away past --absent-for, its blocks given back.
+    d.kill9();
+    api.advance_clock(120);
+    let o = ctl(&kc, &["release-node", "node-x", "--absent-for", "300"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the apiserver's clock"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ctl(&kc, &["release-node", "node-x", "--absent-for", "60"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("given back"));
+    assert!(api.objects("ipblocks").is_empty());
+    let o = ctl(&kc, &["pool", "delete", "p"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&kc, &["release-node", "node-x"]);
+    assert_eq!(code(&o), 3, "nothing left: {}", stderr(&o));
+}
+
+#[test]
+fn an_apiserver_that_does_not_answer_or_lacks_the_crds_has_its_exit_code() {
+    let api = FakeApi::start();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = api.kubeconfig(dir.path());
+    api.set_crds(false);
+    let o = ctl(&kc, &["pool", "list"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(stderr(&o).contains("deploy/crds"), "{}", stderr(&o));
+    api.set_crds(true);
+    api.set_down(true);
+    let o = ctl(&kc, &["--etcd-timeout", "2", "pool", "list"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let o = Command::new(ipoolctl_bin())
+        .args(["cluster", "--kubeconfig"])
+        .arg(&kc)
+        .args(["pool", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 64, "--kubeconfig without --datastore kubernetes");
+}
