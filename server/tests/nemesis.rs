@@ -1,14 +1,15 @@
 //! The randomized fault test of cluster mode (a nemesis, as etcd's functional tester and Jepsen
-//! have): 3 to 5 real daemons on one real etcd, each through a TCP proxy of the test's own;
+//! have): 3 to 5 real daemons on one store (a real etcd; or, `datastore = "kubernetes"`, the
+//! fake apiserver over real HTTP), each through a TCP proxy of the test's own;
 //! pods added and deleted through the real plugin by worker threads, while the nemesis kills
-//! and restarts daemons, stops and starts etcd, delays, drops or cuts a daemon's etcd
+//! and restarts daemons, stops and starts the store, delays, drops or cuts a daemon's store
 //! connection, holds a daemon's requests past its etcd timeout and delivers them late (after
 //! it gave up on them and went on), starts a second daemon under a node's name, and retires
 //! nodes (store wiped,
 //! blocks force-released: the node and its pods are gone). The checker (`common::history`)
 //! then proves that no address was ever held by two pods at once, that every acknowledged
 //! attachment is still held unless a DEL released it, and that every held address lies in a
-//! block etcd says its node owns.
+//! block the store says its node owns.
 //!
 //! Seeded: the fault schedule follows from `IPOOL_NEMESIS_SEED` (printed; random when unset).
 //! It runs `IPOOL_NEMESIS_SECS` seconds (default 100: CI's bounded run; set more to search
@@ -22,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::etcd::Etcd;
+use common::backend::Backend;
 use common::history::{History, Hold, Rng};
 use common::proxy::{Mode, Proxy};
 use common::*;
@@ -42,9 +43,9 @@ struct Node {
 }
 
 struct Run {
-    etcd: Mutex<Etcd>,
-    /// An etcd fault is on (one at a time).
-    etcd_busy: AtomicBool,
+    store: Backend,
+    /// A fault of the store is on (one at a time).
+    store_busy: AtomicBool,
     nodes: Vec<Node>,
     history: Mutex<History>,
     stop: AtomicBool,
@@ -137,18 +138,18 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
     let kind = rng.below(100);
     let name = run.nodes[i].name.clone();
     if kind < 12 {
-        // etcd itself: stopped, then started.
-        if run.etcd_busy.swap(true, Ordering::SeqCst) {
+        // The store itself: stopped, then started.
+        if run.store_busy.swap(true, Ordering::SeqCst) {
             return None;
         }
         let run = run.clone();
         return Some(std::thread::spawn(move || {
-            log_fault(&run, format!("etcd stopped for {pause:?}"));
-            run.etcd.lock().unwrap().stop();
+            log_fault(&run, format!("{} stopped for {pause:?}", run.store.name()));
+            run.store.stop();
             std::thread::sleep(pause);
-            run.etcd.lock().unwrap().spawn();
-            log_fault(&run, "etcd started".into());
-            run.etcd_busy.store(false, Ordering::SeqCst);
+            run.store.start();
+            log_fault(&run, format!("{} started", run.store.name()));
+            run.store_busy.store(false, Ordering::SeqCst);
         }));
     }
     if !take(run, i) {
@@ -175,7 +176,7 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
                 log_fault(
                     &run,
                     format!(
-                        "{name}: etcd requests held {mode:?} for {window:?}, then delivered late"
+                        "{name}: store requests held {mode:?} for {window:?}, then delivered late"
                     ),
                 );
                 node.proxy.set(mode);
@@ -185,7 +186,7 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
             12..=45 => {
                 log_fault(
                     &run,
-                    format!("{name}: etcd connection {mode:?} for {pause:?}"),
+                    format!("{name}: store connection {mode:?} for {pause:?}"),
                 );
                 node.proxy.set(mode);
                 std::thread::sleep(pause);
@@ -206,12 +207,7 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
                 let at = run.now();
                 run.history.lock().unwrap().wiped(&name, at);
                 std::fs::remove_dir_all(&d.state).expect("wipe the store");
-                let etcd_url = run.etcd.lock().unwrap().client_url.clone();
-                let released = std::process::Command::new(ipoolctl_bin())
-                    .args(["cluster", "release-node", &name, "--force"])
-                    .args(["--etcd-endpoints", &etcd_url, "--etcd-timeout", "2"])
-                    .output()
-                    .expect("ipoolctl");
+                let released = run.store.ctl(&["release-node", &name, "--force"]);
                 log_fault(
                     &run,
                     format!(
@@ -236,7 +232,9 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
             }
             _ => {
                 // A second daemon under the same node name, for a while: it must hold back.
-                let toml = run.etcd.lock().unwrap().daemon_config(&name, POOL, TUNING);
+                let toml = run
+                    .store
+                    .daemon_config(&name, POOL, TUNING, &run.store.addr());
                 let mut twin = Daemon::prepare_with_config(&toml);
                 twin.spawn();
                 log_fault(
@@ -281,6 +279,16 @@ fn seed() -> u64 {
 #[test]
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn no_address_is_ever_held_twice_whatever_the_faults() {
+    nemesis(Backend::etcd());
+}
+
+/// The same, the store the Kubernetes API (`datastore = "kubernetes"`).
+#[test]
+fn no_address_is_ever_held_twice_whatever_the_faults_on_the_kubernetes_api() {
+    nemesis(Backend::kube());
+}
+
+fn nemesis(store: Backend) {
     let seed = seed();
     let secs: u64 = std::env::var("IPOOL_NEMESIS_SECS")
         .ok()
@@ -288,17 +296,18 @@ fn no_address_is_ever_held_twice_whatever_the_faults() {
         .unwrap_or(100);
     let mut rng = Rng::new(seed);
     let count = 3 + rng.below(3) as usize;
-    eprintln!("nemesis: seed {seed}, {count} nodes, {secs} s (IPOOL_NEMESIS_SEED={seed} replays the schedule)");
-    let etcd = Etcd::start();
-    etcd.create_pool(&[POOL, "--cidr", "10.80.0.0/23", "--block-size", "28"]);
-    let etcd_addr = etcd.client_url.trim_start_matches("http://").to_string();
+    eprintln!(
+        "nemesis: seed {seed}, {count} nodes, {secs} s, on {} (IPOOL_NEMESIS_SEED={seed} replays the schedule)",
+        store.name()
+    );
+    store.create_pool(&[POOL, "--cidr", "10.80.0.0/23", "--block-size", "28"]);
+    let store_addr = store.addr();
     let nodes: Vec<Node> = (0..count)
         .map(|i| {
             let name = format!("node-{i}");
-            let proxy = Proxy::start(&etcd_addr);
-            let toml = etcd
-                .daemon_config(&name, POOL, TUNING)
-                .replace(&etcd.client_url, &proxy.url);
+            let proxy = Proxy::start(&store_addr);
+            let via = proxy.url.trim_start_matches("http://").to_string();
+            let toml = store.daemon_config(&name, POOL, TUNING, &via);
             let mut d = Daemon::prepare_with_config(&toml);
             d.spawn();
             let conf = d.conf("1.0.0", "pods", "");
@@ -312,8 +321,8 @@ fn no_address_is_ever_held_twice_whatever_the_faults() {
         })
         .collect();
     let run = Arc::new(Run {
-        etcd: Mutex::new(etcd),
-        etcd_busy: AtomicBool::new(false),
+        store,
+        store_busy: AtomicBool::new(false),
         nodes,
         history: Mutex::new(History::new()),
         stop: AtomicBool::new(false),
@@ -386,10 +395,9 @@ fn no_address_is_ever_held_twice_whatever_the_faults() {
         problems.join("\n"),
         faults_text(&history)
     );
-    // Every held address lies in a block etcd says its node owns (once the nodes synced).
-    let etcd = run.etcd.lock().unwrap();
+    // Every held address lies in a block the store says its node owns (once the nodes synced).
     eventually(30, "every held address in a block of its own node", || {
-        let owners = etcd.owners();
+        let owners = run.store.owners();
         let wrong: Vec<String> = listed
             .iter()
             .flat_map(|(node, l)| l.iter().map(move |(c, ip)| (node, c, *ip)))

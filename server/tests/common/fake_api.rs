@@ -82,12 +82,22 @@ impl FakeApi {
 
     /// A kubeconfig in `dir` that points at this server.
     pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
-        let path = dir.join("kubeconfig");
+        self.kubeconfig_via(dir, &self.addr.to_string())
+    }
+
+    /// A kubeconfig in `dir` that reaches this server at `via` (host:port: a proxy's).
+    pub fn kubeconfig_via(&self, dir: &Path, via: &str) -> PathBuf {
+        let path = match via == self.addr.to_string() {
+            true => dir.join("kubeconfig"),
+            false => dir.join(format!("kubeconfig-{}", via.replace(':', "-"))),
+        };
         let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
-            self.addr
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{via}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
         );
-        std::fs::write(&path, text).expect("write kubeconfig");
+        // Whole or not at all: a daemon may be reading it (each reconnection does).
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write kubeconfig");
+        std::fs::rename(&tmp, &path).expect("rename kubeconfig");
         path
     }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod backend;
 pub mod etcd;
 pub mod fake_api;
 pub mod history;

@@ -1,0 +1,148 @@
+//! The store a cluster test runs against, either of them: a real etcd, or the fake apiserver
+//! (`datastore = "kubernetes"`). Both are driven the same way: pools made and blocks read with
+//! the real ipoolctl (the same commands and outputs for both), daemons configured to reach the
+//! store through an address of the test's choosing (a proxy), the store stopped and started.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+use super::etcd::Etcd;
+use super::fake_api::FakeApi;
+
+pub enum Backend {
+    Etcd(Mutex<Etcd>),
+    Kube {
+        api: FakeApi,
+        dir: tempfile::TempDir,
+        kubeconfig: PathBuf,
+    },
+}
+
+impl Backend {
+    pub fn etcd() -> Backend {
+        Backend::Etcd(Mutex::new(Etcd::start()))
+    }
+
+    pub fn kube() -> Backend {
+        let api = FakeApi::start();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = api.kubeconfig(dir.path());
+        Backend::Kube {
+            api,
+            dir,
+            kubeconfig,
+        }
+    }
+
+    /// What messages call it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Etcd(_) => "etcd",
+            Backend::Kube { .. } => "the apiserver",
+        }
+    }
+
+    /// host:port of the store (what a proxy forwards to).
+    pub fn addr(&self) -> String {
+        match self {
+            Backend::Etcd(e) => e
+                .lock()
+                .unwrap()
+                .client_url
+                .trim_start_matches("http://")
+                .to_string(),
+            Backend::Kube { api, .. } => api.addr.to_string(),
+        }
+    }
+
+    /// `ipoolctl cluster ARGS...` against the store, each call bounded by `timeout_secs`.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        let mut c = Command::new(super::ipoolctl_bin());
+        c.arg("cluster");
+        match self {
+            Backend::Etcd(e) => c.args(["--etcd-endpoints", &e.lock().unwrap().client_url]),
+            Backend::Kube { kubeconfig, .. } => c
+                .args(["--datastore", "kubernetes", "--kubeconfig"])
+                .arg(kubeconfig),
+        };
+        c.args(["--etcd-timeout", "2"])
+            .args(args)
+            .output()
+            .expect("run ipoolctl")
+    }
+
+    /// `ipoolctl cluster pool create ARGS...`, which must succeed.
+    pub fn create_pool(&self, args: &[&str]) {
+        let mut all = vec!["pool", "create"];
+        all.extend_from_slice(args);
+        let o = self.ctl(&all);
+        assert!(o.status.success(), "pool create: {}", super::stderr(&o));
+    }
+
+    /// Each block and its owner, as `ipoolctl cluster blocks` lists them.
+    pub fn owners(&self) -> std::collections::BTreeMap<ipnet::IpNet, String> {
+        let o = self.ctl(&["-o", "json", "blocks"]);
+        assert!(o.status.success(), "blocks: {}", super::stderr(&o));
+        super::json(&o)
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|b| {
+                (
+                    b["block"].as_str().expect("block").parse().expect("a CIDR"),
+                    b["node"].as_str().expect("node").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// An ipoold config for node `node` with network "pods" on cluster pool `pool`, reaching
+    /// the store at `via` (host:port); `extra` goes into `[cluster]`.
+    pub fn daemon_config(&self, node: &str, pool: &str, extra: &str, via: &str) -> String {
+        match self {
+            Backend::Etcd(e) => {
+                let e = e.lock().unwrap();
+                e.daemon_config(node, pool, extra)
+                    .replace(&e.client_url, &format!("http://{via}"))
+            }
+            Backend::Kube { api, dir, .. } => {
+                let kubeconfig = api.kubeconfig_via(dir.path(), via);
+                format!(
+                    r#"
+[cni]
+add_wait_ms = 5000
+[cluster]
+datastore = "kubernetes"
+kubeconfig = "{}"
+node_name = "{node}"
+etcd_timeout_ms = 500
+{extra}
+[[network]]
+name = "pods"
+ranges_from = "cluster"
+cluster_pool = "{pool}"
+routes = [{{ dst = "0.0.0.0/0" }}]
+"#,
+                    kubeconfig.display()
+                )
+            }
+        }
+    }
+
+    /// The store stops answering (etcd: stopped; the apiserver: every connection dropped).
+    pub fn stop(&self) {
+        match self {
+            Backend::Etcd(e) => e.lock().unwrap().stop(),
+            Backend::Kube { api, .. } => api.set_down(true),
+        }
+    }
+
+    pub fn start(&self) {
+        match self {
+            Backend::Etcd(e) => e.lock().unwrap().spawn(),
+            Backend::Kube { api, .. } => api.set_down(false),
+        }
+    }
+}
