@@ -1,7 +1,8 @@
-//! Simulated nodes: each runs the daemon's claim code (`ClusterStore::claim_next`, what a
+//! Simulated nodes: each runs the daemon's claim code (`Datastore::claim_next`, what a
 //! node's background claim does: one create-if-absent transaction per candidate of its view of
 //! the pool, in its own order) against the real etcd, with an etcd client of its own.
 
+use ipool_server::cluster::datastore::Datastore;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
