@@ -414,3 +414,54 @@ fn three_daemons_on_the_kubernetes_api_never_hand_out_one_address_twice() {
         assert!(lease.is_some(), "{n} holds its Lease");
     }
 }
+
+#[test]
+fn release_node_of_a_node_with_no_lease_holds_one_so_a_returning_daemon_waits() {
+    let api = FakeApi::start();
+    with_kube(&api, "ipoolctl", |s| async move {
+        s.create_pool(&pool("p", &["10.5.0.0/24"])).await.unwrap();
+        let (spec, rev) = s.get_pool("p").await.unwrap().unwrap();
+        s.claim_next(&spec, rev, true, "n1").await.unwrap();
+        s.claim_next(&spec, rev, true, "n2").await.unwrap();
+        // n1: no Lease when looked at, its daemon back before the release: refused.
+        let state = s.node_state("n1").await.unwrap();
+        assert!(state.alive.is_none() && state.seen.is_none());
+        assert!(matches!(
+            s.start_heartbeat("n1", &alive("A"), 10, 3).await.unwrap(),
+            Acquired::Held(_)
+        ));
+        let e = s
+            .release_node("n1", &state.blocks.blocks, false)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("alive or came back"), "{e}");
+        assert_eq!(s.blocks_of_node("n1").await.unwrap().blocks.len(), 1);
+        // n2: no Lease, no daemon: released, under a Lease of the releaser's own that a daemon
+        // starting meanwhile would find held.
+        let state = s.node_state("n2").await.unwrap();
+        let released = s
+            .release_node("n2", &state.blocks.blocks, false)
+            .await
+            .unwrap();
+        assert_eq!(released.len(), 1);
+        assert!(s.blocks_of_node("n2").await.unwrap().blocks.is_empty());
+    });
+    let writes: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("leases") && !r.starts_with("GET"))
+        .collect();
+    assert!(
+        writes
+            .iter()
+            .any(|r| r.starts_with("POST") && r.contains("namespaces/ipool-system/leases")),
+        "{writes:?}"
+    );
+    assert!(
+        writes
+            .iter()
+            .any(|r| r.starts_with("DELETE") && r.contains("ipool-n2")),
+        "{writes:?}"
+    );
+    assert!(api.get("leases", "ipool-system", "ipool-n2").is_none());
+}

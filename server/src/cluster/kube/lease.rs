@@ -31,6 +31,9 @@ const RENEW: &str = "ipool.io/renew-secs";
 const CHECKED: &str = "ipool.io/absence-checked-by";
 /// The holder release-node writes while it gives a node's blocks back.
 pub const RELEASER: &str = "ipoolctl release-node";
+/// The duration of a Lease the releaser makes (a daemon that comes back meanwhile waits this
+/// long after the last change it saw).
+const RELEASER_TTL_SECS: u64 = 30;
 
 fn holder(l: &Lease) -> Option<String> {
     l.spec
@@ -327,7 +330,27 @@ impl KubeStore {
                     Err(e) => return Err(e.into()),
                 }
             }
-            _ => None,
+            (None, false) => {
+                // No Lease (never made, or deleted by an earlier release): one of the releaser's
+                // own, so that a daemon starting now waits instead of serving these blocks.
+                let me = Alive {
+                    instance: RELEASER.into(),
+                    at_ms: 0,
+                    fence_secs: 0,
+                };
+                let taken = self.held_by(None, &name, &me, RELEASER_TTL_SECS, 0);
+                self.token().await;
+                match self.leases.create(&self.post(), &taken).await {
+                    Ok(t) => Some(t),
+                    Err(e) if api_code(&e) == Some(409) => {
+                        return Err(ClusterError::Refused(format!(
+                            "node {node:?} came back: its daemon took its Lease while its blocks were about to be given back"
+                        )))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            (_, true) => None,
         };
         let mut released = Vec::new();
         for b in blocks {
