@@ -3,7 +3,8 @@
 
     deploy/check.py [TARGET_DIR]      TARGET_DIR holds ipoold and ipoolctl (default target/debug)
 
-For each variant (deploy/: node podCIDRs; deploy/flannel/; deploy/cluster/: cluster mode):
+For each variant (deploy/: node podCIDRs; deploy/flannel/; deploy/cluster/: cluster mode on
+etcd; deploy/cluster-kubernetes/: cluster mode on the Kubernetes API):
 1. Its ipool.yaml is its kustomization rendered by kustomize (`kubectl kustomize`; KUBECTL
    names the binary): the same objects. A kubectl older than 1.21 (kustomize v2, Debian's
    kubernetes-client) is given the same kustomizations in v2's spelling (`bases`,
@@ -18,6 +19,12 @@ For each variant (deploy/: node podCIDRs; deploy/flannel/; deploy/cluster/: clus
    files) are mounted.
 3. Every Job runs an ipoolctl command that exists, with flags that exist, and the files it
    reads are mounted.
+4. Where a config says [cluster] datastore = "kubernetes": ipool's CustomResourceDefinitions
+   are there (deploy/crds), as the code reads and writes them (group, kinds, plurals, scope,
+   every field it writes in the schema, no status subresource); the DaemonSet's and each
+   Job's ServiceAccount is granted what the daemon or the operator's commands do on the
+   apiserver, by no wildcard, the daemon no write to a pool; and a ValidatingAdmissionPolicy,
+   bound with Deny, keeps the daemon's account to its own node's blocks and Lease.
 And deploy/monitoring/ renders; its PrometheusRule holds rules.yaml's groups, its PodMonitor
 scrapes the DaemonSet's pods on their metrics port, and its dashboard ConfigMap holds
 dashboard.json. (promtool and a real Prometheus check the rules themselves:
@@ -37,9 +44,16 @@ import tomllib
 
 import yaml
 
+# check_kube (the Kubernetes-API store's CRDs, grants and admission policy) uses this module's
+# fail, Pod and flag_value: it imports it as `check`, which must be this very module, run as
+# a script or not.
+sys.modules.setdefault("check", sys.modules[__name__])
+import check_kube  # noqa: E402
+
 DEPLOY = os.path.dirname(os.path.abspath(__file__))
 # Variant name -> its directory under deploy/.
-VARIANTS = {"deploy": ".", "flannel": "flannel", "cluster": "cluster"}
+VARIANTS = {"deploy": ".", "flannel": "flannel", "cluster": "cluster",
+            "cluster-kubernetes": "cluster-kubernetes"}
 failures = []
 # The variant being checked, named in each failure.
 checking = [None]
@@ -490,6 +504,7 @@ def main():
         checking[0] = variant
         check_daemonset(docs, bindir)
         check_jobs(docs, bindir)
+        check_kube.check_kubernetes_store(docs)
     checking[0] = None
     check_monitoring(monitoring, variants.get("deploy", []))
     print(f"deploy/check.py: {len(failures)} failure(s)")
