@@ -87,6 +87,14 @@ impl ClusterNode {
     ) -> Result<Arc<ClusterNode>, String> {
         settings.validate()?;
         ipool_proto::names::check_name("node name", &name)?;
+        if settings.datastore == crate::config::cluster::DatastoreKind::Kubernetes
+            && name.len() > 63
+        {
+            return Err(format!(
+                "node name {name:?} is {} characters; with datastore = \"kubernetes\" it labels the node's blocks (ipool.io/node), and a label value holds at most 63: set a shorter [cluster] node_name, or use datastore = \"etcd\"",
+                name.len()
+            ));
+        }
         let tls = Tls::read(
             settings.ca_file.as_deref(),
             settings

@@ -129,9 +129,18 @@ impl ClusterSettings {
             }
             _ => {}
         }
-        if self.datastore == DatastoreKind::Kubernetes {
-            ipool_proto::names::check_name("lease_namespace", &self.lease_namespace)
-                .map_err(|e| format!("[cluster] {e}"))?;
+        let ns = &self.lease_namespace;
+        let dns_label = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if self.datastore == DatastoreKind::Kubernetes && !dns_label {
+            return Err(format!(
+                "[cluster] lease_namespace {ns:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+            ));
         }
         for e in &self.etcd_endpoints {
             check_endpoint(e)?;

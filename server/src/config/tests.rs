@@ -116,6 +116,19 @@ fn bad_toml_is_named() {
         ),
         ("[cluster]\netcd_endpoints = [\"10.0.0.1:2379\"]", "give a URL"),
         (
+            "[cluster]\ndatastore = \"kubernetes\"\netcd_endpoints = [\"http://10.0.0.1:2379\"]",
+            "etcd_endpoints are for datastore = \"etcd\"",
+        ),
+        (
+            "[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]\nkubeconfig = \"/k\"",
+            "kubeconfig is for datastore = \"kubernetes\"",
+        ),
+        ("[cluster]\ndatastore = \"consul\"", "unknown variant `consul`"),
+        (
+            "[cluster]\ndatastore = \"kubernetes\"\nlease_namespace = \"Bad_NS\"",
+            "lease_namespace",
+        ),
+        (
             "[cluster]\netcd_endpoints = [\"https://10.0.0.1:2379\"]\ncert_file = \"/c\"",
             "cert_file and key_file go together",
         ),
@@ -276,4 +289,26 @@ cluster_pool = "main"
         vec![("pods".to_string(), "main".to_string(), Vec::new())]
     );
     assert!(c.node_ranges().is_empty(), "not watched on the node");
+}
+
+#[test]
+fn cluster_mode_on_the_kubernetes_api_needs_no_etcd() {
+    let c = DaemonConfig::parse(
+        "[cluster]\ndatastore = \"kubernetes\"\n[[network]]\nname = \"pods\"\nranges_from = \"cluster\"\ncluster_pool = \"main\"",
+    )
+    .expect("valid");
+    let cluster = c.cluster.as_ref().expect("[cluster]");
+    assert_eq!(
+        cluster.datastore,
+        crate::config::cluster::DatastoreKind::Kubernetes
+    );
+    assert_eq!(cluster.lease_namespace, "ipool-system");
+    assert!(cluster.etcd_endpoints.is_empty() && cluster.kubeconfig.is_none());
+    let etcd = DaemonConfig::parse("[cluster]\netcd_endpoints = [\"http://10.0.0.1:2379\"]")
+        .expect("valid");
+    assert_eq!(
+        etcd.cluster.expect("[cluster]").datastore,
+        crate::config::cluster::DatastoreKind::Etcd,
+        "etcd stays the default"
+    );
 }

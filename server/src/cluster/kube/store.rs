@@ -90,3 +90,21 @@ impl Datastore for KubeStore {
         KubeStore::release_node(self, node, blocks, force).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cluster::node::ClusterNode;
+    use crate::config::ClusterSettings;
+
+    #[test]
+    fn a_node_name_too_long_for_a_label_is_refused_at_start_naming_the_way_out() {
+        let settings: ClusterSettings =
+            toml::from_str("datastore = \"kubernetes\"").expect("settings");
+        let long = format!("{}.compute.internal", "n".repeat(50));
+        let e = ClusterNode::new(settings.clone(), long, "i".into(), Default::default())
+            .err()
+            .expect("refused");
+        assert!(e.contains("at most 63") && e.contains("node_name"), "{e}");
+        assert!(ClusterNode::new(settings, "n1".into(), "i".into(), Default::default()).is_ok());
+    }
+}
