@@ -167,3 +167,22 @@ fn a_daemon_killed_while_it_claims_comes_back_to_its_blocks_and_hands_out_nothin
         }
     });
 }
+
+#[test]
+fn a_node_cut_off_from_the_apiserver_past_its_fence_hands_out_nothing_new() {
+    let store = Backend::kube();
+    store.create_pool(&["p", "--cidr", "10.52.0.0/24", "--block-size", "26"]);
+    let tuning = "heartbeat_ttl_secs = 6\nfence_secs = 2\nclaim_ahead = 1\n";
+    let mut d = Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    d.spawn();
+    let conf = d.conf("1.0.0", "pods", "");
+    add_within(20, "the first ADD", "c0", &conf);
+    store.stop();
+    // Its block has 60 more addresses, but past the fence none is handed out.
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let r = cni("ADD", "fenced", &conf);
+    assert_eq!(r.code(), 11, "{r:?}");
+    assert!(r.stdout.contains("fenced"), "{r:?}");
+    store.start();
+    add_within(30, "an ADD once it renewed", "after", &conf);
+}
