@@ -227,15 +227,22 @@ impl ClusterSource {
             || self.next_sync.is_none_or(|t| Instant::now() >= t)
         {
             // The sync settles every other block it lists before it serves: a give-back of it
-            // may be on its way (unanswered, or sent before a restart).
-            let trusted: Vec<(IpNet, KeyRevision)> = self
-                .blocks
-                .values()
-                .filter_map(|b| match b.state {
-                    BlockState::Confirmed(r) => Some((b.net(), r)),
-                    _ => None,
-                })
-                .collect();
+            // may be on its way (unanswered, or sent before a restart). The first sync of an
+            // epoch (the name taken again, a fence lifted, the store reset) trusts none: while
+            // this node was away, release-node may have listed its blocks, and its give-backs,
+            // conditioned on what it listed, may still arrive (on the Kubernetes API nothing
+            // else stops them).
+            let trusted: Vec<(IpNet, KeyRevision)> = match self.synced == Some(epoch) {
+                true => self
+                    .blocks
+                    .values()
+                    .filter_map(|b| match b.state {
+                        BlockState::Confirmed(r) => Some((b.net(), r)),
+                        _ => None,
+                    })
+                    .collect(),
+                false => Vec::new(),
+            };
             return Some(Work::Sync { epoch, trusted });
         }
         if let Some(b) = self

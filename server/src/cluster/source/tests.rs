@@ -350,3 +350,27 @@ fn a_result_of_a_replaced_source_is_not_taken() {
     assert!(s.blocks.contains_key(&ip("10.0.0.16")));
     assert_eq!(s.start_claim().map(|_| ()), None, "one request at a time");
 }
+
+#[test]
+fn the_first_sync_of_an_epoch_trusts_no_block_so_a_give_back_sent_while_fenced_cannot_land() {
+    let n = node("fence_secs = 5");
+    let mut s = source(&n);
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    // A resync in the same epoch trusts the block as confirmed.
+    s.next_sync = None;
+    match next_work(&mut s) {
+        Some(Work::Sync { trusted, .. }) => {
+            assert_eq!(trusted, vec![(net("10.0.0.0/28"), rev(7))])
+        }
+        other => panic!("{other:?}"),
+    }
+    // Fenced (away: release-node may have listed its blocks meanwhile), then renewed: the
+    // first sync of the new epoch settles every block, confirmed or not.
+    n.pretend_renewed(Duration::from_secs(6));
+    n.pretend_renewed(Duration::ZERO);
+    match next_work(&mut s) {
+        Some(Work::Sync { trusted, .. }) => assert_eq!(trusted, vec![]),
+        other => panic!("{other:?}"),
+    }
+}
