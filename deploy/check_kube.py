@@ -14,7 +14,8 @@ GROUP = "ipool.io"
 CRDS = {
     "ippools": ("IPPool", {"spec": ["cidrs", "blockSizeV4", "blockSizeV6", "exclude"],
                            "status": ["phase"]}),
-    "ipblocks": ("IPBlock", {"spec": ["cidr", "pool", "node", "claimedAtMs", "settledAtMs"]}),
+    "ipblocks": ("IPBlock", {"spec": ["cidr", "pool", "poolRevision", "node", "claimedAtMs",
+                                  "settledAtMs"]}),
 }
 # What each side does on the apiserver: (apiGroup, resource, verbs, in the Lease namespace).
 DAEMON_NEEDS = [

@@ -465,3 +465,30 @@ fn release_node_of_a_node_with_no_lease_holds_one_so_a_returning_daemon_waits() 
     );
     assert!(api.get("leases", "ipool-system", "ipool-n2").is_none());
 }
+
+#[test]
+fn a_block_left_behind_by_a_deleted_pool_is_given_back_at_its_sync_and_blocks_a_new_pool() {
+    let api = FakeApi::start();
+    let fake = &api;
+    with_kube(&api, "ipoold", |s| async move {
+        s.create_pool(&pool("p", &["10.6.0.0/24"])).await.unwrap();
+        let (_, rev) = s.get_pool("p").await.unwrap().unwrap();
+        let Claimed::Won(b) = s.claim("p", rev, &net("10.6.0.0/26"), "n1").await.unwrap() else {
+            panic!("won")
+        };
+        // The pool goes while the block stands: the deletion listed no block, then the claim's
+        // create arrived (late), and its give-back never came.
+        assert!(fake.delete("ippools", "", "p"));
+        // A new pool over it, other block sizes: refused while the block stands.
+        let mut q = pool("q", &["10.6.0.0/25"]);
+        q.block_v4 = 27;
+        let e = s.create_pool(&q).await.unwrap_err();
+        assert!(e.to_string().contains("still stands"), "{e}");
+        // The node's sync lists it, in doubt: settling finds its pool gone, gives it back.
+        let listed = s.list_blocks(None, Some("n1")).await.unwrap().blocks;
+        assert_eq!(listed, vec![b.clone()]);
+        assert_eq!(s.settle(&b).await.unwrap(), None, "not served");
+        assert!(fake.objects("ipblocks").is_empty());
+        s.create_pool(&q).await.unwrap();
+    });
+}

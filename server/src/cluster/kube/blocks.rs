@@ -10,6 +10,16 @@ use super::objects::{self, hash, new_block, parse_block, Phase};
 use super::{api_code, KubeStore, NODE_LABEL, PAGE, POOL_LABEL};
 use crate::cluster::etcd::{now_ms, Block, Claimed, ClusterError, KeyRevision, Listing};
 
+/// A block's pool, read again.
+enum PoolNow {
+    /// Ready, the one the block was claimed from.
+    Same,
+    /// Deleted or being deleted.
+    Gone,
+    /// Made anew (another uid), or not Ready.
+    Changed,
+}
+
 /// Creates that find the block taken and then gone again before they can read its owner.
 const CLAIM_ATTEMPTS: usize = 3;
 
@@ -57,7 +67,7 @@ impl KubeStore {
         block: &IpNet,
         node: &str,
     ) -> Result<Claimed, ClusterError> {
-        let obj = new_block(pool, block, node, now_ms());
+        let obj = new_block(pool, pool_revision, block, node, now_ms());
         let mut claimed = None;
         for _ in 0..CLAIM_ATTEMPTS {
             self.token().await;
@@ -98,17 +108,10 @@ impl KubeStore {
         };
         // The pool, read after the create: a deletion that listed no block before it finds the
         // pool Deleting now, a pool made anew has another uid.
-        self.token().await;
-        let now = self.pools.get_opt(pool).await?;
-        let verdict = match now.as_ref().map(|p| (objects::parse_pool(p), p)) {
-            None => Some(Claimed::NoPool),
-            Some((Ok((_, Phase::Ready)), p))
-                if hash(p.metadata.uid.as_deref().unwrap_or("")) == pool_revision =>
-            {
-                None
-            }
-            Some((Ok((_, Phase::Deleting)), _)) => Some(Claimed::NoPool),
-            Some(_) => Some(Claimed::PoolChanged),
+        let verdict = match self.pool_verdict(pool, pool_revision).await? {
+            PoolNow::Same => None,
+            PoolNow::Gone => Some(Claimed::NoPool),
+            PoolNow::Changed => Some(Claimed::PoolChanged),
         };
         match verdict {
             None => Ok(claimed),
@@ -160,10 +163,42 @@ impl KubeStore {
         let last = now.data["spec"]["settledAtMs"].as_u64().unwrap_or(0);
         now.data["spec"]["settledAtMs"] = json!(now_ms().max(last + 1));
         self.token().await;
-        match self.blocks.replace(&name, &self.post(), &now).await {
-            Ok(written) => Ok(Some(objects::revision(&written.metadata))),
-            Err(e) if matches!(api_code(&e), Some(404 | 409)) => Ok(None),
-            Err(e) => Err(e.into()),
+        let written = match self.blocks.replace(&name, &self.post(), &now).await {
+            Ok(w) => w,
+            Err(e) if matches!(api_code(&e), Some(404 | 409)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let settled = Block {
+            revision: objects::revision(&written.metadata),
+            ..b.clone()
+        };
+        // Its pool, read after the write: a block left behind by a claim whose pool was being
+        // deleted (its give-back failed, its daemon was killed, its create arrived late) is
+        // not served, but given back. A deletion that listed no block saw none of it.
+        let from = objects::pool_revision_of(&written).unwrap_or(0);
+        match self.pool_verdict(&b.pool, from).await? {
+            PoolNow::Same => Ok(Some(settled.revision)),
+            PoolNow::Gone | PoolNow::Changed => {
+                tracing::warn!(pool = %b.pool, block = %b.block, "a block of a pool deleted or made anew since it was claimed: given back, not served");
+                self.give_back(&settled).await?;
+                Ok(None)
+            }
         }
+    }
+
+    /// Pool `pool` now, against the one whose uid hashes to `revision`.
+    async fn pool_verdict(&self, pool: &str, revision: i64) -> Result<PoolNow, ClusterError> {
+        self.token().await;
+        let now = self.pools.get_opt(pool).await?;
+        Ok(match now.as_ref().map(|p| (objects::parse_pool(p), p)) {
+            None => PoolNow::Gone,
+            Some((Ok((_, Phase::Ready)), p))
+                if hash(p.metadata.uid.as_deref().unwrap_or("")) == revision =>
+            {
+                PoolNow::Same
+            }
+            Some((Ok((_, Phase::Deleting)), _)) => PoolNow::Gone,
+            Some(_) => PoolNow::Changed,
+        })
     }
 }

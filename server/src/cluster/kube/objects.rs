@@ -49,11 +49,18 @@ pub(super) fn revision(meta: &ObjectMeta) -> KeyRevision {
     }
 }
 
-/// A new block object: `block` of `pool`, owned by `node`.
-pub(super) fn new_block(pool: &str, block: &IpNet, node: &str, now_ms: u64) -> DynamicObject {
+/// A new block object: `block` of `pool` (the one whose uid hashes to `pool_revision`),
+/// owned by `node`.
+pub(super) fn new_block(
+    pool: &str,
+    pool_revision: i64,
+    block: &IpNet,
+    node: &str,
+    now_ms: u64,
+) -> DynamicObject {
     let mut obj = DynamicObject::new(&block_name(block), &resource("IPBlock", "ipblocks")).data(
-        json!({"spec": {"cidr": block.to_string(), "pool": pool, "node": node,
-                        "claimedAtMs": now_ms}}),
+        json!({"spec": {"cidr": block.to_string(), "pool": pool, "poolRevision": pool_revision,
+                        "node": node, "claimedAtMs": now_ms}}),
     );
     obj.metadata.labels = Some(
         [
@@ -102,6 +109,11 @@ pub(super) fn parse_block(obj: &DynamicObject) -> Result<Block, MalformedKey> {
         },
         revision: revision(&obj.metadata),
     })
+}
+
+/// The pool (a hash of its uid) a block object was claimed from; None: not said.
+pub(super) fn pool_revision_of(obj: &DynamicObject) -> Option<i64> {
+    obj.data["spec"]["poolRevision"].as_i64()
 }
 
 /// Where a pool is in its life: only a Ready pool is claimed from.
@@ -203,7 +215,7 @@ mod tests {
         for (cidr, name) in cases {
             let net: IpNet = cidr.parse().unwrap();
             assert_eq!(block_name(&net), name);
-            let obj = new_block("p", &net, "n1", 5);
+            let obj = new_block("p", 1, &net, "n1", 5);
             let back = parse_block(&obj).unwrap();
             assert_eq!((back.block, back.owner.node.as_str()), (net, "n1"));
         }
@@ -211,7 +223,7 @@ mod tests {
 
     #[test]
     fn a_block_whose_name_is_not_its_cidr_is_malformed_and_occupied() {
-        let mut obj = new_block("p", &"10.0.0.0/26".parse().unwrap(), "n1", 5);
+        let mut obj = new_block("p", 1, &"10.0.0.0/26".parse().unwrap(), "n1", 5);
         obj.metadata.name = Some("10-0-0-64-26".into());
         let m = parse_block(&obj).unwrap_err();
         assert_eq!(m.block, Some("10.0.0.0/26".parse().unwrap()));
@@ -232,5 +244,38 @@ mod tests {
         };
         let obj = with_phase(&new_pool(&spec, Phase::Pending), Phase::Deleting);
         assert_eq!(parse_pool(&obj).unwrap(), (spec, Phase::Deleting));
+    }
+
+    /// A real apiserver drops the fields a CRD's schema does not declare: every field ipool
+    /// writes is declared in deploy/crds.
+    #[test]
+    fn every_field_written_is_in_the_crds() {
+        let blocks = include_str!("../../../../deploy/crds/ipblocks.yaml");
+        let pools = include_str!("../../../../deploy/crds/ippools.yaml");
+        let block = new_block("p", 1, &"10.0.0.0/26".parse().unwrap(), "n", 1);
+        let spec = PoolSpec {
+            name: "p".into(),
+            cidrs: vec!["10.0.0.0/16".parse().unwrap()],
+            block_v4: 26,
+            block_v6: 122,
+            exclude: vec![],
+        };
+        let pool = new_pool(&spec, Phase::Ready);
+        let mut written: Vec<(&str, String)> = Vec::new();
+        for k in block.data["spec"].as_object().unwrap().keys() {
+            written.push((blocks, k.clone()));
+        }
+        written.push((blocks, "settledAtMs".into()));
+        for part in ["spec", "status"] {
+            for k in pool.data[part].as_object().unwrap().keys() {
+                written.push((pools, k.clone()));
+            }
+        }
+        for (crd, field) in written {
+            assert!(
+                crd.lines().any(|l| l.trim_start() == format!("{field}:")),
+                "{field} is not declared in deploy/crds"
+            );
+        }
     }
 }

@@ -32,6 +32,31 @@ impl KubeStore {
             Err(e) => Some(format!("the pools could not be listed ({e})")),
             Ok((pools, malformed)) => overlap(spec, &pools, &malformed),
         };
+        // A block left behind by a pool deleted while it was being claimed (given back at its
+        // node's next sync) may still stand in these CIDRs, under another block size.
+        let clash = match clash {
+            Some(why) => Some(why),
+            None => match self.list_blocks(None, None).await {
+                Err(e) => Some(format!("the blocks could not be listed ({e})")),
+                Ok(listed) => listed
+                    .blocks
+                    .iter()
+                    .map(|b| (b.block, format!("block {} of pool {:?}", b.block, b.pool)))
+                    .chain(
+                        listed
+                            .malformed
+                            .iter()
+                            .filter_map(|m| m.block.map(|b| (b, format!("{m}")))),
+                    )
+                    .find(|(b, _)| spec.cidrs.iter().any(|c| c.contains(b) || b.contains(c)))
+                    .map(|(_, what)| {
+                        format!(
+                            "pool {:?}: {what} still stands in its CIDRs (its node gives it back at its next sync; try again)",
+                            spec.name
+                        )
+                    }),
+            },
+        };
         if let Some(why) = clash {
             // Withdrawn: nothing was claimed from it (it was never Ready).
             let _ = self.delete_written(&created).await;
