@@ -269,8 +269,11 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
     let (blocks, beat) = with_kube(&api, "ipoold", |s| async move {
         s.create_pool(&pool("p", &["10.4.0.0/24"])).await.unwrap();
         let (spec, rev) = s.get_pool("p").await.unwrap().unwrap();
-        let Acquired::Held(beat) = s.start_heartbeat("n1", &alive("A"), 10, 3).await.unwrap()
-        else {
+        let me = Alive {
+            fence_secs: 1,
+            ..alive("A")
+        };
+        let Acquired::Held(beat) = s.start_heartbeat("n1", &me, 10, 1).await.unwrap() else {
             panic!("held")
         };
         let b = s.claim_next(&spec, rev, true, "n1").await.unwrap();
@@ -291,12 +294,28 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
 
     // 100 s later by the apiserver's clock, with no renewal: away 100 s, gone.
     api.advance_clock(100);
+    let renewing = beat.clone();
     with_kube(&api, "ipoolctl", |s| async move {
         let state = s.node_state("n1").await.unwrap();
         assert!(state.alive.is_none(), "{state:?}");
         let (seen, away) = state.seen.clone().expect("measured");
         assert!((100..110).contains(&away), "away {away}");
-        assert_eq!((seen.instance.as_str(), seen.fence_secs), ("A", 5));
+        assert_eq!((seen.instance.as_str(), seen.fence_secs), ("A", 1));
+        // But it renews (an apiserver replica's clock was off): seen by ipoolctl's own clock
+        // while it watches the Lease for its fence and a renewal (3 s), and refused.
+        let daemon = s.clone();
+        let renewals = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                daemon.renew_heartbeat(&renewing).await.unwrap();
+            }
+        });
+        let e = s
+            .release_node("n1", &state.blocks.blocks, false)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("changed within 3 s"), "{e}");
+        renewals.abort();
         let released = s
             .release_node("n1", &state.blocks.blocks, false)
             .await

@@ -10,7 +10,9 @@
 //! release-node measures absence with the apiserver's clock: it writes an annotation on the
 //! Lease (on the resourceVersion read, so no renewal came between) and compares the time the
 //! apiserver stamped on that write with the one it stamped on the daemon's last
-//! (`metadata.managedFields`). Before it gives back a block it holds the Lease itself, so a
+//! (`metadata.managedFields`). Those are wall clocks (of whichever apiserver replica took
+//! each write), so that the daemon is past its fence is checked with ipoolctl's own clock:
+//! the Lease must stay unchanged for the daemon's fence, a renewal interval and a second. Before it gives back a block it holds the Lease itself, so a
 //! daemon that comes back meanwhile waits (as for any other holder) and then finds its blocks
 //! gone.
 
@@ -299,7 +301,25 @@ impl KubeStore {
     ) -> Result<Vec<Block>, ClusterError> {
         let name = Self::lease_name(node);
         self.token().await;
-        let lease = self.leases.get_opt(&name).await?;
+        let mut lease = self.leases.get_opt(&name).await?;
+        if let (Some(l), false) = (&lease, force) {
+            // The apiserver's clock said how long; its replicas' clocks may disagree. That the
+            // daemon is past its fence is seen here, by this process's own clock: the Lease
+            // left unchanged for its fence, a renewal's interval and a second.
+            let wait = annotation(l, FENCE) + annotation(l, RENEW).max(1) + 1;
+            tracing::info!(node, lease = %name, wait_secs = wait, "watching the node's Lease for a renewal before giving its blocks back");
+            tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
+            self.token().await;
+            let again = self.leases.get_opt(&name).await?;
+            let rv =
+                |l: &Option<Lease>| l.as_ref().and_then(|l| l.metadata.resource_version.clone());
+            if rv(&again) != rv(&lease) {
+                return Err(ClusterError::Refused(format!(
+                    "node {node:?} is alive or came back: its Lease changed within {wait} s"
+                )));
+            }
+            lease = again;
+        }
         let held = match (&lease, force) {
             (Some(l), false) => {
                 // Still as node_state measured it: unrenewed for longer than its duration
