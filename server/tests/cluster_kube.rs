@@ -511,3 +511,28 @@ fn a_block_left_behind_by_a_deleted_pool_is_given_back_at_its_sync_and_blocks_a_
         s.create_pool(&q).await.unwrap();
     });
 }
+
+#[test]
+fn a_pool_left_pending_by_a_creation_that_stopped_is_finished_by_the_next_one() {
+    let api = FakeApi::start();
+    let fake = &api;
+    with_kube(&api, "ipoolctl", |s| async move {
+        // What a `pool create` killed between its create and its check leaves.
+        fake.put_custom(
+            "ippools",
+            serde_json::json!({"apiVersion": "ipool.io/v1", "kind": "IPPool",
+                "metadata": {"name": "p", "uid": "uid-p"},
+                "spec": {"cidrs": ["10.7.0.0/24"], "blockSizeV4": 26, "blockSizeV6": 122,
+                         "exclude": []},
+                "status": {"phase": "Pending"}}),
+        );
+        assert!(s.get_pool("p").await.unwrap().is_none(), "not claimed from");
+        let e = s
+            .create_pool(&pool("p", &["10.8.0.0/24"]))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("exists"), "another spec: {e}");
+        s.create_pool(&pool("p", &["10.7.0.0/24"])).await.unwrap();
+        assert!(s.get_pool("p").await.unwrap().is_some(), "Ready");
+    });
+}

@@ -86,6 +86,10 @@ pub(super) fn parse_block(obj: &DynamicObject) -> Result<Block, MalformedKey> {
     let Some(block) = cidr else {
         return Err(bad(format!("spec.cidr {} is not a CIDR", spec["cidr"])));
     };
+    if obj.metadata.deletion_timestamp.is_some() {
+        // A finalizer holds it: given back, not yet gone. Nobody's, and not free either.
+        return Err(bad("being deleted (a finalizer holds it)".into()));
+    }
     if block.trunc() != block || block_name(&block) != name {
         return Err(bad(format!(
             "spec.cidr {block} is not the block its name ({name}) says"
@@ -228,6 +232,17 @@ mod tests {
         let m = parse_block(&obj).unwrap_err();
         assert_eq!(m.block, Some("10.0.0.0/26".parse().unwrap()));
         assert!(m.why.contains("not the block its name"), "{}", m.why);
+    }
+
+    #[test]
+    fn a_block_being_deleted_is_nobodys_and_occupied() {
+        let mut obj = new_block("p", 1, &"10.0.0.0/26".parse().unwrap(), "n1", 5);
+        obj.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        let m = parse_block(&obj).unwrap_err();
+        assert_eq!(m.block, Some("10.0.0.0/26".parse().unwrap()));
     }
 
     #[test]

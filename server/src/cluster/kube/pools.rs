@@ -21,10 +21,19 @@ impl KubeStore {
         {
             Ok(p) => p,
             Err(e) if api_code(&e) == Some(409) => {
-                return Err(ClusterError::Refused(format!(
-                    "pool {:?} exists",
-                    spec.name
-                )))
+                // Left Pending with this very spec (its creator stopped before it was made
+                // Ready, or is checking it now): checked and made Ready here, as its creator
+                // would. The listing below comes after its creation, so the argument holds.
+                self.token().await;
+                match self.pools.get_opt(&spec.name).await? {
+                    Some(p) if parse_pool(&p).ok() == Some((spec.clone(), Phase::Pending)) => p,
+                    _ => {
+                        return Err(ClusterError::Refused(format!(
+                            "pool {:?} exists",
+                            spec.name
+                        )))
+                    }
+                }
             }
             Err(e) => return Err(e.into()),
         };
