@@ -73,8 +73,14 @@ pub struct ClusterSource {
     blocks: BTreeMap<IpAddr, Owned>,
     cursor: Option<IpAddr>,
     in_flight: bool,
+    /// After a failure of work other than a claim (the store did not answer a sync, say):
+    /// no such work before then.
     retry_at: Option<Instant>,
     backoff: Duration,
+    /// After a claim that failed or found the pool full: no claim before then. A sync never
+    /// waits for it (a block forced away is found at the next sync, whatever the claims do).
+    claim_retry_at: Option<Instant>,
+    claim_backoff: Duration,
     failed: Option<String>,
     /// The pool had no free block (why, with its counts).
     exhausted: Option<String>,
@@ -108,6 +114,8 @@ impl ClusterSource {
             in_flight: false,
             retry_at: None,
             backoff: Duration::from_secs(1),
+            claim_retry_at: None,
+            claim_backoff: Duration::from_secs(1),
             failed: None,
             exhausted: None,
             forget: Vec::new(),
@@ -276,10 +284,15 @@ impl ClusterSource {
         }
     }
 
-    fn failed_now(&mut self, why: String) {
+    /// `work` failed: that kind of work waits (a claim's wait holds back claims only).
+    fn failed_now(&mut self, work: &Work, why: String) {
         self.failed = Some(why);
-        self.retry_at = Some(Instant::now() + super::jitter(self.backoff));
-        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        let (at, backoff) = match work {
+            Work::Claim { .. } => (&mut self.claim_retry_at, &mut self.claim_backoff),
+            _ => (&mut self.retry_at, &mut self.backoff),
+        };
+        *at = Some(Instant::now() + super::jitter(*backoff));
+        *backoff = (*backoff * 2).min(BACKOFF_MAX);
     }
 }
 
@@ -418,14 +431,22 @@ impl Source for ClusterSource {
     }
 
     fn start_claim(&mut self) -> Option<Claim> {
-        if self.in_flight || self.retry_at.is_some_and(|t| Instant::now() < t) {
+        if self.in_flight {
             return None;
         }
-        if self.exhausted.is_some() && self.retry_at.is_some() {
+        let now = Instant::now();
+        if self.exhausted.is_some() && self.claim_retry_at.is_none_or(|t| now >= t) {
             // Past the exhaustion's wait: look at the pool again.
             self.exhausted = None;
         }
         let work = self.next_work()?;
+        let wait = match work {
+            Work::Claim { .. } => self.claim_retry_at,
+            _ => self.retry_at,
+        };
+        if wait.is_some_and(|t| now < t) {
+            return None;
+        }
         if let Work::GiveBack(net, revision) = &work {
             if let Some(b) = self.blocks.get_mut(&net.network()) {
                 b.state = BlockState::Returning(*revision);

@@ -25,14 +25,20 @@ impl ClusterSource {
                     }
                     Work::Sync { .. } | Work::Claim { .. } | Work::Reclaim(_) => {}
                 }
-                self.failed_now(why.clone());
+                self.failed_now(&done.work, why.clone());
                 return Err(why);
             }
         };
         self.failed = None;
-        self.backoff = Duration::from_secs(1);
-        if !matches!(outcome, Outcome::PoolFull(_)) {
-            self.retry_at = None;
+        match &done.work {
+            Work::Claim { .. } => {
+                self.claim_backoff = Duration::from_secs(1);
+                self.claim_retry_at = None;
+            }
+            _ => {
+                self.backoff = Duration::from_secs(1);
+                self.retry_at = None;
+            }
         }
         let pool = self.pool.clone();
         let node = self.node.clone();
@@ -49,7 +55,7 @@ impl ClusterSource {
             }
             (_, Outcome::PoolFull(why)) => {
                 self.exhausted = Some(why.clone());
-                self.retry_at = Some(Instant::now() + super::super::jitter(EXHAUSTED_RETRY));
+                self.claim_retry_at = Some(Instant::now() + super::super::jitter(EXHAUSTED_RETRY));
                 Err(why)
             }
             (_, Outcome::PoolChanged) => Ok(format!(

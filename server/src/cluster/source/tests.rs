@@ -27,6 +27,11 @@ fn node(extra: &str) -> Arc<ClusterNode> {
 }
 
 fn source(node: &Arc<ClusterNode>) -> ClusterSource {
+    source_wanting(node, 0)
+}
+
+/// A source that claims ahead until `min_idle` addresses are free.
+fn source_wanting(node: &Arc<ClusterNode>, min_idle: usize) -> ClusterSource {
     let range = Range::from_spec(&RangeSpec {
         subnet: "10.0.0.0/24".into(),
         range_start: None,
@@ -34,7 +39,7 @@ fn source(node: &Arc<ClusterNode>) -> ClusterSource {
         gateway: None,
     })
     .expect("range");
-    ClusterSource::new(node.clone(), "p", &[range], 0)
+    ClusterSource::new(node.clone(), "p", &[range], min_idle)
 }
 
 /// A key created and last written at `revision`.
@@ -70,13 +75,11 @@ fn land(
     }))
 }
 
-/// The work the source starts next (its claim is dropped: nothing runs).
+/// The work the source starts now, if it starts any (its claim is dropped: nothing runs).
 fn next_work(s: &mut ClusterSource) -> Option<Work> {
     let w = s.next_work();
-    if let Some(claim) = s.start_claim() {
-        drop(claim);
-    }
-    w
+    let started = s.start_claim().is_some();
+    w.filter(|_| started)
 }
 
 fn epoch(n: &ClusterNode) -> u64 {
@@ -369,8 +372,48 @@ fn the_first_sync_of_an_epoch_trusts_no_block_so_a_give_back_sent_while_fenced_c
     // first sync of the new epoch settles every block, confirmed or not.
     n.pretend_renewed(Duration::from_secs(6));
     n.pretend_renewed(Duration::ZERO);
+    // (That sync never landed: its claim was dropped.)
+    s.in_flight = false;
     match next_work(&mut s) {
         Some(Work::Sync { trusted, .. }) => assert_eq!(trusted, vec![]),
         other => panic!("{other:?}"),
     }
+}
+
+/// A claim that found the pool full, or failed, waits before the next claim; the syncs go on
+/// meanwhile (a block forced away from this node is found at the next sync, not after the
+/// claim's wait: issue 36, 5).
+#[test]
+fn a_full_pool_or_a_failed_claim_never_delays_a_sync() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source_wanting(&n, 100);
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    let claim = next_work(&mut s);
+    assert!(matches!(claim, Some(Work::Claim { .. })), "{claim:?}");
+    land(
+        &mut s,
+        claim.clone().expect("a claim"),
+        Ok(Outcome::PoolFull("no free block".into())),
+    )
+    .expect_err("full");
+    assert_eq!(next_work(&mut s), None, "no claim while the pool is full");
+    // A resync falls due while the claim waits: it runs now.
+    s.next_sync = Some(Instant::now());
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    // The same after a claim that failed.
+    let mut s = source_wanting(&n, 100);
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    let claim = next_work(&mut s);
+    assert!(matches!(claim, Some(Work::Claim { .. })), "{claim:?}");
+    land(
+        &mut s,
+        claim.expect("a claim"),
+        Err("etcd: no answer".into()),
+    )
+    .expect_err("failed");
+    assert_eq!(next_work(&mut s), None, "no claim during its backoff");
+    s.next_sync = Some(Instant::now());
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
 }

@@ -1,0 +1,91 @@
+//! Cluster mode at the edges of what a node knows, with the real daemons and plugin on either
+//! store (the fake apiserver always; a real etcd where installed): a block forced away while
+//! the node's claims wait on a full pool, a pool whose deletion is under way or failed, an idle
+//! dual-stack node's writes, a clean stop giving the node's name up.
+
+mod common;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use common::backend::Backend;
+use common::*;
+
+fn addr(r: &Run) -> IpAddr {
+    r.addresses()[0].split('/').next().unwrap().parse().unwrap()
+}
+
+/// A node whose pool is full keeps trying to claim (its claims wait 10 s after each "full");
+/// a block forced away from it meanwhile stops serving at its next sync (resync_secs 1), not
+/// when the claims' wait ends.
+fn forced_away_while_the_pool_is_full(store: Backend) {
+    // One /26 block to claim (61 addresses): the other is excluded.
+    store.create_pool(&[
+        "p",
+        "--cidr",
+        "10.52.0.0/25",
+        "--block-size",
+        "26",
+        "--exclude",
+        "10.52.0.64/26",
+    ]);
+    let tuning = "heartbeat_ttl_secs = 6\nresync_secs = 1\nclaim_ahead = 100\n";
+    let mut n1 =
+        Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    n1.spawn();
+    let conf1 = n1.conf("1.0.0", "pods", "");
+    for k in 0..3 {
+        add_within(20, "n1's ADDs", &format!("a{k}"), &conf1);
+    }
+    // Its claim ahead finds the pool full, again and again: the release comes right after one
+    // of those, so that its claims wait (8 to 12 s) while the block is taken.
+    let full = |d: &Daemon| {
+        d.log()
+            .lines()
+            .filter(|l| l.contains("a claim failed") && l.contains("has no free IPv4 block"))
+            .count()
+    };
+    let seen = full(&n1);
+    eventually(20, "n1 finding the pool full again", || {
+        match full(&n1) > seen {
+            true => Ok(()),
+            false => Err(seen),
+        }
+    });
+    let o = store.ctl(&["release-node", "n1", "--force"]);
+    assert!(o.status.success(), "release-node: {}", stderr(&o));
+    let mut n2 =
+        Daemon::prepare_with_config(&store.daemon_config("n2", "p", tuning, &store.addr()));
+    n2.spawn();
+    let first = add_within(20, "n2's first ADD", "b0", &n2.conf("1.0.0", "pods", ""));
+    let taken = Instant::now();
+    assert!(store.owners().values().all(|o| o == "n2"));
+    // n1 hands out nothing more from the block once its next sync found it gone.
+    let mut last_ok = None;
+    let mut k = 0;
+    while taken.elapsed() < Duration::from_secs(6) {
+        k += 1;
+        let r = cni("ADD", &format!("late{k}"), &conf1);
+        if r.ok {
+            assert_ne!(addr(&r), addr(&first), "n2's address handed out on n1");
+            last_ok = Some(taken.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        last_ok.is_none_or(|t| t < Duration::from_millis(2500)),
+        "n1 handed out from a block n2 owns {last_ok:?} after n2 took it (resync_secs 1)"
+    );
+}
+
+#[test]
+fn a_block_forced_away_while_the_pool_is_full_stops_serving_at_the_next_sync_on_the_kubernetes_api()
+{
+    forced_away_while_the_pool_is_full(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_block_forced_away_while_the_pool_is_full_stops_serving_at_the_next_sync_on_etcd() {
+    forced_away_while_the_pool_is_full(Backend::etcd());
+}
