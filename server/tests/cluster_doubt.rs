@@ -89,3 +89,49 @@ fn a_block_forced_away_while_the_pool_is_full_stops_serving_at_the_next_sync_on_
 fn a_block_forced_away_while_the_pool_is_full_stops_serving_at_the_next_sync_on_etcd() {
     forced_away_while_the_pool_is_full(Backend::etcd());
 }
+
+/// An idle dual-stack node writes no block at its resyncs: each family's sync settles only
+/// its own family's blocks (issue 36, 3: each family settled the other's every time, and moved
+/// the revision the other held).
+fn idle_dual_stack_writes_nothing(store: Backend) {
+    store.create_pool(&[
+        "p",
+        "--cidr",
+        "10.53.0.0/24",
+        "--cidr",
+        "fd00:53::/112",
+        "--block-size",
+        "28",
+    ]);
+    let tuning = "heartbeat_ttl_secs = 6\nresync_secs = 1\nclaim_ahead = 1\n";
+    let mut d = Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    d.spawn();
+    let conf = d.conf("1.0.0", "pods", "");
+    let r = add_within(20, "a dual-stack ADD", "c0", &conf);
+    assert_eq!(r.addresses().len(), 2, "{r:?}");
+    // The epoch's first syncs settle every block once; then the node is idle.
+    std::thread::sleep(Duration::from_secs(3));
+    let before = store.block_writes();
+    std::thread::sleep(Duration::from_secs(5));
+    let written = store.block_writes() - before;
+    assert_eq!(
+        written, 0,
+        "an idle dual-stack node wrote {written} times in 5 s of 1 s resyncs"
+    );
+    // And it still serves both families.
+    assert_eq!(
+        add_within(10, "another ADD", "c1", &conf).addresses().len(),
+        2
+    );
+}
+
+#[test]
+fn an_idle_dual_stack_node_writes_no_block_at_its_resyncs_on_the_kubernetes_api() {
+    idle_dual_stack_writes_nothing(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn an_idle_dual_stack_node_writes_no_block_at_its_resyncs_on_etcd() {
+    idle_dual_stack_writes_nothing(Backend::etcd());
+}

@@ -458,6 +458,7 @@ impl Source for ClusterSource {
             self.node.clone(),
             self.pool.clone(),
             self.family,
+            self.cidrs.clone(),
             self.id,
             work,
         ))

@@ -54,11 +54,18 @@ pub struct Done {
     pub result: Result<Outcome, String>,
 }
 
-/// The claim that does `work` for `node`'s range set of `pool` (one family), started by
-/// source `source`.
-pub fn run(node: Arc<ClusterNode>, pool: String, family: Family, source: u64, work: Work) -> Claim {
+/// The claim that does `work` for `node`'s range set of `pool` (one family, its `cidrs`),
+/// started by source `source`.
+pub fn run(
+    node: Arc<ClusterNode>,
+    pool: String,
+    family: Family,
+    cidrs: Vec<IpNet>,
+    source: u64,
+    work: Work,
+) -> Claim {
     Box::pin(async move {
-        let result = execute(&node, &pool, family, &work)
+        let result = execute(&node, &pool, family, &cidrs, &work)
             .await
             .map_err(|e| e.to_string());
         Box::new(Done {
@@ -73,12 +80,13 @@ async fn execute(
     node: &ClusterNode,
     pool: &str,
     family: Family,
+    cidrs: &[IpNet],
     work: &Work,
 ) -> Result<Outcome, ClusterError> {
     let me = node.name().to_string();
     let metrics = &node.metrics().cluster;
     match work {
-        Work::Sync { trusted, .. } => sync(node, pool, trusted).await,
+        Work::Sync { trusted, .. } => sync(node, pool, cidrs, trusted).await,
         Work::Claim { cidrs } => {
             let (spec, revision) = node.pool(pool).await?.ok_or_else(|| {
                 ClusterError::NotFound(format!(
@@ -193,13 +201,16 @@ async fn execute(
     }
 }
 
-/// This node's blocks of `pool`, as etcd lists them (its index, each entry checked; malformed
-/// keys reported). Those not in `trusted` as listed are settled (written again, conditioned
-/// on the write listed): one whose key changed since it was listed is left out, not this
-/// node's.
+/// This node's blocks of `pool` in `cidrs` (one family's: the source's own), as the store
+/// lists them (etcd: its index, each entry checked; malformed keys reported). Those not in
+/// `trusted` as listed are settled (written again, conditioned on the write listed): one whose
+/// key changed since it was listed is left out, not this node's. Blocks outside `cidrs` are
+/// not this source's: another family's source settles its own (settling them here would
+/// write every one of them at every resync, and move the revision that source holds).
 async fn sync(
     node: &ClusterNode,
     pool: &str,
+    cidrs: &[IpNet],
     trusted: &[(IpNet, KeyRevision)],
 ) -> Result<Outcome, ClusterError> {
     node.ensure_index().await?;
@@ -212,6 +223,9 @@ async fn sync(
     node.malformed_seen(pool, &listed.malformed);
     let mut mine = Vec::with_capacity(listed.blocks.len());
     for mut b in listed.blocks {
+        if !cidrs.iter().any(|c| c.contains(&b.block)) {
+            continue;
+        }
         if !trusted.contains(&(b.block, b.revision)) {
             let read = b.clone();
             match node

@@ -131,6 +131,35 @@ routes = [{{ dst = "0.0.0.0/0" }}]
         }
     }
 
+    /// A count that grows with every write of a block: on the apiserver, the requests that
+    /// create, update or delete one; on etcd, its revision (every write moves it; lease
+    /// renewals do not).
+    pub fn block_writes(&self) -> u64 {
+        match self {
+            Backend::Etcd(e) => {
+                let url = e.lock().unwrap().client_url.clone();
+                super::etcd::with_store(&url, |s| async move {
+                    let r = s
+                        .client()
+                        .range(ipool_server::cluster::etcd::request::get("/"))
+                        .await
+                        .expect("read etcd's revision");
+                    r.header.expect("a header").revision as u64
+                })
+            }
+            Backend::Kube { api, .. } => api
+                .requests()
+                .iter()
+                .filter(|r| {
+                    r.contains("/apis/ipool.io/v1/ipblocks")
+                        && ["POST ", "PUT ", "DELETE "]
+                            .iter()
+                            .any(|m| r.starts_with(m))
+                })
+                .count() as u64,
+        }
+    }
+
     /// The store stops answering (etcd: stopped; the apiserver: every connection dropped).
     pub fn stop(&self) {
         match self {
