@@ -36,13 +36,18 @@ async fn store(e: &Etcd) -> ClusterStore {
 
 /// Claims `block` of `pool` for `node`, conditioned on the pool as read now.
 async fn claim(s: &ClusterStore, pool: &str, block: &IpNet, node: &str) -> Claimed {
-    let revision = s.get_pool(pool).await.unwrap().map_or(0, |(_, r)| r);
+    let revision = s.get_pool(pool).await.unwrap().map_or(0, |p| p.revision);
     s.claim(pool, revision, block, node).await.unwrap()
 }
 
 /// The next block of `p` for `node` (one family), conditioned on the pool as read now.
 async fn claim_next(s: &ClusterStore, p: &PoolSpec, v4: bool, node: &str) -> ClaimOutcome {
-    let revision = s.get_pool(&p.name).await.unwrap().expect("the pool").1;
+    let revision = s
+        .get_pool(&p.name)
+        .await
+        .unwrap()
+        .expect("the pool")
+        .revision;
     s.claim_next(p, revision, v4, node).await.unwrap()
 }
 
@@ -79,7 +84,7 @@ fn pools_are_created_listed_and_deleted_only_when_no_block_is_owned() {
             .unwrap()
             .pools
             .into_iter()
-            .map(|p| p.name)
+            .map(|p| p.spec.name)
             .collect();
         assert_eq!(names, ["a", "v6"]);
 
@@ -123,7 +128,7 @@ fn a_store_on_several_endpoints_fails_over_to_a_member_that_answers() {
         s.create_pool(&pool("f", &["10.50.0.0/16"], &[]))
             .await
             .unwrap();
-        let revision = s.get_pool("f").await.unwrap().unwrap().1;
+        let revision = s.get_pool("f").await.unwrap().unwrap().revision;
         // The client uses the first member that answered: stop it.
         members[0].stop();
         let mut failed = Vec::new();
@@ -192,12 +197,12 @@ fn overlapping_pools_created_together_are_refused_but_one() {
         assert_eq!(created, pools.len());
         for (i, a) in pools.iter().enumerate() {
             for b in &pools[i + 1..] {
-                for x in &a.cidrs {
+                for x in &a.spec.cidrs {
                     assert!(
-                        !b.cidrs.iter().any(|y| x.contains(y) || y.contains(x)),
+                        !b.spec.cidrs.iter().any(|y| x.contains(y) || y.contains(x)),
                         "pools {} and {} overlap: {pools:?}",
-                        a.name,
-                        b.name
+                        a.spec.name,
+                        b.spec.name
                     );
                 }
             }
@@ -218,7 +223,7 @@ fn racing_claimers_never_share_a_block() {
         for i in 0..20 {
             let (s, p) = (s.clone(), p.clone());
             tasks.push(tokio::spawn(async move {
-                let revision = s.get_pool(&p.name).await?.expect("the pool").1;
+                let revision = s.get_pool(&p.name).await?.expect("the pool").revision;
                 s.claim_next(&p, revision, true, &format!("node-{i}"))
                     .await
                     .map(|o| o.block)
@@ -453,7 +458,7 @@ fn ipoolctl_cluster_manages_pools_and_lists_blocks() {
 
     rt().block_on(async {
         let s = store(&e).await;
-        let (p, _) = s.get_pool("main").await.unwrap().unwrap();
+        let p = s.get_pool("main").await.unwrap().unwrap().spec;
         let b = claim_next(&s, &p, true, "node-a").await.block.unwrap();
         assert!(
             !net("10.12.0.0/24").contains(&b.block),

@@ -135,3 +135,155 @@ fn an_idle_dual_stack_node_writes_no_block_at_its_resyncs_on_the_kubernetes_api(
 fn an_idle_dual_stack_node_writes_no_block_at_its_resyncs_on_etcd() {
     idle_dual_stack_writes_nothing(Backend::etcd());
 }
+
+/// The block `a` is in, as the store lists it.
+fn blocks_of(store: &Backend, a: &IpAddr) -> ipnet::IpNet {
+    *store
+        .owners()
+        .keys()
+        .find(|b| b.contains(a))
+        .unwrap_or_else(|| panic!("{a} is in no block"))
+}
+
+/// The fake apiserver of a Kubernetes backend.
+fn api(store: &Backend) -> &common::fake_api::FakeApi {
+    match store {
+        Backend::Kube { api, .. } => api,
+        Backend::Etcd(_) => panic!("not the Kubernetes API"),
+    }
+}
+
+/// What `pool list -o json` says of pool `name` (None: not listed).
+fn listed_pool(store: &Backend, name: &str) -> Option<serde_json::Value> {
+    let o = store.ctl(&["-o", "json", "pool", "list"]);
+    assert!(o.status.success(), "pool list: {}", stderr(&o));
+    json(&o)
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|p| p["name"] == name)
+        .cloned()
+}
+
+/// A pool whose deletion is under way (marked Deleting, its blocks being listed) is in doubt:
+/// a node that settles its block meanwhile (here: the first sync after a restart) neither
+/// serves it nor gives it back, so the deletion finds the block and is refused, and the block
+/// serves again once the pool is Ready (issue 36, 1: the node gave its block back, with three
+/// pods' addresses in it, and the pool was deleted under them).
+#[test]
+fn a_node_settling_its_block_while_its_pool_is_being_deleted_keeps_it() {
+    let store = Backend::kube();
+    store.create_pool(&["p", "--cidr", "10.56.0.0/24", "--block-size", "28"]);
+    let tuning = "heartbeat_ttl_secs = 6\nresync_secs = 1\nclaim_ahead = 1\n";
+    let mut n1 =
+        Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    n1.spawn();
+    let conf = n1.conf("1.0.0", "pods", "");
+    let held: Vec<IpAddr> = (0..3)
+        .map(|k| addr(&add_within(20, "n1's ADDs", &format!("a{k}"), &conf)))
+        .collect();
+    let blocks = store.owners();
+    assert_eq!(blocks.len(), 1);
+    // The deletion marks the pool Deleting, then waits on its listing of the pool's blocks.
+    let listing = api(&store).hold("ipblocks?&labelSelector=ipool.io%2Fpool%3Dp&limit");
+    let deletion = std::thread::scope(|s| {
+        // (Its calls may take 30 s: the held one does not time out.)
+        let deleting = s.spawn(|| store.ctl_within(30, &["pool", "delete", "p"]));
+        listing.caught_within(10);
+        // Meanwhile n1 restarts: its first sync settles its block and reads the pool.
+        n1.kill9();
+        n1.spawn();
+        // Its syncs (resync_secs 1) have settled the block by now.
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(store.owners(), blocks, "n1 gave its block back");
+        n1.wait_log(&["in doubt", "being deleted"]);
+        let o = n1.ctl(&["-o", "json", "status"]);
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("DOUBT"),
+            "{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        listing.release();
+        deleting.join().expect("ipoolctl")
+    });
+    assert_eq!(code(&deletion), 1, "refused: {}", stderr(&deletion));
+    assert!(
+        stderr(&deletion).contains("owned block"),
+        "{}",
+        stderr(&deletion)
+    );
+    assert_eq!(
+        listed_pool(&store, "p").map(|p| p["phase"].clone()),
+        Some(serde_json::json!("Ready"))
+    );
+    assert_eq!(store.owners(), blocks);
+    // n1's next sync confirms its block again; a node started now gets none of its pods'
+    // addresses.
+    eventually(10, "n1's block confirmed again", || {
+        let o = n1.ctl(&["-o", "json", "status"]);
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        match text.contains("DOUBT") {
+            false => Ok(()),
+            true => Err(text),
+        }
+    });
+    let r = add_within(20, "n1's ADD once the pool is Ready", "a3", &conf);
+    assert_eq!(
+        store.owners().get(&blocks_of(&store, &addr(&r))),
+        Some(&"n1".to_string())
+    );
+    let mut n2 =
+        Daemon::prepare_with_config(&store.daemon_config("n2", "p", tuning, &store.addr()));
+    n2.spawn();
+    let conf2 = n2.conf("1.0.0", "pods", "");
+    for k in 0..15 {
+        let r = add_within(20, "n2's ADDs", &format!("b{k}"), &conf2);
+        assert!(!held.contains(&addr(&r)), "{} is n1's pod's", addr(&r));
+    }
+}
+
+/// A deletion that cannot list the pool's blocks leaves the pool as it was: Ready, claimed
+/// from (issue 36, 2: it stayed Deleting, and no node could claim from it).
+#[test]
+fn a_pool_deletion_that_cannot_list_the_blocks_leaves_the_pool_ready() {
+    let store = Backend::kube();
+    store.create_pool(&["p", "--cidr", "10.57.0.0/24", "--block-size", "28"]);
+    let listing = "ipblocks?&labelSelector=ipool.io%2Fpool%3Dp&limit";
+    // An error status; then no answer at all, past ipoolctl's deadline (2 s).
+    let mut unanswered = None;
+    for round in 0..2 {
+        match round {
+            0 => api(&store).fail_matching(listing, 500),
+            _ => unanswered = Some(api(&store).hold(listing)),
+        }
+        let o = store.ctl(&["pool", "delete", "p"]);
+        assert_eq!(code(&o), 2, "round {round}: {}", stderr(&o));
+        assert!(stderr(&o).contains("Ready again"), "{}", stderr(&o));
+        assert_eq!(
+            listed_pool(&store, "p").map(|p| p["phase"].clone()),
+            Some(serde_json::json!("Ready")),
+            "round {round}"
+        );
+    }
+    unanswered.expect("held").release();
+    let tuning = "heartbeat_ttl_secs = 6\nresync_secs = 1\nclaim_ahead = 1\n";
+    let mut n1 =
+        Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    n1.spawn();
+    add_within(
+        20,
+        "an ADD from the pool",
+        "c0",
+        &n1.conf("1.0.0", "pods", ""),
+    );
+    // With nothing failing, a deletion of a pool with a block is refused, and of an empty one
+    // done.
+    let o = store.ctl(&["pool", "delete", "p"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    drop(n1);
+    let o = store.ctl(&["release-node", "n1", "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = store.ctl(&["pool", "delete", "p"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(listed_pool(&store, "p"), None);
+}

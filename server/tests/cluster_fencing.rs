@@ -20,7 +20,7 @@ fn addr(cidr: &str) -> IpAddr {
 /// `block` of `pool` claimed for `node` straight in etcd (another node winning it).
 fn claim_for(url: &str, pool: &str, block: IpNet, node: &str) {
     with_store(url, |s| async move {
-        let revision = s.get_pool(pool).await.unwrap().unwrap().1;
+        let revision = s.get_pool(pool).await.unwrap().unwrap().revision;
         let won = s.claim(pool, revision, &block, node).await.unwrap();
         assert!(
             matches!(won, ipool_server::cluster::etcd::Claimed::Won(_)),

@@ -127,3 +127,61 @@ fn an_apiserver_that_does_not_answer_or_lacks_the_crds_has_its_exit_code() {
         .unwrap();
     assert_eq!(code(&o), 64, "--kubeconfig without --datastore kubernetes");
 }
+
+/// The daemons hold their Leases in their `lease_namespace`; a release-node that looks in
+/// another finds no Lease, which proves nothing: refused without --force, naming the namespace
+/// it looked in, and the live node's blocks stay (issue 36, 4: it gave them back).
+#[test]
+fn release_node_looking_in_another_namespace_gives_nothing_back() {
+    let api = FakeApi::start();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = api.kubeconfig(dir.path());
+    let o = ctl(&kc, &["pool", "create", "p", "--cidr", "10.41.0.0/24"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut d = Daemon::prepare_with_config(&format!(
+        r#"
+[cluster]
+datastore = "kubernetes"
+kubeconfig = "{}"
+node_name = "node-a"
+lease_namespace = "kube-ipool"
+etcd_timeout_ms = 1000
+heartbeat_ttl_secs = 6
+claim_ahead = 1
+[[network]]
+name = "pods"
+ranges_from = "cluster"
+cluster_pool = "p"
+"#,
+        kc.display()
+    ));
+    d.spawn();
+    add_within(20, "a first ADD", "c1", &d.conf("1.0.0", "pods", ""));
+    assert!(api.get("leases", "kube-ipool", "ipool-node-a").is_some());
+    for args in [
+        vec!["release-node", "node-a"],
+        vec!["release-node", "node-a", "--absent-for", "0"],
+        vec![
+            "release-node",
+            "node-a",
+            "--lease-namespace",
+            "elsewhere",
+            "--absent-for",
+            "0",
+        ],
+    ] {
+        let o = ctl(&kc, &args);
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("no Lease"), "{}", stderr(&o));
+        assert!(stderr(&o).contains("namespace"), "{}", stderr(&o));
+        assert_eq!(api.objects("ipblocks").len(), 1, "{args:?}");
+    }
+    // Where the Lease is: alive.
+    let o = ctl(
+        &kc,
+        &["release-node", "node-a", "--lease-namespace", "kube-ipool"],
+    );
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("alive"), "{}", stderr(&o));
+    assert_eq!(api.objects("ipblocks").len(), 1);
+}

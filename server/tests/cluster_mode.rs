@@ -476,7 +476,7 @@ fn a_block_taken_by_another_node_is_found_at_the_next_sync_and_no_longer_handed_
         )
         .await
         .unwrap();
-        let revision = s.get_pool("t").await.unwrap().unwrap().1;
+        let revision = s.get_pool("t").await.unwrap().unwrap().revision;
         let won = s.claim("t", revision, &block, "node-z").await.unwrap();
         assert!(matches!(won, ipool_server::cluster::etcd::Claimed::Won(_)));
     });

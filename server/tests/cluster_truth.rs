@@ -83,7 +83,7 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
         )
         .await
         .unwrap();
-        let revision = s.get_pool("r1").await.unwrap().unwrap().1;
+        let revision = s.get_pool("r1").await.unwrap().unwrap().revision;
         let won = s.claim("r1", revision, &taken, "node-z").await.unwrap();
         assert!(
             matches!(won, ipool_server::cluster::etcd::Claimed::Won(_)),

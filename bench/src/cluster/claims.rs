@@ -167,10 +167,11 @@ async fn claim_with(
     filler: &str,
 ) -> Result<ClaimRun> {
     // Read once, as a daemon keeps it: every claim is conditioned on it.
-    let (_, revision) = admin
+    let revision = admin
         .get_pool(&spec.name)
         .await?
-        .with_context(|| format!("pool {} is gone", spec.name))?;
+        .with_context(|| format!("pool {} is gone", spec.name))?
+        .revision;
     let mut stores = Vec::with_capacity(claimers);
     for _ in 0..claimers {
         stores.push(connect(url, prefix).await?);

@@ -74,7 +74,7 @@ async fn fill(url: &str, spec: &PoolSpec, count: usize, parallel: usize) -> Resu
         .get_pool(&spec.name)
         .await?
         .with_context(|| format!("pool {} is gone", spec.name))?
-        .1;
+        .revision;
     let mut sets = spec.carve().map_err(anyhow::Error::msg)?;
     let set = sets.remove(0);
     let blocks: Arc<Vec<IpNet>> = Arc::new((0..count).map(|i| set.block(i)).collect());

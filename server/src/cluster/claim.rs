@@ -219,7 +219,8 @@ async fn try_view<S: Datastore + ?Sized>(
                         view.spec.name
                     )))
                 }
-                Claimed::PoolChanged => {
+                // Read again before anything more is claimed (and then seen as not Ready).
+                Claimed::PoolChanged | Claimed::PoolDeleting => {
                     result = Try::PoolChanged;
                     break 'sets;
                 }

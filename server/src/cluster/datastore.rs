@@ -20,7 +20,8 @@ use super::claim::Views;
 use super::etcd::client::Limiter;
 use super::etcd::Tls;
 use super::etcd::{
-    Block, ClaimOutcome, Claimed, ClusterError, ClusterStore, KeyRevision, Listing, PoolSpec, Pools,
+    Block, ClaimOutcome, Claimed, ClusterError, ClusterStore, Listing, Pool, PoolSpec, Pools,
+    Settled,
 };
 use super::kube::KubeStore;
 use super::nodes::{Acquired, Alive, Heartbeat, NodeState};
@@ -78,8 +79,8 @@ pub trait Datastore: Send + Sync {
     async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError>;
     /// Every pool.
     async fn pools(&self) -> Result<Pools, ClusterError>;
-    /// A pool, with the revision a claim from it is conditioned on.
-    async fn get_pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError>;
+    /// A pool, with the revision a claim from it is conditioned on, and its phase.
+    async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError>;
     /// Deletes a pool; refused while a block of it is owned.
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError>;
 
@@ -113,8 +114,8 @@ pub trait Datastore: Send + Sync {
     /// Gives `b` back, only if it is still the write `b.revision` names. False: it was not.
     async fn give_back(&self, b: &Block) -> Result<bool, ClusterError>;
     /// Writes `b` again, conditioned on the write listed, so that no give-back sent before can
-    /// apply; None: it changed since it was listed.
-    async fn settle(&self, b: &Block) -> Result<Option<KeyRevision>, ClusterError>;
+    /// apply; and says whether its pool stands (see [`Settled`]).
+    async fn settle(&self, b: &Block) -> Result<Settled, ClusterError>;
     /// Makes `node`'s listing of its own blocks complete (once, at start); how many blocks it
     /// had to find.
     async fn ensure_index(&self, node: &str) -> Result<usize, ClusterError>;
@@ -159,7 +160,7 @@ impl Datastore for ClusterStore {
     async fn pools(&self) -> Result<Pools, ClusterError> {
         ClusterStore::pools(self).await
     }
-    async fn get_pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
+    async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
         ClusterStore::get_pool(self, name).await
     }
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
@@ -187,7 +188,7 @@ impl Datastore for ClusterStore {
     async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
         ClusterStore::give_back(self, b, None).await
     }
-    async fn settle(&self, b: &Block) -> Result<Option<KeyRevision>, ClusterError> {
+    async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
         ClusterStore::settle(self, b).await
     }
     async fn ensure_index(&self, node: &str) -> Result<usize, ClusterError> {

@@ -64,6 +64,52 @@ pub struct KeyRevision {
     pub modified: i64,
 }
 
+/// What a settle found ([`Datastore::settle`](super::datastore::Datastore::settle)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// The owner's, written again at this revision: no give-back sent before can apply.
+    Mine(KeyRevision),
+    /// It changed since it was listed (a give-back applied, or it was claimed anew): not the
+    /// owner's to use.
+    Changed,
+    /// Written again at this revision, but its pool is being deleted: in doubt until the pool
+    /// is gone or Ready again (the deletion is refused if it saw the block). Neither served
+    /// nor given back meanwhile.
+    PoolDeleting(KeyRevision),
+    /// Written again at this revision, but its pool is gone (or made anew) since the block
+    /// was claimed: never served again; given back once nothing in it is in use.
+    PoolGone(KeyRevision),
+}
+
+/// Where a pool is in its life. Only a Ready pool is claimed from. (etcd's pools are always
+/// Ready: their creation and deletion are one transaction each.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolPhase {
+    /// Created, its overlaps being checked.
+    Pending,
+    Ready,
+    /// Its blocks being checked before it is deleted: in doubt.
+    Deleting,
+}
+
+impl PoolPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolPhase::Pending => "Pending",
+            PoolPhase::Ready => "Ready",
+            PoolPhase::Deleting => "Deleting",
+        }
+    }
+}
+
+/// A pool as read: its spec, the revision a claim from it is conditioned on, its phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub spec: PoolSpec,
+    pub revision: i64,
+    pub phase: PoolPhase,
+}
+
 /// A key under the prefix that does not say what it should.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MalformedKey {
@@ -90,6 +136,9 @@ pub enum Claimed {
     Mine(Block),
     /// The pool was deleted.
     NoPool,
+    /// The pool is being deleted: nothing was claimed (a block just created is given back; a
+    /// block this node had already is left as it is).
+    PoolDeleting,
     /// The pool is not as it was read (deleted and created again, maybe with other block
     /// sizes): read it again before claiming.
     PoolChanged,
@@ -114,6 +163,13 @@ pub enum ClusterError {
         key: String,
         why: String,
     },
+    /// A call that stopped (`error`), and what became of what it had started (`note`: put
+    /// back as it was, or how to finish).
+    #[error("{error}; {note}")]
+    Undone {
+        error: Box<ClusterError>,
+        note: String,
+    },
 }
 
 impl ClusterError {
@@ -132,6 +188,7 @@ impl ClusterError {
             ClusterError::NotFound(_)
             | ClusterError::Refused(_)
             | ClusterError::Malformed { .. } => false,
+            ClusterError::Undone { error, .. } => error.is_unreachable(),
         }
     }
 }

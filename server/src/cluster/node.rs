@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::datastore::Store;
 use super::etcd::client::Limiter;
-use super::etcd::{ClusterError, PoolSpec, Tls};
+use super::etcd::{ClusterError, Pool, PoolPhase, Tls};
 use super::nodes::{Acquired, Alive, Heartbeat};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
@@ -66,8 +66,8 @@ pub struct ClusterNode {
     index: tokio::sync::OnceCell<()>,
     /// Since when, and why, etcd does not answer (None: the last call succeeded).
     down: Mutex<Option<(Instant, String)>>,
-    /// Pools as last read, with the revision of their key.
-    pools: Mutex<HashMap<String, (PoolSpec, i64)>>,
+    /// Ready pools as last read (with the revision a claim is conditioned on).
+    pools: Mutex<HashMap<String, Pool>>,
     beat: Mutex<Beat>,
     /// Keys under the prefix that name no owner, from the last listings, by key.
     malformed: Mutex<HashMap<String, String>>,
@@ -333,26 +333,27 @@ impl ClusterNode {
         v
     }
 
-    /// Pool `name` and its key's revision, as last read from etcd (read now if never).
-    pub async fn pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
+    /// Pool `name` as last read when it was Ready (read now if not: a pool of another phase
+    /// is read again at every use).
+    pub async fn pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
         if let Some(p) = self.pools.lock().expect("pools lock").get(name) {
             return Ok(Some(p.clone()));
         }
         self.read_pool(name).await
     }
 
-    /// Pool `name`, read from etcd now (and kept).
-    pub async fn read_pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
+    /// Pool `name`, read from the store now (and kept while Ready).
+    pub async fn read_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
         let name_owned = name.to_string();
-        let spec = self
+        let pool = self
             .call("get_pool", |s| async move { s.get_pool(&name_owned).await })
             .await?;
         let mut pools = self.pools.lock().expect("pools lock");
-        match &spec {
-            Some(p) => pools.insert(name.to_string(), p.clone()),
-            None => pools.remove(name),
+        match &pool {
+            Some(p) if p.phase == PoolPhase::Ready => pools.insert(name.to_string(), p.clone()),
+            _ => pools.remove(name),
         };
-        Ok(spec)
+        Ok(pool)
     }
 
     /// Forgets pool `name` as read (it changed): the next use reads it again.

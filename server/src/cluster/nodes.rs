@@ -76,6 +76,9 @@ pub struct NodeState {
     /// no `seen` key (away longer than [`SEEN_TTL_SECS`], released, or never seen).
     pub seen: Option<(Seen, i64)>,
     pub blocks: Listing,
+    /// Why the store cannot tell whether the node is away (no Lease where one was looked
+    /// for: that proves nothing); None when `alive` and `seen` say it.
+    pub unproven: Option<String>,
 }
 
 impl ClusterStore {
@@ -241,6 +244,7 @@ impl ClusterStore {
             alive,
             seen,
             blocks,
+            unproven: None,
         })
     }
 

@@ -51,6 +51,8 @@ use block::Owned;
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a pool with no free block is left alone before the next try.
 const EXHAUSTED_RETRY: Duration = Duration::from_secs(10);
+/// The first wait before a sync looks again at blocks in doubt.
+const DOUBT_FIRST: Duration = Duration::from_secs(1);
 
 /// Source ids, each source its own: a source takes the results of its own work only.
 static SOURCE_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -81,6 +83,9 @@ pub struct ClusterSource {
     /// waits for it (a block forced away is found at the next sync, whatever the claims do).
     claim_retry_at: Option<Instant>,
     claim_backoff: Duration,
+    /// How soon the next sync looks again at blocks in doubt (their pool being deleted):
+    /// doubles from a second up to `resync_secs` while they stay in doubt.
+    doubt_wait: Duration,
     failed: Option<String>,
     /// The pool had no free block (why, with its counts).
     exhausted: Option<String>,
@@ -116,6 +121,7 @@ impl ClusterSource {
             backoff: Duration::from_secs(1),
             claim_retry_at: None,
             claim_backoff: Duration::from_secs(1),
+            doubt_wait: DOUBT_FIRST,
             failed: None,
             exhausted: None,
             forget: Vec::new(),
@@ -259,6 +265,14 @@ impl ClusterSource {
             .find(|b| b.state == BlockState::Reclaiming)
         {
             return Some(Work::Reclaim(b.net()));
+        }
+        // A block of a pool that is gone: given back as soon as nothing in it is in use (no
+        // hold-down; it was never going to serve again).
+        if let Some((net, revision)) = self.blocks.values().find_map(|b| match b.state {
+            BlockState::Orphaned(r) if b.is_empty() => Some((b.net(), r)),
+            _ => None,
+        }) {
+            return Some(Work::GiveBack(net, revision));
         }
         let free = self.usable_free();
         if free < self.threshold.max(1) as u128 && self.exhausted.is_none() {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::etcd::{Block, Claimed, ClusterError, KeyRevision, Owner};
+use super::etcd::{Block, Claimed, ClusterError, KeyRevision, Owner, Pool, PoolPhase, Settled};
 use super::node::ClusterNode;
 use crate::metrics::ClusterMetrics;
 use crate::range::Family;
@@ -30,14 +30,27 @@ pub enum Work {
     GiveBack(IpNet, KeyRevision),
 }
 
+/// What a sync found: this node's blocks (of the source's CIDRs), by where they stand.
+#[derive(Debug, Default)]
+pub struct Synced {
+    /// This node's, as listed (settled where they were not trusted).
+    pub mine: Vec<Block>,
+    /// This node's, but their pool is being deleted: in doubt.
+    pub in_doubt: Vec<Block>,
+    /// This node's, but their pool is gone or made anew: never served again.
+    pub orphaned: Vec<Block>,
+}
+
 #[derive(Debug)]
 pub enum Outcome {
-    Synced(Vec<Block>),
+    Synced(Synced),
     Claimed(Block),
     /// No free block: why, with the pool's counts.
     PoolFull(String),
     /// The pool changed since it was read: nothing was claimed.
     PoolChanged,
+    /// The pool is not Ready (being created, or being deleted): nothing was claimed; why.
+    PoolNotReady(String),
     /// Claimed back: its key now.
     Reclaimed(KeyRevision),
     /// Someone else holds it (a node, or what stands in its key).
@@ -88,12 +101,20 @@ async fn execute(
     match work {
         Work::Sync { trusted, .. } => sync(node, pool, cidrs, trusted).await,
         Work::Claim { cidrs } => {
-            let (spec, revision) = node.pool(pool).await?.ok_or_else(|| {
+            let Pool {
+                spec,
+                revision,
+                phase,
+            } = node.pool(pool).await?.ok_or_else(|| {
                 ClusterError::NotFound(format!(
                     "cluster pool {pool:?} does not exist in {} (ipoolctl cluster pool create)",
                     node.store_name()
                 ))
             })?;
+            if phase != PoolPhase::Ready {
+                metrics.claim(pool, "not_ready");
+                return Ok(Outcome::PoolNotReady(not_ready(node, pool, phase)));
+            }
             let v4 = family == Family::V4;
             let (s2, n) = (spec.clone(), me.clone());
             let out = node
@@ -148,11 +169,19 @@ async fn execute(
             }
         }
         Work::Reclaim(net) => {
-            let Some((spec, revision)) = node.pool(pool).await? else {
+            let Some(Pool {
+                spec,
+                revision,
+                phase,
+            }) = node.pool(pool).await?
+            else {
                 return Ok(Outcome::Taken(format!(
                     "nobody (cluster pool {pool:?} no longer exists)"
                 )));
             };
+            if phase != PoolPhase::Ready {
+                return Ok(Outcome::PoolNotReady(not_ready(node, pool, phase)));
+            }
             let size = match family {
                 Family::V4 => spec.block_v4,
                 Family::V6 => spec.block_v6,
@@ -181,6 +210,14 @@ async fn execute(
                 Claimed::NoPool => Ok(Outcome::Taken(format!(
                     "nobody (cluster pool {pool:?} was deleted)"
                 ))),
+                Claimed::PoolDeleting => {
+                    node.forget_pool(pool);
+                    Ok(Outcome::PoolNotReady(not_ready(
+                        node,
+                        pool,
+                        PoolPhase::Deleting,
+                    )))
+                }
             }
         }
         Work::GiveBack(net, revision) => {
@@ -221,7 +258,7 @@ async fn sync(
         })
         .await?;
     node.malformed_seen(pool, &listed.malformed);
-    let mut mine = Vec::with_capacity(listed.blocks.len());
+    let mut out = Synced::default();
     for mut b in listed.blocks {
         if !cidrs.iter().any(|c| c.contains(&b.block)) {
             continue;
@@ -232,14 +269,39 @@ async fn sync(
                 .call("settle", |s| async move { s.settle(&read).await })
                 .await?
             {
-                Some(now) => b.revision = now,
-                None => {
-                    tracing::warn!(pool, block = %b.block, "a block in doubt changed in etcd since it was listed (a give-back applied late?): not this node's");
+                Settled::Mine(now) => b.revision = now,
+                Settled::Changed => {
+                    tracing::warn!(pool, block = %b.block, store = node.store_name(), "a block in doubt changed in the store since it was listed (a give-back applied late?): not this node's");
+                    continue;
+                }
+                Settled::PoolDeleting(now) => {
+                    b.revision = now;
+                    out.in_doubt.push(b);
+                    continue;
+                }
+                Settled::PoolGone(now) => {
+                    b.revision = now;
+                    out.orphaned.push(b);
                     continue;
                 }
             }
         }
-        mine.push(b);
+        out.mine.push(b);
     }
-    Ok(Outcome::Synced(mine))
+    Ok(Outcome::Synced(out))
+}
+
+/// Why nothing is claimed from pool `pool` in `phase`.
+fn not_ready(node: &ClusterNode, pool: &str, phase: PoolPhase) -> String {
+    match phase {
+        PoolPhase::Deleting => format!(
+            "cluster pool {pool:?} is being deleted (in {}): no block is claimed from it until the deletion is done or refused",
+            node.store_name()
+        ),
+        _ => format!(
+            "cluster pool {pool:?} is being created (in {}, {}): no block is claimed from it before it is Ready",
+            node.store_name(),
+            phase.as_str()
+        ),
+    }
 }

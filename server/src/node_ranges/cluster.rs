@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Feed, Seen};
-use crate::cluster::etcd::PoolSpec;
+use crate::cluster::etcd::{Pool, PoolPhase, PoolSpec};
 use crate::cluster::node::ClusterNode;
 use crate::range::RangeSpec;
 
@@ -39,8 +39,24 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
     let mut wait = Duration::from_secs(1);
     let mut last_remind = tokio::time::Instant::now();
     loop {
+        let store = node.store_name();
         let pause = match node.read_pool(&pool).await {
-            Ok(Some((spec, _))) => {
+            Ok(Some(p)) if p.phase != PoolPhase::Ready => {
+                // Its ranges stay as they are: a deletion may yet be refused, a creation is on
+                // its way; the sources claim nothing from it meanwhile.
+                let why = match p.phase {
+                    PoolPhase::Deleting => format!(
+                        "cluster pool {pool:?} is being deleted in {store}: no block is claimed from it until the deletion is done or refused (if no `ipoolctl cluster pool delete` runs, running it again finishes the deletion or makes the pool Ready)"
+                    ),
+                    _ => format!(
+                        "cluster pool {pool:?} is being created in {store} ({}): nothing is claimed from it before it is Ready",
+                        p.phase.as_str()
+                    ),
+                };
+                feed.apply(Seen::Missing(why)).await;
+                Duration::from_secs(2)
+            }
+            Ok(Some(Pool { spec, .. })) => {
                 wait = Duration::from_secs(1);
                 let seen = Seen::Ranges {
                     sets: range_sets(&spec),
@@ -53,14 +69,16 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
             }
             Ok(None) => {
                 feed.apply(Seen::Missing(format!(
-                    "cluster pool {pool:?} does not exist in etcd (create it: ipoolctl cluster pool create {pool} --cidr CIDR)"
+                    "cluster pool {pool:?} does not exist in {store} (create it: ipoolctl cluster pool create {pool} --cidr CIDR)"
                 )))
                 .await;
                 Duration::from_secs(5)
             }
             Err(e) => {
                 feed.failed(&e);
-                feed.why_none(&format!("cannot read cluster pool {pool:?} from etcd: {e}"));
+                feed.why_none(&format!(
+                    "cannot read cluster pool {pool:?} from {store}: {e}"
+                ));
                 wait = (wait * 2).min(Duration::from_secs(30));
                 wait
             }

@@ -57,8 +57,13 @@ impl Backend {
         }
     }
 
-    /// `ipoolctl cluster ARGS...` against the store, each call bounded by `timeout_secs`.
+    /// `ipoolctl cluster ARGS...` against the store, each call bounded by 2 s.
     pub fn ctl(&self, args: &[&str]) -> Output {
+        self.ctl_within(2, args)
+    }
+
+    /// `ipoolctl cluster ARGS...` against the store, each call bounded by `secs`.
+    pub fn ctl_within(&self, secs: u64, args: &[&str]) -> Output {
         let mut c = Command::new(super::ipoolctl_bin());
         c.arg("cluster");
         match self {
@@ -67,7 +72,7 @@ impl Backend {
                 .args(["--datastore", "kubernetes", "--kubeconfig"])
                 .arg(kubeconfig),
         };
-        c.args(["--etcd-timeout", "2"])
+        c.args(["--etcd-timeout", &secs.to_string()])
             .args(args)
             .output()
             .expect("run ipoolctl")

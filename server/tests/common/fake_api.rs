@@ -51,6 +51,41 @@ struct World {
     uids: u64,
     /// Pages of lists of custom resources and Leases answered.
     listed_pages: u64,
+    /// The next request whose line contains the pattern is answered with the status.
+    targeted: Vec<(String, u16)>,
+    /// The next request whose line contains the pattern waits until the hold is released.
+    holds: Vec<Hold>,
+}
+
+/// A request held by [`FakeApi::hold`]: it waits, unanswered, until [`Hold::release`].
+#[derive(Clone)]
+pub struct Hold {
+    pattern: String,
+    caught: Arc<Mutex<Option<String>>>,
+    gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl Hold {
+    /// Waits until a request was caught (panics after `secs`); its request line.
+    pub fn caught_within(&self, secs: u64) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            if let Some(line) = self.caught.lock().unwrap().clone() {
+                return line;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no request matching {:?} within {secs} s",
+                self.pattern
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Lets the held request through (it is answered as the world is now).
+    pub fn release(&self) {
+        self.gate.send_replace(true);
+    }
 }
 
 mod writes;
@@ -167,6 +202,24 @@ impl FakeApi {
     /// The next requests answered with these HTTP statuses.
     pub fn fail_next(&self, statuses: &[u16]) {
         self.change(|w| w.failures.extend_from_slice(statuses));
+    }
+
+    /// The next request whose line ("GET /apis/...?...", query as sent) contains `pattern`
+    /// answered with `status`, whatever it asked.
+    pub fn fail_matching(&self, pattern: &str, status: u16) {
+        self.change(|w| w.targeted.push((pattern.to_string(), status)));
+    }
+
+    /// The next request whose line contains `pattern` is held, unanswered, until the
+    /// returned hold is released; everything else is answered meanwhile.
+    pub fn hold(&self, pattern: &str) -> Hold {
+        let hold = Hold {
+            pattern: pattern.to_string(),
+            caught: Arc::default(),
+            gate: tokio::sync::watch::Sender::new(false),
+        };
+        self.change(|w| w.holds.push(hold.clone()));
+        hold
     }
 
     /// True when the object exists.
@@ -306,6 +359,19 @@ async fn serve(
                         if hang {
                             std::future::pending::<()>().await;
                         }
+                        let held = {
+                            let mut w = world.lock().unwrap();
+                            let line = format!("{} {}", req.method(), req.uri());
+                            let i = w.holds.iter().position(|h| line.contains(&h.pattern));
+                            i.map(|i| {
+                                let h = w.holds.remove(i);
+                                *h.caught.lock().unwrap() = Some(line);
+                                h.gate.subscribe()
+                            })
+                        };
+                        if let Some(mut gate) = held {
+                            let _ = gate.wait_for(|open| *open).await;
+                        }
                         let (parts, body) = req.into_parts();
                         let body = match body.collect().await {
                             Ok(b) => b.to_bytes(),
@@ -411,6 +477,19 @@ fn answer(
         w.requests.push(format!("{} {}", req.method, req.uri));
         if w.down {
             return None;
+        }
+        let line = format!("{} {}", req.method, req.uri);
+        if let Some(i) = w
+            .targeted
+            .iter()
+            .position(|(p, _)| line.contains(p.as_str()))
+        {
+            let (_, code) = w.targeted.remove(i);
+            return Some(status(
+                code,
+                "InternalError",
+                &format!("injected failure {code}"),
+            ));
         }
         if !w.failures.is_empty() {
             return Some(respond(&mut w, &path, &q, world, wake));

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use ipnet::IpNet;
 use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::etcd::{
-    ClusterError, MalformedKey, PoolSpec, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
+    ClusterError, MalformedKey, Pool, PoolPhase, PoolSpec, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
 use ipool_server::cluster::nodes::NodeState;
 
@@ -86,18 +86,29 @@ async fn create_pool(
     let name = &spec.name;
     if exists_ok {
         let listed = store.pools().await?;
-        if let Some(found) = listed.pools.iter().find(|p| p.name == *name) {
-            if found != spec {
+        if let Some(found) = listed.pools.iter().find(|p| p.spec.name == *name) {
+            if found.spec != *spec {
                 return Err(ClusterError::Refused(format!(
                     "pool {name:?} exists with another spec ({}), not the one asked ({})",
-                    serde_json::to_string(found).unwrap_or_default(),
+                    serde_json::to_string(&found.spec).unwrap_or_default(),
                     serde_json::to_string(spec).unwrap_or_default()
                 )));
             }
-            if out == Output::Table {
-                outln!("pool {name} exists, as asked");
+            match found.phase {
+                PoolPhase::Ready => {
+                    if out == Output::Table {
+                        outln!("pool {name} exists, as asked");
+                    }
+                    return Ok(());
+                }
+                PoolPhase::Deleting => {
+                    return Err(ClusterError::Refused(format!(
+                        "pool {name:?} is being deleted: create it again once the deletion is done (or refused)"
+                    )))
+                }
+                // Left Pending by a creation that stopped: the creation below finishes it.
+                PoolPhase::Pending => {}
             }
-            return Ok(());
         }
     }
     store.create_pool(spec).await?;
@@ -114,6 +125,7 @@ pub(crate) fn exit_for(e: &ClusterError) -> u8 {
         ClusterError::Kube(_) => EXIT_REFUSED,
         ClusterError::NotFound(_) => EXIT_NOT_FOUND,
         ClusterError::Refused(_) | ClusterError::Malformed { .. } => EXIT_REFUSED,
+        ClusterError::Undone { error, .. } => exit_for(error),
     }
 }
 
@@ -191,14 +203,14 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
     }
 }
 
-fn print_pools(pools: &[PoolSpec], out: Output) {
+fn print_pools(pools: &[Pool], out: Output) {
     if out == Output::Json {
         let v: Vec<serde_json::Value> = pools
             .iter()
-            .map(|p| {
+            .map(|Pool { spec: p, phase, .. }| {
                 serde_json::json!({
                     "name": p.name, "cidrs": p.cidrs, "blockSize": p.block_v4,
-                    "blockSizeV6": p.block_v6, "exclude": p.exclude,
+                    "blockSizeV6": p.block_v6, "exclude": p.exclude, "phase": phase.as_str(),
                 })
             })
             .collect();
@@ -207,7 +219,7 @@ fn print_pools(pools: &[PoolSpec], out: Output) {
     }
     let rows = pools
         .iter()
-        .map(|p| {
+        .map(|Pool { spec: p, phase, .. }| {
             let join = |v: &[IpNet]| {
                 let s: Vec<String> = v.iter().map(|n| n.to_string()).collect();
                 if s.is_empty() {
@@ -221,10 +233,14 @@ fn print_pools(pools: &[PoolSpec], out: Output) {
                 join(&p.cidrs),
                 format!("/{} /{}", p.block_v4, p.block_v6),
                 join(&p.exclude),
+                phase.as_str().to_string(),
             ]
         })
         .collect();
-    crate::print::table(&["POOL", "CIDRS", "BLOCKS (v4 v6)", "EXCLUDED"], rows);
+    crate::print::table(
+        &["POOL", "CIDRS", "BLOCKS (v4 v6)", "EXCLUDED", "PHASE"],
+        rows,
+    );
 }
 
 fn print_blocks(blocks: &[ipool_server::cluster::etcd::Block], out: Output) {
@@ -266,6 +282,7 @@ async fn release_node(
                 alive: None,
                 seen: None,
                 blocks,
+                unproven: None,
             }
         }
         r => r?,
@@ -282,6 +299,7 @@ async fn release_node(
         )));
     }
     let refusal = match (&state.alive, &state.seen) {
+        (None, _) if state.unproven.is_some() => state.unproven.clone(),
         (Some(a), _) => Some(format!(
             "node {node:?} is alive: its daemon (instance {}) keeps its heartbeat lease in {place}",
             a.instance

@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use super::request::{self, cmp, op};
 use super::{
     now_ms, parse_block_part, Block, Claimed, ClusterError, ClusterStore, KeyRevision,
-    MalformedKey, Owner,
+    MalformedKey, Owner, Settled,
 };
 
 /// Keys per page of a listing that can grow with a pool: a page of blocks is ~450 KB, far
@@ -288,7 +288,7 @@ impl ClusterStore {
     /// now): it is the owner's, and no give-back sent before can apply any more. None: the key
     /// changed since it was listed (such a give-back applied, or the key was claimed anew) and
     /// it is not to be used.
-    pub async fn settle(&self, b: &Block) -> Result<Option<KeyRevision>, ClusterError> {
+    pub async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
         let key = self.block_key(&b.pool, &b.block);
         let value = serde_json::to_vec(&b.owner).expect("an owner serializes");
         let txn = request::txn(
@@ -300,10 +300,15 @@ impl ClusterStore {
             [],
         );
         let r = self.client.txn(txn).await?;
-        Ok(r.succeeded.then(|| KeyRevision {
-            create: b.revision.create,
-            modified: r.header.map(|h| h.revision).unwrap_or_default(),
-        }))
+        Ok(match r.succeeded {
+            // A block key exists only while its pool does (a claim is conditioned on the pool
+            // key, a pool deletion on no block key): no pool to look at here.
+            true => Settled::Mine(KeyRevision {
+                create: b.revision.create,
+                modified: r.header.map(|h| h.revision).unwrap_or_default(),
+            }),
+            false => Settled::Changed,
+        })
     }
 
     /// Makes `node`'s index complete once: a node that ran an ipoold from before the index (its

@@ -3,14 +3,14 @@
 //! owned.
 
 use super::request::{self, cmp, op};
-use super::{ClusterError, ClusterStore, MalformedKey, PoolSpec};
+use super::{ClusterError, ClusterStore, MalformedKey, Pool, PoolPhase, PoolSpec};
 
 /// Listings a pool creation checks before it gives up on pools that keep changing.
 const CREATE_ATTEMPTS: usize = 5;
 
 /// Every pool, the keys under `pools/` that hold none, and the revision of the listing.
 pub struct Pools {
-    pub pools: Vec<PoolSpec>,
+    pub pools: Vec<Pool>,
     pub malformed: Vec<MalformedKey>,
     pub revision: i64,
 }
@@ -32,7 +32,7 @@ impl ClusterStore {
                     spec.name
                 )));
             }
-            for other in listed.pools {
+            for Pool { spec: other, .. } in listed.pools {
                 for a in &spec.cidrs {
                     if let Some(b) = other.cidrs.iter().find(|b| a.contains(*b) || b.contains(a)) {
                         return Err(ClusterError::Refused(format!(
@@ -86,7 +86,11 @@ impl ClusterStore {
         for kv in &r.kvs {
             let key = String::from_utf8_lossy(&kv.key).into_owned();
             match serde_json::from_slice::<PoolSpec>(&kv.value) {
-                Ok(p) => out.pools.push(p),
+                Ok(spec) => out.pools.push(Pool {
+                    spec,
+                    revision: kv.mod_revision,
+                    phase: PoolPhase::Ready,
+                }),
                 Err(e) => out.malformed.push(MalformedKey {
                     key,
                     why: e.to_string(),
@@ -98,7 +102,7 @@ impl ClusterStore {
     }
 
     /// Pool `name` and the revision it was last written at (a claim is conditioned on it).
-    pub async fn get_pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
+    pub async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
         let key = self.pool_key(name);
         let r = self.client.range(request::get(key.clone())).await?;
         let Some(kv) = r.kvs.first() else {
@@ -117,7 +121,11 @@ impl ClusterStore {
                 why: format!("it names pool {:?}", spec.name),
             });
         }
-        Ok(Some((spec, kv.mod_revision)))
+        Ok(Some(Pool {
+            spec,
+            revision: kv.mod_revision,
+            phase: PoolPhase::Ready,
+        }))
     }
 
     /// Deletes pool `name`; refused while any of its blocks is owned.

@@ -6,15 +6,17 @@ use ipnet::IpNet;
 use kube::api::{DeleteParams, ListParams, Preconditions};
 use serde_json::json;
 
-use super::objects::{self, hash, new_block, parse_block, Phase};
+use super::objects::{self, hash, new_block, parse_block};
 use super::{api_code, KubeStore, NODE_LABEL, PAGE, POOL_LABEL};
-use crate::cluster::etcd::{now_ms, Block, Claimed, ClusterError, KeyRevision, Listing};
+use crate::cluster::etcd::{now_ms, Block, Claimed, ClusterError, Listing, PoolPhase, Settled};
 
 /// A block's pool, read again.
 enum PoolNow {
     /// Ready, the one the block was claimed from.
     Same,
-    /// Deleted or being deleted.
+    /// Being deleted: in doubt (the deletion may yet be refused).
+    Deleting,
+    /// Deleted.
     Gone,
     /// Made anew (another uid), or not Ready.
     Changed,
@@ -92,8 +94,10 @@ impl KubeStore {
             };
             claimed = Some(match parse_block(&theirs) {
                 Ok(b) if b.owner.node == node && b.pool == pool => match self.settle(&b).await? {
-                    Some(revision) => Claimed::Mine(Block { revision, ..b }),
-                    None => continue,
+                    Settled::Mine(revision) => Claimed::Mine(Block { revision, ..b }),
+                    Settled::PoolDeleting(_) => return Ok(Claimed::PoolDeleting),
+                    Settled::PoolGone(_) => return Ok(Claimed::NoPool),
+                    Settled::Changed => continue,
                 },
                 Ok(b) => Claimed::Lost(b.owner.node),
                 Err(m) => Claimed::Lost(format!("a malformed block ({m})")),
@@ -103,23 +107,23 @@ impl KubeStore {
         let claimed = claimed.unwrap_or_else(|| {
             Claimed::Lost("another node (the block kept changing hands)".into())
         });
-        let (Claimed::Won(b) | Claimed::Mine(b)) = &claimed else {
+        let (Claimed::Won(_) | Claimed::Mine(_)) = &claimed else {
             return Ok(claimed);
         };
         // The pool, read after the create: a deletion that listed no block before it finds the
         // pool Deleting now, a pool made anew has another uid.
         let verdict = match self.pool_verdict(pool, pool_revision).await? {
-            PoolNow::Same => None,
-            PoolNow::Gone => Some(Claimed::NoPool),
-            PoolNow::Changed => Some(Claimed::PoolChanged),
+            PoolNow::Same => return Ok(claimed),
+            PoolNow::Deleting => Claimed::PoolDeleting,
+            PoolNow::Gone => Claimed::NoPool,
+            PoolNow::Changed => Claimed::PoolChanged,
         };
-        match verdict {
-            None => Ok(claimed),
-            Some(v) => {
-                self.give_back(b).await?;
-                Ok(v)
-            }
+        // A block created now holds nothing: given back at once. One that was this node's
+        // already may hold addresses in use: left as it is (its node's syncs settle it).
+        if let Claimed::Won(b) = &claimed {
+            self.give_back(b).await?;
         }
+        Ok(verdict)
     }
 
     /// Gives `b` back if it is still the write `b.revision` names (read, then deleted on its
@@ -148,16 +152,16 @@ impl KubeStore {
         }
     }
 
-    /// Writes `b` again (its `settledAtMs`), on the resourceVersion listed; None: it changed
-    /// since.
-    pub async fn settle(&self, b: &Block) -> Result<Option<KeyRevision>, ClusterError> {
+    /// Writes `b` again (its `settledAtMs`), on the resourceVersion listed, then reads its
+    /// pool (see [`Settled`]).
+    pub async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
         let name = objects::block_name(&b.block);
         self.token().await;
         let Some(mut now) = self.blocks.get_opt(&name).await? else {
-            return Ok(None);
+            return Ok(Settled::Changed);
         };
         if objects::revision(&now.metadata) != b.revision {
-            return Ok(None);
+            return Ok(Settled::Changed);
         }
         // A write that changes nothing is not a write: the apiserver keeps the resourceVersion.
         let last = now.data["spec"]["settledAtMs"].as_u64().unwrap_or(0);
@@ -165,25 +169,20 @@ impl KubeStore {
         self.token().await;
         let written = match self.blocks.replace(&name, &self.post(), &now).await {
             Ok(w) => w,
-            Err(e) if matches!(api_code(&e), Some(404 | 409)) => return Ok(None),
+            Err(e) if matches!(api_code(&e), Some(404 | 409)) => return Ok(Settled::Changed),
             Err(e) => return Err(e.into()),
         };
-        let settled = Block {
-            revision: objects::revision(&written.metadata),
-            ..b.clone()
-        };
+        let revision = objects::revision(&written.metadata);
         // Its pool, read after the write: a block left behind by a claim whose pool was being
         // deleted (its give-back failed, its daemon was killed, its create arrived late) is
-        // not served, but given back. A deletion that listed no block saw none of it.
+        // never served (a deletion that listed no block saw none of it). A pool being deleted
+        // is in doubt: the deletion may still see this block and be refused.
         let from = objects::pool_revision_of(&written).unwrap_or(0);
-        match self.pool_verdict(&b.pool, from).await? {
-            PoolNow::Same => Ok(Some(settled.revision)),
-            PoolNow::Gone | PoolNow::Changed => {
-                tracing::warn!(pool = %b.pool, block = %b.block, "a block of a pool deleted or made anew since it was claimed: given back, not served");
-                self.give_back(&settled).await?;
-                Ok(None)
-            }
-        }
+        Ok(match self.pool_verdict(&b.pool, from).await? {
+            PoolNow::Same => Settled::Mine(revision),
+            PoolNow::Deleting => Settled::PoolDeleting(revision),
+            PoolNow::Gone | PoolNow::Changed => Settled::PoolGone(revision),
+        })
     }
 
     /// Pool `pool` now, against the one whose uid hashes to `revision`.
@@ -192,12 +191,16 @@ impl KubeStore {
         let now = self.pools.get_opt(pool).await?;
         Ok(match now.as_ref().map(|p| (objects::parse_pool(p), p)) {
             None => PoolNow::Gone,
-            Some((Ok((_, Phase::Ready)), p))
+            Some((Ok((_, phase)), p))
                 if hash(p.metadata.uid.as_deref().unwrap_or("")) == revision =>
             {
-                PoolNow::Same
+                match phase {
+                    PoolPhase::Ready => PoolNow::Same,
+                    PoolPhase::Deleting => PoolNow::Deleting,
+                    // Never back to Pending once Ready: not the pool it was claimed from.
+                    PoolPhase::Pending => PoolNow::Changed,
+                }
             }
-            Some((Ok((_, Phase::Deleting)), _)) => PoolNow::Gone,
             Some(_) => PoolNow::Changed,
         })
     }

@@ -33,9 +33,6 @@ const RENEW: &str = "ipool.io/renew-secs";
 const CHECKED: &str = "ipool.io/absence-checked-by";
 /// The holder release-node writes while it gives a node's blocks back.
 pub const RELEASER: &str = "ipoolctl release-node";
-/// The duration of a Lease the releaser makes (a daemon that comes back meanwhile waits this
-/// long after the last change it saw).
-const RELEASER_TTL_SECS: u64 = 30;
 
 fn holder(l: &Lease) -> Option<String> {
     l.spec
@@ -232,6 +229,7 @@ impl KubeStore {
                 alive: None,
                 seen: None,
                 blocks,
+                unproven: Some(self.no_lease(&name)),
             });
         };
         l.metadata
@@ -256,6 +254,7 @@ impl KubeStore {
                     alive: Some(alive_of(&l)),
                     seen: None,
                     blocks,
+                    unproven: None,
                 });
             }
             Err(e) => return Err(e.into()),
@@ -282,7 +281,16 @@ impl KubeStore {
             alive: (holder(&checked).is_some() && !lapsed).then(|| alive_of(&checked)),
             seen: Some((seen, away)),
             blocks,
+            unproven: None,
         })
+    }
+
+    /// Why a Lease not found proves nothing.
+    fn no_lease(&self, name: &str) -> String {
+        format!(
+            "no Lease {name} in namespace {}: the node's absence cannot be judged (its daemon holds its Lease in its [cluster] lease_namespace: is that another? --lease-namespace says where to look)",
+            self.lease_namespace
+        )
     }
 
     /// Every block of `node` (its label).
@@ -350,25 +358,13 @@ impl KubeStore {
                     Err(e) => return Err(e.into()),
                 }
             }
+            // No Lease here (never made, deleted, or in another namespace): nothing proves
+            // the node is away.
             (None, false) => {
-                // No Lease (never made, or deleted by an earlier release): one of the releaser's
-                // own, so that a daemon starting now waits instead of serving these blocks.
-                let me = Alive {
-                    instance: RELEASER.into(),
-                    at_ms: 0,
-                    fence_secs: 0,
-                };
-                let taken = self.held_by(None, &name, &me, RELEASER_TTL_SECS, 0);
-                self.token().await;
-                match self.leases.create(&self.post(), &taken).await {
-                    Ok(t) => Some(t),
-                    Err(e) if api_code(&e) == Some(409) => {
-                        return Err(ClusterError::Refused(format!(
-                            "node {node:?} came back: its daemon took its Lease while its blocks were about to be given back"
-                        )))
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+                return Err(ClusterError::Refused(format!(
+                    "node {node:?}: {}; its blocks stay (--force gives them back anyway)",
+                    self.no_lease(&name)
+                )))
             }
             (_, true) => None,
         };

@@ -6,7 +6,7 @@ use kube::api::{DynamicObject, ObjectMeta};
 use serde_json::{json, Value};
 
 use super::{resource, NODE_LABEL, POOL_LABEL};
-use crate::cluster::etcd::{Block, KeyRevision, MalformedKey, Owner, PoolSpec};
+use crate::cluster::etcd::{Block, KeyRevision, MalformedKey, Owner, PoolPhase, PoolSpec};
 
 /// `10.0.0.0/26` as an object name: `10-0-0-0-26`; `fd00::/122`: every group, in hex,
 /// `fd00-0-0-0-0-0-0-0-122` (a name has no `.`-free way to say `::`, and this one is one
@@ -120,28 +120,8 @@ pub(super) fn pool_revision_of(obj: &DynamicObject) -> Option<i64> {
     obj.data["spec"]["poolRevision"].as_i64()
 }
 
-/// Where a pool is in its life: only a Ready pool is claimed from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Phase {
-    /// Created, its overlaps being checked.
-    Pending,
-    Ready,
-    /// Its blocks being checked before it is deleted.
-    Deleting,
-}
-
-impl Phase {
-    fn as_str(self) -> &'static str {
-        match self {
-            Phase::Pending => "Pending",
-            Phase::Ready => "Ready",
-            Phase::Deleting => "Deleting",
-        }
-    }
-}
-
 /// A new pool object, in `phase`.
-pub(super) fn new_pool(spec: &PoolSpec, phase: Phase) -> DynamicObject {
+pub(super) fn new_pool(spec: &PoolSpec, phase: PoolPhase) -> DynamicObject {
     DynamicObject::new(&spec.name, &resource("IPPool", "ippools")).data(json!({
         "spec": pool_spec_json(spec),
         "status": {"phase": phase.as_str()},
@@ -158,14 +138,14 @@ fn pool_spec_json(spec: &PoolSpec) -> Value {
 }
 
 /// `obj` moved to `phase`.
-pub(super) fn with_phase(obj: &DynamicObject, phase: Phase) -> DynamicObject {
+pub(super) fn with_phase(obj: &DynamicObject, phase: PoolPhase) -> DynamicObject {
     let mut obj = obj.clone();
     obj.data["status"] = json!({"phase": phase.as_str()});
     obj
 }
 
 /// The pool an object says, and its phase; else what is wrong with it.
-pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, Phase), String> {
+pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), String> {
     let spec = &obj.data["spec"];
     let nets = |key: &str| -> Result<Vec<IpNet>, String> {
         match &spec[key] {
@@ -196,10 +176,10 @@ pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, Phase), Strin
     };
     pool.validate()?;
     let phase = match obj.data["status"]["phase"].as_str() {
-        Some("Ready") => Phase::Ready,
-        Some("Deleting") => Phase::Deleting,
+        Some("Ready") => PoolPhase::Ready,
+        Some("Deleting") => PoolPhase::Deleting,
         // No phase: written by hand, not by ipoolctl; not claimed from until it is Ready.
-        _ => Phase::Pending,
+        _ => PoolPhase::Pending,
     };
     Ok((pool, phase))
 }
@@ -257,8 +237,8 @@ mod tests {
             block_v6: 122,
             exclude: vec!["10.0.1.0/24".parse().unwrap()],
         };
-        let obj = with_phase(&new_pool(&spec, Phase::Pending), Phase::Deleting);
-        assert_eq!(parse_pool(&obj).unwrap(), (spec, Phase::Deleting));
+        let obj = with_phase(&new_pool(&spec, PoolPhase::Pending), PoolPhase::Deleting);
+        assert_eq!(parse_pool(&obj).unwrap(), (spec, PoolPhase::Deleting));
     }
 
     /// A real apiserver drops the fields a CRD's schema does not declare: every field ipool
@@ -275,7 +255,7 @@ mod tests {
             block_v6: 122,
             exclude: vec![],
         };
-        let pool = new_pool(&spec, Phase::Ready);
+        let pool = new_pool(&spec, PoolPhase::Ready);
         let mut written: Vec<(&str, String)> = Vec::new();
         for k in block.data["spec"].as_object().unwrap().keys() {
             written.push((blocks, k.clone()));

@@ -4,9 +4,9 @@
 
 use kube::api::{DeleteParams, ListParams, Preconditions};
 
-use super::objects::{hash, new_pool, parse_pool, with_phase, Phase};
+use super::objects::{hash, new_pool, parse_pool, with_phase};
 use super::{api_code, KubeStore, PAGE};
-use crate::cluster::etcd::{ClusterError, MalformedKey, PoolSpec, Pools};
+use crate::cluster::etcd::{ClusterError, MalformedKey, Pool, PoolPhase, PoolSpec, Pools};
 
 impl KubeStore {
     /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
@@ -16,7 +16,7 @@ impl KubeStore {
         self.token().await;
         let created = match self
             .pools
-            .create(&self.post(), &new_pool(spec, Phase::Pending))
+            .create(&self.post(), &new_pool(spec, PoolPhase::Pending))
             .await
         {
             Ok(p) => p,
@@ -26,7 +26,7 @@ impl KubeStore {
                 // would. The listing below comes after its creation, so the argument holds.
                 self.token().await;
                 match self.pools.get_opt(&spec.name).await? {
-                    Some(p) if parse_pool(&p).ok() == Some((spec.clone(), Phase::Pending)) => p,
+                    Some(p) if parse_pool(&p).ok() == Some((spec.clone(), PoolPhase::Pending)) => p,
                     _ => {
                         return Err(ClusterError::Refused(format!(
                             "pool {:?} exists",
@@ -77,7 +77,7 @@ impl KubeStore {
             .replace(
                 &spec.name,
                 &self.post(),
-                &with_phase(&created, Phase::Ready),
+                &with_phase(&created, PoolPhase::Ready),
             )
             .await
         {
@@ -89,7 +89,7 @@ impl KubeStore {
     /// Every pool object, parsed (of any phase), and those that say no pool.
     async fn all_pools(
         &self,
-    ) -> Result<(Vec<(PoolSpec, Phase, String)>, Vec<MalformedKey>), ClusterError> {
+    ) -> Result<(Vec<(PoolSpec, PoolPhase, String)>, Vec<MalformedKey>), ClusterError> {
         let mut params = ListParams::default().limit(PAGE);
         let (mut pools, mut malformed) = (Vec::new(), Vec::new());
         loop {
@@ -115,33 +115,36 @@ impl KubeStore {
         }
     }
 
-    /// Every Ready pool (a Pending or Deleting one is not there to claim from).
+    /// Every pool, of any phase (only a Ready one is claimed from).
     pub async fn pools(&self) -> Result<Pools, ClusterError> {
         let (pools, malformed) = self.all_pools().await?;
         Ok(Pools {
             pools: pools
                 .into_iter()
-                .filter(|(_, phase, _)| *phase == Phase::Ready)
-                .map(|(spec, _, _)| spec)
+                .map(|(spec, phase, uid)| Pool {
+                    spec,
+                    revision: hash(&uid),
+                    phase,
+                })
                 .collect(),
             malformed,
             revision: 0,
         })
     }
 
-    /// Pool `name` when it is Ready, with (a hash of) its uid: a claim from it is checked
+    /// Pool `name`, with its phase and (a hash of) its uid: a claim from it is checked
     /// against it.
-    pub async fn get_pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
+    pub async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
         self.token().await;
         let Some(obj) = self.pools.get_opt(name).await? else {
             return Ok(None);
         };
         match parse_pool(&obj) {
-            Ok((spec, Phase::Ready)) => Ok(Some((
+            Ok((spec, phase)) => Ok(Some(Pool {
                 spec,
-                hash(obj.metadata.uid.as_deref().unwrap_or("")),
-            ))),
-            Ok(_) => Ok(None),
+                revision: hash(obj.metadata.uid.as_deref().unwrap_or("")),
+                phase,
+            })),
             Err(why) => Err(ClusterError::Malformed {
                 what: "pool",
                 key: format!("ippools/{name}"),
@@ -160,7 +163,7 @@ impl KubeStore {
         self.token().await;
         let marked = match self
             .pools
-            .replace(name, &self.post(), &with_phase(&obj, Phase::Deleting))
+            .replace(name, &self.post(), &with_phase(&obj, PoolPhase::Deleting))
             .await
         {
             Ok(m) => m,
@@ -171,25 +174,50 @@ impl KubeStore {
             }
             Err(e) => return Err(e.into()),
         };
-        let blocks = self.list_blocks(Some(name), None).await?;
+        // From here on, whatever stops the deletion makes the pool Ready again: an operator
+        // command that cannot finish leaves everything as it was.
+        let blocks = match self.list_blocks(Some(name), None).await {
+            Ok(b) => b,
+            Err(e) => return Err(self.undelete(&marked, e).await),
+        };
         let owned = blocks.blocks.len() + blocks.malformed.len();
         if owned > 0 {
-            self.token().await;
-            let back = self
-                .pools
-                .replace(name, &self.post(), &with_phase(&marked, Phase::Ready))
-                .await;
-            return Err(ClusterError::Refused(format!(
-                "pool {name:?} has {owned} owned block(s): release them first{}",
-                match back {
-                    Ok(_) => String::new(),
-                    Err(e) => format!(
-                        " (and it could not be made Ready again: {e}; `kubectl edit ippool {name}` sets status.phase)"
-                    ),
-                }
-            )));
+            let refused = ClusterError::Refused(format!(
+                "pool {name:?} has {owned} owned block(s): release them first"
+            ));
+            return Err(self.undelete(&marked, refused).await);
         }
-        self.delete_written(&marked).await
+        match self.delete_written(&marked).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.undelete(&marked, e).await),
+        }
+    }
+
+    /// Makes a pool marked Deleting (`marked`, as written then) Ready again after its
+    /// deletion stopped for `why`; the error to report: `why`, saying whether the pool is
+    /// Ready again, or how to finish.
+    async fn undelete(&self, marked: &kube::api::DynamicObject, why: ClusterError) -> ClusterError {
+        let name = marked.metadata.name.clone().unwrap_or_default();
+        self.token().await;
+        let back = self
+            .pools
+            .replace(&name, &self.post(), &with_phase(marked, PoolPhase::Ready))
+            .await;
+        let note = match back {
+            Ok(_) => format!("pool {name:?} is Ready again, as it was"),
+            // Deleted after all (a delete whose answer was lost).
+            Err(e) if api_code(&e) == Some(404) => format!("pool {name:?} was deleted"),
+            Err(e) => format!(
+                "pool {name:?} is still marked Deleting and could not be made Ready again ({e}): nodes claim nothing from it meanwhile; `ipoolctl cluster pool delete {name}` again finishes the deletion or makes it Ready"
+            ),
+        };
+        match why {
+            ClusterError::Refused(m) => ClusterError::Refused(format!("{m}; {note}")),
+            error => ClusterError::Undone {
+                error: Box::new(error),
+                note,
+            },
+        }
     }
 
     /// Deletes a pool object on the uid and resourceVersion it was written at.
@@ -216,7 +244,7 @@ impl KubeStore {
 /// Why `spec` may not be made Ready beside `pools` (another pool of that name is itself).
 fn overlap(
     spec: &PoolSpec,
-    pools: &[(PoolSpec, Phase, String)],
+    pools: &[(PoolSpec, PoolPhase, String)],
     malformed: &[MalformedKey],
 ) -> Option<String> {
     if let Some(m) = malformed.first() {
@@ -252,15 +280,15 @@ mod tests {
             exclude: vec![],
         };
         let me = pool("a", "10.0.0.0/16");
-        for phase in [Phase::Pending, Phase::Ready, Phase::Deleting] {
+        for phase in [PoolPhase::Pending, PoolPhase::Ready, PoolPhase::Deleting] {
             let others = [(pool("b", "10.0.128.0/17"), phase, String::new())];
             let why = overlap(&me, &others, &[]).expect("overlaps");
             assert!(why.contains("overlaps 10.0.128.0/17"), "{why}");
         }
-        let others = [(pool("b", "10.1.0.0/16"), Phase::Ready, String::new())];
+        let others = [(pool("b", "10.1.0.0/16"), PoolPhase::Ready, String::new())];
         assert_eq!(overlap(&me, &others, &[]), None);
         // Itself (its own name) is no other pool.
-        let others = [(me.clone(), Phase::Pending, String::new())];
+        let others = [(me.clone(), PoolPhase::Pending, String::new())];
         assert_eq!(overlap(&me, &others, &[]), None);
     }
 }

@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use super::KubeStore;
 use crate::cluster::claim::Views;
 use crate::cluster::datastore::{Datastore, Store};
-use crate::cluster::etcd::{Block, Claimed, ClusterError, KeyRevision, Listing, PoolSpec, Pools};
+use crate::cluster::etcd::{Block, Claimed, ClusterError, Listing, Pool, PoolSpec, Pools, Settled};
 use crate::cluster::nodes::{Acquired, Alive, Heartbeat, NodeState};
 
 #[async_trait::async_trait]
@@ -28,7 +28,7 @@ impl Datastore for KubeStore {
     async fn pools(&self) -> Result<Pools, ClusterError> {
         KubeStore::pools(self).await
     }
-    async fn get_pool(&self, name: &str) -> Result<Option<(PoolSpec, i64)>, ClusterError> {
+    async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
         KubeStore::get_pool(self, name).await
     }
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
@@ -53,7 +53,7 @@ impl Datastore for KubeStore {
     async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
         KubeStore::give_back(self, b).await
     }
-    async fn settle(&self, b: &Block) -> Result<Option<KeyRevision>, ClusterError> {
+    async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
         KubeStore::settle(self, b).await
     }
     /// Blocks carry their node's label from their creation: nothing to index.

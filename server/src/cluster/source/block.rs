@@ -25,6 +25,13 @@ pub enum BlockState {
     Unsettled(KeyRevision),
     /// Another node owns it, or it cannot be this node's: why.
     Lost(String),
+    /// This node's (settled at this revision), but its pool is being deleted: in doubt until
+    /// the deletion is done or refused. Serves nothing, and is not given back (the deletion
+    /// may still see it and be refused): synced again soon.
+    Doubt(KeyRevision),
+    /// This node's (settled at this revision), but its pool is gone or made anew since it was
+    /// claimed: serves nothing ever again, and is given back once nothing in it is in use.
+    Orphaned(KeyRevision),
 }
 
 impl BlockState {
@@ -37,17 +44,21 @@ impl BlockState {
             BlockState::Returning(_) => "returning",
             BlockState::Unsettled(_) => "unsettled",
             BlockState::Lost(_) => "lost",
+            BlockState::Doubt(_) => "doubt",
+            BlockState::Orphaned(_) => "orphaned",
         }
     }
 
     /// Every state, for metrics that show zeros too.
-    pub const ALL: [&'static str; 6] = [
+    pub const ALL: [&'static str; 8] = [
         "unconfirmed",
         "confirmed",
         "reclaiming",
         "returning",
         "unsettled",
         "lost",
+        "doubt",
+        "orphaned",
     ];
 }
 

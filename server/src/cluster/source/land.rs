@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
-use super::super::etcd::{Block, KeyRevision};
-use super::super::work::{Done, Outcome, Work};
-use super::{BlockState, ClusterSource, Owned, EXHAUSTED_RETRY};
+use super::super::etcd::KeyRevision;
+use super::super::work::{Done, Outcome, Synced, Work};
+use super::{BlockState, ClusterSource, Owned, DOUBT_FIRST, EXHAUSTED_RETRY};
 use crate::metrics::ClusterMetrics;
 use crate::source::Next;
 impl ClusterSource {
@@ -61,6 +61,12 @@ impl ClusterSource {
             (_, Outcome::PoolChanged) => Ok(format!(
                 "cluster pool {pool:?} changed since it was read: read again before claiming"
             )),
+            // Not Ready: nothing was claimed (a block being claimed back stays so): try again
+            // after a wait, as after a failure, and say why meanwhile.
+            (work, Outcome::PoolNotReady(why)) => {
+                self.failed_now(&work, why.clone());
+                Err(why)
+            }
             (Work::Reclaim(net), Outcome::Reclaimed(revision)) => {
                 if let Some(b) = self.blocks.get_mut(&net.network()) {
                     b.state = BlockState::Confirmed(revision);
@@ -101,16 +107,44 @@ impl ClusterSource {
         }
     }
 
-    /// This node's blocks of the pool as etcd listed them, in serving epoch `epoch`: those not
-    /// in `trusted` were settled by the sync (which leaves out any that could not be).
+    /// This node's blocks of the pool as the store listed them, in serving epoch `epoch`:
+    /// those not in `trusted` were settled by the sync (which leaves out any that could not
+    /// be), and those of a pool being deleted or gone are set apart.
     fn synced_with(
         &mut self,
         epoch: u64,
         trusted: &[(IpNet, KeyRevision)],
-        listed: Vec<Block>,
+        listed: Synced,
     ) -> String {
         let mut mine = Vec::new();
-        for b in listed {
+        let any_doubt = !listed.in_doubt.is_empty();
+        let apart = listed
+            .in_doubt
+            .into_iter()
+            .map(|b| (b.block, BlockState::Doubt(b.revision)))
+            .chain(
+                listed
+                    .orphaned
+                    .into_iter()
+                    .map(|b| (b.block, BlockState::Orphaned(b.revision))),
+            );
+        for (net, state) in apart {
+            match &state {
+                BlockState::Doubt(_) => {
+                    tracing::warn!(pool = %self.pool, block = %net, "this node's block is in doubt: its pool is being deleted; it is neither served from nor given back until the deletion is done or refused")
+                }
+                _ => {
+                    tracing::warn!(pool = %self.pool, block = %net, "this node's block belongs to a pool that is gone (or made anew) since it was claimed: never served again, given back once nothing in it is in use")
+                }
+            }
+            match self.add_block(net, false, state) {
+                Ok(()) => mine.push(net.network()),
+                Err(e) => {
+                    tracing::warn!(pool = %self.pool, error = %e, "a listed block cannot be used")
+                }
+            }
+        }
+        for b in listed.mine {
             if !self.cidrs.iter().any(|c| c.contains(&b.block)) {
                 continue;
             }
@@ -151,7 +185,19 @@ impl ClusterSource {
         let first = self.synced.is_none();
         self.synced = Some(epoch);
         let resync = Duration::from_secs(self.node.settings().resync_secs);
-        self.next_sync = Some(Instant::now() + super::super::jitter(resync));
+        // Blocks in doubt are looked at again soon (sooner than a resync, at first).
+        let wait = match any_doubt {
+            true => {
+                let w = self.doubt_wait.min(resync);
+                self.doubt_wait = (self.doubt_wait * 2).min(resync);
+                w
+            }
+            false => {
+                self.doubt_wait = DOUBT_FIRST;
+                resync
+            }
+        };
+        self.next_sync = Some(Instant::now() + super::super::jitter(wait));
         if first {
             tracing::info!(pool = %self.pool, family = self.family.as_str(), blocks = mine.len(), "this node's blocks listed: serving");
         }
@@ -183,6 +229,12 @@ impl ClusterSource {
             ),
             BlockState::Lost(why) => format!(
                 "block {net} of cluster pool {pool:?} is not this node's: {why}"
+            ),
+            BlockState::Doubt(_) => format!(
+                "block {net} of cluster pool {pool:?} is in doubt: the pool is being deleted (until the deletion is done or refused)"
+            ),
+            BlockState::Orphaned(_) => format!(
+                "block {net} belongs to cluster pool {pool:?} as it was, which is gone or made anew since: never served again"
             ),
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::*;
 use crate::cluster::etcd::{Block, KeyRevision, Owner};
 use crate::cluster::node::Identity;
-use crate::cluster::work::Outcome;
+use crate::cluster::work::{Outcome, Synced};
 use crate::config::ClusterSettings;
 use crate::range::RangeSpec;
 
@@ -97,6 +97,14 @@ fn trusted(s: &ClusterSource) -> Vec<(IpNet, KeyRevision)> {
         .collect()
 }
 
+/// A sync's outcome: `blocks`, all this node's.
+fn mine(blocks: Vec<Block>) -> Synced {
+    Synced {
+        mine: blocks,
+        ..Synced::default()
+    }
+}
+
 /// A sync in the node's epoch that listed (and settled as needed) `blocks`.
 fn synced(s: &mut ClusterSource, n: &ClusterNode, blocks: &[Block]) {
     let e = epoch(n);
@@ -104,7 +112,7 @@ fn synced(s: &mut ClusterSource, n: &ClusterNode, blocks: &[Block]) {
     land(
         s,
         Work::Sync { epoch: e, trusted },
-        Ok(Outcome::Synced(blocks.to_vec())),
+        Ok(Outcome::Synced(mine(blocks.to_vec()))),
     )
     .expect("synced");
 }
@@ -294,7 +302,7 @@ fn a_block_in_doubt_serves_only_after_a_sync_settled_it() {
         trusted: vec![(doubt, rev(8))],
     };
     let listed = vec![block("10.0.0.0/28", 7), block("10.0.0.16/28", 8)];
-    land(&mut s, sync, Ok(Outcome::Synced(listed))).expect("synced");
+    land(&mut s, sync, Ok(Outcome::Synced(mine(listed)))).expect("synced");
     assert!(s
         .withheld(ip("10.0.0.20"))
         .is_some_and(|w| w.contains("not yet confirmed")));
@@ -306,7 +314,7 @@ fn a_block_in_doubt_serves_only_after_a_sync_settled_it() {
         trusted: vec![(net("10.0.0.0/28"), rev(7))],
     };
     let listed = vec![block("10.0.0.0/28", 7), settled];
-    land(&mut s, sync, Ok(Outcome::Synced(listed))).expect("synced");
+    land(&mut s, sync, Ok(Outcome::Synced(mine(listed)))).expect("synced");
     assert_eq!(s.withheld(ip("10.0.0.20")), None);
     // Empty and not needed: given back, conditioned on the settling write.
     s.take_next(ip("10.0.0.2")).expect("take");
@@ -416,4 +424,104 @@ fn a_full_pool_or_a_failed_claim_never_delays_a_sync() {
     assert_eq!(next_work(&mut s), None, "no claim during its backoff");
     s.next_sync = Some(Instant::now());
     assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+}
+
+/// A block whose pool is being deleted (the settle read the pool Deleting) is in doubt: it
+/// serves nothing, is not given back, and the next sync (soon) looks again; once the pool is
+/// Ready again it serves as before (issue 36, 1).
+#[test]
+fn a_block_whose_pool_is_being_deleted_is_neither_served_nor_given_back() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source(&n);
+    s.restore_block("10.0.0.0/28").expect("recorded");
+    s.occupy(ip("10.0.0.3")).expect("in use");
+    s.restore_block("10.0.0.16/28").expect("recorded");
+    let e = epoch(&n);
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+    let doubt = Synced {
+        in_doubt: vec![block("10.0.0.0/28", 9), block("10.0.0.16/28", 10)],
+        ..Synced::default()
+    };
+    land(
+        &mut s,
+        Work::Sync {
+            epoch: e,
+            trusted: vec![],
+        },
+        Ok(Outcome::Synced(doubt)),
+    )
+    .expect("synced");
+    for a in ["10.0.0.3", "10.0.0.5", "10.0.0.20"] {
+        assert!(
+            s.withheld(ip(a))
+                .is_some_and(|w| w.contains("being deleted")),
+            "{a}"
+        );
+    }
+    assert!(s.detail().unwrap_or_default().contains("DOUBT"));
+    assert_eq!(s.peek_next_n(5), Vec::<IpAddr>::new());
+    // Not given back (not even the empty one), not claimed back: nothing until a sync says.
+    // (It looks for another block: the pool is not Ready, nothing is claimed.)
+    let w = next_work(&mut s);
+    assert!(matches!(w, Some(Work::Claim { .. })), "{w:?}");
+    land(
+        &mut s,
+        w.expect("a claim"),
+        Ok(Outcome::PoolNotReady("pool \"p\" is being deleted".into())),
+    )
+    .expect_err("not ready");
+    assert_eq!(next_work(&mut s), None);
+    assert_eq!(s.forget(), Vec::<String>::new());
+    // The next sync comes within a couple of seconds, not a resync_secs.
+    assert!(s
+        .next_sync
+        .is_some_and(|t| t <= Instant::now() + Duration::from_millis(1300)));
+    s.next_sync = Some(Instant::now());
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+    // The deletion was refused: the pool is Ready, the blocks are this node's.
+    synced(
+        &mut s,
+        &n,
+        &[block("10.0.0.0/28", 11), block("10.0.0.16/28", 12)],
+    );
+    assert_eq!(s.withheld(ip("10.0.0.5")), None);
+    assert_eq!(s.next(), Next::Ready(ip("10.0.0.2")));
+}
+
+/// A block of a pool that is gone is never served again, and is given back once nothing in
+/// it is in use (at once when empty; else when its last address is released).
+#[test]
+fn a_block_of_a_pool_that_is_gone_is_given_back_once_empty() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source(&n);
+    s.restore_block("10.0.0.0/28").expect("recorded");
+    s.occupy(ip("10.0.0.3")).expect("in use");
+    let e = epoch(&n);
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+    let gone = Synced {
+        orphaned: vec![block("10.0.0.0/28", 9)],
+        ..Synced::default()
+    };
+    land(
+        &mut s,
+        Work::Sync {
+            epoch: e,
+            trusted: vec![],
+        },
+        Ok(Outcome::Synced(gone)),
+    )
+    .expect("synced");
+    assert!(s
+        .withheld(ip("10.0.0.5"))
+        .is_some_and(|w| w.contains("gone")));
+    let w = next_work(&mut s);
+    assert!(matches!(w, Some(Work::Claim { .. })), "in use, kept: {w:?}");
+    land(&mut s, w.expect("a claim"), Err("no pool \"p\"".into())).expect_err("no pool");
+    assert!(s.vacate(ip("10.0.0.3")));
+    assert_eq!(
+        next_work(&mut s),
+        Some(Work::GiveBack(net("10.0.0.0/28"), rev(9)))
+    );
 }
