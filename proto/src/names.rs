@@ -78,3 +78,40 @@ pub fn check_ifname(what: &str, s: &str) -> Result<(), String> {
         None => Ok(()),
     }
 }
+
+/// The longest name of an object that is also a label value on Kubernetes (a label value
+/// holds at most 63 characters).
+pub const MAX_KUBE_LABELLED_NAME: usize = 63;
+
+/// A name Kubernetes accepts both as an object's name and as a label value: a DNS-1123
+/// subdomain (lowercase letters, digits, '-' and '.'; each dot-separated part starting and
+/// ending with a letter or digit) of at most `max` characters (63 where it is a label value
+/// too). The message names the rule and the bad value.
+pub fn check_kube_name(what: &str, s: &str, max: usize) -> Result<(), String> {
+    let rule = format!(
+        "on the Kubernetes API it must be a DNS-1123 subdomain of at most {max} characters (lowercase letters, digits, '-' and '.', each part between dots starting and ending with a letter or digit)"
+    );
+    let bad = |why: String| Err(format!("{what} {}: {why}; {rule}", shown(s)));
+    if s.is_empty() {
+        return bad("it is empty".into());
+    }
+    if s.len() > max {
+        return bad(format!("it is {} characters", s.len()));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
+    {
+        return bad(format!("it has {c:?}"));
+    }
+    for part in s.split('.') {
+        let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        if !alnum(part.chars().next()) || !alnum(part.chars().last()) {
+            return bad(format!(
+                "{:?} does not start and end with a letter or digit",
+                part
+            ));
+        }
+    }
+    Ok(())
+}

@@ -309,6 +309,18 @@ impl DaemonConfig {
         }
         let mut pools = std::collections::HashMap::new();
         for (network, pool, _) in cfg.cluster_networks() {
+            if cfg
+                .cluster
+                .as_ref()
+                .is_some_and(|c| c.datastore == cluster::DatastoreKind::Kubernetes)
+            {
+                ipool_proto::names::check_kube_name(
+                    "cluster_pool",
+                    &pool,
+                    ipool_proto::names::MAX_KUBE_LABELLED_NAME,
+                )
+                .map_err(|e| Error::InvalidConfig(format!("network {network:?}: {e}")))?;
+            }
             if let Some(other) = pools.insert(pool.clone(), network.clone()) {
                 return Err(Error::InvalidConfig(format!(
                     "networks {other:?} and {network:?} both take their ranges from cluster pool {pool:?}: a node's blocks of a pool belong to one network (give each its own pool)"

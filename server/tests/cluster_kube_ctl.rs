@@ -185,3 +185,28 @@ cluster_pool = "p"
     assert!(stderr(&o).contains("alive"), "{}", stderr(&o));
     assert_eq!(api.objects("ipblocks").len(), 1);
 }
+
+/// On the Kubernetes API a pool's name is an object's name and a label value: a DNS-1123
+/// subdomain of at most 63 characters. Another is refused at creation, naming the rule (issue
+/// 36, 6: a 64-character name was created, and every listing of its blocks then failed).
+#[test]
+fn pool_names_the_kubernetes_api_cannot_use_are_refused_at_creation() {
+    let api = FakeApi::start();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = api.kubeconfig(dir.path());
+    let long = "p".repeat(64);
+    for bad in [long.as_str(), "Pods", "pods_b", "-pods", "pods.", "a..b"] {
+        let o = ctl(
+            &kc,
+            &["pool", "create", "--cidr", "10.42.0.0/24", "--", bad],
+        );
+        assert_eq!(code(&o), 1, "{bad}: {}", stderr(&o));
+        assert!(stderr(&o).contains("DNS-1123"), "{bad}: {}", stderr(&o));
+        assert!(stderr(&o).contains("63"), "{bad}: {}", stderr(&o));
+        assert!(api.objects("ippools").is_empty(), "{bad} was written");
+    }
+    let fits = format!("a{}a.b", "-".repeat(59));
+    assert_eq!(fits.len(), 63);
+    let o = ctl(&kc, &["pool", "create", &fits, "--cidr", "10.42.0.0/24"]);
+    assert!(o.status.success(), "{fits}: {}", stderr(&o));
+}

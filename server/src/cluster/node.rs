@@ -87,13 +87,16 @@ impl ClusterNode {
     ) -> Result<Arc<ClusterNode>, String> {
         settings.validate()?;
         ipool_proto::names::check_name("node name", &name)?;
-        if settings.datastore == crate::config::cluster::DatastoreKind::Kubernetes
-            && name.len() > 63
-        {
-            return Err(format!(
-                "node name {name:?} is {} characters; with datastore = \"kubernetes\" it labels the node's blocks (ipool.io/node), and a label value holds at most 63: set a shorter [cluster] node_name, or use datastore = \"etcd\"",
-                name.len()
-            ));
+        if settings.datastore == crate::config::cluster::DatastoreKind::Kubernetes {
+            // It labels the node's blocks (ipool.io/node) and names its Lease.
+            ipool_proto::names::check_kube_name(
+                "node name",
+                &name,
+                ipool_proto::names::MAX_KUBE_LABELLED_NAME,
+            )
+            .map_err(|e| {
+                format!("{e} (it labels the node's blocks and names its Lease): set another [cluster] node_name, or use datastore = \"etcd\"")
+            })?;
         }
         let tls = Tls::read(
             settings.ca_file.as_deref(),

@@ -312,3 +312,50 @@ fn cluster_mode_on_the_kubernetes_api_needs_no_etcd() {
         "etcd stays the default"
     );
 }
+
+#[test]
+fn kubernetes_names_follow_dns_1123_subdomains_within_the_limit() {
+    for ok in ["pods", "pods-b", "a.b-c.d9", "0", &"p".repeat(63)] {
+        assert!(
+            ipool_proto::names::check_kube_name("pool name", ok, 63).is_ok(),
+            "{ok}"
+        );
+    }
+    for bad in [
+        "",
+        "Pods",
+        "pods_b",
+        "-pods",
+        "pods-",
+        "pods.",
+        ".pods",
+        "a..b",
+        "a.-b",
+        "p o",
+        &"p".repeat(64),
+    ] {
+        let e = ipool_proto::names::check_kube_name("pool name", bad, 63).expect_err(bad);
+        assert!(e.contains("DNS-1123") && e.contains("63"), "{bad}: {e}");
+    }
+    assert!(ipool_proto::names::check_kube_name("x", &"p".repeat(64), 253).is_ok());
+}
+
+/// With datastore = "kubernetes" a network's cluster_pool names an object and a label value:
+/// a name the apiserver cannot take is refused at start, naming the rule (issue 36, 6).
+#[test]
+fn a_cluster_pool_the_kubernetes_api_cannot_name_is_refused() {
+    let net = |pool: &str, store: &str| {
+        format!("[cluster]\n{store}\n[[network]]\nname = \"pods\"\nranges_from = \"cluster\"\ncluster_pool = \"{pool}\"\n")
+    };
+    let kube = "datastore = \"kubernetes\"";
+    let etcd = "etcd_endpoints = [\"http://10.0.0.1:2379\"]";
+    for bad in ["Pods", "pods_b", &"p".repeat(64)] {
+        let e = DaemonConfig::parse(&net(bad, kube))
+            .expect_err(bad)
+            .to_string();
+        assert!(e.contains("DNS-1123") && e.contains("cluster_pool"), "{e}");
+        // etcd's keys take them.
+        assert!(DaemonConfig::parse(&net(bad, etcd)).is_ok(), "{bad}");
+    }
+    assert!(DaemonConfig::parse(&net("pods-b.v4", kube)).is_ok());
+}

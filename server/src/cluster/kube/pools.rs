@@ -12,6 +12,13 @@ impl KubeStore {
     /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
     /// pool's, of any phase (or a malformed pool stands there).
     pub async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
+        // Its name is an object's name and its blocks' label value.
+        ipool_proto::names::check_kube_name(
+            "pool name",
+            &spec.name,
+            ipool_proto::names::MAX_KUBE_LABELLED_NAME,
+        )
+        .map_err(ClusterError::Refused)?;
         spec.validate().map_err(ClusterError::Refused)?;
         self.token().await;
         let created = match self
