@@ -327,7 +327,10 @@ fn a_malformed_block_key_is_reported_and_counted_as_occupied() {
         "{detail}"
     );
     assert_eq!(metric(&metrics, "ipool_cluster_malformed_keys"), Some(1.0));
-    d.wait_log(&["a malformed key under ipool's etcd prefix"]);
+    d.wait_log(&[
+        "a malformed entry in ipool's part of the store",
+        "10.65.0.16-28",
+    ]);
     let o = etcd.ctl(&["blocks"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("malformed"), "{}", stderr(&o));

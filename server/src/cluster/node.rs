@@ -69,8 +69,9 @@ pub struct ClusterNode {
     /// Ready pools as last read (with the revision a claim is conditioned on).
     pools: Mutex<HashMap<String, Pool>>,
     beat: Mutex<Beat>,
-    /// Keys under the prefix that name no owner, from the last listings, by key.
-    malformed: Mutex<HashMap<String, String>>,
+    /// Keys (objects) that name no owner, from the last listing of each kind of each pool:
+    /// by (pool, the listing was of the whole pool), then by key.
+    malformed: Mutex<HashMap<(String, bool), std::collections::BTreeMap<String, String>>>,
     /// The identity's changes, for health.
     identity_changes: tokio::sync::watch::Sender<Identity>,
     metrics: Arc<Metrics>,
@@ -311,29 +312,42 @@ impl ClusterNode {
         self.identity_changes.subscribe()
     }
 
-    /// Reports malformed keys found by a listing of pool `pool`'s blocks: logged once each,
-    /// counted, and shown in status.
-    pub fn malformed_seen(&self, pool: &str, found: &[super::etcd::MalformedKey]) {
-        let scope = format!(
-            "{}/blocks/{pool}/",
-            self.settings.prefix.trim_end_matches('/')
-        );
+    /// Reports malformed keys (objects) found by a listing of pool `pool`'s blocks (`whole`:
+    /// all of them, for a claim; else this node's, for a sync): logged once each, counted, and
+    /// shown in status, until the next listing of the same kind no longer finds them.
+    pub fn malformed_seen(&self, pool: &str, whole: bool, found: &[super::etcd::MalformedKey]) {
         let mut m = self.malformed.lock().expect("malformed lock");
-        m.retain(|k, _| !k.starts_with(&scope) || found.iter().any(|f| &f.key == k));
-        for f in found {
-            if m.insert(f.key.clone(), f.why.clone()).is_none() {
-                tracing::error!(node = %self.name, key = %f.key, why = %f.why, "a malformed key under ipool's etcd prefix: counted as occupied (fix or delete it)");
+        let known: std::collections::HashSet<String> =
+            m.values().flat_map(|keys| keys.keys().cloned()).collect();
+        let now: std::collections::BTreeMap<String, String> = found
+            .iter()
+            .map(|f| (f.key.clone(), f.why.clone()))
+            .collect();
+        for (key, why) in &now {
+            if !known.contains(key) {
+                tracing::error!(node = %self.name, %key, %why, store = self.store_name(), "a malformed entry in ipool's part of the store: counted as occupied (fix or delete it)");
             }
         }
-        self.metrics.cluster.malformed_keys.set(m.len() as i64);
+        match now.is_empty() {
+            true => m.remove(&(pool.to_string(), whole)),
+            false => m.insert((pool.to_string(), whole), now),
+        };
+        let count = m
+            .values()
+            .flat_map(|keys| keys.keys())
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        self.metrics.cluster.malformed_keys.set(count as i64);
     }
 
     /// The malformed keys last seen, for status.
     pub fn malformed(&self) -> Vec<String> {
         let m = self.malformed.lock().expect("malformed lock");
-        let mut v: Vec<String> = m.iter().map(|(k, why)| format!("{k} ({why})")).collect();
-        v.sort();
-        v
+        let all: std::collections::BTreeMap<&String, &String> =
+            m.values().flat_map(|keys| keys.iter()).collect();
+        all.into_iter()
+            .map(|(k, why)| format!("{k} ({why})"))
+            .collect()
     }
 
     /// Pool `name` as last read when it was Ready (read now if not: a pool of another phase

@@ -129,7 +129,7 @@ async fn execute(
                     return Err(e);
                 }
             };
-            node.malformed_seen(pool, &out.malformed);
+            node.malformed_seen(pool, true, &out.malformed);
             ClusterMetrics::conflict(&metrics.conflicts, pool, "candidate", out.lost as u64);
             if out.pool_changed {
                 node.forget_pool(pool);
@@ -257,7 +257,7 @@ async fn sync(
             s.list_blocks(Some(&p), Some(&n)).await
         })
         .await?;
-    node.malformed_seen(pool, &listed.malformed);
+    node.malformed_seen(pool, false, &listed.malformed);
     let mut out = Synced::default();
     for mut b in listed.blocks {
         if !cidrs.iter().any(|c| c.contains(&b.block)) {
