@@ -287,3 +287,48 @@ fn a_pool_deletion_that_cannot_list_the_blocks_leaves_the_pool_ready() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(listed_pool(&store, "p"), None);
 }
+
+/// A clean stop (SIGTERM) gives the node's name up: release-node sees the node away from then
+/// on (not alive for a heartbeat TTL), and a replacement daemon with a new state dir serves at
+/// once instead of waiting the TTL out (issue 36, 7).
+fn a_clean_stop_gives_the_name_up(store: Backend) {
+    store.create_pool(&["p", "--cidr", "10.58.0.0/24", "--block-size", "28"]);
+    // A TTL far longer than the test waits.
+    let tuning = "heartbeat_ttl_secs = 60\nresync_secs = 1\nclaim_ahead = 1\n";
+    let config = store.daemon_config("n1", "p", tuning, &store.addr());
+    let mut first = Daemon::prepare_with_config(&config);
+    first.spawn();
+    add_within(
+        20,
+        "the first daemon's ADD",
+        "a0",
+        &first.conf("1.0.0", "pods", ""),
+    );
+    assert!(first.terminate().success(), "{}", first.log());
+    first.wait_log(&["gave up its node name"]);
+    let o = store.ctl(&["release-node", "n1"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(!stderr(&o).contains("is alive"), "{}", stderr(&o));
+    // Another daemon (another state dir: another instance) under the same name.
+    let mut second = Daemon::prepare_with_config(&config);
+    second.spawn();
+    let started = Instant::now();
+    add_within(
+        10,
+        "the replacement's ADD",
+        "b0",
+        &second.conf("1.0.0", "pods", ""),
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_clean_stop_gives_the_node_name_up_on_the_kubernetes_api() {
+    a_clean_stop_gives_the_name_up(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_clean_stop_gives_the_node_name_up_on_etcd() {
+    a_clean_stop_gives_the_name_up(Backend::etcd());
+}

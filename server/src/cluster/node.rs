@@ -69,6 +69,9 @@ pub struct ClusterNode {
     /// Ready pools as last read (with the revision a claim is conditioned on).
     pools: Mutex<HashMap<String, Pool>>,
     beat: Mutex<Beat>,
+    /// The heartbeat this daemon holds now (its leases, its Lease), to give up at a clean
+    /// stop.
+    held: Mutex<Option<Heartbeat>>,
     /// Keys (objects) that name no owner, from the last listing of each kind of each pool:
     /// by (pool, the listing was of the whole pool), then by key.
     malformed: Mutex<HashMap<(String, bool), std::collections::BTreeMap<String, String>>>,
@@ -127,6 +130,7 @@ impl ClusterNode {
                 epoch: 0,
                 resets: 0,
             }),
+            held: Mutex::new(None),
             malformed: Mutex::default(),
             identity_changes: tokio::sync::watch::Sender::new(Identity::Starting(None)),
             metrics,
@@ -477,7 +481,9 @@ impl ClusterNode {
                     wait = Duration::from_secs(1);
                     self.renewed(sent);
                     self.set_identity(Identity::Held);
+                    *self.held.lock().expect("held lock") = Some(beat.clone());
                     self.keep(&beat, every).await;
+                    *self.held.lock().expect("held lock") = None;
                 }
                 Ok(Acquired::Taken { instance, ttl_left }) => {
                     self.set_identity(Identity::Taken { instance });
@@ -494,6 +500,23 @@ impl ClusterNode {
                 }
             }
         }
+    }
+
+    /// Gives the node's name up at a clean stop (call it once the heartbeat task is stopped,
+    /// and nothing is handed out any more): the node is away from now on, as release-node
+    /// sees it, and another daemon may take the name at once. True if a name was held and
+    /// given up.
+    pub async fn give_up_name(&self) -> Result<bool, ClusterError> {
+        let Some(beat) = self.held.lock().expect("held lock").take() else {
+            return Ok(false);
+        };
+        self.set_identity(Identity::Starting(Some("stopped".into())));
+        self.call("heartbeat", |s| async move {
+            s.urgent().stop_heartbeat(&beat).await
+        })
+        .await?;
+        tracing::info!(node = %self.name, instance = %self.instance, store = self.store_name(), "gave up its node name (a clean stop)");
+        Ok(true)
     }
 
     /// Renews `beat` until its lease is gone (or, etcd silent, surely gone).

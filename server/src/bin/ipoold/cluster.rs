@@ -23,6 +23,8 @@ pub(crate) struct Cluster {
     node: Arc<ClusterNode>,
     /// (network, pool, routes)
     networks: Vec<(String, String, Vec<RouteSpec>)>,
+    /// The heartbeat's task, once started: stopped before the name is given up.
+    heartbeat: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// The sources every network's range sets get: blocks of a cluster pool for the networks
@@ -68,7 +70,14 @@ pub(crate) fn setup(
         )),
         None => Box::new(LocalSource::new(ranges)),
     });
-    Ok((Some(Cluster { node, networks }), sources))
+    Ok((
+        Some(Cluster {
+            node,
+            networks,
+            heartbeat: std::sync::Mutex::new(None),
+        }),
+        sources,
+    ))
 }
 
 /// This daemon's instance in etcd: the id of its state dir, made at its first start (a
@@ -98,7 +107,8 @@ fn instance_id(state_dir: &std::path::Path) -> anyhow::Result<String> {
 /// Starts the heartbeat and follows each cluster network's pool.
 pub(crate) fn start(cluster: &Cluster, ipam: &Ipam) {
     tracing::info!(node = %cluster.node.name(), instance = %cluster.node.instance(), etcd = %cluster.node.settings().etcd_endpoints.join(","), networks = cluster.networks.len(), "cluster mode");
-    tokio::spawn(cluster.node.clone().heartbeat());
+    *cluster.heartbeat.lock().expect("heartbeat lock") =
+        Some(tokio::spawn(cluster.node.clone().heartbeat()));
     // Health follows whether this daemon holds the node's name.
     let (node, health) = (cluster.node.clone(), ipam.clone());
     let mut changes = node.watch_identity();
@@ -130,5 +140,27 @@ pub(crate) fn start(cluster: &Cluster, ipam: &Ipam) {
             cluster.node.clone(),
             pool.clone(),
         ));
+    }
+}
+
+/// A clean stop, once nothing more is served: the heartbeat stops and the node's name is
+/// given up (a replacement daemon takes it at once; release-node sees the node away from
+/// now). Bounded by the store's timeout; a store that does not answer leaves the name to lapse
+/// with its lease.
+pub(crate) async fn stop(cluster: &Cluster) {
+    let task = cluster.heartbeat.lock().expect("heartbeat lock").take();
+    if let Some(task) = task {
+        task.abort();
+        let _ = task.await;
+    }
+    let within = std::time::Duration::from_millis(cluster.node.settings().etcd_timeout_ms) * 2;
+    match tokio::time::timeout(within, cluster.node.give_up_name()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot give up the node's name: it lapses with its lease")
+        }
+        Err(_) => {
+            tracing::warn!("giving up the node's name took too long: it lapses with its lease")
+        }
     }
 }

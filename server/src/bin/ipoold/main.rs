@@ -406,6 +406,9 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     };
     let served = serve(listeners, ipam, shutdown).await;
     let _ = std::fs::remove_file(&args.socket);
+    if let Some(c) = &cluster {
+        cluster::stop(c).await;
+    }
     served.context("gRPC server")?;
     tracing::info!("stopped");
     Ok(())
