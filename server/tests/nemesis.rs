@@ -6,7 +6,11 @@
 //! connection, holds a daemon's requests past its etcd timeout and delivers them late (after
 //! it gave up on them and went on), starts a second daemon under a node's name, and retires
 //! nodes (store wiped,
-//! blocks force-released: the node and its pods are gone). The checker (`common::history`)
+//! blocks force-released: the node and its pods are gone), deletes the pool while nodes hold
+//! blocks (on the apiserver: its listing held while a node restarts, or failing), creates and
+//! deletes spare pools of other block sizes, and runs release-node where the daemons keep no
+//! names (another Lease namespace, another etcd prefix). The pool is dual-stack for half the
+//! seeds. The checker (`common::history`)
 //! then proves that no address was ever held by two pods at once, that every acknowledged
 //! attachment is still held unless a DEL released it, and that every held address lies in a
 //! block the store says its node owns.
@@ -44,6 +48,11 @@ struct Node {
 
 struct Run {
     store: Backend,
+    /// The nemesis pool's `pool create` arguments (to make it again if a deletion went through).
+    pool_args: Vec<String>,
+    /// What an operator command did that it must not have (a release that gave back a live
+    /// node's blocks, a deletion that left the pool Deleting).
+    problems: Mutex<Vec<String>>,
     /// A fault of the store is on (one at a time).
     store_busy: AtomicBool,
     nodes: Vec<Node>,
@@ -92,12 +101,20 @@ fn worker(run: Arc<Run>, id: usize) {
         let at = run.now();
         match r.ok {
             true => {
-                let ip = addr(&r.addresses()[0]);
-                run.history.lock().unwrap().acked(&node.name, &c, ip, at);
+                let ips: Vec<IpAddr> = r.addresses().iter().map(|a| addr(a)).collect();
+                run.history
+                    .lock()
+                    .unwrap()
+                    .acked_all(&node.name, &c, &ips, at);
                 pods.push((i, c));
             }
             false => {
-                run.history.lock().unwrap().adds_failed += 1;
+                let why = format!(
+                    "{} {}",
+                    r.json["msg"].as_str().unwrap_or(&r.stderr),
+                    r.json["details"].as_str().unwrap_or_default()
+                );
+                run.history.lock().unwrap().add_failed(r.code(), &why);
                 to_delete.push((i, c));
             }
         }
@@ -135,7 +152,7 @@ fn log_fault(run: &Run, what: String) {
 fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
     let i = rng.below(run.nodes.len() as u64) as usize;
     let pause = Duration::from_millis(500 + rng.below(7000));
-    let kind = rng.below(100);
+    let kind = rng.below(120);
     let name = run.nodes[i].name.clone();
     if kind < 12 {
         // The store itself: stopped, then started.
@@ -230,6 +247,10 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
                 d.spawn();
                 log_fault(&run, format!("{name}: restarted with a wiped store"));
             }
+            100..=107 => pool_deletion(&run, i, pause),
+            108..=111 => failing_pool_deletion(&run),
+            112..=115 => spare_pool(&run, kind),
+            116..=119 => release_elsewhere(&run, &name),
             _ => {
                 // A second daemon under the same node name, for a while: it must hold back.
                 let toml = run
@@ -251,8 +272,11 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
                     let r = cni("ADD", &c, &conf);
                     if r.ok {
                         let at = run.now();
-                        let ip = addr(&r.addresses()[0]);
-                        run.history.lock().unwrap().acked(&twin_name, &c, ip, at);
+                        let ips: Vec<IpAddr> = r.addresses().iter().map(|a| addr(a)).collect();
+                        run.history
+                            .lock()
+                            .unwrap()
+                            .acked_all(&twin_name, &c, &ips, at);
                     }
                     std::thread::sleep(Duration::from_millis(100));
                 }
@@ -264,6 +288,144 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
         }
         release(&run, i);
     }))
+}
+
+/// An operator deletes the nemesis pool while nodes hold blocks of it: refused, the pool as it
+/// was. On the apiserver the deletion's listing of the blocks is held meanwhile while node
+/// `i` restarts (its first sync settles its blocks and reads the pool Deleting).
+fn pool_deletion(run: &Run, i: usize, pause: Duration) {
+    let node = &run.nodes[i];
+    let held = run
+        .store
+        .api()
+        .map(|api| api.hold(&format!("labelSelector=ipool.io%2Fpool%3D{POOL}&limit")));
+    log_fault(
+        run,
+        format!(
+            "pool {POOL} deleted while nodes hold blocks{}",
+            match held {
+                Some(_) => format!(" (its listing held while {} restarts)", node.name),
+                None => String::new(),
+            }
+        ),
+    );
+    let deleted = std::thread::scope(|s| {
+        let deleting = s.spawn(|| run.store.ctl_within(30, &["pool", "delete", POOL]));
+        if let Some(h) = &held {
+            // A claim's own listing may be the one held: either way something waits.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while h.caught().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            node.daemon.lock().unwrap().kill9();
+            std::thread::sleep(pause.min(Duration::from_secs(2)));
+            node.daemon.lock().unwrap().spawn();
+            std::thread::sleep(Duration::from_millis(500));
+            h.release();
+        }
+        deleting.join().expect("ipoolctl")
+    });
+    let outcome = match code(&deleted) {
+        0 => {
+            // No block was left (every node retired at once): the pool is made again.
+            let args: Vec<&str> = run.pool_args.iter().map(String::as_str).collect();
+            run.store.create_pool(&args);
+            "deleted (no block was owned) and made again".to_string()
+        }
+        c => format!("refused ({c}): {}", stderr(&deleted).trim()),
+    };
+    log_fault(run, format!("pool {POOL} deletion {outcome}"));
+    check_ready(run, "after a deletion");
+}
+
+/// An operator's deletion whose listing of the blocks fails (the apiserver answers 500): the
+/// pool is Ready again. (etcd's deletion is one transaction: a plain refused deletion.)
+fn failing_pool_deletion(run: &Run) {
+    if let Some(api) = run.store.api() {
+        api.fail_matching(
+            &format!("labelSelector=ipool.io%2Fpool%3D{POOL}&limit"),
+            500,
+        );
+    }
+    let o = run.store.ctl(&["pool", "delete", POOL]);
+    log_fault(
+        run,
+        format!(
+            "pool {POOL} deleted with its listing failing: exit {}",
+            code(&o)
+        ),
+    );
+    if code(&o) == 0 {
+        let args: Vec<&str> = run.pool_args.iter().map(String::as_str).collect();
+        run.store.create_pool(&args);
+    }
+    check_ready(run, "after a deletion that could not list the blocks");
+}
+
+/// The nemesis pool must be listed Ready (a deletion that stopped must leave it so).
+fn check_ready(run: &Run, when: &str) {
+    let o = run.store.ctl(&["-o", "json", "pool", "list"]);
+    if !o.status.success() {
+        // The store itself may be down (another fault): nothing to judge.
+        return;
+    }
+    let phase = json(&o)
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["name"] == POOL).cloned())
+        .map(|p| p["phase"].clone());
+    if phase != Some(serde_json::json!("Ready")) {
+        run.problems
+            .lock()
+            .unwrap()
+            .push(format!("pool {POOL} is {phase:?} {when}"));
+    }
+}
+
+/// A spare pool of other block sizes made and deleted (no node uses it): creations and
+/// deletions interleaved with the nodes' claims.
+fn spare_pool(run: &Run, kind: u64) {
+    let name = format!("spare-{kind}");
+    let cidr = format!("10.81.{}.0/24", kind - 112);
+    let o = run.store.ctl(&[
+        "pool",
+        "create",
+        &name,
+        "--cidr",
+        &cidr,
+        "--block-size",
+        "27",
+    ]);
+    let made = code(&o);
+    let d = run.store.ctl(&["pool", "delete", &name]);
+    log_fault(
+        run,
+        format!(
+            "spare pool {name} made (exit {made}) and deleted (exit {})",
+            code(&d)
+        ),
+    );
+}
+
+/// release-node, without --force, looking for a live node's name where the daemons do not
+/// keep it: it must give nothing back.
+fn release_elsewhere(run: &Run, name: &str) {
+    let [flag, value] = run.store.elsewhere();
+    let o = run
+        .store
+        .ctl(&["release-node", name, flag, value, "--absent-for", "0"]);
+    log_fault(
+        run,
+        format!(
+            "{name}: release-node {flag} {value} (no --force): exit {}",
+            code(&o)
+        ),
+    );
+    if code(&o) == 0 && String::from_utf8_lossy(&o.stdout).contains("released") {
+        run.problems.lock().unwrap().push(format!(
+            "release-node {name} {flag} {value} gave back blocks of a live node: {}",
+            String::from_utf8_lossy(&o.stdout)
+        ));
+    }
 }
 
 fn seed() -> u64 {
@@ -300,7 +462,25 @@ fn nemesis(store: Backend) {
         "nemesis: seed {seed}, {count} nodes, {secs} s, on {} (IPOOL_NEMESIS_SEED={seed} replays the schedule)",
         store.name()
     );
-    store.create_pool(&[POOL, "--cidr", "10.80.0.0/23", "--block-size", "28"]);
+    // Dual-stack for half the seeds: each family's source syncs and claims on its own.
+    let dual = rng.chance(0.5);
+    let mut pool_args: Vec<String> = [POOL, "--cidr", "10.80.0.0/23", "--block-size", "28"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if dual {
+        pool_args.extend(
+            ["--cidr", "fd00:80::/119", "--block-size-v6", "124"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+    }
+    eprintln!(
+        "nemesis: pool {POOL}: {}",
+        if dual { "dual-stack" } else { "IPv4" }
+    );
+    let args: Vec<&str> = pool_args.iter().map(String::as_str).collect();
+    store.create_pool(&args);
     let store_addr = store.addr();
     let nodes: Vec<Node> = (0..count)
         .map(|i| {
@@ -322,6 +502,8 @@ fn nemesis(store: Backend) {
         .collect();
     let run = Arc::new(Run {
         store,
+        pool_args,
+        problems: Mutex::new(Vec::new()),
         store_busy: AtomicBool::new(false),
         nodes,
         history: Mutex::new(History::new()),
@@ -354,6 +536,13 @@ fn nemesis(store: Backend) {
 
     let history = run.history.lock().unwrap();
     eprintln!("nemesis: seed {seed}: {}", history.summary());
+    let problems = run.problems.lock().unwrap().clone();
+    assert!(
+        problems.is_empty(),
+        "seed {seed}: {}\nfaults:\n{}",
+        problems.join("\n"),
+        faults_text(&history)
+    );
     let overlaps = history.overlaps();
     assert!(
         overlaps.is_empty(),

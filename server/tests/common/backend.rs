@@ -165,6 +165,23 @@ routes = [{{ dst = "0.0.0.0/0" }}]
         }
     }
 
+    /// The fake apiserver, when the store is the Kubernetes API.
+    pub fn api(&self) -> Option<&FakeApi> {
+        match self {
+            Backend::Kube { api, .. } => Some(api),
+            Backend::Etcd(_) => None,
+        }
+    }
+
+    /// Arguments that make ipoolctl look for the nodes' names where the daemons do not keep
+    /// them (an operator's slip): another Lease namespace, another etcd prefix.
+    pub fn elsewhere(&self) -> [&'static str; 2] {
+        match self {
+            Backend::Etcd(_) => ["--etcd-prefix", "/elsewhere"],
+            Backend::Kube { .. } => ["--lease-namespace", "elsewhere"],
+        }
+    }
+
     /// The store stops answering (etcd: stopped; the apiserver: every connection dropped).
     pub fn stop(&self) {
         match self {

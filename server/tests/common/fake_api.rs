@@ -82,6 +82,11 @@ impl Hold {
         }
     }
 
+    /// The request line caught, if one was.
+    pub fn caught(&self) -> Option<String> {
+        self.caught.lock().unwrap().clone()
+    }
+
     /// Lets the held request through (it is answered as the world is now).
     pub fn release(&self) {
         self.gate.send_replace(true);

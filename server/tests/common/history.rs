@@ -36,6 +36,8 @@ pub struct History {
     wipes: Vec<(String, f64)>,
     pub adds_ok: usize,
     pub adds_failed: usize,
+    /// Why ADDs failed: the CNI code and the start of the message, counted.
+    pub failures: BTreeMap<String, usize>,
     pub dels: usize,
 }
 
@@ -53,7 +55,18 @@ impl History {
 
     /// An ADD on `node` acknowledged with `ip` at `at`.
     pub fn acked(&mut self, node: &str, container: &str, ip: IpAddr, at: f64) {
+        self.acked_all(node, container, &[ip], at);
+    }
+
+    /// An ADD on `node` acknowledged with `ips` (one per family) at `at`.
+    pub fn acked_all(&mut self, node: &str, container: &str, ips: &[IpAddr], at: f64) {
         self.adds_ok += 1;
+        for ip in ips {
+            self.hold(node, container, *ip, at);
+        }
+    }
+
+    fn hold(&mut self, node: &str, container: &str, ip: IpAddr, at: f64) {
         // Answered before a wipe that was recorded first: it ended with the node.
         let wiped = self
             .wipes
@@ -159,12 +172,35 @@ impl History {
         problems
     }
 
+    /// An ADD failed with CNI error `code`, saying `why`.
+    pub fn add_failed(&mut self, code: u64, why: &str) {
+        self.adds_failed += 1;
+        // The reason without the parts that change from one call to the next.
+        let gist: String = why
+            .split("/tmp/")
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '#' } else { c })
+            .take(150)
+            .collect();
+        *self.failures.entry(format!("{code} {gist}")).or_default() += 1;
+    }
+
     /// A few lines on what happened.
     pub fn summary(&self) -> String {
+        let mut why: Vec<(&String, &usize)> = self.failures.iter().collect();
+        why.sort_by(|a, b| b.1.cmp(a.1));
+        let why: Vec<String> = why
+            .iter()
+            .take(4)
+            .map(|(w, n)| format!("{n}x {w}"))
+            .collect();
         format!(
-            "{} ADDs acknowledged, {} failed, {} DELs, {} faults, {} addresses held at the end",
+            "{} ADDs acknowledged, {} failed ({}), {} DELs, {} faults, {} addresses held at the end",
             self.adds_ok,
             self.adds_failed,
+            why.join("; "),
             self.dels,
             self.faults.len(),
             self.open().len()
