@@ -2,10 +2,12 @@
 //!
 //! - [`pool`]: a pool's spec; [`cidrset`]: its CIDRs carved into blocks (nodeipam's cidrset);
 //! - [`claim`]: a node's next block of a pool, found and claimed through either store;
+//! - [`model`]: the vocabulary (blocks, revisions, pools, listings, claims, errors, node
+//!   names), shared by everything below and owned by neither store;
 //! - [`datastore`]: what cluster mode asks of the store that holds pools, blocks and node
-//!   names, as one trait (`Datastore`); etcd's `ClusterStore` implements it;
-//! - [`etcd`]: pools and block owners in etcd, each decision one transaction; [`nodes`]: the
-//!   daemons' heartbeats and release-node;
+//!   names (`Datastore`: `PoolStore`, `BlockStore`, `NameStore`);
+//! - [`etcd`]: that store in etcd, each decision one transaction (`etcd::nodes`: the daemons'
+//!   heartbeats and release-node);
 //! - [`kube`]: the same on the Kubernetes API (custom resources, a Lease per node);
 //! - [`node`]: this node, as `config::cluster` (the `[cluster]` table) says: its etcd
 //!   connection, token bucket, etcd up or down, heartbeat;
@@ -37,11 +39,12 @@ pub fn jitter(d: std::time::Duration) -> std::time::Duration {
 
 pub mod cidrset;
 pub mod claim;
+pub mod connect;
 pub mod datastore;
 pub mod etcd;
 pub mod kube;
+pub mod model;
 pub mod node;
-pub mod nodes;
 pub mod pool;
 pub mod source;
 pub mod work;

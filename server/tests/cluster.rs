@@ -8,8 +8,11 @@ use std::time::Duration;
 
 use common::etcd::Etcd;
 use ipnet::IpNet;
-use ipool_server::cluster::datastore::Datastore;
-use ipool_server::cluster::etcd::{ClaimOutcome, Claimed, ClusterStore, PoolSpec, DEFAULT_PREFIX};
+use ipool_server::cluster::claim::{self, ClaimOutcome, Views};
+use ipool_server::cluster::datastore::{BlockStore, PoolStore};
+use ipool_server::cluster::etcd::{ClusterStore, DEFAULT_PREFIX};
+use ipool_server::cluster::model::Claimed;
+use ipool_server::cluster::pool::PoolSpec;
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
@@ -40,7 +43,13 @@ async fn claim(s: &ClusterStore, pool: &str, block: &IpNet, node: &str) -> Claim
     s.claim(pool, revision, block, node).await.unwrap()
 }
 
-/// The next block of `p` for `node` (one family), conditioned on the pool as read now.
+thread_local! {
+    /// The nodes' kept views of the pools (each test runs on a thread of its own).
+    static VIEWS: Views = Views::default();
+}
+
+/// The next block of `p` for `node` (one family), conditioned on the pool as read now, from
+/// the node's kept view.
 async fn claim_next(s: &ClusterStore, p: &PoolSpec, v4: bool, node: &str) -> ClaimOutcome {
     let revision = s
         .get_pool(&p.name)
@@ -48,7 +57,10 @@ async fn claim_next(s: &ClusterStore, p: &PoolSpec, v4: bool, node: &str) -> Cla
         .unwrap()
         .expect("the pool")
         .revision;
-    s.claim_next(p, revision, v4, node).await.unwrap()
+    let views = VIEWS.with(|v| v.clone());
+    claim::claim_next(s, &views, p, revision, v4, node)
+        .await
+        .unwrap()
 }
 
 fn pool(name: &str, cidrs: &[&str], exclude: &[&str]) -> PoolSpec {
@@ -94,8 +106,8 @@ fn pools_are_created_listed_and_deleted_only_when_no_block_is_owned() {
         };
         let refused = s.delete_pool("a").await.unwrap_err().to_string();
         assert!(refused.contains("1 owned block"), "{refused}");
-        assert!(s.give_back(&b, None).await.unwrap());
-        assert!(!s.give_back(&b, None).await.unwrap(), "given back once");
+        assert!(s.give_back(&b).await.unwrap());
+        assert!(!s.give_back(&b).await.unwrap(), "given back once");
         s.delete_pool("a").await.unwrap();
         assert!(s
             .delete_pool("a")
@@ -224,9 +236,16 @@ fn racing_claimers_never_share_a_block() {
             let (s, p) = (s.clone(), p.clone());
             tasks.push(tokio::spawn(async move {
                 let revision = s.get_pool(&p.name).await?.expect("the pool").revision;
-                s.claim_next(&p, revision, true, &format!("node-{i}"))
-                    .await
-                    .map(|o| o.block)
+                claim::claim_next(
+                    &s,
+                    &Views::default(),
+                    &p,
+                    revision,
+                    true,
+                    &format!("node-{i}"),
+                )
+                .await
+                .map(|o| o.block)
             }));
         }
         let mut won = Vec::new();
@@ -293,7 +312,7 @@ fn a_kept_view_costs_lost_candidates_and_is_listed_again() {
         }
         // 7 blocks node-a's, 7 node-b's; node-b takes the other 2, then gives one back.
         while claim_next(&b, &p, true, "node-b").await.block.is_some() {}
-        assert!(b.give_back(&b_won[0], None).await.unwrap());
+        assert!(b.give_back(&b_won[0]).await.unwrap());
         let out = claim_a().await;
         assert_eq!(out.lost, 2, "{out:?}");
         assert_eq!(out.block.unwrap().block, order[0], "found on a new listing");
@@ -331,14 +350,11 @@ fn a_give_back_is_refused_once_the_block_changed_hands() {
             panic!()
         };
         // Released by an operator and claimed by another node since.
-        assert!(s.give_back(&old, None).await.unwrap());
+        assert!(s.give_back(&old).await.unwrap());
         let Claimed::Won(_) = claim(&s, "p", &net("10.11.0.0/26"), "n2").await else {
             panic!()
         };
-        assert!(
-            !s.give_back(&old, None).await.unwrap(),
-            "n1's stale give-back"
-        );
+        assert!(!s.give_back(&old).await.unwrap(), "n1's stale give-back");
         let owners: Vec<String> = s
             .list_blocks(Some("p"), None)
             .await

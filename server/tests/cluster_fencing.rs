@@ -11,6 +11,7 @@ use common::etcd::{with_store, Etcd};
 use common::proxy::{Mode, Proxy};
 use common::*;
 use ipnet::IpNet;
+use ipool_server::cluster::datastore::{BlockStore, NameStore, PoolStore};
 use ipool_server::cluster::etcd::DEFAULT_PREFIX;
 
 fn addr(cidr: &str) -> IpAddr {
@@ -23,7 +24,7 @@ fn claim_for(url: &str, pool: &str, block: IpNet, node: &str) {
         let revision = s.get_pool(pool).await.unwrap().unwrap().revision;
         let won = s.claim(pool, revision, &block, node).await.unwrap();
         assert!(
-            matches!(won, ipool_server::cluster::etcd::Claimed::Won(_)),
+            matches!(won, ipool_server::cluster::model::Claimed::Won(_)),
             "{won:?}"
         );
     });
@@ -383,7 +384,7 @@ fn release_node_gives_back_nothing_of_a_node_that_came_back() {
         let blocks = s.list_blocks(None, Some("node-back")).await.unwrap().blocks;
         assert_eq!(blocks.len(), 1);
         // The operator decided on what it read; the node's daemon starts meanwhile.
-        let me = ipool_server::cluster::nodes::Alive {
+        let me = ipool_server::cluster::model::Alive {
             instance: "back".into(),
             at_ms: 0,
             fence_secs: 30,
@@ -391,7 +392,7 @@ fn release_node_gives_back_nothing_of_a_node_that_came_back() {
         let held = s.start_heartbeat("node-back", &me, 30, 10).await.unwrap();
         assert!(matches!(
             held,
-            ipool_server::cluster::nodes::Acquired::Held(_)
+            ipool_server::cluster::model::Acquired::Held(_)
         ));
         let refused = s
             .release_node("node-back", &blocks, false)

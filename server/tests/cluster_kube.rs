@@ -11,10 +11,12 @@ use std::time::Duration;
 use common::fake_api::FakeApi;
 use common::*;
 use ipnet::IpNet;
-use ipool_server::cluster::datastore::Datastore;
-use ipool_server::cluster::etcd::{Block, Claimed, ClusterError, PoolPhase, PoolSpec, Settled};
+use ipool_server::cluster::claim::{claim_next, Views};
+use ipool_server::cluster::datastore::{BlockStore, NameStore, PoolStore};
 use ipool_server::cluster::kube::KubeStore;
-use ipool_server::cluster::nodes::{Acquired, Alive};
+use ipool_server::cluster::model::{Acquired, Alive};
+use ipool_server::cluster::model::{Block, Claimed, ClusterError, PoolPhase, Settled};
+use ipool_server::cluster::pool::PoolSpec;
 
 fn pool(name: &str, cidrs: &[&str]) -> PoolSpec {
     PoolSpec {
@@ -99,7 +101,7 @@ fn a_block_has_one_owner_and_a_late_give_back_finds_it_settled() {
             panic!("settled")
         };
         assert!(!s.give_back(&mine).await.unwrap(), "settled since");
-        let current = ipool_server::cluster::etcd::Block {
+        let current = ipool_server::cluster::model::Block {
             revision: settled,
             ..mine
         };
@@ -118,7 +120,7 @@ fn concurrent_claims_of_three_nodes_never_share_a_block() {
     let api = FakeApi::start();
     let blocks = with_kube(&api, "ipoold", |s| async move {
         s.create_pool(&pool("p", &["10.1.0.0/22"])).await.unwrap();
-        let ipool_server::cluster::etcd::Pool {
+        let ipool_server::cluster::model::Pool {
             spec,
             revision: rev,
             ..
@@ -128,7 +130,12 @@ fn concurrent_claims_of_three_nodes_never_share_a_block() {
             let (s, spec) = (s.clone(), spec.clone());
             tasks.push(tokio::spawn(async move {
                 let mut got = Vec::new();
-                while let Some(b) = s.claim_next(&spec, rev, true, n).await.unwrap().block {
+                let views = Views::default();
+                while let Some(b) = claim_next(&s, &views, &spec, rev, true, n)
+                    .await
+                    .unwrap()
+                    .block
+                {
                     got.push((b.block, n));
                 }
                 got
@@ -281,7 +288,7 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
     let api = FakeApi::start();
     let (blocks, beat) = with_kube(&api, "ipoold", |s| async move {
         s.create_pool(&pool("p", &["10.4.0.0/24"])).await.unwrap();
-        let ipool_server::cluster::etcd::Pool {
+        let ipool_server::cluster::model::Pool {
             spec,
             revision: rev,
             ..
@@ -293,7 +300,9 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
         let Acquired::Held(beat) = s.start_heartbeat("n1", &me, 10, 1).await.unwrap() else {
             panic!("held")
         };
-        let b = s.claim_next(&spec, rev, true, "n1").await.unwrap();
+        let b = claim_next(&s, &Views::default(), &spec, rev, true, "n1")
+            .await
+            .unwrap();
         (b.block.expect("a block"), beat)
     });
     let (state, _) = with_kube(&api, "ipoolctl", |s| async move {
@@ -459,12 +468,14 @@ fn release_node_of_a_node_with_no_lease_is_refused_without_force() {
     let api = FakeApi::start();
     with_kube(&api, "ipoolctl", |s| async move {
         s.create_pool(&pool("p", &["10.5.0.0/24"])).await.unwrap();
-        let ipool_server::cluster::etcd::Pool {
+        let ipool_server::cluster::model::Pool {
             spec,
             revision: rev,
             ..
         } = s.get_pool("p").await.unwrap().unwrap();
-        s.claim_next(&spec, rev, true, "n2").await.unwrap();
+        claim_next(&s, &Views::default(), &spec, rev, true, "n2")
+            .await
+            .unwrap();
         let state = s.node_state("n2").await.unwrap();
         assert!(state.alive.is_none() && state.seen.is_none());
         let why = state.unproven.clone().expect("absence not proven");

@@ -11,7 +11,8 @@ use std::net::IpAddr;
 
 use common::etcd::{with_store, Etcd};
 use common::*;
-use ipool_server::cluster::etcd::Block;
+use ipool_server::cluster::datastore::BlockStore;
+use ipool_server::cluster::model::Block;
 
 fn addr(cidr: &str) -> IpAddr {
     cidr.split('/').next().unwrap().parse().unwrap()
@@ -32,9 +33,7 @@ fn blocks_of(etcd: &Etcd, pool: &str, node: &str) -> Vec<Block> {
 fn late_give_back(etcd: &Etcd, b: &Block) -> bool {
     let b = b.clone();
     with_store(&etcd.client_url, |s| async move {
-        s.give_back(&b, None)
-            .await
-            .expect("etcd answers the give-back")
+        s.give_back(&b).await.expect("etcd answers the give-back")
     })
 }
 

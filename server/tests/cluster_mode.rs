@@ -3,6 +3,8 @@
 
 mod common;
 
+use ipool_server::cluster::datastore::{BlockStore, PoolStore};
+
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -478,7 +480,7 @@ fn a_block_taken_by_another_node_is_found_at_the_next_sync_and_no_longer_handed_
         .unwrap();
         let revision = s.get_pool("t").await.unwrap().unwrap().revision;
         let won = s.claim("t", revision, &block, "node-z").await.unwrap();
-        assert!(matches!(won, ipool_server::cluster::etcd::Claimed::Won(_)));
+        assert!(matches!(won, ipool_server::cluster::model::Claimed::Won(_)));
     });
     let detail = eventually(20, "the conflict in status", || {
         let s = pool_status(&d);

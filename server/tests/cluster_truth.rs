@@ -4,6 +4,8 @@
 
 mod common;
 
+use ipool_server::cluster::datastore::{BlockStore, PoolStore};
+
 use std::net::IpAddr;
 use std::process::Command;
 
@@ -86,7 +88,7 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
         let revision = s.get_pool("r1").await.unwrap().unwrap().revision;
         let won = s.claim("r1", revision, &taken, "node-z").await.unwrap();
         assert!(
-            matches!(won, ipool_server::cluster::etcd::Claimed::Won(_)),
+            matches!(won, ipool_server::cluster::model::Claimed::Won(_)),
             "{won:?}"
         );
     });

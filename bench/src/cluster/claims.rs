@@ -1,14 +1,16 @@
-//! Simulated nodes: each runs the daemon's claim code (`Datastore::claim_next`, what a
+//! Simulated nodes: each runs the daemon's claim code (`claim::claim_next`, what a
 //! node's background claim does: one create-if-absent transaction per candidate of its view of
 //! the pool, in its own order) against the real etcd, with an etcd client of its own.
 
-use ipool_server::cluster::datastore::Datastore;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ipnet::IpNet;
-use ipool_server::cluster::etcd::{ClusterStore, PoolSpec};
+use ipool_server::cluster::claim::{self, Views};
+use ipool_server::cluster::datastore::{BlockStore, PoolStore};
+use ipool_server::cluster::etcd::ClusterStore;
+use ipool_server::cluster::pool::PoolSpec;
 
 /// Claims made by `claimers` simulated nodes.
 pub struct ClaimRun {
@@ -91,14 +93,14 @@ pub async fn owned(url: &str, prefix: &str, pool: &str, node: &str) -> Result<us
 /// that).
 async fn claim_one(
     store: &ClusterStore,
+    views: &Views,
     spec: &PoolSpec,
     revision: i64,
     node: &str,
     until: Until,
 ) -> Result<Option<(IpNet, usize, Duration)>> {
     let t = Instant::now();
-    let out = store
-        .claim_next(spec, revision, true, node)
+    let out = claim::claim_next(store, views, spec, revision, true, node)
         .await
         .with_context(|| format!("{node}: claiming a block of pool {}", spec.name))?;
     let elapsed = t.elapsed();
@@ -187,11 +189,14 @@ async fn claim_with(
     for (i, store) in stores.into_iter().enumerate() {
         let (spec, node) = (spec.clone(), format!("{}-{i}", spec.name));
         tasks.spawn(async move {
+            // The simulated node's view of the pool, kept between its claims as a daemon's is.
+            let views = Views::default();
             let mut won = Vec::new();
             let mut lost = 0;
             let mut latencies = Vec::new();
             while more(won.len()) {
-                let Some((block, l, d)) = claim_one(&store, &spec, revision, &node, until).await?
+                let Some((block, l, d)) =
+                    claim_one(&store, &views, &spec, revision, &node, until).await?
                 else {
                     break;
                 };

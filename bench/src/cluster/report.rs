@@ -80,7 +80,7 @@ impl ClusterReport {
         let _ = writeln!(
             o,
             "\nBlock claims by simulated nodes, each with its own etcd connection, running the \
-             daemon's claim code (`Datastore::claim_next`: one create-if-absent transaction \
+             daemon's claim code (`claim::claim_next`: one create-if-absent transaction \
              per candidate of the node's view of the pool, in the node's order; the view is \
              listed when missing, a minute old, after four losses in a row, or before the pool \
              is called full). Every run ends \

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ipnet::IpNet;
-use ipool_server::cluster::etcd::{ClusterStore, PoolSpec};
+use ipool_server::cluster::datastore::{BlockStore, PoolStore};
+use ipool_server::cluster::etcd::ClusterStore;
+use ipool_server::cluster::pool::PoolSpec;
 
 use super::claims;
 use super::PREFIX;
@@ -94,7 +96,7 @@ async fn fill(url: &str, spec: &PoolSpec, count: usize, parallel: usize) -> Resu
                     return Ok::<_, anyhow::Error>(());
                 };
                 let won = store.claim(&name, revision, b, &node(i / PER_NODE)).await?;
-                if !matches!(won, ipool_server::cluster::etcd::Claimed::Won(_)) {
+                if !matches!(won, ipool_server::cluster::model::Claimed::Won(_)) {
                     bail!("filling pool {name}: block {b}: {won:?}");
                 }
             }

@@ -2,7 +2,7 @@
 //! between claims.
 //!
 //! The view is read in pages (no answer grows with the pool). A claim tries the free blocks of
-//! the view in the node's order, one claim each ([`Datastore::claim`]: etcd's create-if-absent
+//! the view in the node's order, one claim each ([`BlockStore::claim`]: etcd's create-if-absent
 //! transaction, the apiserver's create), conditioned on the pool as it was read: the store
 //! decides, so a stale view
 //! costs a lost candidate, never a second owner, and a pool created anew (other block sizes)
@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::cidrset::CidrSet;
-use super::datastore::Datastore;
-use super::etcd::{Block, Claimed, ClusterError, MalformedKey, PoolSpec};
+use super::datastore::BlockStore;
+use super::model::{Block, Claimed, ClusterError, MalformedKey};
+use super::pool::PoolSpec;
 
 /// A view older than this is listed again before a claim.
 const VIEW_MAX_AGE: Duration = Duration::from_secs(60);
@@ -83,7 +84,7 @@ enum Try {
 /// [`CidrSet::free_in_order`]), for the CIDRs of one family (`v4`): blocks others won
 /// meanwhile are skipped. No block in the outcome: the pool has no free block of that
 /// family (checked on a fresh listing), or it changed since it was read (`pool_changed`).
-pub async fn claim_next<S: Datastore + ?Sized>(
+pub async fn claim_next<S: BlockStore + ?Sized>(
     store: &S,
     views: &Views,
     pool: &PoolSpec,
@@ -139,7 +140,7 @@ pub async fn claim_next<S: Datastore + ?Sized>(
 }
 
 /// A full listing of `pool`'s blocks of one family, as `node` sees them.
-async fn view_of<S: Datastore + ?Sized>(
+async fn view_of<S: BlockStore + ?Sized>(
     store: &S,
     pool: &PoolSpec,
     revision: i64,
@@ -186,7 +187,7 @@ async fn view_of<S: Datastore + ?Sized>(
 
 /// Tries the view's free blocks in `node`'s order; what was lost or won is recorded in
 /// the view. A kept (not `fresh`) view gives up after [`STALE_LOSSES`] losses.
-async fn try_view<S: Datastore + ?Sized>(
+async fn try_view<S: BlockStore + ?Sized>(
     store: &S,
     view: &mut View,
     node: &str,

@@ -1,7 +1,11 @@
 //! The seam between cluster mode and the store that holds its pools, its blocks' owners and its
 //! nodes' names: everything [`ClusterNode`](super::node::ClusterNode), the sources' work and
-//! `ipoolctl cluster` ask of it, as one trait, and the two stores that implement it: etcd
-//! ([`ClusterStore`]) and the Kubernetes API ([`KubeStore`]).
+//! `ipoolctl cluster` ask of it, as [`Datastore`]: its pools ([`PoolStore`]), its blocks
+//! ([`BlockStore`]) and its nodes' names ([`NameStore`]). Two stores implement each part, in
+//! the file that owns it: etcd ([`ClusterStore`](super::etcd::ClusterStore): `etcd::pools`, `etcd::blocks`, `etcd::nodes`)
+//! and the Kubernetes API ([`KubeStore`](super::kube::KubeStore): `kube::pools`,
+//! `kube::blocks`, `kube::lease`); [`connect`](super::connect) makes the one `[cluster]`
+//! names. A node's claims (`claim::claim_next`) run on either through [`BlockStore`].
 //!
 //! What a store must guarantee, whatever the interleaving (the rules of README "Cluster
 //! mode"): a claim wins only a block no one owns, and only while the pool is as it was read;
@@ -12,97 +16,49 @@
 //! measured by the store, not by anyone's wall clock.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::claim::Views;
-use super::etcd::client::Limiter;
-use super::etcd::Tls;
-use super::etcd::{
-    Block, ClaimOutcome, Claimed, ClusterError, ClusterStore, Listing, Pool, PoolSpec, Pools,
+use super::model::{
+    Acquired, Alive, Block, Claimed, ClusterError, Heartbeat, Listing, NodeState, Pool, Pools,
     Settled,
 };
-use super::kube::KubeStore;
-use super::nodes::{Acquired, Alive, Heartbeat, NodeState};
-use crate::config::cluster::{ClusterSettings, DatastoreKind};
+use super::pool::PoolSpec;
 
 /// A store shared by the calls of one node (or of one `ipoolctl` run).
 pub type Store = Arc<dyn Datastore>;
 
-/// The store `settings` name, its requests through `limiter`; each bounded by
-/// `etcd_timeout_ms`.
-pub async fn connect(
-    settings: &ClusterSettings,
-    tls: Option<&Tls>,
-    limiter: &Arc<Limiter>,
-) -> Result<Store, ClusterError> {
-    let timeout = Duration::from_millis(settings.etcd_timeout_ms);
-    Ok(match settings.datastore {
-        DatastoreKind::Etcd => Arc::new(
-            ClusterStore::connect_limited(
-                &settings.etcd_endpoints,
-                &settings.prefix,
-                timeout,
-                tls,
-                Some(limiter.clone()),
-            )
-            .await?,
-        ),
-        DatastoreKind::Kubernetes => {
-            // No answer within the timeout fails the call, as etcd's.
-            let client = crate::k8s::client(settings.kubeconfig.as_deref(), timeout)
-                .await
-                .map_err(|e| ClusterError::Refused(format!("{e:#}")))?;
-            Arc::new(
-                KubeStore::connect(
-                    client,
-                    &settings.lease_namespace,
-                    Some(limiter.clone()),
-                    super::kube::FIELD_MANAGER,
-                )
-                .await?,
-            )
-        }
-    })
-}
-
-#[async_trait::async_trait]
-pub trait Datastore: Send + Sync {
+/// A store of pools, blocks and node names: what cluster mode runs on.
+pub trait Datastore: PoolStore + BlockStore + NameStore {
     /// The same store, whose requests never wait for its rate limit (the heartbeat's).
     fn urgent(&self) -> Store;
     /// How many times the store was found reset (restored from an older backup, made anew),
     /// and why the last time.
     fn resets(&self) -> (u64, Option<String>);
+}
 
+/// A store's pools.
+#[async_trait::async_trait]
+pub trait PoolStore: Send + Sync {
     /// Creates a pool; refused when one of that name exists or its CIDRs overlap another's.
     async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError>;
-    /// Every pool.
+    /// Every pool, with its phase.
     async fn pools(&self) -> Result<Pools, ClusterError>;
     /// A pool, with the revision a claim from it is conditioned on, and its phase.
     async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError>;
-    /// Deletes a pool; refused while a block of it is owned.
+    /// Deletes a pool; refused while a block of it is owned (and then as it was).
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError>;
+}
 
+/// A store's blocks and their owners.
+#[async_trait::async_trait]
+pub trait BlockStore: Send + Sync {
     /// Owned blocks, of one pool and/or one node.
     async fn list_blocks(
         &self,
         pool: Option<&str>,
         node: Option<&str>,
     ) -> Result<Listing, ClusterError>;
-    /// Claims a free block of `pool` (of one family) for `node`, conditioned on the pool as
-    /// read at `pool_revision`.
-    async fn claim_next(
-        &self,
-        pool: &PoolSpec,
-        pool_revision: i64,
-        v4: bool,
-        node: &str,
-    ) -> Result<ClaimOutcome, ClusterError> {
-        super::claim::claim_next(self, self.views(), pool, pool_revision, v4, node).await
-    }
-    /// Each claiming node's view of each pool's blocks, kept between claims.
-    fn views(&self) -> &Views;
     /// Claims one block of `pool` for `node` (a claim-back), conditioned the same way.
     async fn claim(
         &self,
@@ -119,7 +75,11 @@ pub trait Datastore: Send + Sync {
     /// Makes `node`'s listing of its own blocks complete (once, at start); how many blocks it
     /// had to find.
     async fn ensure_index(&self, node: &str) -> Result<usize, ClusterError>;
+}
 
+/// A store's node names: the heartbeats that hold them, and release-node.
+#[async_trait::async_trait]
+pub trait NameStore: Send + Sync {
     /// Takes `node`'s name for the daemon `me` names, unless another daemon holds it.
     async fn start_heartbeat(
         &self,
@@ -144,83 +104,4 @@ pub trait Datastore: Send + Sync {
         blocks: &[Block],
         force: bool,
     ) -> Result<Vec<Block>, ClusterError>;
-}
-
-#[async_trait::async_trait]
-impl Datastore for ClusterStore {
-    fn urgent(&self) -> Store {
-        Arc::new(ClusterStore::urgent(self))
-    }
-    fn resets(&self) -> (u64, Option<String>) {
-        ClusterStore::resets(self)
-    }
-    async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
-        ClusterStore::create_pool(self, spec).await
-    }
-    async fn pools(&self) -> Result<Pools, ClusterError> {
-        ClusterStore::pools(self).await
-    }
-    async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
-        ClusterStore::get_pool(self, name).await
-    }
-    async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
-        ClusterStore::delete_pool(self, name).await
-    }
-    async fn list_blocks(
-        &self,
-        pool: Option<&str>,
-        node: Option<&str>,
-    ) -> Result<Listing, ClusterError> {
-        ClusterStore::list_blocks(self, pool, node).await
-    }
-    fn views(&self) -> &Views {
-        ClusterStore::views(self)
-    }
-    async fn claim(
-        &self,
-        pool: &str,
-        pool_revision: i64,
-        block: &IpNet,
-        node: &str,
-    ) -> Result<Claimed, ClusterError> {
-        ClusterStore::claim(self, pool, pool_revision, block, node).await
-    }
-    async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
-        ClusterStore::give_back(self, b, None).await
-    }
-    async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
-        ClusterStore::settle(self, b).await
-    }
-    async fn ensure_index(&self, node: &str) -> Result<usize, ClusterError> {
-        ClusterStore::ensure_index(self, node).await
-    }
-    async fn start_heartbeat(
-        &self,
-        node: &str,
-        me: &Alive,
-        ttl_secs: u64,
-        renew_secs: u64,
-    ) -> Result<Acquired, ClusterError> {
-        ClusterStore::start_heartbeat(self, node, me, ttl_secs, renew_secs).await
-    }
-    async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
-        ClusterStore::renew_heartbeat(self, beat).await
-    }
-    async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
-        ClusterStore::stop_heartbeat(self, beat).await
-    }
-    async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError> {
-        ClusterStore::node_state(self, node).await
-    }
-    async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
-        ClusterStore::blocks_of_node(self, node).await
-    }
-    async fn release_node(
-        &self,
-        node: &str,
-        blocks: &[Block],
-        force: bool,
-    ) -> Result<Vec<Block>, ClusterError> {
-        ClusterStore::release_node(self, node, blocks, force).await
-    }
 }

@@ -39,9 +39,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::Client;
 
-use super::claim::Views;
 use super::etcd::client::Limiter;
-use super::etcd::ClusterError;
+use super::model::ClusterError;
 
 mod blocks;
 mod lease;
@@ -72,7 +71,6 @@ pub struct KubeStore {
     lease_namespace: String,
     limiter: Option<Arc<Limiter>>,
     urgent: bool,
-    views: Views,
     /// Leases held by another daemon, as first seen unchanged: (resourceVersion, when).
     observed: Arc<Mutex<HashMap<String, (String, Instant)>>>,
     field_manager: String,
@@ -105,7 +103,6 @@ impl KubeStore {
             lease_namespace: lease_namespace.to_string(),
             limiter,
             urgent: false,
-            views: Views::default(),
             observed: Arc::default(),
             field_manager: field_manager.to_string(),
         };
@@ -123,14 +120,6 @@ impl KubeStore {
         Ok(store)
     }
 
-    /// The same store, its requests never waiting for the rate limit (the heartbeat's).
-    pub fn urgent(&self) -> KubeStore {
-        KubeStore {
-            urgent: true,
-            ..self.clone()
-        }
-    }
-
     /// Waits for a token of the rate limit (takes one at once when urgent).
     async fn token(&self) {
         if let Some(l) = &self.limiter {
@@ -143,10 +132,6 @@ impl KubeStore {
             dry_run: false,
             field_manager: Some(self.field_manager.clone()),
         }
-    }
-
-    pub fn views(&self) -> &Views {
-        &self.views
     }
 
     /// The Lease that holds `node`'s name.

@@ -15,10 +15,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::claim::Views;
 use super::datastore::Store;
 use super::etcd::client::Limiter;
-use super::etcd::{ClusterError, Pool, PoolPhase, Tls};
-use super::nodes::{Acquired, Alive, Heartbeat};
+use super::etcd::Tls;
+use super::model::{Acquired, Alive, ClusterError, Heartbeat, Pool, PoolPhase};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 
@@ -68,6 +69,8 @@ pub struct ClusterNode {
     down: Mutex<Option<(Instant, String)>>,
     /// Ready pools as last read (with the revision a claim is conditioned on).
     pools: Mutex<HashMap<String, Pool>>,
+    /// This node's view of each pool's blocks, kept between claims (see `claim`).
+    views: Views,
     beat: Mutex<Beat>,
     /// The heartbeat this daemon holds now (its leases, its Lease), to give up at a clean
     /// stop.
@@ -124,6 +127,7 @@ impl ClusterNode {
             conn: tokio::sync::Mutex::new(None),
             down: Mutex::new(None),
             pools: Mutex::default(),
+            views: Views::default(),
             beat: Mutex::new(Beat {
                 identity: Identity::Starting(None),
                 renewed: None,
@@ -155,6 +159,11 @@ impl ClusterNode {
 
     pub fn settings(&self) -> &ClusterSettings {
         &self.settings
+    }
+
+    /// This node's view of each pool's blocks, kept between its claims.
+    pub fn views(&self) -> &Views {
+        &self.views
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -200,7 +209,7 @@ impl ClusterNode {
         if let Some(s) = conn.as_ref() {
             return Ok(s.clone());
         }
-        let s = super::datastore::connect(&self.settings, self.tls.as_ref(), &self.limiter).await?;
+        let s = super::connect::connect(&self.settings, self.tls.as_ref(), &self.limiter).await?;
         *conn = Some(s.clone());
         Ok(s)
     }
@@ -319,7 +328,7 @@ impl ClusterNode {
     /// Reports malformed keys (objects) found by a listing of pool `pool`'s blocks (`whole`:
     /// all of them, for a claim; else this node's, for a sync): logged once each, counted, and
     /// shown in status, until the next listing of the same kind no longer finds them.
-    pub fn malformed_seen(&self, pool: &str, whole: bool, found: &[super::etcd::MalformedKey]) {
+    pub fn malformed_seen(&self, pool: &str, whole: bool, found: &[super::model::MalformedKey]) {
         let mut m = self.malformed.lock().expect("malformed lock");
         let known: std::collections::HashSet<String> =
             m.values().flat_map(|keys| keys.keys().cloned()).collect();
@@ -465,7 +474,7 @@ impl ClusterNode {
             let (node, me) = (
                 self.name.clone(),
                 Alive {
-                    at_ms: super::etcd::now_ms(),
+                    at_ms: super::model::now_ms(),
                     ..me.clone()
                 },
             );

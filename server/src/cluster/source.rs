@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
-use super::etcd::KeyRevision;
+use super::model::KeyRevision;
 use super::node::ClusterNode;
 use super::work::{Done, Work};
 

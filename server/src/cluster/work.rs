@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::etcd::{Block, Claimed, ClusterError, KeyRevision, Owner, Pool, PoolPhase, Settled};
+use super::model::{Block, Claimed, ClusterError, KeyRevision, Owner, Pool, PoolPhase, Settled};
 use super::node::ClusterNode;
 use crate::metrics::ClusterMetrics;
 use crate::range::Family;
@@ -116,10 +116,10 @@ async fn execute(
                 return Ok(Outcome::PoolNotReady(not_ready(node, pool, phase)));
             }
             let v4 = family == Family::V4;
-            let (s2, n) = (spec.clone(), me.clone());
+            let (s2, n, views) = (spec.clone(), me.clone(), node.views().clone());
             let out = node
                 .call("claim", |s| async move {
-                    s.claim_next(&s2, revision, v4, &n).await
+                    super::claim::claim_next(&*s, &views, &s2, revision, v4, &n).await
                 })
                 .await;
             let out = match out {

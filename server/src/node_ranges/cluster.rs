@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Feed, Seen};
-use crate::cluster::etcd::{Pool, PoolPhase, PoolSpec};
+use crate::cluster::model::{Pool, PoolPhase};
 use crate::cluster::node::ClusterNode;
+use crate::cluster::pool::PoolSpec;
 use crate::range::RangeSpec;
 
 /// How often the pool is read again once known.

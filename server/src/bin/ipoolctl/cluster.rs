@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use ipnet::IpNet;
 use ipool_server::cluster::datastore::Datastore;
-use ipool_server::cluster::etcd::{
-    ClusterError, MalformedKey, Pool, PoolPhase, PoolSpec, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
+use ipool_server::cluster::model::{
+    ClusterError, MalformedKey, NodeState, Pool, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
-use ipool_server::cluster::nodes::NodeState;
+use ipool_server::cluster::pool::PoolSpec;
 
 pub(super) use crate::cluster_store::StoreArgs;
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
@@ -243,7 +243,7 @@ fn print_pools(pools: &[Pool], out: Output) {
     );
 }
 
-fn print_blocks(blocks: &[ipool_server::cluster::etcd::Block], out: Output) {
+fn print_blocks(blocks: &[ipool_server::cluster::model::Block], out: Output) {
     if out == Output::Json {
         let v: Vec<serde_json::Value> = blocks
             .iter()

@@ -10,9 +10,10 @@
 use ipnet::IpNet;
 
 use super::request::{self, cmp, op};
-use super::{
-    now_ms, parse_block_part, Block, Claimed, ClusterError, ClusterStore, KeyRevision,
-    MalformedKey, Owner, Settled,
+use super::{parse_block_part, ClusterStore};
+use crate::cluster::datastore::BlockStore;
+use crate::cluster::model::{
+    now_ms, Block, Claimed, ClusterError, KeyRevision, Listing, MalformedKey, Owner, Settled,
 };
 
 /// Keys per page of a listing that can grow with a pool: a page of blocks is ~450 KB, far
@@ -22,13 +23,6 @@ pub const PAGE: i64 = 4096;
 /// Reads per transaction when index entries are checked against their blocks (etcd takes at
 /// most 128 operations in one).
 const CHECKS_PER_TXN: usize = 100;
-
-/// Blocks as listed: those with an owner, and keys that name none.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Listing {
-    pub blocks: Vec<Block>,
-    pub malformed: Vec<MalformedKey>,
-}
 
 impl ClusterStore {
     fn index_prefix(&self, node: &str, pool: Option<&str>) -> String {
@@ -44,55 +38,6 @@ impl ClusterStore {
             self.index_prefix(node, Some(pool)),
             super::block_key_part(block)
         )
-    }
-
-    /// Owned blocks, of one pool and/or one node (a node's: its index, read in pages; all of a
-    /// pool's: the pool's keys, read in pages). Keys that hold no owner are in `malformed`.
-    pub async fn list_blocks(
-        &self,
-        pool: Option<&str>,
-        node: Option<&str>,
-    ) -> Result<Listing, ClusterError> {
-        if let Some(n) = node {
-            return self.node_blocks(n, pool).await;
-        }
-        let root = format!("{}/blocks/", self.prefix);
-        let prefix = match pool {
-            Some(p) => self.blocks_prefix(p),
-            None => root.clone(),
-        };
-        let kvs = self
-            .client
-            .range_paged(request::get_prefix(prefix), PAGE)
-            .await?;
-        let mut out = Listing::default();
-        for item in &kvs {
-            let key = String::from_utf8_lossy(&item.key).into_owned();
-            match parse_block_key(&root, &key) {
-                Err(why) => out.malformed.push(MalformedKey {
-                    why,
-                    key,
-                    block: None,
-                }),
-                Ok((pool_name, block)) => match serde_json::from_slice::<Owner>(&item.value) {
-                    Ok(owner) => out.blocks.push(Block {
-                        pool: pool_name.to_string(),
-                        block,
-                        owner,
-                        revision: KeyRevision {
-                            create: item.create_revision,
-                            modified: item.mod_revision,
-                        },
-                    }),
-                    Err(e) => out.malformed.push(MalformedKey {
-                        why: format!("no owner in the value: {e}"),
-                        key,
-                        block: Some(block),
-                    }),
-                },
-            }
-        }
-        Ok(out)
     }
 
     /// `node`'s blocks (of `pool`, or of every pool): its index, each entry checked against
@@ -165,11 +110,88 @@ impl ClusterStore {
         Ok(out)
     }
 
+    /// Gives `b` back (and its owner's index entry), only if its key is still the write that
+    /// was read (created and last written at `b.revision`) and, with `while_absent`, only while
+    /// that key (a node's `alive`, say) does not exist. False: it was not given back.
+    pub(super) async fn give_back_unless(
+        &self,
+        b: &Block,
+        while_absent: Option<&str>,
+    ) -> Result<bool, ClusterError> {
+        let key = self.block_key(&b.pool, &b.block);
+        let mut when = vec![
+            cmp::create_revision(key.clone(), cmp::Equal, b.revision.create),
+            cmp::mod_revision(key.clone(), cmp::Equal, b.revision.modified),
+        ];
+        if let Some(k) = while_absent {
+            when.push(cmp::version(k, cmp::Equal, 0));
+        }
+        let index = self.index_key(&b.owner.node, &b.pool, &b.block);
+        let txn = request::txn(when, [op::delete(key), op::delete(index)], []);
+        Ok(self.client.txn(txn).await?.succeeded)
+    }
+}
+
+#[async_trait::async_trait]
+impl BlockStore for ClusterStore {
+    async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
+        self.give_back_unless(b, None).await
+    }
+
+    /// Owned blocks, of one pool and/or one node (a node's: its index, read in pages; all of a
+    /// pool's: the pool's keys, read in pages). Keys that hold no owner are in `malformed`.
+    async fn list_blocks(
+        &self,
+        pool: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Listing, ClusterError> {
+        if let Some(n) = node {
+            return self.node_blocks(n, pool).await;
+        }
+        let root = format!("{}/blocks/", self.prefix);
+        let prefix = match pool {
+            Some(p) => self.blocks_prefix(p),
+            None => root.clone(),
+        };
+        let kvs = self
+            .client
+            .range_paged(request::get_prefix(prefix), PAGE)
+            .await?;
+        let mut out = Listing::default();
+        for item in &kvs {
+            let key = String::from_utf8_lossy(&item.key).into_owned();
+            match parse_block_key(&root, &key) {
+                Err(why) => out.malformed.push(MalformedKey {
+                    why,
+                    key,
+                    block: None,
+                }),
+                Ok((pool_name, block)) => match serde_json::from_slice::<Owner>(&item.value) {
+                    Ok(owner) => out.blocks.push(Block {
+                        pool: pool_name.to_string(),
+                        block,
+                        owner,
+                        revision: KeyRevision {
+                            create: item.create_revision,
+                            modified: item.mod_revision,
+                        },
+                    }),
+                    Err(e) => out.malformed.push(MalformedKey {
+                        why: format!("no owner in the value: {e}"),
+                        key,
+                        block: Some(block),
+                    }),
+                },
+            }
+        }
+        Ok(out)
+    }
+
     /// Claims `block` of `pool` for `node`: one transaction, won only when no one owns it and
     /// the pool is still as it was at `pool_revision` (its key's mod revision when read); the
     /// node's index entry is written with it. A block the node owns already (claimed by an
     /// older ipoold, which wrote no index) comes back as [`Claimed::Mine`], its entry written.
-    pub async fn claim(
+    async fn claim(
         &self,
         pool: &str,
         pool_revision: i64,
@@ -261,34 +283,13 @@ impl ClusterStore {
         })
     }
 
-    /// Gives `b` back (and its owner's index entry), only if its key is still the write that
-    /// was read (created and last written at `b.revision`) and, with `while_absent`, only while
-    /// that key (a node's `alive`, say) does not exist. False: it was not given back.
-    pub async fn give_back(
-        &self,
-        b: &Block,
-        while_absent: Option<&str>,
-    ) -> Result<bool, ClusterError> {
-        let key = self.block_key(&b.pool, &b.block);
-        let mut when = vec![
-            cmp::create_revision(key.clone(), cmp::Equal, b.revision.create),
-            cmp::mod_revision(key.clone(), cmp::Equal, b.revision.modified),
-        ];
-        if let Some(k) = while_absent {
-            when.push(cmp::version(k, cmp::Equal, 0));
-        }
-        let index = self.index_key(&b.owner.node, &b.pool, &b.block);
-        let txn = request::txn(when, [op::delete(key), op::delete(index)], []);
-        Ok(self.client.txn(txn).await?.succeeded)
-    }
-
     /// Settles `b`, listed as its owner's while its state was in doubt (a give-back of it may
     /// be on its way: one whose answer never came, or one sent by a daemon killed since): its
     /// key written again, conditioned on the write that was listed. Some(the key's revision
     /// now): it is the owner's, and no give-back sent before can apply any more. None: the key
     /// changed since it was listed (such a give-back applied, or the key was claimed anew) and
     /// it is not to be used.
-    pub async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
+    async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
         let key = self.block_key(&b.pool, &b.block);
         let value = serde_json::to_vec(&b.owner).expect("an owner serializes");
         let txn = request::txn(
@@ -315,7 +316,7 @@ impl ClusterStore {
     /// `seen` key there, no `indexed` mark) has every pool's blocks read, in pages, and an
     /// entry written for each of its own (conditioned on the block as read); a node never seen
     /// has no blocks to index. Then the mark is written.
-    pub async fn ensure_index(&self, node: &str) -> Result<usize, ClusterError> {
+    async fn ensure_index(&self, node: &str) -> Result<usize, ClusterError> {
         let mark = self.key(&format!("nodes/{node}/indexed"));
         if !self
             .client

@@ -3,24 +3,21 @@
 //! owned.
 
 use super::request::{self, cmp, op};
-use super::{ClusterError, ClusterStore, MalformedKey, Pool, PoolPhase, PoolSpec};
+use super::ClusterStore;
+use crate::cluster::datastore::{BlockStore, PoolStore};
+use crate::cluster::model::{ClusterError, MalformedKey, Pool, PoolPhase, Pools};
+use crate::cluster::pool::PoolSpec;
 
 /// Listings a pool creation checks before it gives up on pools that keep changing.
 const CREATE_ATTEMPTS: usize = 5;
 
-/// Every pool, the keys under `pools/` that hold none, and the revision of the listing.
-pub struct Pools {
-    pub pools: Vec<Pool>,
-    pub malformed: Vec<MalformedKey>,
-    pub revision: i64,
-}
-
-impl ClusterStore {
+#[async_trait::async_trait]
+impl PoolStore for ClusterStore {
     /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
     /// pool's (or a malformed pool key stands there). The overlap check holds however
     /// creations interleave: the creation is conditioned on no pool having been written since
     /// the listing it checked.
-    pub async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
+    async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
         spec.validate().map_err(ClusterError::Refused)?;
         let key = self.pool_key(&spec.name);
         let value = serde_json::to_vec(spec).expect("a pool serializes");
@@ -73,7 +70,7 @@ impl ClusterStore {
     }
 
     /// Every pool; a key that holds no pool is reported, not an error.
-    pub async fn pools(&self) -> Result<Pools, ClusterError> {
+    async fn pools(&self) -> Result<Pools, ClusterError> {
         let r = self
             .client
             .range(request::get_prefix(self.pools_prefix()))
@@ -102,7 +99,7 @@ impl ClusterStore {
     }
 
     /// Pool `name` and the revision it was last written at (a claim is conditioned on it).
-    pub async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
+    async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
         let key = self.pool_key(name);
         let r = self.client.range(request::get(key.clone())).await?;
         let Some(kv) = r.kvs.first() else {
@@ -129,7 +126,7 @@ impl ClusterStore {
     }
 
     /// Deletes pool `name`; refused while any of its blocks is owned.
-    pub async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
+    async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
         let key = self.pool_key(name);
         let blocks = self.blocks_prefix(name);
         let txn = request::txn(

@@ -1,4 +1,5 @@
 use super::*;
+use crate::cluster::pool::PoolSpec;
 
 #[test]
 fn block_keys_round_trip() {

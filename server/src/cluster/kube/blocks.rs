@@ -8,7 +8,8 @@ use serde_json::json;
 
 use super::objects::{self, hash, new_block, parse_block};
 use super::{api_code, KubeStore, NODE_LABEL, PAGE, POOL_LABEL};
-use crate::cluster::etcd::{now_ms, Block, Claimed, ClusterError, Listing, PoolPhase, Settled};
+use crate::cluster::datastore::BlockStore;
+use crate::cluster::model::{now_ms, Block, Claimed, ClusterError, Listing, PoolPhase, Settled};
 
 /// A block's pool, read again.
 enum PoolNow {
@@ -26,8 +27,36 @@ enum PoolNow {
 const CLAIM_ATTEMPTS: usize = 3;
 
 impl KubeStore {
+    /// Pool `pool` now, against the one whose uid hashes to `revision`.
+    async fn pool_verdict(&self, pool: &str, revision: i64) -> Result<PoolNow, ClusterError> {
+        self.token().await;
+        let now = self.pools.get_opt(pool).await?;
+        Ok(match now.as_ref().map(|p| (objects::parse_pool(p), p)) {
+            None => PoolNow::Gone,
+            Some((Ok((_, phase)), p))
+                if hash(p.metadata.uid.as_deref().unwrap_or("")) == revision =>
+            {
+                match phase {
+                    PoolPhase::Ready => PoolNow::Same,
+                    PoolPhase::Deleting => PoolNow::Deleting,
+                    // Never back to Pending once Ready: not the pool it was claimed from.
+                    PoolPhase::Pending => PoolNow::Changed,
+                }
+            }
+            Some(_) => PoolNow::Changed,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl BlockStore for KubeStore {
+    /// Blocks carry their node's label from their creation: nothing to index.
+    async fn ensure_index(&self, _node: &str) -> Result<usize, ClusterError> {
+        Ok(0)
+    }
+
     /// Owned blocks, of one pool and/or one node (by their labels), read in pages.
-    pub async fn list_blocks(
+    async fn list_blocks(
         &self,
         pool: Option<&str>,
         node: Option<&str>,
@@ -62,7 +91,7 @@ impl KubeStore {
 
     /// Claims `block` of `pool` for `node`: created if no one has it, then kept only while the
     /// pool is still Ready and the one read at `pool_revision` (else given back at once).
-    pub async fn claim(
+    async fn claim(
         &self,
         pool: &str,
         pool_revision: i64,
@@ -128,7 +157,7 @@ impl KubeStore {
 
     /// Gives `b` back if it is still the write `b.revision` names (read, then deleted on its
     /// uid and resourceVersion: a delete that arrives late finds another resourceVersion).
-    pub async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
+    async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
         let name = objects::block_name(&b.block);
         self.token().await;
         let Some(now) = self.blocks.get_opt(&name).await? else {
@@ -154,7 +183,7 @@ impl KubeStore {
 
     /// Writes `b` again (its `settledAtMs`), on the resourceVersion listed, then reads its
     /// pool (see [`Settled`]).
-    pub async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
+    async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
         let name = objects::block_name(&b.block);
         self.token().await;
         let Some(mut now) = self.blocks.get_opt(&name).await? else {
@@ -182,26 +211,6 @@ impl KubeStore {
             PoolNow::Same => Settled::Mine(revision),
             PoolNow::Deleting => Settled::PoolDeleting(revision),
             PoolNow::Gone | PoolNow::Changed => Settled::PoolGone(revision),
-        })
-    }
-
-    /// Pool `pool` now, against the one whose uid hashes to `revision`.
-    async fn pool_verdict(&self, pool: &str, revision: i64) -> Result<PoolNow, ClusterError> {
-        self.token().await;
-        let now = self.pools.get_opt(pool).await?;
-        Ok(match now.as_ref().map(|p| (objects::parse_pool(p), p)) {
-            None => PoolNow::Gone,
-            Some((Ok((_, phase)), p))
-                if hash(p.metadata.uid.as_deref().unwrap_or("")) == revision =>
-            {
-                match phase {
-                    PoolPhase::Ready => PoolNow::Same,
-                    PoolPhase::Deleting => PoolNow::Deleting,
-                    // Never back to Pending once Ready: not the pool it was claimed from.
-                    PoolPhase::Pending => PoolNow::Changed,
-                }
-            }
-            Some(_) => PoolNow::Changed,
         })
     }
 }

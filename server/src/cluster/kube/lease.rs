@@ -25,8 +25,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Preconditions};
 
 use super::{api_code, KubeStore, FIELD_MANAGER};
-use crate::cluster::etcd::{Block, ClusterError, Listing};
-use crate::cluster::nodes::{Acquired, Alive, Heartbeat, NodeState, Seen};
+use crate::cluster::datastore::{BlockStore, NameStore};
+use crate::cluster::model::{
+    Acquired, Alive, Block, ClusterError, Heartbeat, Listing, NodeState, Seen,
+};
 
 const FENCE: &str = "ipool.io/fence-secs";
 const RENEW: &str = "ipool.io/renew-secs";
@@ -94,8 +96,19 @@ impl KubeStore {
         lease
     }
 
+    /// Why a Lease not found proves nothing.
+    fn no_lease(&self, name: &str) -> String {
+        format!(
+            "no Lease {name} in namespace {}: the node's absence cannot be judged (its daemon holds its Lease in its [cluster] lease_namespace: is that another? --lease-namespace says where to look)",
+            self.lease_namespace
+        )
+    }
+}
+
+#[async_trait::async_trait]
+impl NameStore for KubeStore {
     /// Takes `node`'s Lease for `me`, unless another daemon holds it (see the module).
-    pub async fn start_heartbeat(
+    async fn start_heartbeat(
         &self,
         node: &str,
         me: &Alive,
@@ -157,7 +170,7 @@ impl KubeStore {
 
     /// Renews a held Lease; an error once another holds it or it is gone. A write that lost
     /// to another (ipoolctl's check, say) is tried again on what it wrote.
-    pub async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+    async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -198,7 +211,7 @@ impl KubeStore {
     }
 
     /// Releases a held Lease (a clean stop): no holder, so the next daemon takes it at once.
-    pub async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+    async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
         self.token().await;
         let Some(mut l) = self.leases.get_opt(&beat.alive_key).await? else {
             return Ok(());
@@ -220,7 +233,7 @@ impl KubeStore {
     /// The node's Lease (its holder, unless the apiserver's clock says it lapsed) and how long
     /// it has been away by the apiserver's clock, and its blocks. The measurement is a write
     /// (see the module): it needs `update` on the Lease.
-    pub async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError> {
+    async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError> {
         let blocks = self.blocks_of_node(node).await?;
         let name = Self::lease_name(node);
         self.token().await;
@@ -242,7 +255,7 @@ impl KubeStore {
                 format!(
                     "{} at {}",
                     self.field_manager,
-                    crate::cluster::etcd::now_ms()
+                    crate::cluster::model::now_ms()
                 ),
             );
         self.token().await;
@@ -285,23 +298,15 @@ impl KubeStore {
         })
     }
 
-    /// Why a Lease not found proves nothing.
-    fn no_lease(&self, name: &str) -> String {
-        format!(
-            "no Lease {name} in namespace {}: the node's absence cannot be judged (its daemon holds its Lease in its [cluster] lease_namespace: is that another? --lease-namespace says where to look)",
-            self.lease_namespace
-        )
-    }
-
     /// Every block of `node` (its label).
-    pub async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
+    async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
         self.list_blocks(None, Some(node)).await
     }
 
     /// Gives back `blocks` of a node that is gone. Unless `force`, its Lease is held by
     /// [`RELEASER`] meanwhile (taken only if it still is as [`Self::node_state`] left it: not
     /// renewed since), then deleted: a daemon that comes back waits, then finds no block.
-    pub async fn release_node(
+    async fn release_node(
         &self,
         node: &str,
         blocks: &[Block],

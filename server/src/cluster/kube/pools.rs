@@ -6,12 +6,93 @@ use kube::api::{DeleteParams, ListParams, Preconditions};
 
 use super::objects::{hash, new_pool, parse_pool, with_phase};
 use super::{api_code, KubeStore, PAGE};
-use crate::cluster::etcd::{ClusterError, MalformedKey, Pool, PoolPhase, PoolSpec, Pools};
+use crate::cluster::datastore::{BlockStore, PoolStore};
+use crate::cluster::model::{ClusterError, MalformedKey, Pool, PoolPhase, Pools};
+use crate::cluster::pool::PoolSpec;
 
 impl KubeStore {
+    /// Every pool object, parsed (of any phase), and those that say no pool.
+    async fn all_pools(
+        &self,
+    ) -> Result<(Vec<(PoolSpec, PoolPhase, String)>, Vec<MalformedKey>), ClusterError> {
+        let mut params = ListParams::default().limit(PAGE);
+        let (mut pools, mut malformed) = (Vec::new(), Vec::new());
+        loop {
+            self.token().await;
+            let page = self.pools.list(&params).await?;
+            for obj in &page.items {
+                let name = obj.metadata.name.clone().unwrap_or_default();
+                match parse_pool(obj) {
+                    Ok((spec, phase)) => {
+                        pools.push((spec, phase, obj.metadata.uid.clone().unwrap_or_default()))
+                    }
+                    Err(why) => malformed.push(MalformedKey {
+                        key: format!("ippools/{name}"),
+                        why,
+                        block: None,
+                    }),
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => params = params.continue_token(&next),
+                None => return Ok((pools, malformed)),
+            }
+        }
+    }
+
+    /// Makes a pool marked Deleting (`marked`, as written then) Ready again after its
+    /// deletion stopped for `why`; the error to report: `why`, saying whether the pool is
+    /// Ready again, or how to finish.
+    async fn undelete(&self, marked: &kube::api::DynamicObject, why: ClusterError) -> ClusterError {
+        let name = marked.metadata.name.clone().unwrap_or_default();
+        self.token().await;
+        let back = self
+            .pools
+            .replace(&name, &self.post(), &with_phase(marked, PoolPhase::Ready))
+            .await;
+        let note = match back {
+            Ok(_) => format!("pool {name:?} is Ready again, as it was"),
+            // Deleted after all (a delete whose answer was lost).
+            Err(e) if api_code(&e) == Some(404) => format!("pool {name:?} was deleted"),
+            Err(e) => format!(
+                "pool {name:?} is still marked Deleting and could not be made Ready again ({e}): nodes claim nothing from it meanwhile; `ipoolctl cluster pool delete {name}` again finishes the deletion or makes it Ready"
+            ),
+        };
+        match why {
+            ClusterError::Refused(m) => ClusterError::Refused(format!("{m}; {note}")),
+            error => ClusterError::Undone {
+                error: Box::new(error),
+                note,
+            },
+        }
+    }
+
+    /// Deletes a pool object on the uid and resourceVersion it was written at.
+    async fn delete_written(&self, obj: &kube::api::DynamicObject) -> Result<(), ClusterError> {
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: obj.metadata.uid.clone(),
+                resource_version: obj.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        self.token().await;
+        match self.pools.delete(&name, &params).await {
+            Ok(_) => Ok(()),
+            Err(e) if api_code(&e) == Some(409) => Err(ClusterError::Refused(format!(
+                "pool {name:?} changed while it was being deleted; try again"
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl PoolStore for KubeStore {
     /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
     /// pool's, of any phase (or a malformed pool stands there).
-    pub async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
+    async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
         // Its name is an object's name and its blocks' label value.
         ipool_proto::names::check_kube_name(
             "pool name",
@@ -93,37 +174,8 @@ impl KubeStore {
         }
     }
 
-    /// Every pool object, parsed (of any phase), and those that say no pool.
-    async fn all_pools(
-        &self,
-    ) -> Result<(Vec<(PoolSpec, PoolPhase, String)>, Vec<MalformedKey>), ClusterError> {
-        let mut params = ListParams::default().limit(PAGE);
-        let (mut pools, mut malformed) = (Vec::new(), Vec::new());
-        loop {
-            self.token().await;
-            let page = self.pools.list(&params).await?;
-            for obj in &page.items {
-                let name = obj.metadata.name.clone().unwrap_or_default();
-                match parse_pool(obj) {
-                    Ok((spec, phase)) => {
-                        pools.push((spec, phase, obj.metadata.uid.clone().unwrap_or_default()))
-                    }
-                    Err(why) => malformed.push(MalformedKey {
-                        key: format!("ippools/{name}"),
-                        why,
-                        block: None,
-                    }),
-                }
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(next) => params = params.continue_token(&next),
-                None => return Ok((pools, malformed)),
-            }
-        }
-    }
-
     /// Every pool, of any phase (only a Ready one is claimed from).
-    pub async fn pools(&self) -> Result<Pools, ClusterError> {
+    async fn pools(&self) -> Result<Pools, ClusterError> {
         let (pools, malformed) = self.all_pools().await?;
         Ok(Pools {
             pools: pools
@@ -141,7 +193,7 @@ impl KubeStore {
 
     /// Pool `name`, with its phase and (a hash of) its uid: a claim from it is checked
     /// against it.
-    pub async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
+    async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
         self.token().await;
         let Some(obj) = self.pools.get_opt(name).await? else {
             return Ok(None);
@@ -162,7 +214,7 @@ impl KubeStore {
 
     /// Deletes pool `name` unless a block of it exists: marked Deleting, its blocks listed,
     /// then deleted on the resourceVersion it was marked at (or made Ready again).
-    pub async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
+    async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
         self.token().await;
         let Some(obj) = self.pools.get_opt(name).await? else {
             return Err(ClusterError::NotFound(format!("no pool {name:?}")));
@@ -197,53 +249,6 @@ impl KubeStore {
         match self.delete_written(&marked).await {
             Ok(()) => Ok(()),
             Err(e) => Err(self.undelete(&marked, e).await),
-        }
-    }
-
-    /// Makes a pool marked Deleting (`marked`, as written then) Ready again after its
-    /// deletion stopped for `why`; the error to report: `why`, saying whether the pool is
-    /// Ready again, or how to finish.
-    async fn undelete(&self, marked: &kube::api::DynamicObject, why: ClusterError) -> ClusterError {
-        let name = marked.metadata.name.clone().unwrap_or_default();
-        self.token().await;
-        let back = self
-            .pools
-            .replace(&name, &self.post(), &with_phase(marked, PoolPhase::Ready))
-            .await;
-        let note = match back {
-            Ok(_) => format!("pool {name:?} is Ready again, as it was"),
-            // Deleted after all (a delete whose answer was lost).
-            Err(e) if api_code(&e) == Some(404) => format!("pool {name:?} was deleted"),
-            Err(e) => format!(
-                "pool {name:?} is still marked Deleting and could not be made Ready again ({e}): nodes claim nothing from it meanwhile; `ipoolctl cluster pool delete {name}` again finishes the deletion or makes it Ready"
-            ),
-        };
-        match why {
-            ClusterError::Refused(m) => ClusterError::Refused(format!("{m}; {note}")),
-            error => ClusterError::Undone {
-                error: Box::new(error),
-                note,
-            },
-        }
-    }
-
-    /// Deletes a pool object on the uid and resourceVersion it was written at.
-    async fn delete_written(&self, obj: &kube::api::DynamicObject) -> Result<(), ClusterError> {
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: obj.metadata.uid.clone(),
-                resource_version: obj.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
-        self.token().await;
-        match self.pools.delete(&name, &params).await {
-            Ok(_) => Ok(()),
-            Err(e) if api_code(&e) == Some(409) => Err(ClusterError::Refused(format!(
-                "pool {name:?} changed while it was being deleted; try again"
-            ))),
-            Err(e) => Err(e.into()),
         }
     }
 }

@@ -1,93 +1,20 @@
-//! [`KubeStore`] as a [`Datastore`].
+//! [`KubeStore`] as a [`Datastore`] (its parts: `pools`, `blocks`, `lease`).
 
 use std::sync::Arc;
 
-use ipnet::IpNet;
-
 use super::KubeStore;
-use crate::cluster::claim::Views;
 use crate::cluster::datastore::{Datastore, Store};
-use crate::cluster::etcd::{Block, Claimed, ClusterError, Listing, Pool, PoolSpec, Pools, Settled};
-use crate::cluster::nodes::{Acquired, Alive, Heartbeat, NodeState};
 
-#[async_trait::async_trait]
 impl Datastore for KubeStore {
     fn urgent(&self) -> Store {
-        Arc::new(KubeStore::urgent(self))
+        Arc::new(KubeStore {
+            urgent: true,
+            ..self.clone()
+        })
     }
     /// A reset apiserver (etcd restored under it) is not detected: see README "Cluster mode".
     fn resets(&self) -> (u64, Option<String>) {
         (0, None)
-    }
-    fn views(&self) -> &Views {
-        KubeStore::views(self)
-    }
-    async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
-        KubeStore::create_pool(self, spec).await
-    }
-    async fn pools(&self) -> Result<Pools, ClusterError> {
-        KubeStore::pools(self).await
-    }
-    async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
-        KubeStore::get_pool(self, name).await
-    }
-    async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
-        KubeStore::delete_pool(self, name).await
-    }
-    async fn list_blocks(
-        &self,
-        pool: Option<&str>,
-        node: Option<&str>,
-    ) -> Result<Listing, ClusterError> {
-        KubeStore::list_blocks(self, pool, node).await
-    }
-    async fn claim(
-        &self,
-        pool: &str,
-        pool_revision: i64,
-        block: &IpNet,
-        node: &str,
-    ) -> Result<Claimed, ClusterError> {
-        KubeStore::claim(self, pool, pool_revision, block, node).await
-    }
-    async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
-        KubeStore::give_back(self, b).await
-    }
-    async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
-        KubeStore::settle(self, b).await
-    }
-    /// Blocks carry their node's label from their creation: nothing to index.
-    async fn ensure_index(&self, _node: &str) -> Result<usize, ClusterError> {
-        Ok(0)
-    }
-    async fn start_heartbeat(
-        &self,
-        node: &str,
-        me: &Alive,
-        ttl_secs: u64,
-        renew_secs: u64,
-    ) -> Result<Acquired, ClusterError> {
-        KubeStore::start_heartbeat(self, node, me, ttl_secs, renew_secs).await
-    }
-    async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
-        KubeStore::renew_heartbeat(self, beat).await
-    }
-    async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
-        KubeStore::stop_heartbeat(self, beat).await
-    }
-    async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError> {
-        KubeStore::node_state(self, node).await
-    }
-    async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
-        KubeStore::blocks_of_node(self, node).await
-    }
-    async fn release_node(
-        &self,
-        node: &str,
-        blocks: &[Block],
-        force: bool,
-    ) -> Result<Vec<Block>, ClusterError> {
-        KubeStore::release_node(self, node, blocks, force).await
     }
 }
 
@@ -101,7 +28,7 @@ mod tests {
     /// Kubernetes API they never cleared).
     #[test]
     fn malformed_findings_clear_when_the_next_listing_no_longer_has_them() {
-        use crate::cluster::etcd::MalformedKey;
+        use crate::cluster::model::MalformedKey;
         let settings: ClusterSettings =
             toml::from_str("datastore = \"kubernetes\"").expect("settings");
         let n =

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 
-use crate::cluster::etcd::KeyRevision;
+use crate::cluster::model::KeyRevision;
 use crate::range::{Range, RangeAllocator, RangeSpec};
 
 /// Where a block stands between this node and etcd.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
-use super::super::etcd::KeyRevision;
+use super::super::model::KeyRevision;
 use super::super::work::{Done, Outcome, Synced, Work};
 use super::{BlockState, ClusterSource, Owned, DOUBT_FIRST, EXHAUSTED_RETRY};
 use crate::metrics::ClusterMetrics;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::cluster::etcd::{Block, KeyRevision, Owner};
+use crate::cluster::model::{Block, KeyRevision, Owner};
 use crate::cluster::node::Identity;
 use crate::cluster::work::{Outcome, Synced};
 use crate::config::ClusterSettings;

@@ -1,11 +1,11 @@
 //! Nodes in etcd: the heartbeat that holds a node's name for one daemon, and giving back the
 //! blocks of a node that is gone (`ipoolctl cluster release-node`). Keys, under the prefix:
 //!
-//! - `nodes/<node>/alive` ([`Alive`]): on a lease of `heartbeat_ttl_secs` that the daemon
+//! - `nodes/<node>/alive` ([`Alive`](crate::cluster::model::Alive)): on a lease of `heartbeat_ttl_secs` that the daemon
 //!   renews. Created only when absent, or when it is this daemon's own (the same `instance`: the
 //!   node's state dir); a daemon that finds another instance there holds back until that one's
 //!   lease is gone. Gone within the TTL of the daemon stopping or losing etcd.
-//! - `nodes/<node>/seen` ([`Seen`]): on a second lease of [`SEEN_TTL_SECS`], renewed with the
+//! - `nodes/<node>/seen` ([`Seen`](crate::cluster::model::Seen)): on a second lease of [`SEEN_TTL_SECS`], renewed with the
 //!   first: how long the node has been away is that lease's granted TTL minus what is left of
 //!   it, as etcd counts (no wall clock of any machine is compared). Gone after
 //!   [`SEEN_TTL_SECS`] of absence, or when the node is released.
@@ -14,72 +14,16 @@
 //! key its owner created and on the node's `alive` key being absent: a daemon that comes back
 //! meanwhile keeps its blocks.
 
-use serde::{Deserialize, Serialize};
-
-use super::etcd::request::{self, cmp, op};
-use super::etcd::{now_ms, Block, ClusterError, ClusterStore, Listing};
+use super::request::{self, cmp, op};
+use super::ClusterStore;
+use crate::cluster::datastore::{BlockStore, NameStore};
+use crate::cluster::model::{
+    now_ms, Acquired, Alive, Block, ClusterError, Heartbeat, Listing, NodeState, Seen,
+};
 
 /// The `seen` lease's TTL: absences up to this long are measured; past it, the key is gone and
 /// the absence is at least this long.
 pub const SEEN_TTL_SECS: i64 = 30 * 24 * 3600;
-
-/// What a daemon writes in its node's `alive` key.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Alive {
-    /// The daemon's instance: its state dir's id.
-    pub instance: String,
-    /// When the key was written (Unix ms, the daemon's clock: for people, not for decisions).
-    pub at_ms: u64,
-    /// The daemon stops handing out addresses this long after its last renewal.
-    pub fence_secs: u64,
-}
-
-/// What a daemon writes in its node's `seen` key (an older ipoold wrote `at_ms` alone, on no
-/// lease).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Seen {
-    #[serde(default)]
-    pub instance: String,
-    #[serde(default)]
-    pub fence_secs: u64,
-    /// Seconds between renewals: the absence etcd measures can be this much too long.
-    #[serde(default)]
-    pub renew_secs: u64,
-    pub at_ms: u64,
-}
-
-/// What a start of the heartbeat found.
-pub enum Acquired {
-    /// This daemon holds the node's name.
-    Held(Heartbeat),
-    /// Another daemon (instance) holds it; its lease's TTL left, in seconds.
-    Taken { instance: String, ttl_left: i64 },
-}
-
-/// The leases of a held heartbeat, and the `alive` key they keep.
-#[derive(Clone, Debug)]
-pub struct Heartbeat {
-    /// etcd: the `alive` key; the Kubernetes API: the Lease's name.
-    pub alive_key: String,
-    /// The daemon instance that holds it.
-    pub instance: String,
-    pub alive_lease: i64,
-    pub seen_lease: i64,
-}
-
-/// What etcd says about a node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeState {
-    /// Its daemon's `alive` key, if it holds one.
-    pub alive: Option<Alive>,
-    /// What its last `seen` key says, and how long etcd says it has been away (seconds); None:
-    /// no `seen` key (away longer than [`SEEN_TTL_SECS`], released, or never seen).
-    pub seen: Option<(Seen, i64)>,
-    pub blocks: Listing,
-    /// Why the store cannot tell whether the node is away (no Lease where one was looked
-    /// for: that proves nothing); None when `alive` and `seen` say it.
-    pub unproven: Option<String>,
-}
 
 impl ClusterStore {
     fn node_key(&self, node: &str, what: &str) -> String {
@@ -90,11 +34,14 @@ impl ClusterStore {
     pub fn alive_key(&self, node: &str) -> String {
         self.node_key(node, "alive")
     }
+}
 
+#[async_trait::async_trait]
+impl NameStore for ClusterStore {
     /// Takes `node`'s name for `me` (an instance id): grants the leases and creates `alive`
     /// only if it is absent or `me`'s own. The leases of a start that found the name taken are
     /// revoked.
-    pub async fn start_heartbeat(
+    async fn start_heartbeat(
         &self,
         node: &str,
         me: &Alive,
@@ -172,7 +119,7 @@ impl ClusterStore {
     /// Renews both leases of `beat` and reads its `alive` key back; an error once the lease
     /// is gone or the key is no longer on it (etcd restored from a backup, say). The read also
     /// shows a reset etcd to the client (the revision in its answer).
-    pub async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+    async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
         let answer = self.client().lease_keep_alive(beat.alive_lease).await?;
         if answer.ttl <= 0 {
             return Err(ClusterError::Refused(
@@ -193,14 +140,14 @@ impl ClusterStore {
     }
 
     /// Ends a heartbeat at once (a clean stop): the node is away from now on.
-    pub async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+    async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
         self.client().lease_revoke(beat.alive_lease).await?;
         Ok(())
     }
 
     /// The node's `alive` and `seen` keys, how long etcd says it has been away, and its
     /// blocks.
-    pub async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError> {
+    async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError> {
         let alive = self
             .client()
             .range(request::get(self.alive_key(node)))
@@ -250,7 +197,7 @@ impl ClusterStore {
 
     /// Every block of `node`: its index, or, for a node that never ran an ipoold with the index
     /// (no `indexed` mark), the pools' blocks read in pages.
-    pub async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
+    async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
         let indexed = !self
             .client()
             .range(request::get(self.node_key(node, "indexed")))
@@ -270,7 +217,7 @@ impl ClusterStore {
     /// Gives back every block in `blocks`, each conditioned on its create revision and (unless
     /// `force`) on the node's `alive` key being absent; then drops the node's `seen` key.
     /// Returns the blocks given back; stops with an error when the node came back.
-    pub async fn release_node(
+    async fn release_node(
         &self,
         node: &str,
         blocks: &[Block],
@@ -280,7 +227,7 @@ impl ClusterStore {
         let mut released = Vec::new();
         for b in blocks {
             let unless = (!force).then_some(alive.as_str());
-            if self.give_back(b, unless).await? {
+            if self.give_back_unless(b, unless).await? {
                 released.push(b.clone());
                 continue;
             }

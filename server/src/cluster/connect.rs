@@ -1,0 +1,49 @@
+//! The store `[cluster] datastore` names, connected: etcd's [`ClusterStore`] or the Kubernetes
+//! API's [`KubeStore`], as a [`Store`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::datastore::Store;
+use super::etcd::client::Limiter;
+use super::etcd::{ClusterStore, Tls};
+use super::kube::KubeStore;
+use super::model::ClusterError;
+use crate::config::cluster::{ClusterSettings, DatastoreKind};
+
+/// The store `settings` name, its requests through `limiter`; each bounded by
+/// `etcd_timeout_ms`.
+pub async fn connect(
+    settings: &ClusterSettings,
+    tls: Option<&Tls>,
+    limiter: &Arc<Limiter>,
+) -> Result<Store, ClusterError> {
+    let timeout = Duration::from_millis(settings.etcd_timeout_ms);
+    Ok(match settings.datastore {
+        DatastoreKind::Etcd => Arc::new(
+            ClusterStore::connect_limited(
+                &settings.etcd_endpoints,
+                &settings.prefix,
+                timeout,
+                tls,
+                Some(limiter.clone()),
+            )
+            .await?,
+        ),
+        DatastoreKind::Kubernetes => {
+            // No answer within the timeout fails the call, as etcd's.
+            let client = crate::k8s::client(settings.kubeconfig.as_deref(), timeout)
+                .await
+                .map_err(|e| ClusterError::Refused(format!("{e:#}")))?;
+            Arc::new(
+                KubeStore::connect(
+                    client,
+                    &settings.lease_namespace,
+                    Some(limiter.clone()),
+                    super::kube::FIELD_MANAGER,
+                )
+                .await?,
+            )
+        }
+    })
+}

@@ -1,0 +1,251 @@
+//! The cluster's vocabulary, shared by cluster mode, both stores and `ipoolctl cluster`: blocks
+//! and which write of them was read, pools and their phases, what a listing, a claim and a
+//! settle found, node names held by heartbeats, and the errors. Neither store owns it.
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::etcd::client::EtcdError;
+use super::pool::PoolSpec;
+
+/// Default block sizes, as Calico's.
+pub const DEFAULT_BLOCK_V4: u8 = 26;
+pub const DEFAULT_BLOCK_V6: u8 = 122;
+
+/// Who owns a block.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub node: String,
+    /// Unix milliseconds.
+    pub claimed_at_ms: u64,
+}
+
+/// An owned block, as listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub pool: String,
+    pub block: IpNet,
+    pub owner: Owner,
+    /// Which write of its key was read: a give-back is conditioned on it.
+    pub revision: KeyRevision,
+}
+
+/// Which write of a block's key was read: the etcd revision that created the key and the one
+/// that last wrote it. A give-back is conditioned on both, so that a write of the key made
+/// after it was sent (a settle, [`BlockStore::settle`](super::datastore::BlockStore::settle)) makes it fail wherever it is: a
+/// give-back whose answer never came may still be applied later (etcd received it, or will),
+/// and a read cannot tell; only a write that it must come after can.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRevision {
+    pub create: i64,
+    pub modified: i64,
+}
+
+/// What a settle found ([`BlockStore::settle`](super::datastore::BlockStore::settle)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// The owner's, written again at this revision: no give-back sent before can apply.
+    Mine(KeyRevision),
+    /// It changed since it was listed (a give-back applied, or it was claimed anew): not the
+    /// owner's to use.
+    Changed,
+    /// Written again at this revision, but its pool is being deleted: in doubt until the pool
+    /// is gone or Ready again (the deletion is refused if it saw the block). Neither served
+    /// nor given back meanwhile.
+    PoolDeleting(KeyRevision),
+    /// Written again at this revision, but its pool is gone (or made anew) since the block
+    /// was claimed: never served again; given back once nothing in it is in use.
+    PoolGone(KeyRevision),
+}
+
+/// Where a pool is in its life. Only a Ready pool is claimed from. (etcd's pools are always
+/// Ready: their creation and deletion are one transaction each.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolPhase {
+    /// Created, its overlaps being checked.
+    Pending,
+    Ready,
+    /// Its blocks being checked before it is deleted: in doubt.
+    Deleting,
+}
+
+impl PoolPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolPhase::Pending => "Pending",
+            PoolPhase::Ready => "Ready",
+            PoolPhase::Deleting => "Deleting",
+        }
+    }
+}
+
+/// A pool as read: its spec, the revision a claim from it is conditioned on, its phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub spec: PoolSpec,
+    pub revision: i64,
+    pub phase: PoolPhase,
+}
+
+/// A key under the prefix that does not say what it should.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MalformedKey {
+    pub key: String,
+    pub why: String,
+    /// The block its key names, when it names one: that block counts as occupied.
+    pub block: Option<IpNet>,
+}
+
+impl std::fmt::Display for MalformedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.key, self.why)
+    }
+}
+
+/// What a claim got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    Won(Block),
+    /// Someone has it: the node, or what stands in the key when it names none.
+    Lost(String),
+    /// This node has it already (claimed before its index existed): the block, its index
+    /// entry written now.
+    Mine(Block),
+    /// The pool was deleted.
+    NoPool,
+    /// The pool is being deleted: nothing was claimed (a block just created is given back; a
+    /// block this node had already is left as it is).
+    PoolDeleting,
+    /// The pool is not as it was read (deleted and created again, maybe with other block
+    /// sizes): read it again before claiming.
+    PoolChanged,
+}
+
+/// An etcd failure, or a refusal.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] EtcdError),
+    /// The Kubernetes API's (`datastore = "kubernetes"`).
+    #[error("the Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// What was asked for does not exist (a pool, a node).
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Refused(String),
+    #[error("etcd holds a malformed {what} at {key}: {why}")]
+    Malformed {
+        what: &'static str,
+        key: String,
+        why: String,
+    },
+    /// A call that stopped (`error`), and what became of what it had started (`note`: put
+    /// back as it was, or how to finish).
+    #[error("{error}; {note}")]
+    Undone {
+        error: Box<ClusterError>,
+        note: String,
+    },
+}
+
+impl ClusterError {
+    /// etcd cannot be used: it did not answer, or it refuses this client (credentials,
+    /// permissions), as opposed to answering a request no.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            ClusterError::Etcd(e) => e.is_unreachable(),
+            // No answer, or one that says the apiserver cannot serve this client now
+            // (credentials, permissions, overload, its own etcd).
+            ClusterError::Kube(kube::Error::Api(s)) => {
+                matches!(s.code, 401 | 403 | 429 | 500..=599)
+            }
+            ClusterError::Kube(kube::Error::SerdeError(_)) => false,
+            ClusterError::Kube(_) => true,
+            ClusterError::NotFound(_)
+            | ClusterError::Refused(_)
+            | ClusterError::Malformed { .. } => false,
+            ClusterError::Undone { error, .. } => error.is_unreachable(),
+        }
+    }
+}
+
+/// Blocks as listed: those with an owner, and keys that name none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub blocks: Vec<Block>,
+    pub malformed: Vec<MalformedKey>,
+}
+
+/// Every pool, the keys under `pools/` that hold none, and the revision of the listing.
+pub struct Pools {
+    pub pools: Vec<Pool>,
+    pub malformed: Vec<MalformedKey>,
+    pub revision: i64,
+}
+
+/// What a daemon writes in its node's `alive` key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alive {
+    /// The daemon's instance: its state dir's id.
+    pub instance: String,
+    /// When the key was written (Unix ms, the daemon's clock: for people, not for decisions).
+    pub at_ms: u64,
+    /// The daemon stops handing out addresses this long after its last renewal.
+    pub fence_secs: u64,
+}
+
+/// What a daemon writes in its node's `seen` key (an older ipoold wrote `at_ms` alone, on no
+/// lease).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seen {
+    #[serde(default)]
+    pub instance: String,
+    #[serde(default)]
+    pub fence_secs: u64,
+    /// Seconds between renewals: the absence etcd measures can be this much too long.
+    #[serde(default)]
+    pub renew_secs: u64,
+    pub at_ms: u64,
+}
+
+/// What a start of the heartbeat found.
+pub enum Acquired {
+    /// This daemon holds the node's name.
+    Held(Heartbeat),
+    /// Another daemon (instance) holds it; its lease's TTL left, in seconds.
+    Taken { instance: String, ttl_left: i64 },
+}
+
+/// The leases of a held heartbeat, and the `alive` key they keep.
+#[derive(Clone, Debug)]
+pub struct Heartbeat {
+    /// etcd: the `alive` key; the Kubernetes API: the Lease's name.
+    pub alive_key: String,
+    /// The daemon instance that holds it.
+    pub instance: String,
+    pub alive_lease: i64,
+    pub seen_lease: i64,
+}
+
+/// What etcd says about a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeState {
+    /// Its daemon's `alive` key, if it holds one.
+    pub alive: Option<Alive>,
+    /// What its last `seen` key says, and how long etcd says it has been away (seconds); None:
+    /// no `seen` key (away longer than [`SEEN_TTL_SECS`](super::etcd::nodes::SEEN_TTL_SECS), released, or never seen).
+    pub seen: Option<(Seen, i64)>,
+    pub blocks: Listing,
+    /// Why the store cannot tell whether the node is away (no Lease where one was looked
+    /// for: that proves nothing); None when `alive` and `seen` say it.
+    pub unproven: Option<String>,
+}
+
+/// Wall time in Unix milliseconds (0 before the epoch).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
