@@ -17,24 +17,39 @@
 //! `ipoolctl cluster` drives the pools and blocks; `node_ranges::cluster` gives a network the
 //! pool's CIDRs as its ranges.
 
-/// `d` give or take a fifth, at random: nodes that started together (or saw etcd come back
-/// together) do not call it in the same second.
+/// `d` give or take a fifth, at random: nodes that started together (or saw the store come
+/// back together) do not call it in the same second. Drawn from this thread's generator (see
+/// [`seed_jitter`]).
 pub fn jitter(d: std::time::Duration) -> std::time::Duration {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static STATE: AtomicU64 = AtomicU64::new(0);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.as_nanos() as u64)
-        .unwrap_or(1);
-    let mut z = STATE
-        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-        .wrapping_add(seed);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
+    let z = JITTER.with(|state| {
+        let s = state.get().unwrap_or_else(|| {
+            // Seeded once per thread from the clock: daemons started together still differ.
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|t| t.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+        let next = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        state.set(Some(next));
+        let mut z = next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    });
     // A factor within [0.8, 1.2).
     let f = 0.8 + (z >> 11) as f64 / (1u64 << 53) as f64 * 0.4;
     d.mul_f64(f)
+}
+
+thread_local! {
+    /// The jitter's generator state (splitmix64); None: not seeded yet.
+    static JITTER: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Seeds this thread's jitter: from then on its draws follow from `seed` alone (a
+/// deterministic run on one thread, as the simulation's).
+pub fn seed_jitter(seed: u64) {
+    JITTER.with(|s| s.set(Some(seed)));
 }
 
 pub mod cidrset;

@@ -13,7 +13,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::cidrset::CidrSet;
 use super::datastore::BlockStore;

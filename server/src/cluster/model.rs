@@ -242,10 +242,28 @@ pub struct NodeState {
     pub unproven: Option<String>,
 }
 
-/// Wall time in Unix milliseconds (0 before the epoch).
+/// Wall time in Unix milliseconds (0 before the epoch): the machine's, or the one this thread
+/// was given ([`set_wall_clock`]). Cluster mode writes it for people (claim times, heartbeat
+/// times) and never decides by it.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    WALL.with(|w| match &*w.borrow() {
+        Some(clock) => clock(),
+        None => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    })
+}
+
+/// A wall clock of its own.
+pub type WallClock = Box<dyn Fn() -> u64>;
+
+thread_local! {
+    static WALL: std::cell::RefCell<Option<WallClock>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Gives this thread a wall clock of its own (the simulation's, which can jump); None: the
+/// machine's again.
+pub fn set_wall_clock(clock: Option<WallClock>) {
+    WALL.with(|w| *w.borrow_mut() = clock);
 }

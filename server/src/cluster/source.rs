@@ -31,9 +31,10 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ipnet::IpNet;
+use tokio::time::Instant;
 
 use super::model::KeyRevision;
 use super::node::ClusterNode;

@@ -188,12 +188,8 @@ pub struct Stats {
 }
 
 struct Inner {
-    endpoints: Vec<Endpoint>,
+    transport: Arc<dyn Transport>,
     timeout: Duration,
-    /// The endpoint in use and its connection.
-    conn: tokio::sync::Mutex<Option<(usize, Channel)>>,
-    /// The endpoint the next connection starts from.
-    next: AtomicUsize,
     history: std::sync::Mutex<History>,
     limiter: Option<Arc<Limiter>>,
     requests: AtomicU64,
@@ -209,33 +205,78 @@ struct History {
     last_reset: Option<String>,
 }
 
-/// An answer that carries etcd's response header (KV answers do; lease answers are left out:
-/// their revision is not that of the keys).
-pub trait Answer: prost::Message {
+/// One call to etcd, as the client sends it.
+#[derive(Clone, Debug)]
+pub enum Call {
+    Range(pb::RangeRequest),
+    Put(pb::PutRequest),
+    DeleteRange(pb::DeleteRangeRequest),
+    Txn(pb::TxnRequest),
+    LeaseGrant(pb::LeaseGrantRequest),
+    LeaseRevoke(pb::LeaseRevokeRequest),
+    /// One renewal (the first answer of a keep-alive stream).
+    LeaseKeepAlive(pb::LeaseKeepAliveRequest),
+    LeaseTimeToLive(pb::LeaseTimeToLiveRequest),
+}
+
+/// etcd's answer to a [`Call`] of the same kind.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    Range(pb::RangeResponse),
+    Put(pb::PutResponse),
+    DeleteRange(pb::DeleteRangeResponse),
+    Txn(pb::TxnResponse),
+    LeaseGrant(pb::LeaseGrantResponse),
+    LeaseRevoke(pb::LeaseRevokeResponse),
+    LeaseKeepAlive(pb::LeaseKeepAliveResponse),
+    LeaseTimeToLive(pb::LeaseTimeToLiveResponse),
+}
+
+impl Reply {
+    /// etcd's response header, on the KV answers (a lease answer's revision is not that of
+    /// the keys).
     fn header(&self) -> Option<&pb::ResponseHeader> {
-        None
+        match self {
+            Reply::Range(r) => r.header.as_ref(),
+            Reply::Put(r) => r.header.as_ref(),
+            Reply::DeleteRange(r) => r.header.as_ref(),
+            Reply::Txn(r) => r.header.as_ref(),
+            _ => None,
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        use prost::Message;
+        match self {
+            Reply::Range(r) => r.encoded_len(),
+            Reply::Put(r) => r.encoded_len(),
+            Reply::DeleteRange(r) => r.encoded_len(),
+            Reply::Txn(r) => r.encoded_len(),
+            Reply::LeaseGrant(r) => r.encoded_len(),
+            Reply::LeaseRevoke(r) => r.encoded_len(),
+            Reply::LeaseKeepAlive(r) => r.encoded_len(),
+            Reply::LeaseTimeToLive(r) => r.encoded_len(),
+        }
     }
 }
 
-macro_rules! kv_answer {
-    ($($t:ty),*) => {$(
-        impl Answer for $t {
-            fn header(&self) -> Option<&pb::ResponseHeader> {
-                self.header.as_ref()
-            }
-        }
-    )*};
+/// What carries a [`Call`] to etcd and its [`Reply`] back, by `deadline` ([`EtcdError::Timeout`]
+/// past it): gRPC over tonic to the endpoints ([`EtcdClient::new`]), or the simulation's
+/// in-memory etcd. A call that fails is never sent again by the transport.
+#[async_trait::async_trait]
+pub trait Transport: Send + Sync {
+    async fn call(&self, call: Call, deadline: Instant) -> Result<Reply, EtcdError>;
 }
-kv_answer!(
-    pb::RangeResponse,
-    pb::PutResponse,
-    pb::DeleteRangeResponse,
-    pb::TxnResponse
-);
-impl Answer for pb::LeaseGrantResponse {}
-impl Answer for pb::LeaseRevokeResponse {}
-impl Answer for pb::LeaseKeepAliveResponse {}
-impl Answer for pb::LeaseTimeToLiveResponse {}
+
+/// gRPC over tonic: one endpoint at a time, the next after a failure (see the module).
+struct Tonic {
+    endpoints: Vec<Endpoint>,
+    timeout: Duration,
+    /// The endpoint in use and its connection.
+    conn: tokio::sync::Mutex<Option<(usize, Channel)>>,
+    /// The endpoint the next connection starts from.
+    next: AtomicUsize,
+}
 
 impl EtcdClient {
     /// A client of `endpoints` (`http://IP:PORT`, or `https://` with `tls`); every call is
@@ -268,19 +309,32 @@ impl EtcdClient {
                 Ok(e)
             })
             .collect::<Result<Vec<_>, EtcdError>>()?;
-        Ok(EtcdClient {
+        let transport = Arc::new(Tonic {
+            endpoints,
+            timeout,
+            conn: tokio::sync::Mutex::new(None),
+            next: AtomicUsize::new(0),
+        });
+        Ok(EtcdClient::with_transport(transport, timeout, limiter))
+    }
+
+    /// A client whose calls go through `transport`, each bounded by `timeout`.
+    pub fn with_transport(
+        transport: Arc<dyn Transport>,
+        timeout: Duration,
+        limiter: Option<Arc<Limiter>>,
+    ) -> EtcdClient {
+        EtcdClient {
             inner: Arc::new(Inner {
-                endpoints,
+                transport,
                 timeout,
-                conn: tokio::sync::Mutex::new(None),
-                next: AtomicUsize::new(0),
                 history: Default::default(),
                 limiter,
                 requests: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
             }),
             urgent: false,
-        })
+        }
     }
 
     /// A handle on the same connection whose requests never wait for the limiter (they take
@@ -352,94 +406,31 @@ impl EtcdClient {
         }
     }
 
-    /// The connection in use, or a new one: the endpoints are tried in turn from the one
-    /// after the last that failed, until `deadline`.
-    async fn channel(&self, deadline: Instant) -> Result<(usize, Channel), EtcdError> {
-        let mut conn = self.inner.conn.lock().await;
-        if let Some(c) = conn.as_ref() {
-            return Ok(c.clone());
-        }
-        let n = self.inner.endpoints.len();
-        let first = self.inner.next.load(Ordering::Relaxed);
-        let mut why = Vec::new();
-        for i in 0..n {
-            let at = (first + i) % n;
-            let endpoint = &self.inner.endpoints[at];
-            match tokio::time::timeout_at(deadline, endpoint.connect()).await {
-                Ok(Ok(ch)) => {
-                    self.inner.next.store(at, Ordering::Relaxed);
-                    *conn = Some((at, ch.clone()));
-                    return Ok((at, ch));
-                }
-                Ok(Err(e)) => {
-                    let mut text = format!("{}: {e}", endpoint.uri());
-                    let mut src = std::error::Error::source(&e);
-                    while let Some(s) = src {
-                        text.push_str(&format!(": {s}"));
-                        src = s.source();
-                    }
-                    why.push(text);
-                }
-                Err(_) => {
-                    why.push(format!("{}: no connection in time", endpoint.uri()));
-                    self.inner.next.store((at + 1) % n, Ordering::Relaxed);
-                    break;
-                }
-            }
-        }
-        Err(EtcdError::Connect(why.join("; ")))
-    }
-
-    /// Forgets connection `at` after a failure on it: the next call connects anew, starting
-    /// from the next endpoint.
-    async fn failed(&self, at: usize) {
-        let mut conn = self.inner.conn.lock().await;
-        if conn.as_ref().is_some_and(|(i, _)| *i == at) {
-            *conn = None;
-            self.inner
-                .next
-                .store((at + 1) % self.inner.endpoints.len(), Ordering::Relaxed);
-        }
-    }
-
-    /// Runs one call on the connection in use, within the deadline.
-    async fn run<T: Answer, F, Fut>(&self, f: F) -> Result<T, EtcdError>
-    where
-        F: FnOnce(Channel, Duration) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
+    /// Runs one call within the deadline, through the limiter; the answer's header observed.
+    async fn run(&self, call: Call) -> Result<Reply, EtcdError> {
         if let Some(l) = &self.inner.limiter {
             l.acquire(self.urgent).await;
         }
-        let timeout = self.inner.timeout;
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + self.inner.timeout;
         let floor = self.revision_seen();
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
-        let (at, ch) = self.channel(deadline).await?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        let r = match tokio::time::timeout_at(deadline, f(ch, left)).await {
-            Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(s)) => Err(EtcdError::Status(s)),
-            Err(_) => Err(EtcdError::Timeout(timeout)),
-        };
-        match &r {
-            Ok(answer) => {
-                self.inner
-                    .bytes
-                    .fetch_add(answer.encoded_len() as u64, Ordering::Relaxed);
-                if let Some(h) = answer.header() {
-                    self.observe(floor, h);
-                }
+        let r = self.inner.transport.call(call, deadline).await;
+        if let Ok(answer) = &r {
+            self.inner
+                .bytes
+                .fetch_add(answer.encoded_len() as u64, Ordering::Relaxed);
+            if let Some(h) = answer.header() {
+                self.observe(floor, h);
             }
-            Err(e) if e.drops_connection() => self.failed(at).await,
-            Err(_) => {}
         }
         r
     }
 
     pub async fn range(&self, req: pb::RangeRequest) -> Result<pb::RangeResponse, EtcdError> {
-        self.run(|ch, left| async move { KvClient::new(ch).range(request(req, left)).await })
-            .await
+        match self.run(Call::Range(req)).await? {
+            Reply::Range(r) => Ok(r),
+            other => Err(mismatch("range", &other)),
+        }
     }
 
     /// Every key of `req`'s range, read in pages of `page` keys (each page one request, the
@@ -471,21 +462,27 @@ impl EtcdClient {
     }
 
     pub async fn put(&self, req: pb::PutRequest) -> Result<pb::PutResponse, EtcdError> {
-        self.run(|ch, left| async move { KvClient::new(ch).put(request(req, left)).await })
-            .await
+        match self.run(Call::Put(req)).await? {
+            Reply::Put(r) => Ok(r),
+            other => Err(mismatch("put", &other)),
+        }
     }
 
     pub async fn delete_range(
         &self,
         req: pb::DeleteRangeRequest,
     ) -> Result<pb::DeleteRangeResponse, EtcdError> {
-        self.run(|ch, left| async move { KvClient::new(ch).delete_range(request(req, left)).await })
-            .await
+        match self.run(Call::DeleteRange(req)).await? {
+            Reply::DeleteRange(r) => Ok(r),
+            other => Err(mismatch("delete_range", &other)),
+        }
     }
 
     pub async fn txn(&self, req: pb::TxnRequest) -> Result<pb::TxnResponse, EtcdError> {
-        self.run(|ch, left| async move { KvClient::new(ch).txn(request(req, left)).await })
-            .await
+        match self.run(Call::Txn(req)).await? {
+            Reply::Txn(r) => Ok(r),
+            other => Err(mismatch("txn", &other)),
+        }
     }
 
     /// A lease of `ttl_secs`.
@@ -494,34 +491,31 @@ impl EtcdClient {
             ttl: ttl_secs,
             id: 0,
         };
-        self.run(
-            |ch, left| async move { LeaseClient::new(ch).lease_grant(request(req, left)).await },
-        )
-        .await
+        match self.run(Call::LeaseGrant(req)).await? {
+            Reply::LeaseGrant(r) => Ok(r),
+            other => Err(mismatch("lease_grant", &other)),
+        }
     }
 
     pub async fn lease_revoke(&self, id: i64) -> Result<pb::LeaseRevokeResponse, EtcdError> {
-        let req = pb::LeaseRevokeRequest { id };
-        self.run(
-            |ch, left| async move { LeaseClient::new(ch).lease_revoke(request(req, left)).await },
-        )
-        .await
+        match self
+            .run(Call::LeaseRevoke(pb::LeaseRevokeRequest { id }))
+            .await?
+        {
+            Reply::LeaseRevoke(r) => Ok(r),
+            other => Err(mismatch("lease_revoke", &other)),
+        }
     }
 
     /// Renews lease `id` once: its new TTL (0 or less: the lease is gone).
     pub async fn lease_keep_alive(&self, id: i64) -> Result<pb::LeaseKeepAliveResponse, EtcdError> {
-        self.run(|ch, left| async move {
-            let once = tokio_stream::once(pb::LeaseKeepAliveRequest { id });
-            let mut replies = LeaseClient::new(ch)
-                .lease_keep_alive(request(once, left))
-                .await?
-                .into_inner();
-            let first = replies.message().await?.ok_or_else(|| {
-                tonic::Status::unavailable("the keep-alive stream ended without an answer")
-            })?;
-            Ok(tonic::Response::new(first))
-        })
-        .await
+        match self
+            .run(Call::LeaseKeepAlive(pb::LeaseKeepAliveRequest { id }))
+            .await?
+        {
+            Reply::LeaseKeepAlive(r) => Ok(r),
+            other => Err(mismatch("lease_keep_alive", &other)),
+        }
     }
 
     /// Lease `id`'s remaining TTL (-1: gone).
@@ -530,12 +524,147 @@ impl EtcdClient {
         id: i64,
     ) -> Result<pb::LeaseTimeToLiveResponse, EtcdError> {
         let req = pb::LeaseTimeToLiveRequest { id, keys: false };
-        self.run(|ch, left| async move {
-            LeaseClient::new(ch)
-                .lease_time_to_live(request(req, left))
-                .await
-        })
-        .await
+        match self.run(Call::LeaseTimeToLive(req)).await? {
+            Reply::LeaseTimeToLive(r) => Ok(r),
+            other => Err(mismatch("lease_time_to_live", &other)),
+        }
+    }
+}
+
+/// A transport that answered a call with another kind of answer.
+fn mismatch(call: &str, got: &Reply) -> EtcdError {
+    EtcdError::Status(tonic::Status::internal(format!(
+        "the transport answered {call} with {}",
+        match got {
+            Reply::Range(_) => "a range answer",
+            Reply::Put(_) => "a put answer",
+            Reply::DeleteRange(_) => "a delete answer",
+            Reply::Txn(_) => "a txn answer",
+            Reply::LeaseGrant(_) => "a lease grant answer",
+            Reply::LeaseRevoke(_) => "a lease revoke answer",
+            Reply::LeaseKeepAlive(_) => "a keep-alive answer",
+            Reply::LeaseTimeToLive(_) => "a lease TTL answer",
+        }
+    )))
+}
+
+impl Tonic {
+    /// The connection in use, or a new one: the endpoints are tried in turn from the one
+    /// after the last that failed, until `deadline`.
+    async fn channel(&self, deadline: Instant) -> Result<(usize, Channel), EtcdError> {
+        let mut conn = self.conn.lock().await;
+        if let Some(c) = conn.as_ref() {
+            return Ok(c.clone());
+        }
+        let n = self.endpoints.len();
+        let first = self.next.load(Ordering::Relaxed);
+        let mut why = Vec::new();
+        for i in 0..n {
+            let at = (first + i) % n;
+            let endpoint = &self.endpoints[at];
+            match tokio::time::timeout_at(deadline, endpoint.connect()).await {
+                Ok(Ok(ch)) => {
+                    self.next.store(at, Ordering::Relaxed);
+                    *conn = Some((at, ch.clone()));
+                    return Ok((at, ch));
+                }
+                Ok(Err(e)) => {
+                    let mut text = format!("{}: {e}", endpoint.uri());
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        text.push_str(&format!(": {s}"));
+                        src = s.source();
+                    }
+                    why.push(text);
+                }
+                Err(_) => {
+                    why.push(format!("{}: no connection in time", endpoint.uri()));
+                    self.next.store((at + 1) % n, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+        Err(EtcdError::Connect(why.join("; ")))
+    }
+
+    /// Forgets connection `at` after a failure on it: the next call connects anew, starting
+    /// from the next endpoint.
+    async fn failed(&self, at: usize) {
+        let mut conn = self.conn.lock().await;
+        if conn.as_ref().is_some_and(|(i, _)| *i == at) {
+            *conn = None;
+            self.next
+                .store((at + 1) % self.endpoints.len(), Ordering::Relaxed);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Tonic {
+    async fn call(&self, call: Call, deadline: Instant) -> Result<Reply, EtcdError> {
+        let (at, ch) = self.channel(deadline).await?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let sent = async move {
+            Ok::<_, tonic::Status>(match call {
+                Call::Range(r) => Reply::Range(
+                    KvClient::new(ch)
+                        .range(request(r, left))
+                        .await?
+                        .into_inner(),
+                ),
+                Call::Put(r) => {
+                    Reply::Put(KvClient::new(ch).put(request(r, left)).await?.into_inner())
+                }
+                Call::DeleteRange(r) => Reply::DeleteRange(
+                    KvClient::new(ch)
+                        .delete_range(request(r, left))
+                        .await?
+                        .into_inner(),
+                ),
+                Call::Txn(r) => {
+                    Reply::Txn(KvClient::new(ch).txn(request(r, left)).await?.into_inner())
+                }
+                Call::LeaseGrant(r) => Reply::LeaseGrant(
+                    LeaseClient::new(ch)
+                        .lease_grant(request(r, left))
+                        .await?
+                        .into_inner(),
+                ),
+                Call::LeaseRevoke(r) => Reply::LeaseRevoke(
+                    LeaseClient::new(ch)
+                        .lease_revoke(request(r, left))
+                        .await?
+                        .into_inner(),
+                ),
+                Call::LeaseKeepAlive(r) => {
+                    let once = tokio_stream::once(r);
+                    let mut replies = LeaseClient::new(ch)
+                        .lease_keep_alive(request(once, left))
+                        .await?
+                        .into_inner();
+                    Reply::LeaseKeepAlive(replies.message().await?.ok_or_else(|| {
+                        tonic::Status::unavailable("the keep-alive stream ended without an answer")
+                    })?)
+                }
+                Call::LeaseTimeToLive(r) => Reply::LeaseTimeToLive(
+                    LeaseClient::new(ch)
+                        .lease_time_to_live(request(r, left))
+                        .await?
+                        .into_inner(),
+                ),
+            })
+        };
+        let r = match tokio::time::timeout_at(deadline, sent).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(s)) => Err(EtcdError::Status(s)),
+            Err(_) => Err(EtcdError::Timeout(self.timeout)),
+        };
+        if let Err(e) = &r {
+            if e.drops_connection() {
+                self.failed(at).await;
+            }
+        }
+        r
     }
 }
 

@@ -1,6 +1,6 @@
 //! A block this node holds, and where it stands between this node and etcd.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use ipnet::IpNet;
 

@@ -1,7 +1,9 @@
 //! What landed: a claim's outcome taken into the source, and how the source describes its
 //! blocks.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use ipnet::IpNet;
 
