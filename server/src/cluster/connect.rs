@@ -1,5 +1,6 @@
 //! The store `[cluster] datastore` names, connected: etcd's [`ClusterStore`] or the Kubernetes
-//! API's [`KubeStore`], as a [`Store`].
+//! API's [`KubeStore`], as a [`Store`]; or whatever a [`Connector`] makes (the simulation's
+//! stores on its in-memory etcd and apiserver).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,5 +46,25 @@ pub async fn connect(
                 .await?,
             )
         }
+    })
+}
+
+/// Makes a node's store connection (when first needed, again after a failure): [`connect`],
+/// unless a test or the simulation gives another.
+pub type Connector = Arc<
+    dyn Fn(
+            &ClusterSettings,
+            Option<&Tls>,
+            &Arc<Limiter>,
+        ) -> futures::future::BoxFuture<'static, Result<Store, ClusterError>>
+        + Send
+        + Sync,
+>;
+
+/// The connector of a daemon: [`connect`].
+pub fn connector() -> Connector {
+    Arc::new(|settings, tls, limiter| {
+        let (settings, tls, limiter) = (settings.clone(), tls.cloned(), limiter.clone());
+        Box::pin(async move { connect(&settings, tls.as_ref(), &limiter).await })
     })
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::claim::Views;
+use super::connect::{connector, Connector};
 use super::datastore::Store;
 use super::etcd::client::Limiter;
 use super::etcd::Tls;
@@ -62,6 +63,8 @@ pub struct ClusterNode {
     instance: String,
     settings: ClusterSettings,
     tls: Option<Tls>,
+    /// Makes the store connection.
+    connector: Connector,
     conn: tokio::sync::Mutex<Option<Store>>,
     /// Every etcd request goes through it (`etcd_rate`, `etcd_burst`).
     limiter: Arc<Limiter>,
@@ -93,6 +96,17 @@ impl ClusterNode {
         name: String,
         instance: String,
         metrics: Arc<Metrics>,
+    ) -> Result<Arc<ClusterNode>, String> {
+        ClusterNode::with_connector(settings, name, instance, metrics, connector())
+    }
+
+    /// [`ClusterNode::new`], its store connection made by `connector`.
+    pub fn with_connector(
+        settings: ClusterSettings,
+        name: String,
+        instance: String,
+        metrics: Arc<Metrics>,
+        connector: Connector,
     ) -> Result<Arc<ClusterNode>, String> {
         settings.validate()?;
         ipool_proto::names::check_name("node name", &name)?;
@@ -126,6 +140,7 @@ impl ClusterNode {
             instance,
             settings,
             tls,
+            connector,
             conn: tokio::sync::Mutex::new(None),
             down: Mutex::new(None),
             pools: Mutex::default(),
@@ -211,7 +226,7 @@ impl ClusterNode {
         if let Some(s) = conn.as_ref() {
             return Ok(s.clone());
         }
-        let s = super::connect::connect(&self.settings, self.tls.as_ref(), &self.limiter).await?;
+        let s = (self.connector)(&self.settings, self.tls.as_ref(), &self.limiter).await?;
         *conn = Some(s.clone());
         Ok(s)
     }

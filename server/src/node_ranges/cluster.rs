@@ -1,16 +1,27 @@
 //! A network's ranges from a cluster pool (`ranges_from = "cluster"`): the pool's CIDRs, one
-//! range set per family, read from etcd at start and every minute after. The addresses
+//! range set per family, read from the store at start and every minute after. The addresses
 //! themselves come from the blocks this node claims ([`crate::cluster::source`]); the ranges
 //! only say which CIDRs those blocks are carved from.
+//!
+//! [`ClusterNetworks`] is cluster mode on a node, wired as ipoold runs it (and as the
+//! simulation does): the sources of its cluster networks, the heartbeat, the pools followed,
+//! the blocks of unused pools given back, and the clean stop.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::task::JoinHandle;
 
 use super::{Feed, Seen};
 use crate::cluster::model::{Pool, PoolPhase};
-use crate::cluster::node::ClusterNode;
+use crate::cluster::node::{ClusterNode, Identity};
 use crate::cluster::pool::PoolSpec;
+use crate::cluster::source::ClusterSource;
+use crate::config::DaemonConfig;
+use crate::ipam::Ipam;
+use crate::model::RouteSpec;
 use crate::range::RangeSpec;
+use crate::source::{LocalSource, Sources};
 
 /// How often the pool is read again once known.
 const REREAD: Duration = Duration::from_secs(60);
@@ -137,6 +148,130 @@ pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, u
                     tracing::warn!(pool = %b.pool, %block, error = %e, "cannot give back a block of an unused pool")
                 }
             }
+        }
+    }
+}
+
+/// Cluster mode on a node: its [`ClusterNode`] and the networks whose ranges are blocks of a
+/// cluster pool.
+pub struct ClusterNetworks {
+    node: Arc<ClusterNode>,
+    /// (network, pool, routes)
+    networks: Vec<(String, String, Vec<RouteSpec>)>,
+    /// The heartbeat's task, once started: stopped before the name is given up.
+    heartbeat: Mutex<Option<JoinHandle<()>>>,
+    /// The other tasks started (the pools followed, the identity watched, unused pools).
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl ClusterNetworks {
+    /// The cluster networks of `config` on `node`, and the sources every network's range sets
+    /// get: blocks of a cluster pool for those, local ranges for the rest.
+    pub fn new(node: Arc<ClusterNode>, config: &DaemonConfig) -> (ClusterNetworks, Sources) {
+        let networks = config.cluster_networks();
+        let pools: std::collections::HashMap<String, String> = networks
+            .iter()
+            .map(|(n, p, _)| (n.clone(), p.clone()))
+            .collect();
+        let n = node.clone();
+        let sources = Sources::new(move |def, ranges| match pools.get(&def.name) {
+            Some(pool) => Box::new(ClusterSource::new(
+                n.clone(),
+                pool,
+                &ranges,
+                def.tuning.min_idle,
+            )),
+            None => Box::new(LocalSource::new(ranges)),
+        });
+        let me = ClusterNetworks {
+            node,
+            networks,
+            heartbeat: Mutex::new(None),
+            tasks: Mutex::new(Vec::new()),
+        };
+        (me, sources)
+    }
+
+    pub fn node(&self) -> &Arc<ClusterNode> {
+        &self.node
+    }
+
+    /// How many networks take their ranges from a cluster pool.
+    pub fn networks(&self) -> usize {
+        self.networks.len()
+    }
+
+    /// Starts the heartbeat, follows each cluster network's pool, watches the node's name for
+    /// health, and gives back the blocks of pools no network uses.
+    pub fn start(&self, ipam: &Ipam) {
+        *self.heartbeat.lock().expect("heartbeat lock") =
+            Some(tokio::spawn(self.node.clone().heartbeat()));
+        let mut tasks = self.tasks.lock().expect("tasks lock");
+        // Health follows whether this daemon holds the node's name.
+        let (node, health) = (self.node.clone(), ipam.clone());
+        let mut changes = node.watch_identity();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let taken = match &*changes.borrow_and_update() {
+                    Identity::Taken { .. } => node.serving().err().map(|n| n.why),
+                    _ => None,
+                };
+                health.set_name_taken(taken);
+                // The sources sync (and serve) once the name is held: at once, not at the next
+                // tick of the background loop.
+                health.nudge();
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        }));
+        let used = self.networks.iter().map(|(_, p, _)| p.clone()).collect();
+        tasks.push(tokio::spawn(give_back_unused(
+            self.node.clone(),
+            ipam.clone(),
+            used,
+        )));
+        for (network, pool, routes) in &self.networks {
+            let feed = Feed::new(ipam.clone(), network, routes.clone());
+            tasks.push(tokio::spawn(follow(feed, self.node.clone(), pool.clone())));
+        }
+    }
+
+    /// A clean stop, once nothing more is served: the heartbeat stops and the node's name is
+    /// given up (a replacement daemon takes it at once; release-node sees the node away from
+    /// now). Bounded by twice the store's timeout; a store that does not answer leaves the name
+    /// to lapse with its lease.
+    pub async fn stop(&self) {
+        self.abort_tasks();
+        let task = self.heartbeat.lock().expect("heartbeat lock").take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+        let within = Duration::from_millis(self.node.settings().etcd_timeout_ms) * 2;
+        match tokio::time::timeout(within, self.node.give_up_name()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot give up the node's name: it lapses with its lease")
+            }
+            Err(_) => {
+                tracing::warn!("giving up the node's name took too long: it lapses with its lease")
+            }
+        }
+    }
+
+    /// Every task ended at once, the name kept (what a kill leaves behind: the name lapses
+    /// with its lease).
+    pub fn abort(&self) {
+        self.abort_tasks();
+        if let Some(task) = self.heartbeat.lock().expect("heartbeat lock").take() {
+            task.abort();
+        }
+    }
+
+    fn abort_tasks(&self) {
+        for t in self.tasks.lock().expect("tasks lock").drain(..) {
+            t.abort();
         }
     }
 }

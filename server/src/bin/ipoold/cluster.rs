@@ -5,27 +5,17 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ipool_server::{
-    cluster::{
-        node::{ClusterNode, Identity},
-        source::ClusterSource,
-    },
+    cluster::node::ClusterNode,
     config::{cluster::DatastoreKind, DaemonConfig},
     ipam::Ipam,
     metrics::Metrics,
-    model::RouteSpec,
-    node_ranges::{self, Feed},
-    source::{LocalSource, Sources},
+    node_ranges::cluster::ClusterNetworks,
+    source::Sources,
 };
 
 use crate::Args;
 
-pub(crate) struct Cluster {
-    node: Arc<ClusterNode>,
-    /// (network, pool, routes)
-    networks: Vec<(String, String, Vec<RouteSpec>)>,
-    /// The heartbeat's task, once started: stopped before the name is given up.
-    heartbeat: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
+pub(crate) type Cluster = ClusterNetworks;
 
 /// The sources every network's range sets get: blocks of a cluster pool for the networks
 /// that take their ranges from one, local ranges for the rest.
@@ -55,29 +45,8 @@ pub(crate) fn setup(
     let node = ClusterNode::new(settings, name, instance, metrics.clone())
         .map_err(anyhow::Error::msg)
         .context("[cluster]")?;
-    let networks = config.cluster_networks();
-    let pools: std::collections::HashMap<String, String> = networks
-        .iter()
-        .map(|(n, p, _)| (n.clone(), p.clone()))
-        .collect();
-    let n = node.clone();
-    let sources = Sources::new(move |def, ranges| match pools.get(&def.name) {
-        Some(pool) => Box::new(ClusterSource::new(
-            n.clone(),
-            pool,
-            &ranges,
-            def.tuning.min_idle,
-        )),
-        None => Box::new(LocalSource::new(ranges)),
-    });
-    Ok((
-        Some(Cluster {
-            node,
-            networks,
-            heartbeat: std::sync::Mutex::new(None),
-        }),
-        sources,
-    ))
+    let (cluster, sources) = ClusterNetworks::new(node, config);
+    Ok((Some(cluster), sources))
 }
 
 /// This daemon's instance in etcd: the id of its state dir, made at its first start (a
@@ -106,61 +75,7 @@ fn instance_id(state_dir: &std::path::Path) -> anyhow::Result<String> {
 
 /// Starts the heartbeat and follows each cluster network's pool.
 pub(crate) fn start(cluster: &Cluster, ipam: &Ipam) {
-    tracing::info!(node = %cluster.node.name(), instance = %cluster.node.instance(), etcd = %cluster.node.settings().etcd_endpoints.join(","), networks = cluster.networks.len(), "cluster mode");
-    *cluster.heartbeat.lock().expect("heartbeat lock") =
-        Some(tokio::spawn(cluster.node.clone().heartbeat()));
-    // Health follows whether this daemon holds the node's name.
-    let (node, health) = (cluster.node.clone(), ipam.clone());
-    let mut changes = node.watch_identity();
-    tokio::spawn(async move {
-        loop {
-            let taken = match &*changes.borrow_and_update() {
-                Identity::Taken { .. } => node.serving().err().map(|n| n.why),
-                _ => None,
-            };
-            health.set_name_taken(taken);
-            // The sources sync (and serve) once the name is held: at once, not at the next
-            // tick of the background loop.
-            health.nudge();
-            if changes.changed().await.is_err() {
-                return;
-            }
-        }
-    });
-    let used = cluster.networks.iter().map(|(_, p, _)| p.clone()).collect();
-    tokio::spawn(node_ranges::cluster::give_back_unused(
-        cluster.node.clone(),
-        ipam.clone(),
-        used,
-    ));
-    for (network, pool, routes) in &cluster.networks {
-        let feed = Feed::new(ipam.clone(), network, routes.clone());
-        tokio::spawn(node_ranges::cluster::follow(
-            feed,
-            cluster.node.clone(),
-            pool.clone(),
-        ));
-    }
-}
-
-/// A clean stop, once nothing more is served: the heartbeat stops and the node's name is
-/// given up (a replacement daemon takes it at once; release-node sees the node away from
-/// now). Bounded by the store's timeout; a store that does not answer leaves the name to lapse
-/// with its lease.
-pub(crate) async fn stop(cluster: &Cluster) {
-    let task = cluster.heartbeat.lock().expect("heartbeat lock").take();
-    if let Some(task) = task {
-        task.abort();
-        let _ = task.await;
-    }
-    let within = std::time::Duration::from_millis(cluster.node.settings().etcd_timeout_ms) * 2;
-    match tokio::time::timeout(within, cluster.node.give_up_name()).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "cannot give up the node's name: it lapses with its lease")
-        }
-        Err(_) => {
-            tracing::warn!("giving up the node's name took too long: it lapses with its lease")
-        }
-    }
+    let node = cluster.node();
+    tracing::info!(node = %node.name(), instance = %node.instance(), store = node.store_name(), networks = cluster.networks(), "cluster mode");
+    cluster.start(ipam);
 }

@@ -407,7 +407,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     let served = serve(listeners, ipam, shutdown).await;
     let _ = std::fs::remove_file(&args.socket);
     if let Some(c) = &cluster {
-        cluster::stop(c).await;
+        c.stop().await;
     }
     served.context("gRPC server")?;
     tracing::info!("stopped");
