@@ -35,7 +35,7 @@ struct Inner {
     fail_flushes: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Tables {
     networks: BTreeMap<String, NetworkDef>,
     attachments: BTreeMap<AttachmentKey, AttachmentRecord>,
@@ -161,6 +161,20 @@ impl MemStore {
 
     pub fn flushes(&self) -> u64 {
         self.lock().flushes
+    }
+
+    /// What a start after a crash finds: a store holding what was durable, and nothing
+    /// pending (as the state dir after kill -9).
+    pub fn crashed(&self) -> MemStore {
+        let m = self.lock();
+        MemStore {
+            inner: Mutex::new(Inner {
+                durable: m.durable.clone(),
+                last_seq: m.durable_seq,
+                durable_seq: m.durable_seq,
+                ..Inner::default()
+            }),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -179,6 +179,28 @@ fn sled_store_reads_a_version_1_store_and_marks_it_current() {
     assert_eq!(v.as_ref(), &SCHEMA_VERSION.to_be_bytes());
 }
 
+/// A crash keeps what was flushed and loses what was only appended.
+#[test]
+fn a_crashed_mem_store_holds_what_was_durable() {
+    let s = MemStore::new();
+    s.append(&[Change::PutNetwork(net("a"))]).unwrap();
+    s.flush().unwrap();
+    s.append(&[Change::PutNetwork(net("b"))]).unwrap();
+    let after = s.crashed();
+    let names: Vec<String> = after
+        .load()
+        .unwrap()
+        .networks
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, vec!["a".to_string()]);
+    // It goes on from there.
+    let seq = after.append(&[Change::PutNetwork(net("c"))]).unwrap();
+    assert_eq!(after.flush().unwrap(), seq);
+    assert_eq!(after.load().unwrap().networks.len(), 2);
+}
+
 #[test]
 fn mem_store_roundtrip() {
     check_roundtrip(&MemStore::new());

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame};
 use hyper::{Response, StatusCode};
+use ipool_testkit::apiserver::{url_pairs, Objects};
 use serde_json::{json, Value};
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -22,12 +23,10 @@ type Body = BoxBody<Bytes, std::io::Error>;
 /// An object's place: (resource, namespace, name); namespace "" for nodes.
 type Key = (String, String, String);
 
-#[derive(Default)]
 struct World {
-    rv: u64,
-    objects: BTreeMap<Key, Value>,
-    /// Every change: (resourceVersion, resource, type, object).
-    events: Vec<(u64, String, &'static str, Value)>,
+    /// The objects, by the apiserver's rules (`ipool_testkit::apiserver`); every change kept
+    /// as an event (watches read them).
+    store: Objects,
     /// Watches from a resourceVersion below this get 410 Gone.
     oldest: u64,
     /// Every connection is dropped without an answer (and open watches end) while set.
@@ -47,10 +46,6 @@ struct World {
     no_crds: bool,
     /// Seconds the server's clock is moved on by (the times it stamps on writes).
     clock_skew: i64,
-    /// uids handed out.
-    uids: u64,
-    /// Pages of lists of custom resources and Leases answered.
-    listed_pages: u64,
     /// The next request whose line contains the pattern is answered with the status.
     targeted: Vec<(String, u16)>,
     /// The next request whose line contains the pattern waits until the hold is released.
@@ -93,7 +88,24 @@ impl Hold {
     }
 }
 
-mod writes;
+impl Default for World {
+    fn default() -> Self {
+        World {
+            store: Objects::new(true),
+            oldest: 0,
+            down: false,
+            failures: Vec::new(),
+            cut: 0,
+            requests: Vec::new(),
+            hangs: 0,
+            frozen: false,
+            no_crds: false,
+            clock_skew: 0,
+            targeted: Vec::new(),
+            holds: Vec::new(),
+        }
+    }
+}
 
 pub struct FakeApi {
     pub addr: SocketAddr,
@@ -145,54 +157,21 @@ impl FakeApi {
         let v = {
             let mut w = self.world.lock().unwrap();
             f(&mut w);
-            w.rv + w.cut
+            w.store.rv + w.cut
         };
         self.wake.send_replace(v);
     }
 
     /// Creates or replaces an object (`resource`: "nodes" or "pods").
-    pub fn put(&self, resource: &str, mut obj: Value) {
-        let ns = obj["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let name = obj["metadata"]["name"]
-            .as_str()
-            .expect("metadata.name")
-            .to_string();
+    pub fn put(&self, resource: &str, obj: Value) {
         let (kind, _) = kind_of(resource);
-        obj["apiVersion"] = json!("v1");
-        obj["kind"] = json!(kind);
-        self.change(|w| {
-            w.rv += 1;
-            obj["metadata"]["resourceVersion"] = json!(w.rv.to_string());
-            let key = (resource.to_string(), ns, name);
-            let kind = match w.objects.insert(key, obj.clone()) {
-                Some(_) => "MODIFIED",
-                None => "ADDED",
-            };
-            let rv = w.rv;
-            w.events.push((rv, resource.to_string(), kind, obj));
-        });
+        self.change(|w| w.store.put(resource, kind, obj));
     }
 
     /// Deletes an object; false when there was none.
     pub fn delete(&self, resource: &str, namespace: &str, name: &str) -> bool {
         let mut found = false;
-        self.change(|w| {
-            let key = (
-                resource.to_string(),
-                namespace.to_string(),
-                name.to_string(),
-            );
-            if let Some(mut obj) = w.objects.remove(&key) {
-                w.rv += 1;
-                obj["metadata"]["resourceVersion"] = json!(w.rv.to_string());
-                let rv = w.rv;
-                w.events.push((rv, resource.to_string(), "DELETED", obj));
-                found = true;
-            }
-        });
+        self.change(|w| found = w.store.delete(resource, namespace, name));
         found
     }
 
@@ -234,7 +213,7 @@ impl FakeApi {
             namespace.to_string(),
             name.to_string(),
         );
-        self.world.lock().unwrap().objects.contains_key(&key)
+        self.world.lock().unwrap().store.objects.contains_key(&key)
     }
 
     /// Open watches hear nothing while `frozen` (a watch that fell behind); GETs and lists
@@ -257,7 +236,7 @@ impl FakeApi {
     /// Forgets the history: a watch from an older resourceVersion gets 410 Gone.
     pub fn compact(&self) {
         self.change(|w| {
-            w.oldest = w.rv + 1;
+            w.oldest = w.store.rv + 1;
             w.cut += 1;
         });
     }
@@ -265,23 +244,8 @@ impl FakeApi {
     /// The request lines served so far.
     /// Replaces an object of the `/apis` paths as an update would (its uid kept, a new
     /// resourceVersion), whatever resourceVersion it says.
-    pub fn put_custom(&self, resource: &str, mut obj: Value) {
-        let ns = obj["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let name = obj["metadata"]["name"]
-            .as_str()
-            .expect("metadata.name")
-            .to_string();
-        self.change(|w| {
-            w.rv += 1;
-            obj["metadata"]["resourceVersion"] = json!(w.rv.to_string());
-            w.objects
-                .insert((resource.to_string(), ns, name), obj.clone());
-            let rv = w.rv;
-            w.events.push((rv, resource.to_string(), "MODIFIED", obj));
-        });
+    pub fn put_custom(&self, resource: &str, obj: Value) {
+        self.change(|w| w.store.put_custom(resource, obj));
     }
 
     /// Serves ipool.io's resources (its CRDs applied) or not.
@@ -297,7 +261,8 @@ impl FakeApi {
     /// Every object of `resource` (all namespaces).
     pub fn objects(&self, resource: &str) -> Vec<Value> {
         let w = self.world.lock().unwrap();
-        w.objects
+        w.store
+            .objects
             .iter()
             .filter(|(k, _)| k.0 == resource)
             .map(|(_, o)| o.clone())
@@ -311,7 +276,7 @@ impl FakeApi {
             namespace.to_string(),
             name.to_string(),
         );
-        self.world.lock().unwrap().objects.get(&key).cloned()
+        self.world.lock().unwrap().store.objects.get(&key).cloned()
     }
 
     pub fn requests(&self) -> Vec<String> {
@@ -429,45 +394,6 @@ fn selected(obj: &Value, selector: &str) -> bool {
     })
 }
 
-fn url_pairs(q: &str) -> BTreeMap<String, String> {
-    q.split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (unescape(k), unescape(v)))
-        .collect()
-}
-
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(v) => {
-                        out.push(v);
-                        i += 3;
-                    }
-                    Err(_) => {
-                        out.push(b'%');
-                        i += 1;
-                    }
-                }
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The answer to a request; None drops the connection (the apiserver is down).
 fn answer(
     req: hyper::http::request::Parts,
@@ -499,8 +425,14 @@ fn answer(
         if !w.failures.is_empty() {
             return Some(respond(&mut w, &path, &q, world, wake));
         }
-        if let Some(r) = writes::respond(&mut w, &req.method, &path, &q, body) {
-            let v = w.rv + w.cut;
+        let now = k8s_openapi::jiff::Timestamp::now().as_second() + w.clock_skew;
+        let crds = !w.no_crds;
+        if let Some(a) = w
+            .store
+            .respond(req.method.as_str(), &path, &q, body, now, crds)
+        {
+            let r = full(StatusCode::from_u16(a.status).expect("status"), a.body);
+            let v = w.store.rv + w.cut;
             drop(w);
             wake.send_replace(v);
             return Some(r);
@@ -555,7 +487,7 @@ fn respond(
             ns.unwrap_or("").to_string(),
             name.to_string(),
         );
-        return match w.objects.get(&key) {
+        return match w.store.objects.get(&key) {
             Some(obj) => full(StatusCode::OK, obj.clone()),
             None => status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
         };
@@ -567,6 +499,7 @@ fn respond(
     let watching = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
     if !watching {
         let items: Vec<Value> = w
+            .store
             .objects
             .iter()
             .filter(|(k, o)| in_scope(k, o))
@@ -575,13 +508,13 @@ fn respond(
         return full(
             StatusCode::OK,
             json!({"kind": list_kind, "apiVersion": "v1",
-                   "metadata": {"resourceVersion": w.rv.to_string()}, "items": items}),
+                   "metadata": {"resourceVersion": w.store.rv.to_string()}, "items": items}),
         );
     }
     let from: u64 = q
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
-        .unwrap_or(w.rv);
+        .unwrap_or(w.store.rv);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
     if from + 1 < w.oldest {
         let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
@@ -600,6 +533,7 @@ fn respond(
                 let (lines, now_cut) = {
                     let w = world.lock().unwrap();
                     let lines: Vec<String> = w
+                        .store
                         .events
                         .iter()
                         .filter(|(rv, r, _, o)| {
@@ -614,7 +548,7 @@ fn respond(
                         .collect();
                     // A frozen watch hears nothing (and catches up when thawed).
                     if !w.frozen {
-                        cursor = w.rv;
+                        cursor = w.store.rv;
                     }
                     (if w.frozen { Vec::new() } else { lines }, w.cut)
                 };

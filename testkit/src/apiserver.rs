@@ -1,0 +1,601 @@
+//! The Kubernetes apiserver's objects in memory, read and written by its rules:
+//!
+//! - every write moves the resourceVersion (one counter for all objects, as etcd's revision
+//!   is); a write that changes nothing keeps it;
+//! - get; list by label selector in pages (`limit`, `continue`), the list's resourceVersion
+//!   the counter's;
+//! - create: 409 AlreadyExists; a new uid; update on a resourceVersion: 409 Conflict when it
+//!   is not the stored one; delete with preconditions (uid, resourceVersion): 409 Conflict;
+//! - names DNS-1123 subdomains and label values at most 63 characters of `[A-Za-z0-9._-]`,
+//!   alphanumeric at both ends: 422 Invalid on objects, 400 BadRequest in label selectors;
+//! - every write stamped, per field manager, with the server's clock in
+//!   `metadata.managedFields` (whole seconds);
+//! - every change kept as an event while `keep_events` is set (watches read them).
+//!
+//! The resources are those ipool reads and writes: core/v1 `nodes` and `pods` (put and deleted
+//! by the tests, [`Objects::put`], [`Objects::delete`]), `ipool.io/v1` `ippools` and
+//! `ipblocks` (cluster-scoped), and `coordination.k8s.io/v1` `leases` (namespaced), the last
+//! three served to clients by [`Objects::respond`].
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+/// An object's place: (resource, namespace, name); namespace "" when cluster-scoped.
+pub type Key = (String, String, String);
+
+/// A change: (resourceVersion, resource, ADDED | MODIFIED | DELETED, the object).
+pub type Event = (u64, String, &'static str, Value);
+
+/// An answer: the HTTP status and the JSON body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+/// The objects of one apiserver.
+#[derive(Default)]
+pub struct Objects {
+    /// The last resourceVersion written.
+    pub rv: u64,
+    pub objects: BTreeMap<Key, Value>,
+    /// Every change, while `keep_events` is set.
+    pub events: Vec<Event>,
+    pub keep_events: bool,
+    /// uids handed out.
+    uids: u64,
+    /// Pages of lists answered by [`Objects::respond`].
+    pub listed_pages: u64,
+}
+
+/// A status answer, as the apiserver writes one.
+pub fn status(code: u16, reason: &str, message: &str) -> Answer {
+    Answer {
+        status: code,
+        body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                     "message": message, "reason": reason, "code": code}),
+    }
+}
+
+fn ok(status: u16, body: Value) -> Answer {
+    Answer { status, body }
+}
+
+/// `secs` (Unix) as the apiserver writes a metav1.Time: RFC 3339, whole seconds.
+pub fn rfc3339(secs: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(secs)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// A query string's pairs, unescaped.
+pub fn url_pairs(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (unescape(k), unescape(v)))
+        .collect()
+}
+
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    Err(_) => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// (kind, list kind, namespaced) of a resource served under `/apis`.
+fn kind_of(group_version: &str, resource: &str) -> Option<(&'static str, &'static str, bool)> {
+    match (group_version, resource) {
+        ("ipool.io/v1", "ippools") => Some(("IPPool", "IPPoolList", false)),
+        ("ipool.io/v1", "ipblocks") => Some(("IPBlock", "IPBlockList", false)),
+        ("coordination.k8s.io/v1", "leases") => Some(("Lease", "LeaseList", true)),
+        _ => None,
+    }
+}
+
+/// A label value Kubernetes accepts: at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric
+/// at both ends (or empty).
+pub fn valid_label_value(v: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    v.is_empty()
+        || (v.len() <= 63
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            && alnum(v.chars().next())
+            && alnum(v.chars().last()))
+}
+
+/// A DNS-1123 subdomain: at most 253 characters, lowercase alphanumerics, `-` and `.`, each
+/// part between dots alphanumeric at both ends.
+pub fn valid_name(n: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    !n.is_empty()
+        && n.len() <= 253
+        && n.split('.').all(|p| {
+            p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && alnum(p.chars().next())
+                && alnum(p.chars().last())
+        })
+}
+
+/// A label selector's term: the key, and (equal?, value), or None for "exists".
+type Term = (String, Option<(bool, String)>);
+
+/// The terms of a label selector (`a=b,c!=d,e`), or why it is invalid.
+fn selector_terms(selector: &str) -> Result<Vec<Term>, String> {
+    selector
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .map(|term| {
+            let (key, test) = if let Some((k, v)) = term.split_once("!=") {
+                (k, Some((false, v)))
+            } else if let Some((k, v)) = term.split_once('=') {
+                (k, Some((true, v.trim_start_matches('='))))
+            } else {
+                (term, None)
+            };
+            if let Some((_, v)) = test {
+                if !valid_label_value(v) {
+                    return Err(format!("unable to parse requirement: values[0][{key}]: Invalid value: \"{v}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"));
+                }
+            }
+            Ok((key.to_string(), test.map(|(eq, v)| (eq, v.to_string()))))
+        })
+        .collect()
+}
+
+/// Every term holds for the object's labels.
+fn labels_match(obj: &Value, terms: &[Term]) -> bool {
+    let labels = &obj["metadata"]["labels"];
+    terms.iter().all(|(k, test)| match test {
+        Some((true, v)) => labels[k].as_str() == Some(v),
+        Some((false, v)) => labels[k].as_str() != Some(v),
+        None => !labels[k].is_null(),
+    })
+}
+
+/// Why an object's metadata would be refused (422), if it would.
+fn invalid(obj: &Value) -> Option<String> {
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    if !valid_name(name) {
+        return Some(format!("metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"));
+    }
+    if let Some(labels) = obj["metadata"]["labels"].as_object() {
+        for (k, v) in labels {
+            let v = v.as_str().unwrap_or_default();
+            if !valid_label_value(v) {
+                return Some(format!("metadata.labels: Invalid value: \"{v}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (label {k})"));
+            }
+        }
+    }
+    None
+}
+
+/// `obj` as a write by `manager` leaves it: its entry in managedFields stamped `now`.
+fn stamp(obj: &mut Value, manager: &str, now: &str, api_version: &str) {
+    let mut fields: Vec<Value> = obj["metadata"]["managedFields"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    fields.retain(|m| m["manager"].as_str() != Some(manager));
+    fields.push(
+        json!({"manager": manager, "operation": "Update", "apiVersion": api_version,
+               "time": now, "fieldsType": "FieldsV1", "fieldsV1": {}}),
+    );
+    obj["metadata"]["managedFields"] = json!(fields);
+}
+
+/// What a write may change: the object without the fields the server keeps.
+fn content(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o["metadata"].as_object_mut() {
+        for k in [
+            "resourceVersion",
+            "uid",
+            "creationTimestamp",
+            "managedFields",
+            "generation",
+        ] {
+            m.remove(k);
+        }
+    }
+    o
+}
+
+fn conflict(message: String) -> Answer {
+    status(409, "Conflict", &message)
+}
+
+impl Objects {
+    /// Objects whose changes are kept as events (`keep_events`) or not.
+    pub fn new(keep_events: bool) -> Objects {
+        Objects {
+            keep_events,
+            ..Objects::default()
+        }
+    }
+
+    fn record(&mut self, resource: &str, kind: &'static str, obj: &Value) {
+        if self.keep_events {
+            self.events
+                .push((self.rv, resource.to_string(), kind, obj.clone()));
+        }
+    }
+
+    /// Creates or replaces an object as a controller would (`resource`: "nodes" or "pods";
+    /// its apiVersion and kind are set here).
+    pub fn put(&mut self, resource: &str, kind: &str, mut obj: Value) {
+        let ns = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_string();
+        obj["apiVersion"] = json!("v1");
+        obj["kind"] = json!(kind);
+        self.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        let key = (resource.to_string(), ns, name);
+        let change = match self.objects.insert(key, obj.clone()) {
+            Some(_) => "MODIFIED",
+            None => "ADDED",
+        };
+        self.record(resource, change, &obj);
+    }
+
+    /// Replaces an object of the `/apis` paths as an update would (its uid kept, a new
+    /// resourceVersion), whatever resourceVersion it says.
+    pub fn put_custom(&mut self, resource: &str, mut obj: Value) {
+        let ns = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_string();
+        self.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.objects
+            .insert((resource.to_string(), ns, name), obj.clone());
+        self.record(resource, "MODIFIED", &obj);
+    }
+
+    /// Deletes an object; false when there was none.
+    pub fn delete(&mut self, resource: &str, namespace: &str, name: &str) -> bool {
+        let key = (
+            resource.to_string(),
+            namespace.to_string(),
+            name.to_string(),
+        );
+        match self.objects.remove(&key) {
+            Some(mut obj) => {
+                self.rv += 1;
+                obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                self.record(resource, "DELETED", &obj);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The answer to a request under `/apis/` (`query` unescaped, `now` the server's clock in
+    /// Unix seconds); None: not such a path. With `crds` false, ipool.io's resources are not
+    /// served (its CustomResourceDefinitions not applied).
+    pub fn respond(
+        &mut self,
+        method: &str,
+        path: &str,
+        query: &BTreeMap<String, String>,
+        body: &[u8],
+        now: i64,
+        crds: bool,
+    ) -> Option<Answer> {
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let (gv, resource, ns, name) = match parts.as_slice() {
+            ["apis", g, v, r] => (format!("{g}/{v}"), *r, "", None),
+            ["apis", g, v, r, n] if *r != "namespaces" => (format!("{g}/{v}"), *r, "", Some(*n)),
+            ["apis", g, v, "namespaces", ns, r] => (format!("{g}/{v}"), *r, *ns, None),
+            ["apis", g, v, "namespaces", ns, r, n] => (format!("{g}/{v}"), *r, *ns, Some(*n)),
+            _ => return None,
+        };
+        let Some((kind, list_kind, namespaced)) = kind_of(&gv, resource) else {
+            return Some(status(
+                404,
+                "NotFound",
+                &format!("the server could not find the requested resource ({gv} {resource})"),
+            ));
+        };
+        if !crds && gv == "ipool.io/v1" {
+            return Some(status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ));
+        }
+        if namespaced == ns.is_empty() {
+            return Some(status(404, "NotFound", &format!("no route {path}")));
+        }
+        let manager = query
+            .get("fieldManager")
+            .cloned()
+            .unwrap_or_else(|| "unknown".into());
+        let key = |n: &str| -> Key { (resource.to_string(), ns.to_string(), n.to_string()) };
+        let parsed: Option<Value> = serde_json::from_slice(body).ok();
+        let now = rfc3339(now);
+        Some(match (method, name) {
+            ("GET", Some(n)) => match self.objects.get(&key(n)) {
+                Some(o) => ok(200, o.clone()),
+                None => status(404, "NotFound", &format!("{resource} \"{n}\" not found")),
+            },
+            ("GET", None) => {
+                let selector = query.get("labelSelector").cloned().unwrap_or_default();
+                let terms = match selector_terms(&selector) {
+                    Ok(t) => t,
+                    Err(why) => return Some(status(400, "BadRequest", &why)),
+                };
+                let after = query.get("continue").cloned().unwrap_or_default();
+                let limit: usize = query
+                    .get("limit")
+                    .and_then(|l| l.parse().ok())
+                    .filter(|l| *l > 0)
+                    .unwrap_or(usize::MAX);
+                let mut items: Vec<Value> = self
+                    .objects
+                    .iter()
+                    .filter(|(k, o)| {
+                        k.0 == resource
+                            && (ns.is_empty() || k.1 == ns)
+                            && k.2 > after
+                            && labels_match(o, &terms)
+                    })
+                    .map(|(_, o)| o.clone())
+                    .collect();
+                let more = items.len() > limit;
+                items.truncate(limit);
+                let next = match (more, items.last()) {
+                    (true, Some(last)) => {
+                        last["metadata"]["name"].as_str().unwrap_or("").to_string()
+                    }
+                    _ => String::new(),
+                };
+                self.listed_pages += 1;
+                ok(
+                    200,
+                    json!({"kind": list_kind, "apiVersion": gv,
+                           "metadata": {"resourceVersion": self.rv.to_string(), "continue": next},
+                           "items": items}),
+                )
+            }
+            ("POST", None) => {
+                let Some(mut obj) = parsed else {
+                    return Some(status(400, "BadRequest", "the body is not JSON"));
+                };
+                let Some(n) = obj["metadata"]["name"].as_str().map(str::to_string) else {
+                    return Some(status(422, "Invalid", "metadata.name: Required value"));
+                };
+                if let Some(why) = invalid(&obj) {
+                    return Some(status(422, "Invalid", &why));
+                }
+                if self.objects.contains_key(&key(&n)) {
+                    return Some(status(
+                        409,
+                        "AlreadyExists",
+                        &format!("{resource} \"{n}\" already exists"),
+                    ));
+                }
+                self.rv += 1;
+                self.uids += 1;
+                obj["apiVersion"] = json!(gv);
+                obj["kind"] = json!(kind);
+                obj["metadata"]["uid"] = json!(format!("uid-{:08}", self.uids));
+                obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                obj["metadata"]["creationTimestamp"] = json!(now);
+                if namespaced {
+                    obj["metadata"]["namespace"] = json!(ns);
+                }
+                stamp(&mut obj, &manager, &now, &gv);
+                self.objects.insert(key(&n), obj.clone());
+                self.record(resource, "ADDED", &obj);
+                ok(201, obj)
+            }
+            ("PUT", Some(n)) => {
+                let Some(mut obj) = parsed else {
+                    return Some(status(400, "BadRequest", "the body is not JSON"));
+                };
+                let Some(stored) = self.objects.get(&key(n)).cloned() else {
+                    return Some(status(
+                        404,
+                        "NotFound",
+                        &format!("{resource} \"{n}\" not found"),
+                    ));
+                };
+                let given = obj["metadata"]["resourceVersion"].as_str().unwrap_or("");
+                let have = stored["metadata"]["resourceVersion"].as_str().unwrap_or("");
+                if given.is_empty() || given != have {
+                    return Some(conflict(
+                        format!("Operation cannot be fulfilled on {resource} \"{n}\": the object has been modified; please apply your changes to the latest version and try again"),
+                    ));
+                }
+                if let Some(why) = invalid(&obj) {
+                    return Some(status(422, "Invalid", &why));
+                }
+                obj["apiVersion"] = json!(gv);
+                obj["kind"] = json!(kind);
+                if content(&obj) == content(&stored) {
+                    return Some(ok(200, stored));
+                }
+                self.rv += 1;
+                for k in ["uid", "creationTimestamp", "managedFields"] {
+                    obj["metadata"][k] = stored["metadata"][k].clone();
+                }
+                obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                stamp(&mut obj, &manager, &now, &gv);
+                self.objects.insert(key(n), obj.clone());
+                self.record(resource, "MODIFIED", &obj);
+                ok(200, obj)
+            }
+            ("DELETE", Some(n)) => {
+                let Some(stored) = self.objects.get(&key(n)).cloned() else {
+                    return Some(status(
+                        404,
+                        "NotFound",
+                        &format!("{resource} \"{n}\" not found"),
+                    ));
+                };
+                let pre = parsed
+                    .as_ref()
+                    .map(|b| b["preconditions"].clone())
+                    .unwrap_or(Value::Null);
+                for (field, what) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
+                    if let Some(want) = pre[field].as_str() {
+                        let have = stored["metadata"][field].as_str().unwrap_or("");
+                        if want != have {
+                            return Some(conflict(
+                                format!("Precondition failed: {what} in precondition: {want}, {what} in object meta: {have}"),
+                            ));
+                        }
+                    }
+                }
+                self.objects.remove(&key(n));
+                self.rv += 1;
+                self.record(resource, "DELETED", &stored);
+                ok(200, stored)
+            }
+            (m, _) => status(
+                405,
+                "MethodNotAllowed",
+                &format!("{m} is not served on {path}"),
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(q: &str) -> BTreeMap<String, String> {
+        url_pairs(q)
+    }
+
+    #[test]
+    fn creates_conflict_updates_need_the_stored_version_and_deletes_their_preconditions() {
+        let mut o = Objects::new(true);
+        let path = "/apis/ipool.io/v1/ipblocks";
+        let block = json!({"metadata": {"name": "10-0-0-0-26", "labels": {"ipool.io/node": "n1"}},
+                           "spec": {"cidr": "10.0.0.0/26"}});
+        let body = block.to_string();
+        let made = o
+            .respond("POST", path, &pairs(""), body.as_bytes(), 100, true)
+            .unwrap();
+        assert_eq!(made.status, 201);
+        let again = o
+            .respond("POST", path, &pairs(""), body.as_bytes(), 100, true)
+            .unwrap();
+        assert_eq!(again.status, 409);
+        let item = format!("{path}/10-0-0-0-26");
+        let mut stale = made.body.clone();
+        stale["metadata"]["resourceVersion"] = json!("0");
+        stale["spec"]["x"] = json!(1);
+        let r = o
+            .respond(
+                "PUT",
+                &item,
+                &pairs(""),
+                stale.to_string().as_bytes(),
+                101,
+                true,
+            )
+            .unwrap();
+        assert_eq!(r.status, 409);
+        // A write that changes nothing keeps the resourceVersion.
+        let same = o
+            .respond(
+                "PUT",
+                &item,
+                &pairs(""),
+                made.body.to_string().as_bytes(),
+                102,
+                true,
+            )
+            .unwrap();
+        assert_eq!(
+            same.body["metadata"]["resourceVersion"],
+            made.body["metadata"]["resourceVersion"]
+        );
+        let pre = json!({"preconditions": {"uid": "uid-other"}}).to_string();
+        let r = o
+            .respond("DELETE", &item, &pairs(""), pre.as_bytes(), 103, true)
+            .unwrap();
+        assert_eq!(r.status, 409);
+        let pre = json!({"preconditions": {"uid": made.body["metadata"]["uid"]}}).to_string();
+        let r = o
+            .respond("DELETE", &item, &pairs(""), pre.as_bytes(), 103, true)
+            .unwrap();
+        assert_eq!(r.status, 200);
+        assert!(o.objects.is_empty());
+        assert_eq!(o.events.len(), 2);
+    }
+
+    #[test]
+    fn names_and_label_values_follow_kubernetes_rules() {
+        let mut o = Objects::new(false);
+        let path = "/apis/ipool.io/v1/ippools";
+        for bad in [
+            json!({"metadata": {"name": "Pods"}}),
+            json!({"metadata": {"name": "p", "labels": {"a": "-x"}}}),
+            json!({"metadata": {"name": "p", "labels": {"a": "x".repeat(64)}}}),
+        ] {
+            let r = o
+                .respond(
+                    "POST",
+                    path,
+                    &pairs(""),
+                    bad.to_string().as_bytes(),
+                    1,
+                    true,
+                )
+                .unwrap();
+            assert_eq!(r.status, 422, "{bad}");
+        }
+        let q = pairs(&format!(
+            "labelSelector=ipool.io%2Fpool%3D{}",
+            "p".repeat(64)
+        ));
+        let r = o
+            .respond("GET", "/apis/ipool.io/v1/ipblocks", &q, b"", 1, true)
+            .unwrap();
+        assert_eq!(r.status, 400);
+        assert!(valid_name("a.b-c") && !valid_name("a..b") && !valid_name(""));
+    }
+}
