@@ -9,6 +9,7 @@
 //! - [`etcd`]: that store in etcd, each decision one transaction (`etcd::nodes`: the daemons'
 //!   heartbeats and release-node);
 //! - [`kube`]: the same on the Kubernetes API (custom resources, a Lease per node);
+//! - [`release`]: release-node's judgement of a node's absence, over either store;
 //! - [`node`]: this node, as `config::cluster` (the `[cluster]` table) says: its etcd
 //!   connection, token bucket, etcd up or down, heartbeat;
 //! - [`source`]: `ClusterSource`, a range set's addresses from the blocks this node owns, and
@@ -61,5 +62,6 @@ pub mod kube;
 pub mod model;
 pub mod node;
 pub mod pool;
+pub mod release;
 pub mod source;
 pub mod work;

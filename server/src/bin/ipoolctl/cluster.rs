@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use ipnet::IpNet;
 use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::model::{
-    ClusterError, MalformedKey, NodeState, Pool, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
+    ClusterError, MalformedKey, Pool, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
 use ipool_server::cluster::pool::PoolSpec;
 
@@ -274,66 +274,17 @@ async fn release_node(
     force: bool,
     out: Output,
 ) -> Result<(), ClusterError> {
-    let state = match store.node_state(node).await {
-        Err(e @ ClusterError::Malformed { .. }) if force => {
-            eprintln!("ipoolctl: --force: {e}");
-            let blocks = store.blocks_of_node(node).await?;
-            NodeState {
-                alive: None,
-                seen: None,
-                blocks,
-                unproven: None,
-            }
-        }
-        r => r?,
-    };
-    warn_malformed(place, &state.blocks.malformed);
-    let clock = match place {
-        "etcd" => "etcd's clock",
-        _ => "the apiserver's clock",
-    };
-    let blocks = &state.blocks.blocks;
-    if blocks.is_empty() && state.alive.is_none() && state.seen.is_none() {
-        return Err(ClusterError::NotFound(format!(
-            "node {node:?} owns no block and has no heartbeat in {place}"
-        )));
-    }
-    let refusal = match (&state.alive, &state.seen) {
-        (None, _) if state.unproven.is_some() => state.unproven.clone(),
-        (Some(a), _) => Some(format!(
-            "node {node:?} is alive: its daemon (instance {}) keeps its heartbeat lease in {place}",
-            a.instance
-        )),
-        (None, Some((seen, away))) => {
-            // Past the fence, by more than a renewal's slack: the daemon, wherever it is, hands
-            // nothing out any more.
-            let fence = seen.fence_secs + seen.renew_secs + 1;
-            let need = absent_for.max(fence);
-            (*away < need as i64).then(|| {
-                format!(
-                    "node {node:?} was last seen {away} s ago by {clock}, less than {need} s (--absent-for {absent_for}, and its fence of {} s): it may be restarting or cut off from {place}",
-                    seen.fence_secs
-                )
-            })
-        }
-        // No `seen` key: away longer than its lease (30 days), or it never ran a heartbeat.
-        (None, None) => None,
-    };
-    if let Some(why) = &refusal {
-        if !force {
-            return Err(ClusterError::Refused(format!(
-                "{why}; its {} block(s) stay (--force gives them back anyway)",
-                blocks.len()
-            )));
-        }
+    let r =
+        ipool_server::cluster::release::release_node(store, place, node, absent_for, force).await?;
+    warn_malformed(place, &r.malformed);
+    for why in &r.forced {
         eprintln!("ipoolctl: --force: {why}; giving its blocks back anyway");
     }
-    let released = store.release_node(node, blocks, force).await?;
     if out == Output::Json {
-        print_blocks(&released, out);
+        print_blocks(&r.blocks, out);
         return Ok(());
     }
-    for b in &released {
+    for b in &r.blocks {
         outln!(
             "released {} of pool {} (owned by {node} since {} ms after the epoch)",
             b.block,
@@ -341,10 +292,10 @@ async fn release_node(
             b.owner.claimed_at_ms
         );
     }
-    let kept = blocks.len() - released.len();
+    let kept = r.listed - r.blocks.len();
     outln!(
         "node {node}: {} block(s) given back{}",
-        released.len(),
+        r.blocks.len(),
         match kept {
             0 => String::new(),
             k => format!(", {k} re-created by another owner meanwhile and left alone"),

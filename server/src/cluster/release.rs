@@ -1,0 +1,94 @@
+//! Giving back the blocks of a node that is gone (`ipoolctl cluster release-node`): the store
+//! must show the node away, by its own clock, past `absent_for` and past the node's fence (plus
+//! a renewal's slack), and its name not held; a store that cannot tell (no Lease where one was
+//! looked for) refuses. `force` gives the blocks back anyway, and says what it overrode.
+//! Each give-back is the store's own ([`NameStore::release_node`]): conditioned on the block as
+//! listed and, unless forced, on the node still being away.
+
+use super::datastore::Datastore;
+use super::model::{Block, ClusterError, MalformedKey, NodeState};
+
+/// What a release did.
+#[derive(Clone, Debug)]
+pub struct Released {
+    /// The blocks given back.
+    pub blocks: Vec<Block>,
+    /// The node's blocks as listed (given back or not: another owner re-created some).
+    pub listed: usize,
+    /// What `force` overrode: why the release would have been refused.
+    pub forced: Vec<String>,
+    /// Entries of the store that name no owner, seen in the node's listing.
+    pub malformed: Vec<MalformedKey>,
+}
+
+/// Releases `node`'s blocks from `store` (`place`: the store, as messages name it) once it has
+/// been away `absent_for` seconds and past its fence, or at once with `force`.
+pub async fn release_node(
+    store: &dyn Datastore,
+    place: &str,
+    node: &str,
+    absent_for: u64,
+    force: bool,
+) -> Result<Released, ClusterError> {
+    let mut forced = Vec::new();
+    let state = match store.node_state(node).await {
+        Err(e @ ClusterError::Malformed { .. }) if force => {
+            forced.push(e.to_string());
+            let blocks = store.blocks_of_node(node).await?;
+            NodeState {
+                alive: None,
+                seen: None,
+                blocks,
+                unproven: None,
+            }
+        }
+        r => r?,
+    };
+    let clock = match place {
+        "etcd" => "etcd's clock",
+        _ => "the apiserver's clock",
+    };
+    let blocks = &state.blocks.blocks;
+    if blocks.is_empty() && state.alive.is_none() && state.seen.is_none() {
+        return Err(ClusterError::NotFound(format!(
+            "node {node:?} owns no block and has no heartbeat in {place}"
+        )));
+    }
+    let refusal = match (&state.alive, &state.seen) {
+        (None, _) if state.unproven.is_some() => state.unproven.clone(),
+        (Some(a), _) => Some(format!(
+            "node {node:?} is alive: its daemon (instance {}) keeps its heartbeat lease in {place}",
+            a.instance
+        )),
+        (None, Some((seen, away))) => {
+            // Past the fence, by more than a renewal's slack: the daemon, wherever it is, hands
+            // nothing out any more.
+            let fence = seen.fence_secs + seen.renew_secs + 1;
+            let need = absent_for.max(fence);
+            (*away < need as i64).then(|| {
+                format!(
+                    "node {node:?} was last seen {away} s ago by {clock}, less than {need} s (--absent-for {absent_for}, and its fence of {} s): it may be restarting or cut off from {place}",
+                    seen.fence_secs
+                )
+            })
+        }
+        // No `seen` key: away longer than its lease (30 days), or it never ran a heartbeat.
+        (None, None) => None,
+    };
+    if let Some(why) = refusal {
+        if !force {
+            return Err(ClusterError::Refused(format!(
+                "{why}; its {} block(s) stay (--force gives them back anyway)",
+                blocks.len()
+            )));
+        }
+        forced.push(why);
+    }
+    let released = store.release_node(node, blocks, force).await?;
+    Ok(Released {
+        blocks: released,
+        listed: blocks.len(),
+        forced,
+        malformed: state.blocks.malformed,
+    })
+}

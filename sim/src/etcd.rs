@@ -1,0 +1,391 @@
+//! etcd in memory, as cluster mode's store sees it over its v3 API: keys with their create and
+//! mod revisions and versions, one revision for the whole store moved by every write (a txn's
+//! writes share one), range reads (prefix, limit, keys only, count), transactions of compares
+//! (a compare over a range holds for every key in it, or for the zero key when none is there,
+//! as etcd evaluates it), leases on simulated time (granted, renewed, revoked, expired: their
+//! keys deleted), the response header every answer carries (cluster id, revision), and a
+//! restore from an older backup (the revision goes back, the cluster id changes).
+//!
+//! Reads at a past revision answer from the present: the simulation's listings fit in one page
+//! (a read pinned to a revision happens only between the pages of a longer one).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use ipool_proto::etcd::etcdserverpb as pb;
+use ipool_proto::etcd::mvccpb::KeyValue;
+use ipool_server::cluster::etcd::client::{Call, Reply};
+use pb::compare::{CompareResult, CompareTarget, TargetUnion};
+use pb::request_op::Request;
+use pb::response_op::Response;
+use tokio::time::Instant;
+
+struct Lease {
+    ttl: i64,
+    expires: Instant,
+    keys: BTreeSet<Vec<u8>>,
+}
+
+/// The whole state, as a backup holds it.
+#[derive(Clone)]
+struct Data {
+    revision: i64,
+    kv: BTreeMap<Vec<u8>, KeyValue>,
+}
+
+pub struct Etcd {
+    cluster_id: u64,
+    data: Data,
+    leases: BTreeMap<i64, Lease>,
+    next_lease: i64,
+    /// A backup (a snapshot of the keys), for a restore.
+    backup: Option<Data>,
+    /// Writes applied so far (requests that changed something).
+    pub writes: u64,
+}
+
+fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
+    match end {
+        [] => key == start,
+        [0] => key >= start,
+        _ => key >= start && key < end,
+    }
+}
+
+fn status(code: tonic::Code, message: &str) -> tonic::Status {
+    tonic::Status::new(code, message.to_string())
+}
+
+impl Etcd {
+    pub fn new(cluster_id: u64) -> Etcd {
+        Etcd {
+            cluster_id,
+            data: Data {
+                revision: 1,
+                kv: BTreeMap::new(),
+            },
+            leases: BTreeMap::new(),
+            next_lease: 0x1000,
+            backup: None,
+            writes: 0,
+        }
+    }
+
+    fn header(&self) -> Option<pb::ResponseHeader> {
+        Some(pb::ResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: 1,
+            revision: self.data.revision,
+            raft_term: 1,
+        })
+    }
+
+    /// The keys now (for the checker).
+    pub fn keys(&self) -> impl Iterator<Item = (&Vec<u8>, &KeyValue)> {
+        self.data.kv.iter()
+    }
+
+    pub fn revision(&self) -> i64 {
+        self.data.revision
+    }
+
+    /// Expires the leases past their time: their keys go, in one revision.
+    pub fn expire(&mut self, now: Instant) {
+        let gone: Vec<i64> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.expires <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.revoke(id);
+        }
+    }
+
+    fn revoke(&mut self, id: i64) -> bool {
+        let Some(lease) = self.leases.remove(&id) else {
+            return false;
+        };
+        let mut changed = false;
+        for k in lease.keys {
+            changed |= self.data.kv.remove(&k).is_some();
+        }
+        if changed {
+            self.data.revision += 1;
+            self.writes += 1;
+        }
+        true
+    }
+
+    /// Keeps a backup of the keys as they are now.
+    pub fn back_up(&mut self) {
+        self.backup = Some(self.data.clone());
+    }
+
+    /// Restores the last backup (if any) as a new cluster: the keys and the revision as they
+    /// were, the cluster id `new_id`, the leases gone.
+    pub fn restore(&mut self, new_id: u64) -> bool {
+        let Some(b) = self.backup.clone() else {
+            return false;
+        };
+        self.data = b;
+        self.cluster_id = new_id;
+        self.leases.clear();
+        true
+    }
+
+    /// Applies `call` at `now`, as etcd would.
+    pub fn apply(&mut self, call: &Call, now: Instant) -> Result<Reply, tonic::Status> {
+        self.expire(now);
+        Ok(match call {
+            Call::Range(r) => Reply::Range(self.range(r)),
+            Call::Put(r) => {
+                let rev = self.data.revision + 1;
+                self.put(r, rev)?;
+                self.data.revision = rev;
+                self.writes += 1;
+                Reply::Put(pb::PutResponse {
+                    header: self.header(),
+                    prev_kv: None,
+                })
+            }
+            Call::DeleteRange(r) => {
+                let rev = self.data.revision + 1;
+                let deleted = self.delete(r);
+                if deleted > 0 {
+                    self.data.revision = rev;
+                    self.writes += 1;
+                }
+                Reply::DeleteRange(pb::DeleteRangeResponse {
+                    header: self.header(),
+                    deleted,
+                    prev_kvs: Vec::new(),
+                })
+            }
+            Call::Txn(t) => Reply::Txn(self.txn(t)?),
+            Call::LeaseGrant(g) => {
+                self.next_lease += 1;
+                let id = self.next_lease;
+                self.leases.insert(
+                    id,
+                    Lease {
+                        ttl: g.ttl,
+                        expires: now + Duration::from_secs(g.ttl.max(1) as u64),
+                        keys: BTreeSet::new(),
+                    },
+                );
+                Reply::LeaseGrant(pb::LeaseGrantResponse {
+                    header: self.header(),
+                    id,
+                    ttl: g.ttl,
+                    error: String::new(),
+                })
+            }
+            Call::LeaseRevoke(r) => {
+                if !self.revoke(r.id) {
+                    return Err(status(
+                        tonic::Code::NotFound,
+                        "etcdserver: requested lease not found",
+                    ));
+                }
+                Reply::LeaseRevoke(pb::LeaseRevokeResponse {
+                    header: self.header(),
+                })
+            }
+            Call::LeaseKeepAlive(k) => {
+                let ttl = match self.leases.get_mut(&k.id) {
+                    Some(l) => {
+                        l.expires = now + Duration::from_secs(l.ttl.max(1) as u64);
+                        l.ttl
+                    }
+                    None => 0,
+                };
+                Reply::LeaseKeepAlive(pb::LeaseKeepAliveResponse {
+                    header: self.header(),
+                    id: k.id,
+                    ttl,
+                })
+            }
+            Call::LeaseTimeToLive(t) => {
+                let (ttl, granted) = match self.leases.get(&t.id) {
+                    Some(l) => (
+                        l.expires.saturating_duration_since(now).as_secs() as i64,
+                        l.ttl,
+                    ),
+                    None => (-1, 0),
+                };
+                Reply::LeaseTimeToLive(pb::LeaseTimeToLiveResponse {
+                    header: self.header(),
+                    id: t.id,
+                    ttl,
+                    granted_ttl: granted,
+                    keys: Vec::new(),
+                })
+            }
+        })
+    }
+
+    fn range(&self, r: &pb::RangeRequest) -> pb::RangeResponse {
+        let all: Vec<&KeyValue> = self
+            .data
+            .kv
+            .range(r.key.clone()..)
+            .take_while(|(k, _)| r.range_end.is_empty() || r.range_end == [0] || **k < r.range_end)
+            .filter(|(k, _)| in_range(k, &r.key, &r.range_end))
+            .map(|(_, v)| v)
+            .collect();
+        let count = all.len() as i64;
+        let limit = if r.limit > 0 { r.limit as usize } else { usize::MAX };
+        let kvs = match r.count_only {
+            true => Vec::new(),
+            false => all
+                .iter()
+                .take(limit)
+                .map(|kv| KeyValue {
+                    value: if r.keys_only { Vec::new() } else { kv.value.clone() },
+                    ..(*kv).clone()
+                })
+                .collect(),
+        };
+        pb::RangeResponse {
+            header: self.header(),
+            more: all.len() > limit,
+            kvs,
+            count,
+        }
+    }
+
+    fn put(&mut self, r: &pb::PutRequest, rev: i64) -> Result<(), tonic::Status> {
+        if r.lease != 0 && !self.leases.contains_key(&r.lease) {
+            return Err(status(
+                tonic::Code::NotFound,
+                "etcdserver: requested lease not found",
+            ));
+        }
+        let old = self.data.kv.get(&r.key).cloned();
+        if let Some(o) = &old {
+            if o.lease != 0 && o.lease != r.lease {
+                if let Some(l) = self.leases.get_mut(&o.lease) {
+                    l.keys.remove(&r.key);
+                }
+            }
+        }
+        if r.lease != 0 {
+            if let Some(l) = self.leases.get_mut(&r.lease) {
+                l.keys.insert(r.key.clone());
+            }
+        }
+        self.data.kv.insert(
+            r.key.clone(),
+            KeyValue {
+                key: r.key.clone(),
+                create_revision: old.as_ref().map_or(rev, |o| o.create_revision),
+                mod_revision: rev,
+                version: old.as_ref().map_or(1, |o| o.version + 1),
+                value: r.value.clone(),
+                lease: r.lease,
+            },
+        );
+        Ok(())
+    }
+
+    fn delete(&mut self, r: &pb::DeleteRangeRequest) -> i64 {
+        let keys: Vec<Vec<u8>> = self
+            .data
+            .kv
+            .keys()
+            .filter(|k| in_range(k, &r.key, &r.range_end))
+            .cloned()
+            .collect();
+        for k in &keys {
+            if let Some(kv) = self.data.kv.remove(k) {
+                if let Some(l) = self.leases.get_mut(&kv.lease) {
+                    l.keys.remove(k);
+                }
+            }
+        }
+        keys.len() as i64
+    }
+
+    fn holds(&self, c: &pb::Compare) -> bool {
+        let one = |kv: &KeyValue| -> bool {
+            let ord = match c.target_union.as_ref() {
+                Some(TargetUnion::Version(v)) => kv.version.cmp(v),
+                Some(TargetUnion::CreateRevision(v)) => kv.create_revision.cmp(v),
+                Some(TargetUnion::ModRevision(v)) => kv.mod_revision.cmp(v),
+                Some(TargetUnion::Value(v)) => kv.value.as_slice().cmp(v.as_slice()),
+                Some(TargetUnion::Lease(v)) => kv.lease.cmp(v),
+                None => return false,
+            };
+            match CompareResult::try_from(c.result) {
+                Ok(CompareResult::Equal) => ord.is_eq(),
+                Ok(CompareResult::Greater) => ord.is_gt(),
+                Ok(CompareResult::Less) => ord.is_lt(),
+                Ok(CompareResult::NotEqual) => ord.is_ne(),
+                Err(_) => false,
+            }
+        };
+        let found: Vec<&KeyValue> = self
+            .data
+            .kv
+            .iter()
+            .filter(|(k, _)| in_range(k, &c.key, &c.range_end))
+            .map(|(_, v)| v)
+            .collect();
+        if found.is_empty() {
+            if CompareTarget::try_from(c.target) == Ok(CompareTarget::Value) {
+                return false;
+            }
+            return one(&KeyValue::default());
+        }
+        found.into_iter().all(one)
+    }
+
+    fn txn(&mut self, t: &pb::TxnRequest) -> Result<pb::TxnResponse, tonic::Status> {
+        let succeeded = t.compare.iter().all(|c| self.holds(c));
+        let ops = if succeeded { &t.success } else { &t.failure };
+        let rev = self.data.revision + 1;
+        let mut changed = false;
+        let mut responses = Vec::new();
+        for op in ops {
+            let response = match &op.request {
+                Some(Request::RequestRange(r)) => Response::ResponseRange(self.range(r)),
+                Some(Request::RequestPut(p)) => {
+                    self.put(p, rev)?;
+                    changed = true;
+                    Response::ResponsePut(pb::PutResponse {
+                        header: None,
+                        prev_kv: None,
+                    })
+                }
+                Some(Request::RequestDeleteRange(d)) => {
+                    let deleted = self.delete(d);
+                    changed |= deleted > 0;
+                    Response::ResponseDeleteRange(pb::DeleteRangeResponse {
+                        header: None,
+                        deleted,
+                        prev_kvs: Vec::new(),
+                    })
+                }
+                Some(Request::RequestTxn(_)) | None => {
+                    return Err(status(
+                        tonic::Code::Unimplemented,
+                        "nested transactions are not simulated",
+                    ))
+                }
+            };
+            responses.push(pb::ResponseOp {
+                response: Some(response),
+            });
+        }
+        if changed {
+            self.data.revision = rev;
+            self.writes += 1;
+        }
+        Ok(pb::TxnResponse {
+            header: self.header(),
+            succeeded,
+            responses,
+        })
+    }
+}
