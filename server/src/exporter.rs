@@ -244,6 +244,11 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             c.give_backs.clone(),
         );
         r.register(
+            "ipool_cluster_syncs",
+            "Listings of this node's blocks taken in, by pool and family (a count that stalls while the store answers: blocks changed in the store go unseen).",
+            c.syncs.clone(),
+        );
+        r.register(
             "ipool_cluster_etcd_call_duration_seconds",
             "etcd calls by operation.",
             c.etcd_seconds.clone(),

@@ -31,6 +31,7 @@
 //! - [`logbuf`]: log lines that wait for the runtime's thread to go idle.
 #![forbid(unsafe_code)]
 
+pub mod bugs;
 pub mod clock;
 pub mod cluster;
 pub mod config;

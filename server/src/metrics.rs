@@ -23,6 +23,7 @@
 //!   `exhausted`, `pool_changed`, `error`), `ipool_cluster_claim_conflicts_total{pool, kind}`
 //!   (`candidate`: a free block another node won first, harmless; `ownership`: a block this
 //!   node held that etcd says another owns), `ipool_cluster_block_give_backs_total{pool}`,
+//!   `ipool_cluster_syncs_total{pool, family}` (listings of this node's blocks taken in),
 //!   `ipool_cluster_etcd_call_duration_seconds{op}`, `ipool_cluster_node_name_taken` (1 while
 //!   another daemon holds this node's name), `ipool_cluster_fenced` (1 while the heartbeat
 //!   is not renewed within the fence), `ipool_cluster_malformed_keys` (keys under the prefix
@@ -92,6 +93,10 @@ pub struct ClusterMetrics {
     pub claims: Family<PoolResultLabels, Counter>,
     pub conflicts: Family<PoolKindLabels, Counter>,
     pub give_backs: Family<PoolLabels, Counter>,
+    /// Listings of this node's blocks taken in, per pool and family: one that stalls while
+    /// the store answers means blocks changed in the store are not seen (README: a sync is
+    /// never delayed by a claim's backoff).
+    pub syncs: Family<PoolFamilyLabels, Counter>,
     pub etcd_seconds: HistogramFamily<OpLabels>,
     pub node_name_taken: Gauge,
     pub fenced: Gauge,
@@ -107,6 +112,7 @@ impl Default for ClusterMetrics {
             claims: Family::default(),
             conflicts: Family::default(),
             give_backs: Family::default(),
+            syncs: Family::default(),
             // 100 us .. ~3.3 s
             etcd_seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(100e-6, 2.0, 16))
@@ -120,6 +126,26 @@ impl Default for ClusterMetrics {
 }
 
 impl ClusterMetrics {
+    /// A listing of this node's blocks of `pool` (`family`) was taken in.
+    pub fn synced(&self, pool: &str, family: &str) {
+        self.syncs
+            .get_or_create(&PoolFamilyLabels {
+                pool: pool.into(),
+                family: family.into(),
+            })
+            .inc();
+    }
+
+    /// Listings of this node's blocks of `pool` (`family`) taken in so far.
+    pub fn syncs_of(&self, pool: &str, family: &str) -> u64 {
+        self.syncs
+            .get_or_create(&PoolFamilyLabels {
+                pool: pool.into(),
+                family: family.into(),
+            })
+            .get()
+    }
+
     pub fn claim(&self, pool: &str, result: &str) {
         self.claims
             .get_or_create(&PoolResultLabels {

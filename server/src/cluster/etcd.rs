@@ -100,6 +100,15 @@ impl ClusterStore {
         limiter: Option<Arc<client::Limiter>>,
     ) -> Result<ClusterStore, ClusterError> {
         let client = EtcdClient::new(endpoints, tls.map(|t| &t.0), timeout, limiter)?;
+        ClusterStore::with_client(client, prefix).await
+    }
+
+    /// A store over `client` (its transport, deadline and limiter its own), its keys under
+    /// `prefix`; checked with a read.
+    pub async fn with_client(
+        client: EtcdClient,
+        prefix: &str,
+    ) -> Result<ClusterStore, ClusterError> {
         let store = ClusterStore {
             client,
             prefix: prefix.trim_end_matches('/').to_string(),

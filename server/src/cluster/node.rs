@@ -66,6 +66,8 @@ pub struct ClusterNode {
     /// Makes the store connection.
     connector: Connector,
     conn: tokio::sync::Mutex<Option<Store>>,
+    /// The connection in use, for the checks made without waiting (see `serving`).
+    current: Mutex<Option<Store>>,
     /// Every etcd request goes through it (`etcd_rate`, `etcd_burst`).
     limiter: Arc<Limiter>,
     /// The node's index of its blocks is complete (made so once, at start).
@@ -142,6 +144,7 @@ impl ClusterNode {
             tls,
             connector,
             conn: tokio::sync::Mutex::new(None),
+            current: Mutex::new(None),
             down: Mutex::new(None),
             pools: Mutex::default(),
             views: Views::default(),
@@ -228,6 +231,7 @@ impl ClusterNode {
         }
         let s = (self.connector)(&self.settings, self.tls.as_ref(), &self.limiter).await?;
         *conn = Some(s.clone());
+        *self.current.lock().expect("current lock") = Some(s.clone());
         Ok(s)
     }
 
@@ -296,7 +300,16 @@ impl ClusterNode {
     }
 
     /// The serving epoch, when the node serves; else why not (for ADD 11 and STATUS 50).
+    /// A store reset its client has seen counts at once, though the call that saw it has not
+    /// returned yet: asked on every path that hands an address out, this is where a node stops
+    /// serving from what the store may no longer hold.
     pub fn serving(&self) -> Result<u64, NotServing> {
+        if !crate::bugs::on(crate::bugs::Bug::ResetSeenLate) {
+            let store = self.current.lock().expect("current lock").clone();
+            if let Some(s) = store {
+                self.check_resets(&s);
+            }
+        }
         let beat = self.beat.lock().expect("beat lock");
         let name = &self.name;
         let store = self.store_name();
@@ -321,6 +334,8 @@ impl ClusterNode {
             ),
             Identity::Held => match beat.renewed {
                 Some(t) if t.elapsed() <= self.fence() => Ok(beat.epoch),
+                // The old way: no fence.
+                Some(_) if crate::bugs::on(crate::bugs::Bug::NoFence) => Ok(beat.epoch),
                 _ => not(
                     format!(
                         "fenced: node {name:?} could not renew its heartbeat in {store} for {} s or more (fence_secs); existing pods keep their addresses, new ones wait until it has renewed and synced its blocks again",

@@ -247,7 +247,9 @@ impl ClusterSource {
             // this node was away, release-node may have listed its blocks, and its give-backs,
             // conditioned on what it listed, may still arrive (on the Kubernetes API nothing
             // else stops them).
-            let trusted: Vec<(IpNet, KeyRevision)> = match self.synced == Some(epoch) {
+            let first =
+                self.synced != Some(epoch) && !crate::bugs::on(crate::bugs::Bug::FirstSyncTrusts);
+            let trusted: Vec<(IpNet, KeyRevision)> = match !first {
                 true => self
                     .blocks
                     .values()
@@ -456,6 +458,10 @@ impl Source for ClusterSource {
         }
         let work = self.next_work()?;
         let wait = match work {
+            // The old way: a claim's wait held back every kind of work.
+            _ if crate::bugs::on(crate::bugs::Bug::ClaimWaitDelaysSync) => {
+                self.retry_at.max(self.claim_retry_at)
+            }
             Work::Claim { .. } => self.claim_retry_at,
             _ => self.retry_at,
         };

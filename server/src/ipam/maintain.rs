@@ -66,7 +66,9 @@ impl Ipam {
                 }));
                 // Idle addresses where the source hands nothing out any more (a block another
                 // node owns now, say) leave the pool.
-                let withheld: Vec<IpAddr> = match p.source.may_withhold() {
+                let withheld: Vec<IpAddr> = match p.source.may_withhold()
+                    && !crate::bugs::on(crate::bugs::Bug::LostIdleServed)
+                {
                     true => p
                         .pool
                         .idle_addresses()

@@ -134,7 +134,8 @@ impl RangeSetPool {
         }
         let next = self.source.next();
         let source = &self.source;
-        let usable = |ip| source.withheld(ip).is_none();
+        let lost_idle_served = crate::bugs::on(crate::bugs::Bug::LostIdleServed);
+        let usable = |ip| lost_idle_served || source.withheld(ip).is_none();
         if let Plan::Idle(ip) = self.pool.plan(now, next == Next::Exhausted, usable)? {
             return Ok(Step::Done(idle(ip)));
         }
@@ -170,7 +171,11 @@ impl RangeSetPool {
         };
         // Settle for a cooling address.
         let source = &self.source;
-        match (self.pool.fallback(|ip| source.withheld(ip).is_none()), why) {
+        match (
+            self.pool
+                .fallback(|ip| lost_idle_served || source.withheld(ip).is_none()),
+            why,
+        ) {
             (Ok(ip), _) => Ok(Step::Done(idle(ip))),
             (Err(_), Some(why)) => Err(PickError::Unavailable(why)),
             (Err(e), None) => Err(PickError::Pool(e)),

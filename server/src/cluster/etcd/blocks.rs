@@ -119,11 +119,21 @@ impl ClusterStore {
         while_absent: Option<&str>,
     ) -> Result<bool, ClusterError> {
         let key = self.block_key(&b.pool, &b.block);
-        let mut when = vec![
-            cmp::create_revision(key.clone(), cmp::Equal, b.revision.create),
-            cmp::mod_revision(key.clone(), cmp::Equal, b.revision.modified),
-        ];
-        if let Some(k) = while_absent {
+        let mut when = vec![cmp::create_revision(
+            key.clone(),
+            cmp::Equal,
+            b.revision.create,
+        )];
+        if !crate::bugs::on(crate::bugs::Bug::GiveBackOnCreation) {
+            when.push(cmp::mod_revision(
+                key.clone(),
+                cmp::Equal,
+                b.revision.modified,
+            ));
+        }
+        if let Some(k) =
+            while_absent.filter(|_| !crate::bugs::on(crate::bugs::Bug::ReleaseUnconditioned))
+        {
             when.push(cmp::version(k, cmp::Equal, 0));
         }
         let index = self.index_key(&b.owner.node, &b.pool, &b.block);
@@ -206,12 +216,19 @@ impl BlockStore for ClusterStore {
             claimed_at_ms: now_ms(),
         };
         let value = serde_json::to_vec(&owner).expect("an owner serializes");
+        let mut when = vec![
+            cmp::version(key.clone(), cmp::Equal, 0),
+            cmp::version(pool_key.clone(), cmp::Greater, 0),
+        ];
+        if !crate::bugs::on(crate::bugs::Bug::ClaimOnStalePool) {
+            when.push(cmp::mod_revision(
+                pool_key.clone(),
+                cmp::Equal,
+                pool_revision,
+            ));
+        }
         let txn = request::txn(
-            [
-                cmp::version(key.clone(), cmp::Equal, 0),
-                cmp::version(pool_key.clone(), cmp::Greater, 0),
-                cmp::mod_revision(pool_key.clone(), cmp::Equal, pool_revision),
-            ],
+            when,
             [
                 op::put(key.clone(), value, 0),
                 op::put(index.clone(), "", 0),

@@ -233,16 +233,23 @@ pub enum Reply {
 }
 
 impl Reply {
-    /// etcd's response header, on the KV answers (a lease answer's revision is not that of
-    /// the keys).
-    fn header(&self) -> Option<&pb::ResponseHeader> {
-        match self {
-            Reply::Range(r) => r.header.as_ref(),
-            Reply::Put(r) => r.header.as_ref(),
-            Reply::DeleteRange(r) => r.header.as_ref(),
-            Reply::Txn(r) => r.header.as_ref(),
-            _ => None,
+    /// etcd's response header, and whether its revision is that of the keys (a lease
+    /// answer's is not: its cluster id is all it says).
+    fn header(&self) -> Option<(&pb::ResponseHeader, bool)> {
+        let (h, keys) = match self {
+            Reply::Range(r) => (r.header.as_ref(), true),
+            Reply::Put(r) => (r.header.as_ref(), true),
+            Reply::DeleteRange(r) => (r.header.as_ref(), true),
+            Reply::Txn(r) => (r.header.as_ref(), true),
+            Reply::LeaseGrant(r) => (r.header.as_ref(), false),
+            Reply::LeaseRevoke(r) => (r.header.as_ref(), false),
+            Reply::LeaseKeepAlive(r) => (r.header.as_ref(), false),
+            Reply::LeaseTimeToLive(r) => (r.header.as_ref(), false),
+        };
+        if !keys && crate::bugs::on(crate::bugs::Bug::LeaseHeadersIgnored) {
+            return None;
         }
+        h.map(|h| (h, keys))
     }
 
     fn encoded_len(&self) -> usize {
@@ -377,19 +384,24 @@ impl EtcdClient {
     }
 
     /// Takes in an answer's header; `floor` is the highest revision seen before the request
-    /// was sent: a linearizable answer cannot be older.
-    fn observe(&self, floor: i64, header: &pb::ResponseHeader) {
+    /// was sent: a linearizable answer cannot be older. A lease answer (`keys` false) says
+    /// only its cluster id: a heartbeat notices an etcd made anew as soon as a read would.
+    fn observe(&self, floor: i64, header: &pb::ResponseHeader, keys: bool) {
         let mut h = self.inner.history.lock().expect("history lock");
         let mut reset = None;
+        let revision = if keys { header.revision } else { 0 };
+        if crate::bugs::on(crate::bugs::Bug::ResetUndetected) {
+            h.revision = h.revision.max(revision);
+            return;
+        }
         if h.cluster_id != 0 && header.cluster_id != 0 && header.cluster_id != h.cluster_id {
             reset = Some(format!(
                 "etcd's cluster id changed from {:x} to {:x} (a cluster made anew, from a backup?)",
                 h.cluster_id, header.cluster_id
             ));
-        } else if header.revision > 0 && header.revision < floor {
+        } else if revision > 0 && revision < floor {
             reset = Some(format!(
-                "etcd's revision went back from {floor} to {} (restored from an older backup?)",
-                header.revision
+                "etcd's revision went back from {floor} to {revision} (restored from an older backup?)"
             ));
         }
         if header.cluster_id != 0 {
@@ -400,9 +412,9 @@ impl EtcdClient {
                 tracing::error!(%why, "etcd was reset: what this node knew of it is read again");
                 h.resets += 1;
                 h.last_reset = Some(why);
-                h.revision = header.revision;
+                h.revision = revision;
             }
-            None => h.revision = h.revision.max(header.revision),
+            None => h.revision = h.revision.max(revision),
         }
     }
 
@@ -419,8 +431,8 @@ impl EtcdClient {
             self.inner
                 .bytes
                 .fetch_add(answer.encoded_len() as u64, Ordering::Relaxed);
-            if let Some(h) = answer.header() {
-                self.observe(floor, h);
+            if let Some((h, keys)) = answer.header() {
+                self.observe(floor, h, keys);
             }
         }
         r
@@ -710,6 +722,53 @@ mod tests {
         for p in ports {
             assert!(e.to_string().contains(&p.to_string()), "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod header_tests {
+    use super::super::request::get;
+    use super::*;
+
+    /// Answers every call with a header of `cluster_id` (revision 7).
+    struct Answering(std::sync::Mutex<u64>);
+
+    #[async_trait::async_trait]
+    impl Transport for Answering {
+        async fn call(&self, call: Call, _deadline: Instant) -> Result<Reply, EtcdError> {
+            let header = Some(pb::ResponseHeader {
+                cluster_id: *self.0.lock().expect("lock"),
+                revision: 7,
+                ..Default::default()
+            });
+            Ok(match call {
+                Call::Range(_) => Reply::Range(pb::RangeResponse {
+                    header,
+                    ..Default::default()
+                }),
+                Call::LeaseKeepAlive(_) => Reply::LeaseKeepAlive(pb::LeaseKeepAliveResponse {
+                    header,
+                    ttl: 6,
+                    ..Default::default()
+                }),
+                other => return Err(EtcdError::Connect(format!("not here: {other:?}"))),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_answer_from_an_etcd_made_anew_counts_as_a_reset() {
+        let t = Arc::new(Answering(std::sync::Mutex::new(0xa)));
+        let c = EtcdClient::with_transport(t.clone(), Duration::from_secs(1), None);
+        c.range(get("k")).await.expect("range");
+        assert_eq!(c.resets().0, 0);
+        // etcd restored from a backup, as a new cluster: the heartbeat hears it first.
+        *t.0.lock().expect("lock") = 0xb;
+        c.lease_keep_alive(1).await.expect("keep-alive");
+        assert_eq!(c.resets().0, 1, "{:?}", c.resets().1);
+        // A lease answer's revision says nothing of the keys: no reset from it.
+        c.range(get("k")).await.expect("range");
+        assert_eq!(c.resets().0, 1);
     }
 }
 

@@ -141,6 +141,9 @@ impl BlockStore for KubeStore {
         };
         // The pool, read after the create: a deletion that listed no block before it finds the
         // pool Deleting now, a pool made anew has another uid.
+        if crate::bugs::on(crate::bugs::Bug::ClaimOnStalePool) {
+            return Ok(claimed);
+        }
         let verdict = match self.pool_verdict(pool, pool_revision).await? {
             PoolNow::Same => return Ok(claimed),
             PoolNow::Deleting => Claimed::PoolDeleting,
@@ -169,7 +172,11 @@ impl BlockStore for KubeStore {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: now.metadata.uid.clone(),
-                resource_version: now.metadata.resource_version.clone(),
+                // The old way: the block's creation (its uid) alone.
+                resource_version: match crate::bugs::on(crate::bugs::Bug::GiveBackOnCreation) {
+                    true => None,
+                    false => now.metadata.resource_version.clone(),
+                },
             }),
             ..DeleteParams::default()
         };
@@ -206,9 +213,16 @@ impl BlockStore for KubeStore {
         // deleted (its give-back failed, its daemon was killed, its create arrived late) is
         // never served (a deletion that listed no block saw none of it). A pool being deleted
         // is in doubt: the deletion may still see this block and be refused.
+        if crate::bugs::on(crate::bugs::Bug::BlockOutlivesPool) {
+            return Ok(Settled::Mine(revision));
+        }
         let from = objects::pool_revision_of(&written).unwrap_or(0);
         Ok(match self.pool_verdict(&b.pool, from).await? {
             PoolNow::Same => Settled::Mine(revision),
+            // The old way: a pool being deleted counted as gone.
+            PoolNow::Deleting if crate::bugs::on(crate::bugs::Bug::DeletingIsGone) => {
+                Settled::PoolGone(revision)
+            }
             PoolNow::Deleting => Settled::PoolDeleting(revision),
             PoolNow::Gone | PoolNow::Changed => Settled::PoolGone(revision),
         })

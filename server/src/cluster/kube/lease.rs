@@ -132,7 +132,8 @@ impl NameStore for KubeStore {
                         }
                     };
                     let left = duration - since.elapsed().as_secs() as i64;
-                    if left > 0 {
+                    // The old way: the name taken whoever held it.
+                    if left > 0 && !crate::bugs::on(crate::bugs::Bug::NameNotExclusive) {
                         return Ok(Acquired::Taken {
                             instance: h,
                             ttl_left: left,
@@ -242,7 +243,9 @@ impl NameStore for KubeStore {
                 alive: None,
                 seen: None,
                 blocks,
-                unproven: Some(self.no_lease(&name)),
+                // The old way: no Lease here taken for absence.
+                unproven: (!crate::bugs::on(crate::bugs::Bug::NoLeaseIsAbsence))
+                    .then(|| self.no_lease(&name)),
             });
         };
         l.metadata
@@ -315,7 +318,8 @@ impl NameStore for KubeStore {
         let name = Self::lease_name(node);
         self.token().await;
         let mut lease = self.leases.get_opt(&name).await?;
-        if let (Some(l), false) = (&lease, force) {
+        let watch = !crate::bugs::on(crate::bugs::Bug::ReleaseByServerClocks);
+        if let (Some(l), false, true) = (&lease, force, watch) {
             // The apiserver's clock said how long; its replicas' clocks may disagree. That the
             // daemon is past its fence is seen here, by this process's own clock: the Lease
             // left unchanged for its fence, a renewal's interval and a second.
@@ -334,6 +338,8 @@ impl NameStore for KubeStore {
             lease = again;
         }
         let held = match (&lease, force) {
+            // The old way: the blocks given back with nothing held.
+            (Some(_), false) if crate::bugs::on(crate::bugs::Bug::ReleaseUnconditioned) => None,
             (Some(l), false) => {
                 // Still as node_state measured it: unrenewed for longer than its duration
                 // when ipoolctl last wrote it (by the apiserver's clock).
@@ -365,6 +371,7 @@ impl NameStore for KubeStore {
             }
             // No Lease here (never made, deleted, or in another namespace): nothing proves
             // the node is away.
+            (None, false) if crate::bugs::on(crate::bugs::Bug::NoLeaseIsAbsence) => None,
             (None, false) => {
                 return Err(ClusterError::Refused(format!(
                     "node {node:?}: {}; its blocks stay (--force gives them back anyway)",

@@ -92,7 +92,12 @@ impl Owned {
     }
 
     pub(super) fn confirmed(&self) -> bool {
-        matches!(self.state, BlockState::Confirmed(_))
+        match self.state {
+            BlockState::Confirmed(_) => true,
+            // The old way: a block being claimed back served on.
+            BlockState::Reclaiming => crate::bugs::on(crate::bugs::Bug::UnlistedServes),
+            _ => false,
+        }
     }
 
     pub(super) fn net(&self) -> IpNet {

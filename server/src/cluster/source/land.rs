@@ -22,7 +22,12 @@ impl ClusterSource {
                     // The delete may have been applied or not: the next sync says.
                     Work::GiveBack(net, revision) => {
                         if let Some(b) = self.blocks.get_mut(&net.network()) {
-                            b.state = BlockState::Unsettled(*revision);
+                            b.state =
+                                match crate::bugs::on(crate::bugs::Bug::UnansweredGiveBackServes) {
+                                    // The old way: back into service.
+                                    true => BlockState::Confirmed(*revision),
+                                    false => BlockState::Unsettled(*revision),
+                                };
                         }
                     }
                     Work::Sync { .. } | Work::Claim { .. } | Work::Reclaim(_) => {}
@@ -186,6 +191,10 @@ impl ClusterSource {
         }
         let first = self.synced.is_none();
         self.synced = Some(epoch);
+        self.node
+            .metrics()
+            .cluster
+            .synced(&self.pool, self.family.as_str());
         let resync = Duration::from_secs(self.node.settings().resync_secs);
         // Blocks in doubt are looked at again soon (sooner than a resync, at first).
         let wait = match any_doubt {

@@ -1,0 +1,151 @@
+//! Every path to an address on two pods that cluster mode's code closed, put back on demand:
+//! the simulation (`ipool-sim`) must find each one when its switch is on (issue 37,
+//! design.md's invariant 21). The switches exist only in a build with the `sim` feature, and
+//! only on the thread that turned them on; in every other build [`on`] is `false`, a constant
+//! the compiler folds away.
+//!
+//! Each fix tests its switch where the fixed code and the code it replaced part: `if
+//! bugs::on(Bug::X) { the old way } else { the fix }`. docs/simulation.md lists them, with
+//! where each was found and how many steps the simulation takes to find it.
+
+/// A closed path to a duplicate address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Bug {
+    /// A node noticed etcd's reset (restored from a backup) only when the call that saw it
+    /// returned, and served from its blocks meanwhile (found by the simulation, session 15).
+    ResetSeenLate,
+    /// The heartbeat's answers (lease calls) were not looked at for etcd's cluster id: a node
+    /// renewing its name on an etcd restored from a backup as a new cluster went on serving
+    /// blocks the restored etcd did not have until its next read (found by the simulation,
+    /// session 16).
+    LeaseHeadersIgnored,
+    /// etcd found restored from an older backup (its cluster id changed, its revision went
+    /// back) was not noticed at all (issue 28).
+    ResetUndetected,
+    /// A claim that failed or found the pool full held back every kind of work, syncs
+    /// included, until its wait ended: a block forced away kept serving (issue 36, 5).
+    ClaimWaitDelaysSync,
+    /// A block the sync no longer listed as this node's went on serving until it was claimed
+    /// back (issue 28).
+    UnlistedServes,
+    /// A give-back whose answer never came put the block back into service, though etcd may
+    /// have applied it (issue 28).
+    UnansweredGiveBackServes,
+    /// Idle and cooling addresses of a block this node lost were still handed out (issue 28).
+    LostIdleServed,
+    /// A give-back was conditioned on the block's creation only: one sent before a restart,
+    /// or never answered, applied after the block served again (session 13).
+    GiveBackOnCreation,
+    /// The sync took the blocks it listed as they were, settling none: a give-back sent
+    /// before could still apply to a block that serves (session 13).
+    NoSettle,
+    /// The first sync of a new serving epoch trusted the blocks confirmed before it: a
+    /// give-back release-node sent while the node was away landed on a block it served again
+    /// (session 14).
+    FirstSyncTrusts,
+    /// A claim was not conditioned on the pool as it was read: a pool deleted and made anew
+    /// with another block size got a block over one of the new pool's (issue 28).
+    ClaimOnStalePool,
+    /// Two daemons under one node name both took it and served the same blocks (issue 28).
+    NameNotExclusive,
+    /// A daemon that could not renew its name went on handing out: it served on, cut off,
+    /// while its blocks were released (issue 28).
+    NoFence,
+    /// release-node gave a node's blocks back without conditioning each give-back on the node
+    /// still being away: a node back meanwhile lost blocks in use (issue 28).
+    ReleaseUnconditioned,
+    /// On the Kubernetes API, a block was settled without its pool being read again: a block
+    /// whose claim raced its pool's deletion outlived the pool and served beside a new
+    /// overlapping pool's blocks; a pool was created over standing blocks (session 14).
+    BlockOutlivesPool,
+    /// On the Kubernetes API, release-node judged absence by the apiserver replicas' clocks
+    /// (managedFields) alone (session 14).
+    ReleaseByServerClocks,
+    /// On the Kubernetes API, a pool being deleted counted as gone: a node gave back a block
+    /// its pods used (issue 36, 1).
+    DeletingIsGone,
+    /// On the Kubernetes API, release-node took "no Lease in this namespace" for absence and
+    /// released a live node's blocks (issue 36, 4).
+    NoLeaseIsAbsence,
+}
+
+impl Bug {
+    /// Every switch.
+    pub const ALL: &'static [Bug] = &[
+        Bug::ResetSeenLate,
+        Bug::LeaseHeadersIgnored,
+        Bug::ResetUndetected,
+        Bug::ClaimWaitDelaysSync,
+        Bug::UnlistedServes,
+        Bug::UnansweredGiveBackServes,
+        Bug::LostIdleServed,
+        Bug::GiveBackOnCreation,
+        Bug::NoSettle,
+        Bug::FirstSyncTrusts,
+        Bug::ClaimOnStalePool,
+        Bug::NameNotExclusive,
+        Bug::NoFence,
+        Bug::ReleaseUnconditioned,
+        Bug::BlockOutlivesPool,
+        Bug::ReleaseByServerClocks,
+        Bug::DeletingIsGone,
+        Bug::NoLeaseIsAbsence,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Bug::ResetSeenLate => "reset-seen-late",
+            Bug::LeaseHeadersIgnored => "lease-headers-ignored",
+            Bug::ResetUndetected => "reset-undetected",
+            Bug::ClaimWaitDelaysSync => "claim-wait-delays-sync",
+            Bug::UnlistedServes => "unlisted-serves",
+            Bug::UnansweredGiveBackServes => "unanswered-give-back-serves",
+            Bug::LostIdleServed => "lost-idle-served",
+            Bug::GiveBackOnCreation => "give-back-on-creation",
+            Bug::NoSettle => "no-settle",
+            Bug::FirstSyncTrusts => "first-sync-trusts",
+            Bug::ClaimOnStalePool => "claim-on-stale-pool",
+            Bug::NameNotExclusive => "name-not-exclusive",
+            Bug::NoFence => "no-fence",
+            Bug::ReleaseUnconditioned => "release-unconditioned",
+            Bug::BlockOutlivesPool => "block-outlives-pool",
+            Bug::ReleaseByServerClocks => "release-by-server-clocks",
+            Bug::DeletingIsGone => "deleting-is-gone",
+            Bug::NoLeaseIsAbsence => "no-lease-is-absence",
+        }
+    }
+
+    /// The switch named `name`.
+    pub fn named(name: &str) -> Option<Bug> {
+        Bug::ALL.iter().copied().find(|b| b.name() == name)
+    }
+
+    fn bit(self) -> u64 {
+        1 << (self as u8)
+    }
+}
+
+#[cfg(feature = "sim")]
+thread_local! {
+    static ON: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether `bug` is put back on this thread.
+#[inline]
+pub fn on(bug: Bug) -> bool {
+    #[cfg(feature = "sim")]
+    {
+        ON.with(|b| b.get() & bug.bit() != 0)
+    }
+    #[cfg(not(feature = "sim"))]
+    {
+        let _ = bug;
+        false
+    }
+}
+
+/// Puts `bugs` back on this thread (and every other switch off).
+#[cfg(feature = "sim")]
+pub fn set(bugs: &[Bug]) {
+    ON.with(|b| b.set(bugs.iter().fold(0, |m, x| m | x.bit())));
+}
