@@ -26,6 +26,9 @@ struct Lease {
     keys: BTreeSet<Vec<u8>>,
 }
 
+/// A lease as a backup holds it: its id, TTL and keys.
+type SavedLease = (i64, i64, BTreeSet<Vec<u8>>);
+
 /// The whole state, as a backup holds it.
 #[derive(Clone)]
 struct Data {
@@ -38,8 +41,9 @@ pub struct Etcd {
     data: Data,
     leases: BTreeMap<i64, Lease>,
     next_lease: i64,
-    /// A backup (a snapshot of the keys), for a restore.
-    backup: Option<Data>,
+    /// A backup (a snapshot of the keys and of the leases: their TTLs and keys), for a
+    /// restore.
+    backup: Option<(Data, Vec<SavedLease>)>,
     /// Writes applied so far (requests that changed something).
     pub writes: u64,
 }
@@ -85,6 +89,18 @@ impl Etcd {
         self.data.kv.iter()
     }
 
+    /// When lease `id` runs out unless renewed (None: no lease, the key stays).
+    pub fn lease_expiry(&self, id: i64) -> Option<Instant> {
+        match id {
+            0 => None,
+            id => Some(
+                self.leases
+                    .get(&id)
+                    .map_or_else(Instant::now, |l| l.expires),
+            ),
+        }
+    }
+
     pub fn revision(&self) -> i64 {
         self.data.revision
     }
@@ -119,18 +135,30 @@ impl Etcd {
 
     /// Keeps a backup of the keys as they are now.
     pub fn back_up(&mut self) {
-        self.backup = Some(self.data.clone());
+        let leases = self
+            .leases
+            .iter()
+            .map(|(id, l)| (*id, l.ttl, l.keys.clone()))
+            .collect();
+        self.backup = Some((self.data.clone(), leases));
     }
 
-    /// Restores the last backup (if any) as a new cluster: the keys and the revision as they
-    /// were, the cluster id `new_id`, the leases gone.
-    pub fn restore(&mut self, new_id: u64) -> bool {
-        let Some(b) = self.backup.clone() else {
+    /// Restores the last backup (if any) as a new cluster at `now`: the keys, the revision and
+    /// the leases as they were (each lease's TTL starting again, as etcd's lessor does when a
+    /// restored member leads), the cluster id `new_id`.
+    pub fn restore(&mut self, new_id: u64, now: Instant) -> bool {
+        let Some((data, leases)) = self.backup.clone() else {
             return false;
         };
-        self.data = b;
+        self.data = data;
         self.cluster_id = new_id;
-        self.leases.clear();
+        self.leases = leases
+            .into_iter()
+            .map(|(id, ttl, keys)| {
+                let expires = now + Duration::from_secs(ttl.max(1) as u64);
+                (id, Lease { ttl, expires, keys })
+            })
+            .collect();
         true
     }
 
@@ -235,14 +263,22 @@ impl Etcd {
             .map(|(_, v)| v)
             .collect();
         let count = all.len() as i64;
-        let limit = if r.limit > 0 { r.limit as usize } else { usize::MAX };
+        let limit = if r.limit > 0 {
+            r.limit as usize
+        } else {
+            usize::MAX
+        };
         let kvs = match r.count_only {
             true => Vec::new(),
             false => all
                 .iter()
                 .take(limit)
                 .map(|kv| KeyValue {
-                    value: if r.keys_only { Vec::new() } else { kv.value.clone() },
+                    value: if r.keys_only {
+                        Vec::new()
+                    } else {
+                        kv.value.clone()
+                    },
                     ..(*kv).clone()
                 })
                 .collect(),

@@ -1,0 +1,199 @@
+//! The checker, asked after every step of a run:
+//!
+//! 1. no address handed out while another pod (on any node) holds it: a pod holds its
+//!    addresses from its ADD's answer until its first DEL is called, or its node is wiped;
+//! 2. every acknowledged pod is held by its node's daemon until its DEL (asked whenever a
+//!    daemon starts, and at the end);
+//! 3. the store never has two blocks over one address (each block one owner is the store's
+//!    own key rule; two blocks of different sizes over one range would be two owners);
+//! 4. every address a node hands out lies in a block the store shows as that node's when the
+//!    answer comes (the store changes only when the simulation delivers a request, so that is
+//!    when it was handed out);
+//! 5. no block is given back (gone from the store) while a pod of its owner holds an address
+//!    in it, unless an operator's `--force` did it.
+//!
+//! The operator's documented errors are not the code's: after `release-node --force` on a node
+//! whose daemon runs, its pods of before are excused, and so is what it hands out from the
+//! released blocks until its next sync could have run (`resync_secs` and its jitter); after a
+//! release without `--force` on a node that was cut off past its fence while its pods ran,
+//! its pods of before are excused (README: release-node is for nodes that are gone); after etcd
+//! is restored from an older backup, the pods of before are excused (README: "What an
+//! operator must never do"). Each excuse is in the trace.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// A pod as the kubelet knows it.
+#[derive(Clone, Debug)]
+pub struct Pod {
+    /// The daemon slot that answered its ADD.
+    pub slot: usize,
+    /// The node name it runs under.
+    pub node: String,
+    pub ips: Vec<IpAddr>,
+    /// Simulated milliseconds at its ADD's answer.
+    pub at: u64,
+    /// Its conflicts are the operator's doing (see the module).
+    pub excused: Option<String>,
+}
+
+/// A block as the store lists it: its CIDR, its owner, its pool.
+pub type StoreBlock = (IpNet, String, String);
+
+#[derive(Default)]
+pub struct Checker {
+    /// Live pods by container.
+    pub pods: BTreeMap<String, Pod>,
+}
+
+impl Checker {
+    /// Who holds `ip` now, besides `container`.
+    fn holders(&self, ip: IpAddr, container: &str) -> Vec<(&String, &Pod)> {
+        self.pods
+            .iter()
+            .filter(|(c, p)| c.as_str() != container && p.ips.contains(&ip))
+            .collect()
+    }
+
+    /// An ADD of `container` on slot `slot` (node `node`) answered with `ips` at `at`, the
+    /// store's blocks as they are; `excuse` says why a hand-out of an address is the
+    /// operator's doing, if it is, and `excused` why the pod's addresses are (see the module).
+    #[allow(clippy::too_many_arguments)]
+    pub fn added(
+        &mut self,
+        slot: usize,
+        node: &str,
+        container: &str,
+        ips: Vec<IpAddr>,
+        at: u64,
+        blocks: &[StoreBlock],
+        excuse: impl Fn(IpAddr) -> Option<String>,
+        mut excused: Option<String>,
+    ) -> Result<(), String> {
+        for ip in &ips {
+            let window = excuse(*ip);
+            for (c, p) in self.holders(*ip, container) {
+                if p.excused.is_none() && window.is_none() {
+                    return Err(format!(
+                        "{ip} handed out to {container} on {node} (slot {slot}) while {c} on {} (slot {}) holds it since {} ms",
+                        p.node, p.slot, p.at
+                    ));
+                }
+            }
+            let owner = blocks.iter().find(|(b, _, _)| b.contains(ip));
+            match (owner, &window) {
+                (Some((_, o, _)), _) if o == node => {}
+                (_, Some(_)) => {}
+                (Some((b, o, _)), None) => {
+                    return Err(format!(
+                        "{ip} handed out to {container} on {node} (slot {slot}) from block {b}, which the store shows as {o}'s"
+                    ))
+                }
+                (None, None) => {
+                    return Err(format!(
+                        "{ip} handed out to {container} on {node} (slot {slot}) from no block the store has"
+                    ))
+                }
+            }
+            excused = excused.or(window);
+        }
+        self.pods.insert(
+            container.to_string(),
+            Pod {
+                slot,
+                node: node.to_string(),
+                ips,
+                at,
+                excused,
+            },
+        );
+        Ok(())
+    }
+
+    /// The first DEL of `container` was called: its addresses may go to others from now.
+    pub fn deleting(&mut self, container: &str) {
+        self.pods.remove(container);
+    }
+
+    /// Slot `slot`'s node was wiped: its pods are gone with it.
+    pub fn wiped(&mut self, slot: usize) {
+        self.pods.retain(|_, p| p.slot != slot);
+    }
+
+    /// The pods of `node` until now are the operator's doing (`why`).
+    pub fn excuse(&mut self, node: &str, why: &str) {
+        for p in self.pods.values_mut().filter(|p| p.node == node) {
+            p.excused.get_or_insert_with(|| why.to_string());
+        }
+    }
+
+    /// The pods of slot `slot` until now are the operator's doing (`why`).
+    pub fn excuse_slot(&mut self, slot: usize, why: &str) {
+        for p in self.pods.values_mut().filter(|p| p.slot == slot) {
+            p.excused.get_or_insert_with(|| why.to_string());
+        }
+    }
+
+    /// Every pod until now is excused (`why`).
+    pub fn excuse_all(&mut self, why: &str) {
+        for p in self.pods.values_mut() {
+            p.excused.get_or_insert_with(|| why.to_string());
+        }
+    }
+
+    /// The daemon of slot `slot` (re)started holding `held`: every live pod it answered for
+    /// must be there.
+    pub fn held_by(&self, slot: usize, held: &[(String, Vec<IpAddr>)]) -> Result<(), String> {
+        for (c, p) in self.pods.iter().filter(|(_, p)| p.slot == slot) {
+            let there = held.iter().any(|(hc, ips)| hc == c && ips == &p.ips);
+            if !there {
+                return Err(format!(
+                    "{c} ({:?} on {}, acknowledged at {} ms) is no longer held, and no DEL released it",
+                    p.ips, p.node, p.at
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The store went from `before` to `after` by a request of `by` (a node's name, or the
+    /// operator's: the pods of the slots `excused` names are the operator's to judge).
+    pub fn store_changed(
+        &self,
+        before: &[StoreBlock],
+        after: &[StoreBlock],
+        by: &str,
+        excused: impl Fn(usize) -> bool,
+    ) -> Result<(), String> {
+        for (i, (a, ao, _)) in after.iter().enumerate() {
+            for (b, bo, _) in &after[i + 1..] {
+                if a.contains(&b.network()) || b.contains(&a.network()) {
+                    return Err(format!(
+                        "the store has blocks {a} ({ao}'s) and {b} ({bo}'s) over one range"
+                    ));
+                }
+            }
+        }
+        let now: BTreeSet<(IpNet, &String)> = after.iter().map(|(b, o, _)| (*b, o)).collect();
+        for (block, owner, _) in before {
+            if now.contains(&(*block, owner)) {
+                continue;
+            }
+            let used = self.pods.iter().find(|(_, p)| {
+                &p.node == owner
+                    && p.excused.is_none()
+                    && !excused(p.slot)
+                    && p.ips.iter().any(|ip| block.contains(ip))
+            });
+            if let Some((c, p)) = used {
+                return Err(format!(
+                    "block {block} of {owner} given back (by {by}) while {c} holds {:?} in it",
+                    p.ips
+                ));
+            }
+        }
+        Ok(())
+    }
+}

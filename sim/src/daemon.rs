@@ -1,0 +1,343 @@
+//! A simulated node's daemon: its state dir (a [`MemStore`] that outlives the daemon), and
+//! while it runs the real engine ([`Ipam`]) with the real cluster wiring ([`ClusterNetworks`]:
+//! `ClusterNode`, the sources, the heartbeat, the pools followed) and the background loop, as
+//! ipoold runs them, its store clients going through the simulated network.
+//!
+//! A kill ends the incarnation: its clients refuse to send from then on (a dead process sends
+//! nothing; what it sent before is still on its way), its tasks are aborted, and the state dir
+//! keeps what was durable. A claim the engine was running finishes against the dead
+//! incarnation's own memory, which nothing reads any more.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ipool_server::clock::Clock;
+use ipool_server::cluster::connect::Connector;
+use ipool_server::cluster::datastore::Store;
+use ipool_server::cluster::etcd::client::EtcdClient;
+use ipool_server::cluster::etcd::ClusterStore;
+use ipool_server::cluster::kube::KubeStore;
+use ipool_server::cluster::model::ClusterError;
+use ipool_server::cluster::node::ClusterNode;
+use ipool_server::config::DaemonConfig;
+use ipool_server::ipam::{AddRequest, Ipam, Setup};
+use ipool_server::model::{ClockAnchor, Millis};
+use ipool_server::node_ranges::cluster::ClusterNetworks;
+use ipool_server::store::{AttachmentKey, MemStore, Pod};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::net::{ApiWire, EtcdWire, Net};
+use crate::StoreKind;
+
+/// The network the simulated pods are on.
+pub const NETWORK: &str = "pods";
+
+/// The simulation's wall clock: a base, simulated time since, and jumps.
+#[derive(Clone)]
+pub struct Wall {
+    start: Instant,
+    base_ms: u64,
+    /// Milliseconds the clock was moved by (forward or back).
+    jump: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Wall {
+    pub fn new(base_ms: u64) -> Wall {
+        Wall {
+            start: Instant::now(),
+            base_ms,
+            jump: Arc::default(),
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        let t = self.base_ms as i64
+            + self.start.elapsed().as_millis() as i64
+            + self.jump.load(Ordering::Relaxed);
+        t.max(0) as u64
+    }
+
+    /// Moves the wall clock by `ms` (monotonic time does not move).
+    pub fn step(&self, ms: i64) {
+        self.jump.fetch_add(ms, Ordering::Relaxed);
+    }
+}
+
+/// Engine time of a simulated daemon: the wall clock when it starts (never below what its store
+/// holds), then simulated monotonic time, as `SystemClock` does with the boot-time clock.
+struct EngineClock {
+    start: Instant,
+    base: Mutex<Millis>,
+}
+
+impl EngineClock {
+    /// The simulated instant at which this clock read `ms`.
+    fn instant_of(&self, ms: Millis) -> Instant {
+        let base = *self.base.lock().expect("clock");
+        self.start + Duration::from_millis(ms.saturating_sub(base))
+    }
+}
+
+impl Clock for EngineClock {
+    fn now_ms(&self) -> Millis {
+        *self.base.lock().expect("clock") + self.start.elapsed().as_millis() as Millis
+    }
+
+    fn resume(
+        &self,
+        anchor: Option<&ClockAnchor>,
+        floor: Millis,
+        _boot_id: Option<&str>,
+    ) -> Option<ClockAnchor> {
+        let high = anchor.map_or(0, |a| a.engine_ms).max(floor);
+        let now = self.now_ms();
+        if now <= high {
+            *self.base.lock().expect("clock") += high + 1 - now;
+        }
+        None
+    }
+}
+
+/// How a simulated daemon is set up.
+#[derive(Clone)]
+pub struct Setting {
+    pub store: StoreKind,
+    pub pool: String,
+    /// `[cluster]`'s numbers and `[defaults]`, as TOML.
+    pub tuning: String,
+    pub timeout: Duration,
+}
+
+impl Setting {
+    /// The daemon config of node `name`.
+    pub(crate) fn config(&self, name: &str) -> DaemonConfig {
+        let store = match self.store {
+            StoreKind::Etcd => "etcd_endpoints = [\"http://192.0.2.1:2379\"]",
+            StoreKind::Kube => "datastore = \"kubernetes\"",
+        };
+        let text = format!(
+            "[cni]\nadd_wait_ms = 1500\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n[cluster]\n{store}\nnode_name = \"{name}\"\netcd_timeout_ms = {}\n{}\n[[network]]\nname = \"{NETWORK}\"\nranges_from = \"cluster\"\ncluster_pool = \"{}\"\n",
+            self.timeout.as_millis(),
+            self.tuning,
+            self.pool
+        );
+        DaemonConfig::parse(&text).expect("the simulation's daemon config")
+    }
+}
+
+/// A store connection of sender `from` through `net` (dead once `alive` is false).
+pub fn connector(kind: StoreKind, net: Net, from: usize, alive: Arc<AtomicBool>) -> Connector {
+    Arc::new(move |settings, _tls, limiter| {
+        let (net, alive, limiter) = (net.clone(), alive.clone(), limiter.clone());
+        let timeout = Duration::from_millis(settings.etcd_timeout_ms);
+        let (prefix, lease_ns) = (settings.prefix.clone(), settings.lease_namespace.clone());
+        Box::pin(async move {
+            if !alive.load(Ordering::Relaxed) {
+                return Err(ClusterError::Refused("simulated: a dead process".into()));
+            }
+            match kind {
+                StoreKind::Etcd => {
+                    let wire = Arc::new(EtcdWire { net, from, alive });
+                    let client = EtcdClient::with_transport(wire, timeout, Some(limiter));
+                    let s = ClusterStore::with_client(client, &prefix).await?;
+                    Ok(Arc::new(s) as Store)
+                }
+                StoreKind::Kube => {
+                    let wire = ApiWire {
+                        net,
+                        from,
+                        timeout,
+                        alive,
+                    };
+                    let client = kube::Client::new(wire, "default");
+                    let s = KubeStore::connect(
+                        client,
+                        &lease_ns,
+                        Some(limiter),
+                        ipool_server::cluster::kube::FIELD_MANAGER,
+                    )
+                    .await?;
+                    Ok(Arc::new(s) as Store)
+                }
+            }
+        })
+    })
+}
+
+/// What an ADD or a DEL came to.
+#[derive(Debug)]
+pub enum Done {
+    Added {
+        daemon: u64,
+        container: String,
+        result: Result<Vec<IpAddr>, String>,
+        /// When it was answered.
+        at: Instant,
+        /// When the engine picked its addresses (its record's time).
+        decided: Instant,
+    },
+    Deleted {
+        daemon: u64,
+        container: String,
+        ok: bool,
+    },
+}
+
+/// One incarnation of a daemon.
+pub struct Daemon {
+    /// Unique over the run: which incarnation answered.
+    pub id: u64,
+    pub ipam: Ipam,
+    pub node: Arc<ClusterNode>,
+    cluster: ClusterNetworks,
+    maintenance: JoinHandle<()>,
+    calls: Vec<JoinHandle<()>>,
+    clock: Arc<EngineClock>,
+    alive: Arc<AtomicBool>,
+}
+
+impl Daemon {
+    /// Starts a daemon named `name` (instance `instance`) on the state dir `disk`, its
+    /// clients sending as `from`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        id: u64,
+        setting: &Setting,
+        name: &str,
+        instance: &str,
+        disk: Arc<MemStore>,
+        net: &Net,
+        from: usize,
+        wall: &Wall,
+    ) -> Result<Daemon, String> {
+        let config = setting.config(name);
+        let alive = Arc::new(AtomicBool::new(true));
+        let conn = connector(setting.store, net.clone(), from, alive.clone());
+        let settings = config.cluster.clone().expect("[cluster]");
+        let metrics = Arc::new(ipool_server::metrics::Metrics::default());
+        let node = ClusterNode::with_connector(
+            settings,
+            name.to_string(),
+            instance.to_string(),
+            metrics.clone(),
+            conn,
+        )?;
+        let (cluster, sources) = ClusterNetworks::new(node.clone(), &config);
+        let clock = Arc::new(EngineClock {
+            start: Instant::now(),
+            base: Mutex::new(wall.now_ms()),
+        });
+        let (load, serve) = (disk.clone(), disk);
+        let ipam = Ipam::open_with(
+            move || Ok(load as Arc<dyn ipool_server::store::Store>),
+            move || Ok(serve as Arc<dyn ipool_server::store::Store>),
+            Setup {
+                config,
+                clock: clock.clone(),
+                boot_id: Some("simulated-boot".into()),
+                metrics,
+                sources,
+            },
+        )
+        .map_err(|e| format!("the engine does not start: {e}"))?;
+        cluster.start(&ipam);
+        let maintenance = ipool_server::ipam::spawn_maintenance(ipam.clone());
+        Ok(Daemon {
+            id,
+            ipam,
+            node,
+            cluster,
+            maintenance,
+            calls: Vec::new(),
+            alive,
+            clock,
+        })
+    }
+
+    /// Kills it (-9): nothing more is sent, every task of its own ends.
+    pub fn kill(mut self) {
+        self.alive.store(false, Ordering::Relaxed);
+        self.cluster.abort();
+        self.maintenance.abort();
+        for c in self.calls.drain(..) {
+            c.abort();
+        }
+    }
+
+    /// An ADD of `container` (a pod of its own), its outcome pushed to `done`.
+    pub fn add(&mut self, container: &str, done: &Arc<Mutex<Vec<Done>>>) {
+        let (ipam, done, id) = (self.ipam.clone(), done.clone(), self.id);
+        let clock = self.clock.clone();
+        let container = container.to_string();
+        self.calls.push(tokio::spawn(async move {
+            let req = AddRequest {
+                key: key(&container),
+                pod: Pod {
+                    namespace: "sim".into(),
+                    name: container.clone(),
+                    uid: format!("uid-{container}"),
+                },
+                netns: format!("/var/run/netns/{container}"),
+                ipam: None,
+                requested: Vec::new(),
+                k8s: None,
+            };
+            let result = ipam
+                .add(req)
+                .await
+                .map(|r| r.leases.iter().map(|l| l.ip).collect())
+                .map_err(|e| e.to_string());
+            let decided = ipam
+                .get(&key(&container))
+                .map_or_else(Instant::now, |r| clock.instant_of(r.created_at_ms));
+            done.lock().expect("done").push(Done::Added {
+                daemon: id,
+                container,
+                result,
+                at: Instant::now(),
+                decided,
+            });
+        }));
+        self.calls.retain(|c| !c.is_finished());
+    }
+
+    /// A DEL of `container`, its outcome pushed to `done`.
+    pub fn del(&mut self, container: &str, done: &Arc<Mutex<Vec<Done>>>) {
+        let (ipam, done, id) = (self.ipam.clone(), done.clone(), self.id);
+        let container = container.to_string();
+        self.calls.push(tokio::spawn(async move {
+            let ok = ipam.del(&key(&container)).await.is_ok();
+            done.lock().expect("done").push(Done::Deleted {
+                daemon: id,
+                container,
+                ok,
+            });
+        }));
+        self.calls.retain(|c| !c.is_finished());
+    }
+
+    /// The attachments it holds: container and addresses.
+    pub fn held(&self) -> Vec<(String, Vec<IpAddr>)> {
+        self.ipam
+            .attachments(Some(NETWORK))
+            .into_iter()
+            .map(|a| (a.key.container_id.clone(), a.addresses.clone()))
+            .collect()
+    }
+}
+
+fn key(container: &str) -> AttachmentKey {
+    AttachmentKey {
+        network: NETWORK.into(),
+        container_id: container.to_string(),
+        ifname: "eth0".into(),
+    }
+}
+
+/// A state dir after a crash: what was durable.
+pub fn crashed(disk: &MemStore) -> Arc<MemStore> {
+    Arc::new(disk.crashed())
+}

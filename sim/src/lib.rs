@@ -1,0 +1,142 @@
+//! A deterministic simulation of ipool's cluster mode: the real cluster code (`ClusterNode`,
+//! `ClusterSource` with its work, `claim_next`, the heartbeat and the fence, release-node, pool
+//! creation and deletion, both stores' code, and the engine's ADD, DEL and background loop
+//! where they meet a source) on one thread, in simulated time, over an in-memory etcd or
+//! apiserver, with every interleaving and every fault decided by one list of picks: a seed, or
+//! a list replayed, shrunk or walked depth-first.
+//!
+//! # Layout
+//! - [`choice`]: where a run's decisions come from (seeded, replayed, depth-first), and
+//!   shrinking;
+//! - [`etcd`]: etcd in memory (keys, revisions, transactions, leases on simulated time);
+//! - [`store`]: the shared store (that etcd, or the apiserver's rules of `ipool-testkit`), what
+//!   a delivered request does to it, its blocks for the checker;
+//! - [`net`]: the network every store request waits in until the driver delivers, fails,
+//!   loses or drops it; the real etcd client and kube client speak through it;
+//! - [`daemon`]: a simulated node's daemon, wired as ipoold is, on a state dir that survives it;
+//! - `world`: the run; `actions` and `operator`: what a step can do;
+//! - [`check`]: the invariants, asked after every step.
+
+pub mod check;
+pub mod choice;
+pub mod daemon;
+pub mod etcd;
+pub mod net;
+pub mod store;
+
+mod actions;
+mod excuses;
+mod operator;
+mod world;
+
+pub use ipool_server::bugs::Bug;
+use ipool_server::cluster::pool::PoolSpec;
+
+pub use choice::Choices;
+
+/// The simulation's pool.
+pub const POOL: &str = "p";
+
+/// The daemons' fence (their heartbeat TTL), in simulated milliseconds.
+pub const FENCE_MS: u64 = 6_000;
+
+/// Which store the cluster shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    Etcd,
+    Kube,
+}
+
+/// How a run is set up.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// What the daemons' jitter and ids follow from (the picks come from [`Choices`]).
+    pub seed: u64,
+    pub store: StoreKind,
+    pub nodes: usize,
+    /// The pool has IPv6 CIDRs too: each family's sources on their own.
+    pub dual_stack: bool,
+    /// Steps before the run winds down.
+    pub steps: u64,
+    /// Keeps a line per step for the report.
+    pub trace: bool,
+    /// The smallest cluster: a pool of two blocks.
+    pub small: bool,
+    /// Closed paths to a duplicate put back for the run.
+    pub bugs: Vec<Bug>,
+}
+
+impl Options {
+    pub fn new(seed: u64, store: StoreKind) -> Options {
+        Options {
+            seed,
+            store,
+            nodes: 3,
+            dual_stack: false,
+            steps: 2000,
+            trace: false,
+            small: false,
+            bugs: Vec::new(),
+        }
+    }
+
+    /// `[cluster]`'s numbers: short leases and resyncs, quick give-backs, so that blocks move.
+    pub fn tuning(&self) -> String {
+        "heartbeat_ttl_secs = 6\nresync_secs = 2\nblock_hold_down_secs = 2\nclaim_ahead = 2\n"
+            .to_string()
+    }
+
+    /// The IPv4 block size of the pool as first made.
+    pub fn block_v4(&self) -> u8 {
+        28
+    }
+
+    /// The pool, with IPv4 blocks of `block_v4`.
+    pub fn pool(&self, block_v4: u8) -> PoolSpec {
+        let mut cidrs = vec![if self.small {
+            "10.70.0.0/27".parse().expect("a CIDR")
+        } else {
+            "10.70.0.0/25".parse().expect("a CIDR")
+        }];
+        if self.dual_stack {
+            cidrs.push("fd00:70::/120".parse().expect("a CIDR"));
+        }
+        PoolSpec {
+            name: POOL.into(),
+            cidrs,
+            block_v4,
+            block_v6: 124,
+            exclude: Vec::new(),
+        }
+    }
+}
+
+/// What broke a run.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub step: u64,
+    pub at_ms: u64,
+    pub what: String,
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub steps: u64,
+    /// Store requests the nodes and the operator sent.
+    pub requests: u64,
+    /// ADDs acknowledged.
+    pub adds: u64,
+    /// Simulated milliseconds the run took.
+    pub sim_ms: u64,
+    pub failure: Option<Failure>,
+    /// A line per step (with `trace`).
+    pub trace: Vec<String>,
+    /// The run's picks: `Choices::replay` of them runs it again.
+    pub picks: Vec<u32>,
+}
+
+/// Runs one simulation with `choices`.
+pub fn run(opts: &Options, choices: Choices) -> Outcome {
+    world::run(opts, choices)
+}

@@ -1,0 +1,260 @@
+//! The simulated network between the nodes (and the operator's `ipoolctl`) and the store.
+//!
+//! Every request a store client sends waits in one queue ([`Net`]) until the simulation's
+//! driver decides what becomes of it: delivered (applied, answered), failed (not applied, an
+//! error answered), applied with its answer lost (the caller sees an error: it cannot know),
+//! dropped (never applied; the caller waits out its deadline), or delivered after its caller
+//! gave up (applied late, the answer going nowhere). A node whose connection is cut gets an
+//! error at once for every request it sends.
+//!
+//! Two kinds of client go through it, each the real one: etcd's [`EtcdClient`] over
+//! [`EtcdWire`] (a [`Transport`]), and a real `kube::Client` over [`ApiWire`] (a tower
+//! service speaking HTTP requests and responses, bodies as the client writes and reads them).
+//!
+//! [`EtcdClient`]: ipool_server::cluster::etcd::client::EtcdClient
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use ipool_server::cluster::etcd::client::{Call, EtcdError, Reply, Transport};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// What a request carries.
+#[derive(Clone, Debug)]
+pub enum Wire {
+    Etcd(Call),
+    /// An HTTP request to the apiserver: method, path, query, body.
+    Api {
+        method: String,
+        path: String,
+        query: String,
+        body: Bytes,
+    },
+}
+
+/// What comes back.
+#[derive(Debug)]
+pub enum Back {
+    Etcd(Result<Reply, EtcdError>),
+    /// The HTTP status and body, or a broken connection.
+    Api(Result<(u16, Bytes), String>),
+}
+
+/// A request on its way.
+pub struct Request {
+    pub id: u64,
+    /// Who sent it: a node's index, or [`OPERATOR`].
+    pub from: usize,
+    pub sent: Instant,
+    pub wire: Wire,
+    reply: oneshot::Sender<Back>,
+}
+
+impl Request {
+    /// Its caller still waits for the answer (it did not time out or stop).
+    pub fn awaited(&self) -> bool {
+        !self.reply.is_closed()
+    }
+
+    /// Answers it (no one hears it when the caller gave up).
+    pub fn answer(self, back: Back) {
+        let _ = self.reply.send(back);
+    }
+
+    /// Never answers it: its caller waits out its deadline.
+    pub fn into_silence(self, limbo: &mut Vec<oneshot::Sender<Back>>) {
+        limbo.push(self.reply);
+    }
+}
+
+/// Who the operator is, as a sender.
+pub const OPERATOR: usize = usize::MAX;
+
+#[derive(Default)]
+struct State {
+    pending: VecDeque<Request>,
+    next: u64,
+    /// Senders whose connection is cut.
+    cut: BTreeSet<usize>,
+    /// Requests sent so far (cut ones too).
+    sent: u64,
+    /// When each sender last had a request refused (its connection cut).
+    refused: std::collections::BTreeMap<usize, Instant>,
+}
+
+/// The queue of requests on their way to the store.
+#[derive(Clone, Default)]
+pub struct Net(Arc<Mutex<State>>);
+
+impl Net {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().expect("net lock")
+    }
+
+    /// Sends `wire` from `from`; None when `from`'s connection is cut.
+    pub fn send(&self, from: usize, wire: Wire) -> Option<oneshot::Receiver<Back>> {
+        let mut s = self.lock();
+        s.sent += 1;
+        if s.cut.contains(&from) {
+            s.refused.insert(from, Instant::now());
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        s.next += 1;
+        let id = s.next;
+        s.pending.push_back(Request {
+            id,
+            from,
+            sent: Instant::now(),
+            wire,
+            reply: tx,
+        });
+        Some(rx)
+    }
+
+    /// Requests on their way.
+    pub fn len(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes the `i`th request on its way (oldest first).
+    pub fn take(&self, i: usize) -> Option<Request> {
+        self.lock().pending.remove(i)
+    }
+
+    /// The senders of the requests on their way, oldest first, and whether each is awaited.
+    pub fn senders(&self) -> Vec<(usize, bool)> {
+        self.lock()
+            .pending
+            .iter()
+            .map(|r| (r.from, r.awaited()))
+            .collect()
+    }
+
+    /// Cuts `from`'s connection, or heals it.
+    pub fn set_cut(&self, from: usize, cut: bool) {
+        let mut s = self.lock();
+        match cut {
+            true => s.cut.insert(from),
+            false => s.cut.remove(&from),
+        };
+    }
+
+    pub fn is_cut(&self, from: usize) -> bool {
+        self.lock().cut.contains(&from)
+    }
+
+    /// When `from` last had a request refused, and when its oldest request on its way was
+    /// sent.
+    pub fn troubles(&self, from: usize) -> (Option<Instant>, Option<Instant>) {
+        let s = self.lock();
+        let oldest = s
+            .pending
+            .iter()
+            .filter(|r| r.from == from)
+            .map(|r| r.sent)
+            .min();
+        (s.refused.get(&from).copied(), oldest)
+    }
+
+    /// Requests sent so far.
+    pub fn sent(&self) -> u64 {
+        self.lock().sent
+    }
+}
+
+/// etcd's calls of one sender, through the network (none once `alive` is false: a dead
+/// process sends nothing).
+pub struct EtcdWire {
+    pub net: Net,
+    pub from: usize,
+    pub alive: Arc<AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl Transport for EtcdWire {
+    async fn call(&self, call: Call, deadline: Instant) -> Result<Reply, EtcdError> {
+        let waited = deadline.saturating_duration_since(Instant::now());
+        if !self.alive.load(Ordering::Relaxed) {
+            return Err(EtcdError::Connect("simulated: a dead process".into()));
+        }
+        let Some(rx) = self.net.send(self.from, Wire::Etcd(call)) else {
+            return Err(EtcdError::Connect(
+                "simulated: this node's connection to etcd is cut".into(),
+            ));
+        };
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(Back::Etcd(r))) => r,
+            Ok(Ok(Back::Api(_))) => Err(EtcdError::Connect(
+                "simulated: an apiserver answer to an etcd call".into(),
+            )),
+            Ok(Err(_)) => Err(EtcdError::Connect(
+                "simulated: the connection was closed".into(),
+            )),
+            Err(_) => Err(EtcdError::Timeout(waited)),
+        }
+    }
+}
+
+/// The apiserver's HTTP of one sender, through the network, as a tower service for a real
+/// `kube::Client`; each request bounded by `timeout` (the client's read deadline).
+#[derive(Clone)]
+pub struct ApiWire {
+    pub net: Net,
+    pub from: usize,
+    pub timeout: Duration,
+    pub alive: Arc<AtomicBool>,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower::Service<http::Request<kube::client::Body>> for ApiWire {
+    type Response = http::Response<Full<Bytes>>;
+    type Error = BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        let (net, from, timeout) = (self.net.clone(), self.from, self.timeout);
+        let alive = self.alive.load(Ordering::Relaxed);
+        Box::pin(async move {
+            if !alive {
+                return Err("simulated: a dead process".into());
+            }
+            let (parts, body) = req.into_parts();
+            let body = body.collect().await?.to_bytes();
+            let wire = Wire::Api {
+                method: parts.method.to_string(),
+                path: parts.uri.path().to_string(),
+                query: parts.uri.query().unwrap_or_default().to_string(),
+                body,
+            };
+            let Some(rx) = net.send(from, wire) else {
+                return Err("simulated: the connection to the apiserver is cut".into());
+            };
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(Back::Api(Ok((status, body))))) => Ok(http::Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Full::new(body))?),
+                Ok(Ok(Back::Api(Err(e)))) => Err(e.into()),
+                Ok(Ok(Back::Etcd(_))) => Err("simulated: an etcd answer to an HTTP request".into()),
+                Ok(Err(_)) => Err("simulated: the connection was closed".into()),
+                Err(_) => Err(format!("simulated: no answer within {timeout:?}").into()),
+            }
+        })
+    }
+}

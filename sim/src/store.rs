@@ -1,0 +1,228 @@
+//! The store the simulated cluster shares: an in-memory etcd or an in-memory apiserver (the
+//! tests' own rules, `ipool_testkit::apiserver`), what a delivered request does to it, and its
+//! blocks as the checker reads them.
+
+use bytes::Bytes;
+use ipnet::IpNet;
+use ipool_proto::etcd::etcdserverpb::request_op::Request as RequestOp;
+use ipool_server::cluster::etcd::client::{Call, EtcdError, Reply};
+use ipool_testkit::apiserver::{url_pairs, Objects};
+use tokio::time::Instant;
+
+use crate::check::StoreBlock;
+use crate::etcd::Etcd;
+use crate::net::{Back, Request, Wire};
+use crate::StoreKind;
+
+/// What becomes of a request the driver takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Applied and answered.
+    Answer,
+    /// Not applied; an error answered (the store refused it, or a proxy did).
+    Fail,
+    /// Applied; the answer lost on the way back (the caller sees an error).
+    Lose,
+    /// Never applied, never answered: the caller waits out its deadline.
+    Drop,
+}
+
+/// A node name's holder in the store.
+#[derive(Clone, Debug)]
+pub struct Holder {
+    pub node: String,
+    pub instance: String,
+    /// When its lease runs out unless renewed (etcd); None on the Kubernetes API.
+    pub until: Option<Instant>,
+}
+
+impl Holder {
+    /// It holds the name at `at`.
+    pub fn holds_at(&self, at: Instant) -> bool {
+        self.until.is_none_or(|u| u > at)
+    }
+}
+
+pub enum Shared {
+    Etcd(Etcd),
+    /// The apiserver's objects, and how far its clock is from the wall (its replicas' clocks).
+    Api {
+        objects: Objects,
+        skew_secs: i64,
+    },
+}
+
+impl Shared {
+    pub fn new(kind: StoreKind, cluster_id: u64) -> Shared {
+        match kind {
+            StoreKind::Etcd => Shared::Etcd(Etcd::new(cluster_id)),
+            StoreKind::Kube => Shared::Api {
+                objects: Objects::new(false),
+                skew_secs: 0,
+            },
+        }
+    }
+
+    /// Does to `req` what `fate` says, at `now` (`wall_ms`: the wall clock); true when it
+    /// renewed (or took) its sender's node name: the store heard the node.
+    pub fn deliver(
+        &mut self,
+        req: Request,
+        fate: Fate,
+        now: Instant,
+        wall_ms: u64,
+        limbo: &mut Vec<tokio::sync::oneshot::Sender<Back>>,
+    ) -> bool {
+        if fate == Fate::Drop {
+            req.into_silence(limbo);
+            return false;
+        }
+        let mut renewed = false;
+        let back = match (&mut *self, &req.wire) {
+            (Shared::Etcd(e), Wire::Etcd(call)) => match fate {
+                Fate::Fail => Back::Etcd(Err(EtcdError::Status(tonic::Status::unavailable(
+                    "simulated: etcd refused the request",
+                )))),
+                _ => {
+                    let r = e.apply(call, now).map_err(EtcdError::Status);
+                    renewed = match (call, &r) {
+                        // The alive key's lease (the seen key's is of days).
+                        (Call::LeaseKeepAlive(_), Ok(Reply::LeaseKeepAlive(k))) => {
+                            k.ttl > 0 && k.ttl < 3600
+                        }
+                        (Call::Txn(t), Ok(Reply::Txn(a))) => {
+                            a.succeeded
+                                && t.success.iter().any(|op| {
+                                    matches!(&op.request, Some(RequestOp::RequestPut(p)) if p.key.ends_with(b"/alive"))
+                                })
+                        }
+                        _ => false,
+                    };
+                    match fate {
+                        Fate::Lose => Back::Etcd(Err(EtcdError::Status(
+                            tonic::Status::unavailable("simulated: the answer was lost"),
+                        ))),
+                        _ => Back::Etcd(r),
+                    }
+                }
+            },
+            (
+                Shared::Api { objects, skew_secs },
+                Wire::Api {
+                    method,
+                    path,
+                    query,
+                    body,
+                },
+            ) => match fate {
+                Fate::Fail => Back::Api(Ok((
+                    500,
+                    Bytes::from(
+                        ipool_testkit::apiserver::status(500, "InternalError", "simulated")
+                            .body
+                            .to_string(),
+                    ),
+                ))),
+                _ => {
+                    let secs = (wall_ms / 1000) as i64 + *skew_secs;
+                    let a = objects
+                        .respond(method, path, &url_pairs(query), body, secs, true)
+                        .unwrap_or_else(|| {
+                            ipool_testkit::apiserver::status(404, "NotFound", "no such path")
+                        });
+                    renewed = matches!(method.as_str(), "PUT" | "POST")
+                        && path.contains("/leases/")
+                        && (200..300).contains(&a.status);
+                    match fate {
+                        Fate::Lose => Back::Api(Err("simulated: the answer was lost".into())),
+                        _ => Back::Api(Ok((a.status, Bytes::from(a.body.to_string())))),
+                    }
+                }
+            },
+            _ => Back::Api(Err("simulated: a request for the other store".into())),
+        };
+        req.answer(back);
+        renewed
+    }
+
+    /// Leases past their time end (etcd's keys on them go).
+    pub fn expire(&mut self, now: Instant) {
+        if let Shared::Etcd(e) = self {
+            e.expire(now);
+        }
+    }
+
+    /// Every block the store holds: CIDR, owner, pool.
+    pub fn blocks(&self) -> Vec<StoreBlock> {
+        match self {
+            Shared::Etcd(e) => e
+                .keys()
+                .filter_map(|(k, kv)| {
+                    let key = std::str::from_utf8(k).ok()?;
+                    let rest = key.strip_prefix("/ipool/v1/blocks/")?;
+                    let (pool, part) = rest.split_once('/')?;
+                    let (addr, len) = part.rsplit_once('-')?;
+                    let net = IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()?;
+                    let owner: serde_json::Value = serde_json::from_slice(&kv.value).ok()?;
+                    Some((net, owner["node"].as_str()?.to_string(), pool.to_string()))
+                })
+                .collect(),
+            Shared::Api { objects, .. } => objects
+                .objects
+                .iter()
+                .filter(|(k, _)| k.0 == "ipblocks")
+                .filter_map(|(_, o)| {
+                    let spec = &o["spec"];
+                    Some((
+                        spec["cidr"].as_str()?.parse().ok()?,
+                        spec["node"].as_str()?.to_string(),
+                        spec["pool"].as_str()?.to_string(),
+                    ))
+                })
+                .collect(),
+        }
+    }
+
+    /// Who holds each node's name: (node, the holder's instance, until when its lease runs
+    /// if nothing renews it; None: until another takes it, as on the Kubernetes API, whose
+    /// Leases lapse only in their observers' eyes).
+    pub fn holders(&self) -> Vec<Holder> {
+        match self {
+            Shared::Etcd(e) => e
+                .keys()
+                .filter_map(|(k, kv)| {
+                    let key = std::str::from_utf8(k).ok()?;
+                    let node = key
+                        .strip_prefix("/ipool/v1/nodes/")?
+                        .strip_suffix("/alive")?;
+                    let alive: serde_json::Value = serde_json::from_slice(&kv.value).ok()?;
+                    Some(Holder {
+                        node: node.to_string(),
+                        instance: alive["instance"].as_str()?.to_string(),
+                        until: e.lease_expiry(kv.lease),
+                    })
+                })
+                .collect(),
+            Shared::Api { objects, .. } => objects
+                .objects
+                .iter()
+                .filter(|(k, _)| k.0 == "leases")
+                .filter_map(|(k, o)| {
+                    Some(Holder {
+                        node: k.2.strip_prefix("ipool-")?.to_string(),
+                        instance: o["spec"]["holderIdentity"].as_str()?.to_string(),
+                        until: None,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// A fingerprint of the store's contents (it changed when this did).
+    pub fn version(&self) -> u64 {
+        match self {
+            Shared::Etcd(e) => e.revision() as u64,
+            Shared::Api { objects, .. } => objects.rv,
+        }
+    }
+}

@@ -1,0 +1,565 @@
+//! A simulated cluster and its run: the store, the network, the nodes' daemons, the operator,
+//! the checker; one thread, simulated time, every decision a pick of [`Choices`].
+//!
+//! Each step the driver takes one action (most often: deliver a request on its way), then lets
+//! every task run until all wait (on the network, on a timer), moving simulated time by a
+//! millisecond or by what the action said; then what finished is checked.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ipool_server::store::MemStore;
+use tokio::time::Instant;
+
+use crate::check::{Checker, StoreBlock};
+use crate::choice::Choices;
+use crate::daemon::{Daemon, Done, Setting, Wall};
+use crate::net::{Back, Net, OPERATOR};
+use crate::store::{Fate, Holder, Shared};
+use crate::{Failure, Options, Outcome};
+
+/// A daemon's place: a node name and a state dir, its daemon running or not.
+pub(crate) struct Slot {
+    pub name: String,
+    pub disk: Arc<MemStore>,
+    /// Its instance (a new state dir is a new one).
+    pub instance: u64,
+    pub daemon: Option<Daemon>,
+    /// The slot it doubles (a second daemon under that node's name), if it is a twin.
+    pub twin_of: Option<usize>,
+    /// Its node is gone (wiped, stopped): release-node may give its blocks back.
+    pub gone: bool,
+    /// When (ms) the store last applied a renewal (or a taking) of its node name by this
+    /// slot's daemons.
+    pub renewed_at: Option<u64>,
+    /// A release-node's excuse of its pods was noted (once).
+    pub excused_release: bool,
+    /// etcd was restored from a backup and this incarnation has not heard etcd since.
+    pub unaware: bool,
+    /// When (ms) it last heard etcd after not having heard it since a restore (or started).
+    pub aware_at: Option<u64>,
+    /// Since when (ms) its daemon serves without a break, if it does.
+    pub serving_since: Option<u64>,
+    /// Per family (IPv4, IPv6): its syncs so far, and when (ms) the count last moved.
+    pub syncs: [(u64, u64); 2],
+    /// When (ms) one of its store requests last failed, was lost, dropped, refused, or
+    /// answered after its caller gave up.
+    pub trouble_at: u64,
+    /// Per family: troubles since its last sync (each may have doubled a backoff).
+    pub streak: [u32; 2],
+}
+
+impl Slot {
+    pub fn new(name: String, disk: Arc<MemStore>, instance: u64, twin_of: Option<usize>) -> Slot {
+        Slot {
+            name,
+            disk,
+            instance,
+            daemon: None,
+            twin_of,
+            gone: false,
+            excused_release: false,
+            renewed_at: None,
+            unaware: false,
+            aware_at: None,
+            serving_since: None,
+            syncs: [(0, 0); 2],
+            trouble_at: 0,
+            streak: [0; 2],
+        }
+    }
+
+    /// Trouble with the store at `at` (ms).
+    pub fn trouble(&mut self, at: u64) {
+        self.trouble_at = self.trouble_at.max(at);
+        for s in self.streak.iter_mut() {
+            *s += 1;
+        }
+    }
+
+    /// Its daemon's instance id.
+    pub fn instance_id(&self) -> String {
+        format!("{}-i{}", self.name, self.instance)
+    }
+}
+
+/// A window in which a node may still hand out from blocks `release-node --force` took from
+/// it: until a sync started after the release has been taken in, for each family.
+pub(crate) struct Forced {
+    pub slot: usize,
+    /// The incarnation it applies to (a restarted daemon syncs before it serves).
+    pub daemon: u64,
+    /// The sync counts (IPv4, IPv6) that close it; None while the release runs.
+    pub until: Option<[u64; 2]>,
+}
+
+/// The store as it was from `at` on (until the next): its blocks and its names' holders.
+pub(crate) struct Snapshot {
+    pub at: Instant,
+    pub blocks: Vec<StoreBlock>,
+    pub holders: Vec<Holder>,
+}
+
+/// How many snapshots are kept: enough for any ADD's pick to lie within them.
+const SNAPSHOTS: usize = 512;
+
+/// An ADD on its way.
+pub(crate) struct Adding {
+    pub slot: usize,
+    /// Its node's syncs taken in when it was sent (IPv4, IPv6).
+    pub syncs: [u64; 2],
+}
+
+/// The operator's command under way.
+pub(crate) struct Op {
+    /// `--force`.
+    pub forced: bool,
+    /// The node it releases, if it is release-node.
+    pub release_of: Option<String>,
+}
+
+/// What an operator's command came to.
+pub(crate) struct OpDone {
+    pub what: String,
+    pub result: Result<String, String>,
+}
+
+pub(crate) struct World {
+    pub opts: Options,
+    pub choices: Choices,
+    pub net: Net,
+    pub shared: Shared,
+    pub wall: Wall,
+    pub setting: Setting,
+    pub slots: Vec<Slot>,
+    pub done: Arc<Mutex<Vec<Done>>>,
+    pub ops: Arc<Mutex<Vec<OpDone>>>,
+    /// An operator command is running (one at a time), forced or not.
+    pub op: Option<Op>,
+    pub limbo: Vec<tokio::sync::oneshot::Sender<Back>>,
+    pub checker: Checker,
+    pub trace: Vec<String>,
+    pub step: u64,
+    pub started: Instant,
+    pub next_container: u64,
+    pub next_daemon: u64,
+    /// ADDs on their way: container -> slot.
+    pub adding: BTreeMap<String, Adding>,
+    /// DELs owed (an ADD failed or was not answered, a DEL failed): container -> slot.
+    pub owed: BTreeMap<String, usize>,
+    pub adds_ok: u64,
+    pub store_version: u64,
+    pub blocks: Vec<StoreBlock>,
+    pub snapshots: std::collections::VecDeque<Snapshot>,
+    pub forced: Vec<Forced>,
+    /// When (ms) etcd was last restored from a backup.
+    pub restored_at: Option<u64>,
+    /// The daemon instance that last held each node name in the store.
+    pub holders: BTreeMap<String, String>,
+}
+
+impl World {
+    pub fn new(opts: Options, choices: Choices) -> World {
+        let wall = Wall::new(1_800_000_000_000);
+        let w2 = wall.clone();
+        ipool_server::cluster::model::set_wall_clock(Some(Box::new(move || w2.now_ms())));
+        ipool_server::cluster::seed_jitter(opts.seed);
+        let setting = Setting {
+            store: opts.store,
+            pool: crate::POOL.into(),
+            tuning: opts.tuning(),
+            timeout: Duration::from_millis(500),
+        };
+        let mut shared = Shared::new(opts.store, 0xc1u64 << 32 | opts.seed & 0xffff_ffff);
+        crate::actions::seed_pool(&mut shared, &opts, opts.block_v4(), wall.now_ms());
+        let slots = (0..opts.nodes)
+            .map(|i| Slot::new(format!("n{i}"), Arc::new(MemStore::new()), 1, None))
+            .collect();
+        let mut w = World {
+            opts,
+            choices,
+            net: Net::default(),
+            shared,
+            wall,
+            setting,
+            slots,
+            done: Arc::default(),
+            ops: Arc::default(),
+            op: None,
+            limbo: Vec::new(),
+            checker: Checker::default(),
+            trace: Vec::new(),
+            step: 0,
+            started: Instant::now(),
+            next_container: 0,
+            next_daemon: 0,
+            adding: BTreeMap::new(),
+            owed: BTreeMap::new(),
+            adds_ok: 0,
+            store_version: 0,
+            blocks: Vec::new(),
+            snapshots: std::collections::VecDeque::new(),
+            forced: Vec::new(),
+            restored_at: None,
+            holders: BTreeMap::new(),
+        };
+        w.blocks = w.shared.blocks();
+        w.store_version = w.shared.version();
+        w.snapshot();
+        w
+    }
+
+    /// Keeps the store as it is now.
+    pub fn snapshot(&mut self) {
+        if self.snapshots.len() == SNAPSHOTS {
+            self.snapshots.pop_front();
+        }
+        self.snapshots.push_back(Snapshot {
+            at: Instant::now(),
+            blocks: self.blocks.clone(),
+            holders: self.shared.holders(),
+        });
+    }
+
+    /// The store as it was at `t` (the oldest kept, if `t` is older).
+    pub fn snapshot_at(&self, t: Instant) -> &Snapshot {
+        self.snapshots
+            .iter()
+            .rev()
+            .find(|s| s.at <= t)
+            .or(self.snapshots.front())
+            .expect("a snapshot from the start")
+    }
+
+    /// Simulated milliseconds since the start.
+    pub fn ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn note(&mut self, what: String) {
+        if self.opts.trace {
+            let line = format!("{:>6} {:>8}ms {what}", self.step, self.ms());
+            self.trace.push(line);
+        }
+    }
+
+    /// Starts slot `i`'s daemon on its state dir.
+    pub fn start(&mut self, i: usize) -> Result<(), String> {
+        self.next_daemon += 1;
+        let s = &self.slots[i];
+        let instance = s.instance_id();
+        let d = Daemon::start(
+            self.next_daemon,
+            &self.setting,
+            &s.name.clone(),
+            &instance,
+            s.disk.clone(),
+            &self.net,
+            i,
+            &self.wall,
+        )?;
+        let held = d.held();
+        let now = self.ms();
+        let s = &mut self.slots[i];
+        s.daemon = Some(d);
+        s.gone = false;
+        s.unaware = false;
+        s.aware_at = Some(now);
+        s.serving_since = None;
+        s.syncs = [(0, now); 2];
+        s.trouble_at = now;
+        s.streak = [0; 2];
+        self.note(format!(
+            "{} (slot {i}) started, instance {instance}",
+            self.slots[i].name
+        ));
+        self.checker.held_by(i, &held)
+    }
+
+    /// Kills slot `i`'s daemon (-9); its state dir keeps what was durable.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(d) = self.slots[i].daemon.take() {
+            d.kill();
+            self.slots[i].disk = crate::daemon::crashed(&self.slots[i].disk);
+            // ADDs it never answered: the kubelet DELs them once the daemon is back.
+            let lost: Vec<String> = self
+                .adding
+                .iter()
+                .filter(|(_, a)| a.slot == i)
+                .map(|(c, _)| c.clone())
+                .collect();
+            for c in lost {
+                self.adding.remove(&c);
+                self.owed.insert(c, i);
+            }
+        }
+    }
+
+    /// Delivers the `i`th request on its way as `fate` says, and checks what it did to the
+    /// store.
+    pub fn deliver(&mut self, i: usize, fate: Fate) -> Result<(), String> {
+        let Some(req) = self.net.take(i) else {
+            return Ok(());
+        };
+        let (from, awaited) = (req.from, req.awaited());
+        let who = match from {
+            OPERATOR => "the operator".to_string(),
+            s => self
+                .slots
+                .get(s)
+                .map_or("?".into(), |x| format!("{} (slot {s})", x.name)),
+        };
+        let what = match &req.wire {
+            crate::net::Wire::Etcd(c) => crate::actions::describe_call(c),
+            crate::net::Wire::Api { method, path, .. } => format!("{method} {path}"),
+        };
+        self.note(format!(
+            "{fate:?} {what} from {who}{}",
+            if awaited {
+                ""
+            } else {
+                " (its caller gave up: late)"
+            }
+        ));
+        let now = Instant::now();
+        let wall = self.wall.now_ms();
+        let renewed = self.shared.deliver(req, fate, now, wall, &mut self.limbo);
+        let (ms, timeout) = (self.ms(), self.setting.timeout.as_millis() as u64);
+        if let Some(s) = self.slots.get_mut(from) {
+            if renewed {
+                s.renewed_at = Some(ms);
+            }
+            match (fate, awaited) {
+                // Every answer carries the store's header: a reset is seen from it.
+                (Fate::Answer, true) => {
+                    if s.unaware {
+                        s.unaware = false;
+                        s.aware_at = Some(ms);
+                    }
+                }
+                // Its caller sees the failure at its deadline.
+                (Fate::Drop, true) => s.trouble(ms + timeout),
+                _ => s.trouble(ms),
+            }
+        }
+        if renewed && self.shared.version() == self.store_version {
+            // A lease renewed: no revision, but a holder's term.
+            self.snapshot();
+        }
+        self.store_check(&who, from == OPERATOR)
+    }
+
+    /// Checks the store after it may have changed.
+    pub fn store_check(&mut self, by: &str, operator: bool) -> Result<(), String> {
+        let v = self.shared.version();
+        if v == self.store_version {
+            return Ok(());
+        }
+        self.store_version = v;
+        self.track_holders();
+        let after = self.shared.blocks();
+        let op = self.op.as_ref().filter(|_| operator);
+        let forced = op.is_some_and(|o| o.forced);
+        if let Some(node) = op.filter(|o| !o.forced).and_then(|o| o.release_of.clone()) {
+            let gave_back = self.blocks.iter().any(|(b, o, _)| {
+                *o == node && !after.iter().any(|(a, ao, _)| a == b && *ao == node)
+            });
+            if gave_back {
+                self.release_gave_back(&node)?;
+            }
+        }
+        let r = self
+            .checker
+            .store_changed(&self.blocks, &after, by, |_| forced);
+        self.blocks = after;
+        self.snapshot();
+        r
+    }
+
+    /// A release of `node` without `--force` gave a block of it back: where no store could
+    /// tell the node from a gone one, its pods are the operator's doing; elsewhere, a bug.
+    fn release_gave_back(&mut self, node: &str) -> Result<(), String> {
+        for i in 0..self.slots.len() {
+            let s = &self.slots[i];
+            if s.name != node || s.gone {
+                continue;
+            }
+            match self.release_excuse(i) {
+                Some(why) => {
+                    if !s.excused_release {
+                        self.note(format!("{why}: slot {i}'s pods excused"));
+                    }
+                    self.slots[i].excused_release = true;
+                    self.checker.excuse_slot(i, why);
+                }
+                None => {
+                    return Err(format!(
+                        "release-node without --force gave back a block of {node}, whose daemon (slot {i}) {}",
+                        match s.daemon {
+                            Some(_) => "runs and renews its name",
+                            None => "was down for less than its fence",
+                        }
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes in the ADDs, DELs and operator commands that finished.
+    pub fn drain(&mut self) -> Result<(), String> {
+        let done: Vec<Done> = std::mem::take(&mut *self.done.lock().expect("done"));
+        for d in done {
+            match d {
+                Done::Added {
+                    daemon,
+                    container,
+                    result,
+                    at,
+                    decided,
+                } => {
+                    let Some(Adding { slot, syncs }) = self.adding.remove(&container) else {
+                        continue;
+                    };
+                    let alive = self.slots[slot]
+                        .daemon
+                        .as_ref()
+                        .is_some_and(|d| d.id == daemon);
+                    match (result, alive) {
+                        (Ok(ips), true) => {
+                            self.adds_ok += 1;
+                            let node = self.slots[slot].name.clone();
+                            self.note(format!("ADD {container} on {node}: {ips:?}"));
+                            let at = at.duration_since(self.started).as_millis() as u64;
+                            let excuses: Vec<Option<String>> = ips
+                                .iter()
+                                .map(|ip| self.handout_excuse(slot, *ip, syncs, decided))
+                                .collect();
+                            let excuse = |ip: IpAddr| {
+                                ips.iter()
+                                    .position(|x| *x == ip)
+                                    .and_then(|k| excuses[k].clone())
+                            };
+                            let named = self.name_excuse(slot, decided)?;
+                            let blocks = self.snapshot_at(decided).blocks.clone();
+                            self.checker.added(
+                                slot,
+                                &node,
+                                &container,
+                                ips.clone(),
+                                at,
+                                &blocks,
+                                excuse,
+                                named,
+                            )?;
+                        }
+                        (Err(e), _) => {
+                            self.note(format!("ADD {container} failed: {e}"));
+                            self.owed.insert(container, slot);
+                        }
+                        (Ok(_), false) => {
+                            self.owed.insert(container, slot);
+                        }
+                    }
+                }
+                Done::Deleted {
+                    daemon,
+                    container,
+                    ok,
+                } => {
+                    if !ok {
+                        if let Some(slot) = self.slot_of_daemon(daemon) {
+                            self.owed.insert(container, slot);
+                        }
+                    }
+                }
+            }
+        }
+        let ops: Vec<OpDone> = std::mem::take(&mut *self.ops.lock().expect("ops"));
+        for o in ops {
+            if self.op.as_ref().is_some_and(|o| o.forced) {
+                self.force_ends();
+            }
+            self.op = None;
+            self.note(format!("operator: {} -> {:?}", o.what, o.result));
+        }
+        Ok(())
+    }
+
+    /// The slot whose running daemon is incarnation `daemon`.
+    fn slot_of_daemon(&self, daemon: u64) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.daemon.as_ref().is_some_and(|d| d.id == daemon))
+    }
+
+    /// Runs the simulation's steps; the first failure ends it.
+    pub async fn run(&mut self) -> Result<(), Failure> {
+        for i in 0..self.slots.len() {
+            self.start(i).map_err(|e| self.failure(e))?;
+        }
+        while self.step < self.opts.steps {
+            self.step += 1;
+            let wait = crate::actions::act(self).map_err(|e| self.failure(e))?;
+            tokio::time::sleep(wait).await;
+            // What was answered during the wait is checked against the store as it was then
+            // (a lease that ran out meanwhile is gone from then on).
+            self.drain().map_err(|e| self.failure(e))?;
+            self.shared.expire(Instant::now());
+            self.store_check("a lease's expiry", false)
+                .map_err(|e| self.failure(e))?;
+            self.liveness().map_err(|e| self.failure(e))?;
+        }
+        crate::actions::wind_down(self)
+            .await
+            .map_err(|e| self.failure(e))
+    }
+
+    pub fn failure(&self, what: String) -> Failure {
+        Failure {
+            step: self.step,
+            at_ms: self.ms(),
+            what,
+        }
+    }
+
+    pub fn outcome(&self, failure: Option<Failure>) -> Outcome {
+        Outcome {
+            steps: self.step,
+            requests: self.net.sent(),
+            adds: self.adds_ok,
+            sim_ms: self.ms(),
+            failure,
+            trace: self.trace.clone(),
+            picks: self.choices.picks(),
+        }
+    }
+}
+
+/// Runs one simulation.
+pub fn run(opts: &Options, choices: Choices) -> Outcome {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    let opts = opts.clone();
+    ipool_server::bugs::set(&opts.bugs);
+    let out = rt.block_on(async move {
+        let mut w = World::new(opts, choices);
+        let r = w.run().await;
+        let out = w.outcome(r.err());
+        for s in w.slots.iter_mut() {
+            if let Some(d) = s.daemon.take() {
+                d.kill();
+            }
+        }
+        out
+    });
+    rt.shutdown_background();
+    ipool_server::cluster::model::set_wall_clock(None);
+    ipool_server::bugs::set(&[]);
+    out
+}
