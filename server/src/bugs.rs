@@ -67,6 +67,10 @@ pub enum Bug {
     /// On the Kubernetes API, release-node took "no Lease in this namespace" for absence and
     /// released a live node's blocks (issue 36, 4).
     NoLeaseIsAbsence,
+    /// A block of another size, claimed after the pool was made anew, did not take over the
+    /// addresses a lost block of the old size held here: it could hand them out again, and the
+    /// daemon refused to start (found by the simulation, session 16).
+    OverlapNotTakenOver,
 }
 
 impl Bug {
@@ -90,6 +94,7 @@ impl Bug {
         Bug::ReleaseByServerClocks,
         Bug::DeletingIsGone,
         Bug::NoLeaseIsAbsence,
+        Bug::OverlapNotTakenOver,
     ];
 
     pub fn name(self) -> &'static str {
@@ -112,6 +117,7 @@ impl Bug {
             Bug::ReleaseByServerClocks => "release-by-server-clocks",
             Bug::DeletingIsGone => "deleting-is-gone",
             Bug::NoLeaseIsAbsence => "no-lease-is-absence",
+            Bug::OverlapNotTakenOver => "overlap-not-taken-over",
         }
     }
 
@@ -120,6 +126,7 @@ impl Bug {
         Bug::ALL.iter().copied().find(|b| b.name() == name)
     }
 
+    #[cfg(feature = "sim")]
     fn bit(self) -> u64 {
         1 << (self as u8)
     }

@@ -170,6 +170,11 @@ pub trait Source: Send {
     fn forget(&mut self) -> Vec<String> {
         Vec::new()
     }
+    /// Blocks that came to hold addresses without one being taken from them (another block's,
+    /// taken over): the engine writes them as held, before what [`Source::forget`] returns.
+    fn record(&mut self) -> Vec<String> {
+        Vec::new()
+    }
     /// Why the source works in a reduced way now (its backend unreachable: it serves what it
     /// holds), for status and metrics. None: all is well.
     fn degraded(&self) -> Option<String> {

@@ -48,6 +48,14 @@ use crate::source::{Claim, Landed, Next, Source};
 pub use block::BlockState;
 use block::Owned;
 
+/// The longest prefix of `ip`'s family.
+fn max_prefix(ip: IpAddr) -> u8 {
+    match ip {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    }
+}
+
 /// The longest wait between retries after etcd failed.
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a pool with no free block is left alone before the next try.
@@ -72,8 +80,10 @@ pub struct ClusterSource {
     synced: Option<u64>,
     /// When the next resync is due (`resync_secs`, jittered).
     next_sync: Option<Instant>,
-    /// By network address: handed out lowest block first.
-    blocks: BTreeMap<IpAddr, Owned>,
+    /// By CIDR (network address, then prefix): handed out lowest block first.
+    blocks: BTreeMap<IpNet, Owned>,
+    /// The shortest prefix of a block held so far (lookups look back that far).
+    widest: u8,
     cursor: Option<IpAddr>,
     in_flight: bool,
     /// After a failure of work other than a claim (the store did not answer a sync, say):
@@ -92,6 +102,8 @@ pub struct ClusterSource {
     exhausted: Option<String>,
     /// Recorded blocks dropped, for the engine to strike from the store.
     forget: Vec<String>,
+    /// Blocks that took over addresses held here, for the engine to write as held.
+    record: Vec<String>,
 }
 
 impl ClusterSource {
@@ -116,6 +128,7 @@ impl ClusterSource {
             synced: None,
             next_sync: None,
             blocks: BTreeMap::new(),
+            widest: 128,
             cursor: None,
             in_flight: false,
             retry_at: None,
@@ -126,6 +139,7 @@ impl ClusterSource {
             failed: None,
             exhausted: None,
             forget: Vec::new(),
+            record: Vec::new(),
         }
     }
 
@@ -157,20 +171,44 @@ impl ClusterSource {
         self.blocks.values().filter(|b| b.confirmed())
     }
 
+    /// The block that `ip` belongs to here: the one holding it, else the one that can hand it
+    /// out, else any over it (blocks of different sizes overlap only after the pool was made
+    /// anew with other block sizes while a block of the old one still held addresses here:
+    /// see `take_over`).
+    fn key_of(&self, ip: IpAddr) -> Option<IpNet> {
+        // No block starts further below `ip` than the widest one spans.
+        let floor = IpNet::new(ip, self.widest).map_or(ip, |n| n.network());
+        let (lo, hi) = (
+            IpNet::new(floor, 0).ok()?,
+            IpNet::new(ip, max_prefix(ip)).ok()?,
+        );
+        let mut over = self
+            .blocks
+            .range(lo..=hi)
+            .rev()
+            .filter(|(k, _)| k.contains(&ip));
+        let first = over.next()?;
+        if first.1.alloc.is_taken(ip) {
+            return Some(*first.0);
+        }
+        let others: Vec<(&IpNet, &Owned)> = over.collect();
+        if others.is_empty() {
+            return Some(*first.0);
+        }
+        let all = || std::iter::once(first).chain(others.iter().copied());
+        all()
+            .find(|(_, b)| b.alloc.is_taken(ip))
+            .or_else(|| all().find(|(_, b)| b.alloc.contains(ip)))
+            .or(Some(first))
+            .map(|(k, _)| *k)
+    }
+
     fn block_of(&self, ip: IpAddr) -> Option<&Owned> {
-        self.blocks
-            .range(..=ip)
-            .next_back()
-            .map(|(_, b)| b)
-            .filter(|b| b.net().contains(&ip))
+        self.key_of(ip).and_then(|k| self.blocks.get(&k))
     }
 
     fn block_of_mut(&mut self, ip: IpAddr) -> Option<&mut Owned> {
-        self.blocks
-            .range_mut(..=ip)
-            .next_back()
-            .map(|(_, b)| b)
-            .filter(|b| b.net().contains(&ip))
+        self.key_of(ip).and_then(|k| self.blocks.get_mut(&k))
     }
 
     fn usable_free(&self) -> u128 {
@@ -189,22 +227,68 @@ impl ClusterSource {
                 self.describe
             ));
         }
-        match self.blocks.get_mut(&net.network()) {
+        match self.blocks.get_mut(&net) {
             Some(b) => {
                 b.recorded |= recorded;
                 b.state = state;
             }
             None => {
-                self.blocks
-                    .insert(net.network(), Owned::new(net, recorded, state)?);
+                self.blocks.insert(net, Owned::new(net, recorded, state)?);
+                self.widest = self.widest.min(net.prefix_len());
             }
+        }
+        if self.blocks.get(&net).is_some_and(|b| b.confirmed())
+            && !crate::bugs::on(crate::bugs::Bug::OverlapNotTakenOver)
+        {
+            self.take_over(net);
         }
         Ok(())
     }
 
+    /// Blocks of another size over the addresses of `net`, confirmed as this node's: the
+    /// pool was made anew with other block sizes while a block of the old one (gone from the
+    /// store: lost, or being claimed back) still held addresses here. `net` takes over every
+    /// address of theirs it can hold, so that it never hands one out again; one left holding
+    /// nothing goes.
+    fn take_over(&mut self, net: IpNet) {
+        let over: Vec<IpNet> = self
+            .blocks
+            .keys()
+            .filter(|k| **k != net && (k.contains(&net.network()) || net.contains(&k.network())))
+            .copied()
+            .collect();
+        for k in over {
+            let held = self.blocks.get(&k).map(|b| b.held()).unwrap_or_default();
+            let mut moved = Vec::new();
+            if let Some(block) = self.blocks.get_mut(&net) {
+                for ip in held {
+                    if block.alloc.occupy(ip).is_ok() {
+                        block.empty_since = None;
+                        moved.push(ip);
+                    }
+                }
+                if !moved.is_empty() && !block.recorded {
+                    // Written as held before the other is struck (one change set).
+                    block.recorded = true;
+                    self.record.push(net.to_string());
+                }
+            }
+            tracing::warn!(pool = %self.pool, block = %net, other = %k, moved = moved.len(), "a block of another size over addresses held here (the pool made anew with other block sizes?): this node's block takes over what it can hold");
+            let Some(old) = self.blocks.get_mut(&k) else {
+                continue;
+            };
+            for ip in moved {
+                old.alloc.release(ip);
+            }
+            if old.is_empty() {
+                self.drop_block(k);
+            }
+        }
+    }
+
     /// Drops a block (given back, or found not to be this node's while empty).
     fn drop_block(&mut self, net: IpNet) {
-        if let Some(b) = self.blocks.remove(&net.network()) {
+        if let Some(b) = self.blocks.remove(&net) {
             if b.recorded {
                 self.forget.push(net.to_string());
             }
@@ -469,7 +553,7 @@ impl Source for ClusterSource {
             return None;
         }
         if let Work::GiveBack(net, revision) = &work {
-            if let Some(b) = self.blocks.get_mut(&net.network()) {
+            if let Some(b) = self.blocks.get_mut(net) {
                 b.state = BlockState::Returning(*revision);
             }
             self.count_blocks();
@@ -522,6 +606,9 @@ impl Source for ClusterSource {
     fn forget(&mut self) -> Vec<String> {
         std::mem::take(&mut self.forget)
     }
+    fn record(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.record)
+    }
     fn held_back(&self) -> Option<Next> {
         self.not_serving()
     }
@@ -542,5 +629,7 @@ impl Source for ClusterSource {
     }
 }
 
+#[cfg(test)]
+mod overlap_tests;
 #[cfg(test)]
 mod tests;

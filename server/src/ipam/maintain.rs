@@ -54,16 +54,22 @@ impl Ipam {
         self.drop_retired(st)?;
         let mut work = Vec::new();
         let mut claims = Vec::new();
-        // Blocks the sources gave back, struck from the store.
+        // Blocks the sources took over (written as held) or gave back (struck from the store).
         let mut forgotten = Vec::new();
         for (name, net) in st.networks.iter_mut() {
             for (set, p) in net.pools.iter_mut().enumerate() {
-                forgotten.extend(p.source.forget().into_iter().map(|block| Change::PutBlock {
-                    network: name.clone(),
-                    set: p.id.clone(),
-                    block,
-                    held: false,
-                }));
+                let recorded = p.source.record().into_iter().map(|b| (b, true));
+                let forgot = p.source.forget().into_iter().map(|b| (b, false));
+                forgotten.extend(
+                    recorded
+                        .chain(forgot)
+                        .map(|(block, held)| Change::PutBlock {
+                            network: name.clone(),
+                            set: p.id.clone(),
+                            block,
+                            held,
+                        }),
+                );
                 // Idle addresses where the source hands nothing out any more (a block another
                 // node owns now, say) leave the pool.
                 let withheld: Vec<IpAddr> = match p.source.may_withhold()

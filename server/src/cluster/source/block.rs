@@ -87,6 +87,15 @@ impl Owned {
         })
     }
 
+    /// The addresses held in it.
+    pub(super) fn held(&self) -> Vec<std::net::IpAddr> {
+        let net = self.net();
+        net.hosts()
+            .chain([net.network(), net.broadcast()])
+            .filter(|ip| self.alloc.is_taken(*ip))
+            .collect()
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.alloc.free() == self.alloc.size()
     }

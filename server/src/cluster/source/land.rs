@@ -21,7 +21,7 @@ impl ClusterSource {
                 match &done.work {
                     // The delete may have been applied or not: the next sync says.
                     Work::GiveBack(net, revision) => {
-                        if let Some(b) = self.blocks.get_mut(&net.network()) {
+                        if let Some(b) = self.blocks.get_mut(&net) {
                             b.state =
                                 match crate::bugs::on(crate::bugs::Bug::UnansweredGiveBackServes) {
                                     // The old way: back into service.
@@ -75,7 +75,7 @@ impl ClusterSource {
                 Err(why)
             }
             (Work::Reclaim(net), Outcome::Reclaimed(revision)) => {
-                if let Some(b) = self.blocks.get_mut(&net.network()) {
+                if let Some(b) = self.blocks.get_mut(&net) {
                     b.state = BlockState::Confirmed(revision);
                 }
                 Ok(format!("claimed back block {net} of cluster pool {pool:?}, which holds addresses in use here"))
@@ -84,7 +84,7 @@ impl ClusterSource {
                 let why = format!("block {net} of cluster pool {pool:?} holds addresses in use here, but etcd says {holder} owns it: nothing more is handed out from it (a forced release-node?)");
                 tracing::error!(%why, "block conflict");
                 ClusterMetrics::conflict(&metrics.conflicts, &pool, "ownership", 1);
-                if let Some(b) = self.blocks.get_mut(&net.network()) {
+                if let Some(b) = self.blocks.get_mut(&net) {
                     b.state = BlockState::Lost(format!("{holder} owns it"));
                 }
                 Err(why)
@@ -93,13 +93,10 @@ impl ClusterSource {
                 if ours {
                     ClusterMetrics::pool_counter(&metrics.give_backs, &pool, 1);
                 }
-                let held_here = self
-                    .blocks
-                    .get(&net.network())
-                    .is_some_and(|b| !b.is_empty());
+                let held_here = self.blocks.get(&net).is_some_and(|b| !b.is_empty());
                 if held_here {
                     // Something was placed in it meanwhile (a quarantine): claim it back.
-                    if let Some(b) = self.blocks.get_mut(&net.network()) {
+                    if let Some(b) = self.blocks.get_mut(&net) {
                         b.state = BlockState::Reclaiming;
                     }
                     return Err(format!("block {net} of cluster pool {pool:?} was given back while an address of it came to be held here: claiming it back"));
@@ -145,7 +142,7 @@ impl ClusterSource {
                 }
             }
             match self.add_block(net, false, state) {
-                Ok(()) => mine.push(net.network()),
+                Ok(()) => mine.push(net),
                 Err(e) => {
                     tracing::warn!(pool = %self.pool, error = %e, "a listed block cannot be used")
                 }
@@ -157,15 +154,15 @@ impl ClusterSource {
             }
             // A block that came to be in doubt after the sync started (trusted then) was not
             // settled by it: it stays in doubt until the next.
-            let doubt = self.blocks.get(&b.block.network()).is_some_and(|o| {
+            let doubt = self.blocks.get(&b.block).is_some_and(|o| {
                 !matches!(o.state, BlockState::Confirmed(_) | BlockState::Lost(_))
             });
             if doubt && trusted.iter().any(|(n, _)| *n == b.block) {
-                mine.push(b.block.network());
+                mine.push(b.block);
                 continue;
             }
             match self.add_block(b.block, false, BlockState::Confirmed(b.revision)) {
-                Ok(()) => mine.push(b.block.network()),
+                Ok(()) => mine.push(b.block),
                 Err(e) => {
                     tracing::warn!(pool = %self.pool, error = %e, "a listed block cannot be used")
                 }

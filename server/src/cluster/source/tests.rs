@@ -10,15 +10,15 @@ use crate::cluster::work::{Outcome, Synced};
 use crate::config::ClusterSettings;
 use crate::range::RangeSpec;
 
-fn net(s: &str) -> IpNet {
+pub(super) fn net(s: &str) -> IpNet {
     s.parse().expect("test CIDR")
 }
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().expect("test address")
 }
 
-fn node(extra: &str) -> Arc<ClusterNode> {
+pub(super) fn node(extra: &str) -> Arc<ClusterNode> {
     let settings: ClusterSettings = toml::from_str(&format!(
         "etcd_endpoints = [\"http://127.0.0.1:1\"]\nheartbeat_ttl_secs = 10\nclaim_ahead = 1\nblock_hold_down_secs = 0\n{extra}"
     ))
@@ -26,12 +26,12 @@ fn node(extra: &str) -> Arc<ClusterNode> {
     ClusterNode::new(settings, "n1".into(), "inst-1".into(), Arc::default()).expect("node")
 }
 
-fn source(node: &Arc<ClusterNode>) -> ClusterSource {
+pub(super) fn source(node: &Arc<ClusterNode>) -> ClusterSource {
     source_wanting(node, 0)
 }
 
 /// A source that claims ahead until `min_idle` addresses are free.
-fn source_wanting(node: &Arc<ClusterNode>, min_idle: usize) -> ClusterSource {
+pub(super) fn source_wanting(node: &Arc<ClusterNode>, min_idle: usize) -> ClusterSource {
     let range = Range::from_spec(&RangeSpec {
         subnet: "10.0.0.0/24".into(),
         range_start: None,
@@ -43,14 +43,14 @@ fn source_wanting(node: &Arc<ClusterNode>, min_idle: usize) -> ClusterSource {
 }
 
 /// A key created and last written at `revision`.
-fn rev(revision: i64) -> KeyRevision {
+pub(super) fn rev(revision: i64) -> KeyRevision {
     KeyRevision {
         create: revision,
         modified: revision,
     }
 }
 
-fn block(cidr: &str, revision: i64) -> Block {
+pub(super) fn block(cidr: &str, revision: i64) -> Block {
     Block {
         pool: "p".into(),
         block: net(cidr),
@@ -62,7 +62,7 @@ fn block(cidr: &str, revision: i64) -> Block {
     }
 }
 
-fn land(
+pub(super) fn land(
     s: &mut ClusterSource,
     work: Work,
     result: Result<Outcome, String>,
@@ -76,18 +76,18 @@ fn land(
 }
 
 /// The work the source starts now, if it starts any (its claim is dropped: nothing runs).
-fn next_work(s: &mut ClusterSource) -> Option<Work> {
+pub(super) fn next_work(s: &mut ClusterSource) -> Option<Work> {
     let w = s.next_work();
     let started = s.start_claim().is_some();
     w.filter(|_| started)
 }
 
-fn epoch(n: &ClusterNode) -> u64 {
+pub(super) fn epoch(n: &ClusterNode) -> u64 {
     n.serving().expect("serving")
 }
 
 /// The blocks a sync started now would not settle: those confirmed here.
-fn trusted(s: &ClusterSource) -> Vec<(IpNet, KeyRevision)> {
+pub(super) fn trusted(s: &ClusterSource) -> Vec<(IpNet, KeyRevision)> {
     s.blocks
         .values()
         .filter_map(|b| match b.state {
@@ -98,7 +98,7 @@ fn trusted(s: &ClusterSource) -> Vec<(IpNet, KeyRevision)> {
 }
 
 /// A sync's outcome: `blocks`, all this node's.
-fn mine(blocks: Vec<Block>) -> Synced {
+pub(super) fn mine(blocks: Vec<Block>) -> Synced {
     Synced {
         mine: blocks,
         ..Synced::default()
@@ -106,7 +106,7 @@ fn mine(blocks: Vec<Block>) -> Synced {
 }
 
 /// A sync in the node's epoch that listed (and settled as needed) `blocks`.
-fn synced(s: &mut ClusterSource, n: &ClusterNode, blocks: &[Block]) {
+pub(super) fn synced(s: &mut ClusterSource, n: &ClusterNode, blocks: &[Block]) {
     let e = epoch(n);
     let trusted = trusted(s);
     land(
@@ -358,7 +358,7 @@ fn a_result_of_a_replaced_source_is_not_taken() {
     };
     assert!(s.land(Box::new(stale)).is_ok());
     assert!(s.in_flight, "this source's own sync is still on its way");
-    assert!(s.blocks.contains_key(&ip("10.0.0.16")));
+    assert!(s.blocks.contains_key(&net("10.0.0.16/28")));
     assert_eq!(s.start_claim().map(|_| ()), None, "one request at a time");
 }
 

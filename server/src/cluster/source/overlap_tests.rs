@@ -1,0 +1,97 @@
+//! Blocks of another size over addresses held here: a pool made anew with other block sizes
+//! while this node still held addresses in a block of the old pool (taken from it by
+//! release-node, then the pool moved). Found by the simulation (session 16): the new block's
+//! allocator knew nothing of the old block's addresses, so it could hand out an address a pod
+//! here held, and after a restart the daemon refused to start (an attachment "outside the
+//! ranges": the old block's network address, held in the new one).
+
+use super::tests::{block, ip, land, net, node, source, synced};
+use super::*;
+use crate::cluster::work::Outcome;
+
+/// A source that holds `held` in `old` (lost: the store no longer has it) and then wins `new`.
+fn lost_then_claimed(old: &str, held: &[&str], new: &str) -> (Arc<ClusterNode>, ClusterSource) {
+    let n = node("");
+    n.pretend_renewed(std::time::Duration::ZERO);
+    let mut s = source(&n);
+    synced(&mut s, &n, &[block(old, 7)]);
+    for h in held {
+        s.occupy(ip(h)).expect("held here");
+    }
+    // Gone from the store (a forced release), and no block of the pool as it is now.
+    synced(&mut s, &n, &[]);
+    assert_eq!(s.blocks[&net(old)].state, BlockState::Reclaiming);
+    land(
+        &mut s,
+        Work::Reclaim(net(old)),
+        Ok(Outcome::Taken(
+            "nobody: it is not a block of the pool".into(),
+        )),
+    )
+    .expect_err("lost");
+    land(
+        &mut s,
+        Work::Claim {
+            cidrs: vec![net("10.0.0.0/24")],
+        },
+        Ok(Outcome::Claimed(block(new, 9))),
+    )
+    .expect("claimed");
+    (n, s)
+}
+
+/// What a restart of the daemon rebuilds: the recorded blocks, then the held addresses.
+fn restarted(n: &Arc<ClusterNode>, s: &ClusterSource, held: &[&str]) -> ClusterSource {
+    let mut again = source(n);
+    for b in s.recorded_blocks() {
+        again.restore_block(&b).expect("a recorded block");
+    }
+    for h in held {
+        again
+            .occupy(ip(h))
+            .expect("every held address lies in a block");
+    }
+    again
+}
+
+#[test]
+fn a_bigger_block_over_a_lost_one_takes_its_addresses_over() {
+    let held = ["10.0.0.18", "10.0.0.19"];
+    let (n, mut s) = lost_then_claimed("10.0.0.16/28", &held, "10.0.0.0/27");
+    // The engine writes the new block as held and strikes the old one, in one change set.
+    assert_eq!(s.record(), vec!["10.0.0.0/27".to_string()]);
+    assert_eq!(s.forget(), vec!["10.0.0.16/28".to_string()]);
+    let next = s.peek_next_n(40);
+    assert!(!next.is_empty());
+    for h in held {
+        assert!(!next.contains(&ip(h)), "{h} is held here: {next:?}");
+        assert!(
+            s.withheld(ip(h)).is_none(),
+            "{h} is in a block of this node's now"
+        );
+    }
+    let again = restarted(&n, &s, &held);
+    assert!(again.contains(ip("10.0.0.18")));
+}
+
+#[test]
+fn a_smaller_block_inside_a_lost_one_hands_out_nothing_held_here() {
+    // 10.0.0.16 is the new block's own network address: it stays with the old block.
+    let held = ["10.0.0.16", "10.0.0.20", "10.0.0.40"];
+    let (n, s) = lost_then_claimed("10.0.0.0/26", &held, "10.0.0.16/28");
+    let next = s.peek_next_n(40);
+    assert!(!next.is_empty());
+    for h in held {
+        assert!(!next.contains(&ip(h)), "{h} is held here: {next:?}");
+    }
+    assert!(s.withheld(ip("10.0.0.20")).is_none(), "in the new block");
+    assert!(
+        s.withheld(ip("10.0.0.40")).is_some(),
+        "only in the lost block"
+    );
+    let mut again = restarted(&n, &s, &held);
+    // A DEL of each frees it where it is held.
+    for h in held {
+        assert!(again.vacate(ip(h)), "{h}");
+    }
+}
