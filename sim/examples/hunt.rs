@@ -21,7 +21,7 @@ fn main() {
             o.steps = steps;
             o.dual_stack = (seed / 2) % 2 == 1;
             o.bugs = vec![*bug];
-            let out = run(&o, Choices::seeded(seed));
+            let out = run(&o, Choices::seeded(seed * 7 + o.dual_stack as u64));
             total_steps += out.steps;
             if let Some(f) = out.failure {
                 found = Some((seed, store, o.dual_stack, f));

@@ -20,7 +20,11 @@ fn main() {
     o.dual_stack = dual;
     o.trace = true;
     o.bugs = bugs;
-    let out = run(&o, Choices::seeded(seed));
+    let pick_seed: u64 = a
+        .get(8)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(seed * 7 + dual as u64);
+    let out = run(&o, Choices::seeded(pick_seed));
     let lines: Vec<&String> = out
         .trace
         .iter()

@@ -82,7 +82,14 @@ impl Checker {
                     ));
                 }
             }
-            let owner = blocks.iter().find(|(b, _, _)| b.contains(ip));
+            // A block of this node's over it (on the Kubernetes API a block made for a pool as
+            // it was may stand a while over a block of the pool as it is: it is never served,
+            // and what a pod holds is checked against the other pods above).
+            let owner = blocks
+                .iter()
+                .filter(|(b, _, _)| b.contains(ip))
+                .find(|(_, o, _)| o == node)
+                .or_else(|| blocks.iter().find(|(b, _, _)| b.contains(ip)));
             match (owner, &window) {
                 (Some((_, o, _)), _) if o == node => {}
                 (_, Some(_)) => {}
@@ -160,14 +167,18 @@ impl Checker {
 
     /// The store went from `before` to `after` by a request of `by` (a node's name, or the
     /// operator's: the pods of the slots `excused` names are the operator's to judge).
+    /// `overlaps`: blocks may stand over one another a while (the Kubernetes API: a claim is
+    /// a create, checked against its pool after it), as long as no address is handed out
+    /// from two.
     pub fn store_changed(
         &self,
         before: &[StoreBlock],
         after: &[StoreBlock],
         by: &str,
         excused: impl Fn(usize) -> bool,
+        overlaps: bool,
     ) -> Result<(), String> {
-        for (i, (a, ao, _)) in after.iter().enumerate() {
+        for (i, (a, ao, _)) in after.iter().enumerate().filter(|_| !overlaps) {
             for (b, bo, _) in &after[i + 1..] {
                 if a.contains(&b.network()) || b.contains(&a.network()) {
                     return Err(format!(

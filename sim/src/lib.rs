@@ -26,6 +26,7 @@ pub mod store;
 
 mod actions;
 mod excuses;
+mod nodes;
 mod operator;
 mod world;
 

@@ -49,7 +49,7 @@ pub enum Back {
 /// A request on its way.
 pub struct Request {
     pub id: u64,
-    /// Who sent it: a node's index, or [`OPERATOR`].
+    /// Who sent it: a node's index, or an operator's command ([`operator`]).
     pub from: usize,
     pub sent: Instant,
     pub wire: Wire,
@@ -73,12 +73,25 @@ impl Request {
     }
 }
 
-/// Who the operator is, as a sender.
+/// The operator's commands send as `OPERATOR - n` (the `n`th command), above every node.
 pub const OPERATOR: usize = usize::MAX;
+
+/// The sender of the operator's `n`th command.
+pub fn operator(n: usize) -> usize {
+    OPERATOR - n
+}
+
+/// The operator's command `from` sent for, if it is one of the operator's.
+pub fn command_of(from: usize) -> Option<usize> {
+    (from > OPERATOR / 2).then(|| OPERATOR - from)
+}
 
 #[derive(Default)]
 struct State {
     pending: VecDeque<Request>,
+    /// Requests held on the way (in a socket, at a slow member) until their time: then they
+    /// are the next to arrive, their callers most likely gone.
+    held: Vec<(Instant, Request)>,
     next: u64,
     /// Senders whose connection is cut.
     cut: BTreeSet<usize>,
@@ -116,6 +129,34 @@ impl Net {
             reply: tx,
         });
         Some(rx)
+    }
+
+    /// Holds the `i`th request on its way until `until`.
+    pub fn hold(&self, i: usize, until: Instant) {
+        let mut s = self.lock();
+        if let Some(r) = s.pending.remove(i) {
+            s.held.push((until, r));
+        }
+    }
+
+    /// Requests held until `now` or before arrive next (oldest hold first).
+    pub fn release_held(&self, now: Instant) {
+        let mut s = self.lock();
+        if s.held.iter().all(|(t, _)| *t > now) {
+            return;
+        }
+        let (mut due, rest): (Vec<_>, Vec<_>) = s.held.drain(..).partition(|(t, _)| *t <= now);
+        s.held = rest;
+        due.sort_by_key(|(t, r)| (*t, r.id));
+        for (_, r) in due.into_iter().rev() {
+            s.pending.push_front(r);
+        }
+    }
+
+    /// Releases every held request at once (the end of a run).
+    pub fn release_all(&self) {
+        let far = Instant::now() + Duration::from_secs(1 << 30);
+        self.release_held(far);
     }
 
     /// Requests on their way.
@@ -161,6 +202,7 @@ impl Net {
         let oldest = s
             .pending
             .iter()
+            .chain(s.held.iter().map(|(_, r)| r))
             .filter(|r| r.from == from)
             .map(|r| r.sent)
             .min();

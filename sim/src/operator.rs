@@ -1,16 +1,22 @@
-//! The operator's pool commands, through the store as `ipoolctl cluster pool` runs them: the
-//! pool deleted (refused while a block of it is owned, and then as it was), made anew with the
-//! other block size once it is gone, and spare pools of other block sizes made and deleted.
+//! What the operator does, through the store as `ipoolctl cluster` runs it: release-node
+//! (with and without `--force`, with `--absent-for` or not, looking where the daemons keep no
+//! names); the pool deleted (refused while a block of it is owned, and then as it was), made
+//! anew with another block size once it is gone, moved to another block size at once (every
+//! node's blocks forced away first), and spare pools made and deleted; the wall clock (and the
+//! apiserver's) jumping; etcd backed up, and restored from its backup.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use ipool_server::cluster::datastore::Store;
-use ipool_server::cluster::etcd::client::Limiter;
+use ipool_server::cluster::etcd::client::{Call, Limiter};
 
-use crate::net::OPERATOR;
+use tokio::time::Instant;
+
+use crate::nodes::node_slot;
+use crate::store::Shared;
 use crate::world::{OpDone, World};
-use crate::{StoreKind, POOL};
+use crate::{Options, StoreKind, POOL};
 
 impl World {
     /// A store connection of the operator's own, looking for the nodes' names where the
@@ -23,7 +29,7 @@ impl World {
         let conn = crate::daemon::connector(
             self.opts.store,
             self.net.clone(),
-            OPERATOR,
+            crate::net::operator(self.op_seq),
             Arc::new(AtomicBool::new(true)),
         );
         let mut settings = self.setting.config("operator").cluster.expect("[cluster]");
@@ -42,34 +48,50 @@ impl World {
     }
 }
 
-/// A pool command (one operator command at a time).
+/// A pool command (one operator command at a time): the pool deleted; made again if it is
+/// gone; a spare pool made and deleted; or the pool moved to another block size at once, every
+/// node's blocks forced away first (`release-node --force` on live nodes: the operator's doing).
 pub(crate) fn pool_op(w: &mut World) {
     if w.op.is_some() {
         return;
     }
-    let kind = w.choices.pick(3);
-    let other_size = match w.opts.block_v4() {
-        28 => 27,
-        _ => 28,
-    };
+    let kind = w.choices.pick(4);
+    let size = [28, 27, 26][w.choices.pick(3) as usize];
+    let names: Vec<String> = (0..w.opts.nodes).map(|i| w.slots[i].name.clone()).collect();
     let (what, spec) = match kind {
         0 => (format!("pool delete {POOL}"), None),
         1 => (
-            format!("pool create {POOL} (block size /{other_size}, if it is gone)"),
-            Some(w.opts.pool(other_size)),
+            format!("pool create {POOL} (block size /{size}, if it is gone)"),
+            Some(w.opts.pool(size)),
         ),
-        _ => {
+        2 => {
             let mut spare = w.opts.pool(27);
             spare.name = "spare".into();
             spare.cidrs = vec!["10.81.0.0/24".parse().expect("a CIDR")];
             ("pool create spare, then delete it".to_string(), Some(spare))
         }
+        _ => (
+            format!("pool {POOL} moved to blocks of /{size}: release-node --force on every node, pool delete, pool create"),
+            Some(w.opts.pool(size)),
+        ),
     };
     w.note(format!("operator: {what}"));
-    w.op = Some(crate::world::Op {
-        forced: false,
+    let forced = kind == 3;
+    if forced {
+        for n in &names {
+            w.checker
+                .excuse(n, "release-node --force on a live node (the pool moved)");
+            w.force_starts(n);
+        }
+    }
+    w.command(crate::world::Op {
+        forced,
         release_of: None,
     });
+    let place = match w.opts.store {
+        StoreKind::Etcd => "etcd",
+        StoreKind::Kube => "the Kubernetes API",
+    };
     let (store, ops) = (w.operator_store_elsewhere(false), w.ops.clone());
     tokio::spawn(async move {
         let result = match store.await {
@@ -82,13 +104,14 @@ pub(crate) fn pool_op(w: &mut World) {
                         Ok(None) => s.create_pool(&spec).await.map(|()| "created".into()),
                         Err(e) => Err(e),
                     },
-                    (_, Some(spec)) => match s.create_pool(&spec).await {
+                    (2, Some(spec)) => match s.create_pool(&spec).await {
                         Ok(()) => s
                             .delete_pool(&spec.name)
                             .await
                             .map(|()| "created and deleted".to_string()),
                         Err(e) => Err(e),
                     },
+                    (_, Some(spec)) => move_pool(&*s, place, &names, &spec).await,
                     _ => Ok(String::new()),
                 };
                 r.map_err(|e| e.to_string())
@@ -96,4 +119,162 @@ pub(crate) fn pool_op(w: &mut World) {
         };
         ops.lock().expect("ops").push(OpDone { what, result });
     });
+}
+
+/// Every node's blocks forced away, the pool deleted and made again as `spec` says.
+async fn move_pool(
+    s: &dyn ipool_server::cluster::datastore::Datastore,
+    place: &str,
+    names: &[String],
+    spec: &ipool_server::cluster::pool::PoolSpec,
+) -> Result<String, ipool_server::cluster::model::ClusterError> {
+    for n in names {
+        match ipool_server::cluster::release::release_node(s, place, n, 0, true).await {
+            Ok(_) | Err(ipool_server::cluster::model::ClusterError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    s.delete_pool(POOL).await?;
+    s.create_pool(spec).await?;
+    Ok("moved".into())
+}
+
+/// Writes the pool into the store as the operator made it before the nodes started.
+pub(crate) fn seed_pool(shared: &mut Shared, opts: &Options, block_v4: u8, wall_ms: u64) {
+    let spec = opts.pool(block_v4);
+    match shared {
+        Shared::Etcd(e) => {
+            let put = ipool_server::cluster::etcd::request::put(
+                format!("/ipool/v1/pools/{POOL}"),
+                serde_json::to_vec(&spec).expect("a pool"),
+                0,
+            );
+            e.apply(&Call::Put(put), Instant::now()).expect("the pool");
+        }
+        Shared::Api { objects, .. } => {
+            let body = serde_json::json!({
+                "apiVersion": "ipool.io/v1", "kind": "IPPool",
+                "metadata": {"name": POOL},
+                "spec": {"cidrs": spec.cidrs, "blockSizeV4": spec.block_v4,
+                         "blockSizeV6": spec.block_v6, "exclude": spec.exclude},
+                "status": {"phase": "Ready"}});
+            objects.respond(
+                "POST",
+                "/apis/ipool.io/v1/ippools",
+                &Default::default(),
+                body.to_string().as_bytes(),
+                (wall_ms / 1000) as i64,
+                true,
+            );
+        }
+    }
+}
+
+/// release-node by the operator (one command at a time): on a node that is gone, as meant;
+/// on a live one without `--force`, which must give nothing back unless the node was cut off
+/// past its fence; with `--force` on a live one (the operator's error: excused); or looking
+/// where the daemons keep no names.
+pub(crate) fn release(w: &mut World) {
+    if w.op.is_some() {
+        return;
+    }
+    let i = node_slot(w);
+    let name = w.slots[i].name.clone();
+    let gone = w.slots[i].gone && w.slots[i].daemon.is_none();
+    let force = !gone && w.choices.chance(1, 3);
+    let elsewhere = !gone && !force && w.choices.chance(1, 2);
+    // Gone: at once; else as the operator judges (an hour, or no more than the fence).
+    let absent_for = match gone || w.choices.chance(1, 2) {
+        true => 0,
+        false => 3600,
+    };
+    if force {
+        w.checker
+            .excuse(&name, "release-node --force on a live node");
+        w.force_starts(&name);
+    }
+    let what = format!(
+        "release-node {name}{}{}",
+        if force { " --force" } else { "" },
+        if elsewhere {
+            " (where the daemons keep no names)"
+        } else {
+            ""
+        }
+    );
+    w.note(format!("operator: {what}"));
+    w.command(crate::world::Op {
+        forced: force,
+        release_of: Some(name.clone()),
+    });
+    let (store, ops, kind) = (
+        w.operator_store_elsewhere(elsewhere),
+        w.ops.clone(),
+        w.opts.store,
+    );
+    tokio::spawn(async move {
+        let place = match kind {
+            StoreKind::Etcd => "etcd",
+            StoreKind::Kube => "the Kubernetes API",
+        };
+        let result = match store.await {
+            Err(e) => Err(e),
+            Ok(s) => {
+                ipool_server::cluster::release::release_node(&*s, place, &name, absent_for, force)
+                    .await
+                    .map(|r| format!("{} block(s) given back", r.blocks.len()))
+                    .map_err(|e| e.to_string())
+            }
+        };
+        ops.lock().expect("ops").push(OpDone { what, result });
+    });
+}
+
+impl World {
+    /// Why a release of slot `i`'s node without `--force` giving a block back now is the
+    /// operator's doing (README: release-node is for nodes that are gone): the store has not
+    /// heard the node (a renewal of its name) for longer than its fence, so that no store could
+    /// tell it from a node that is gone.
+    pub(crate) fn release_excuse(&self, i: usize) -> Option<&'static str> {
+        let renewed = self.slots[i].renewed_at.unwrap_or(0);
+        if self.restored_at.is_some_and(|r| r >= renewed) {
+            return Some("release-node after etcd was restored from an older backup that lacks the node's renewals");
+        }
+        (self.ms() - renewed > crate::FENCE_MS)
+            .then_some("release-node on a node the store had not heard for longer than its fence")
+    }
+}
+
+pub(crate) fn jump_clock(w: &mut World) {
+    let secs = [-3600i64, -30, 30, 600, 3600][w.choices.pick(5) as usize];
+    w.wall.step(secs * 1000);
+    if let Shared::Api { skew_secs, .. } = &mut w.shared {
+        // The apiserver's replicas' clocks too (what stamps managedFields).
+        *skew_secs += secs / 2;
+    }
+    w.note(format!("the wall clock jumps {secs} s"));
+}
+
+pub(crate) fn backup_or_restore(w: &mut World) {
+    let restore = w.choices.chance(1, 2);
+    // Each restore makes a new cluster (etcdutl snapshot restore), with an id of its own.
+    let id = 0xbac0_0000 | (w.opts.seed & 0xffff) << 8 | (w.step & 0xff);
+    if let Shared::Etcd(e) = &mut w.shared {
+        match restore {
+            false => {
+                e.back_up();
+                w.note("etcd backed up".into());
+            }
+            true => {
+                if e.restore(id, Instant::now()) {
+                    w.note("etcd restored from its backup (an operator's error)".into());
+                    w.checker.excuse_all("etcd restored from an older backup");
+                    for s in w.slots.iter_mut().filter(|s| s.daemon.is_some()) {
+                        s.unaware = true;
+                    }
+                    w.restored_at = Some(w.ms());
+                }
+            }
+        }
+    }
 }

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::check::{Checker, StoreBlock};
 use crate::choice::Choices;
 use crate::daemon::{Daemon, Done, Setting, Wall};
-use crate::net::{Back, Net, OPERATOR};
+use crate::net::{command_of, Back, Net};
 use crate::store::{Fate, Holder, Shared};
 use crate::{Failure, Options, Outcome};
 
@@ -112,7 +112,8 @@ pub(crate) struct Adding {
     pub syncs: [u64; 2],
 }
 
-/// The operator's command under way.
+/// An operator's command.
+#[derive(Clone)]
 pub(crate) struct Op {
     /// `--force`.
     pub forced: bool,
@@ -129,6 +130,8 @@ pub(crate) struct OpDone {
 pub(crate) struct World {
     pub opts: Options,
     pub choices: Choices,
+    /// What this run may do.
+    pub swarm: crate::actions::Swarm,
     pub net: Net,
     pub shared: Shared,
     pub wall: Wall,
@@ -138,6 +141,10 @@ pub(crate) struct World {
     pub ops: Arc<Mutex<Vec<OpDone>>>,
     /// An operator command is running (one at a time), forced or not.
     pub op: Option<Op>,
+    /// Commands so far (the one under way is the last).
+    pub op_seq: usize,
+    /// Every command, by number: its requests may arrive after it ended.
+    pub commands: BTreeMap<usize, Op>,
     pub limbo: Vec<tokio::sync::oneshot::Sender<Back>>,
     pub checker: Checker,
     pub trace: Vec<String>,
@@ -161,7 +168,8 @@ pub(crate) struct World {
 }
 
 impl World {
-    pub fn new(opts: Options, choices: Choices) -> World {
+    pub fn new(opts: Options, mut choices: Choices) -> World {
+        let swarm = crate::actions::Swarm::pick(&mut choices);
         let wall = Wall::new(1_800_000_000_000);
         let w2 = wall.clone();
         ipool_server::cluster::model::set_wall_clock(Some(Box::new(move || w2.now_ms())));
@@ -173,13 +181,14 @@ impl World {
             timeout: Duration::from_millis(500),
         };
         let mut shared = Shared::new(opts.store, 0xc1u64 << 32 | opts.seed & 0xffff_ffff);
-        crate::actions::seed_pool(&mut shared, &opts, opts.block_v4(), wall.now_ms());
+        crate::operator::seed_pool(&mut shared, &opts, opts.block_v4(), wall.now_ms());
         let slots = (0..opts.nodes)
             .map(|i| Slot::new(format!("n{i}"), Arc::new(MemStore::new()), 1, None))
             .collect();
         let mut w = World {
             opts,
             choices,
+            swarm,
             net: Net::default(),
             shared,
             wall,
@@ -188,6 +197,8 @@ impl World {
             done: Arc::default(),
             ops: Arc::default(),
             op: None,
+            op_seq: 0,
+            commands: BTreeMap::new(),
             limbo: Vec::new(),
             checker: Checker::default(),
             trace: Vec::new(),
@@ -305,7 +316,7 @@ impl World {
         };
         let (from, awaited) = (req.from, req.awaited());
         let who = match from {
-            OPERATOR => "the operator".to_string(),
+            f if command_of(f).is_some() => "the operator".to_string(),
             s => self
                 .slots
                 .get(s)
@@ -348,11 +359,11 @@ impl World {
             // A lease renewed: no revision, but a holder's term.
             self.snapshot();
         }
-        self.store_check(&who, from == OPERATOR)
+        self.store_check(&who, command_of(from))
     }
 
     /// Checks the store after it may have changed.
-    pub fn store_check(&mut self, by: &str, operator: bool) -> Result<(), String> {
+    pub fn store_check(&mut self, by: &str, command: Option<usize>) -> Result<(), String> {
         let v = self.shared.version();
         if v == self.store_version {
             return Ok(());
@@ -360,22 +371,53 @@ impl World {
         self.store_version = v;
         self.track_holders();
         let after = self.shared.blocks();
-        let op = self.op.as_ref().filter(|_| operator);
-        let forced = op.is_some_and(|o| o.forced);
-        if let Some(node) = op.filter(|o| !o.forced).and_then(|o| o.release_of.clone()) {
-            let gave_back = self.blocks.iter().any(|(b, o, _)| {
-                *o == node && !after.iter().any(|(a, ao, _)| a == b && *ao == node)
-            });
-            if gave_back {
-                self.release_gave_back(&node)?;
+        let op = command.and_then(|c| self.commands.get(&c)).cloned();
+        let forced = op.as_ref().is_some_and(|o| o.forced);
+        let overlaps = self.opts.store == crate::StoreKind::Kube;
+        // The nodes the operator's command (under way, or ended: a request of it may arrive
+        // late) took a block from.
+        let from: std::collections::BTreeSet<String> = match &op {
+            None => Default::default(),
+            Some(_) => self
+                .blocks
+                .iter()
+                .filter(|(b, o, _)| !after.iter().any(|(a, ao, _)| a == b && ao == o))
+                .map(|(_, o, _)| o.clone())
+                .collect(),
+        };
+        for node in &from {
+            match &op {
+                Some(o) if o.forced => self.forced_gave_back(node),
+                Some(o) if o.release_of.as_ref() == Some(node) => self.release_gave_back(node)?,
+                _ => {}
             }
         }
         let r = self
             .checker
-            .store_changed(&self.blocks, &after, by, |_| forced);
+            .store_changed(&self.blocks, &after, by, |_| forced, overlaps);
         self.blocks = after;
         self.snapshot();
         r
+    }
+
+    /// `release-node --force` gave a block of `node` back: its pods are the operator's doing,
+    /// and so is what its daemons hand out from it until their next sync.
+    fn forced_gave_back(&mut self, node: &str) {
+        for i in 0..self.slots.len() {
+            if self.slots[i].name != node || self.slots[i].gone {
+                continue;
+            }
+            self.checker
+                .excuse_slot(i, "release-node --force on a live node");
+            if let (Some(d), Some(c)) = (&self.slots[i].daemon, self.sync_counts(i)) {
+                let daemon = d.id;
+                self.forced.push(Forced {
+                    slot: i,
+                    daemon,
+                    until: Some([c[0] + 2, c[1] + 2]),
+                });
+            }
+        }
     }
 
     /// A release of `node` without `--force` gave a block of it back: where no store could
@@ -393,6 +435,15 @@ impl World {
                     }
                     self.slots[i].excused_release = true;
                     self.checker.excuse_slot(i, why);
+                    // A daemon that runs serves the block until its next sync, as after --force.
+                    if let (Some(d), Some(c)) = (&self.slots[i].daemon, self.sync_counts(i)) {
+                        let daemon = d.id;
+                        self.forced.push(Forced {
+                            slot: i,
+                            daemon,
+                            until: Some([c[0] + 2, c[1] + 2]),
+                        });
+                    }
                 }
                 None => {
                     return Err(format!(
@@ -406,6 +457,14 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// Starts an operator's command: its number.
+    pub fn command(&mut self, op: Op) -> usize {
+        self.op_seq += 1;
+        self.commands.insert(self.op_seq, op.clone());
+        self.op = Some(op);
+        self.op_seq
     }
 
     /// Takes in the ADDs, DELs and operator commands that finished.
@@ -502,13 +561,14 @@ impl World {
         }
         while self.step < self.opts.steps {
             self.step += 1;
+            self.net.release_held(Instant::now());
             let wait = crate::actions::act(self).map_err(|e| self.failure(e))?;
             tokio::time::sleep(wait).await;
             // What was answered during the wait is checked against the store as it was then
             // (a lease that ran out meanwhile is gone from then on).
             self.drain().map_err(|e| self.failure(e))?;
             self.shared.expire(Instant::now());
-            self.store_check("a lease's expiry", false)
+            self.store_check("a lease's expiry", None)
                 .map_err(|e| self.failure(e))?;
             self.liveness().map_err(|e| self.failure(e))?;
         }

@@ -1,0 +1,148 @@
+//! What happens to the nodes: pods added and deleted, daemons killed and restarted with their
+//! state dir kept, or wiped (the node and its pods gone), store connections cut and healed, a
+//! second daemon started under a node's name.
+
+use crate::world::World;
+
+/// A random running daemon's slot.
+pub(crate) fn running(w: &mut World) -> Option<usize> {
+    let up: Vec<usize> = (0..w.slots.len())
+        .filter(|i| w.slots[*i].daemon.is_some())
+        .collect();
+    match up.len() {
+        0 => None,
+        n => Some(up[w.choices.pick(n as u32) as usize]),
+    }
+}
+
+/// A slot of the nodes proper (not a twin).
+pub(crate) fn node_slot(w: &mut World) -> usize {
+    w.choices.pick(w.opts.nodes as u32) as usize
+}
+
+/// An ADD of a new pod on slot `i`.
+pub(crate) fn add(w: &mut World, i: usize) {
+    w.next_container += 1;
+    let c = format!("c{}", w.next_container);
+    let syncs = w.sync_counts(i).unwrap_or([0; 2]);
+    w.adding
+        .insert(c.clone(), crate::world::Adding { slot: i, syncs });
+    let done = w.done.clone();
+    if let Some(d) = w.slots[i].daemon.as_mut() {
+        d.add(&c, &done);
+    }
+}
+
+/// A DEL: one owed first (the kubelet retries them), else a random live pod's.
+pub(crate) fn del_some(w: &mut World) {
+    let owed: Vec<(String, usize)> = w
+        .owed
+        .iter()
+        .filter(|(_, s)| w.slots[**s].daemon.is_some())
+        .map(|(c, s)| (c.clone(), *s))
+        .collect();
+    let (c, slot) = match owed.len() {
+        0 => {
+            let live: Vec<(String, usize)> = w
+                .checker
+                .pods
+                .iter()
+                .filter(|(_, p)| w.slots[p.slot].daemon.is_some())
+                .map(|(c, p)| (c.clone(), p.slot))
+                .collect();
+            if live.is_empty() {
+                return;
+            }
+            live[w.choices.pick(live.len() as u32) as usize].clone()
+        }
+        n => owed[w.choices.pick(n as u32) as usize].clone(),
+    };
+    w.owed.remove(&c);
+    w.checker.deleting(&c);
+    w.note(format!("DEL {c} on {}", w.slots[slot].name));
+    let done = w.done.clone();
+    if let Some(d) = w.slots[slot].daemon.as_mut() {
+        d.del(&c, &done);
+    }
+}
+
+pub(crate) fn kill_or_restart(w: &mut World) -> Result<(), String> {
+    let i = w.choices.pick(w.slots.len() as u32) as usize;
+    if w.slots[i].twin_of.is_some() && w.slots[i].daemon.is_none() {
+        return Ok(());
+    }
+    match w.slots[i].daemon.is_some() {
+        true => {
+            w.note(format!("{} killed (-9)", w.slots[i].name));
+            w.kill(i);
+            Ok(())
+        }
+        false => w.start(i),
+    }
+}
+
+/// A node's daemon killed and its state dir wiped: the node and its pods are gone (until it
+/// starts again, as a new instance).
+pub(crate) fn wipe(w: &mut World) -> Result<(), String> {
+    let i = node_slot(w);
+    if w.slots[i].daemon.is_none() && w.slots[i].gone {
+        return w.start(i);
+    }
+    w.note(format!(
+        "{} killed and its state dir wiped: gone",
+        w.slots[i].name
+    ));
+    w.kill(i);
+    w.slots[i].disk = std::sync::Arc::new(ipool_server::store::MemStore::new());
+    w.slots[i].instance += 1;
+    w.slots[i].gone = true;
+    w.checker.wiped(i);
+    w.owed.retain(|_, s| *s != i);
+    Ok(())
+}
+
+pub(crate) fn cut_or_heal(w: &mut World) {
+    let i = w.choices.pick(w.slots.len() as u32) as usize;
+    let cut = w.net.is_cut(i);
+    w.net.set_cut(i, !cut);
+
+    w.note(format!(
+        "{}'s store connection {}",
+        w.slots[i].name,
+        if cut { "healed" } else { "cut" }
+    ));
+}
+
+/// A second daemon under a running node's name for a while (it must hold back), or stopped.
+pub(crate) fn twin(w: &mut World) -> Result<(), String> {
+    if let Some(t) = (0..w.slots.len()).find(|t| w.slots[*t].twin_of.is_some()) {
+        if w.slots[t].daemon.is_some() {
+            w.note(format!(
+                "the second daemon under {}'s name stopped",
+                w.slots[t].name
+            ));
+            w.kill(t);
+            w.checker.wiped(t);
+            w.owed.retain(|_, s| *s != t);
+            return Ok(());
+        }
+        return Ok(());
+    }
+    let i = node_slot(w);
+    if w.slots[i].daemon.is_none() {
+        return Ok(());
+    }
+    let name = w.slots[i].name.clone();
+    let instance = 1000 + w.slots.len() as u64;
+    w.slots.push(crate::world::Slot::new(
+        name.clone(),
+        std::sync::Arc::new(ipool_server::store::MemStore::new()),
+        instance,
+        Some(i),
+    ));
+    let t = w.slots.len() - 1;
+    w.note(format!(
+        "a second daemon started under {name}'s name (slot {t})"
+    ));
+    w.start(t)
+}
