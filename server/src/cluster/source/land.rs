@@ -21,7 +21,7 @@ impl ClusterSource {
                 match &done.work {
                     // The delete may have been applied or not: the next sync says.
                     Work::GiveBack(net, revision) => {
-                        if let Some(b) = self.blocks.get_mut(&net) {
+                        if let Some(b) = self.blocks.get_mut(net) {
                             b.state =
                                 match crate::bugs::on(crate::bugs::Bug::UnansweredGiveBackServes) {
                                     // The old way: back into service.
