@@ -237,12 +237,18 @@ impl ClusterSource {
                 self.widest = self.widest.min(net.prefix_len());
             }
         }
+        self.confirmed_now(net);
+        Ok(())
+    }
+
+    /// Block `net` may have come to be confirmed: it takes over what blocks of other sizes
+    /// over it hold here (see `take_over`).
+    fn confirmed_now(&mut self, net: IpNet) {
         if self.blocks.get(&net).is_some_and(|b| b.confirmed())
             && !crate::bugs::on(crate::bugs::Bug::OverlapNotTakenOver)
         {
             self.take_over(net);
         }
-        Ok(())
     }
 
     /// Blocks of another size over the addresses of `net`, confirmed as this node's: the

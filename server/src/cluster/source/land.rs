@@ -78,6 +78,7 @@ impl ClusterSource {
                 if let Some(b) = self.blocks.get_mut(&net) {
                     b.state = BlockState::Confirmed(revision);
                 }
+                self.confirmed_now(net);
                 Ok(format!("claimed back block {net} of cluster pool {pool:?}, which holds addresses in use here"))
             }
             (Work::Reclaim(net), Outcome::Taken(holder)) => {

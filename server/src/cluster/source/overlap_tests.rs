@@ -95,3 +95,51 @@ fn a_smaller_block_inside_a_lost_one_hands_out_nothing_held_here() {
         assert!(again.vacate(ip(h)), "{h}");
     }
 }
+
+#[test]
+fn after_a_restart_the_block_confirmed_takes_over_what_was_restored_into_old_ones() {
+    let n = node("");
+    n.pretend_renewed(std::time::Duration::ZERO);
+    let mut s = source(&n);
+    // Recorded before the restart: the new /26 and an old /27 inside it, both holding.
+    s.restore_block("10.0.0.0/26").expect("restored");
+    s.restore_block("10.0.0.0/27").expect("restored");
+    for h in ["10.0.0.2", "10.0.0.3", "10.0.0.40"] {
+        s.occupy(ip(h)).expect("held");
+    }
+    synced(&mut s, &n, &[block("10.0.0.0/26", 9)]);
+    let next = s.peek_next_n(60);
+    for h in ["10.0.0.2", "10.0.0.3", "10.0.0.40"] {
+        assert!(!next.contains(&ip(h)), "{h} is held here: {next:?}");
+    }
+    assert!(
+        !s.blocks.contains_key(&net("10.0.0.0/27")),
+        "emptied, dropped"
+    );
+}
+
+#[test]
+fn a_block_claimed_back_takes_over_too() {
+    let n = node("");
+    n.pretend_renewed(std::time::Duration::ZERO);
+    let mut s = source(&n);
+    s.restore_block("10.0.0.0/26").expect("restored");
+    s.restore_block("10.0.0.0/27").expect("restored");
+    s.occupy(ip("10.0.0.2")).expect("held, in the /27");
+    s.occupy(ip("10.0.0.40")).expect("held, in the /26");
+    // The store lists neither: both are claimed back; the /26 is won back.
+    synced(&mut s, &n, &[]);
+    land(
+        &mut s,
+        Work::Reclaim(net("10.0.0.0/26")),
+        Ok(Outcome::Reclaimed(super::tests::rev(12))),
+    )
+    .expect("claimed back");
+    let next = s.peek_next_n(60);
+    assert!(next.len() > 50, "{next:?}");
+    assert!(!next.contains(&ip("10.0.0.2")) && !next.contains(&ip("10.0.0.40")));
+    assert!(
+        !s.blocks.contains_key(&net("10.0.0.0/27")),
+        "emptied, dropped"
+    );
+}
