@@ -107,7 +107,7 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
             }
             match w.choices.pick(4) {
                 3 => {
-                    let hold = ms(w, 600, 10_000);
+                    let hold = ms(w, 600, 20_000);
                     w.note(format!(
                         "a request held on its way for {} ms",
                         hold.as_millis()
@@ -148,20 +148,20 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
             release(w);
             Ok(tick)
         }
-        989..=990 if sw.pools => {
+        989..=991 if sw.pools => {
             pool_op(w);
             Ok(tick)
         }
-        991..=992 if sw.twins => {
+        992..=993 if sw.twins => {
             twin(w)?;
             Ok(tick)
         }
-        993..=994 if sw.clocks => {
+        994..=995 if sw.clocks => {
             jump_clock(w);
             Ok(tick)
         }
-        995..=996 if sw.restores && w.opts.store == StoreKind::Etcd => {
-            backup_or_restore(w);
+        996..=997 if sw.restores && w.opts.store == StoreKind::Etcd => {
+            backup_or_restore(w)?;
             Ok(tick)
         }
         _ => Ok(tick),

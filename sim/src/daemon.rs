@@ -128,8 +128,16 @@ impl Setting {
     }
 }
 
-/// A store connection of sender `from` through `net` (dead once `alive` is false).
-pub fn connector(kind: StoreKind, net: Net, from: usize, alive: Arc<AtomicBool>) -> Connector {
+/// A store connection of sender `from` through `net` (dead once `alive` is false), writing on
+/// the Kubernetes API as field manager `manager` (ipoold's, or ipoolctl's: release-node
+/// measures absence by the times the apiserver stamps on each one's writes).
+pub fn connector(
+    kind: StoreKind,
+    net: Net,
+    from: usize,
+    alive: Arc<AtomicBool>,
+    manager: &'static str,
+) -> Connector {
     Arc::new(move |settings, _tls, limiter| {
         let (net, alive, limiter) = (net.clone(), alive.clone(), limiter.clone());
         let timeout = Duration::from_millis(settings.etcd_timeout_ms);
@@ -153,13 +161,7 @@ pub fn connector(kind: StoreKind, net: Net, from: usize, alive: Arc<AtomicBool>)
                         alive,
                     };
                     let client = kube::Client::new(wire, "default");
-                    let s = KubeStore::connect(
-                        client,
-                        &lease_ns,
-                        Some(limiter),
-                        ipool_server::cluster::kube::FIELD_MANAGER,
-                    )
-                    .await?;
+                    let s = KubeStore::connect(client, &lease_ns, Some(limiter), manager).await?;
                     Ok(Arc::new(s) as Store)
                 }
             }
@@ -215,7 +217,13 @@ impl Daemon {
     ) -> Result<Daemon, String> {
         let config = setting.config(name);
         let alive = Arc::new(AtomicBool::new(true));
-        let conn = connector(setting.store, net.clone(), from, alive.clone());
+        let conn = connector(
+            setting.store,
+            net.clone(),
+            from,
+            alive.clone(),
+            ipool_server::cluster::kube::FIELD_MANAGER,
+        );
         let settings = config.cluster.clone().expect("[cluster]");
         let metrics = Arc::new(ipool_server::metrics::Metrics::default());
         let node = ClusterNode::with_connector(
@@ -317,6 +325,15 @@ impl Daemon {
             });
         }));
         self.calls.retain(|c| !c.is_finished());
+    }
+
+    /// Its cluster sources' blocks, as `ipoolctl status` shows them.
+    pub fn detail(&self) -> Vec<String> {
+        self.ipam
+            .pool_status(Some(NETWORK))
+            .into_iter()
+            .filter_map(|p| p.detail)
+            .collect()
     }
 
     /// The attachments it holds: container and addresses.

@@ -89,6 +89,13 @@ impl Etcd {
         self.data.kv.iter()
     }
 
+    /// Whether lease `id` carries a node's `alive` key (the lease that holds a name).
+    pub fn holds_a_name(&self, id: i64) -> bool {
+        self.leases
+            .get(&id)
+            .is_some_and(|l| l.keys.iter().any(|k| k.ends_with(b"/alive")))
+    }
+
     /// When lease `id` runs out unless renewed (None: no lease, the key stays).
     pub fn lease_expiry(&self, id: i64) -> Option<Instant> {
         match id {

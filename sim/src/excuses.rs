@@ -116,11 +116,25 @@ impl World {
                     .into(),
             ));
         }
+        let snap = self.snapshot_at(decided);
+        let seen: Vec<String> = snap
+            .holders
+            .iter()
+            .filter(|h| h.node == s.name)
+            .map(|h| {
+                format!(
+                    "{} until {:?} ms",
+                    h.instance,
+                    h.until.map(|u| self.ms_of(u))
+                )
+            })
+            .collect();
         Err(format!(
-            "{} (slot {slot}, instance {}) handed out an address at {ms} ms while the store shows its name held by {}",
+            "{} (slot {slot}, instance {}) handed out an address at {ms} ms while the store shows its name held by {} (the store as of {} ms: {seen:?})",
             s.name,
             s.instance_id(),
-            holder.map_or("no one".to_string(), |h| format!("{h:?}"))
+            holder.map_or("no one".to_string(), |h| format!("{h:?}")),
+            self.ms_of(snap.at)
         ))
     }
 
@@ -171,6 +185,14 @@ impl World {
             .filter(|h| h.holds_at(now))
             .map(|h| (h.node, h.instance))
             .collect();
+        if self.opts.trace {
+            let names: Vec<String> = held.iter().map(|(n, h)| format!("{n}: {h}")).collect();
+            let line = format!("names held: {}", names.join(", "));
+            if self.last_names.as_ref() != Some(&line) {
+                self.note(line.clone());
+                self.last_names = Some(line);
+            }
+        }
         for (name, holder) in held {
             let Some(slot) = self
                 .slots

@@ -67,7 +67,14 @@ pub(crate) fn del_some(w: &mut World) {
 }
 
 pub(crate) fn kill_or_restart(w: &mut World) -> Result<(), String> {
-    let i = w.choices.pick(w.slots.len() as u32) as usize;
+    // A stopped one started half the time: daemons are down for seconds, not minutes.
+    let down: Vec<usize> = (0..w.slots.len())
+        .filter(|i| w.slots[*i].daemon.is_none() && w.slots[*i].twin_of.is_none())
+        .collect();
+    let i = match (down.len(), w.choices.pick(2)) {
+        (0, _) | (_, 0) => w.choices.pick(w.slots.len() as u32) as usize,
+        (n, _) => down[w.choices.pick(n as u32) as usize],
+    };
     if w.slots[i].twin_of.is_some() && w.slots[i].daemon.is_none() {
         return Ok(());
     }
@@ -102,7 +109,12 @@ pub(crate) fn wipe(w: &mut World) -> Result<(), String> {
 }
 
 pub(crate) fn cut_or_heal(w: &mut World) {
-    let i = w.choices.pick(w.slots.len() as u32) as usize;
+    // A cut one healed half the time: cuts last seconds, not minutes.
+    let cut_ones: Vec<usize> = (0..w.slots.len()).filter(|i| w.net.is_cut(*i)).collect();
+    let i = match (cut_ones.len(), w.choices.pick(2)) {
+        (0, _) | (_, 0) => w.choices.pick(w.slots.len() as u32) as usize,
+        (n, _) => cut_ones[w.choices.pick(n as u32) as usize],
+    };
     let cut = w.net.is_cut(i);
     w.net.set_cut(i, !cut);
 

@@ -31,6 +31,7 @@ impl World {
             self.net.clone(),
             crate::net::operator(self.op_seq),
             Arc::new(AtomicBool::new(true)),
+            "ipoolctl",
         );
         let mut settings = self.setting.config("operator").cluster.expect("[cluster]");
         if elsewhere {
@@ -255,10 +256,10 @@ pub(crate) fn jump_clock(w: &mut World) {
     w.note(format!("the wall clock jumps {secs} s"));
 }
 
-pub(crate) fn backup_or_restore(w: &mut World) {
+pub(crate) fn backup_or_restore(w: &mut World) -> Result<(), String> {
     let restore = w.choices.chance(1, 2);
     // Each restore makes a new cluster (etcdutl snapshot restore), with an id of its own.
-    let id = 0xbac0_0000 | (w.opts.seed & 0xffff) << 8 | (w.step & 0xff);
+    let id = 0xbac0_0000_0000 | w.step;
     if let Shared::Etcd(e) = &mut w.shared {
         match restore {
             false => {
@@ -273,8 +274,10 @@ pub(crate) fn backup_or_restore(w: &mut World) {
                         s.unaware = true;
                     }
                     w.restored_at = Some(w.ms());
+                    return w.store_check(crate::world::RESTORE, None, None);
                 }
             }
         }
     }
+    Ok(())
 }

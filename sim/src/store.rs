@@ -86,9 +86,10 @@ impl Shared {
                 _ => {
                     let r = e.apply(call, now).map_err(EtcdError::Status);
                     renewed = match (call, &r) {
-                        // The alive key's lease (the seen key's is of days).
+                        // The lease that holds the name (the seen key's is of days; after a
+                        // restore, a lease may hold no key any more).
                         (Call::LeaseKeepAlive(_), Ok(Reply::LeaseKeepAlive(k))) => {
-                            k.ttl > 0 && k.ttl < 3600
+                            k.ttl > 0 && e.holds_a_name(k.id)
                         }
                         (Call::Txn(t), Ok(Reply::Txn(a))) => {
                             a.succeeded
@@ -177,6 +178,35 @@ impl Shared {
                         spec["cidr"].as_str()?.parse().ok()?,
                         spec["node"].as_str()?.to_string(),
                         spec["pool"].as_str()?.to_string(),
+                    ))
+                })
+                .collect(),
+        }
+    }
+
+    /// Every block's revision (etcd: its key's mod revision; the Kubernetes API: its
+    /// resourceVersion): it moves with every write of the block.
+    pub fn block_revisions(&self) -> std::collections::BTreeMap<IpNet, u64> {
+        match self {
+            Shared::Etcd(e) => e
+                .keys()
+                .filter_map(|(k, kv)| {
+                    let key = std::str::from_utf8(k).ok()?;
+                    let rest = key.strip_prefix("/ipool/v1/blocks/")?;
+                    let (_, part) = rest.split_once('/')?;
+                    let (addr, len) = part.rsplit_once('-')?;
+                    let net = IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()?;
+                    Some((net, kv.mod_revision as u64))
+                })
+                .collect(),
+            Shared::Api { objects, .. } => objects
+                .objects
+                .iter()
+                .filter(|(k, _)| k.0 == "ipblocks")
+                .filter_map(|(_, o)| {
+                    Some((
+                        o["spec"]["cidr"].as_str()?.parse().ok()?,
+                        o["metadata"]["resourceVersion"].as_str()?.parse().ok()?,
                     ))
                 })
                 .collect(),

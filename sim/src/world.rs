@@ -102,6 +102,9 @@ pub(crate) struct Snapshot {
     pub holders: Vec<Holder>,
 }
 
+/// Who changed the store when etcd was restored from a backup.
+pub(crate) const RESTORE: &str = "etcd's restore";
+
 /// How many snapshots are kept: enough for any ADD's pick to lie within them.
 const SNAPSHOTS: usize = 512;
 
@@ -160,9 +163,13 @@ pub(crate) struct World {
     pub store_version: u64,
     pub blocks: Vec<StoreBlock>,
     pub snapshots: std::collections::VecDeque<Snapshot>,
+    /// Each block's revision, and when it was last written.
+    pub written: BTreeMap<ipnet::IpNet, (u64, Instant)>,
     pub forced: Vec<Forced>,
     /// When (ms) etcd was last restored from a backup.
     pub restored_at: Option<u64>,
+    /// The names held, as the trace last said.
+    pub last_names: Option<String>,
     /// The daemon instance that last held each node name in the store.
     pub holders: BTreeMap<String, String>,
 }
@@ -212,8 +219,10 @@ impl World {
             store_version: 0,
             blocks: Vec::new(),
             snapshots: std::collections::VecDeque::new(),
+            written: BTreeMap::new(),
             forced: Vec::new(),
             restored_at: None,
+            last_names: None,
             holders: BTreeMap::new(),
         };
         w.blocks = w.shared.blocks();
@@ -314,7 +323,7 @@ impl World {
         let Some(req) = self.net.take(i) else {
             return Ok(());
         };
-        let (from, awaited) = (req.from, req.awaited());
+        let (from, awaited, sent) = (req.from, req.awaited(), req.sent);
         let who = match from {
             f if command_of(f).is_some() => "the operator".to_string(),
             s => self
@@ -359,17 +368,23 @@ impl World {
             // A lease renewed: no revision, but a holder's term.
             self.snapshot();
         }
-        self.store_check(&who, command_of(from))
+        self.store_check(&who, command_of(from), Some(sent))
     }
 
     /// Checks the store after it may have changed.
-    pub fn store_check(&mut self, by: &str, command: Option<usize>) -> Result<(), String> {
+    pub fn store_check(
+        &mut self,
+        by: &str,
+        command: Option<usize>,
+        sent: Option<Instant>,
+    ) -> Result<(), String> {
         let v = self.shared.version();
         if v == self.store_version {
             return Ok(());
         }
         self.store_version = v;
         self.track_holders();
+        self.stale_writes(by, sent)?;
         let after = self.shared.blocks();
         let op = command.and_then(|c| self.commands.get(&c)).cloned();
         let forced = op.as_ref().is_some_and(|o| o.forced);
@@ -398,6 +413,39 @@ impl World {
         self.blocks = after;
         self.snapshot();
         r
+    }
+
+    /// A block deleted by a request sent (at `sent`) before the block was last written: the
+    /// delete was conditioned on what its sender read, which that write changed, so it must
+    /// have failed (a give-back, late or not, never applies to a block settled since).
+    fn stale_writes(&mut self, by: &str, sent: Option<Instant>) -> Result<(), String> {
+        let now = Instant::now();
+        let revs = self.shared.block_revisions();
+        if let Some(sent) = sent {
+            for (net, (_, at)) in &self.written {
+                if !revs.contains_key(net) && *at > sent {
+                    return Err(format!(
+                        "block {net} deleted by a request of {by} sent at {} ms, though the block was written after that, at {} ms: a give-back on what its sender read applied after a write changed it",
+                        self.ms_of(sent),
+                        self.ms_of(*at)
+                    ));
+                }
+            }
+        }
+        // A restore from a backup is no write: what it brings back was written before.
+        let when = match sent.is_none() && by == RESTORE {
+            true => self.started,
+            false => now,
+        };
+        let written = std::mem::take(&mut self.written);
+        self.written = revs
+            .into_iter()
+            .map(|(net, rev)| match written.get(&net) {
+                Some((r, at)) if *r == rev => (net, (rev, *at)),
+                _ => (net, (rev, when)),
+            })
+            .collect();
+        Ok(())
     }
 
     /// `release-node --force` gave a block of `node` back: its pods are the operator's doing,
@@ -515,6 +563,10 @@ impl World {
                             )?;
                         }
                         (Err(e), _) => {
+                            if e.starts_with("internal") {
+                                let detail = self.slots[slot].daemon.as_ref().map(|d| d.detail());
+                                self.note(format!("{detail:?}"));
+                            }
                             self.note(format!("ADD {container} failed: {e}"));
                             self.owed.insert(container, slot);
                         }
@@ -568,7 +620,7 @@ impl World {
             // (a lease that ran out meanwhile is gone from then on).
             self.drain().map_err(|e| self.failure(e))?;
             self.shared.expire(Instant::now());
-            self.store_check("a lease's expiry", None)
+            self.store_check("a lease's expiry", None, None)
                 .map_err(|e| self.failure(e))?;
             self.liveness().map_err(|e| self.failure(e))?;
         }

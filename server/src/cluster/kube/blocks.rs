@@ -219,9 +219,15 @@ impl BlockStore for KubeStore {
         let from = objects::pool_revision_of(&written).unwrap_or(0);
         Ok(match self.pool_verdict(&b.pool, from).await? {
             PoolNow::Same => Settled::Mine(revision),
-            // The old way: a pool being deleted counted as gone.
+            // The old way: a pool being deleted counted as gone, and the store gave the block
+            // back there and then.
             PoolNow::Deleting if crate::bugs::on(crate::bugs::Bug::DeletingIsGone) => {
-                Settled::PoolGone(revision)
+                self.give_back(&Block {
+                    revision,
+                    ..b.clone()
+                })
+                .await?;
+                Settled::Changed
             }
             PoolNow::Deleting => Settled::PoolDeleting(revision),
             PoolNow::Gone | PoolNow::Changed => Settled::PoolGone(revision),
