@@ -71,6 +71,11 @@ pub enum Bug {
     /// addresses a lost block of the old size held here: it could hand them out again, and the
     /// daemon refused to start (found by the simulation, session 16).
     OverlapNotTakenOver,
+    /// A block of another size, claimed inside a bigger block this node still served (the
+    /// pool moved while the node had not synced yet), left the bigger one serving the
+    /// addresses it took over: the node handed one out twice (found by the simulation,
+    /// session 16; the engine, which now refuses an address its pool holds, answered 11).
+    OverlapBothServe,
 }
 
 impl Bug {
@@ -95,6 +100,7 @@ impl Bug {
         Bug::DeletingIsGone,
         Bug::NoLeaseIsAbsence,
         Bug::OverlapNotTakenOver,
+        Bug::OverlapBothServe,
     ];
 
     pub fn name(self) -> &'static str {
@@ -118,6 +124,7 @@ impl Bug {
             Bug::DeletingIsGone => "deleting-is-gone",
             Bug::NoLeaseIsAbsence => "no-lease-is-absence",
             Bug::OverlapNotTakenOver => "overlap-not-taken-over",
+            Bug::OverlapBothServe => "overlap-both-serve",
         }
     }
 

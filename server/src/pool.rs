@@ -235,7 +235,8 @@ impl<O: Clone> Pool<O> {
         Ok(())
     }
 
-    fn holds(&self, ip: IpAddr) -> bool {
+    /// `ip` is in use, idle or reserved here.
+    pub fn holds(&self, ip: IpAddr) -> bool {
         self.idle_since.contains_key(&ip)
             || self.in_use.contains_key(&ip)
             || self.reserved.contains(&ip)

@@ -288,6 +288,15 @@ impl ClusterSource {
             }
             if old.is_empty() {
                 self.drop_block(k);
+            } else if !matches!(old.state, BlockState::Lost(_))
+                && !crate::bugs::on(crate::bugs::Bug::OverlapBothServe)
+            {
+                // What it still holds lies outside `net` or cannot be held there; `net`, read
+                // since, is this node's: the older block serves nothing more (its free addresses
+                // are `net`'s now), and goes once what it holds is released.
+                old.state = BlockState::Lost(format!(
+                    "block {net} of this node's, confirmed since, lies over it"
+                ));
             }
         }
     }

@@ -141,6 +141,15 @@ impl RangeSetPool {
         }
         // The pool asks the source (it has a token, and no cooled idle address).
         let why = match next {
+            // A source that offers what this pool holds has lost track of it: nothing is taken
+            // (no change set names it twice), and the ADD is refused saying so.
+            Next::Ready(ip) if self.pool.holds(ip) => {
+                self.source_errors += 1;
+                tracing::error!(%ip, ranges = %self.source.describe(), "the source offered an address this pool holds: refused (a bug)");
+                Some(format!(
+                    "internal: its source offered {ip}, which is held here already; nothing was handed out"
+                ))
+            }
             Next::Ready(ip) => match self.bucket.try_take(now) {
                 Ok(()) => {
                     self.source_calls += 1;

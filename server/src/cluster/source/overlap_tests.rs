@@ -143,3 +143,34 @@ fn a_block_claimed_back_takes_over_too() {
         "emptied, dropped"
     );
 }
+
+#[test]
+fn a_smaller_block_claimed_inside_a_confirmed_one_leaves_the_bigger_one_serving_nothing() {
+    // The pool moved to smaller blocks while this node served a bigger one it had not yet
+    // synced (a forced release): the new block wins; the old one serves nothing more.
+    let n = node("");
+    n.pretend_renewed(std::time::Duration::ZERO);
+    let mut s = source(&n);
+    synced(&mut s, &n, &[block("10.0.0.0/27", 7)]);
+    s.occupy(ip("10.0.0.2")).expect("held");
+    s.occupy(ip("10.0.0.20")).expect("held");
+    land(
+        &mut s,
+        Work::Claim {
+            cidrs: vec![net("10.0.0.0/24")],
+        },
+        Ok(Outcome::Claimed(block("10.0.0.16/28", 9))),
+    )
+    .expect("claimed");
+    let next = s.peek_next_n(40);
+    assert!(!next.is_empty());
+    assert!(
+        next.iter().all(|a| net("10.0.0.16/28").contains(a)),
+        "only the new block serves: {next:?}"
+    );
+    assert!(!next.contains(&ip("10.0.0.20")));
+    assert!(
+        s.withheld(ip("10.0.0.5")).is_some(),
+        "the old block serves nothing"
+    );
+}
