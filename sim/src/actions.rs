@@ -14,8 +14,10 @@ use ipool_server::cluster::etcd::client::Call;
 use tokio::time::Instant;
 
 use crate::choice::Choices;
-use crate::nodes::{add, cut_or_heal, del_some, kill_or_restart, running, twin, wipe};
-use crate::operator::{backup_or_restore, jump_clock, pool_op, release};
+use crate::nodes::{
+    add, cut_or_heal, cut_or_heal_one, del_oldest, del_some, kill_or_restart, running, twin, wipe,
+};
+use crate::operator::{backup_or_restore, jump_clock, pool_op, release, release_one};
 use crate::store::Fate;
 use crate::world::World;
 use crate::StoreKind;
@@ -105,8 +107,15 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
                 w.deliver(i, Fate::Answer)?;
                 return Ok(tick);
             }
-            match w.choices.pick(4) {
-                3 => {
+            match w.choices.pick(5) {
+                k @ 0..=2 => w.deliver(i, [Fate::Fail, Fate::Lose, Fate::Drop][k as usize])?,
+                _ => {
+                    // A write, where one is on its way: a late write is what can do harm.
+                    let writes = w.net.writes();
+                    let i = match writes.len() {
+                        0 => i,
+                        n => writes[w.choices.pick(n as u32) as usize],
+                    };
                     let hold = ms(w, 600, 20_000);
                     w.note(format!(
                         "a request held on its way for {} ms",
@@ -114,7 +123,6 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
                     ));
                     w.net.hold(i, Instant::now() + hold);
                 }
-                k => w.deliver(i, [Fate::Fail, Fate::Lose, Fate::Drop][k as usize])?,
             }
             Ok(tick)
         }
@@ -166,6 +174,81 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
         }
         _ => Ok(tick),
     }
+}
+
+/// The exhaustive walk's boot: every request delivered as it comes, until both nodes serve and
+/// each holds a pod; no pick is made.
+pub(crate) async fn boot(w: &mut World) -> Result<(), String> {
+    let mut added = false;
+    for _ in 0..2000 {
+        w.net.release_held(Instant::now());
+        let wait = match w.net.is_empty() {
+            true => Duration::from_millis(20),
+            false => {
+                w.deliver(0, Fate::Answer)?;
+                Duration::from_millis(1)
+            }
+        };
+        tokio::time::sleep(wait).await;
+        w.drain()?;
+        let serving = (0..w.slots.len()).all(|i| w.sync_counts(i).is_some_and(|c| c[0] > 0));
+        if serving && !added {
+            for i in 0..w.slots.len() {
+                add(w, i);
+            }
+            added = true;
+        }
+        if added && w.adding.is_empty() && w.net.is_empty() {
+            w.note("booted: both nodes serve, each with a pod".into());
+            return Ok(());
+        }
+    }
+    Err("the smallest cluster did not boot".into())
+}
+
+/// One step of the exhaustive walk: a pick among the small set of actions (0 the plainest):
+/// the oldest request delivered, the newest delivered (an overtaking), the oldest failed,
+/// answered into the void, or held for two seconds; time moving on past the deadlines or past
+/// the fence; a pod added on either node or the oldest deleted; either node's daemon killed or
+/// restarted; the second node's connection cut or healed; release-node on the second node,
+/// forced, or not (`--absent-for 0`).
+pub(crate) fn act_small(w: &mut World) -> Result<Duration, String> {
+    let tick = Duration::from_millis(1);
+    let pending = w.net.len();
+    let newest = pending.saturating_sub(1);
+    let pick = w.choices.pick(15);
+    match pick {
+        0..=3 if pending == 0 => return Ok(Duration::from_millis(20)),
+        0 => w.deliver(0, Fate::Answer)?,
+        1 => w.deliver(newest, Fate::Answer)?,
+        2 => w.deliver(0, Fate::Fail)?,
+        3 => w.deliver(0, Fate::Lose)?,
+        4 if pending > 0 => w.net.hold(0, Instant::now() + Duration::from_secs(2)),
+        4 => return Ok(tick),
+        5 => return Ok(Duration::from_millis(600)),
+        6 => return Ok(Duration::from_secs(7)),
+        7 | 8 => {
+            let i = (pick - 7) as usize;
+            if w.slots[i].daemon.is_some() {
+                add(w, i);
+            }
+        }
+        9 => del_oldest(w),
+        10 | 11 => {
+            let i = (pick - 10) as usize;
+            match w.slots[i].daemon.is_some() {
+                true => {
+                    w.note(format!("{} killed (-9)", w.slots[i].name));
+                    w.kill(i);
+                }
+                false => w.start(i)?,
+            }
+        }
+        12 => cut_or_heal_one(w, 1),
+        13 => release_one(w, 1, true),
+        _ => release_one(w, 1, false),
+    }
+    Ok(tick)
 }
 
 /// An etcd call in a few words, for the trace.

@@ -22,6 +22,7 @@ pub mod choice;
 pub mod daemon;
 pub mod etcd;
 pub mod net;
+pub mod search;
 pub mod store;
 
 mod actions;
@@ -63,6 +64,9 @@ pub struct Options {
     pub trace: bool,
     /// The smallest cluster: a pool of two blocks.
     pub small: bool,
+    /// The exhaustive walk's run: the cluster booted plainly (no picks), then `steps` steps
+    /// of the small set of actions (see `actions::act_small`), every one a pick.
+    pub exhaustive: bool,
     /// Closed paths to a duplicate put back for the run.
     pub bugs: Vec<Bug>,
 }
@@ -77,8 +81,20 @@ impl Options {
             steps: 2000,
             trace: false,
             small: false,
+            exhaustive: false,
             bugs: Vec::new(),
         }
+    }
+
+    /// The exhaustive walk's run on `store`: two nodes, a pool of two blocks, `depth` steps
+    /// of the small set of actions.
+    pub fn exhaustive(store: StoreKind, depth: u64) -> Options {
+        let mut o = Options::new(0, store);
+        o.nodes = 2;
+        o.small = true;
+        o.exhaustive = true;
+        o.steps = depth;
+        o
     }
 
     /// `[cluster]`'s numbers: short leases and resyncs, quick give-backs, so that blocks move.
@@ -135,6 +151,8 @@ pub struct Outcome {
     pub trace: Vec<String>,
     /// The run's picks: `Choices::replay` of them runs it again.
     pub picks: Vec<u32>,
+    /// How many options each pick had.
+    pub options: Vec<u32>,
 }
 
 /// Runs one simulation with `choices`.

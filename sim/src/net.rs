@@ -131,6 +131,23 @@ impl Net {
         Some(rx)
     }
 
+    /// The requests on their way that write (etcd's transactions with writes, puts and
+    /// deletes; the apiserver's POST, PUT and DELETE): the ones worth holding.
+    pub fn writes(&self) -> Vec<usize> {
+        self.lock()
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| match &r.wire {
+                Wire::Etcd(Call::Txn(t)) => !t.success.is_empty(),
+                Wire::Etcd(Call::Put(_) | Call::DeleteRange(_)) => true,
+                Wire::Etcd(_) => false,
+                Wire::Api { method, .. } => method != "GET",
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// Holds the `i`th request on its way until `until`.
     pub fn hold(&self, i: usize, until: Instant) {
         let mut s = self.lock();

@@ -33,6 +33,31 @@ pub(crate) fn add(w: &mut World, i: usize) {
     }
 }
 
+/// A DEL of the oldest live pod whose daemon runs (the exhaustive walk's).
+pub(crate) fn del_oldest(w: &mut World) {
+    let oldest = w
+        .checker
+        .pods
+        .iter()
+        .filter(|(_, p)| w.slots[p.slot].daemon.is_some())
+        .min_by_key(|(_, p)| p.at)
+        .map(|(c, p)| (c.clone(), p.slot));
+    if let Some((c, slot)) = oldest {
+        del(w, &c, slot);
+    }
+}
+
+/// A DEL of `c` on slot `slot`: its addresses may go to others from now.
+fn del(w: &mut World, c: &str, slot: usize) {
+    w.owed.remove(c);
+    w.checker.deleting(c);
+    w.note(format!("DEL {c} on {}", w.slots[slot].name));
+    let done = w.done.clone();
+    if let Some(d) = w.slots[slot].daemon.as_mut() {
+        d.del(c, &done);
+    }
+}
+
 /// A DEL: one owed first (the kubelet retries them), else a random live pod's.
 pub(crate) fn del_some(w: &mut World) {
     let owed: Vec<(String, usize)> = w
@@ -57,13 +82,7 @@ pub(crate) fn del_some(w: &mut World) {
         }
         n => owed[w.choices.pick(n as u32) as usize].clone(),
     };
-    w.owed.remove(&c);
-    w.checker.deleting(&c);
-    w.note(format!("DEL {c} on {}", w.slots[slot].name));
-    let done = w.done.clone();
-    if let Some(d) = w.slots[slot].daemon.as_mut() {
-        d.del(&c, &done);
-    }
+    del(w, &c, slot);
 }
 
 pub(crate) fn kill_or_restart(w: &mut World) -> Result<(), String> {
@@ -115,9 +134,13 @@ pub(crate) fn cut_or_heal(w: &mut World) {
         (0, _) | (_, 0) => w.choices.pick(w.slots.len() as u32) as usize,
         (n, _) => cut_ones[w.choices.pick(n as u32) as usize],
     };
+    cut_or_heal_one(w, i);
+}
+
+/// Slot `i`'s store connection cut, or healed if it was.
+pub(crate) fn cut_or_heal_one(w: &mut World, i: usize) {
     let cut = w.net.is_cut(i);
     w.net.set_cut(i, !cut);
-
     w.note(format!(
         "{}'s store connection {}",
         w.slots[i].name,

@@ -180,7 +180,6 @@ pub(crate) fn release(w: &mut World) {
         return;
     }
     let i = node_slot(w);
-    let name = w.slots[i].name.clone();
     let gone = w.slots[i].gone && w.slots[i].daemon.is_none();
     let force = !gone && w.choices.chance(1, 3);
     let elsewhere = !gone && !force && w.choices.chance(1, 2);
@@ -189,14 +188,31 @@ pub(crate) fn release(w: &mut World) {
         true => 0,
         false => 3600,
     };
+    release_as(w, i, force, elsewhere, absent_for);
+}
+
+/// release-node on slot `i`'s node, forced or not (`--absent-for 0`): the exhaustive walk's.
+pub(crate) fn release_one(w: &mut World, i: usize, force: bool) {
+    if w.op.is_none() {
+        release_as(w, i, force, false, 0);
+    }
+}
+
+fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for: u64) {
+    let name = w.slots[i].name.clone();
     if force {
         w.checker
             .excuse(&name, "release-node --force on a live node");
         w.force_starts(&name);
     }
     let what = format!(
-        "release-node {name}{}{}",
+        "release-node {name}{}{}{}",
         if force { " --force" } else { "" },
+        if absent_for == 0 {
+            " --absent-for 0"
+        } else {
+            ""
+        },
         if elsewhere {
             " (where the daemons keep no names)"
         } else {
