@@ -22,23 +22,61 @@ use crate::store::Fate;
 use crate::world::World;
 use crate::StoreKind;
 
-/// What a run may do: each run leaves some kinds of fault out (swarm testing, as Groce et al.
-/// found: what remains happens often enough to meet), and sets how often a delivery meets a
-/// fault. Half the runs allow everything.
+/// What a step can be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A request delivered (`faults` of 100 with a fault).
+    Deliver,
+    /// Time moving on by milliseconds.
+    Tick,
+    /// By tens or hundreds of milliseconds.
+    Wait,
+    Add,
+    Del,
+    /// By seconds: past the daemons' deadlines (500 ms).
+    Pause,
+    /// By many seconds: past the fence.
+    Leap,
+    Kill,
+    Wipe,
+    Cut,
+    Release,
+    Pool,
+    Twin,
+    Clock,
+    Restore,
+}
+
+/// Each kind of step with its weight out of 1000 in a run that allows everything: deliveries
+/// 69 %, time moving on 13 % (mostly milliseconds), ADD 10 %, DEL 5 %, and the rarer faults
+/// each a few in a thousand: time for the nodes to get somewhere between them.
+const WEIGHTS: [(Kind, u32); 15] = [
+    (Kind::Deliver, 690),
+    (Kind::Tick, 90),
+    (Kind::Wait, 30),
+    (Kind::Add, 100),
+    (Kind::Del, 50),
+    (Kind::Pause, 10),
+    (Kind::Leap, 4),
+    (Kind::Kill, 6),
+    (Kind::Wipe, 2),
+    (Kind::Cut, 4),
+    (Kind::Release, 3),
+    (Kind::Pool, 3),
+    (Kind::Twin, 2),
+    (Kind::Clock, 2),
+    (Kind::Restore, 2),
+];
+
+/// What a run may do: each run leaves some kinds of fault out and makes others four times as
+/// common (swarm testing, as Groce et al. found: what remains meets more often), and sets how
+/// often a delivery meets a fault. Half the runs allow everything as it is.
 #[derive(Clone, Debug)]
 pub struct Swarm {
     /// Of 100 deliveries, how many meet a fault (failed, lost, dropped, held).
     pub faults: u32,
-    /// Time moving by seconds at once (every deadline passes).
-    pub leaps: bool,
-    pub kills: bool,
-    pub wipes: bool,
-    pub cuts: bool,
-    pub releases: bool,
-    pub pools: bool,
-    pub twins: bool,
-    pub clocks: bool,
-    pub restores: bool,
+    /// Each kind of step, its weight.
+    pub weights: Vec<(Kind, u32)>,
 }
 
 impl Swarm {
@@ -46,15 +84,7 @@ impl Swarm {
     pub fn all() -> Swarm {
         Swarm {
             faults: 6,
-            leaps: true,
-            kills: true,
-            wipes: true,
-            cuts: true,
-            releases: true,
-            pools: true,
-            twins: true,
-            clocks: true,
-            restores: true,
+            weights: WEIGHTS.to_vec(),
         }
     }
 
@@ -63,38 +93,46 @@ impl Swarm {
         if c.pick(2) == 0 {
             return Swarm::all();
         }
-        // Each kind left in two times out of three.
-        let mut on = || c.pick(3) != 1;
-        let (leaps, kills, wipes, cuts, releases) = (on(), on(), on(), on(), on());
-        let (pools, twins, clocks, restores) = (on(), on(), on(), on());
-        Swarm {
-            faults: [6, 0, 2, 15][c.pick(4) as usize],
-            leaps,
-            kills,
-            wipes,
-            cuts,
-            releases,
-            pools,
-            twins,
-            clocks,
-            restores,
+        let faults = [6, 0, 2, 15][c.pick(4) as usize];
+        let weights = WEIGHTS
+            .iter()
+            .map(|(k, w)| match k {
+                Kind::Deliver | Kind::Tick | Kind::Wait | Kind::Add | Kind::Del => (*k, *w),
+                // Left out, as it is, or four times as common.
+                _ => (*k, w * [1, 0, 4][c.pick(3) as usize]),
+            })
+            .collect();
+        Swarm { faults, weights }
+    }
+
+    /// The kind of step `pick` (within `total`) names.
+    fn kind(&self, mut pick: u32) -> Kind {
+        for (k, w) in &self.weights {
+            if pick < *w {
+                return *k;
+            }
+            pick -= w;
         }
+        Kind::Tick
+    }
+
+    fn total(&self) -> u32 {
+        self.weights.iter().map(|(_, w)| w).sum()
     }
 }
 
-/// One step's action; how long time moves after it. Out of 1000 picks: deliveries 69 %
-/// (`faults` of 100 of them with a fault), time moving on 13 % (mostly milliseconds; seconds
-/// rarely, past the daemons' deadlines of 500 ms), ADD 10 %, DEL 5 %, and the rarer faults
-/// each a few in a thousand: time for the nodes to get somewhere between them.
+/// One step's action, of a kind the run's swarm picks; how long time moves after it.
 pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
     let tick = Duration::from_millis(1);
     let ms = |w: &mut World, lo: u64, hi: u64| {
         Duration::from_millis(lo + u64::from(w.choices.pick((hi - lo) as u32)))
     };
     let pending = w.net.len();
-    let sw = w.swarm.clone();
-    match w.choices.pick(1000) {
-        0..=689 => {
+    let faults = w.swarm.faults;
+    let total = w.swarm.total();
+    let kind = w.swarm.kind(w.choices.pick(total));
+    match kind {
+        Kind::Deliver => {
             if pending == 0 {
                 return Ok(ms(w, 1, 20));
             }
@@ -103,7 +141,7 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
                 true => w.choices.pick(pending as u32) as usize,
                 false => 0,
             };
-            if sw.faults == 0 || w.choices.pick(100) >= sw.faults {
+            if faults == 0 || w.choices.pick(100) >= faults {
                 w.deliver(i, Fate::Answer)?;
                 return Ok(tick);
             }
@@ -126,53 +164,41 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
             }
             Ok(tick)
         }
-        690..=779 => Ok(ms(w, 1, 20)),
-        780..=809 => Ok(ms(w, 20, 300)),
-        810..=819 if sw.leaps => Ok(ms(w, 300, 3000)),
-        820..=823 if sw.leaps => Ok(ms(w, 3000, 15000)),
-        824..=923 => {
+        Kind::Tick => Ok(ms(w, 1, 20)),
+        Kind::Wait => Ok(ms(w, 20, 300)),
+        Kind::Pause => Ok(ms(w, 300, 3000)),
+        Kind::Leap => Ok(ms(w, 3000, 15000)),
+        Kind::Add => {
             if let Some(i) = running(w) {
                 add(w, i);
             }
             Ok(tick)
         }
-        924..=973 => {
+        Kind::Del => {
             del_some(w);
             Ok(tick)
         }
-        974..=979 if sw.kills => {
-            kill_or_restart(w)?;
-            Ok(tick)
-        }
-        980..=981 if sw.wipes => {
-            wipe(w)?;
-            Ok(tick)
-        }
-        982..=985 if sw.cuts => {
+        Kind::Kill => kill_or_restart(w).map(|()| tick),
+        Kind::Wipe => wipe(w).map(|()| tick),
+        Kind::Cut => {
             cut_or_heal(w);
             Ok(tick)
         }
-        986..=988 if sw.releases => {
+        Kind::Release => {
             release(w);
             Ok(tick)
         }
-        989..=991 if sw.pools => {
+        Kind::Pool => {
             pool_op(w);
             Ok(tick)
         }
-        992..=993 if sw.twins => {
-            twin(w)?;
-            Ok(tick)
-        }
-        994..=995 if sw.clocks => {
+        Kind::Twin => twin(w).map(|()| tick),
+        Kind::Clock => {
             jump_clock(w);
             Ok(tick)
         }
-        996..=997 if sw.restores && w.opts.store == StoreKind::Etcd => {
-            backup_or_restore(w)?;
-            Ok(tick)
-        }
-        _ => Ok(tick),
+        Kind::Restore if w.opts.store == StoreKind::Etcd => backup_or_restore(w).map(|()| tick),
+        Kind::Restore => Ok(tick),
     }
 }
 

@@ -57,6 +57,12 @@ pub(crate) fn pool_op(w: &mut World) {
         return;
     }
     let kind = w.choices.pick(4);
+    // At once (nodes that did not sync yet claim from the new pool while they still serve the
+    // old blocks), or after a pause of up to 4 s (nodes claim again and race the deletion).
+    let pause = match w.choices.pick(2) {
+        0 => std::time::Duration::ZERO,
+        _ => std::time::Duration::from_millis(u64::from(w.choices.pick(4000))),
+    };
     let size = [28, 27, 26][w.choices.pick(3) as usize];
     let names: Vec<String> = (0..w.opts.nodes).map(|i| w.slots[i].name.clone()).collect();
     let (what, spec) = match kind {
@@ -112,7 +118,7 @@ pub(crate) fn pool_op(w: &mut World) {
                             .map(|()| "created and deleted".to_string()),
                         Err(e) => Err(e),
                     },
-                    (_, Some(spec)) => move_pool(&*s, place, &names, &spec).await,
+                    (_, Some(spec)) => move_pool(&*s, place, &names, &spec, pause).await,
                     _ => Ok(String::new()),
                 };
                 r.map_err(|e| e.to_string())
@@ -128,6 +134,7 @@ async fn move_pool(
     place: &str,
     names: &[String],
     spec: &ipool_server::cluster::pool::PoolSpec,
+    pause: std::time::Duration,
 ) -> Result<String, ipool_server::cluster::model::ClusterError> {
     for n in names {
         match ipool_server::cluster::release::release_node(s, place, n, 0, true).await {
@@ -135,6 +142,9 @@ async fn move_pool(
             Err(e) => return Err(e),
         }
     }
+    // The operator's pause between the commands: the nodes, finding their blocks gone, claim
+    // again meanwhile, and race the deletion (refused if one of them won a block first).
+    tokio::time::sleep(pause).await;
     s.delete_pool(POOL).await?;
     s.create_pool(spec).await?;
     Ok("moved".into())

@@ -131,3 +131,132 @@ pub fn exhaustive(store: StoreKind, depth: usize, bugs: &[Bug], time: Duration) 
     w.elapsed = t.elapsed();
     w
 }
+
+/// A search's numbers in a line.
+pub fn summary(r: &Report) -> String {
+    let mins = r.elapsed.as_secs_f64().max(1e-9) / 60.0;
+    format!(
+        "{} runs, {} steps, {} simulated store requests ({:.0} a minute), {} ADDs acknowledged, in {:.1} s{}",
+        r.runs,
+        r.steps,
+        r.requests,
+        r.requests as f64 / mins,
+        r.adds,
+        r.elapsed.as_secs_f64(),
+        match &r.failure {
+            None => ": no failure".to_string(),
+            Some((seed, out)) => format!(
+                ": seed {seed} FAILED at step {}: {}",
+                out.failure.as_ref().map_or(0, |f| f.step),
+                out.failure.as_ref().map_or("", |f| f.what.as_str())
+            ),
+        }
+    )
+}
+
+/// A failing seed explained: how to replay it, its picks shrunk (within `runs` runs), and the
+/// end of the shrunk run's trace.
+pub fn explain(seed: u64, steps: u64, bugs: &[Bug], runs: usize) -> String {
+    let (o, out) = run_seed(seed, steps, bugs, false);
+    let mut s = String::new();
+    let Some(f) = &out.failure else {
+        return format!("seed {seed} does not fail when run again: the simulation is not deterministic (a bug of its own)\n");
+    };
+    s.push_str(&format!(
+        "seed {seed} ({:?}, dual-stack {}) fails at step {}: {}\nreplay it: IPOOL_SIM_SEED={seed} cargo test -p ipool-sim --test simulation -- --nocapture\n   or: cargo run --release -p ipool-sim -- replay {seed}\n",
+        o.store, o.dual_stack, f.step, f.what
+    ));
+    let small = shrink(&o, out.picks.clone(), runs);
+    let mut traced = o.clone();
+    traced.trace = true;
+    let again = run(&traced, Choices::replay(small.clone()));
+    s.push_str(&format!(
+        "shrunk from {} picks to {} ({} steps): {:?}\n",
+        out.picks.len(),
+        small.len(),
+        again.steps,
+        again.failure.as_ref().map(|f| &f.what)
+    ));
+    for l in again
+        .trace
+        .iter()
+        .skip(again.trace.len().saturating_sub(80))
+    {
+        s.push_str(l);
+        s.push('\n');
+    }
+    s
+}
+
+/// What hunting a closed path came to.
+#[derive(Debug)]
+pub struct Hunt {
+    pub bug: Bug,
+    /// The seed that found it, the step it failed at, and the run's picks.
+    pub found: Option<(u64, u64, Vec<u32>)>,
+    /// Steps run over all seeds until then.
+    pub steps: u64,
+    pub elapsed: Duration,
+}
+
+/// Puts `bug` back and searches from seed 0 (`steps` a run) until a run fails, within
+/// `max_steps` steps in all.
+pub fn hunt(bug: Bug, steps: u64, max_steps: u64) -> Hunt {
+    let r = search(
+        0,
+        steps,
+        &[bug],
+        Budget {
+            time: Duration::from_secs(3600),
+            steps: max_steps,
+        },
+    );
+    Hunt {
+        bug,
+        found: r.failure.map(|(seed, out)| {
+            let step = out.failure.as_ref().map_or(0, |f| f.step);
+            (seed, step, out.picks)
+        }),
+        steps: r.steps,
+        elapsed: r.elapsed,
+    }
+}
+
+/// A failing run kept as a regression trace: its seed (its set-up) and its shrunk picks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    pub seed: u64,
+    pub picks: Vec<u32>,
+}
+
+impl Kept {
+    pub fn to_text(&self) -> String {
+        let picks: Vec<String> = self.picks.iter().map(|p| p.to_string()).collect();
+        format!("seed {}\npicks {}\n", self.seed, picks.join(" "))
+    }
+
+    pub fn parse(text: &str) -> Result<Kept, String> {
+        let mut seed = None;
+        let mut picks = None;
+        for line in text.lines() {
+            match line.split_once(' ') {
+                Some(("seed", v)) => {
+                    seed = Some(v.trim().parse().map_err(|_| format!("seed {v:?}"))?)
+                }
+                Some(("picks", v)) => {
+                    picks = Some(
+                        v.split_whitespace()
+                            .map(|p| p.parse().map_err(|_| format!("pick {p:?}")))
+                            .collect::<Result<Vec<u32>, String>>()?,
+                    )
+                }
+                _ if line.trim().is_empty() => {}
+                _ => return Err(format!("a line of neither seed nor picks: {line:?}")),
+            }
+        }
+        Ok(Kept {
+            seed: seed.ok_or("no seed line")?,
+            picks: picks.ok_or("no picks line")?,
+        })
+    }
+}

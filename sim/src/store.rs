@@ -27,6 +27,15 @@ pub enum Fate {
     Drop,
 }
 
+/// What a delivery did, for the checker.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Delivered {
+    /// It renewed (or took) its sender's node name: the store heard the node.
+    pub renewed: bool,
+    /// Its answer carries the store's header (etcd: its cluster id and revision).
+    pub headed: bool,
+}
+
 /// A node name's holder in the store.
 #[derive(Clone, Debug)]
 pub struct Holder {
@@ -63,8 +72,8 @@ impl Shared {
         }
     }
 
-    /// Does to `req` what `fate` says, at `now` (`wall_ms`: the wall clock); true when it
-    /// renewed (or took) its sender's node name: the store heard the node.
+    /// Does to `req` what `fate` says, at `now` (`wall_ms`: the wall clock); what its sender
+    /// learns and what the store heard (see [`Delivered`]).
     pub fn deliver(
         &mut self,
         req: Request,
@@ -72,10 +81,10 @@ impl Shared {
         now: Instant,
         wall_ms: u64,
         limbo: &mut Vec<tokio::sync::oneshot::Sender<Back>>,
-    ) -> bool {
+    ) -> Delivered {
         if fate == Fate::Drop {
             req.into_silence(limbo);
-            return false;
+            return Delivered::default();
         }
         let mut renewed = false;
         let back = match (&mut *self, &req.wire) {
@@ -142,8 +151,10 @@ impl Shared {
             },
             _ => Back::Api(Err("simulated: a request for the other store".into())),
         };
+        // An etcd error carries no header: nothing is learned of the store from it.
+        let headed = matches!(&back, Back::Etcd(Ok(_)) | Back::Api(_));
         req.answer(back);
-        renewed
+        Delivered { renewed, headed }
     }
 
     /// Leases past their time end (etcd's keys on them go).

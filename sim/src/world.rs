@@ -351,16 +351,18 @@ impl World {
         ));
         let now = Instant::now();
         let wall = self.wall.now_ms();
-        let renewed = self.shared.deliver(req, fate, now, wall, &mut self.limbo);
+        let delivered = self.shared.deliver(req, fate, now, wall, &mut self.limbo);
+        // A renewal whose caller gave up is one the daemon never learns of: it renews nothing.
+        let renewed = delivered.renewed && awaited;
         let (ms, timeout) = (self.ms(), self.setting.timeout.as_millis() as u64);
         if let Some(s) = self.slots.get_mut(from) {
             if renewed {
                 s.renewed_at = Some(ms);
             }
             match (fate, awaited) {
-                // Every answer carries the store's header: a reset is seen from it.
+                // An answer with the store's header shows a reset.
                 (Fate::Answer, true) => {
-                    if s.unaware {
+                    if s.unaware && delivered.headed {
                         s.unaware = false;
                         s.aware_at = Some(ms);
                     }
@@ -531,7 +533,16 @@ impl World {
                 .iter()
                 .map(|l| l.split("; ").next().unwrap_or_default().to_string())
                 .collect();
-            let line = format!("{} (slot {i}): {}", self.slots[i].name, now.join(" | "));
+            let resets = d.node.metrics().cluster.etcd_resets.get();
+            let line = format!(
+                "{} (slot {i}): {}{}",
+                self.slots[i].name,
+                now.join(" | "),
+                match resets {
+                    0 => String::new(),
+                    n => format!(" ({n} etcd reset(s) seen)"),
+                }
+            );
             if self.slots[i].blocks_seen.as_ref() != Some(&line) {
                 self.slots[i].blocks_seen = Some(line.clone());
                 self.note(line);

@@ -1,0 +1,255 @@
+//! `ipool-sim`: the deterministic simulation of cluster mode from the command line (build it
+//! with `--release`: the simulation is CPU-bound).
+//!
+//! - `search`: runs seeds for a while; a failure is shrunk and its trace printed, with the
+//!   command that replays it;
+//! - `replay SEED`: one run, traced;
+//! - `hunt`: each closed path to a duplicate put back in turn (server::bugs), searched from
+//!   seed 0 until found: the table of docs/simulation.md;
+//! - `walk`: every schedule of the smallest cluster to a depth;
+//! - `keep`: `hunt`, then each failing run shrunk and written to sim/tests/found/ (the
+//!   regression traces `cargo test` replays).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ipool_sim::search::{self, Budget};
+use ipool_sim::{Bug, Choices, StoreKind};
+
+#[derive(Parser)]
+#[command(about = "ipool's cluster mode under deterministic simulation")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs seeds from FIRST for SECS seconds; a failure is shrunk and traced.
+    Search {
+        #[arg(long, default_value_t = 0)]
+        first: u64,
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        /// Steps per run.
+        #[arg(long, default_value_t = 5000)]
+        steps: u64,
+        /// A closed path to put back (server::bugs), by name; may be repeated.
+        #[arg(long = "bug", value_parser = bug)]
+        bugs: Vec<Bug>,
+    },
+    /// Runs SEED, printing its trace.
+    Replay {
+        seed: u64,
+        #[arg(long, default_value_t = 5000)]
+        steps: u64,
+        #[arg(long = "bug", value_parser = bug)]
+        bugs: Vec<Bug>,
+        /// Only the last lines of the trace.
+        #[arg(long, default_value_t = 200)]
+        tail: usize,
+    },
+    /// Puts back each closed path in turn and searches from seed 0 until it is found.
+    Hunt {
+        #[arg(long = "bug", value_parser = bug)]
+        bugs: Vec<Bug>,
+        #[arg(long, default_value_t = 5000)]
+        steps: u64,
+        /// Steps over all runs before a path counts as not found.
+        #[arg(long, default_value_t = 20_000_000)]
+        max_steps: u64,
+    },
+    /// Walks every schedule of the smallest cluster to DEPTH.
+    Walk {
+        #[arg(long, default_value_t = 3)]
+        depth: usize,
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        #[arg(long, value_parser = store, default_value = "etcd")]
+        store: StoreKind,
+        #[arg(long = "bug", value_parser = bug)]
+        bugs: Vec<Bug>,
+    },
+    /// Hunts each closed path, shrinks the failing run, writes it to DIR.
+    Keep {
+        #[arg(long, default_value = "sim/tests/found")]
+        dir: PathBuf,
+        /// Runs a shrink may make.
+        #[arg(long, default_value_t = 400)]
+        runs: usize,
+        #[arg(long = "bug", value_parser = bug)]
+        bugs: Vec<Bug>,
+    },
+}
+
+fn bug(s: &str) -> Result<Bug, String> {
+    Bug::named(s).ok_or_else(|| {
+        let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+        format!(
+            "no closed path named {s:?}; there are: {}",
+            names.join(", ")
+        )
+    })
+}
+
+fn store(s: &str) -> Result<StoreKind, String> {
+    match s {
+        "etcd" => Ok(StoreKind::Etcd),
+        "kubernetes" | "kube" => Ok(StoreKind::Kube),
+        _ => Err(format!("{s:?} is no store: etcd or kubernetes")),
+    }
+}
+
+fn all_or(bugs: Vec<Bug>) -> Vec<Bug> {
+    match bugs.is_empty() {
+        true => Bug::ALL.to_vec(),
+        false => bugs,
+    }
+}
+
+fn main() -> ExitCode {
+    match Args::parse().command {
+        Command::Search {
+            first,
+            secs,
+            steps,
+            bugs,
+        } => {
+            let budget = Budget {
+                time: Duration::from_secs(secs),
+                steps: u64::MAX,
+            };
+            let r = search::search(first, steps, &bugs, budget);
+            println!("{}", search::summary(&r));
+            match r.failure {
+                None => ExitCode::SUCCESS,
+                Some((seed, _)) => {
+                    print!("{}", search::explain(seed, steps, &bugs, 300));
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Replay {
+            seed,
+            steps,
+            bugs,
+            tail,
+        } => {
+            let (o, out) = search::run_seed(seed, steps, &bugs, true);
+            println!("seed {seed}: {:?}, dual-stack {}", o.store, o.dual_stack);
+            for l in out.trace.iter().skip(out.trace.len().saturating_sub(tail)) {
+                println!("{l}");
+            }
+            match out.failure {
+                None => {
+                    println!("no failure in {} steps", out.steps);
+                    ExitCode::SUCCESS
+                }
+                Some(f) => {
+                    println!("FAILED at step {} ({} ms): {}", f.step, f.at_ms, f.what);
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Hunt {
+            bugs,
+            steps,
+            max_steps,
+        } => {
+            println!("| closed path | found by seed | its steps | steps searched | time |");
+            println!("|---|---|---|---|---|");
+            let mut missed = 0;
+            for b in all_or(bugs) {
+                let h = search::hunt(b, steps, max_steps);
+                match &h.found {
+                    Some((seed, step, _)) => println!(
+                        "| `{}` | {seed} | {step} | {} | {:.1} s |",
+                        b.name(),
+                        h.steps,
+                        h.elapsed.as_secs_f64()
+                    ),
+                    None => {
+                        missed += 1;
+                        println!(
+                            "| `{}` | not found | | {} | {:.1} s |",
+                            b.name(),
+                            h.steps,
+                            h.elapsed.as_secs_f64()
+                        )
+                    }
+                }
+            }
+            match missed {
+                0 => ExitCode::SUCCESS,
+                _ => ExitCode::FAILURE,
+            }
+        }
+        Command::Walk {
+            depth,
+            secs,
+            store,
+            bugs,
+        } => {
+            let w = search::exhaustive(store, depth, &bugs, Duration::from_secs(secs));
+            println!(
+                "{store:?}, depth {depth}: {} schedules in {:.1} s{}",
+                w.schedules,
+                w.elapsed.as_secs_f64(),
+                if w.complete {
+                    ", every one"
+                } else {
+                    " (not all: out of time)"
+                }
+            );
+            match w.failure {
+                None => ExitCode::SUCCESS,
+                Some((picks, out)) => {
+                    println!("picks {picks:?}: {:?}", out.failure);
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Keep { dir, runs, bugs } => {
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                eprintln!("{}: {e}", dir.display());
+                return ExitCode::FAILURE;
+            }
+            for b in all_or(bugs) {
+                let h = search::hunt(b, 5000, 20_000_000);
+                let Some((seed, _, picks)) = h.found else {
+                    println!("{}: not found", b.name());
+                    continue;
+                };
+                let opts = search::options(seed, 5000, &[b]);
+                let small = search::shrink(&opts, picks, runs);
+                let kept = search::Kept { seed, picks: small };
+                let path = dir.join(format!("{}.picks", b.name()));
+                match std::fs::write(&path, kept.to_text()) {
+                    Ok(()) => println!(
+                        "{}: seed {seed}, {} picks kept in {}",
+                        b.name(),
+                        kept.picks.len(),
+                        path.display()
+                    ),
+                    Err(e) => {
+                        eprintln!("{}: {e}", path.display());
+                        return ExitCode::FAILURE;
+                    }
+                }
+                // The kept run fails with its switch, and passes without.
+                let with = ipool_sim::run(&opts, Choices::replay(kept.picks.clone()));
+                let mut plain = opts.clone();
+                plain.bugs.clear();
+                let without = ipool_sim::run(&plain, Choices::replay(kept.picks.clone()));
+                println!(
+                    "  with the switch: {:?}; without: {:?}",
+                    with.failure.map(|f| f.what),
+                    without.failure.map(|f| f.what)
+                );
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Cluster mode's real code under deterministic simulation (issue 37), as `cargo test` runs it:
+//!
+//! - a minute of seeds from one derived from today's date (printed): no failure;
+//!   `IPOOL_SIM_SECS` searches longer, `IPOOL_SIM_STEPS` makes runs longer, and
+//!   `IPOOL_SIM_SEED=<seed>` replays one run exactly, with its trace;
+//! - every closed path to a duplicate (server::bugs), put back one at a time, is found by a
+//!   search from seed 0 within its budget;
+//! - every schedule of the smallest cluster to depth 3, on both stores;
+//! - the failing runs kept in tests/found/ fail with their switch, and pass without it;
+//! - a run replays exactly from its picks.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ipool_sim::search::{self, Budget, Kept};
+use ipool_sim::{run, Bug, Choices, StoreKind};
+
+fn env(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?}: not a whole number")),
+    )
+}
+
+/// Steps per run.
+fn steps() -> u64 {
+    env("IPOOL_SIM_STEPS").unwrap_or(5000)
+}
+
+#[test]
+fn a_minute_of_seeds_finds_no_address_on_two_pods() {
+    if let Some(seed) = env("IPOOL_SIM_SEED") {
+        let (o, out) = search::run_seed(seed, steps(), &[], true);
+        for l in &out.trace {
+            println!("{l}");
+        }
+        println!("seed {seed} ({:?}, dual-stack {})", o.store, o.dual_stack);
+        if let Some(f) = out.failure {
+            panic!(
+                "seed {seed} failed at step {} ({} ms): {}",
+                f.step, f.at_ms, f.what
+            );
+        }
+        return;
+    }
+    // Today's seeds: a new stretch every day, the same all day long.
+    let day = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400);
+    let first = day * 1_000_000;
+    let secs = env("IPOOL_SIM_SECS").unwrap_or(60);
+    println!(
+        "seeds from {first} (today's), {secs} s, {} steps a run",
+        steps()
+    );
+    let r = search::search(
+        first,
+        steps(),
+        &[],
+        Budget {
+            time: Duration::from_secs(secs),
+            steps: u64::MAX,
+        },
+    );
+    println!("{}", search::summary(&r));
+    if let Some((seed, _)) = r.failure {
+        panic!("{}", search::explain(seed, steps(), &[], 300));
+    }
+    assert!(r.runs > 0);
+}
+
+/// Steps searched for each closed path before it counts as not found: the longest search
+/// (docs/simulation.md) with room to spare.
+const HUNT_STEPS: u64 = 6_000_000;
+
+#[test]
+fn every_closed_path_to_a_duplicate_is_found_when_put_back() {
+    let mut missed = Vec::new();
+    for b in Bug::ALL {
+        let h = search::hunt(*b, 5000, HUNT_STEPS);
+        match &h.found {
+            Some((seed, step, _)) => println!(
+                "{:28} found by seed {seed} at step {step}, {} steps searched, {:.1} s",
+                b.name(),
+                h.steps,
+                h.elapsed.as_secs_f64()
+            ),
+            None => {
+                println!("{:28} NOT found in {} steps", b.name(), h.steps);
+                missed.push(b.name());
+            }
+        }
+    }
+    assert!(missed.is_empty(), "not found: {missed:?}");
+}
+
+#[test]
+fn every_schedule_of_the_smallest_cluster_to_depth_3() {
+    for store in [StoreKind::Etcd, StoreKind::Kube] {
+        let w = search::exhaustive(store, 3, &[], Duration::from_secs(120));
+        println!(
+            "{store:?}: {} schedules in {:.1} s",
+            w.schedules,
+            w.elapsed.as_secs_f64()
+        );
+        if let Some((picks, out)) = w.failure {
+            panic!("{store:?}, schedule {picks:?}: {:?}", out.failure);
+        }
+        assert!(
+            w.complete,
+            "{store:?}: out of time after {} schedules",
+            w.schedules
+        );
+        assert_eq!(w.schedules, 15u64.pow(3));
+    }
+    // The walk can fail: a closed path it reaches at that depth, put back, is found.
+    let w = search::exhaustive(
+        StoreKind::Etcd,
+        3,
+        &[Bug::NoFence],
+        Duration::from_secs(120),
+    );
+    assert!(
+        w.failure.is_some(),
+        "the walk found no-fence in {} schedules",
+        w.schedules
+    );
+}
+
+#[test]
+fn the_kept_failures_fail_with_their_switch_and_pass_without() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/found");
+    let mut kept = 0;
+    for entry in std::fs::read_dir(&dir).expect("tests/found") {
+        let path = entry.expect("an entry").path();
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("a file name");
+        let bug = Bug::named(name).unwrap_or_else(|| panic!("{}: no such switch", path.display()));
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let k = Kept::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let with = search::options(k.seed, 5000, &[bug]);
+        let out = run(&with, Choices::replay(k.picks.clone()));
+        assert!(
+            out.failure.is_some(),
+            "{name}: the kept run no longer fails with its switch (re-keep it: cargo run --release -p ipool-sim -- keep --bug {name})"
+        );
+        let without = search::options(k.seed, 5000, &[]);
+        let out = run(&without, Choices::replay(k.picks.clone()));
+        assert!(
+            out.failure.is_none(),
+            "{name}: the kept run fails without its switch: {:?}",
+            out.failure
+        );
+        kept += 1;
+    }
+    assert!(
+        kept >= Bug::ALL.len(),
+        "{kept} kept runs for {} switches",
+        Bug::ALL.len()
+    );
+}
+
+#[test]
+fn a_run_replays_exactly_from_its_picks() {
+    for seed in [1, 2] {
+        let (o, a) = search::run_seed(seed, 3000, &[], false);
+        let b = run(&o, Choices::replay(a.picks.clone()));
+        assert_eq!(
+            (a.steps, a.requests, a.adds, a.sim_ms),
+            (b.steps, b.requests, b.adds, b.sim_ms)
+        );
+        assert!(a.requests > 100, "{:?}", o.store);
+    }
+    let k = Kept {
+        seed: 7,
+        picks: vec![1, 0, 999],
+    };
+    assert_eq!(Kept::parse(&k.to_text()), Ok(k));
+}
