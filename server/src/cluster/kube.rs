@@ -45,6 +45,8 @@ use super::model::ClusterError;
 mod blocks;
 mod lease;
 mod objects;
+/// The revision a block records of its pool (`spec.poolRevision`): from the pool's uid.
+pub use objects::hash as pool_revision_of_uid;
 mod pools;
 mod store;
 

@@ -235,6 +235,9 @@ impl ClusterSource {
             None => {
                 self.blocks.insert(net, Owned::new(net, recorded, state)?);
                 self.widest = self.widest.min(net.prefix_len());
+                // Dropped, then this node's again before the engine struck it from the store:
+                // striking it now would strike the record its addresses are about to get.
+                self.forget.retain(|b| *b != net.to_string());
             }
         }
         self.confirmed_now(net);

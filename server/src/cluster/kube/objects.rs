@@ -33,7 +33,7 @@ pub fn block_name(b: &IpNet) -> String {
 
 /// A stable 63-bit hash (FNV-1a): the uid and resourceVersion of an object as the numbers of
 /// a [`KeyRevision`] (compared for equality only; the strings are read again before a write).
-pub(super) fn hash(s: &str) -> i64 {
+pub fn hash(s: &str) -> i64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.bytes() {
         h ^= u64::from(b);

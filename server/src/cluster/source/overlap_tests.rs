@@ -1,9 +1,9 @@
-//! Blocks of another size over addresses held here: a pool made anew with other block sizes
-//! while this node still held addresses in a block of the old pool (taken from it by
-//! release-node, then the pool moved). Found by the simulation (session 16): the new block's
-//! allocator knew nothing of the old block's addresses, so it could hand out an address a pod
-//! here held, and after a restart the daemon refused to start (an attachment "outside the
-//! ranges": the old block's network address, held in the new one).
+//! Blocks coming and going under held addresses, each found by the simulation (session 16):
+//! blocks of another size over addresses held here (a pool made anew with other block sizes
+//! while this node still held addresses in a block of the old pool: the new block's allocator
+//! knew nothing of the old block's addresses, so it could hand out an address a pod here held,
+//! and after a restart the daemon refused to start); and a block dropped and claimed again
+//! before the engine struck its record.
 
 use super::tests::{block, ip, land, net, node, source, synced};
 use super::*;
@@ -173,4 +173,31 @@ fn a_smaller_block_claimed_inside_a_confirmed_one_leaves_the_bigger_one_serving_
         s.withheld(ip("10.0.0.5")).is_some(),
         "the old block serves nothing"
     );
+}
+
+#[test]
+fn a_block_dropped_and_claimed_again_before_the_engine_struck_it_is_not_struck() {
+    // Found by the simulation: the engine writes what `forget` returns in its background pass;
+    // a block dropped and claimed again before that pass had its new record struck, and the
+    // daemon refused to start (its pods' addresses lay in no block it could restore).
+    let n = node("");
+    n.pretend_renewed(std::time::Duration::ZERO);
+    let mut s = source(&n);
+    synced(&mut s, &n, &[block("10.0.0.16/28", 7)]);
+    s.take_next(ip("10.0.0.18"))
+        .expect("taken: the block is recorded");
+    assert!(s.vacate(ip("10.0.0.18")));
+    // Not listed any more, and empty: dropped, to be struck.
+    synced(&mut s, &n, &[]);
+    assert!(s.blocks.is_empty());
+    // Claimed again before the engine's pass.
+    land(
+        &mut s,
+        Work::Claim {
+            cidrs: vec![net("10.0.0.0/24")],
+        },
+        Ok(Outcome::Claimed(block("10.0.0.16/28", 9))),
+    )
+    .expect("claimed");
+    assert_eq!(s.forget(), Vec::<String>::new());
 }
