@@ -196,7 +196,12 @@ impl Checker {
                 &p.node == owner
                     && p.excused.is_none()
                     && !excused(p.slot)
-                    && p.ips.iter().any(|ip| block.contains(ip))
+                    && p.ips.iter().any(|ip| {
+                        // In it, and in no other block of its node's (one of another size may
+                        // stand over it, and hold the address).
+                        block.contains(ip)
+                            && !after.iter().any(|(b, o, _)| o == owner && b.contains(ip))
+                    })
             });
             if let Some((c, p)) = used {
                 return Err(format!(

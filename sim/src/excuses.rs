@@ -138,6 +138,68 @@ impl World {
         ))
     }
 
+    /// What slot `slot` handed out `ips` from, picked at `decided` (`excuses`: why each is the
+    /// operator's doing, if it is): a block of the pool as it is (on the Kubernetes API, a
+    /// block records its pool's uid: one of a pool deleted or made anew since is never served),
+    /// and no two confirmed blocks of the node over one another (each its own allocator: one
+    /// would hand out what the other holds).
+    pub(crate) fn served_blocks(
+        &self,
+        slot: usize,
+        ips: &[IpAddr],
+        decided: Instant,
+        excuses: &[Option<String>],
+    ) -> Result<(), String> {
+        let s = &self.slots[slot];
+        let snap = self.snapshot_at(decided);
+        if let Some((revisions, pool)) = &snap.pool_revisions {
+            for (ip, excuse) in ips.iter().zip(excuses) {
+                let mine = snap
+                    .blocks
+                    .iter()
+                    .find(|(b, o, _)| b.contains(ip) && *o == s.name);
+                let Some((b, _, _)) = mine.filter(|_| excuse.is_none()) else {
+                    continue;
+                };
+                if revisions.get(b).copied() != *pool {
+                    return Err(format!(
+                        "{ip} handed out by {} (slot {slot}) from block {b}, claimed from pool {} as it was (poolRevision {:?}), not as it is now ({pool:?})",
+                        s.name,
+                        crate::POOL,
+                        revisions.get(b)
+                    ));
+                }
+            }
+        }
+        let Some(d) = &s.daemon else {
+            return Ok(());
+        };
+        let confirmed: Vec<ipnet::IpNet> = d
+            .detail()
+            .iter()
+            .filter_map(|l| {
+                l.split("; ")
+                    .next()?
+                    .split_once(" here: ")
+                    .map(|(_, b)| b.to_string())
+            })
+            .flat_map(|b| b.split(", ").map(str::to_string).collect::<Vec<_>>())
+            .filter(|b| b.ends_with(" used)"))
+            .filter_map(|b| b.split(' ').next()?.parse().ok())
+            .collect();
+        for (i, a) in confirmed.iter().enumerate() {
+            for b in &confirmed[i + 1..] {
+                if a.contains(&b.network()) || b.contains(&a.network()) {
+                    return Err(format!(
+                        "{} (slot {slot}) serves blocks {a} and {b}, one over the other: each hands out what the other holds",
+                        s.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A `release-node --force` of `node` starts: windows for its daemons.
     pub(crate) fn force_starts(&mut self, node: &str) {
         for i in 0..self.slots.len() {

@@ -224,6 +224,32 @@ impl Shared {
         }
     }
 
+    /// On the Kubernetes API: each block's record of its pool (`spec.poolRevision`), and the
+    /// pool's as it is now (from its uid; None: no pool); etcd's blocks record none.
+    pub fn pool_revisions(&self) -> Option<(std::collections::BTreeMap<IpNet, i64>, Option<i64>)> {
+        let Shared::Api { objects, .. } = self else {
+            return None;
+        };
+        let blocks = objects
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0 == "ipblocks")
+            .filter_map(|(_, o)| {
+                Some((
+                    o["spec"]["cidr"].as_str()?.parse().ok()?,
+                    o["spec"]["poolRevision"].as_i64()?,
+                ))
+            })
+            .collect();
+        let pool = objects
+            .objects
+            .iter()
+            .find(|(k, _)| k.0 == "ippools" && k.2 == crate::POOL)
+            .and_then(|(_, o)| o["metadata"]["uid"].as_str())
+            .map(ipool_server::cluster::kube::pool_revision_of_uid);
+        Some((blocks, pool))
+    }
+
     /// Who holds each node's name: (node, the holder's instance, until when its lease runs
     /// if nothing renews it; None: until another takes it, as on the Kubernetes API, whose
     /// Leases lapse only in their observers' eyes).

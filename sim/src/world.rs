@@ -103,6 +103,8 @@ pub(crate) struct Snapshot {
     pub at: Instant,
     pub blocks: Vec<StoreBlock>,
     pub holders: Vec<Holder>,
+    /// The Kubernetes API's blocks' records of their pool, and the pool's now.
+    pub pool_revisions: Option<(BTreeMap<ipnet::IpNet, i64>, Option<i64>)>,
 }
 
 /// Who changed the store when etcd was restored from a backup.
@@ -169,6 +171,8 @@ pub(crate) struct World {
     /// Each block's revision, and when it was last written.
     pub written: BTreeMap<ipnet::IpNet, (u64, Instant)>,
     pub forced: Vec<Forced>,
+    /// The request being checked came from a daemon whose name etcd's restore put in doubt.
+    pub doubtful_writer: bool,
     /// When (ms) etcd was last restored from a backup.
     pub restored_at: Option<u64>,
     /// The names held, as the trace last said.
@@ -228,6 +232,7 @@ impl World {
             written: BTreeMap::new(),
             forced: Vec::new(),
             restored_at: None,
+            doubtful_writer: false,
             last_names: None,
             holders: BTreeMap::new(),
         };
@@ -246,6 +251,7 @@ impl World {
             at: Instant::now(),
             blocks: self.blocks.clone(),
             holders: self.shared.holders(),
+            pool_revisions: self.shared.pool_revisions(),
         });
     }
 
@@ -273,6 +279,23 @@ impl World {
 
     /// Starts slot `i`'s daemon on its state dir.
     pub fn start(&mut self, i: usize) -> Result<(), String> {
+        self.start_daemon(i).map_err(|e| {
+            use ipool_server::store::Store;
+            match self.slots[i].disk.load() {
+                Ok(snap) => format!(
+                    "{e} (its state dir: blocks {:?}, networks {:?})",
+                    snap.blocks,
+                    snap.networks
+                        .iter()
+                        .map(|n| n.describe_ranges())
+                        .collect::<Vec<_>>()
+                ),
+                Err(_) => e,
+            }
+        })
+    }
+
+    fn start_daemon(&mut self, i: usize) -> Result<(), String> {
         self.next_daemon += 1;
         let s = &self.slots[i];
         let instance = s.instance_id();
@@ -376,7 +399,17 @@ impl World {
             // A lease renewed: no revision, but a holder's term.
             self.snapshot();
         }
-        self.store_check(&who, command_of(from), Some(sent))
+        // A daemon that took its name before etcd was restored, and not since, writes under a
+        // name the store may give another daemon of that name: what it gives back is the
+        // restore's doing.
+        let doubtful = self.slots.get(from).is_some_and(|s| {
+            self.restored_at
+                .is_some_and(|r| s.renewed_at.is_none_or(|t| t < r))
+        });
+        self.doubtful_writer = doubtful;
+        let r = self.store_check(&who, command_of(from), Some(sent));
+        self.doubtful_writer = false;
+        r
     }
 
     /// Checks the store after it may have changed.
@@ -395,7 +428,7 @@ impl World {
         self.stale_writes(by, sent)?;
         let after = self.shared.blocks();
         let op = command.and_then(|c| self.commands.get(&c)).cloned();
-        let forced = op.as_ref().is_some_and(|o| o.forced);
+        let forced = op.as_ref().is_some_and(|o| o.forced) || self.doubtful_writer;
         let overlaps = self.opts.store == crate::StoreKind::Kube;
         // The nodes the operator's command (under way, or ended: a request of it may arrive
         // late) took a block from.
@@ -593,6 +626,7 @@ impl World {
                                     .and_then(|k| excuses[k].clone())
                             };
                             let named = self.name_excuse(slot, decided)?;
+                            self.served_blocks(slot, &ips, decided, &excuses)?;
                             let blocks = self.snapshot_at(decided).blocks.clone();
                             self.checker.added(
                                 slot,

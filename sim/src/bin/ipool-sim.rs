@@ -110,6 +110,13 @@ fn all_or(bugs: Vec<Bug>) -> Vec<Bug> {
 }
 
 fn main() -> ExitCode {
+    // The daemons' own log, with RUST_LOG set (warn, info, ...).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     match Args::parse().command {
         Command::Search {
             first,
