@@ -25,6 +25,7 @@ mod phases;
 mod plugin;
 mod report;
 mod setup;
+mod sim;
 mod stats;
 
 use std::path::PathBuf;
@@ -74,6 +75,13 @@ struct Args {
     /// The etcd binary for cluster mode's rows (skipped, with a note, when it is missing).
     #[arg(long, default_value = "/usr/bin/etcd")]
     etcd: PathBuf,
+    /// Only the deterministic simulation's row (ipool-sim: store requests a minute on one
+    /// core, the exhaustive walk's depth).
+    #[arg(long)]
+    sim_only: bool,
+    /// Seconds of seeds for the simulation's row [default: 30; 3 with --quick].
+    #[arg(long)]
+    sim_secs: Option<u64>,
     /// The ipool plugin binary to run [default: target/plugin/ipool, the shipped build made by
     /// `cargo build-plugin`, when it exists; else the ipool next to this executable].
     #[arg(long)]
@@ -93,6 +101,15 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<()> {
     let total = Instant::now();
+    let sim_secs = args.sim_secs.unwrap_or(if args.quick { 3 } else { 30 });
+    let sim_depth = if args.quick { 2 } else { 4 };
+    if args.sim_only {
+        let s = sim::run(sim_secs, sim_depth)?;
+        let mut o = String::new();
+        s.markdown(&mut o);
+        print!("{o}");
+        return Ok(());
+    }
     let plan = Plan::of(args);
     ensure!(plan.samples > 0, "--samples must be at least 1");
     let bins = Bins::locate(&args.host_local, args.plugin.as_deref())?;
@@ -236,6 +253,9 @@ fn run(args: &Args) -> Result<()> {
     let kube = kube::run(&rt, &bins.ipoold, KUBE_PODS)?;
     phases.push(("Kubernetes watch cache".into(), t.elapsed()));
     let cluster = cluster::run(&rt, &bins, &plan, &args.etcd, &mut names, &mut phases)?;
+    let t = Instant::now();
+    let sim = sim::run(sim_secs, sim_depth)?;
+    phases.push(("the simulation".into(), t.elapsed()));
     phases.push(("total".into(), total.elapsed()));
 
     let report = Report {
@@ -251,6 +271,7 @@ fn run(args: &Args) -> Result<()> {
         restart,
         kube,
         cluster,
+        sim,
         phases,
         notes: notes(args),
     };

@@ -102,6 +102,7 @@ pub struct Report {
     /// ipoold's RSS with its Kubernetes watch cache holding 0 and N pods.
     pub kube: Vec<crate::kube::KubeRow>,
     pub cluster: crate::cluster::Cluster,
+    pub sim: crate::sim::Sim,
     pub phases: Vec<(String, Duration)>,
     /// Printed under the ipoold table.
     pub notes: Vec<String>,
@@ -390,6 +391,7 @@ impl Report {
         }
         self.flood.markdown(&mut o);
         self.cluster.markdown(&mut o);
+        self.sim.markdown(&mut o);
 
         let _ = writeln!(o, "\n## Run time\n\n| phase | time |\n|---|---:|");
         for (p, d) in &self.phases {
@@ -457,6 +459,7 @@ impl Report {
                 "pods": r.pods, "served_bytes": r.served_bytes, "rss_kib": r.rss_kib,
             })).collect::<Vec<_>>(),
             "cluster": self.cluster.json(),
+            "simulation": self.sim.json(),
             "restart": {
                 "allocations": x.allocations,
                 "subnet": x.subnet,

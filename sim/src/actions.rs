@@ -77,6 +77,14 @@ pub struct Swarm {
     pub faults: u32,
     /// Each kind of step, its weight.
     pub weights: Vec<(Kind, u32)>,
+    /// The daemons' `resync_secs` (a longer one leaves a block taken from a node serving
+    /// longer, until its sync).
+    pub resync_secs: u64,
+    /// The daemons' `claim_ahead` (a higher one claims more often).
+    pub claim_ahead: u64,
+    /// A third of the writes of the operator's commands held on their way once (ipoolctl run
+    /// from far away, over a slow link): what they write arrives after they gave up.
+    pub slow_operator: bool,
 }
 
 impl Swarm {
@@ -85,6 +93,9 @@ impl Swarm {
         Swarm {
             faults: 6,
             weights: WEIGHTS.to_vec(),
+            resync_secs: 2,
+            claim_ahead: 2,
+            slow_operator: false,
         }
     }
 
@@ -102,7 +113,13 @@ impl Swarm {
                 _ => (*k, w * [1, 0, 4][c.pick(3) as usize]),
             })
             .collect();
-        Swarm { faults, weights }
+        Swarm {
+            faults,
+            weights,
+            resync_secs: [2, 6][c.pick(2) as usize],
+            claim_ahead: [2, 8][c.pick(2) as usize],
+            slow_operator: c.pick(3) == 2,
+        }
     }
 
     /// The kind of step `pick` (within `total`) names.
@@ -141,6 +158,15 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
                 true => w.choices.pick(pending as u32) as usize,
                 false => 0,
             };
+            if w.swarm.slow_operator && w.net.operators_unheld(i) && w.choices.pick(3) == 2 {
+                let hold = ms(w, 600, 20_000);
+                w.note(format!(
+                    "the operator's request held on its way for {} ms",
+                    hold.as_millis()
+                ));
+                w.net.hold(i, Instant::now() + hold);
+                return Ok(tick);
+            }
             if faults == 0 || w.choices.pick(100) >= faults {
                 w.deliver(i, Fate::Answer)?;
                 return Ok(tick);

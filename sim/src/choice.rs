@@ -18,7 +18,15 @@ pub struct Choices {
     source: Source,
     /// Every pick made: (value, options).
     pub log: Vec<(u32, u32)>,
+    /// Where the frame under way began (see [`Choices::frame`]).
+    frame: usize,
 }
+
+/// The picks a step takes, whatever it does (see [`Choices::frame`]).
+pub const STEP: usize = 12;
+
+/// The picks a run's set-up takes (its swarm).
+pub const SETUP: usize = 20;
 
 #[derive(Clone, Debug)]
 enum Source {
@@ -31,6 +39,7 @@ impl Choices {
         Choices {
             source: Source::Seeded(seed),
             log: Vec::new(),
+            frame: 0,
         }
     }
 
@@ -38,6 +47,7 @@ impl Choices {
         Choices {
             source: Source::Replay(picks),
             log: Vec::new(),
+            frame: 0,
         }
     }
 
@@ -62,6 +72,21 @@ impl Choices {
         };
         self.log.push((v, n));
         v
+    }
+
+    /// Starts a frame: what follows until [`Choices::end_frame`] takes exactly `width` picks
+    /// (the rest padded with picks of one option), so that each step has picks of its own
+    /// and a step made plain (its picks 0) leaves every other step as it was: what shrinking
+    /// needs.
+    pub fn frame(&mut self) {
+        self.frame = self.log.len();
+    }
+
+    /// Ends the frame: `width` picks in all.
+    pub fn end_frame(&mut self, width: usize) {
+        while self.log.len() < self.frame + width {
+            self.pick(1);
+        }
     }
 
     /// True with odds `num` in `den` (a pick of 0 is false: the plainest).
@@ -90,52 +115,55 @@ pub fn next_prefix(log: &[(u32, u32)], depth: usize) -> Option<Vec<u32>> {
     None
 }
 
-/// Shrinks a failing list of picks: chunks removed, then single picks made 0 or smaller, as
-/// long as `fails` still says the run fails; at most `budget` runs.
-pub fn shrink(picks: Vec<u32>, mut fails: impl FnMut(&[u32]) -> bool, budget: usize) -> Vec<u32> {
+/// Shrinks a run's failing picks made of frames (a set-up of `setup` picks, then steps of
+/// `width` picks each: see [`Choices::frame`]), within `budget` runs: the set-up made plain,
+/// then steps made plain (all their picks 0), in runs of steps halving down to one, so that
+/// what is left is the few steps that make it fail, each still in its place; trailing plain
+/// steps dropped.
+pub fn shrink_steps(
+    picks: Vec<u32>,
+    setup: usize,
+    width: usize,
+    mut fails: impl FnMut(&[u32]) -> bool,
+    budget: usize,
+) -> Vec<u32> {
     let mut best = picks;
     let mut runs = 0;
-    let mut try_it = |cand: &[u32], runs: &mut usize| -> bool {
-        *runs += 1;
-        fails(cand)
+    let zeroed = |p: &[u32], from: usize, to: usize| -> Option<Vec<u32>> {
+        let to = to.min(p.len());
+        (from < to && p[from..to].iter().any(|v| *v != 0)).then(|| {
+            let mut c = p.to_vec();
+            c[from..to].iter_mut().for_each(|v| *v = 0);
+            c
+        })
     };
-    // Trailing picks past the failure are never read; drop them at once.
-    let mut chunk = (best.len() / 2).max(1);
-    while chunk >= 1 && runs < budget {
-        let mut i = 0;
-        let mut progress = false;
-        while i + chunk <= best.len() && runs < budget {
-            let mut cand = best.clone();
-            cand.drain(i..i + chunk);
-            if try_it(&cand, &mut runs) {
-                best = cand;
-                progress = true;
-            } else {
-                i += chunk;
-            }
-        }
-        if !progress {
-            chunk /= 2;
+    if let Some(c) = zeroed(&best, 0, setup) {
+        runs += 1;
+        if fails(&c) {
+            best = c;
         }
     }
-    for i in 0..best.len() {
-        if runs >= budget {
+    let steps = best.len().saturating_sub(setup).div_ceil(width.max(1));
+    let mut chunk = (steps / 2).max(1);
+    loop {
+        let mut k = 0;
+        while k < steps && runs < budget {
+            let (from, to) = (setup + k * width, setup + (k + chunk) * width);
+            if let Some(c) = zeroed(&best, from, to) {
+                runs += 1;
+                if fails(&c) {
+                    best = c;
+                }
+            }
+            k += chunk;
+        }
+        if chunk == 1 || runs >= budget {
             break;
         }
-        if best[i] == 0 {
-            continue;
-        }
-        for smaller in [0, best[i] / 2, best[i] - 1] {
-            if smaller >= best[i] {
-                continue;
-            }
-            let mut cand = best.clone();
-            cand[i] = smaller;
-            if try_it(&cand, &mut runs) {
-                best = cand;
-                break;
-            }
-        }
+        chunk /= 2;
+    }
+    while best.last() == Some(&0) {
+        best.pop();
     }
     best
 }
@@ -176,15 +204,28 @@ mod tests {
     }
 
     #[test]
-    fn shrinking_keeps_what_makes_it_fail() {
-        // Fails when a 7 comes somewhere after a 3.
-        let fails = |p: &[u32]| {
-            p.iter()
-                .position(|v| *v == 3)
-                .is_some_and(|i| p[i..].contains(&7))
-        };
-        let picks = vec![1, 5, 3, 2, 9, 9, 7, 4, 4, 1];
-        let small = shrink(picks, fails, 1000);
-        assert_eq!(small, vec![3, 7]);
+    fn shrinking_makes_every_step_plain_but_those_that_make_it_fail() {
+        // A set-up of 2 picks, steps of 3: fails while step 1 starts with a 3 and step 4
+        // with a 7, whatever else.
+        let fails = |p: &[u32]| p.get(2 + 3) == Some(&3) && p.get(2 + 3 * 4) == Some(&7);
+        let picks = vec![1, 1, 5, 5, 5, 3, 2, 9, 9, 9, 9, 4, 4, 4, 7, 1, 1, 2, 2, 2];
+        let small = shrink_steps(picks, 2, 3, fails, 1000);
+        assert_eq!(
+            small,
+            vec![0, 0, 0, 0, 0, 3, 2, 9, 0, 0, 0, 0, 0, 0, 7, 1, 1]
+        );
+    }
+
+    #[test]
+    fn a_frame_takes_its_width_whatever_is_picked_in_it() {
+        let mut c = Choices::seeded(3);
+        c.frame();
+        c.pick(10);
+        c.end_frame(5);
+        assert_eq!(c.log.len(), 5);
+        c.frame();
+        c.end_frame(5);
+        assert_eq!(c.log.len(), 10);
+        assert!(c.log[1..5].iter().all(|(v, n)| (*v, *n) == (0, 1)));
     }
 }

@@ -22,9 +22,9 @@ use crate::world::World;
 use crate::POOL;
 
 /// How long a serving node whose requests all go through may go without taking in a listing
-/// of its blocks: `resync_secs` (2) with its jitter (a fifth), the engine's tick (1 s), and two
-/// seconds for the sync's own requests and the work before it.
-pub const SYNC_LATE_MS: u64 = 2_400 + 1_000 + 2_000;
+/// of its blocks, beyond `resync_secs` with its jitter (a fifth): the engine's tick (1 s), and
+/// two seconds for the sync's own requests and the work before it.
+pub const SYNC_LATE_MS: u64 = 1_000 + 2_000;
 
 fn family(ip: IpAddr) -> usize {
     match ip {
@@ -287,6 +287,7 @@ impl World {
         let timeout = self.setting.timeout.as_millis() as u64;
         let families = if self.opts.dual_stack { 2 } else { 1 };
         let pool_op = self.op.as_ref().is_some_and(|o| o.release_of.is_none());
+        let resync = self.swarm.resync_secs * 1200;
         for i in 0..self.slots.len() {
             let Some(d) = &self.slots[i].daemon else {
                 continue;
@@ -329,7 +330,7 @@ impl World {
                     k => (1000u64 << (k - 1).min(5)).min(30_000) * 6 / 5,
                 };
                 let from = s.syncs[f].1.max(since).max(s.trouble_at);
-                if now.saturating_sub(from) > SYNC_LATE_MS + backoff {
+                if now.saturating_sub(from) > resync + SYNC_LATE_MS + backoff {
                     return Err(format!(
                         "{} (slot {i}) serves and every store request of its went through for {} ms, but it took in no listing of its IPv{} blocks meanwhile (last at {} ms): a block taken from it would go on serving",
                         s.name,

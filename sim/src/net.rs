@@ -53,10 +53,23 @@ pub struct Request {
     pub from: usize,
     pub sent: Instant,
     pub wire: Wire,
+    /// It was held on its way once already.
+    pub held: bool,
     reply: oneshot::Sender<Back>,
 }
 
 impl Request {
+    /// It writes (etcd's transactions with writes, puts and deletes; the apiserver's POST,
+    /// PUT and DELETE).
+    pub fn writes(&self) -> bool {
+        match &self.wire {
+            Wire::Etcd(Call::Txn(t)) => !t.success.is_empty(),
+            Wire::Etcd(Call::Put(_) | Call::DeleteRange(_)) => true,
+            Wire::Etcd(_) => false,
+            Wire::Api { method, .. } => method != "GET",
+        }
+    }
+
     /// Its caller still waits for the answer (it did not time out or stop).
     pub fn awaited(&self) -> bool {
         !self.reply.is_closed()
@@ -126,24 +139,19 @@ impl Net {
             from,
             sent: Instant::now(),
             wire,
+            held: false,
             reply: tx,
         });
         Some(rx)
     }
 
-    /// The requests on their way that write (etcd's transactions with writes, puts and
-    /// deletes; the apiserver's POST, PUT and DELETE): the ones worth holding.
+    /// The requests on their way that write: the ones worth holding.
     pub fn writes(&self) -> Vec<usize> {
         self.lock()
             .pending
             .iter()
             .enumerate()
-            .filter(|(_, r)| match &r.wire {
-                Wire::Etcd(Call::Txn(t)) => !t.success.is_empty(),
-                Wire::Etcd(Call::Put(_) | Call::DeleteRange(_)) => true,
-                Wire::Etcd(_) => false,
-                Wire::Api { method, .. } => method != "GET",
-            })
+            .filter(|(_, r)| r.writes())
             .map(|(i, _)| i)
             .collect()
     }
@@ -151,9 +159,18 @@ impl Net {
     /// Holds the `i`th request on its way until `until`.
     pub fn hold(&self, i: usize, until: Instant) {
         let mut s = self.lock();
-        if let Some(r) = s.pending.remove(i) {
+        if let Some(mut r) = s.pending.remove(i) {
+            r.held = true;
             s.held.push((until, r));
         }
+    }
+
+    /// The `i`th request on its way is an operator's write, never held yet.
+    pub fn operators_unheld(&self, i: usize) -> bool {
+        self.lock()
+            .pending
+            .get(i)
+            .is_some_and(|r| command_of(r.from).is_some() && !r.held && r.writes())
     }
 
     /// Requests held until `now` or before arrive next (oldest hold first).

@@ -74,8 +74,10 @@ pub fn search(first: u64, steps: u64, bugs: &[Bug], budget: Budget) -> Report {
 
 /// The fewest picks of `picks` that still make a run of `opts` fail, within `runs` runs.
 pub fn shrink(opts: &Options, picks: Vec<u32>, runs: usize) -> Vec<u32> {
-    crate::choice::shrink(
+    crate::choice::shrink_steps(
         picks,
+        crate::choice::SETUP,
+        crate::choice::STEP,
         |p| run(opts, Choices::replay(p.to_vec())).failure.is_some(),
         runs,
     )
@@ -230,9 +232,28 @@ pub struct Kept {
 }
 
 impl Kept {
+    /// `seed N` and `picks ...`, a run of zeros written `0*count`.
     pub fn to_text(&self) -> String {
-        let picks: Vec<String> = self.picks.iter().map(|p| p.to_string()).collect();
-        format!("seed {}\npicks {}\n", self.seed, picks.join(" "))
+        let mut words = Vec::new();
+        let mut i = 0;
+        while i < self.picks.len() {
+            let zeros = self.picks[i..].iter().take_while(|p| **p == 0).count();
+            match zeros {
+                0 => {
+                    words.push(self.picks[i].to_string());
+                    i += 1;
+                }
+                1 => {
+                    words.push("0".into());
+                    i += 1;
+                }
+                n => {
+                    words.push(format!("0*{n}"));
+                    i += n;
+                }
+            }
+        }
+        format!("seed {}\npicks {}\n", self.seed, words.join(" "))
     }
 
     pub fn parse(text: &str) -> Result<Kept, String> {
@@ -244,11 +265,17 @@ impl Kept {
                     seed = Some(v.trim().parse().map_err(|_| format!("seed {v:?}"))?)
                 }
                 Some(("picks", v)) => {
-                    picks = Some(
-                        v.split_whitespace()
-                            .map(|p| p.parse().map_err(|_| format!("pick {p:?}")))
-                            .collect::<Result<Vec<u32>, String>>()?,
-                    )
+                    let mut out = Vec::new();
+                    for w in v.split_whitespace() {
+                        match w.split_once('*') {
+                            Some(("0", n)) => {
+                                let n: usize = n.parse().map_err(|_| format!("zeros {w:?}"))?;
+                                out.extend(std::iter::repeat_n(0, n));
+                            }
+                            _ => out.push(w.parse().map_err(|_| format!("pick {w:?}"))?),
+                        }
+                    }
+                    picks = Some(out);
                 }
                 _ if line.trim().is_empty() => {}
                 _ => return Err(format!("a line of neither seed nor picks: {line:?}")),

@@ -185,7 +185,12 @@ impl World {
     pub fn new(opts: Options, mut choices: Choices) -> World {
         let swarm = match opts.exhaustive {
             true => crate::actions::Swarm::all(),
-            false => crate::actions::Swarm::pick(&mut choices),
+            false => {
+                choices.frame();
+                let sw = crate::actions::Swarm::pick(&mut choices);
+                choices.end_frame(crate::choice::SETUP);
+                sw
+            }
         };
         let wall = Wall::new(1_800_000_000_000);
         let w2 = wall.clone();
@@ -194,7 +199,7 @@ impl World {
         let setting = Setting {
             store: opts.store,
             pool: crate::POOL.into(),
-            tuning: opts.tuning(),
+            tuning: opts.tuning(swarm.resync_secs, swarm.claim_ahead),
             timeout: Duration::from_millis(500),
         };
         let mut shared = Shared::new(opts.store, 0xc1u64 << 32 | opts.seed & 0xffff_ffff);
@@ -702,7 +707,12 @@ impl World {
             self.net.release_held(Instant::now());
             let wait = match self.opts.exhaustive {
                 true => crate::actions::act_small(self),
-                false => crate::actions::act(self),
+                false => {
+                    self.choices.frame();
+                    let wait = crate::actions::act(self);
+                    self.choices.end_frame(crate::choice::STEP);
+                    wait
+                }
             }
             .map_err(|e| self.failure(e))?;
             tokio::time::sleep(wait).await;
