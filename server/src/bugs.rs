@@ -33,6 +33,9 @@ pub enum Bug {
     UnansweredGiveBackServes,
     /// Idle and cooling addresses of a block this node lost were still handed out (issue 28).
     LostIdleServed,
+    /// An address asked for by name was placed in a block whose give-back was on its way,
+    /// and the give-back then took the block from under it (issue 28).
+    RequestedInReturning,
     /// A give-back was conditioned on the block's creation only: one sent before a restart,
     /// or never answered, applied after the block served again (session 13).
     GiveBackOnCreation,
@@ -88,6 +91,7 @@ impl Bug {
         Bug::UnlistedServes,
         Bug::UnansweredGiveBackServes,
         Bug::LostIdleServed,
+        Bug::RequestedInReturning,
         Bug::GiveBackOnCreation,
         Bug::NoSettle,
         Bug::FirstSyncTrusts,
@@ -112,6 +116,7 @@ impl Bug {
             Bug::UnlistedServes => "unlisted-serves",
             Bug::UnansweredGiveBackServes => "unanswered-give-back-serves",
             Bug::LostIdleServed => "lost-idle-served",
+            Bug::RequestedInReturning => "requested-in-returning",
             Bug::GiveBackOnCreation => "give-back-on-creation",
             Bug::NoSettle => "no-settle",
             Bug::FirstSyncTrusts => "first-sync-trusts",

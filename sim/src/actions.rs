@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use crate::choice::Choices;
 use crate::nodes::{
-    add, cut_or_heal, cut_or_heal_one, del_oldest, del_some, kill_or_restart, running, twin, wipe,
+    add, add_asking, cut_or_heal, cut_or_heal_one, del_oldest, del_some, kill_or_restart, running,
+    twin, wipe,
 };
 use crate::operator::{backup_or_restore, jump_clock, pool_op, release, release_one};
 use crate::store::Fate;
@@ -196,7 +197,16 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
         Kind::Leap => Ok(ms(w, 3000, 15000)),
         Kind::Add => {
             if let Some(i) = running(w) {
-                add(w, i);
+                // One in eight asks for an address by name (CNI args' IP=), anywhere in the
+                // pool: in a block of its node's, another node's, one being given back, none.
+                let requested = match w.choices.pick(8) {
+                    7 => {
+                        let host = 1 + w.choices.pick(if w.opts.small { 30 } else { 126 });
+                        vec![std::net::IpAddr::from([10, 70, 0, host as u8])]
+                    }
+                    _ => Vec::new(),
+                };
+                add_asking(w, i, requested);
             }
             Ok(tick)
         }

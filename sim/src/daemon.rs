@@ -275,8 +275,9 @@ impl Daemon {
         }
     }
 
-    /// An ADD of `container` (a pod of its own), its outcome pushed to `done`.
-    pub fn add(&mut self, container: &str, done: &Arc<Mutex<Vec<Done>>>) {
+    /// An ADD of `container` (a pod of its own), asking for the addresses `requested` (CNI
+    /// args' `IP=`: none, or one), its outcome pushed to `done`.
+    pub fn add(&mut self, container: &str, requested: Vec<IpAddr>, done: &Arc<Mutex<Vec<Done>>>) {
         let (ipam, done, id) = (self.ipam.clone(), done.clone(), self.id);
         let clock = self.clock.clone();
         let container = container.to_string();
@@ -290,7 +291,7 @@ impl Daemon {
                 },
                 netns: format!("/var/run/netns/{container}"),
                 ipam: None,
-                requested: Vec::new(),
+                requested,
                 k8s: None,
             };
             let result = ipam

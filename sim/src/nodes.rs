@@ -22,14 +22,25 @@ pub(crate) fn node_slot(w: &mut World) -> usize {
 
 /// An ADD of a new pod on slot `i`.
 pub(crate) fn add(w: &mut World, i: usize) {
+    add_asking(w, i, Vec::new());
+}
+
+/// An ADD of a new pod on slot `i`, asking for `requested` (a static address: CNI args' `IP=`).
+pub(crate) fn add_asking(w: &mut World, i: usize, requested: Vec<std::net::IpAddr>) {
     w.next_container += 1;
     let c = format!("c{}", w.next_container);
     let syncs = w.sync_counts(i).unwrap_or([0; 2]);
     w.adding
         .insert(c.clone(), crate::world::Adding { slot: i, syncs });
     let done = w.done.clone();
+    if !requested.is_empty() {
+        w.note(format!(
+            "ADD {c} on {} asks for {requested:?}",
+            w.slots[i].name
+        ));
+    }
     if let Some(d) = w.slots[i].daemon.as_mut() {
-        d.add(&c, &done);
+        d.add(&c, requested, &done);
     }
 }
 
@@ -128,6 +139,19 @@ pub(crate) fn wipe(w: &mut World) -> Result<(), String> {
 }
 
 pub(crate) fn cut_or_heal(w: &mut World) {
+    // One time in six the store is cut off from every node at once (etcd down, the
+    // apiserver's load balancer gone), or back for all.
+    if w.choices.pick(6) == 5 {
+        let cut = !(0..w.slots.len()).any(|i| w.net.is_cut(i));
+        w.note(format!(
+            "the store {} every node",
+            if cut { "cut off from" } else { "back for" }
+        ));
+        for i in 0..w.slots.len() {
+            w.net.set_cut(i, cut);
+        }
+        return;
+    }
     // A cut one healed half the time: cuts last seconds, not minutes.
     let cut_ones: Vec<usize> = (0..w.slots.len()).filter(|i| w.net.is_cut(*i)).collect();
     let i = match (cut_ones.len(), w.choices.pick(2)) {

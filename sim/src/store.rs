@@ -5,6 +5,7 @@
 use bytes::Bytes;
 use ipnet::IpNet;
 use ipool_proto::etcd::etcdserverpb::request_op::Request as RequestOp;
+use ipool_proto::etcd::mvccpb::KeyValue;
 use ipool_server::cluster::etcd::client::{Call, EtcdError, Reply};
 use ipool_testkit::apiserver::{url_pairs, Objects};
 use tokio::time::Instant;
@@ -164,29 +165,40 @@ impl Shared {
         }
     }
 
+    /// etcd's block keys: (pool, CIDR, the key).
+    fn etcd_blocks(e: &Etcd) -> impl Iterator<Item = (String, IpNet, &KeyValue)> + '_ {
+        e.keys().filter_map(|(k, kv)| {
+            let key = std::str::from_utf8(k).ok()?;
+            let (pool, part) = key.strip_prefix("/ipool/v1/blocks/")?.split_once('/')?;
+            let (addr, len) = part.rsplit_once('-')?;
+            let net = IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()?;
+            Some((pool.to_string(), net, kv))
+        })
+    }
+
+    /// The apiserver's IPBlock objects: (CIDR, the object).
+    fn api_blocks(objects: &Objects) -> impl Iterator<Item = (IpNet, &serde_json::Value)> + '_ {
+        objects
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0 == "ipblocks")
+            .filter_map(|(_, o)| Some((o["spec"]["cidr"].as_str()?.parse().ok()?, o)))
+    }
+
     /// Every block the store holds: CIDR, owner, pool.
     pub fn blocks(&self) -> Vec<StoreBlock> {
         match self {
-            Shared::Etcd(e) => e
-                .keys()
-                .filter_map(|(k, kv)| {
-                    let key = std::str::from_utf8(k).ok()?;
-                    let rest = key.strip_prefix("/ipool/v1/blocks/")?;
-                    let (pool, part) = rest.split_once('/')?;
-                    let (addr, len) = part.rsplit_once('-')?;
-                    let net = IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()?;
+            Shared::Etcd(e) => Shared::etcd_blocks(e)
+                .filter_map(|(pool, net, kv)| {
                     let owner: serde_json::Value = serde_json::from_slice(&kv.value).ok()?;
-                    Some((net, owner["node"].as_str()?.to_string(), pool.to_string()))
+                    Some((net, owner["node"].as_str()?.to_string(), pool))
                 })
                 .collect(),
-            Shared::Api { objects, .. } => objects
-                .objects
-                .iter()
-                .filter(|(k, _)| k.0 == "ipblocks")
-                .filter_map(|(_, o)| {
+            Shared::Api { objects, .. } => Shared::api_blocks(objects)
+                .filter_map(|(net, o)| {
                     let spec = &o["spec"];
                     Some((
-                        spec["cidr"].as_str()?.parse().ok()?,
+                        net,
                         spec["node"].as_str()?.to_string(),
                         spec["pool"].as_str()?.to_string(),
                     ))
@@ -199,24 +211,13 @@ impl Shared {
     /// resourceVersion): it moves with every write of the block.
     pub fn block_revisions(&self) -> std::collections::BTreeMap<IpNet, u64> {
         match self {
-            Shared::Etcd(e) => e
-                .keys()
-                .filter_map(|(k, kv)| {
-                    let key = std::str::from_utf8(k).ok()?;
-                    let rest = key.strip_prefix("/ipool/v1/blocks/")?;
-                    let (_, part) = rest.split_once('/')?;
-                    let (addr, len) = part.rsplit_once('-')?;
-                    let net = IpNet::new(addr.parse().ok()?, len.parse().ok()?).ok()?;
-                    Some((net, kv.mod_revision as u64))
-                })
+            Shared::Etcd(e) => Shared::etcd_blocks(e)
+                .map(|(_, net, kv)| (net, kv.mod_revision as u64))
                 .collect(),
-            Shared::Api { objects, .. } => objects
-                .objects
-                .iter()
-                .filter(|(k, _)| k.0 == "ipblocks")
-                .filter_map(|(_, o)| {
+            Shared::Api { objects, .. } => Shared::api_blocks(objects)
+                .filter_map(|(net, o)| {
                     Some((
-                        o["spec"]["cidr"].as_str()?.parse().ok()?,
+                        net,
                         o["metadata"]["resourceVersion"].as_str()?.parse().ok()?,
                     ))
                 })
@@ -230,16 +231,8 @@ impl Shared {
         let Shared::Api { objects, .. } = self else {
             return None;
         };
-        let blocks = objects
-            .objects
-            .iter()
-            .filter(|(k, _)| k.0 == "ipblocks")
-            .filter_map(|(_, o)| {
-                Some((
-                    o["spec"]["cidr"].as_str()?.parse().ok()?,
-                    o["spec"]["poolRevision"].as_i64()?,
-                ))
-            })
+        let blocks = Shared::api_blocks(objects)
+            .filter_map(|(net, o)| Some((net, o["spec"]["poolRevision"].as_i64()?)))
             .collect();
         let pool = objects
             .objects

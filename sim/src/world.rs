@@ -372,9 +372,12 @@ impl World {
         self.note(format!(
             "{fate:?} {what} from {who}{}",
             if awaited {
-                ""
+                String::new()
             } else {
-                " (its caller gave up: late)"
+                format!(
+                    " (sent at {}ms; its caller gave up: late)",
+                    sent.saturating_duration_since(self.started).as_millis()
+                )
             }
         ));
         let now = Instant::now();
@@ -510,14 +513,20 @@ impl World {
             }
             self.checker
                 .excuse_slot(i, "release-node --force on a live node");
-            if let (Some(d), Some(c)) = (&self.slots[i].daemon, self.sync_counts(i)) {
-                let daemon = d.id;
-                self.forced.push(Forced {
-                    slot: i,
-                    daemon,
-                    until: Some([c[0] + 2, c[1] + 2]),
-                });
-            }
+            self.serves_until_synced(i);
+        }
+    }
+
+    /// Slot `i`'s daemon, if it runs, may serve the blocks an operator's command just took
+    /// from it until a sync started from now on has been taken in.
+    fn serves_until_synced(&mut self, i: usize) {
+        if let (Some(d), Some(c)) = (&self.slots[i].daemon, self.sync_counts(i)) {
+            let daemon = d.id;
+            self.forced.push(Forced {
+                slot: i,
+                daemon,
+                until: Some([c[0] + 2, c[1] + 2]),
+            });
         }
     }
 
@@ -537,14 +546,7 @@ impl World {
                     self.slots[i].excused_release = true;
                     self.checker.excuse_slot(i, why);
                     // A daemon that runs serves the block until its next sync, as after --force.
-                    if let (Some(d), Some(c)) = (&self.slots[i].daemon, self.sync_counts(i)) {
-                        let daemon = d.id;
-                        self.forced.push(Forced {
-                            slot: i,
-                            daemon,
-                            until: Some([c[0] + 2, c[1] + 2]),
-                        });
-                    }
+                    self.serves_until_synced(i);
                 }
                 None => {
                     return Err(format!(

@@ -71,7 +71,7 @@ fn a_minute_of_seeds_finds_no_address_on_two_pods() {
 
 /// Steps searched for each closed path before it counts as not found: the longest search
 /// (docs/simulation.md) with room to spare.
-const HUNT_STEPS: u64 = 6_000_000;
+const HUNT_STEPS: u64 = 8_000_000;
 
 #[test]
 fn every_closed_path_to_a_duplicate_is_found_when_put_back() {
