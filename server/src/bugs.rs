@@ -36,6 +36,10 @@ pub enum Bug {
     /// An address asked for by name was placed in a block whose give-back was on its way,
     /// and the give-back then took the block from under it (issue 28).
     RequestedInReturning,
+    /// A give-back was conditioned on the block key's revisions alone: after etcd was restored
+    /// from a backup (its revisions reused), one sent before applied to a later write of the
+    /// block that landed on the same revision (session 17, by the simulation).
+    GiveBackOnRevisions,
     /// A give-back was conditioned on the block's creation only: one sent before a restart,
     /// or never answered, applied after the block served again (session 13).
     GiveBackOnCreation,
@@ -92,6 +96,7 @@ impl Bug {
         Bug::UnansweredGiveBackServes,
         Bug::LostIdleServed,
         Bug::RequestedInReturning,
+        Bug::GiveBackOnRevisions,
         Bug::GiveBackOnCreation,
         Bug::NoSettle,
         Bug::FirstSyncTrusts,
@@ -117,6 +122,7 @@ impl Bug {
             Bug::UnansweredGiveBackServes => "unanswered-give-back-serves",
             Bug::LostIdleServed => "lost-idle-served",
             Bug::RequestedInReturning => "requested-in-returning",
+            Bug::GiveBackOnRevisions => "give-back-on-revisions",
             Bug::GiveBackOnCreation => "give-back-on-creation",
             Bug::NoSettle => "no-settle",
             Bug::FirstSyncTrusts => "first-sync-trusts",

@@ -338,6 +338,8 @@ pub(crate) fn describe_call(c: &Call) -> String {
                         Some(TargetUnion::Version(v)) => format!("version {v}"),
                         Some(TargetUnion::CreateRevision(v)) => format!("create {v}"),
                         Some(TargetUnion::ModRevision(v)) => format!("mod {v}"),
+                        // A write's id (its wall-clock start varies from run to run).
+                        Some(TargetUnion::Value(_)) => "value (a write's id)".into(),
                         _ => "?".into(),
                     };
                     format!("{} {v}", key(&c.key))

@@ -39,6 +39,12 @@ pub struct Block {
 pub struct KeyRevision {
     pub create: i64,
     pub modified: i64,
+    /// Which write it was, where the store keeps a mark unique to each (etcd: the node's index
+    /// entry holds the id of the claim or settle that wrote the block): a give-back compares it
+    /// too, since revisions alone are not unique once etcd was restored from a backup (its
+    /// revision goes back, and a later write of the key can land on a revision an older one
+    /// had). None: not known (the Kubernetes API; an index entry written before the mark).
+    pub write: Option<u64>,
 }
 
 /// What a settle found ([`BlockStore::settle`](super::datastore::BlockStore::settle)).

@@ -79,6 +79,10 @@ enum Command {
         /// Runs a shrink may make.
         #[arg(long, default_value_t = 400)]
         runs: usize,
+        /// The seed that fails with the switch (found by a search, not a hunt): kept as it
+        /// is, with one `--bug`.
+        #[arg(long)]
+        seed: Option<u64>,
         #[arg(long = "bug", value_parser = bug)]
         bugs: Vec<Bug>,
     },
@@ -218,14 +222,34 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Keep { dir, runs, bugs } => {
+        Command::Keep {
+            dir,
+            runs,
+            seed,
+            bugs,
+        } => {
             if let Err(e) = std::fs::create_dir_all(&dir) {
                 eprintln!("{}: {e}", dir.display());
                 return ExitCode::FAILURE;
             }
+            if seed.is_some() && bugs.len() != 1 {
+                eprintln!("--seed keeps one closed path: name it with one --bug");
+                return ExitCode::FAILURE;
+            }
             for b in all_or(bugs) {
-                let h = search::hunt(b, 5000, 20_000_000);
-                let Some((seed, _, picks)) = h.found else {
+                let found = match seed {
+                    Some(seed) => {
+                        let out = ipool_sim::run(
+                            &search::options(seed, 5000, &[b]),
+                            Choices::seeded(seed),
+                        );
+                        out.failure.is_some().then_some((seed, out.picks))
+                    }
+                    None => search::hunt(b, 5000, 20_000_000)
+                        .found
+                        .map(|(seed, _, picks)| (seed, picks)),
+                };
+                let Some((seed, picks)) = found else {
                     println!("{}: not found", b.name());
                     continue;
                 };

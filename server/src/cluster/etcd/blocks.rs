@@ -5,7 +5,11 @@
 //! Each node's blocks are indexed under `nodes/<node>/blocks/<pool>/<block>`, written and
 //! deleted in the same transactions as the block keys: a node's blocks are one range read of
 //! its own, whatever the pool's size ([`ClusterStore::node_blocks`]). Each index entry is
-//! checked against its block key when read; one that no longer matches is removed.
+//! checked against its block key when read; one that no longer matches is removed. The entry
+//! holds the id of the write that last claimed or settled the block, and a give-back compares
+//! it as well as the key's revisions: revisions are not unique once etcd was restored from a
+//! backup (the revision goes back, and a later write of the key can land on a revision that an
+//! older write had, to which a give-back sent before the restore was conditioned).
 
 use ipnet::IpNet;
 
@@ -23,6 +27,33 @@ pub const PAGE: i64 = 4096;
 /// Reads per transaction when index entries are checked against their blocks (etcd takes at
 /// most 128 operations in one).
 const CHECKS_PER_TXN: usize = 100;
+
+/// An id unique to one write of a block (its claim, or a settle): the wall clock in
+/// nanoseconds when the process made its first, then one more for each (a restarted daemon
+/// starts past every id it made before).
+fn write_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
+    NEXT.get_or_init(|| {
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        AtomicU64::new(ns)
+    })
+    .fetch_add(1, Ordering::Relaxed)
+}
+
+/// The index entry's value for write `id`.
+fn write_mark(id: u64) -> String {
+    format!("w{id:x}")
+}
+
+/// The write an index entry names: None for an entry written before the mark (empty).
+fn parse_write(value: &[u8]) -> Option<u64> {
+    let s = std::str::from_utf8(value).ok()?.strip_prefix('w')?;
+    u64::from_str_radix(s, 16).ok()
+}
 
 impl ClusterStore {
     fn index_prefix(&self, node: &str, pool: Option<&str>) -> String {
@@ -50,15 +81,20 @@ impl ClusterStore {
         pool: Option<&str>,
     ) -> Result<Listing, ClusterError> {
         let prefix = self.index_prefix(node, None);
-        let mut read = request::get_prefix(self.index_prefix(node, pool));
-        read.keys_only = true;
+        let read = request::get_prefix(self.index_prefix(node, pool));
         let entries = self.client.range_paged(read, PAGE).await?;
         let mut out = Listing::default();
         let mut listed = Vec::new();
         for e in &entries {
             let key = String::from_utf8_lossy(&e.key).into_owned();
             match parse_block_key(&prefix, &key) {
-                Ok((p, b)) => listed.push((p.to_string(), b, e.key.clone(), e.mod_revision)),
+                Ok((p, b)) => listed.push((
+                    p.to_string(),
+                    b,
+                    e.key.clone(),
+                    e.mod_revision,
+                    parse_write(&e.value),
+                )),
                 Err(why) => out.malformed.push(MalformedKey {
                     why,
                     key,
@@ -70,12 +106,12 @@ impl ClusterStore {
         for chunk in listed.chunks(CHECKS_PER_TXN) {
             let gets = chunk
                 .iter()
-                .map(|(p, b, _, _)| op::get(self.block_key(p, b)));
+                .map(|(p, b, _, _, _)| op::get(self.block_key(p, b)));
             let r = self.client.txn(request::txn([], gets, [])).await?;
             let found: std::collections::HashMap<Vec<u8>, _> = request::txn_reads(&r)
                 .map(|kv| (kv.key.clone(), kv))
                 .collect();
-            for (p, b, index_key, index_rev) in chunk {
+            for (p, b, index_key, index_rev, write) in chunk {
                 let block_key = self.block_key(p, b);
                 match found.get(block_key.as_bytes()) {
                     Some(kv) => match serde_json::from_slice::<Owner>(&kv.value) {
@@ -86,6 +122,7 @@ impl ClusterStore {
                             revision: KeyRevision {
                                 create: kv.create_revision,
                                 modified: kv.mod_revision,
+                                write: *write,
                             },
                         }),
                         Ok(_) => stale.push((index_key.clone(), *index_rev)),
@@ -131,12 +168,23 @@ impl ClusterStore {
                 b.revision.modified,
             ));
         }
+        let index = self.index_key(&b.owner.node, &b.pool, &b.block);
+        if let Some(w) = b
+            .revision
+            .write
+            .filter(|_| !crate::bugs::on(crate::bugs::Bug::GiveBackOnRevisions))
+        {
+            when.push(cmp::value(
+                index.clone(),
+                cmp::Equal,
+                write_mark(w).into_bytes(),
+            ));
+        }
         if let Some(k) =
             while_absent.filter(|_| !crate::bugs::on(crate::bugs::Bug::ReleaseUnconditioned))
         {
             when.push(cmp::version(k, cmp::Equal, 0));
         }
-        let index = self.index_key(&b.owner.node, &b.pool, &b.block);
         let txn = request::txn(when, [op::delete(key), op::delete(index)], []);
         Ok(self.client.txn(txn).await?.succeeded)
     }
@@ -184,6 +232,7 @@ impl BlockStore for ClusterStore {
                         revision: KeyRevision {
                             create: item.create_revision,
                             modified: item.mod_revision,
+                            write: None,
                         },
                     }),
                     Err(e) => out.malformed.push(MalformedKey {
@@ -216,6 +265,7 @@ impl BlockStore for ClusterStore {
             claimed_at_ms: now_ms(),
         };
         let value = serde_json::to_vec(&owner).expect("an owner serializes");
+        let write = write_id();
         let mut when = vec![
             cmp::version(key.clone(), cmp::Equal, 0),
             cmp::version(pool_key.clone(), cmp::Greater, 0),
@@ -231,7 +281,7 @@ impl BlockStore for ClusterStore {
             when,
             [
                 op::put(key.clone(), value, 0),
-                op::put(index.clone(), "", 0),
+                op::put(index.clone(), write_mark(write), 0),
             ],
             [op::get(key.clone()), op::get(pool_key.clone())],
         );
@@ -245,6 +295,7 @@ impl BlockStore for ClusterStore {
                 revision: KeyRevision {
                     create: revision,
                     modified: revision,
+                    write: Some(write),
                 },
             }));
         }
@@ -258,6 +309,7 @@ impl BlockStore for ClusterStore {
                         KeyRevision {
                             create: kv.create_revision,
                             modified: kv.mod_revision,
+                            write: None,
                         },
                     )),
                     Err(e) => Err(format!("a malformed key ({e})")),
@@ -276,7 +328,7 @@ impl BlockStore for ClusterStore {
                         cmp::create_revision(key.clone(), cmp::Equal, revision.create),
                         cmp::mod_revision(key.clone(), cmp::Equal, revision.modified),
                     ],
-                    [op::put(key, value, 0), op::put(index, "", 0)],
+                    [op::put(key, value, 0), op::put(index, write_mark(write), 0)],
                     [],
                 );
                 let r = self.client.txn(txn).await?;
@@ -288,6 +340,7 @@ impl BlockStore for ClusterStore {
                         revision: KeyRevision {
                             create: revision.create,
                             modified: r.header.map(|h| h.revision).unwrap_or_default(),
+                            write: Some(write),
                         },
                     }),
                     false => Claimed::Lost("another node, just now".into()),
@@ -308,13 +361,15 @@ impl BlockStore for ClusterStore {
     /// it is not to be used.
     async fn settle(&self, b: &Block) -> Result<Settled, ClusterError> {
         let key = self.block_key(&b.pool, &b.block);
+        let index = self.index_key(&b.owner.node, &b.pool, &b.block);
         let value = serde_json::to_vec(&b.owner).expect("an owner serializes");
+        let write = write_id();
         let txn = request::txn(
             [
                 cmp::create_revision(key.clone(), cmp::Equal, b.revision.create),
                 cmp::mod_revision(key.clone(), cmp::Equal, b.revision.modified),
             ],
-            [op::put(key, value, 0)],
+            [op::put(key, value, 0), op::put(index, write_mark(write), 0)],
             [],
         );
         let r = self.client.txn(txn).await?;
@@ -324,6 +379,7 @@ impl BlockStore for ClusterStore {
             true => Settled::Mine(KeyRevision {
                 create: b.revision.create,
                 modified: r.header.map(|h| h.revision).unwrap_or_default(),
+                write: Some(write),
             }),
             false => Settled::Changed,
         })

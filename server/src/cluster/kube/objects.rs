@@ -47,6 +47,7 @@ pub(super) fn revision(meta: &ObjectMeta) -> KeyRevision {
     KeyRevision {
         create: hash(meta.uid.as_deref().unwrap_or("")),
         modified: hash(meta.resource_version.as_deref().unwrap_or("")),
+        write: None,
     }
 }
 

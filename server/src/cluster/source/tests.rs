@@ -47,6 +47,7 @@ pub(super) fn rev(revision: i64) -> KeyRevision {
     KeyRevision {
         create: revision,
         modified: revision,
+        write: None,
     }
 }
 
@@ -322,6 +323,7 @@ fn a_block_in_doubt_serves_only_after_a_sync_settled_it() {
     let at = KeyRevision {
         create: 8,
         modified: 12,
+        write: None,
     };
     assert_eq!(w, Some(Work::GiveBack(doubt, at)));
     // No answer: in doubt again, and the next sync settles it (it trusts only the other).
