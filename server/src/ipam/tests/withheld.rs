@@ -10,6 +10,33 @@ use super::*;
 use crate::range::{OccupyError, Range};
 use crate::source::{LocalSource, Next, Source, Sources};
 
+/// What both test sources leave to the range they wrap.
+macro_rules! passed_to_inner {
+    () => {
+        fn contains(&self, ip: IpAddr) -> bool {
+            self.inner.contains(ip)
+        }
+        fn covers(&self, ip: IpAddr) -> bool {
+            self.inner.covers(ip)
+        }
+        fn interface_of(&self, ip: IpAddr) -> Option<(u8, Option<IpAddr>)> {
+            self.inner.interface_of(ip)
+        }
+        fn free(&self) -> u128 {
+            self.inner.free()
+        }
+        fn size(&self) -> u128 {
+            self.inner.size()
+        }
+        fn cursor(&self) -> Option<IpAddr> {
+            self.inner.cursor()
+        }
+        fn set_cursor(&mut self, cursor: Option<IpAddr>) {
+            self.inner.set_cursor(cursor)
+        }
+    };
+}
+
 /// Local ranges, but the addresses in `withheld` are not handed out.
 struct Withholding {
     inner: LocalSource,
@@ -58,27 +85,7 @@ impl Source for Withholding {
     fn may_withhold(&self) -> bool {
         true
     }
-    fn contains(&self, ip: IpAddr) -> bool {
-        self.inner.contains(ip)
-    }
-    fn covers(&self, ip: IpAddr) -> bool {
-        self.inner.covers(ip)
-    }
-    fn interface_of(&self, ip: IpAddr) -> Option<(u8, Option<IpAddr>)> {
-        self.inner.interface_of(ip)
-    }
-    fn free(&self) -> u128 {
-        self.inner.free()
-    }
-    fn size(&self) -> u128 {
-        self.inner.size()
-    }
-    fn cursor(&self) -> Option<IpAddr> {
-        self.inner.cursor()
-    }
-    fn set_cursor(&mut self, cursor: Option<IpAddr>) {
-        self.inner.set_cursor(cursor)
-    }
+    passed_to_inner!();
 }
 
 const CONFIG: &str = r#"
@@ -275,27 +282,7 @@ impl Source for Forgetful {
     fn vacate(&mut self, ip: IpAddr) -> bool {
         self.inner.vacate(ip)
     }
-    fn contains(&self, ip: IpAddr) -> bool {
-        self.inner.contains(ip)
-    }
-    fn covers(&self, ip: IpAddr) -> bool {
-        self.inner.covers(ip)
-    }
-    fn interface_of(&self, ip: IpAddr) -> Option<(u8, Option<IpAddr>)> {
-        self.inner.interface_of(ip)
-    }
-    fn free(&self) -> u128 {
-        self.inner.free()
-    }
-    fn size(&self) -> u128 {
-        self.inner.size()
-    }
-    fn cursor(&self) -> Option<IpAddr> {
-        self.inner.cursor()
-    }
-    fn set_cursor(&mut self, cursor: Option<IpAddr>) {
-        self.inner.set_cursor(cursor)
-    }
+    passed_to_inner!();
 }
 
 #[tokio::test]
