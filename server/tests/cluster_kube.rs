@@ -283,6 +283,55 @@ fn a_node_name_is_held_by_one_daemon_and_taken_over_only_after_its_lease_lapses(
     assert_eq!(lease["spec"]["leaseTransitions"], 3);
 }
 
+/// A held Lease is renewed on the resourceVersion of its last write, without a read (as the
+/// kubelet renews its node Lease): one written by someone else meanwhile is read once and
+/// renewed; one another daemon holds, or one deleted, fails the renewal.
+#[test]
+fn a_held_lease_is_renewed_without_reading_it() {
+    let api = FakeApi::start();
+    let fake = &api;
+    with_kube(&api, "ipoold", |s| async move {
+        let Acquired::Held(a) = s.start_heartbeat("n1", &alive("A"), 10, 1).await.unwrap() else {
+            panic!("held")
+        };
+        let reads = || {
+            fake.requests()
+                .iter()
+                .filter(|r| r.starts_with("GET ") && r.contains("/leases/ipool-n1"))
+                .count()
+        };
+        let before = reads();
+        for _ in 0..5 {
+            s.renew_heartbeat(&a).await.unwrap();
+        }
+        assert_eq!(reads(), before, "renewals read nothing");
+        let lease = || fake.get("leases", "ipool-system", "ipool-n1").unwrap();
+        // Written by someone else (release-node's check): read once, then renewed on its own
+        // write again.
+        let mut l = lease();
+        l["metadata"]["annotations"]["ipool.io/absence-checked-by"] = "ipoolctl".into();
+        fake.put_custom("leases", l);
+        s.renew_heartbeat(&a).await.unwrap();
+        s.renew_heartbeat(&a).await.unwrap();
+        assert_eq!(reads(), before + 1);
+        assert_eq!(lease()["spec"]["holderIdentity"], "A");
+        // Another holder now: the renewal fails, and so does every one after it.
+        let mut l = lease();
+        l["spec"]["holderIdentity"] = "B".into();
+        fake.put_custom("leases", l);
+        assert!(s.renew_heartbeat(&a).await.is_err());
+        assert!(s.renew_heartbeat(&a).await.is_err());
+        assert_eq!(lease()["spec"]["holderIdentity"], "B");
+        // Held again, then deleted: the renewal says it is gone.
+        let Acquired::Held(a) = s.start_heartbeat("n2", &alive("A"), 10, 1).await.unwrap() else {
+            panic!("held")
+        };
+        assert!(fake.delete("leases", "ipool-system", "ipool-n2"));
+        let e = s.renew_heartbeat(&a).await.unwrap_err();
+        assert!(e.to_string().contains("gone"), "{e}");
+    });
+}
+
 #[test]
 fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
     let api = FakeApi::start();

@@ -75,6 +75,9 @@ pub struct KubeStore {
     urgent: bool,
     /// Leases held by another daemon, as first seen unchanged: (resourceVersion, when).
     observed: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+    /// Leases this process holds, as its last write left them: renewed on that
+    /// resourceVersion, without a read (one only after a conflict).
+    held: Arc<Mutex<HashMap<String, k8s_openapi::api::coordination::v1::Lease>>>,
     field_manager: String,
 }
 
@@ -106,6 +109,7 @@ impl KubeStore {
             limiter,
             urgent: false,
             observed: Arc::default(),
+            held: Arc::default(),
             field_manager: field_manager.to_string(),
         };
         store.token().await;

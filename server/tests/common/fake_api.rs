@@ -241,7 +241,6 @@ impl FakeApi {
         });
     }
 
-    /// The request lines served so far.
     /// Replaces an object of the `/apis` paths as an update would (its uid kept, a new
     /// resourceVersion), whatever resourceVersion it says.
     pub fn put_custom(&self, resource: &str, obj: Value) {
@@ -279,6 +278,7 @@ impl FakeApi {
         self.world.lock().unwrap().store.objects.get(&key).cloned()
     }
 
+    /// The request lines served so far.
     pub fn requests(&self) -> Vec<String> {
         self.world.lock().unwrap().requests.clone()
     }

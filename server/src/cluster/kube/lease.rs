@@ -3,9 +3,10 @@
 //!
 //! A daemon takes its node's Lease when it is absent, released (no holder), its own (the same
 //! instance: a restart), or held by another instance but unchanged, as this process saw it,
-//! for the Lease's whole duration. It renews the Lease on the resourceVersion it read; a
-//! renewal that finds another holder, or no Lease, fails and the daemon starts over (fenced
-//! meanwhile, as on etcd).
+//! for the Lease's whole duration. It renews the Lease on the resourceVersion of its own last
+//! write, without reading it (as the kubelet renews its node Lease); a conflict (someone else
+//! wrote it: release-node's check, another holder) reads it again. A renewal that finds another
+//! holder, or no Lease, fails and the daemon starts over (fenced meanwhile, as on etcd).
 //!
 //! release-node measures absence with the apiserver's clock: it writes an annotation on the
 //! Lease (on the resourceVersion read, so no renewal came between) and compares the time the
@@ -151,8 +152,9 @@ impl NameStore for KubeStore {
             Some(_) => self.leases.replace(&name, &self.post(), &lease).await,
         };
         match written {
-            Ok(_) => {
+            Ok(l) => {
                 self.observed.lock().expect("observed lock").remove(&name);
+                self.held.lock().expect("held lock").insert(name.clone(), l);
                 Ok(Acquired::Held(Heartbeat {
                     alive_key: name,
                     alive_lease: 0,
@@ -169,18 +171,30 @@ impl NameStore for KubeStore {
         }
     }
 
-    /// Renews a held Lease; an error once another holds it or it is gone. A write that lost
-    /// to another (ipoolctl's check, say) is tried again on what it wrote.
+    /// Renews a held Lease on its last write (no read); an error once another holds it or it
+    /// is gone. A write that lost to another (ipoolctl's check, say) reads the Lease and is
+    /// tried again on what it found.
     async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
-        let mut attempts = 0;
+        let mut reads = 0;
         loop {
-            attempts += 1;
-            self.token().await;
-            let Some(mut l) = self.leases.get_opt(&beat.alive_key).await? else {
-                return Err(ClusterError::Refused(format!(
-                    "Lease {}/{} is gone",
-                    self.lease_namespace, beat.alive_key
-                )));
+            let last = self
+                .held
+                .lock()
+                .expect("held lock")
+                .get(&beat.alive_key)
+                .cloned();
+            let mut l = match last {
+                Some(l) => l,
+                None => {
+                    reads += 1;
+                    self.token().await;
+                    self.leases.get_opt(&beat.alive_key).await?.ok_or_else(|| {
+                        ClusterError::Refused(format!(
+                            "Lease {}/{} is gone",
+                            self.lease_namespace, beat.alive_key
+                        ))
+                    })?
+                }
             };
             match holder(&l) {
                 Some(h) if h == beat.instance => {}
@@ -197,22 +211,35 @@ impl NameStore for KubeStore {
                 s.renew_time = Some(MicroTime(Timestamp::now()));
             }
             self.token().await;
-            match self.leases.replace(&beat.alive_key, &self.post(), &l).await {
-                Ok(_) => return Ok(()),
-                Err(e) if api_code(&e) == Some(409) && attempts < 3 => continue,
+            let written = self.leases.replace(&beat.alive_key, &self.post(), &l).await;
+            let mut held = self.held.lock().expect("held lock");
+            match written {
+                Ok(l) => {
+                    held.insert(beat.alive_key.clone(), l);
+                    return Ok(());
+                }
+                // Written by someone else since (409), or deleted (404): read it again.
+                Err(e) if matches!(api_code(&e), Some(409 | 404)) && reads < 3 => {
+                    held.remove(&beat.alive_key);
+                }
                 Err(e) if api_code(&e) == Some(409) => {
+                    held.remove(&beat.alive_key);
                     return Err(ClusterError::Refused(format!(
                         "Lease {}/{} keeps changing under this daemon",
                         self.lease_namespace, beat.alive_key
-                    )))
+                    )));
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    held.remove(&beat.alive_key);
+                    return Err(e.into());
+                }
             }
         }
     }
 
     /// Releases a held Lease (a clean stop): no holder, so the next daemon takes it at once.
     async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+        self.held.lock().expect("held lock").remove(&beat.alive_key);
         self.token().await;
         let Some(mut l) = self.leases.get_opt(&beat.alive_key).await? else {
             return Ok(());
