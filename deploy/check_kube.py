@@ -1,7 +1,9 @@
 """deploy/check.py's checks of cluster mode on the Kubernetes API (server/src/cluster/kube):
 ipool's CustomResourceDefinitions as the code reads and writes them, each account's grants
-(what the daemon or the operator's commands do, no wildcard), and the admission policy that
-keeps the daemon's account to its own node's blocks and Lease."""
+(what the daemon or the operator's commands do, no wildcard), the admission policy that
+keeps the daemon's account to its own node's blocks and Lease, and API Priority and Fairness
+(the daemon's Lease renewals at the kubelets' level, its reads at a workload level, both
+matched ahead of the built-in schema that catches every ServiceAccount)."""
 
 import os
 import tomllib
@@ -31,6 +33,18 @@ OPERATOR_NEEDS = [
 # The daemon reads pools, never writes one.
 DAEMON_MUST_NOT = [(GROUP, "ippools", ["create", "update", "patch", "delete", "deletecollection"])]
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
+# API Priority and Fairness (flowcontrol.apiserver.k8s.io/v1): the built-in FlowSchema
+# `service-accounts` catches every ServiceAccount's requests at this precedence (workload-low);
+# the kubelets' node Leases are at level `node-high` (FlowSchema system-node-high).
+SERVICE_ACCOUNTS_PRECEDENCE = 9000
+LEASE_LEVEL = "node-high"
+BUILT_IN_LEVELS = {"exempt", "system", "node-high", "leader-election", "workload-high",
+                   "workload-low", "global-default", "catch-all"}
+# What the daemon reads that must queue at a workload level, not a high one: (apiGroup,
+# resource, verb, namespace or None for a request over every namespace).
+DAEMON_READS = [(GROUP, "ipblocks", "list", None), (GROUP, "ipblocks", "watch", None),
+                (GROUP, "ippools", "get", None), ("", "pods", "list", None),
+                ("", "pods", "watch", None)]
 
 
 def config_of(pod, container):
@@ -209,3 +223,52 @@ def check_kubernetes_store(docs):
                     check.fail(f"{what}: ServiceAccount {namespace}/{account} may {', '.join(extra)} "
                          f"{group} {resource}: the daemon only reads pools")
             check_admission(docs, f"system:serviceaccount:{namespace}:{account}")
+            check_priority(docs, what, namespace, account, leases)
+
+
+def first_flowschema(docs, namespace, account, group, resource, verb, ns):
+    """The FlowSchema that a request of ServiceAccount namespace/account matches first (lowest
+    matchingPrecedence), as the apiserver picks it; None when none here matches."""
+    def covers(r):
+        def has(key, v):
+            return v in r.get(key, []) or "*" in r.get(key, [])
+        where = r.get("clusterScope", False) if ns is None else has("namespaces", ns)
+        return has("apiGroups", group) and has("resources", resource) and has("verbs", verb) \
+            and where
+    found = []
+    for d in docs:
+        if d["kind"] != "FlowSchema":
+            continue
+        for rule in d["spec"].get("rules", []):
+            mine = any(s.get("kind") == "ServiceAccount"
+                       and s.get("serviceAccount", {}).get("name") in (account, "*")
+                       and s.get("serviceAccount", {}).get("namespace") == namespace
+                       for s in rule.get("subjects", []))
+            if mine and any(covers(r) for r in rule.get("resourceRules", [])):
+                found.append(d)
+    return min(found, key=lambda d: d["spec"].get("matchingPrecedence", 1000), default=None)
+
+
+def check_priority(docs, what, namespace, account, leases):
+    """The daemon's Lease requests at the kubelets' level, its reads at a workload level, each
+    matched ahead of the built-in `service-accounts`, every level referred to defined."""
+    levels = {d["metadata"]["name"] for d in docs if d["kind"] == "PriorityLevelConfiguration"}
+    checks = [("coordination.k8s.io", "leases", v, leases, True) for v in ("get", "create", "update")]
+    checks += [(g, r, v, ns, False) for g, r, v, ns in DAEMON_READS]
+    for group, resource, verb, ns, high in checks:
+        request = f"{verb} {group or 'core'} {resource}" + (f" in {ns}" if ns else "")
+        fs = first_flowschema(docs, namespace, account, group, resource, verb, ns)
+        if fs is None or fs["spec"].get("matchingPrecedence", 1000) >= SERVICE_ACCOUNTS_PRECEDENCE:
+            check.fail(f"{what}: no FlowSchema ahead of the built-in service-accounts "
+                       f"(precedence {SERVICE_ACCOUNTS_PRECEDENCE}) matches the daemon's {request}")
+            continue
+        level = fs["spec"]["priorityLevelConfiguration"]["name"]
+        name = fs["metadata"]["name"]
+        if level not in levels | BUILT_IN_LEVELS:
+            check.fail(f"{what}: FlowSchema {name} names level {level}, defined nowhere")
+        elif high and level != LEASE_LEVEL:
+            check.fail(f"{what}: the daemon's {request} is at level {level} (FlowSchema {name}), "
+                       f"not {LEASE_LEVEL} as the kubelets' node Leases")
+        elif not high and level in ("exempt", "system", LEASE_LEVEL):
+            check.fail(f"{what}: the daemon's {request} is at the high level {level} "
+                       f"(FlowSchema {name}): reads queue at a workload level")
