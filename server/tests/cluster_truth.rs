@@ -117,6 +117,72 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
 /// A node's store lost while its pods run (Kubernetes): the live pods' addresses are
 /// quarantined only once the node knows its blocks (its first sync), never against none, so
 /// the next pod does not get a running pod's address.
+/// etcd restored from a backup sends its revision back, so a later write of a block can land
+/// on the very revision an older write had. A give-back conditioned on that older write (sent
+/// before the restore, applied after it) must not delete the block its node settled since: it
+/// also names the write by the id the node's index entry holds. Found by the simulation
+/// (`give-back-on-revisions`).
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_give_back_from_before_a_restore_spares_a_later_write_on_the_same_revision() {
+    use common::etcd::with_store;
+    use ipool_server::cluster::model::{Block, Claimed, Settled};
+    let mut etcd = Etcd::start();
+    etcd.create_pool(&["g1", "--cidr", "10.71.0.0/24", "--block-size", "28"]);
+    let url = etcd.client_url.clone();
+    let block: IpNet = "10.71.0.0/28".parse().unwrap();
+    let mine = |s: ipool_server::cluster::etcd::ClusterStore| async move {
+        let listed = s.list_blocks(Some("g1"), Some("node-g")).await.unwrap();
+        assert_eq!(listed.blocks.len(), 1, "{listed:?}");
+        (s, listed.blocks[0].clone())
+    };
+    with_store(&url, |s| async move {
+        let rev = s.get_pool("g1").await.unwrap().unwrap().revision;
+        let won = s.claim("g1", rev, &block, "node-g").await.unwrap();
+        assert!(matches!(won, Claimed::Won(_)), "{won:?}");
+    });
+    // The backup.
+    etcd.stop();
+    let backup = tempfile::tempdir().unwrap();
+    copy_dir(&etcd.dir.path().join("data"), backup.path());
+    etcd.spawn();
+    // The node settles the block; a give-back of that write is sent and held on its way.
+    let held: Block = with_store(&url, |s| async move {
+        let (s, b) = mine(s).await;
+        let Settled::Mine(at) = s.settle(&b).await.unwrap() else {
+            panic!("settled")
+        };
+        Block { revision: at, ..b }
+    });
+    // Restored: etcd's revision is back where the backup had it.
+    etcd.stop();
+    std::fs::remove_dir_all(etcd.dir.path().join("data")).unwrap();
+    copy_dir(&backup.path().join("data"), &etcd.dir.path().join("data"));
+    etcd.spawn();
+    with_store(&url, |s| async move {
+        // The node syncs and settles the block again: one write since the backup, as before,
+        // so it lands on the revision the held give-back names.
+        let (s, b) = mine(s).await;
+        let Settled::Mine(now) = s.settle(&b).await.unwrap() else {
+            panic!("settled")
+        };
+        assert_eq!(
+            (now.create, now.modified),
+            (held.revision.create, held.revision.modified)
+        );
+        // The held give-back arrives: it deletes nothing.
+        assert!(
+            !s.give_back(&held).await.unwrap(),
+            "applied to a later write"
+        );
+        let (s, _) = mine(s).await;
+        // The node's own give-back, of the write it made, does.
+        assert!(s.give_back(&Block { revision: now, ..b }).await.unwrap());
+        let left = s.list_blocks(Some("g1"), None).await.unwrap();
+        assert!(left.blocks.is_empty(), "{left:?}");
+    });
+}
+
 #[test]
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn a_lost_store_quarantines_the_live_pods_addresses_against_the_synced_blocks() {
