@@ -160,7 +160,12 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
                 false => 0,
             };
             if w.swarm.slow_operator && w.net.operators_unheld(i) && w.choices.pick(3) == 2 {
-                let hold = ms(w, 600, 20_000);
+                // Now and then past a node's return: release-node's delete arriving after the
+                // node took its name back and served again.
+                let hold = match w.choices.pick(3) {
+                    0 => ms(w, 20_000, 60_000),
+                    _ => ms(w, 600, 20_000),
+                };
                 w.note(format!(
                     "the operator's request held on its way for {} ms",
                     hold.as_millis()
@@ -197,13 +202,9 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
         Kind::Leap => Ok(ms(w, 3000, 15000)),
         Kind::Add => {
             if let Some(i) = running(w) {
-                // One in eight asks for an address by name (CNI args' IP=), anywhere in the
-                // pool: in a block of its node's, another node's, one being given back, none.
+                // One in eight asks for an address by name (CNI args' IP=).
                 let requested = match w.choices.pick(8) {
-                    7 => {
-                        let host = 1 + w.choices.pick(if w.opts.small { 30 } else { 126 });
-                        vec![std::net::IpAddr::from([10, 70, 0, host as u8])]
-                    }
+                    7 => vec![asked_for(w, i)],
                     _ => Vec::new(),
                 };
                 add_asking(w, i, requested);
@@ -397,4 +398,49 @@ pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The address an ADD on slot `i` asks for by name: anywhere in the pool (in a block of its
+/// node's, another node's, or none), in a block its node is giving back, or in one another
+/// node owns, a third of the time each: where the paths are, not only where a pick lands.
+fn asked_for(w: &mut World, i: usize) -> std::net::IpAddr {
+    let v4 = |n: &ipnet::IpNet| matches!(n, ipnet::IpNet::V4(_));
+    // `ipoolctl status`'s line: "... here: 10.70.0.32/28 (RETURNING, 0 held here), ...".
+    let returning: Vec<ipnet::IpNet> = w.slots[i]
+        .daemon
+        .as_ref()
+        .map(|d| d.detail())
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|l| l.split(", ").map(str::to_string).collect::<Vec<_>>())
+        .filter(|b| b.contains("(RETURNING"))
+        .filter_map(|b| b.split(' ').find_map(|t| t.parse().ok()))
+        .filter(v4)
+        .collect();
+    let me = w.slots[i].name.clone();
+    let others: Vec<ipnet::IpNet> = w
+        .shared
+        .blocks()
+        .into_iter()
+        .filter(|(n, owner, _)| *owner != me && v4(n))
+        .map(|(n, _, _)| n)
+        .collect();
+    let within = match w.choices.pick(3) {
+        1 if !returning.is_empty() => {
+            Some(returning[w.choices.pick(returning.len() as u32) as usize])
+        }
+        2 if !others.is_empty() => Some(others[w.choices.pick(others.len() as u32) as usize]),
+        _ => None,
+    };
+    match within {
+        Some(ipnet::IpNet::V4(n)) => {
+            let hosts = 1u32 << (32 - u32::from(n.prefix_len()));
+            let host = u32::from(n.network()) + w.choices.pick(hosts);
+            std::net::IpAddr::V4(host.into())
+        }
+        _ => {
+            let host = 1 + w.choices.pick(if w.opts.small { 30 } else { 126 });
+            std::net::IpAddr::from([10, 70, 0, host as u8])
+        }
+    }
 }

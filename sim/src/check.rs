@@ -143,6 +143,17 @@ impl Checker {
         }
     }
 
+    /// The pods of slot `slot` that got their addresses by `at` (simulated ms) are excused.
+    pub fn excuse_slot_before(&mut self, slot: usize, at: u64, why: &str) {
+        for p in self
+            .pods
+            .values_mut()
+            .filter(|p| p.slot == slot && p.at <= at)
+        {
+            p.excused.get_or_insert_with(|| why.to_string());
+        }
+    }
+
     /// Every pod until now is excused (`why`).
     pub fn excuse_all(&mut self, why: &str) {
         for p in self.pods.values_mut() {

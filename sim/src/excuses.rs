@@ -255,6 +255,22 @@ impl World {
                 self.last_names = Some(line);
             }
         }
+        let holding: Vec<usize> = (0..self.slots.len())
+            .filter(|i| {
+                let s = &self.slots[*i];
+                s.daemon.is_some()
+                    && held
+                        .iter()
+                        .any(|(n, h)| *n == s.name && *h == s.instance_id())
+            })
+            .collect();
+        for i in 0..self.slots.len() {
+            let now = holding.contains(&i);
+            if now && !self.slots[i].holding {
+                self.slots[i].took_name = self.sync_counts(i);
+            }
+            self.slots[i].holding = now;
+        }
         for (name, holder) in held {
             let Some(slot) = self
                 .slots

@@ -26,9 +26,11 @@ pub mod search;
 pub mod store;
 
 mod actions;
+mod drain;
 mod excuses;
 mod nodes;
 mod operator;
+mod store_check;
 mod world;
 
 pub use ipool_server::bugs::Bug;

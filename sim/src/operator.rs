@@ -262,12 +262,19 @@ impl World {
     /// operator's doing (README: release-node is for nodes that are gone): the store has not
     /// heard the node (a renewal of its name) for longer than its fence, so that no store could
     /// tell it from a node that is gone.
-    pub(crate) fn release_excuse(&self, i: usize) -> Option<&'static str> {
-        let renewed = self.slots[i].renewed_at.unwrap_or(0);
+    pub(crate) fn release_excuse(&self, i: usize, at: u64) -> Option<&'static str> {
+        // The last renewal heard by `at`.
+        let renewed = self.slots[i]
+            .renewals
+            .iter()
+            .rev()
+            .find(|t| **t <= at)
+            .copied()
+            .unwrap_or(0);
         if self.restored_at.is_some_and(|r| r >= renewed) {
             return Some("release-node after etcd was restored from an older backup that lacks the node's renewals");
         }
-        (self.ms() - renewed > crate::FENCE_MS)
+        (at.saturating_sub(renewed) > crate::FENCE_MS)
             .then_some("release-node on a node the store had not heard for longer than its fence")
     }
 }

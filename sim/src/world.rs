@@ -6,7 +6,6 @@
 //! millisecond or by what the action said; then what finished is checked.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +33,12 @@ pub(crate) struct Slot {
     /// When (ms) the store last applied a renewal (or a taking) of its node name by this
     /// slot's daemons.
     pub renewed_at: Option<u64>,
+    /// Every renewal its daemons made that they heard of (simulated ms), oldest first.
+    pub renewals: Vec<u64>,
+    /// Its daemon holds its node name in the store (as last tracked), and the syncs it had
+    /// taken in (IPv4, IPv6) when it took the name.
+    pub holding: bool,
+    pub took_name: Option<[u64; 2]>,
     /// Its blocks as the trace last showed them.
     pub blocks_seen: Option<String>,
     /// A release-node's excuse of its pods was noted (once).
@@ -65,6 +70,9 @@ impl Slot {
             excused_release: false,
             blocks_seen: None,
             renewed_at: None,
+            renewals: Vec::new(),
+            holding: false,
+            took_name: None,
             unaware: false,
             aware_at: None,
             serving_since: None,
@@ -389,6 +397,7 @@ impl World {
         if let Some(s) = self.slots.get_mut(from) {
             if renewed {
                 s.renewed_at = Some(ms);
+                s.renewals.push(ms);
             }
             match (fate, awaited) {
                 // An answer with the store's header shows a reset.
@@ -418,148 +427,6 @@ impl World {
         let r = self.store_check(&who, command_of(from), Some(sent));
         self.doubtful_writer = false;
         r
-    }
-
-    /// Checks the store after it may have changed.
-    pub fn store_check(
-        &mut self,
-        by: &str,
-        command: Option<usize>,
-        sent: Option<Instant>,
-    ) -> Result<(), String> {
-        let v = self.shared.version();
-        if v == self.store_version {
-            return Ok(());
-        }
-        self.store_version = v;
-        self.track_holders();
-        self.stale_writes(by, sent)?;
-        let after = self.shared.blocks();
-        let op = command.and_then(|c| self.commands.get(&c)).cloned();
-        let forced = op.as_ref().is_some_and(|o| o.forced) || self.doubtful_writer;
-        let overlaps = self.opts.store == crate::StoreKind::Kube;
-        // The nodes the operator's command (under way, or ended: a request of it may arrive
-        // late) took a block from.
-        let from: std::collections::BTreeSet<String> = match &op {
-            None => Default::default(),
-            Some(_) => self
-                .blocks
-                .iter()
-                .filter(|(b, o, _)| !after.iter().any(|(a, ao, _)| a == b && ao == o))
-                .map(|(_, o, _)| o.clone())
-                .collect(),
-        };
-        for node in &from {
-            match &op {
-                Some(o) if o.forced => self.forced_gave_back(node),
-                Some(o) if o.release_of.as_ref() == Some(node) => self.release_gave_back(node)?,
-                _ => {}
-            }
-        }
-        let r = self
-            .checker
-            .store_changed(&self.blocks, &after, by, |_| forced, overlaps);
-        self.blocks = after;
-        self.snapshot();
-        r
-    }
-
-    /// A block deleted by a request sent (at `sent`) before the block was last written: the
-    /// delete was conditioned on what its sender read, which that write changed, so it must
-    /// have failed (a give-back, late or not, never applies to a block settled since).
-    fn stale_writes(&mut self, by: &str, sent: Option<Instant>) -> Result<(), String> {
-        let now = Instant::now();
-        let revs = self.shared.block_revisions();
-        // Sent before etcd was restored from an older backup: its conditions name revisions the
-        // restored etcd may give again to other writes (without --bump-revision): the
-        // restore's doing.
-        let before_restore = |t: Instant| {
-            self.restored_at
-                .is_some_and(|r| t.saturating_duration_since(self.started).as_millis() as u64 <= r)
-        };
-        if let Some(sent) = sent.filter(|t| !before_restore(*t)) {
-            for (net, (_, at)) in &self.written {
-                if !revs.contains_key(net) && *at > sent {
-                    return Err(format!(
-                        "block {net} deleted by a request of {by} sent at {} ms, though the block was written after that, at {} ms: a give-back on what its sender read applied after a write changed it",
-                        self.ms_of(sent),
-                        self.ms_of(*at)
-                    ));
-                }
-            }
-        }
-        // A restore from a backup is no write: what it brings back was written before.
-        let when = match sent.is_none() && by == RESTORE {
-            true => self.started,
-            false => now,
-        };
-        let written = std::mem::take(&mut self.written);
-        self.written = revs
-            .into_iter()
-            .map(|(net, rev)| match written.get(&net) {
-                Some((r, at)) if *r == rev => (net, (rev, *at)),
-                _ => (net, (rev, when)),
-            })
-            .collect();
-        Ok(())
-    }
-
-    /// `release-node --force` gave a block of `node` back: its pods are the operator's doing,
-    /// and so is what its daemons hand out from it until their next sync.
-    fn forced_gave_back(&mut self, node: &str) {
-        for i in 0..self.slots.len() {
-            if self.slots[i].name != node || self.slots[i].gone {
-                continue;
-            }
-            self.checker
-                .excuse_slot(i, "release-node --force on a live node");
-            self.serves_until_synced(i);
-        }
-    }
-
-    /// Slot `i`'s daemon, if it runs, may serve the blocks an operator's command just took
-    /// from it until a sync started from now on has been taken in.
-    fn serves_until_synced(&mut self, i: usize) {
-        if let (Some(d), Some(c)) = (&self.slots[i].daemon, self.sync_counts(i)) {
-            let daemon = d.id;
-            self.forced.push(Forced {
-                slot: i,
-                daemon,
-                until: Some([c[0] + 2, c[1] + 2]),
-            });
-        }
-    }
-
-    /// A release of `node` without `--force` gave a block of it back: where no store could
-    /// tell the node from a gone one, its pods are the operator's doing; elsewhere, a bug.
-    fn release_gave_back(&mut self, node: &str) -> Result<(), String> {
-        for i in 0..self.slots.len() {
-            let s = &self.slots[i];
-            if s.name != node || s.gone {
-                continue;
-            }
-            match self.release_excuse(i) {
-                Some(why) => {
-                    if !s.excused_release {
-                        self.note(format!("{why}: slot {i}'s pods excused"));
-                    }
-                    self.slots[i].excused_release = true;
-                    self.checker.excuse_slot(i, why);
-                    // A daemon that runs serves the block until its next sync, as after --force.
-                    self.serves_until_synced(i);
-                }
-                None => {
-                    return Err(format!(
-                        "release-node without --force gave back a block of {node}, whose daemon (slot {i}) {}",
-                        match s.daemon {
-                            Some(_) => "runs and renews its name",
-                            None => "was down for less than its fence",
-                        }
-                    ))
-                }
-            }
-        }
-        Ok(())
     }
 
     /// With a trace: each daemon's blocks, as `ipoolctl status` shows them, when they change.
@@ -596,102 +463,6 @@ impl World {
         self.commands.insert(self.op_seq, op.clone());
         self.op = Some(op);
         self.op_seq
-    }
-
-    /// Takes in the ADDs, DELs and operator commands that finished.
-    pub fn drain(&mut self) -> Result<(), String> {
-        let done: Vec<Done> = std::mem::take(&mut *self.done.lock().expect("done"));
-        for d in done {
-            match d {
-                Done::Added {
-                    daemon,
-                    container,
-                    result,
-                    at,
-                    decided,
-                } => {
-                    let Some(Adding { slot, syncs }) = self.adding.remove(&container) else {
-                        continue;
-                    };
-                    let alive = self.slots[slot]
-                        .daemon
-                        .as_ref()
-                        .is_some_and(|d| d.id == daemon);
-                    match (result, alive) {
-                        (Ok(ips), true) => {
-                            self.adds_ok += 1;
-                            let node = self.slots[slot].name.clone();
-                            self.note(format!("ADD {container} on {node}: {ips:?}"));
-                            let at = at.duration_since(self.started).as_millis() as u64;
-                            let excuses: Vec<Option<String>> = ips
-                                .iter()
-                                .map(|ip| self.handout_excuse(slot, *ip, syncs, decided))
-                                .collect();
-                            let excuse = |ip: IpAddr| {
-                                ips.iter()
-                                    .position(|x| *x == ip)
-                                    .and_then(|k| excuses[k].clone())
-                            };
-                            let named = self.name_excuse(slot, decided)?;
-                            self.served_blocks(slot, &ips, decided, &excuses)?;
-                            let blocks = self.snapshot_at(decided).blocks.clone();
-                            self.checker.added(
-                                slot,
-                                &node,
-                                &container,
-                                ips.clone(),
-                                at,
-                                &blocks,
-                                excuse,
-                                named,
-                            )?;
-                        }
-                        (Err(e), _) => {
-                            if e.contains("internal") {
-                                // The engine caught itself about to do harm: still a bug.
-                                let detail = self.slots[slot].daemon.as_ref().map(|d| d.detail());
-                                return Err(format!(
-                                    "ADD {container} on {} failed with an internal error: {e} (its blocks: {detail:?})",
-                                    self.slots[slot].name
-                                ));
-                            }
-                            self.note(format!("ADD {container} failed: {e}"));
-                            self.owed.insert(container, slot);
-                        }
-                        (Ok(_), false) => {
-                            self.owed.insert(container, slot);
-                        }
-                    }
-                }
-                Done::Deleted {
-                    daemon,
-                    container,
-                    ok,
-                } => {
-                    if !ok {
-                        if let Some(slot) = self.slot_of_daemon(daemon) {
-                            self.owed.insert(container, slot);
-                        }
-                    }
-                }
-            }
-        }
-        let ops: Vec<OpDone> = std::mem::take(&mut *self.ops.lock().expect("ops"));
-        for o in ops {
-            if self.op.as_ref().is_some_and(|o| o.forced) {
-                self.force_ends();
-            }
-            self.op = None;
-            self.note(format!("operator: {} -> {:?}", o.what, o.result));
-        }
-        Ok(())
-    }
-
-    /// The slot whose running daemon is incarnation `daemon`.
-    fn slot_of_daemon(&self, daemon: u64) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|s| s.daemon.as_ref().is_some_and(|d| d.id == daemon))
     }
 
     /// Runs the simulation's steps; the first failure ends it.

@@ -1,0 +1,105 @@
+//! What finished between two steps taken in: ADDs (each checked against the pods that hold
+//! its addresses and the store as the engine saw it), DELs, and the operator's commands.
+
+use std::net::IpAddr;
+
+use crate::daemon::Done;
+use crate::world::{Adding, OpDone, World};
+
+impl World {
+    /// Takes in the ADDs, DELs and operator commands that finished.
+    pub fn drain(&mut self) -> Result<(), String> {
+        let done: Vec<Done> = std::mem::take(&mut *self.done.lock().expect("done"));
+        for d in done {
+            match d {
+                Done::Added {
+                    daemon,
+                    container,
+                    result,
+                    at,
+                    decided,
+                } => {
+                    let Some(Adding { slot, syncs }) = self.adding.remove(&container) else {
+                        continue;
+                    };
+                    let alive = self.slots[slot]
+                        .daemon
+                        .as_ref()
+                        .is_some_and(|d| d.id == daemon);
+                    match (result, alive) {
+                        (Ok(ips), true) => {
+                            self.adds_ok += 1;
+                            let node = self.slots[slot].name.clone();
+                            self.note(format!("ADD {container} on {node}: {ips:?}"));
+                            let at = at.duration_since(self.started).as_millis() as u64;
+                            let excuses: Vec<Option<String>> = ips
+                                .iter()
+                                .map(|ip| self.handout_excuse(slot, *ip, syncs, decided))
+                                .collect();
+                            let excuse = |ip: IpAddr| {
+                                ips.iter()
+                                    .position(|x| *x == ip)
+                                    .and_then(|k| excuses[k].clone())
+                            };
+                            let named = self.name_excuse(slot, decided)?;
+                            self.served_blocks(slot, &ips, decided, &excuses)?;
+                            let blocks = self.snapshot_at(decided).blocks.clone();
+                            self.checker.added(
+                                slot,
+                                &node,
+                                &container,
+                                ips.clone(),
+                                at,
+                                &blocks,
+                                excuse,
+                                named,
+                            )?;
+                        }
+                        (Err(e), _) => {
+                            if e.contains("internal") {
+                                // The engine caught itself about to do harm: still a bug.
+                                let detail = self.slots[slot].daemon.as_ref().map(|d| d.detail());
+                                return Err(format!(
+                                    "ADD {container} on {} failed with an internal error: {e} (its blocks: {detail:?})",
+                                    self.slots[slot].name
+                                ));
+                            }
+                            self.note(format!("ADD {container} failed: {e}"));
+                            self.owed.insert(container, slot);
+                        }
+                        (Ok(_), false) => {
+                            self.owed.insert(container, slot);
+                        }
+                    }
+                }
+                Done::Deleted {
+                    daemon,
+                    container,
+                    ok,
+                } => {
+                    if !ok {
+                        if let Some(slot) = self.slot_of_daemon(daemon) {
+                            self.owed.insert(container, slot);
+                        }
+                    }
+                }
+            }
+        }
+        let ops: Vec<OpDone> = std::mem::take(&mut *self.ops.lock().expect("ops"));
+        for o in ops {
+            if self.op.as_ref().is_some_and(|o| o.forced) {
+                self.force_ends();
+            }
+            self.op = None;
+            self.note(format!("operator: {} -> {:?}", o.what, o.result));
+        }
+        Ok(())
+    }
+
+    /// The slot whose running daemon is incarnation `daemon`.
+    fn slot_of_daemon(&self, daemon: u64) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.daemon.as_ref().is_some_and(|d| d.id == daemon))
+    }
+}
