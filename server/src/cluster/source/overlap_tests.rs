@@ -9,12 +9,21 @@ use super::tests::{block, ip, land, net, node, source, synced};
 use super::*;
 use crate::cluster::work::Outcome;
 
-/// A source that holds `held` in `old` (lost: the store no longer has it) and then wins `new`.
-fn lost_then_claimed(old: &str, held: &[&str], new: &str) -> (Arc<ClusterNode>, ClusterSource) {
+/// A serving node's source, `blocks` (at revision 7) synced as its own when given.
+fn serving(blocks: &[&str]) -> (Arc<ClusterNode>, ClusterSource) {
     let n = node("");
     n.pretend_renewed(std::time::Duration::ZERO);
     let mut s = source(&n);
-    synced(&mut s, &n, &[block(old, 7)]);
+    if !blocks.is_empty() {
+        let listed: Vec<_> = blocks.iter().map(|b| block(b, 7)).collect();
+        synced(&mut s, &n, &listed);
+    }
+    (n, s)
+}
+
+/// A source that holds `held` in `old` (lost: the store no longer has it) and then wins `new`.
+fn lost_then_claimed(old: &str, held: &[&str], new: &str) -> (Arc<ClusterNode>, ClusterSource) {
+    let (n, mut s) = serving(&[old]);
     for h in held {
         s.occupy(ip(h)).expect("held here");
     }
@@ -98,9 +107,7 @@ fn a_smaller_block_inside_a_lost_one_hands_out_nothing_held_here() {
 
 #[test]
 fn after_a_restart_the_block_confirmed_takes_over_what_was_restored_into_old_ones() {
-    let n = node("");
-    n.pretend_renewed(std::time::Duration::ZERO);
-    let mut s = source(&n);
+    let (n, mut s) = serving(&[]);
     // Recorded before the restart: the new /26 and an old /27 inside it, both holding.
     s.restore_block("10.0.0.0/26").expect("restored");
     s.restore_block("10.0.0.0/27").expect("restored");
@@ -120,9 +127,7 @@ fn after_a_restart_the_block_confirmed_takes_over_what_was_restored_into_old_one
 
 #[test]
 fn a_block_claimed_back_takes_over_too() {
-    let n = node("");
-    n.pretend_renewed(std::time::Duration::ZERO);
-    let mut s = source(&n);
+    let (n, mut s) = serving(&[]);
     s.restore_block("10.0.0.0/26").expect("restored");
     s.restore_block("10.0.0.0/27").expect("restored");
     s.occupy(ip("10.0.0.2")).expect("held, in the /27");
@@ -148,10 +153,7 @@ fn a_block_claimed_back_takes_over_too() {
 fn a_smaller_block_claimed_inside_a_confirmed_one_leaves_the_bigger_one_serving_nothing() {
     // The pool moved to smaller blocks while this node served a bigger one it had not yet
     // synced (a forced release): the new block wins; the old one serves nothing more.
-    let n = node("");
-    n.pretend_renewed(std::time::Duration::ZERO);
-    let mut s = source(&n);
-    synced(&mut s, &n, &[block("10.0.0.0/27", 7)]);
+    let (_n, mut s) = serving(&["10.0.0.0/27"]);
     s.occupy(ip("10.0.0.2")).expect("held");
     s.occupy(ip("10.0.0.20")).expect("held");
     land(
@@ -180,10 +182,7 @@ fn a_block_dropped_and_claimed_again_before_the_engine_struck_it_is_not_struck()
     // Found by the simulation: the engine writes what `forget` returns in its background pass;
     // a block dropped and claimed again before that pass had its new record struck, and the
     // daemon refused to start (its pods' addresses lay in no block it could restore).
-    let n = node("");
-    n.pretend_renewed(std::time::Duration::ZERO);
-    let mut s = source(&n);
-    synced(&mut s, &n, &[block("10.0.0.16/28", 7)]);
+    let (n, mut s) = serving(&["10.0.0.16/28"]);
     s.take_next(ip("10.0.0.18"))
         .expect("taken: the block is recorded");
     assert!(s.vacate(ip("10.0.0.18")));

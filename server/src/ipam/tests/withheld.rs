@@ -98,15 +98,19 @@ ranges = [[{ subnet = "10.9.0.0/29" }]]
 "#;
 
 fn open(withheld: &Arc<Mutex<HashSet<IpAddr>>>) -> (Ipam, Arc<ManualClock>) {
-    let store = Arc::new(MemStore::new());
-    let clock = Arc::new(ManualClock::new(T0));
     let w = withheld.clone();
-    let sources = Sources::new(move |_, ranges: Vec<Range>| {
+    open_on(Sources::new(move |_, ranges: Vec<Range>| {
         Box::new(Withholding {
             inner: LocalSource::new(ranges),
             withheld: w.clone(),
         })
-    });
+    }))
+}
+
+/// An engine on `CONFIG` whose ranges are `sources`' (a fresh store, a clock at T0).
+fn open_on(sources: Sources) -> (Ipam, Arc<ManualClock>) {
+    let store = Arc::new(MemStore::new());
+    let clock = Arc::new(ManualClock::new(T0));
     let (load, serve) = (store.clone(), store);
     let ipam = Ipam::open_with(
         move || Ok(load as Arc<dyn Store>),
@@ -292,27 +296,12 @@ async fn a_source_that_offers_an_address_held_here_gets_nothing_taken_and_loses_
     // follow, and the state rebuilt from the store lost the first pod's attachment.
     let forget = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let f = forget.clone();
-    let store = Arc::new(MemStore::new());
-    let clock = Arc::new(ManualClock::new(T0));
-    let sources = Sources::new(move |_, ranges: Vec<Range>| {
+    let (ipam, _) = open_on(Sources::new(move |_, ranges: Vec<Range>| {
         Box::new(Forgetful {
             inner: LocalSource::new(ranges),
             forget: f.clone(),
         })
-    });
-    let (load, serve) = (store.clone(), store);
-    let ipam = Ipam::open_with(
-        move || Ok(load as Arc<dyn Store>),
-        move || Ok(serve as Arc<dyn Store>),
-        Setup {
-            config: DaemonConfig::parse(CONFIG).expect("config"),
-            clock,
-            boot_id: Some("boot-1".into()),
-            metrics: Arc::default(),
-            sources,
-        },
-    )
-    .expect("open");
+    }));
     forget.store(true, std::sync::atomic::Ordering::Relaxed);
     let first = ips(&ipam.add(sts("a", "x")).await.expect("add a"))[0];
     let e = ipam
