@@ -21,6 +21,18 @@ fn serving(blocks: &[&str]) -> (Arc<ClusterNode>, ClusterSource) {
     (n, s)
 }
 
+/// A claim in the pool's 10.0.0.0/24 lands: `won` (at revision 9) is this node's.
+fn claim_lands(s: &mut ClusterSource, won: &str) {
+    land(
+        s,
+        Work::Claim {
+            cidrs: vec![net("10.0.0.0/24")],
+        },
+        Ok(Outcome::Claimed(block(won, 9))),
+    )
+    .expect("claimed");
+}
+
 /// A source that holds `held` in `old` (lost: the store no longer has it) and then wins `new`.
 fn lost_then_claimed(old: &str, held: &[&str], new: &str) -> (Arc<ClusterNode>, ClusterSource) {
     let (n, mut s) = serving(&[old]);
@@ -38,14 +50,7 @@ fn lost_then_claimed(old: &str, held: &[&str], new: &str) -> (Arc<ClusterNode>, 
         )),
     )
     .expect_err("lost");
-    land(
-        &mut s,
-        Work::Claim {
-            cidrs: vec![net("10.0.0.0/24")],
-        },
-        Ok(Outcome::Claimed(block(new, 9))),
-    )
-    .expect("claimed");
+    claim_lands(&mut s, new);
     (n, s)
 }
 
@@ -156,14 +161,7 @@ fn a_smaller_block_claimed_inside_a_confirmed_one_leaves_the_bigger_one_serving_
     let (_n, mut s) = serving(&["10.0.0.0/27"]);
     s.occupy(ip("10.0.0.2")).expect("held");
     s.occupy(ip("10.0.0.20")).expect("held");
-    land(
-        &mut s,
-        Work::Claim {
-            cidrs: vec![net("10.0.0.0/24")],
-        },
-        Ok(Outcome::Claimed(block("10.0.0.16/28", 9))),
-    )
-    .expect("claimed");
+    claim_lands(&mut s, "10.0.0.16/28");
     let next = s.peek_next_n(40);
     assert!(!next.is_empty());
     assert!(
@@ -190,13 +188,6 @@ fn a_block_dropped_and_claimed_again_before_the_engine_struck_it_is_not_struck()
     synced(&mut s, &n, &[]);
     assert!(s.blocks.is_empty());
     // Claimed again before the engine's pass.
-    land(
-        &mut s,
-        Work::Claim {
-            cidrs: vec![net("10.0.0.0/24")],
-        },
-        Ok(Outcome::Claimed(block("10.0.0.16/28", 9))),
-    )
-    .expect("claimed");
+    claim_lands(&mut s, "10.0.0.16/28");
     assert_eq!(s.forget(), Vec::<String>::new());
 }
