@@ -58,6 +58,7 @@ pub mod claim;
 pub mod connect;
 pub mod datastore;
 pub mod etcd;
+pub mod heard;
 pub mod kube;
 pub mod model;
 pub mod node;

@@ -107,7 +107,7 @@ impl Options {
     /// (`resync_secs` and `claim_ahead` as the run's swarm says).
     pub fn tuning(&self, resync_secs: u64, claim_ahead: u64) -> String {
         format!(
-            "heartbeat_ttl_secs = 6\nresync_secs = {resync_secs}\nblock_hold_down_secs = 2\nclaim_ahead = {claim_ahead}\n"
+            "heartbeat_ttl_secs = 6\nresync_secs = {resync_secs}\nwatch = false\nblock_hold_down_secs = 2\nclaim_ahead = {claim_ahead}\n"
         )
     }
 

@@ -24,8 +24,9 @@ use serde_json::{json, Value};
 /// An object's place: (resource, namespace, name); namespace "" when cluster-scoped.
 pub type Key = (String, String, String);
 
-/// A change: (resourceVersion, resource, ADDED | MODIFIED | DELETED, the object).
-pub type Event = (u64, String, &'static str, Value);
+/// A change: (resourceVersion, resource, ADDED | MODIFIED | DELETED, the object, the object
+/// before: a label-selector watch needs both, see [`watch_event`]).
+pub type Event = (u64, String, &'static str, Value, Option<Value>);
 
 /// An answer: the HTTP status and the JSON body.
 #[derive(Clone, Debug, PartialEq)]
@@ -229,6 +230,47 @@ fn content(obj: &Value) -> Value {
     o
 }
 
+/// What a watch under `/apis/` asks for: (resource, namespace or "" for all).
+pub fn watch_target(path: &str) -> Option<(String, String)> {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["apis", _, _, r] => Some((r.to_string(), String::new())),
+        ["apis", _, _, "namespaces", ns, r] => Some((r.to_string(), ns.to_string())),
+        _ => None,
+    }
+}
+
+/// Checks a watch's label selector: the 400 its watch would get, if any.
+pub fn check_selector(selector: &str) -> Option<Answer> {
+    selector_terms(selector)
+        .err()
+        .map(|why| status(400, "BadRequest", &why))
+}
+
+/// What a watch of `resource` (in namespace `ns`, "" for all) with label selector `selector`
+/// hears of event `ev`, as the apiserver's watch cache decides (k8s.io/apiserver
+/// `cacheWatcher.convertToWatchEvent`): the object before and after are each matched; after
+/// only: ADDED; both: MODIFIED; before only: DELETED, with the object as it was (and the
+/// event's resourceVersion); neither: nothing.
+pub fn watch_event(ev: &Event, resource: &str, ns: &str, selector: &str) -> Option<Value> {
+    let (rv, r, kind, obj, prev) = ev;
+    let in_ns = |o: &Value| ns.is_empty() || o["metadata"]["namespace"].as_str() == Some(ns);
+    if r != resource || !in_ns(obj) {
+        return None;
+    }
+    let terms = selector_terms(selector).ok()?;
+    let now = *kind != "DELETED" && labels_match(obj, &terms);
+    let before = prev.as_ref().is_some_and(|p| labels_match(p, &terms));
+    let (t, mut o) = match (now, before) {
+        (true, false) => ("ADDED", obj.clone()),
+        (true, true) => ("MODIFIED", obj.clone()),
+        (false, true) => ("DELETED", prev.clone().unwrap_or(Value::Null)),
+        (false, false) => return None,
+    };
+    o["metadata"]["resourceVersion"] = json!(rv.to_string());
+    Some(json!({"type": t, "object": o}))
+}
+
 fn conflict(message: String) -> Answer {
     status(409, "Conflict", &message)
 }
@@ -242,10 +284,15 @@ impl Objects {
         }
     }
 
-    fn record(&mut self, resource: &str, kind: &'static str, obj: &Value) {
+    fn record(&mut self, resource: &str, kind: &'static str, obj: &Value, prev: Option<&Value>) {
         if self.keep_events {
-            self.events
-                .push((self.rv, resource.to_string(), kind, obj.clone()));
+            self.events.push((
+                self.rv,
+                resource.to_string(),
+                kind,
+                obj.clone(),
+                prev.cloned(),
+            ));
         }
     }
 
@@ -265,11 +312,12 @@ impl Objects {
         self.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         let key = (resource.to_string(), ns, name);
-        let change = match self.objects.insert(key, obj.clone()) {
+        let prev = self.objects.insert(key, obj.clone());
+        let change = match prev {
             Some(_) => "MODIFIED",
             None => "ADDED",
         };
-        self.record(resource, change, &obj);
+        self.record(resource, change, &obj, prev.as_ref());
     }
 
     /// Replaces an object of the `/apis` paths as an update would (its uid kept, a new
@@ -285,9 +333,11 @@ impl Objects {
             .to_string();
         self.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.objects
+        let prev = self
+            .objects
             .insert((resource.to_string(), ns, name), obj.clone());
-        self.record(resource, "MODIFIED", &obj);
+        let change = if prev.is_some() { "MODIFIED" } else { "ADDED" };
+        self.record(resource, change, &obj, prev.as_ref());
     }
 
     /// Deletes an object; false when there was none.
@@ -299,9 +349,10 @@ impl Objects {
         );
         match self.objects.remove(&key) {
             Some(mut obj) => {
+                let prev = obj.clone();
                 self.rv += 1;
                 obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-                self.record(resource, "DELETED", &obj);
+                self.record(resource, "DELETED", &obj, Some(&prev));
                 true
             }
             None => false,
@@ -425,7 +476,7 @@ impl Objects {
                 }
                 stamp(&mut obj, &manager, &now, &gv);
                 self.objects.insert(key(&n), obj.clone());
-                self.record(resource, "ADDED", &obj);
+                self.record(resource, "ADDED", &obj, None);
                 ok(201, obj)
             }
             ("PUT", Some(n)) => {
@@ -461,7 +512,7 @@ impl Objects {
                 obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
                 stamp(&mut obj, &manager, &now, &gv);
                 self.objects.insert(key(n), obj.clone());
-                self.record(resource, "MODIFIED", &obj);
+                self.record(resource, "MODIFIED", &obj, Some(&stored));
                 ok(200, obj)
             }
             ("DELETE", Some(n)) => {
@@ -488,7 +539,9 @@ impl Objects {
                 }
                 self.objects.remove(&key(n));
                 self.rv += 1;
-                self.record(resource, "DELETED", &stored);
+                let mut gone = stored.clone();
+                gone["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                self.record(resource, "DELETED", &gone, Some(&stored));
                 ok(200, stored)
             }
             (m, _) => status(

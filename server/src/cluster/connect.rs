@@ -36,6 +36,11 @@ pub async fn connect(
             let client = crate::k8s::client(settings.kubeconfig.as_deref(), timeout)
                 .await
                 .map_err(|e| ClusterError::Refused(format!("{e:#}")))?;
+            // The watches wait for minutes: a client of their own, with a deadline to match.
+            let read = super::kube::WATCH_READ_TIMEOUT;
+            let watches = crate::k8s::client(settings.kubeconfig.as_deref(), read)
+                .await
+                .map_err(|e| ClusterError::Refused(format!("{e:#}")))?;
             Arc::new(
                 KubeStore::connect(
                     client,
@@ -43,7 +48,8 @@ pub async fn connect(
                     Some(limiter.clone()),
                     super::kube::FIELD_MANAGER,
                 )
-                .await?,
+                .await?
+                .with_watch_client(watches, read),
             )
         }
     })

@@ -29,7 +29,7 @@ use super::pool::PoolSpec;
 pub type Store = Arc<dyn Datastore>;
 
 /// A store of pools, blocks and node names: what cluster mode runs on.
-pub trait Datastore: PoolStore + BlockStore + NameStore {
+pub trait Datastore: PoolStore + BlockStore + NameStore + WatchStore {
     /// The same store, whose requests never wait for its rate limit (the heartbeat's).
     fn urgent(&self) -> Store;
     /// How many times the store was found reset (restored from an older backup, made anew),
@@ -104,4 +104,33 @@ pub trait NameStore: Send + Sync {
         blocks: &[Block],
         force: bool,
     ) -> Result<Vec<Block>, ClusterError>;
+}
+
+/// A change a watch of a node's blocks and of the pools reports ([`WatchStore::watch`]). A
+/// hint that makes the node look again at once, never a verdict: what the node serves is still
+/// decided by its syncs and their conditioned writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Watched {
+    /// Block `block` of pool `pool`, listed as the node's, is no longer (given back, released,
+    /// deleted, or labelled with another node).
+    BlockGone { pool: String, block: IpNet },
+    /// Pool `name` was written (its phase, its spec) or deleted.
+    Pool(String),
+    /// The watch (re)started from a fresh listing (first, or after its history was compacted
+    /// away): anything may have changed meanwhile.
+    Restarted,
+}
+
+/// Watches: a node hears of its blocks and of the pools as they change, instead of listing
+/// them every minute.
+#[async_trait::async_trait]
+pub trait WatchStore: Send + Sync {
+    /// Watches `node`'s blocks and every pool, each change reported to `seen`, resumed where
+    /// it left off after a break (and [`Watched::Restarted`] when it could not be). Returns
+    /// only when it cannot go on (the caller starts it again after a wait).
+    async fn watch(
+        &self,
+        node: &str,
+        seen: &(dyn Fn(Watched) + Send + Sync),
+    ) -> Result<(), ClusterError>;
 }

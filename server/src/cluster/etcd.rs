@@ -125,7 +125,7 @@ impl ClusterStore {
         &self.client
     }
 
-    fn pools_prefix(&self) -> String {
+    pub(super) fn pools_prefix(&self) -> String {
         format!("{}/pools/", self.prefix)
     }
 
@@ -165,6 +165,7 @@ pub mod client;
 pub mod nodes;
 mod pools;
 pub mod request;
+mod watch;
 
 #[cfg(test)]
 mod tests;

@@ -49,6 +49,7 @@ mod objects;
 pub use objects::hash as pool_revision_of_uid;
 mod pools;
 mod store;
+mod watch;
 
 pub use objects::block_name;
 
@@ -63,6 +64,10 @@ pub const POOL_LABEL: &str = "ipool.io/pool";
 pub const FIELD_MANAGER: &str = "ipoold";
 /// Objects per page of a listing.
 const PAGE: u32 = 500;
+/// How long a watch may stay silent before its client gives up on it: the apiserver ends each
+/// watch a few seconds before (`k8s::watch_config`), and the watcher makes it again from where
+/// it was. About five minutes, as client-go's reflectors.
+pub const WATCH_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The pools and blocks of one cluster in its Kubernetes API.
 #[derive(Clone)]
@@ -79,6 +84,11 @@ pub struct KubeStore {
     /// resourceVersion, without a read (one only after a conflict).
     held: Arc<Mutex<HashMap<String, k8s_openapi::api::coordination::v1::Lease>>>,
     field_manager: String,
+    /// The watches' blocks and pools: over a client whose read deadline is longer than a
+    /// watch lasts (see [`KubeStore::with_watch_client`]).
+    watch_blocks: Api<DynamicObject>,
+    watch_pools: Api<DynamicObject>,
+    watch_read_timeout: std::time::Duration,
 }
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
@@ -104,6 +114,9 @@ impl KubeStore {
         let store = KubeStore {
             pools: Api::all_with(client.clone(), &resource("IPPool", "ippools")),
             blocks: Api::all_with(client.clone(), &resource("IPBlock", "ipblocks")),
+            watch_pools: Api::all_with(client.clone(), &resource("IPPool", "ippools")),
+            watch_blocks: Api::all_with(client.clone(), &resource("IPBlock", "ipblocks")),
+            watch_read_timeout: WATCH_READ_TIMEOUT,
             leases: Api::namespaced(client, lease_namespace),
             lease_namespace: lease_namespace.to_string(),
             limiter,
@@ -124,6 +137,20 @@ impl KubeStore {
                 e => e.into(),
             })?;
         Ok(store)
+    }
+
+    /// The same store, its watches over `client`: one whose read deadline
+    /// (`read_timeout`) outlasts a watch, which the apiserver ends a few seconds before it (the
+    /// store's own client fails a request that is silent for `etcd_timeout_ms`).
+    pub fn with_watch_client(
+        mut self,
+        client: Client,
+        read_timeout: std::time::Duration,
+    ) -> KubeStore {
+        self.watch_pools = Api::all_with(client.clone(), &resource("IPPool", "ippools"));
+        self.watch_blocks = Api::all_with(client, &resource("IPBlock", "ipblocks"));
+        self.watch_read_timeout = read_timeout;
+        self
     }
 
     /// Waits for a token of the rate limit (takes one at once when urgent).

@@ -19,10 +19,11 @@ use tokio::time::Instant;
 
 use super::claim::Views;
 use super::connect::{connector, Connector};
-use super::datastore::Store;
+use super::datastore::{Store, Watched};
 use super::etcd::client::Limiter;
 use super::etcd::Tls;
-use super::model::{Acquired, Alive, ClusterError, Heartbeat, Pool, PoolPhase};
+use super::heard::Heard;
+use super::model::{ClusterError, Heartbeat, Pool, PoolPhase};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 
@@ -87,6 +88,8 @@ pub struct ClusterNode {
     malformed: Mutex<HashMap<(String, bool), std::collections::BTreeMap<String, String>>>,
     /// The identity's changes, for health.
     identity_changes: tokio::sync::watch::Sender<Identity>,
+    /// What the store's watches said (`[cluster] watch`).
+    heard: Heard,
     metrics: Arc<Metrics>,
 }
 
@@ -157,6 +160,7 @@ impl ClusterNode {
             held: Mutex::new(None),
             malformed: Mutex::default(),
             identity_changes: tokio::sync::watch::Sender::new(Identity::Starting(None)),
+            heard: Heard::default(),
             metrics,
         }))
     }
@@ -222,6 +226,30 @@ impl ClusterNode {
             })
             .await
             .map(|_| ())
+    }
+
+    /// What the store's watches said so far.
+    pub fn heard(&self) -> &Heard {
+        &self.heard
+    }
+
+    /// Takes in what a watch said: a pool written is read again at its next use.
+    pub fn hear(&self, w: Watched) {
+        match &w {
+            Watched::Pool(name) => self.forget_pool(name),
+            Watched::Restarted => self.pools.lock().expect("pools lock").clear(),
+            Watched::BlockGone { .. } => {}
+        }
+        tracing::debug!(node = %self.name, heard = ?w, "the store's watch");
+        self.heard.hear(w);
+    }
+
+    /// The store connection (made now if there is none), for what runs outside [`call`]: the
+    /// watches.
+    ///
+    /// [`call`]: ClusterNode::call
+    pub async fn connection(&self) -> Result<Store, ClusterError> {
+        self.store().await
     }
 
     async fn store(&self) -> Result<Store, ClusterError> {
@@ -480,119 +508,6 @@ impl ClusterNode {
     pub(crate) fn pretend_identity(&self, identity: Identity) {
         self.set_identity(identity);
     }
-
-    /// Keeps this node's heartbeat until aborted: takes the node's name (or waits for
-    /// another daemon's lease to go), renews both leases every third of the TTL, and starts
-    /// over when the lease is gone. etcd failures are retried.
-    pub async fn heartbeat(self: Arc<Self>) {
-        let ttl = self.settings.heartbeat_ttl_secs;
-        let every = Duration::from_secs(ttl / 3).max(Duration::from_secs(1));
-        // Before the first heartbeat writes `seen`: whether this node ran before decides
-        // whether its blocks must be found and indexed.
-        while let Err(e) = self.ensure_index().await {
-            if !matches!(self.identity(), Identity::Held) {
-                self.set_identity(Identity::Starting(Some(e.to_string())));
-            }
-            tokio::time::sleep(super::jitter(Duration::from_secs(2))).await;
-        }
-        let me = Alive {
-            instance: self.instance.clone(),
-            at_ms: 0,
-            fence_secs: self.settings.fence(),
-        };
-        let mut wait = Duration::from_secs(1);
-        loop {
-            let sent = Instant::now();
-            let (node, me) = (
-                self.name.clone(),
-                Alive {
-                    at_ms: super::model::now_ms(),
-                    ..me.clone()
-                },
-            );
-            let started = self
-                .call("heartbeat", |s| async move {
-                    s.urgent()
-                        .start_heartbeat(&node, &me, ttl, every.as_secs())
-                        .await
-                })
-                .await;
-            match started {
-                Ok(Acquired::Held(beat)) => {
-                    wait = Duration::from_secs(1);
-                    self.renewed(sent);
-                    self.set_identity(Identity::Held);
-                    *self.held.lock().expect("held lock") = Some(beat.clone());
-                    self.keep(&beat, every).await;
-                    *self.held.lock().expect("held lock") = None;
-                }
-                Ok(Acquired::Taken { instance, ttl_left }) => {
-                    self.set_identity(Identity::Taken { instance });
-                    let left = Duration::from_secs(ttl_left.clamp(1, ttl as i64) as u64);
-                    tokio::time::sleep(super::jitter(left.min(every))).await;
-                }
-                Err(e) => {
-                    if !matches!(self.identity(), Identity::Held) {
-                        self.set_identity(Identity::Starting(Some(e.to_string())));
-                    }
-                    tracing::debug!(node = %self.name, error = %e, "cannot start the heartbeat; retrying");
-                    tokio::time::sleep(super::jitter(wait)).await;
-                    wait = (wait * 2).min(every);
-                }
-            }
-        }
-    }
-
-    /// Gives the node's name up at a clean stop (call it once the heartbeat task is stopped,
-    /// and nothing is handed out any more): the node is away from now on, as release-node
-    /// sees it, and another daemon may take the name at once. True if a name was held and
-    /// given up.
-    pub async fn give_up_name(&self) -> Result<bool, ClusterError> {
-        let Some(beat) = self.held.lock().expect("held lock").take() else {
-            return Ok(false);
-        };
-        self.set_identity(Identity::Starting(Some("stopped".into())));
-        self.call("heartbeat", |s| async move {
-            s.urgent().stop_heartbeat(&beat).await
-        })
-        .await?;
-        tracing::info!(node = %self.name, instance = %self.instance, store = self.store_name(), "gave up its node name (a clean stop)");
-        Ok(true)
-    }
-
-    /// Renews `beat` until its lease is gone (or, etcd silent, surely gone).
-    async fn keep(&self, beat: &Heartbeat, every: Duration) {
-        let ttl = Duration::from_secs(self.settings.heartbeat_ttl_secs);
-        let mut last_ok = Instant::now();
-        let mut pause = super::jitter(every);
-        loop {
-            tokio::time::sleep(pause).await;
-            let sent = Instant::now();
-            let b = beat.clone();
-            let r = self
-                .call("heartbeat", |s| async move {
-                    s.urgent().renew_heartbeat(&b).await
-                })
-                .await;
-            match r {
-                Ok(()) => {
-                    self.renewed(sent);
-                    last_ok = sent;
-                    pause = super::jitter(every);
-                }
-                Err(e) if e.is_unreachable() && last_ok.elapsed() < ttl => {
-                    if last_ok.elapsed() > self.fence() {
-                        self.metrics.cluster.fenced.set(1);
-                    }
-                    tracing::warn!(node = %self.name, error = %e, "heartbeat not renewed; retrying");
-                    pause = Duration::from_secs(1);
-                }
-                Err(e) => {
-                    self.metrics.cluster.fenced.set(1);
-                    tracing::warn!(node = %self.name, error = %e, "heartbeat lost; taking the node's name again");
-                    return;
-                }
-            }
-        }
-    }
 }
+
+mod heartbeat;

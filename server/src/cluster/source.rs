@@ -36,6 +36,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
+use super::heard::Cursor;
 use super::model::KeyRevision;
 use super::node::ClusterNode;
 use super::work::{Done, Work};
@@ -80,6 +81,11 @@ pub struct ClusterSource {
     synced: Option<u64>,
     /// When the next resync is due (`resync_secs`, jittered).
     next_sync: Option<Instant>,
+    /// What it took in so far of what the store's watches said (see `cluster::heard`).
+    heard: Cursor,
+    /// The watches said something that a sync must look at (a block of this source's gone,
+    /// or a watch started over): the next work is a sync.
+    watched_sync: bool,
     /// By CIDR (network address, then prefix): handed out lowest block first.
     blocks: BTreeMap<IpNet, Owned>,
     /// The shortest prefix of a block held so far (lookups look back that far).
@@ -117,6 +123,7 @@ impl ClusterSource {
     ) -> ClusterSource {
         let parts: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
         let threshold = node.settings().claim_ahead.max(min_idle);
+        let heard = node.heard().now();
         ClusterSource {
             id: SOURCE_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             node,
@@ -127,6 +134,8 @@ impl ClusterSource {
             threshold,
             synced: None,
             next_sync: None,
+            heard,
+            watched_sync: false,
             blocks: BTreeMap::new(),
             widest: 128,
             cursor: None,
@@ -332,15 +341,45 @@ impl ClusterSource {
         }
     }
 
+    /// Takes in what the store's watches said since the last look: a block of this source's
+    /// that is no longer this node's stops serving at once (unconfirmed: the sync that comes
+    /// next says whose it is); a watch that started over makes the next work a sync.
+    fn take_in_watched(&mut self) {
+        let news = self.node.heard().since(&self.pool, &mut self.heard);
+        self.watched_sync |= news.restarted;
+        let mut moved = false;
+        for net in news.gone {
+            let Some(b) = self.blocks.get_mut(&net) else {
+                continue;
+            };
+            match b.state {
+                BlockState::Confirmed(_) => {
+                    tracing::warn!(pool = %self.pool, block = %net, store = self.node.store_name(), "the store's watch says this node's block is no longer its own (a forced release-node?): nothing more is handed out from it; syncing");
+                    b.state = BlockState::Unconfirmed;
+                    self.watched_sync = true;
+                    moved = true;
+                }
+                BlockState::Doubt(_) | BlockState::Orphaned(_) => self.watched_sync = true,
+                // Its own give-back (Returning), or already not served.
+                _ => {}
+            }
+        }
+        if moved {
+            self.count_blocks();
+        }
+    }
+
     /// What to do next against etcd, if anything: nothing while the node does not serve.
     fn next_work(&mut self) -> Option<Work> {
         let epoch = self.node.serving().ok()?;
+        self.take_in_watched();
         let unsettled = self
             .blocks
             .values()
             .any(|b| matches!(b.state, BlockState::Unsettled(_)));
         if self.synced != Some(epoch)
             || unsettled
+            || self.watched_sync
             || self.next_sync.is_none_or(|t| Instant::now() >= t)
         {
             // The sync settles every other block it lists before it serves: a give-back of it
@@ -576,6 +615,10 @@ impl Source for ClusterSource {
         };
         if wait.is_some_and(|t| now < t) {
             return None;
+        }
+        if let Work::Sync { .. } = work {
+            // This sync looks at what the watches said.
+            self.watched_sync = false;
         }
         if let Work::GiveBack(net, revision) = &work {
             if let Some(b) = self.blocks.get_mut(net) {

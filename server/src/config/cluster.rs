@@ -42,10 +42,17 @@ pub struct ClusterSettings {
     /// A block empty this long is given back (a node keeps at least one).
     #[serde(default = "default_hold_down")]
     pub block_hold_down_secs: u64,
-    /// How often this node's blocks are listed again (a block given away meanwhile, by a
-    /// forced release-node, is found and nothing more is handed out from it).
+    /// How often this node's blocks (and its pools) are listed again, jittered: the safety net
+    /// under the watches, which make the node act within a second of a change (a block given
+    /// away by a forced release-node stops serving; a pool deleted or made anew is read).
+    /// Without watches (`watch = false`) it is how late a node may learn of such a change.
     #[serde(default = "default_resync")]
     pub resync_secs: u64,
+    /// Whether the node watches its blocks and the pools (an etcd watch on its index and the
+    /// pools' prefix; a Kubernetes watch with its node's label selector and of the IPPools).
+    /// Off: it polls every `resync_secs` (set it lower then, e.g. 60).
+    #[serde(default = "default_watch")]
+    pub watch: bool,
     /// Each etcd call's deadline.
     #[serde(default = "default_etcd_timeout")]
     pub etcd_timeout_ms: u64,
@@ -94,7 +101,10 @@ fn default_hold_down() -> u64 {
     600
 }
 fn default_resync() -> u64 {
-    60
+    600
+}
+fn default_watch() -> bool {
+    true
 }
 fn default_etcd_timeout() -> u64 {
     2000

@@ -23,7 +23,8 @@ use crate::model::RouteSpec;
 use crate::range::RangeSpec;
 use crate::source::{LocalSource, Sources};
 
-/// How often the pool is read again once known.
+/// How often the pool is read again once known, where nothing watches it (`watch = false`);
+/// with the watches, every `resync_secs` (jittered) and at once when it is written.
 const REREAD: Duration = Duration::from_secs(60);
 
 /// The pool's CIDRs as range sets: IPv4 first, then IPv6.
@@ -50,7 +51,14 @@ pub fn range_sets(spec: &PoolSpec) -> Vec<Vec<RangeSpec>> {
 pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
     let mut wait = Duration::from_secs(1);
     let mut last_remind = tokio::time::Instant::now();
+    let mut written = node.heard().pool_changes();
+    let watched = node.settings().watch;
+    let reread = match watched {
+        true => Duration::from_secs(node.settings().resync_secs),
+        false => REREAD,
+    };
     loop {
+        written.mark_unchanged();
         let store = node.store_name();
         let pause = match node.read_pool(&pool).await {
             Ok(Some(p)) if p.phase != PoolPhase::Ready => {
@@ -75,7 +83,8 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
                     routes: Vec::new(),
                 };
                 match feed.apply(seen).await {
-                    true => REREAD,
+                    true if watched => crate::cluster::jitter(reread),
+                    true => reread,
                     false => Duration::from_secs(1),
                 }
             }
@@ -99,17 +108,32 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
             feed.remind();
             last_remind = tokio::time::Instant::now();
         }
-        tokio::time::sleep(pause).await;
+        if !watched {
+            tokio::time::sleep(pause).await;
+            continue;
+        }
+        // A pool written (as the watch says) is read at once.
+        tokio::select! {
+            biased;
+            _ = written.changed() => {}
+            _ = tokio::time::sleep(pause) => {}
+        }
     }
 }
 
-/// Gives back, every `resync_secs` while the node serves, this node's blocks of the pools no
+/// Gives back, every `resync_secs` (jittered) while the node serves, this node's blocks of the pools no
 /// network here takes its ranges from any more (a network removed, or given another
 /// `cluster_pool`) once nothing here holds an address of them. Runs until aborted.
 pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, used: Vec<String>) {
     let every = Duration::from_secs(node.settings().resync_secs);
     loop {
-        tokio::time::sleep(every).await;
+        // Jittered where it is the long safety net of the watches (nodes started together do
+        // not list together ten minutes on).
+        let pause = match node.settings().watch {
+            true => crate::cluster::jitter(every),
+            false => every,
+        };
+        tokio::time::sleep(pause).await;
         if node.serving().is_err() {
             continue;
         }
@@ -202,7 +226,8 @@ impl ClusterNetworks {
     }
 
     /// Starts the heartbeat, follows each cluster network's pool, watches the node's name for
-    /// health, and gives back the blocks of pools no network uses.
+    /// health, watches its blocks and the pools (`watch`), and gives back the blocks of pools
+    /// no network uses.
     pub fn start(&self, ipam: &Ipam) {
         *self.heartbeat.lock().expect("heartbeat lock") =
             Some(tokio::spawn(self.node.clone().heartbeat()));
@@ -225,6 +250,18 @@ impl ClusterNetworks {
                 }
             }
         }));
+        if self.node.settings().watch {
+            tasks.push(tokio::spawn(crate::cluster::heard::keep_watching(
+                self.node.clone(),
+            )));
+            // What the watches say is acted on at once, not at the next tick.
+            let (mut heard, ipam) = (self.node.heard().changes(), ipam.clone());
+            tasks.push(tokio::spawn(async move {
+                while heard.changed().await.is_ok() {
+                    ipam.nudge();
+                }
+            }));
+        }
         let used = self.networks.iter().map(|(_, p, _)| p.clone()).collect();
         tasks.push(tokio::spawn(give_back_unused(
             self.node.clone(),

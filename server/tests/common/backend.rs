@@ -165,6 +165,74 @@ routes = [{{ dst = "0.0.0.0/0" }}]
         }
     }
 
+    /// Block `block` of pool `pool`, `from`'s, made `to`'s in one write (as no ipool command
+    /// does: what a forced release-node and another node's claim do in two): on the apiserver
+    /// an update of its node (spec and label), on etcd one transaction over its key and both
+    /// nodes' index entries.
+    pub fn reown(&self, pool: &str, block: &str, from: &str, to: &str) {
+        match self {
+            Backend::Kube { api, .. } => {
+                let name = block.replace(['.', '/', ':'], "-");
+                let mut obj = api.get("ipblocks", "", &name).expect("the block's object");
+                obj["spec"]["node"] = serde_json::json!(to);
+                obj["metadata"]["labels"]["ipool.io/node"] = serde_json::json!(to);
+                api.put_custom("ipblocks", obj);
+            }
+            Backend::Etcd(e) => {
+                use ipool_server::cluster::etcd::request::{op, txn};
+                let url = e.lock().unwrap().client_url.clone();
+                let net: ipnet::IpNet = block.parse().expect("a CIDR");
+                let part = ipool_server::cluster::etcd::block_key_part(&net);
+                let root = ipool_server::cluster::etcd::DEFAULT_PREFIX;
+                let owner = format!(r#"{{"node":"{to}","claimed_at_ms":1}}"#);
+                let ops = [
+                    op::put(format!("{root}/blocks/{pool}/{part}"), owner, 0),
+                    op::delete(format!("{root}/nodes/{from}/blocks/{pool}/{part}")),
+                    op::put(format!("{root}/nodes/{to}/blocks/{pool}/{part}"), "w1", 0),
+                ];
+                super::etcd::with_store(&url, |s| async move {
+                    s.client().txn(txn([], ops, [])).await.expect("re-own");
+                });
+            }
+        }
+    }
+
+    /// Forgets the store's history up to now: a watch resumed from before gets 410 Gone (the
+    /// apiserver; its open watches cut too) or is cancelled as compacted (etcd).
+    pub fn compact(&self) {
+        match self {
+            Backend::Kube { api, .. } => api.compact(),
+            Backend::Etcd(e) => {
+                use ipool_proto::etcd::etcdserverpb as pb;
+                let url = e.lock().unwrap().client_url.clone();
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    let mut kv = pb::kv_client::KvClient::connect(url).await.expect("etcd");
+                    let now = kv
+                        .range(pb::RangeRequest {
+                            key: b"/".to_vec(),
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("read etcd's revision")
+                        .into_inner()
+                        .header
+                        .expect("a header")
+                        .revision;
+                    kv.compact(pb::CompactionRequest {
+                        revision: now,
+                        physical: true,
+                    })
+                    .await
+                    .expect("compact");
+                });
+            }
+        }
+    }
+
     /// The fake apiserver, when the store is the Kubernetes API.
     pub fn api(&self) -> Option<&FakeApi> {
         match self {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame};
 use hyper::{Response, StatusCode};
-use ipool_testkit::apiserver::{url_pairs, Objects};
+use ipool_testkit::apiserver::{url_pairs, Event, Objects};
 use serde_json::{json, Value};
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -425,6 +425,22 @@ fn answer(
         if !w.failures.is_empty() {
             return Some(respond(&mut w, &path, &q, world, wake));
         }
+        let watching = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+        if let (true, Some((resource, ns))) = (
+            watching && req.method == hyper::Method::GET && !w.no_crds,
+            ipool_testkit::apiserver::watch_target(&path),
+        ) {
+            // A watch of ipool's resources (or Leases) with a label selector, as the watch
+            // cache serves it.
+            let selector = q.get("labelSelector").cloned().unwrap_or_default();
+            if let Some(bad) = ipool_testkit::apiserver::check_selector(&selector) {
+                return Some(full(StatusCode::BAD_REQUEST, bad.body));
+            }
+            let filter = move |ev: &Event| {
+                ipool_testkit::apiserver::watch_event(ev, &resource, &ns, &selector)
+            };
+            return Some(stream(&w, &q, world, wake, Box::new(filter)));
+        }
         let now = k8s_openapi::jiff::Timestamp::now().as_second() + w.clock_skew;
         let crds = !w.no_crds;
         if let Some(a) = w
@@ -511,6 +527,31 @@ fn respond(
                    "metadata": {"resourceVersion": w.store.rv.to_string()}, "items": items}),
         );
     }
+    let (resource, ns) = (resource.to_string(), ns.map(str::to_string));
+    let filter = move |ev: &Event| {
+        let (_, r, t, o, _) = ev;
+        (*r == resource
+            && ns
+                .as_deref()
+                .is_none_or(|n| o["metadata"]["namespace"].as_str() == Some(n))
+            && selected(o, &selector))
+        .then(|| json!({"type": t, "object": o}))
+    };
+    stream(w, q, world, wake, Box::new(filter))
+}
+
+/// Which events a watch hears, each as the line it is sent as.
+type Filter = Box<dyn Fn(&Event) -> Option<Value> + Send>;
+
+/// A watch from the query's resourceVersion (410 Gone when older than what is kept), each
+/// event `filter` passes streamed as a JSON line, until the watch is cut.
+fn stream(
+    w: &World,
+    q: &BTreeMap<String, String>,
+    world: &Arc<Mutex<World>>,
+    wake: &tokio::sync::watch::Sender<u64>,
+    filter: Filter,
+) -> Response<Body> {
     let from: u64 = q
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
@@ -525,8 +566,6 @@ fn respond(
     } else {
         let cut = w.cut;
         let (world, mut woken) = (world.clone(), wake.subscribe());
-        let resource = resource.to_string();
-        let ns = ns.map(str::to_string);
         tokio::spawn(async move {
             let mut cursor = from;
             loop {
@@ -536,15 +575,9 @@ fn respond(
                         .store
                         .events
                         .iter()
-                        .filter(|(rv, r, _, o)| {
-                            *rv > cursor
-                                && *r == resource
-                                && ns
-                                    .as_deref()
-                                    .is_none_or(|n| o["metadata"]["namespace"].as_str() == Some(n))
-                                && selected(o, &selector)
-                        })
-                        .map(|(_, _, t, o)| json!({"type": t, "object": o}).to_string())
+                        .filter(|ev| ev.0 > cursor)
+                        .filter_map(&filter)
+                        .map(|line| line.to_string())
                         .collect();
                     // A frozen watch hears nothing (and catches up when thawed).
                     if !w.frozen {

@@ -56,7 +56,7 @@ fn parse_write(value: &[u8]) -> Option<u64> {
 }
 
 impl ClusterStore {
-    fn index_prefix(&self, node: &str, pool: Option<&str>) -> String {
+    pub(super) fn index_prefix(&self, node: &str, pool: Option<&str>) -> String {
         match pool {
             Some(p) => self.key(&format!("nodes/{node}/blocks/{p}/")),
             None => self.key(&format!("nodes/{node}/blocks/")),
@@ -420,7 +420,7 @@ impl BlockStore for ClusterStore {
 }
 
 /// `<pool>/<block>` under `root`.
-fn parse_block_key<'a>(root: &str, key: &'a str) -> Result<(&'a str, IpNet), String> {
+pub(super) fn parse_block_key<'a>(root: &str, key: &'a str) -> Result<(&'a str, IpNet), String> {
     let rest = key.strip_prefix(root).unwrap_or(key);
     let (pool, part) = rest
         .split_once('/')

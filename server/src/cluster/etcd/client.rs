@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipool_proto::etcd::etcdserverpb as pb;
-use pb::{kv_client::KvClient, lease_client::LeaseClient};
+use pb::{kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClient};
 use tokio::time::Instant;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -273,7 +273,19 @@ impl Reply {
 #[async_trait::async_trait]
 pub trait Transport: Send + Sync {
     async fn call(&self, call: Call, deadline: Instant) -> Result<Reply, EtcdError>;
+    /// A watch made as `create` asks (created by `deadline`): etcd's answers as they come,
+    /// until the stream breaks. Only gRPC's transport watches.
+    async fn watch(
+        &self,
+        _create: pb::WatchCreateRequest,
+        _deadline: Instant,
+    ) -> Result<Watching, EtcdError> {
+        Err(EtcdError::Connect("this transport does not watch".into()))
+    }
 }
+
+/// The answers of one watch ([`Transport::watch`]).
+pub type Watching = futures::stream::BoxStream<'static, Result<pb::WatchResponse, EtcdError>>;
 
 /// gRPC over tonic: one endpoint at a time, the next after a failure (see the module).
 struct Tonic {
@@ -498,6 +510,14 @@ impl EtcdClient {
     }
 
     /// A lease of `ttl_secs`.
+    /// A watch as `create` asks, once etcd created it (counted as one request; its answers'
+    /// bytes are not counted).
+    pub async fn watch(&self, create: pb::WatchCreateRequest) -> Result<Watching, EtcdError> {
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + self.inner.timeout;
+        self.inner.transport.watch(create, deadline).await
+    }
+
     pub async fn lease_grant(&self, ttl_secs: i64) -> Result<pb::LeaseGrantResponse, EtcdError> {
         let req = pb::LeaseGrantRequest {
             ttl: ttl_secs,
@@ -677,6 +697,53 @@ impl Transport for Tonic {
             }
         }
         r
+    }
+
+    async fn watch(
+        &self,
+        create: pb::WatchCreateRequest,
+        deadline: Instant,
+    ) -> Result<Watching, EtcdError> {
+        self.watch_stream(create, deadline).await
+    }
+}
+
+impl Tonic {
+    /// [`Transport::watch`] over gRPC: no deadline on the stream (the channel's keep-alive
+    /// finds a dead connection); the request side stays open as long as the answers are read.
+    async fn watch_stream(
+        &self,
+        create: pb::WatchCreateRequest,
+        deadline: Instant,
+    ) -> Result<Watching, EtcdError> {
+        use futures::StreamExt;
+        let (at, ch) = self.channel(deadline).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let first = pb::WatchRequest {
+            request_union: Some(pb::watch_request::RequestUnion::CreateRequest(create)),
+        };
+        tx.send(first)
+            .await
+            .map_err(|_| EtcdError::Connect("the watch's request stream closed".into()))?;
+        let mut client = WatchClient::new(ch);
+        let opened = client.watch(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let answers = match tokio::time::timeout_at(deadline, opened).await {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(s)) => {
+                let e = EtcdError::Status(s);
+                if e.drops_connection() {
+                    self.failed(at).await;
+                }
+                return Err(e);
+            }
+            Err(_) => return Err(EtcdError::Timeout(self.timeout)),
+        };
+        Ok(answers
+            .map(move |r| {
+                let _open = &tx;
+                r.map_err(EtcdError::Status)
+            })
+            .boxed())
     }
 }
 

@@ -1,0 +1,126 @@
+//! [`ClusterStore`]'s watches ([`WatchStore`]): the node's index (`nodes/<node>/blocks/`:
+//! an entry deleted is a block given back, released or found another's) and the pools
+//! (`pools/`). Each is made again after a break from the revision after the last it reported
+//! (etcd answers progress notifications while nothing changes, so that revision keeps up); one
+//! whose revision was compacted away starts from now, as [`Watched::Restarted`].
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use ipool_proto::etcd::etcdserverpb as pb;
+use ipool_proto::etcd::mvccpb::event::EventType;
+
+use super::blocks::parse_block_key;
+use super::request::prefix_end;
+use super::ClusterStore;
+use crate::cluster::datastore::{WatchStore, Watched};
+use crate::cluster::model::ClusterError;
+
+/// The longest wait before a broken watch is made again.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+impl ClusterStore {
+    /// Watches the keys under `prefix` for ever, each event `what` makes something of reported
+    /// to `seen`.
+    async fn watch_prefix(
+        &self,
+        prefix: String,
+        what: &(dyn Fn(&str, EventType) -> Option<Watched> + Send + Sync),
+        seen: &(dyn Fn(Watched) + Send + Sync),
+    ) {
+        // The next revision to hear of; 0: from now (what came before is not known).
+        let mut next = 0i64;
+        let mut wait = Duration::from_millis(500);
+        loop {
+            let create = pb::WatchCreateRequest {
+                key: prefix.clone().into_bytes(),
+                range_end: prefix_end(prefix.as_bytes()),
+                start_revision: next,
+                progress_notify: true,
+            };
+            let mut answers = match self.client.watch(create).await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::debug!(%prefix, error = %e, "cannot watch; trying again");
+                    tokio::time::sleep(crate::cluster::jitter(wait)).await;
+                    wait = (wait * 2).min(RETRY_MAX);
+                    continue;
+                }
+            };
+            while let Some(answer) = answers.next().await {
+                let a = match answer {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::debug!(%prefix, error = %e, "the watch broke; making it again");
+                        break;
+                    }
+                };
+                wait = Duration::from_millis(500);
+                if a.compact_revision > 0 || a.canceled {
+                    // Compacted away (or cancelled by etcd): start from now, and say so.
+                    tracing::info!(%prefix, compacted = a.compact_revision, reason = %a.cancel_reason, "a watch's history is gone: watching from now");
+                    next = 0;
+                    seen(Watched::Restarted);
+                    break;
+                }
+                if a.created {
+                    if next == 0 {
+                        // From now: whatever changed before is not known here.
+                        next = a.header.as_ref().map_or(0, |h| h.revision + 1);
+                        seen(Watched::Restarted);
+                    }
+                    continue;
+                }
+                for ev in &a.events {
+                    let Some(kv) = &ev.kv else { continue };
+                    let kind = EventType::try_from(ev.r#type).unwrap_or(EventType::Put);
+                    if let Some(w) = what(&String::from_utf8_lossy(&kv.key), kind) {
+                        seen(w);
+                    }
+                    next = next.max(kv.mod_revision + 1);
+                }
+                if a.events.is_empty() {
+                    // A progress notification: every change up to its revision was sent.
+                    if let Some(h) = &a.header {
+                        next = next.max(h.revision + 1);
+                    }
+                }
+            }
+            tokio::time::sleep(crate::cluster::jitter(wait)).await;
+            wait = (wait * 2).min(RETRY_MAX);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl WatchStore for ClusterStore {
+    async fn watch(
+        &self,
+        node: &str,
+        seen: &(dyn Fn(Watched) + Send + Sync),
+    ) -> Result<(), ClusterError> {
+        let index = self.index_prefix(node, None);
+        let pools = self.pools_prefix();
+        let gone = |key: &str, kind: EventType| match kind {
+            EventType::Delete => {
+                parse_block_key(&index, key)
+                    .ok()
+                    .map(|(pool, block)| Watched::BlockGone {
+                        pool: pool.to_string(),
+                        block,
+                    })
+            }
+            EventType::Put => None,
+        };
+        let pool = |key: &str, _: EventType| {
+            key.strip_prefix(&pools)
+                .filter(|n| !n.is_empty())
+                .map(|n| Watched::Pool(n.to_string()))
+        };
+        tokio::join!(
+            self.watch_prefix(index.clone(), &gone, seen),
+            self.watch_prefix(pools.clone(), &pool, seen)
+        );
+        Err(ClusterError::Refused("the watches ended".into()))
+    }
+}

@@ -1,0 +1,128 @@
+//! Cluster mode hears of its blocks instead of polling (issue 38, 1), on either store (the fake
+//! apiserver always; a real etcd where installed), with the real daemon and plugin and
+//! `resync_secs` at its default (ten minutes): a block of a node's taken by another node stops
+//! serving on the old owner within a second; a watch broken while the change happened, and
+//! resumed from a history compacted away (410 Gone; etcd's compacted revision), lists again
+//! and misses nothing.
+
+mod common;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use common::backend::Backend;
+use common::proxy::{Mode, Proxy};
+use common::*;
+use ipnet::IpNet;
+
+fn addr(r: &Run) -> IpAddr {
+    r.addresses()[0].split('/').next().unwrap().parse().unwrap()
+}
+
+/// Default resync (no `resync_secs`): only a watch can tell the node in time.
+const TUNING: &str = "heartbeat_ttl_secs = 6\nclaim_ahead = 1\n";
+
+/// n1's block, once it has handed out an address of it; n1's daemon and config.
+fn serving(store: &Backend, via: &str) -> (Daemon, String, IpNet) {
+    store.create_pool(&["p", "--cidr", "10.54.0.0/24", "--block-size", "26"]);
+    let mut n1 = Daemon::prepare_with_config(&store.daemon_config("n1", "p", TUNING, via));
+    n1.spawn();
+    let conf = n1.conf("1.0.0", "pods", "");
+    let first = addr(&add_within(20, "n1's first ADD", "a0", &conf));
+    let block = store
+        .owners()
+        .into_iter()
+        .find(|(b, _)| b.contains(&first))
+        .map(|(b, node)| {
+            assert_eq!(node, "n1");
+            b
+        })
+        .expect("n1's block listed");
+    (n1, conf, block)
+}
+
+/// After `since`, how late n1 still handed out an address of `block` (ADDs every 100 ms for
+/// `secs`).
+fn last_served_from(conf: &str, block: IpNet, since: Instant, secs: u64) -> Option<Duration> {
+    let mut last = None;
+    let mut k = 0;
+    while since.elapsed() < Duration::from_secs(secs) {
+        k += 1;
+        let r = cni("ADD", &format!("late{k}"), conf);
+        if r.ok && block.contains(&addr(&r)) {
+            last = Some(since.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    last
+}
+
+fn taken_by_another_node_stops_serving_within_a_second(store: Backend) {
+    let (n1, conf, block) = serving(&store, &store.addr());
+    // n1 follows its blocks by now (its first sync is done); the block is made n2's.
+    std::thread::sleep(Duration::from_millis(500));
+    store.reown("p", &block.to_string(), "n1", "n2");
+    let taken = Instant::now();
+    let last = last_served_from(&conf, block, taken, 4);
+    assert!(
+        last.is_none_or(|t| t < Duration::from_secs(1)),
+        "n1 handed out an address of {block}, n2's, {last:?} after it was taken (resync_secs at its default: only the watch can tell n1)\n{}",
+        n1.log()
+    );
+    assert!(
+        n1.log().contains("no longer its own"),
+        "n1 says why: {}",
+        n1.log()
+    );
+}
+
+#[test]
+fn a_block_taken_by_another_node_stops_serving_within_a_second_on_the_kubernetes_api() {
+    taken_by_another_node_stops_serving_within_a_second(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_block_taken_by_another_node_stops_serving_within_a_second_on_etcd() {
+    taken_by_another_node_stops_serving_within_a_second(Backend::etcd());
+}
+
+/// The watch is cut while the block is taken, and the store's history compacted before it
+/// comes back: resumed from where it was, it is told that is gone, lists again, and n1 finds
+/// the block gone all the same.
+fn resumed_after_compaction_misses_nothing(store: Backend) {
+    let proxy = Proxy::start(&store.addr());
+    let via = proxy.url.trim_start_matches("http://").to_string();
+    let (n1, conf, block) = serving(&store, &via);
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.set(Mode::Refuse);
+    proxy.cut();
+    std::thread::sleep(Duration::from_millis(300));
+    store.reown("p", &block.to_string(), "n1", "n2");
+    store.compact();
+    std::thread::sleep(Duration::from_millis(300));
+    proxy.set(Mode::Pass);
+    let back = Instant::now();
+    // Back within a second or two (the watch's retry waits up to a second, then a listing).
+    let last = last_served_from(&conf, block, back, 5);
+    assert!(
+        last.is_none_or(|t| t < Duration::from_secs(3)),
+        "n1 handed out an address of {block}, n2's, {last:?} after its watch could resume\n{}",
+        n1.log()
+    );
+    assert!(
+        store.owners().get(&block).is_some_and(|o| o == "n2"),
+        "the block stays n2's"
+    );
+}
+
+#[test]
+fn a_watch_resumed_from_a_compacted_history_lists_again_on_the_kubernetes_api() {
+    resumed_after_compaction_misses_nothing(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_watch_resumed_from_a_compacted_history_lists_again_on_etcd() {
+    resumed_after_compaction_misses_nothing(Backend::etcd());
+}
