@@ -37,6 +37,8 @@ struct World {
     cut: u64,
     /// Request lines seen ("GET /api/v1/nodes?...").
     requests: Vec<String>,
+    /// Bytes of the bodies sent under `/apis` (answers, and the lines of watches).
+    sent_bytes: u64,
     /// The next requests (other than watches) get no answer at all: the connection stays open,
     /// silent (a black hole).
     hangs: usize,
@@ -97,6 +99,7 @@ impl Default for World {
             failures: Vec::new(),
             cut: 0,
             requests: Vec::new(),
+            sent_bytes: 0,
             hangs: 0,
             frozen: false,
             no_crds: false,
@@ -282,6 +285,11 @@ impl FakeApi {
     pub fn requests(&self) -> Vec<String> {
         self.world.lock().unwrap().requests.clone()
     }
+
+    /// Bytes of the bodies sent under `/apis` so far (answers, and watches' lines).
+    pub fn sent_bytes(&self) -> u64 {
+        self.world.lock().unwrap().sent_bytes
+    }
 }
 
 fn kind_of(resource: &str) -> (&'static str, &'static str) {
@@ -439,7 +447,7 @@ fn answer(
             let filter = move |ev: &Event| {
                 ipool_testkit::apiserver::watch_event(ev, &resource, &ns, &selector)
             };
-            return Some(stream(&w, &q, world, wake, Box::new(filter)));
+            return Some(stream(&w, &q, world, wake, Box::new(filter), false));
         }
         let now = k8s_openapi::jiff::Timestamp::now().as_second() + w.clock_skew;
         let crds = !w.no_crds;
@@ -447,6 +455,7 @@ fn answer(
             .store
             .respond(req.method.as_str(), &path, &q, body, now, crds)
         {
+            w.sent_bytes += a.body.to_string().len() as u64;
             let r = full(StatusCode::from_u16(a.status).expect("status"), a.body);
             let v = w.store.rv + w.cut;
             drop(w);
@@ -528,6 +537,7 @@ fn respond(
         );
     }
     let (resource, ns) = (resource.to_string(), ns.map(str::to_string));
+    let core = true;
     let filter = move |ev: &Event| {
         let (_, r, t, o, _) = ev;
         (*r == resource
@@ -537,20 +547,22 @@ fn respond(
             && selected(o, &selector))
         .then(|| json!({"type": t, "object": o}))
     };
-    stream(w, q, world, wake, Box::new(filter))
+    stream(w, q, world, wake, Box::new(filter), core)
 }
 
 /// Which events a watch hears, each as the line it is sent as.
 type Filter = Box<dyn Fn(&Event) -> Option<Value> + Send>;
 
 /// A watch from the query's resourceVersion (410 Gone when older than what is kept), each
-/// event `filter` passes streamed as a JSON line, until the watch is cut.
+/// event `filter` passes streamed as a JSON line, until the watch is cut; the lines' bytes
+/// counted unless `core` (a watch of nodes or pods).
 fn stream(
     w: &World,
     q: &BTreeMap<String, String>,
     world: &Arc<Mutex<World>>,
     wake: &tokio::sync::watch::Sender<u64>,
     filter: Filter,
+    core: bool,
 ) -> Response<Body> {
     let from: u64 = q
         .get("resourceVersion")
@@ -570,7 +582,7 @@ fn stream(
             let mut cursor = from;
             loop {
                 let (lines, now_cut) = {
-                    let w = world.lock().unwrap();
+                    let mut w = world.lock().unwrap();
                     let lines: Vec<String> = w
                         .store
                         .events
@@ -582,6 +594,9 @@ fn stream(
                     // A frozen watch hears nothing (and catches up when thawed).
                     if !w.frozen {
                         cursor = w.store.rv;
+                        if !core {
+                            w.sent_bytes += lines.iter().map(|l| l.len() as u64 + 1).sum::<u64>();
+                        }
                     }
                     (if w.frozen { Vec::new() } else { lines }, w.cut)
                 };

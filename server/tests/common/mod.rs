@@ -12,6 +12,7 @@ pub mod backend;
 pub mod etcd;
 pub mod fake_api;
 pub mod history;
+pub mod load;
 pub mod netns;
 pub mod pki;
 pub mod proxy;
