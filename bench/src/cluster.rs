@@ -5,6 +5,8 @@
 
 mod claims;
 mod etcd;
+pub mod load;
+mod load_report;
 mod report;
 mod scale;
 
@@ -42,6 +44,8 @@ pub struct ClusterReport {
     pub first: ClaimRun,
     /// A pool nearly all owned by other nodes.
     pub scale: scale::ScaleReport,
+    /// What nodes at steady state cost either store, and how soon a block taken is noticed.
+    pub load: load::LoadReport,
 }
 
 /// ADD and DEL through the plugin, a cluster pool's network and a local network of the same
@@ -139,6 +143,11 @@ pub(crate) fn run(
     let scale = scale::run(rt, bins, &url, plan.cluster_scale, plan.samples)?;
     phases.push(("cluster: scale".into(), t.elapsed()));
 
+    let t = Instant::now();
+    progress!("cluster mode: what nodes at steady state cost etcd and the Kubernetes API");
+    let load = load::run(rt, bins, etcd_bin, plan.mode == "quick")?;
+    phases.push(("cluster: store load".into(), t.elapsed()));
+
     Ok(Cluster::Ran(Box::new(ClusterReport {
         etcd: version,
         add,
@@ -146,6 +155,7 @@ pub(crate) fn run(
         rates,
         first,
         scale,
+        load,
     })))
 }
 

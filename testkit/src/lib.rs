@@ -1,10 +1,16 @@
-//! What ipool's tests and its simulation run against, kept in one place so that both hold the
-//! same rules.
+//! What ipool's tests, its simulation and its benchmark run against, kept in one place so that
+//! all hold the same rules.
 //!
 //! # Layout
 //! - [`apiserver`]: the Kubernetes apiserver's objects in memory, read and written as a real
-//!   apiserver does (resourceVersions, 409s, preconditions, label selectors, pages, the
-//!   times it stamps in `managedFields`); the tests serve it over HTTP
-//!   (`server/tests/common/fake_api.rs`), the simulation in process (`ipool-sim`).
+//!   apiserver does (resourceVersions, 409s, preconditions, label selectors, pages, watches'
+//!   events, the times it stamps in `managedFields`); the simulation serves it in process
+//!   (`ipool-sim`);
+//! - [`fake_api`]: the same over real HTTP on loopback, with the failures a real apiserver
+//!   has, for the tests (`server/tests/common`) and `ipool-bench`'s store-load rows;
+//! - [`load`]: what clients cost a store, counted at the store (the fake apiserver's
+//!   requests, a real etcd's own counters).
 
 pub mod apiserver;
+pub mod fake_api;
+pub mod load;

@@ -144,6 +144,7 @@ impl ClusterReport {
             "| blocks with two owners, over all the runs ({checked} blocks checked) | 0 | 0 |"
         );
         self.scale_markdown(o);
+        self.load.markdown(o);
     }
 
     fn scale_markdown(&self, o: &mut String) {
@@ -250,6 +251,7 @@ impl ClusterReport {
                 "cluster": Summary::of(&a.cluster_del).json(),
                 "local": Summary::of(&a.local_del).json(),
             },
+            "store_load": self.load.json(),
             "sequential_claims": run(&self.sequential),
             "concurrent_claims": self.rates.iter().map(run).collect::<Vec<_>>(),
             "scale": {

@@ -1,0 +1,162 @@
+//! What clients cost a store, counted at the store ([`Load`]): from the fake apiserver's
+//! request lines and bytes sent ([`Load::of_requests`]), or from a real etcd's own counters
+//! ([`Load::of_etcd_metrics`]: gRPC messages received by method, bytes sent to clients).
+
+/// Requests by kind, and bytes sent, so far (subtract two to get a window's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Load {
+    pub requests: u64,
+    /// Creates, updates, deletes (apiserver); Put, Txn, DeleteRange, lease grants and revokes
+    /// (etcd).
+    pub writes: u64,
+    /// The writes of Leases (apiserver) or lease keep-alives (etcd): renewals.
+    pub renewals: u64,
+    /// Lists of a collection (apiserver); etcd's ranges (a key or a prefix: it does not say).
+    pub reads: u64,
+    /// GETs of one object (apiserver).
+    pub gets: u64,
+    /// Watches made (each one counts once, however long it lasts).
+    pub watches: u64,
+    pub bytes: u64,
+}
+
+impl std::ops::Sub for Load {
+    type Output = Load;
+    fn sub(self, o: Load) -> Load {
+        Load {
+            requests: self.requests - o.requests,
+            writes: self.writes - o.writes,
+            renewals: self.renewals - o.renewals,
+            reads: self.reads - o.reads,
+            gets: self.gets - o.gets,
+            watches: self.watches - o.watches,
+            bytes: self.bytes - o.bytes,
+        }
+    }
+}
+
+/// Whether a path names a collection: `/apis/G/V/R`, `/apis/G/V/namespaces/NS/R`,
+/// `/api/v1/R`, `/api/v1/namespaces/NS/R`.
+fn is_collection(path: &str) -> bool {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match parts.first() {
+        Some(&"apis") => parts.len() == 4 || (parts.len() == 6 && parts[3] == "namespaces"),
+        Some(&"api") => parts.len() == 3 || (parts.len() == 5 && parts[2] == "namespaces"),
+        _ => false,
+    }
+}
+
+impl Load {
+    /// An apiserver's load from its request lines ("GET /apis/...?watch=true") and the bytes
+    /// it sent.
+    pub fn of_requests(lines: &[String], bytes: u64) -> Load {
+        let mut l = Load {
+            bytes,
+            ..Load::default()
+        };
+        for line in lines {
+            let (method, uri) = line.split_once(' ').unwrap_or((line, ""));
+            let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+            let watch = query
+                .split('&')
+                .any(|kv| kv == "watch=true" || kv == "watch=1");
+            l.requests += 1;
+            match method {
+                "GET" if watch => l.watches += 1,
+                "GET" if is_collection(path) => l.reads += 1,
+                "GET" => l.gets += 1,
+                _ => {
+                    l.writes += 1;
+                    if path.contains("/leases") {
+                        l.renewals += 1;
+                    }
+                }
+            }
+        }
+        l
+    }
+
+    /// etcd's load from its `/metrics` text.
+    pub fn of_etcd_metrics(body: &str) -> Load {
+        let sample = |line: &str| -> Option<(String, f64)> {
+            let (k, v) = line.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        };
+        let m: Vec<(String, f64)> = body
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(sample)
+            .collect();
+        let received = |method: &str| -> u64 {
+            let label = format!("grpc_method=\"{method}\"");
+            m.iter()
+                .filter(|(k, _)| {
+                    k.starts_with("grpc_server_msg_received_total{") && k.contains(&label)
+                })
+                .map(|(_, v)| *v as u64)
+                .sum()
+        };
+        let writes = ["Put", "Txn", "DeleteRange", "LeaseGrant", "LeaseRevoke"]
+            .iter()
+            .map(|w| received(w))
+            .sum();
+        let renewals = received("LeaseKeepAlive");
+        let (reads, watches) = (received("Range"), received("Watch"));
+        Load {
+            requests: writes + renewals + reads + watches + received("LeaseTimeToLive"),
+            writes,
+            renewals,
+            reads,
+            gets: 0,
+            watches,
+            bytes: m
+                .iter()
+                .find(|(k, _)| k == "etcd_network_client_grpc_sent_bytes_total")
+                .map_or(0, |(_, v)| *v as u64),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_sorted_by_what_they_cost() {
+        let lines: Vec<String> = [
+            "GET /apis/ipool.io/v1/ipblocks?labelSelector=x&watch=true",
+            "GET /apis/ipool.io/v1/ipblocks?labelSelector=x",
+            "GET /apis/ipool.io/v1/ippools/p",
+            "PUT /apis/coordination.k8s.io/v1/namespaces/ipool-system/leases/ipool-n1",
+            "DELETE /apis/ipool.io/v1/ipblocks/10-0-0-0-26",
+            "GET /api/v1/namespaces/default/pods",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let l = Load::of_requests(&lines, 7);
+        let want = Load {
+            requests: 6,
+            writes: 2,
+            renewals: 1,
+            reads: 2,
+            gets: 1,
+            watches: 1,
+            bytes: 7,
+        };
+        assert_eq!(l, want);
+    }
+
+    #[test]
+    fn etcd_counts_come_from_its_grpc_counters() {
+        let body = "# HELP x\n\
+            grpc_server_msg_received_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 5\n\
+            grpc_server_msg_received_total{grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 2\n\
+            grpc_server_msg_received_total{grpc_method=\"LeaseKeepAlive\",grpc_service=\"etcdserverpb.Lease\",grpc_type=\"bidi_stream\"} 4\n\
+            grpc_server_msg_received_total{grpc_method=\"Watch\",grpc_service=\"etcdserverpb.Watch\",grpc_type=\"bidi_stream\"} 2\n\
+            etcd_network_client_grpc_sent_bytes_total 1234\n";
+        let l = Load::of_etcd_metrics(body);
+        assert_eq!((l.reads, l.writes, l.renewals, l.watches), (5, 2, 4, 2));
+        assert_eq!((l.requests, l.bytes), (13, 1234));
+    }
+}
