@@ -21,8 +21,8 @@ CRDS = {
 }
 # What each side does on the apiserver: (apiGroup, resource, verbs, in the Lease namespace).
 DAEMON_NEEDS = [
-    (GROUP, "ipblocks", ["get", "list", "create", "update", "delete"], False),
-    (GROUP, "ippools", ["get", "list"], False),
+    (GROUP, "ipblocks", ["get", "list", "watch", "create", "update", "delete"], False),
+    (GROUP, "ippools", ["get", "list", "watch"], False),
     ("coordination.k8s.io", "leases", ["get", "create", "update"], True),
 ]
 OPERATOR_NEEDS = [
@@ -43,7 +43,8 @@ BUILT_IN_LEVELS = {"exempt", "system", "node-high", "leader-election", "workload
 # What the daemon reads that must queue at a workload level, not a high one: (apiGroup,
 # resource, verb, namespace or None for a request over every namespace).
 DAEMON_READS = [(GROUP, "ipblocks", "list", None), (GROUP, "ipblocks", "watch", None),
-                (GROUP, "ippools", "get", None), ("", "pods", "list", None),
+                (GROUP, "ippools", "get", None), (GROUP, "ippools", "watch", None),
+                ("", "pods", "list", None),
                 ("", "pods", "watch", None)]
 
 
