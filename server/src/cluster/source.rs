@@ -649,6 +649,9 @@ impl Source for ClusterSource {
             ));
         }
         self.in_flight = false;
+        // What the watches said meanwhile comes first: a block they say is gone, listed by a
+        // sync that started before, stays unconfirmed (see `synced_with`).
+        self.take_in_watched();
         let result = self.landed(done);
         self.count_blocks();
         result
@@ -701,3 +704,5 @@ impl Source for ClusterSource {
 mod overlap_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod watch_tests;
