@@ -343,29 +343,32 @@ impl ClusterSource {
 
     /// Takes in what the store's watches said since the last look: a block of this source's
     /// that is no longer this node's stops serving at once (unconfirmed: the sync that comes
-    /// next says whose it is); a watch that started over makes the next work a sync.
-    fn take_in_watched(&mut self) {
+    /// next says whose it is); a watch that started over makes the next work a sync. Returns
+    /// the blocks heard of as gone (for `land`: a result landing after the news may add one).
+    fn take_in_watched(&mut self) -> Vec<IpNet> {
         let news = self.node.heard().since(&self.pool, &mut self.heard);
         self.watched_sync |= news.restarted;
-        let mut moved = false;
-        for net in news.gone {
-            let Some(b) = self.blocks.get_mut(&net) else {
-                continue;
-            };
-            match b.state {
-                BlockState::Confirmed(_) => {
-                    tracing::warn!(pool = %self.pool, block = %net, store = self.node.store_name(), "the store's watch says this node's block is no longer its own (a forced release-node?): nothing more is handed out from it; syncing");
-                    b.state = BlockState::Unconfirmed;
-                    self.watched_sync = true;
-                    moved = true;
-                }
-                BlockState::Doubt(_) | BlockState::Orphaned(_) => self.watched_sync = true,
-                // Its own give-back (Returning), or already not served.
-                _ => {}
-            }
+        for net in &news.gone {
+            self.heard_gone(*net);
         }
-        if moved {
-            self.count_blocks();
+        news.gone
+    }
+
+    /// The watch said block `net` is no longer this node's.
+    fn heard_gone(&mut self, net: IpNet) {
+        let Some(b) = self.blocks.get_mut(&net) else {
+            return;
+        };
+        match b.state {
+            BlockState::Confirmed(_) => {
+                tracing::warn!(pool = %self.pool, block = %net, store = self.node.store_name(), "the store's watch says this node's block is no longer its own (a forced release-node?): nothing more is handed out from it; syncing");
+                b.state = BlockState::Unconfirmed;
+                self.watched_sync = true;
+                self.count_blocks();
+            }
+            BlockState::Doubt(_) | BlockState::Orphaned(_) => self.watched_sync = true,
+            // Its own give-back (Returning), or already not served.
+            _ => {}
         }
     }
 
@@ -650,9 +653,13 @@ impl Source for ClusterSource {
         }
         self.in_flight = false;
         // What the watches said meanwhile comes first: a block they say is gone, listed by a
-        // sync that started before, stays unconfirmed (see `synced_with`).
-        self.take_in_watched();
+        // sync that started before, stays unconfirmed (see `synced_with`); and one the result
+        // adds (a claim won, or listed, before the news) is unconfirmed after it.
+        let gone = self.take_in_watched();
         let result = self.landed(done);
+        for net in gone {
+            self.heard_gone(net);
+        }
         self.count_blocks();
         result
     }

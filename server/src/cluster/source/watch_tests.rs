@@ -129,3 +129,22 @@ fn a_watch_that_started_over_makes_every_source_sync_once() {
         assert!(!matches!(next_work(src), Some(Work::Sync { .. })), "once");
     }
 }
+
+#[test]
+fn a_block_claimed_before_the_news_that_it_is_gone_lands_unconfirmed() {
+    let (n, mut s) = serving();
+    // Wants more: a claim is on its way when the watch hears that the block it won is gone.
+    s.threshold = 100;
+    let Some(Work::Claim { cidrs }) = next_work(&mut s) else {
+        panic!("a claim");
+    };
+    n.hear(gone("p", "10.0.0.16/28"));
+    land(
+        &mut s,
+        Work::Claim { cidrs },
+        Ok(Outcome::Claimed(block("10.0.0.16/28", 9))),
+    )
+    .expect("claimed");
+    assert!(s.withheld(ip("10.0.0.18")).is_some(), "not served");
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+}
