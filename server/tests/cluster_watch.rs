@@ -126,3 +126,45 @@ fn a_watch_resumed_from_a_compacted_history_lists_again_on_the_kubernetes_api() 
 fn a_watch_resumed_from_a_compacted_history_lists_again_on_etcd() {
     resumed_after_compaction_misses_nothing(Backend::etcd());
 }
+
+/// A node's routine resyncs read the apiserver's watch cache (`resourceVersion=0`: no etcd
+/// read, and before Kubernetes 1.31 no scan of every IPBlock); the first sync of its epoch,
+/// which trusts nothing, reads etcd through the apiserver.
+#[test]
+fn routine_resyncs_read_the_apiservers_watch_cache() {
+    let store = Backend::kube();
+    store.create_pool(&["p", "--cidr", "10.57.0.0/24", "--block-size", "26"]);
+    let tuning = "heartbeat_ttl_secs = 6\nresync_secs = 1\nclaim_ahead = 1\n";
+    let mut n1 =
+        Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    n1.spawn();
+    add_within(20, "n1's first ADD", "a0", &n1.conf("1.0.0", "pods", ""));
+    let api = store.api().expect("the fake apiserver");
+    let lists = || -> Vec<String> {
+        api.requests()
+            .into_iter()
+            .filter(|r| {
+                r.starts_with("GET /apis/ipool.io/v1/ipblocks?")
+                    && r.contains("ipool.io%2Fnode%3Dn1")
+                    && !r.contains("watch=true")
+            })
+            .collect()
+    };
+    let cached = eventually(10, "resyncs from the watch cache", || {
+        let l = lists();
+        let cached: Vec<&String> = l
+            .iter()
+            .filter(|r| r.contains("resourceVersion=0"))
+            .collect();
+        match cached.len() >= 2 {
+            true => Ok(cached.len()),
+            false => Err(l.clone()),
+        }
+    });
+    let first = lists().into_iter().next().expect("a first sync");
+    assert!(
+        !first.contains("resourceVersion="),
+        "the first sync reads etcd: {first}"
+    );
+    assert!(cached >= 2);
+}

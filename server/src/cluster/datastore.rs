@@ -59,6 +59,20 @@ pub trait BlockStore: Send + Sync {
         pool: Option<&str>,
         node: Option<&str>,
     ) -> Result<Listing, ClusterError>;
+    /// `node`'s blocks (of `pool`, or of every pool) for routine work: a resync that trusts
+    /// what the node holds (what it does not trust it settles, conditioned on what it listed),
+    /// and the check for blocks of pools no network uses. Where the store has a cache of its
+    /// own, read from there (the Kubernetes API: its watch cache, `resourceVersion=0`, which
+    /// reads nothing from etcd and, before Kubernetes 1.31, does not scan every IPBlock in it);
+    /// it may lag by a moment, which the watches that come from the same cache make up for.
+    /// Default: [`BlockStore::list_blocks`] (etcd: the node's index, read in full).
+    async fn list_own_blocks(
+        &self,
+        pool: Option<&str>,
+        node: &str,
+    ) -> Result<Listing, ClusterError> {
+        self.list_blocks(pool, Some(node)).await
+    }
     /// Claims one block of `pool` for `node` (a claim-back), conditioned the same way.
     async fn claim(
         &self,

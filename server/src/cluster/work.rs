@@ -252,9 +252,17 @@ async fn sync(
 ) -> Result<Outcome, ClusterError> {
     node.ensure_index().await?;
     let (p, n) = (pool.to_string(), node.name().to_string());
+    // A sync that trusts nothing (the first of an epoch: the node was away, or the store was
+    // reset) reads the store itself; any other reads where the store reads cheapest (on the
+    // Kubernetes API the watch cache, where the watch's news come from too). What it does not
+    // trust it settles, conditioned on the write listed.
+    let routine = !trusted.is_empty();
     let listed = node
         .call("list_blocks", |s| async move {
-            s.list_blocks(Some(&p), Some(&n)).await
+            match routine {
+                true => s.list_own_blocks(Some(&p), &n).await,
+                false => s.list_blocks(Some(&p), Some(&n)).await,
+            }
         })
         .await?;
     node.malformed_seen(pool, false, &listed.malformed);

@@ -140,7 +140,7 @@ pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, u
         let me = node.name().to_string();
         let listed = match node
             .call("list_blocks", |s| async move {
-                s.list_blocks(None, Some(&me)).await
+                s.list_own_blocks(None, &me).await
             })
             .await
         {

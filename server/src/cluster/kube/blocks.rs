@@ -61,32 +61,16 @@ impl BlockStore for KubeStore {
         pool: Option<&str>,
         node: Option<&str>,
     ) -> Result<Listing, ClusterError> {
-        let mut selector = Vec::new();
-        if let Some(p) = pool {
-            selector.push(format!("{POOL_LABEL}={p}"));
-        }
-        if let Some(n) = node {
-            selector.push(format!("{NODE_LABEL}={n}"));
-        }
-        let mut params = ListParams::default().limit(PAGE);
-        if !selector.is_empty() {
-            params = params.labels(&selector.join(","));
-        }
-        let mut out = Listing::default();
-        loop {
-            self.token().await;
-            let page = self.blocks.list(&params).await?;
-            for obj in &page.items {
-                match parse_block(obj) {
-                    Ok(b) => out.blocks.push(b),
-                    Err(m) => out.malformed.push(m),
-                }
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(next) => params = params.continue_token(&next),
-                None => return Ok(out),
-            }
-        }
+        self.list_labelled(pool, node, false).await
+    }
+
+    /// From the apiserver's watch cache (`resourceVersion=0`): see the trait.
+    async fn list_own_blocks(
+        &self,
+        pool: Option<&str>,
+        node: &str,
+    ) -> Result<Listing, ClusterError> {
+        self.list_labelled(pool, Some(node), true).await
     }
 
     /// Claims `block` of `pool` for `node`: created if no one has it, then kept only while the
@@ -232,5 +216,53 @@ impl BlockStore for KubeStore {
             PoolNow::Deleting => Settled::PoolDeleting(revision),
             PoolNow::Gone | PoolNow::Changed => Settled::PoolGone(revision),
         })
+    }
+}
+
+impl KubeStore {
+    /// Blocks by their labels (pool, node), read in pages; `cached`: from the apiserver's
+    /// watch cache (`resourceVersion=0`, not older than any: one answer, no etcd read).
+    async fn list_labelled(
+        &self,
+        pool: Option<&str>,
+        node: Option<&str>,
+        cached: bool,
+    ) -> Result<Listing, ClusterError> {
+        let mut selector = Vec::new();
+        if let Some(p) = pool {
+            selector.push(format!("{POOL_LABEL}={p}"));
+        }
+        if let Some(n) = node {
+            selector.push(format!("{NODE_LABEL}={n}"));
+        }
+        // From the watch cache in one answer (it does not page; a node's own blocks are few),
+        // else from etcd in pages.
+        let mut params = match cached {
+            true => ListParams::default().match_any(),
+            false => ListParams::default().limit(PAGE),
+        };
+        if !selector.is_empty() {
+            params = params.labels(&selector.join(","));
+        }
+        let mut out = Listing::default();
+        loop {
+            self.token().await;
+            let page = self.blocks.list(&params).await?;
+            for obj in &page.items {
+                match parse_block(obj) {
+                    Ok(b) => out.blocks.push(b),
+                    Err(m) => out.malformed.push(m),
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => {
+                    // A continued list names no resourceVersion (the token carries it).
+                    params = params.continue_token(&next);
+                    params.resource_version = None;
+                    params.version_match = None;
+                }
+                None => return Ok(out),
+            }
+        }
     }
 }
