@@ -196,6 +196,20 @@ impl Daemon {
         self.dir.path().join("ipoold.log")
     }
 
+    /// The log written since byte `from`, and where it ends now.
+    pub fn log_since(&self, from: u64) -> (String, u64) {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut text = String::new();
+        let Ok(mut f) = std::fs::File::open(self.log_path()) else {
+            return (text, from);
+        };
+        if f.seek(SeekFrom::Start(from)).is_err() {
+            return (text, from);
+        }
+        let n = f.read_to_string(&mut text).unwrap_or(0) as u64;
+        (text, from + n)
+    }
+
     /// The whole log so far.
     pub fn full_log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()

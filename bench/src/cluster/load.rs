@@ -408,22 +408,24 @@ fn noticed(
     std::thread::sleep(Duration::from_secs(2));
     let mut samples = Vec::new();
     for block in blocks.iter().rev().take(runs) {
-        let seen = |log: &str| {
-            log.lines()
-                .filter(|l| l.contains("no longer its own") && l.contains(block.as_str()))
-                .count()
-        };
+        // n1's next line naming the block is its reaction: the watch's news (no longer its
+        // own), or a sync that found it gone first (dropped, lost, claimed back).
+        let (_, from) = d.log_since(0);
         let t = Instant::now();
         store.reown(rt, "far", block, "n1", "bench-other")?;
         loop {
-            if seen(&d.full_log()) > 0 {
+            let (new, _) = d.log_since(from);
+            if new.lines().any(|l| l.contains(block.as_str())) {
                 samples.push(t.elapsed());
                 break;
             }
             if t.elapsed() > Duration::from_secs(30) {
+                let log = d.full_log();
+                let about: Vec<&str> = log.lines().filter(|l| l.contains(block.as_str())).collect();
                 bail!(
-                    "{}: n1 did not notice within 30 s that {block} was taken",
-                    store.name()
+                    "{}: n1 did not notice within 30 s that {block} was taken; its log of it:\n{}",
+                    store.name(),
+                    about.join("\n")
                 );
             }
             std::thread::sleep(Duration::from_millis(2));

@@ -86,6 +86,8 @@ pub struct ClusterSource {
     /// The watches said something that a sync must look at (a block of this source's gone,
     /// or a watch started over): the next work is a sync.
     watched_sync: bool,
+    /// Blocks the watches said are gone while work was on its way: what lands may add one.
+    gone_in_flight: Vec<IpNet>,
     /// By CIDR (network address, then prefix): handed out lowest block first.
     blocks: BTreeMap<IpNet, Owned>,
     /// The shortest prefix of a block held so far (lookups look back that far).
@@ -136,6 +138,7 @@ impl ClusterSource {
             next_sync: None,
             heard,
             watched_sync: false,
+            gone_in_flight: Vec::new(),
             blocks: BTreeMap::new(),
             widest: 128,
             cursor: None,
@@ -350,6 +353,9 @@ impl ClusterSource {
         self.watched_sync |= news.restarted;
         for net in &news.gone {
             self.heard_gone(*net);
+        }
+        if self.in_flight {
+            self.gone_in_flight.extend(news.gone.iter().copied());
         }
         news.gone
     }
@@ -599,6 +605,8 @@ impl Source for ClusterSource {
     }
 
     fn start_claim(&mut self) -> Option<Claim> {
+        // The watches' news stop a block serving at once, work on its way or not.
+        self.take_in_watched();
         if self.in_flight {
             return None;
         }
@@ -655,7 +663,8 @@ impl Source for ClusterSource {
         // What the watches said meanwhile comes first: a block they say is gone, listed by a
         // sync that started before, stays unconfirmed (see `synced_with`); and one the result
         // adds (a claim won, or listed, before the news) is unconfirmed after it.
-        let gone = self.take_in_watched();
+        let mut gone = std::mem::take(&mut self.gone_in_flight);
+        gone.extend(self.take_in_watched());
         let result = self.landed(done);
         for net in gone {
             self.heard_gone(net);

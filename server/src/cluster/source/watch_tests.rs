@@ -148,3 +148,28 @@ fn a_block_claimed_before_the_news_that_it_is_gone_lands_unconfirmed() {
     assert!(s.withheld(ip("10.0.0.18")).is_some(), "not served");
     assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
 }
+
+#[test]
+fn news_heard_while_work_is_on_its_way_stop_the_block_at_once_and_apply_to_what_lands() {
+    let (n, mut s) = serving();
+    s.threshold = 100;
+    let Some(Work::Claim { cidrs }) = next_work(&mut s) else {
+        panic!("a claim");
+    };
+    // While the claim is on its way: the held block is gone, and so is the one being won.
+    n.hear(gone("p", "10.0.0.0/28"));
+    n.hear(gone("p", "10.0.0.16/28"));
+    assert!(s.start_claim().is_none(), "the claim is still on its way");
+    assert!(s.withheld(ip("10.0.0.2")).is_some(), "stopped at once");
+    land(
+        &mut s,
+        Work::Claim { cidrs },
+        Ok(Outcome::Claimed(block("10.0.0.16/28", 9))),
+    )
+    .expect("claimed");
+    assert!(
+        s.withheld(ip("10.0.0.18")).is_some(),
+        "the block won is not served"
+    );
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+}
