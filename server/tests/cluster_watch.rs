@@ -168,3 +168,38 @@ fn routine_resyncs_read_the_apiservers_watch_cache() {
     );
     assert!(cached >= 2);
 }
+
+/// A pool marked for deletion (as `ipoolctl cluster pool delete` does first) is read again by
+/// the node at once, not at its next resync (ten minutes by default): it claims nothing more
+/// from it, and says why.
+#[test]
+fn a_pool_marked_for_deletion_is_read_again_at_once() {
+    let store = Backend::kube();
+    store.create_pool(&["p", "--cidr", "10.58.0.0/24", "--block-size", "26"]);
+    let mut n1 =
+        Daemon::prepare_with_config(&store.daemon_config("n1", "p", TUNING, &store.addr()));
+    n1.spawn();
+    add_within(20, "n1's first ADD", "a0", &n1.conf("1.0.0", "pods", ""));
+    std::thread::sleep(Duration::from_millis(500));
+    let api = store.api().expect("the fake apiserver");
+    let reads = || {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with("GET /apis/ipool.io/v1/ippools/p"))
+            .count()
+    };
+    let before = reads();
+    let mut pool = api.get("ippools", "", "p").expect("the pool");
+    pool["status"]["phase"] = serde_json::json!("Deleting");
+    api.put_custom("ippools", pool);
+    let marked = Instant::now();
+    eventually(5, "n1 reading the pool again", || match reads() > before {
+        true => Ok(()),
+        false => Err(reads()),
+    });
+    assert!(
+        marked.elapsed() < Duration::from_secs(1),
+        "read {:?} after it was marked",
+        marked.elapsed()
+    );
+}

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde_json::{json, Value};
 
 use super::load::{LoadReport, LoadRow};
+use super::report::verdict;
 use crate::stats::Summary;
 
 /// The targets, per node per minute at steady state.
@@ -14,13 +15,6 @@ const LISTS_GOAL: f64 = 1.0;
 const NOTICED_GOAL_MS: f64 = 1000.0;
 /// The cluster the figures are scaled to.
 const NODES: f64 = 5000.0;
-
-fn verdict(ok: bool) -> &'static str {
-    match ok {
-        true => "met",
-        false => "**missed**",
-    }
-}
 
 impl LoadRow {
     fn label(&self) -> String {

@@ -17,7 +17,7 @@ const RESYNC_GOAL_MS: f64 = 50.0;
 const CTL_NODE_GOAL_S: f64 = 1.0;
 const RESYNC_BYTES_GOAL: f64 = 2048.0;
 
-fn verdict(ok: bool) -> &'static str {
+pub(super) fn verdict(ok: bool) -> &'static str {
     match ok {
         true => "met",
         false => "**missed**",
