@@ -1,7 +1,8 @@
 //! What the store's watches told this node ([`Watched`]), kept for those who act on it, each
 //! at its own pace: the sources (a block of theirs no longer this node's stops serving at once
-//! and is synced; a watch that started over makes every source sync) and the pools' followers
-//! (a pool written is read again at once). [`keep_watching`] runs the watches.
+//! and is synced; their pool written makes those with blocks in doubt sync; a watch that
+//! started over makes every source sync) and the pools' followers (a pool written is read
+//! again at once). [`keep_watching`] runs the watches.
 //!
 //! A watch is only ever a reason to look again sooner: what a node serves is decided by its
 //! syncs and their conditioned writes, which `resync_secs` still runs as a safety net.
@@ -25,8 +26,9 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 struct Log {
     /// Entries so far.
     seq: u64,
-    /// (seq, pool, block): blocks the watch says are no longer this node's.
-    gone: VecDeque<(u64, String, IpNet)>,
+    /// (seq, pool, block): blocks the watch says are no longer this node's; block None: the
+    /// pool itself was written.
+    gone: VecDeque<(u64, String, Option<IpNet>)>,
     /// Watches started over so far.
     restarts: u64,
 }
@@ -45,6 +47,8 @@ pub struct News {
     pub restarted: bool,
     /// The source's pool's blocks that are no longer this node's.
     pub gone: Vec<IpNet>,
+    /// The source's pool was written (its phase, its spec) or deleted.
+    pub pool_written: bool,
 }
 
 /// The log of what the watches said, and the signals that wake those who act on it.
@@ -70,21 +74,9 @@ impl Heard {
     /// Takes in what a watch said.
     pub fn hear(&self, w: Watched) {
         let mut log = self.log.lock().expect("heard lock");
-        match w {
-            Watched::BlockGone { pool, block } => {
-                log.seq += 1;
-                let seq = log.seq;
-                log.gone.push_back((seq, pool, block));
-                if log.gone.len() > KEPT {
-                    log.gone.pop_front();
-                }
-            }
-            Watched::Pool(_) => {
-                drop(log);
-                self.pools.send_modify(|n| *n += 1);
-                self.changes.send_modify(|n| *n += 1);
-                return;
-            }
+        let (pool, block) = match w {
+            Watched::BlockGone { pool, block } => (pool, Some(block)),
+            Watched::Pool(pool) => (pool, None),
             Watched::Restarted => {
                 log.restarts += 1;
                 drop(log);
@@ -92,8 +84,17 @@ impl Heard {
                 self.changes.send_modify(|n| *n += 1);
                 return;
             }
+        };
+        log.seq += 1;
+        let seq = log.seq;
+        log.gone.push_back((seq, pool, block));
+        if log.gone.len() > KEPT {
+            log.gone.pop_front();
         }
         drop(log);
+        if block.is_none() {
+            self.pools.send_modify(|n| *n += 1);
+        }
         self.changes.send_modify(|n| *n += 1);
     }
 
@@ -112,15 +113,17 @@ impl Heard {
         let oldest = log.gone.front().map_or(log.seq + 1, |(s, _, _)| *s);
         let mut news = News {
             restarted: log.restarts != cursor.restarts,
-            gone: Vec::new(),
+            ..News::default()
         };
-        if cursor.seq < log.seq {
-            news.gone = log
-                .gone
-                .iter()
-                .filter(|(s, p, _)| *s > cursor.seq && p == pool)
-                .map(|(_, _, b)| *b)
-                .collect();
+        for (_, _, block) in log
+            .gone
+            .iter()
+            .filter(|(s, p, _)| *s > cursor.seq && p == pool)
+        {
+            match block {
+                Some(b) => news.gone.push(*b),
+                None => news.pool_written = true,
+            }
         }
         // Fallen behind what is kept: everything is looked at again.
         news.restarted |= cursor.seq < log.seq && cursor.seq + 1 < oldest;
@@ -215,5 +218,15 @@ mod tests {
         changes.mark_unchanged();
         h.hear(gone("p", "10.0.0.0/26"));
         assert!(!pools.has_changed().unwrap() && changes.has_changed().unwrap());
+    }
+
+    #[test]
+    fn a_pool_written_is_news_for_its_sources_only() {
+        let h = Heard::default();
+        let (mut a, mut b) = (h.now(), h.now());
+        h.hear(Watched::Pool("p".into()));
+        assert!(h.since("p", &mut a).pool_written);
+        assert!(!h.since("p", &mut a).pool_written, "once");
+        assert!(!h.since("q", &mut b).pool_written);
     }
 }

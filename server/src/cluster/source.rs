@@ -351,6 +351,12 @@ impl ClusterSource {
     fn take_in_watched(&mut self) -> Vec<IpNet> {
         let news = self.node.heard().since(&self.pool, &mut self.heard);
         self.watched_sync |= news.restarted;
+        // The pool written (its deletion done or refused): blocks in doubt are looked at now.
+        self.watched_sync |= news.pool_written
+            && self
+                .blocks
+                .values()
+                .any(|b| matches!(b.state, BlockState::Doubt(_) | BlockState::Orphaned(_)));
         for net in &news.gone {
             self.heard_gone(*net);
         }

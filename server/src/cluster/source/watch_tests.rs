@@ -173,3 +173,33 @@ fn news_heard_while_work_is_on_its_way_stop_the_block_at_once_and_apply_to_what_
     );
     assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
 }
+
+#[test]
+fn its_pool_written_makes_a_source_with_blocks_in_doubt_sync_at_once() {
+    let (n, mut s) = serving();
+    s.next_sync = Some(Instant::now());
+    let Some(Work::Sync { epoch, trusted }) = next_work(&mut s) else {
+        panic!("a resync");
+    };
+    let listed = crate::cluster::work::Synced {
+        mine: vec![block("10.0.0.0/28", 5)],
+        in_doubt: vec![block("10.0.0.16/28", 6)],
+        ..Default::default()
+    };
+    land(
+        &mut s,
+        Work::Sync { epoch, trusted },
+        Ok(Outcome::Synced(listed)),
+    )
+    .expect("synced");
+    assert_eq!(
+        next_work(&mut s),
+        None,
+        "in doubt: looked at again in a while"
+    );
+    // Another pool written is no news here; its own is.
+    n.hear(Watched::Pool("q".into()));
+    assert_eq!(next_work(&mut s), None);
+    n.hear(Watched::Pool("p".into()));
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+}
