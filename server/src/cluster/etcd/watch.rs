@@ -16,8 +16,9 @@ use super::ClusterStore;
 use crate::cluster::datastore::{WatchStore, Watched};
 use crate::cluster::model::ClusterError;
 
-/// The longest wait before a broken watch is made again.
-const RETRY_MAX: Duration = Duration::from_secs(30);
+/// The longest wait before a broken watch is made again: news are heard within a few seconds
+/// of etcd coming back (one small request per node meanwhile).
+const RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl ClusterStore {
     /// Watches the keys under `prefix` for ever, each event `what` makes something of reported
@@ -57,10 +58,10 @@ impl ClusterStore {
                 };
                 wait = Duration::from_millis(500);
                 if a.compact_revision > 0 || a.canceled {
-                    // Compacted away (or cancelled by etcd): start from now, and say so.
+                    // Compacted away (or cancelled by etcd): made again from now, which says
+                    // so (a restart) once created.
                     tracing::info!(%prefix, compacted = a.compact_revision, reason = %a.cancel_reason, "a watch's history is gone: watching from now");
                     next = 0;
-                    seen(Watched::Restarted);
                     break;
                 }
                 if a.created {

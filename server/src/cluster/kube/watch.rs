@@ -73,10 +73,11 @@ impl WatchStore for KubeStore {
                 }
                 Err(e) => {
                     // The watcher resumes from where it was; a wait keeps a refusing apiserver
-                    // from being asked in a loop.
+                    // from being asked in a loop, short enough that news are heard within a
+                    // few seconds of the apiserver coming back.
                     failures += 1;
                     tracing::debug!(node, error = %e, "block or pool watch broke; resuming");
-                    let wait = std::time::Duration::from_millis(250 << failures.min(7));
+                    let wait = std::time::Duration::from_millis(250 << failures.min(3));
                     tokio::time::sleep(crate::cluster::jitter(wait)).await;
                 }
             }
