@@ -210,3 +210,21 @@ fn pool_names_the_kubernetes_api_cannot_use_are_refused_at_creation() {
     let o = ctl(&kc, &["pool", "create", &fits, "--cidr", "10.42.0.0/24"]);
     assert!(o.status.success(), "{fits}: {}", stderr(&o));
 }
+
+/// A deletion whose mark (the pool written Deleting) was applied but never answered: the
+/// command reads the pool back and makes it Ready again, and says so (the randomized fault
+/// test found a pool left Deleting, silently, after an apiserver outage cut the answer).
+#[test]
+fn a_deletion_whose_mark_was_never_answered_leaves_the_pool_ready() {
+    let api = FakeApi::start();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = api.kubeconfig(dir.path());
+    let o = ctl(&kc, &["pool", "create", "p", "--cidr", "10.41.0.0/24"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    api.lose_answer("PUT /apis/ipool.io/v1/ippools/p");
+    let o = ctl(&kc, &["pool", "delete", "p"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("Ready again"), "{}", stderr(&o));
+    let pool = api.get("ippools", "", "p").expect("the pool stays");
+    assert_eq!(pool["status"]["phase"], "Ready", "{pool}");
+}

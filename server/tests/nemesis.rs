@@ -335,7 +335,42 @@ fn pool_deletion(run: &Run, i: usize, pause: Duration) {
         c => format!("refused ({c}): {}", stderr(&deleted).trim()),
     };
     log_fault(run, format!("pool {POOL} deletion {outcome}"));
+    if code(&deleted) != 0 {
+        again_if_left_deleting(run);
+    }
     check_ready(run, "after a deletion");
+}
+
+/// A deletion the store failed under may leave the pool Deleting when even making it Ready
+/// again (or reading it back) failed, and ipoolctl says so: the operator runs it again, as the
+/// message says, until it is refused (Ready again) or done (made again here). Logged: a pool
+/// left Deleting with the store answering is seen in the faults.
+fn again_if_left_deleting(run: &Run) {
+    for _ in 0..5 {
+        let o = run.store.ctl(&["-o", "json", "pool", "list"]);
+        let deleting = o.status.success()
+            && json(&o)
+                .as_array()
+                .and_then(|a| a.iter().find(|p| p["name"] == POOL).cloned())
+                .is_some_and(|p| p["phase"] == "Deleting");
+        if !deleting {
+            return;
+        }
+        let again = run.store.ctl_within(30, &["pool", "delete", POOL]);
+        log_fault(
+            run,
+            format!(
+                "pool {POOL} left Deleting: deleted again, exit {}",
+                code(&again)
+            ),
+        );
+        if code(&again) == 0 {
+            let args: Vec<&str> = run.pool_args.iter().map(String::as_str).collect();
+            run.store.create_pool(&args);
+            return;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 /// An operator's deletion whose listing of the blocks fails (the apiserver answers 500): the
@@ -359,6 +394,7 @@ fn failing_pool_deletion(run: &Run) {
         let args: Vec<&str> = run.pool_args.iter().map(String::as_str).collect();
         run.store.create_pool(&args);
     }
+    again_if_left_deleting(run);
     check_ready(run, "after a deletion that could not list the blocks");
 }
 

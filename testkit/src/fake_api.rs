@@ -49,6 +49,9 @@ struct World {
     clock_skew: i64,
     /// The next request whose line contains the pattern is answered with the status.
     targeted: Vec<(String, u16)>,
+    /// The next request whose line contains the pattern is applied, and its connection then
+    /// dropped without an answer (the caller cannot know it was applied).
+    lost: Vec<String>,
     /// The next request whose line contains the pattern waits until the hold is released.
     holds: Vec<Hold>,
 }
@@ -104,6 +107,7 @@ impl Default for World {
             no_crds: false,
             clock_skew: 0,
             targeted: Vec::new(),
+            lost: Vec::new(),
             holds: Vec::new(),
         }
     }
@@ -194,6 +198,12 @@ impl FakeApi {
     /// answered with `status`, whatever it asked.
     pub fn fail_matching(&self, pattern: &str, status: u16) {
         self.change(|w| w.targeted.push((pattern.to_string(), status)));
+    }
+
+    /// The next request whose line contains `pattern` is applied, its answer lost (the
+    /// connection dropped).
+    pub fn lose_answer(&self, pattern: &str) {
+        self.change(|w| w.lost.push(pattern.to_string()));
     }
 
     /// The next request whose line contains `pattern` is held, unanswered, until the
@@ -465,9 +475,14 @@ fn answer(
             w.sent_bytes += a.body.to_string().len() as u64;
             let r = full(StatusCode::from_u16(a.status).expect("status"), a.body);
             let v = w.store.rv + w.cut;
+            let line = format!("{} {}", req.method, req.uri);
+            let lost = w.lost.iter().position(|p| line.contains(p.as_str()));
+            if let Some(i) = lost {
+                w.lost.remove(i);
+            }
             drop(w);
             wake.send_replace(v);
-            return Some(r);
+            return lost.is_none().then_some(r);
         }
         if req.method != hyper::Method::GET {
             return Some(status(

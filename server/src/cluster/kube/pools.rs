@@ -233,6 +233,24 @@ impl PoolStore for KubeStore {
                     "pool {name:?} changed while it was being deleted; try again"
                 )))
             }
+            // No answer: the mark may have been written all the same. Read back, a pool
+            // marked Deleting is made Ready again (a deletion is conditioned on the
+            // resourceVersion it marked: any other one's fails and makes it Ready in turn).
+            Err(e) if api_code(&e).is_none() => {
+                self.token().await;
+                return Err(match self.pools.get_opt(name).await {
+                    Ok(Some(now)) if parse_pool(&now).is_ok_and(|(_, p)| p == PoolPhase::Deleting) => {
+                        self.undelete(&now, e.into()).await
+                    }
+                    Ok(_) => e.into(),
+                    Err(again) => ClusterError::Undone {
+                        error: Box::new(e.into()),
+                        note: format!(
+                            "pool {name:?} may be marked Deleting (its state could not be read back: {again}): nodes claim nothing from it meanwhile; `ipoolctl cluster pool delete {name}` again finishes the deletion or makes it Ready"
+                        ),
+                    },
+                });
+            }
             Err(e) => return Err(e.into()),
         };
         // From here on, whatever stops the deletion makes the pool Ready again: an operator
