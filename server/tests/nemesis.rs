@@ -328,8 +328,7 @@ fn pool_deletion(run: &Run, i: usize, pause: Duration) {
     let outcome = match code(&deleted) {
         0 => {
             // No block was left (every node retired at once): the pool is made again.
-            let args: Vec<&str> = run.pool_args.iter().map(String::as_str).collect();
-            run.store.create_pool(&args);
+            make_pool_again(run);
             "deleted (no block was owned) and made again".to_string()
         }
         c => format!("refused ({c}): {}", stderr(&deleted).trim()),
@@ -347,12 +346,8 @@ fn pool_deletion(run: &Run, i: usize, pause: Duration) {
 /// left Deleting with the store answering is seen in the faults.
 fn again_if_left_deleting(run: &Run) {
     for _ in 0..5 {
-        let o = run.store.ctl(&["-o", "json", "pool", "list"]);
-        let deleting = o.status.success()
-            && json(&o)
-                .as_array()
-                .and_then(|a| a.iter().find(|p| p["name"] == POOL).cloned())
-                .is_some_and(|p| p["phase"] == "Deleting");
+        let deleting =
+            pool_phase(run).is_some_and(|phase| phase == Some(serde_json::json!("Deleting")));
         if !deleting {
             return;
         }
@@ -365,8 +360,7 @@ fn again_if_left_deleting(run: &Run) {
             ),
         );
         if code(&again) == 0 {
-            let args: Vec<&str> = run.pool_args.iter().map(String::as_str).collect();
-            run.store.create_pool(&args);
+            make_pool_again(run);
             return;
         }
         std::thread::sleep(Duration::from_secs(1));
@@ -391,8 +385,7 @@ fn failing_pool_deletion(run: &Run) {
         ),
     );
     if code(&o) == 0 {
-        let args: Vec<&str> = run.pool_args.iter().map(String::as_str).collect();
-        run.store.create_pool(&args);
+        make_pool_again(run);
     }
     again_if_left_deleting(run);
     check_ready(run, "after a deletion that could not list the blocks");
@@ -400,21 +393,37 @@ fn failing_pool_deletion(run: &Run) {
 
 /// The nemesis pool must be listed Ready (a deletion that stopped must leave it so).
 fn check_ready(run: &Run, when: &str) {
-    let o = run.store.ctl(&["-o", "json", "pool", "list"]);
-    if !o.status.success() {
-        // The store itself may be down (another fault): nothing to judge.
+    // The store itself may be down (another fault): nothing to judge.
+    let Some(phase) = pool_phase(run) else {
         return;
-    }
-    let phase = json(&o)
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == POOL).cloned())
-        .map(|p| p["phase"].clone());
+    };
     if phase != Some(serde_json::json!("Ready")) {
         run.problems
             .lock()
             .unwrap()
             .push(format!("pool {POOL} is {phase:?} {when}"));
     }
+}
+
+/// The nemesis pool's phase as `ipoolctl cluster pool list` says (None inside: no such pool);
+/// None when the store did not answer.
+fn pool_phase(run: &Run) -> Option<Option<serde_json::Value>> {
+    let o = run.store.ctl(&["-o", "json", "pool", "list"]);
+    if !o.status.success() {
+        return None;
+    }
+    Some(
+        json(&o)
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["name"] == POOL).cloned())
+            .map(|p| p["phase"].clone()),
+    )
+}
+
+/// The nemesis pool made again after a deletion went through (no block was owned).
+fn make_pool_again(run: &Run) {
+    let args: Vec<&str> = run.pool_args.iter().map(String::as_str).collect();
+    run.store.create_pool(&args);
 }
 
 /// A spare pool of other block sizes made and deleted (no node uses it): creations and

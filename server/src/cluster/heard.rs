@@ -110,6 +110,10 @@ impl Heard {
     /// What was heard of pool `pool` since `cursor`, which moves on.
     pub fn since(&self, pool: &str, cursor: &mut Cursor) -> News {
         let log = self.log.lock().expect("heard lock");
+        if cursor.seq == log.seq && cursor.restarts == log.restarts {
+            // Nothing new (the usual case: every pass of every source, ADDs' included).
+            return News::default();
+        }
         let oldest = log.gone.front().map_or(log.seq + 1, |(s, _, _)| *s);
         let mut news = News {
             restarted: log.restarts != cursor.restarts,
