@@ -5,7 +5,9 @@
 //! deadline). The nodes ([`crate::nodes`]): ADD and DEL of pods, daemons killed and restarted
 //! with their state dir kept, or wiped (the node and its pods gone), connections cut and
 //! healed, a second daemon under a node's name. The operator ([`crate::operator`]):
-//! release-node, pools, the wall clock, etcd's backups.
+//! release-node, pools, the wall clock, etcd's backups. The store's watches, in a run whose
+//! daemons watch ([`crate::hearing`]): one watch hears its news, one is cut, the history is
+//! compacted.
 
 use std::time::Duration;
 
@@ -46,6 +48,10 @@ pub enum Kind {
     Twin,
     Clock,
     Restore,
+    /// One watch hears what changed since it last heard.
+    Hear,
+    /// A watch cut, or the history compacted.
+    WatchFault,
 }
 
 /// Each kind of step with its weight out of 1000 in a run that allows everything: deliveries
@@ -86,6 +92,8 @@ pub struct Swarm {
     /// A third of the writes of the operator's commands held on their way once (ipoolctl run
     /// from far away, over a slow link): what they write arrives after they gave up.
     pub slow_operator: bool,
+    /// The daemons watch the store (`[cluster] watch`), and the steps include the watches'.
+    pub watch: bool,
 }
 
 impl Swarm {
@@ -97,6 +105,7 @@ impl Swarm {
             resync_secs: 2,
             claim_ahead: 2,
             slow_operator: false,
+            watch: false,
         }
     }
 
@@ -106,7 +115,7 @@ impl Swarm {
             return Swarm::all();
         }
         let faults = [6, 0, 2, 15][c.pick(4) as usize];
-        let weights = WEIGHTS
+        let mut weights: Vec<(Kind, u32)> = WEIGHTS
             .iter()
             .map(|(k, w)| match k {
                 Kind::Deliver | Kind::Tick | Kind::Wait | Kind::Add | Kind::Del => (*k, *w),
@@ -114,12 +123,26 @@ impl Swarm {
                 _ => (*k, w * [1, 0, 4][c.pick(3) as usize]),
             })
             .collect();
+        let (resync_secs, claim_ahead, slow_operator) = (
+            [2, 6][c.pick(2) as usize],
+            [2, 8][c.pick(2) as usize],
+            c.pick(3) == 2,
+        );
+        // Picked last, in the setup's room to spare: a run kept before watches were simulated
+        // replays its zeros there (no watch), and as it was.
+        let watch = c.pick(2) == 1;
+        if watch {
+            // News mostly soon after a change, at times many steps late.
+            weights.push((Kind::Hear, 150));
+            weights.push((Kind::WatchFault, 10 * [1, 0, 4][c.pick(3) as usize]));
+        }
         Swarm {
             faults,
             weights,
-            resync_secs: [2, 6][c.pick(2) as usize],
-            claim_ahead: [2, 8][c.pick(2) as usize],
-            slow_operator: c.pick(3) == 2,
+            resync_secs,
+            claim_ahead,
+            slow_operator,
+            watch,
         }
     }
 
@@ -236,6 +259,14 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
         }
         Kind::Restore if w.opts.store == StoreKind::Etcd => backup_or_restore(w).map(|()| tick),
         Kind::Restore => Ok(tick),
+        Kind::Hear => {
+            crate::hearing::hear(w);
+            Ok(tick)
+        }
+        Kind::WatchFault => {
+            crate::hearing::watch_fault(w);
+            Ok(tick)
+        }
     }
 }
 

@@ -8,12 +8,16 @@
 //!
 //! Reads at a past revision answer from the present: the simulation's listings fit in one page
 //! (a read pinned to a revision happens only between the pages of a longer one).
+//!
+//! Every change is kept as a watch hears it (a put with the key as written, a delete with the
+//! key and its revision) until a compaction; a restore keeps the history up to the restored
+//! revision (see [`crate::watch`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ipool_proto::etcd::etcdserverpb as pb;
-use ipool_proto::etcd::mvccpb::KeyValue;
+use ipool_proto::etcd::mvccpb::{event::EventType, Event, KeyValue};
 use ipool_server::cluster::etcd::client::{Call, Reply};
 use pb::compare::{CompareResult, CompareTarget, TargetUnion};
 use pb::request_op::Request;
@@ -46,9 +50,14 @@ pub struct Etcd {
     backup: Option<(Data, Vec<SavedLease>)>,
     /// Writes applied so far (requests that changed something).
     pub writes: u64,
+    /// Every change since the last compaction, oldest first (each event's `kv.mod_revision`
+    /// is its revision).
+    history: Vec<Event>,
+    /// The revision compacted up to: a watch from it or before is told so.
+    compacted: i64,
 }
 
-fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
+pub(crate) fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
     match end {
         [] => key == start,
         [0] => key >= start,
@@ -72,10 +81,12 @@ impl Etcd {
             next_lease: 0x1000,
             backup: None,
             writes: 0,
+            history: Vec::new(),
+            compacted: 0,
         }
     }
 
-    fn header(&self) -> Option<pb::ResponseHeader> {
+    pub(crate) fn header(&self) -> Option<pb::ResponseHeader> {
         Some(pb::ResponseHeader {
             cluster_id: self.cluster_id,
             member_id: 1,
@@ -112,6 +123,40 @@ impl Etcd {
         self.data.revision
     }
 
+    /// The changes to keys in `[key, end)` (etcd's range) after revision `after`, oldest first.
+    pub fn events_after(&self, key: &[u8], end: &[u8], after: i64) -> Vec<Event> {
+        let from = self
+            .history
+            .partition_point(|e| e.kv.as_ref().map_or(0, |kv| kv.mod_revision) <= after);
+        self.history[from..]
+            .iter()
+            .filter(|e| e.kv.as_ref().is_some_and(|kv| in_range(&kv.key, key, end)))
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the history up to now (etcd's compaction at the current revision).
+    pub fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.data.revision;
+    }
+
+    /// The revision compacted up to.
+    pub fn compacted(&self) -> i64 {
+        self.compacted
+    }
+
+    fn deleted(&mut self, key: Vec<u8>, rev: i64) {
+        self.history.push(Event {
+            r#type: EventType::Delete as i32,
+            kv: Some(KeyValue {
+                key,
+                mod_revision: rev,
+                ..KeyValue::default()
+            }),
+        });
+    }
+
     /// Expires the leases past their time: their keys go, in one revision.
     pub fn expire(&mut self, now: Instant) {
         let gone: Vec<i64> = self
@@ -130,8 +175,12 @@ impl Etcd {
             return false;
         };
         let mut changed = false;
+        let rev = self.data.revision + 1;
         for k in lease.keys {
-            changed |= self.data.kv.remove(&k).is_some();
+            if self.data.kv.remove(&k).is_some() {
+                self.deleted(k, rev);
+                changed = true;
+            }
         }
         if changed {
             self.data.revision += 1;
@@ -158,6 +207,10 @@ impl Etcd {
             return false;
         };
         self.data = data;
+        let rev = self.data.revision;
+        self.history
+            .retain(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision <= rev));
+        self.compacted = self.compacted.min(rev);
         self.cluster_id = new_id;
         self.leases = leases
             .into_iter()
@@ -186,7 +239,7 @@ impl Etcd {
             }
             Call::DeleteRange(r) => {
                 let rev = self.data.revision + 1;
-                let deleted = self.delete(r);
+                let deleted = self.delete(r, rev);
                 if deleted > 0 {
                     self.data.revision = rev;
                     self.writes += 1;
@@ -318,21 +371,23 @@ impl Etcd {
                 l.keys.insert(r.key.clone());
             }
         }
-        self.data.kv.insert(
-            r.key.clone(),
-            KeyValue {
-                key: r.key.clone(),
-                create_revision: old.as_ref().map_or(rev, |o| o.create_revision),
-                mod_revision: rev,
-                version: old.as_ref().map_or(1, |o| o.version + 1),
-                value: r.value.clone(),
-                lease: r.lease,
-            },
-        );
+        let kv = KeyValue {
+            key: r.key.clone(),
+            create_revision: old.as_ref().map_or(rev, |o| o.create_revision),
+            mod_revision: rev,
+            version: old.as_ref().map_or(1, |o| o.version + 1),
+            value: r.value.clone(),
+            lease: r.lease,
+        };
+        self.history.push(Event {
+            r#type: EventType::Put as i32,
+            kv: Some(kv.clone()),
+        });
+        self.data.kv.insert(r.key.clone(), kv);
         Ok(())
     }
 
-    fn delete(&mut self, r: &pb::DeleteRangeRequest) -> i64 {
+    fn delete(&mut self, r: &pb::DeleteRangeRequest, rev: i64) -> i64 {
         let keys: Vec<Vec<u8>> = self
             .data
             .kv
@@ -345,6 +400,7 @@ impl Etcd {
                 if let Some(l) = self.leases.get_mut(&kv.lease) {
                     l.keys.remove(k);
                 }
+                self.deleted(k.clone(), rev);
             }
         }
         keys.len() as i64
@@ -402,7 +458,7 @@ impl Etcd {
                     })
                 }
                 Some(Request::RequestDeleteRange(d)) => {
-                    let deleted = self.delete(d);
+                    let deleted = self.delete(d, rev);
                     changed |= deleted > 0;
                     Response::ResponseDeleteRange(pb::DeleteRangeResponse {
                         header: None,

@@ -3,9 +3,9 @@
 //!
 //! - a node's hand-outs from blocks `release-node --force` took from it are the operator's
 //!   doing until a sync of that family, started after the release, has been taken in (README:
-//!   the node notices at its next sync); so are a node's hand-outs after etcd was restored from
-//!   an older backup, until the node has heard etcd since (every answer carries the store's
-//!   cluster id and revision);
+//!   the node notices at its next sync), or until its watch told it (`crate::hearing`); so
+//!   are a node's hand-outs after etcd was restored from an older backup, until the node has
+//!   heard etcd since (every answer carries the store's cluster id and revision);
 //! - a node name taken by a second daemon (one name on two nodes) leaves the pods of the
 //!   daemon that held it before on addresses the new holder may hand out (README: what an
 //!   operator must never do);
@@ -59,11 +59,15 @@ impl World {
         }
         let id = s.daemon.as_ref()?.id;
         let f = family(ip);
+        // Until its next sync, or until its watch told it (see `crate::hearing`).
+        let told = self.told_gone(slot, ip, decided);
         self.forced
             .iter()
             .filter(|w| w.slot == slot && w.daemon == id)
             .any(|w| w.until.is_none_or(|u| counts[f] < u[f]))
-            .then(|| {
+            .then_some(())
+            .filter(|()| told.is_none())
+            .map(|()| {
                 "release-node --force took its blocks; its next sync has not been taken in".into()
             })
     }

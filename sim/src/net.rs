@@ -10,6 +10,8 @@
 //! Two kinds of client go through it, each the real one: etcd's [`EtcdClient`] over
 //! [`EtcdWire`] (a [`Transport`]), and a real `kube::Client` over [`ApiWire`] (a tower
 //! service speaking HTTP requests and responses, bodies as the client writes and reads them).
+//! A watch is made by a request through the queue too; once made, it is one of the open
+//! [`Watches`], which hear only when the driver says.
 //!
 //! [`EtcdClient`]: ipool_server::cluster::etcd::client::EtcdClient
 
@@ -20,15 +22,21 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use ipool_server::cluster::etcd::client::{Call, EtcdError, Reply, Transport};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use ipool_proto::etcd::etcdserverpb as pb;
+use ipool_server::cluster::etcd::client::{Call, EtcdError, Reply, Transport, Watching};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+use crate::watch::{ApiStream, EtcdStream, Watches};
 
 /// What a request carries.
 #[derive(Clone, Debug)]
 pub enum Wire {
     Etcd(Call),
+    /// etcd's Watch: the create request.
+    EtcdWatch(pb::WatchCreateRequest),
     /// An HTTP request to the apiserver: method, path, query, body.
     Api {
         method: String,
@@ -42,8 +50,12 @@ pub enum Wire {
 #[derive(Debug)]
 pub enum Back {
     Etcd(Result<Reply, EtcdError>),
+    /// A watch made, or refused.
+    EtcdWatch(Result<EtcdStream, EtcdError>),
     /// The HTTP status and body, or a broken connection.
     Api(Result<(u16, Bytes), String>),
+    /// An apiserver watch made: its body, as it streams.
+    ApiWatch(ApiStream),
 }
 
 /// A request on its way.
@@ -65,7 +77,7 @@ impl Request {
         match &self.wire {
             Wire::Etcd(Call::Txn(t)) => !t.success.is_empty(),
             Wire::Etcd(Call::Put(_) | Call::DeleteRange(_)) => true,
-            Wire::Etcd(_) => false,
+            Wire::Etcd(_) | Wire::EtcdWatch(_) => false,
             Wire::Api { method, .. } => method != "GET",
         }
     }
@@ -112,6 +124,7 @@ struct State {
     sent: u64,
     /// When each sender last had a request refused (its connection cut).
     refused: std::collections::BTreeMap<usize, Instant>,
+    watches: Watches,
 }
 
 /// The queue of requests on their way to the store.
@@ -223,6 +236,14 @@ impl Net {
             true => s.cut.insert(from),
             false => s.cut.remove(&from),
         };
+        if cut {
+            s.watches.cut_from(Some(from));
+        }
+    }
+
+    /// The open watches.
+    pub fn watches<R>(&self, f: impl FnOnce(&mut Watches) -> R) -> R {
+        f(&mut self.lock().watches)
     }
 
     pub fn is_cut(&self, from: usize) -> bool {
@@ -271,8 +292,37 @@ impl Transport for EtcdWire {
         };
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Back::Etcd(r))) => r,
-            Ok(Ok(Back::Api(_))) => Err(EtcdError::Connect(
-                "simulated: an apiserver answer to an etcd call".into(),
+            Ok(Ok(_)) => Err(EtcdError::Connect(
+                "simulated: another store's answer to an etcd call".into(),
+            )),
+            Ok(Err(_)) => Err(EtcdError::Connect(
+                "simulated: the connection was closed".into(),
+            )),
+            Err(_) => Err(EtcdError::Timeout(waited)),
+        }
+    }
+
+    async fn watch(
+        &self,
+        create: pb::WatchCreateRequest,
+        deadline: Instant,
+    ) -> Result<Watching, EtcdError> {
+        use futures::StreamExt;
+        let waited = deadline.saturating_duration_since(Instant::now());
+        if !self.alive.load(Ordering::Relaxed) {
+            return Err(EtcdError::Connect("simulated: a dead process".into()));
+        }
+        let Some(rx) = self.net.send(self.from, Wire::EtcdWatch(create)) else {
+            return Err(EtcdError::Connect(
+                "simulated: this node's connection to etcd is cut".into(),
+            ));
+        };
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(Back::EtcdWatch(r))) => {
+                r.map(|s| tokio_stream::wrappers::UnboundedReceiverStream::new(s).boxed())
+            }
+            Ok(Ok(_)) => Err(EtcdError::Connect(
+                "simulated: another answer to a watch".into(),
             )),
             Ok(Err(_)) => Err(EtcdError::Connect(
                 "simulated: the connection was closed".into(),
@@ -295,7 +345,7 @@ pub struct ApiWire {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl tower::Service<http::Request<kube::client::Body>> for ApiWire {
-    type Response = http::Response<Full<Bytes>>;
+    type Response = http::Response<BoxBody<Bytes, BoxError>>;
     type Error = BoxError;
     type Future = futures::future::BoxFuture<'static, Result<Self::Response, BoxError>>;
 
@@ -321,13 +371,25 @@ impl tower::Service<http::Request<kube::client::Body>> for ApiWire {
             let Some(rx) = net.send(from, wire) else {
                 return Err("simulated: the connection to the apiserver is cut".into());
             };
-            match tokio::time::timeout(timeout, rx).await {
-                Ok(Ok(Back::Api(Ok((status, body))))) => Ok(http::Response::builder()
+            let answer = |status: u16, body: BoxBody<Bytes, BoxError>| {
+                http::Response::builder()
                     .status(status)
                     .header("content-type", "application/json")
-                    .body(Full::new(body))?),
+                    .body(body)
+            };
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(Back::Api(Ok((status, body))))) => Ok(answer(
+                    status,
+                    Full::new(body).map_err(|never| match never {}).boxed(),
+                )?),
+                Ok(Ok(Back::ApiWatch(stream))) => {
+                    use futures::StreamExt;
+                    let frames = tokio_stream::wrappers::UnboundedReceiverStream::new(stream)
+                        .map(|chunk| chunk.map(http_body::Frame::data).map_err(BoxError::from));
+                    Ok(answer(200, BodyExt::boxed(StreamBody::new(frames)))?)
+                }
                 Ok(Ok(Back::Api(Err(e)))) => Err(e.into()),
-                Ok(Ok(Back::Etcd(_))) => Err("simulated: an etcd answer to an HTTP request".into()),
+                Ok(Ok(_)) => Err("simulated: an etcd answer to an HTTP request".into()),
                 Ok(Err(_)) => Err("simulated: the connection was closed".into()),
                 Err(_) => Err(format!("simulated: no answer within {timeout:?}").into()),
             }

@@ -302,6 +302,8 @@ pub(crate) fn backup_or_restore(w: &mut World) -> Result<(), String> {
             true => {
                 if e.restore(id, Instant::now()) {
                     w.note("etcd restored from its backup (an operator's error)".into());
+                    // Its members restart: every watch breaks.
+                    w.net.watches(|ws| ws.cut_from(None));
                     w.checker.excuse_all("etcd restored from an older backup");
                     for s in w.slots.iter_mut().filter(|s| s.daemon.is_some()) {
                         s.unaware = true;

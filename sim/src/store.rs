@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::check::StoreBlock;
 use crate::etcd::Etcd;
 use crate::net::{Back, Request, Wire};
+use crate::watch::Watches;
 use crate::StoreKind;
 
 /// What becomes of a request the driver takes.
@@ -55,26 +56,45 @@ impl Holder {
 
 pub enum Shared {
     Etcd(Etcd),
-    /// The apiserver's objects, and how far its clock is from the wall (its replicas' clocks).
+    /// The apiserver's objects, how far its clock is from the wall (its replicas' clocks), and
+    /// the oldest resourceVersion a watch may start after (its history kept from there).
     Api {
         objects: Objects,
         skew_secs: i64,
+        oldest: u64,
     },
 }
 
 impl Shared {
-    pub fn new(kind: StoreKind, cluster_id: u64) -> Shared {
+    /// A store; the apiserver keeps its changes for watches when `watched`.
+    pub fn new(kind: StoreKind, cluster_id: u64, watched: bool) -> Shared {
         match kind {
             StoreKind::Etcd => Shared::Etcd(Etcd::new(cluster_id)),
             StoreKind::Kube => Shared::Api {
-                objects: Objects::new(false),
+                objects: Objects::new(watched),
                 skew_secs: 0,
+                oldest: 0,
             },
         }
     }
 
+    /// Forgets the history watches are made from (etcd's compaction; the apiserver's history
+    /// of changes moved past).
+    pub fn compact(&mut self) {
+        match self {
+            Shared::Etcd(e) => e.compact(),
+            Shared::Api {
+                objects, oldest, ..
+            } => {
+                objects.events.clear();
+                *oldest = objects.rv + 1;
+            }
+        }
+    }
+
     /// Does to `req` what `fate` says, at `now` (`wall_ms`: the wall clock); what its sender
-    /// learns and what the store heard (see [`Delivered`]).
+    /// learns and what the store heard (see [`Delivered`]). A watch made is one of `watches`
+    /// (a watch whose answer is lost is never made: it lives only on its connection).
     pub fn deliver(
         &mut self,
         req: Request,
@@ -82,9 +102,14 @@ impl Shared {
         now: Instant,
         wall_ms: u64,
         limbo: &mut Vec<tokio::sync::oneshot::Sender<Back>>,
+        watches: &mut Watches,
     ) -> Delivered {
         if fate == Fate::Drop {
             req.into_silence(limbo);
+            return Delivered::default();
+        }
+        if let Some(back) = self.watch(&req, fate, watches) {
+            req.answer(back);
             return Delivered::default();
         }
         let mut renewed = false;
@@ -118,7 +143,9 @@ impl Shared {
                 }
             },
             (
-                Shared::Api { objects, skew_secs },
+                Shared::Api {
+                    objects, skew_secs, ..
+                },
                 Wire::Api {
                     method,
                     path,
@@ -156,6 +183,46 @@ impl Shared {
         let headed = matches!(&back, Back::Etcd(Ok(_)) | Back::Api(_));
         req.answer(back);
         Delivered { renewed, headed }
+    }
+
+    /// What a request that makes a watch comes to (None: it makes none).
+    fn watch(&mut self, req: &Request, fate: Fate, watches: &mut Watches) -> Option<Back> {
+        let made = fate == Fate::Answer;
+        match (&*self, &req.wire) {
+            (Shared::Etcd(e), Wire::EtcdWatch(create)) => Some(Back::EtcdWatch(match made {
+                true => Ok(watches.open_etcd(e, req.from, create)),
+                false => Err(EtcdError::Status(tonic::Status::unavailable(
+                    "simulated: the watch was not made",
+                ))),
+            })),
+            (
+                Shared::Api {
+                    objects, oldest, ..
+                },
+                Wire::Api {
+                    method,
+                    path,
+                    query,
+                    ..
+                },
+            ) => {
+                let q = url_pairs(query);
+                let watching = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+                if method != "GET" || !watching {
+                    return None;
+                }
+                if !made {
+                    return Some(Back::Api(Err("simulated: the watch was not made".into())));
+                }
+                Some(
+                    match watches.open_api(objects.rv, *oldest, req.from, path, &q) {
+                        Ok(stream) => Back::ApiWatch(stream),
+                        Err(a) => Back::Api(Ok((a.status, Bytes::from(a.body.to_string())))),
+                    },
+                )
+            }
+            _ => None,
+        }
     }
 
     /// Leases past their time end (etcd's keys on them go).

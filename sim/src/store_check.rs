@@ -56,6 +56,7 @@ impl World {
         let r = self
             .checker
             .store_changed(&self.blocks, &after, by, |_| forced, overlaps);
+        self.owned_again(&after);
         self.blocks = after;
         self.snapshot();
         r

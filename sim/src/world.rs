@@ -15,8 +15,8 @@ use tokio::time::Instant;
 use crate::check::{Checker, StoreBlock};
 use crate::choice::Choices;
 use crate::daemon::{Daemon, Done, Setting, Wall};
-use crate::net::{command_of, Back, Net};
-use crate::store::{Fate, Holder, Shared};
+use crate::net::{Back, Net};
+use crate::store::{Holder, Shared};
 use crate::{Failure, Options, Outcome};
 
 /// A daemon's place: a node name and a state dir, its daemon running or not.
@@ -187,6 +187,10 @@ pub(crate) struct World {
     pub last_names: Option<String>,
     /// The daemon instance that last held each node name in the store.
     pub holders: BTreeMap<String, String>,
+    /// Blocks a daemon's watch told it are no longer its node's (see `crate::hearing`).
+    pub heard_gone: Vec<crate::hearing::HeardGone>,
+    /// Events the watches heard.
+    pub heard: u64,
 }
 
 impl World {
@@ -207,10 +211,11 @@ impl World {
         let setting = Setting {
             store: opts.store,
             pool: crate::POOL.into(),
-            tuning: opts.tuning(swarm.resync_secs, swarm.claim_ahead),
+            tuning: opts.tuning(swarm.resync_secs, swarm.claim_ahead, swarm.watch),
             timeout: Duration::from_millis(500),
         };
-        let mut shared = Shared::new(opts.store, 0xc1u64 << 32 | opts.seed & 0xffff_ffff);
+        let id = 0xc1u64 << 32 | opts.seed & 0xffff_ffff;
+        let mut shared = Shared::new(opts.store, id, swarm.watch);
         crate::operator::seed_pool(&mut shared, &opts, opts.block_v4(), wall.now_ms());
         let slots = (0..opts.nodes)
             .map(|i| Slot::new(format!("n{i}"), Arc::new(MemStore::new()), 1, None))
@@ -248,6 +253,8 @@ impl World {
             doubtful_writer: false,
             last_names: None,
             holders: BTreeMap::new(),
+            heard_gone: Vec::new(),
+            heard: 0,
         };
         w.blocks = w.shared.blocks();
         w.store_version = w.shared.version();
@@ -359,76 +366,6 @@ impl World {
         }
     }
 
-    /// Delivers the `i`th request on its way as `fate` says, and checks what it did to the
-    /// store.
-    pub fn deliver(&mut self, i: usize, fate: Fate) -> Result<(), String> {
-        let Some(req) = self.net.take(i) else {
-            return Ok(());
-        };
-        let (from, awaited, sent) = (req.from, req.awaited(), req.sent);
-        let who = match from {
-            f if command_of(f).is_some() => "the operator".to_string(),
-            s => self
-                .slots
-                .get(s)
-                .map_or("?".into(), |x| format!("{} (slot {s})", x.name)),
-        };
-        let what = match &req.wire {
-            crate::net::Wire::Etcd(c) => crate::actions::describe_call(c),
-            crate::net::Wire::Api { method, path, .. } => format!("{method} {path}"),
-        };
-        self.note(format!(
-            "{fate:?} {what} from {who}{}",
-            if awaited {
-                String::new()
-            } else {
-                format!(
-                    " (sent at {}ms; its caller gave up: late)",
-                    sent.saturating_duration_since(self.started).as_millis()
-                )
-            }
-        ));
-        let now = Instant::now();
-        let wall = self.wall.now_ms();
-        let delivered = self.shared.deliver(req, fate, now, wall, &mut self.limbo);
-        // A renewal whose caller gave up is one the daemon never learns of: it renews nothing.
-        let renewed = delivered.renewed && awaited;
-        let (ms, timeout) = (self.ms(), self.setting.timeout.as_millis() as u64);
-        if let Some(s) = self.slots.get_mut(from) {
-            if renewed {
-                s.renewed_at = Some(ms);
-                s.renewals.push(ms);
-            }
-            match (fate, awaited) {
-                // An answer with the store's header shows a reset.
-                (Fate::Answer, true) => {
-                    if s.unaware && delivered.headed {
-                        s.unaware = false;
-                        s.aware_at = Some(ms);
-                    }
-                }
-                // Its caller sees the failure at its deadline.
-                (Fate::Drop, true) => s.trouble(ms + timeout),
-                _ => s.trouble(ms),
-            }
-        }
-        if renewed && self.shared.version() == self.store_version {
-            // A lease renewed: no revision, but a holder's term.
-            self.snapshot();
-        }
-        // A daemon that took its name before etcd was restored, and not since, writes under a
-        // name the store may give another daemon of that name: what it gives back is the
-        // restore's doing.
-        let doubtful = self.slots.get(from).is_some_and(|s| {
-            self.restored_at
-                .is_some_and(|r| s.renewed_at.is_none_or(|t| t < r))
-        });
-        self.doubtful_writer = doubtful;
-        let r = self.store_check(&who, command_of(from), Some(sent));
-        self.doubtful_writer = false;
-        r
-    }
-
     /// With a trace: each daemon's blocks, as `ipoolctl status` shows them, when they change.
     fn trace_blocks(&mut self) {
         for i in 0..self.slots.len() {
@@ -518,6 +455,7 @@ impl World {
             steps: self.step,
             requests: self.net.sent(),
             adds: self.adds_ok,
+            heard: self.heard,
             sim_ms: self.ms(),
             failure,
             trace: self.trace.clone(),

@@ -1,0 +1,93 @@
+//! A request on its way delivered as a pick says, and what it did to the store checked.
+
+use tokio::time::Instant;
+
+use crate::net::command_of;
+use crate::store::Fate;
+use crate::world::World;
+
+impl World {
+    /// Delivers the `i`th request on its way as `fate` says, and checks what it did to the
+    /// store.
+    pub fn deliver(&mut self, i: usize, fate: Fate) -> Result<(), String> {
+        let Some(req) = self.net.take(i) else {
+            return Ok(());
+        };
+        let (from, awaited, sent) = (req.from, req.awaited(), req.sent);
+        let who = match from {
+            f if command_of(f).is_some() => "the operator".to_string(),
+            s => self
+                .slots
+                .get(s)
+                .map_or("?".into(), |x| format!("{} (slot {s})", x.name)),
+        };
+        let what = match &req.wire {
+            crate::net::Wire::Etcd(c) => crate::actions::describe_call(c),
+            crate::net::Wire::EtcdWatch(c) => format!(
+                "watch {} from revision {}",
+                String::from_utf8_lossy(&c.key).replace("/ipool/v1/", ""),
+                c.start_revision
+            ),
+            crate::net::Wire::Api {
+                method,
+                path,
+                query,
+                ..
+            } if query.contains("watch=") => format!("{method} {path}?{query}"),
+            crate::net::Wire::Api { method, path, .. } => format!("{method} {path}"),
+        };
+        self.note(format!(
+            "{fate:?} {what} from {who}{}",
+            if awaited {
+                String::new()
+            } else {
+                format!(
+                    " (sent at {}ms; its caller gave up: late)",
+                    sent.saturating_duration_since(self.started).as_millis()
+                )
+            }
+        ));
+        let now = Instant::now();
+        let wall = self.wall.now_ms();
+        let (shared, limbo) = (&mut self.shared, &mut self.limbo);
+        let delivered = self
+            .net
+            .watches(|ws| shared.deliver(req, fate, now, wall, limbo, ws));
+        // A renewal whose caller gave up is one the daemon never learns of: it renews nothing.
+        let renewed = delivered.renewed && awaited;
+        let (ms, timeout) = (self.ms(), self.setting.timeout.as_millis() as u64);
+        if let Some(s) = self.slots.get_mut(from) {
+            if renewed {
+                s.renewed_at = Some(ms);
+                s.renewals.push(ms);
+            }
+            match (fate, awaited) {
+                // An answer with the store's header shows a reset.
+                (Fate::Answer, true) => {
+                    if s.unaware && delivered.headed {
+                        s.unaware = false;
+                        s.aware_at = Some(ms);
+                    }
+                }
+                // Its caller sees the failure at its deadline.
+                (Fate::Drop, true) => s.trouble(ms + timeout),
+                _ => s.trouble(ms),
+            }
+        }
+        if renewed && self.shared.version() == self.store_version {
+            // A lease renewed: no revision, but a holder's term.
+            self.snapshot();
+        }
+        // A daemon that took its name before etcd was restored, and not since, writes under a
+        // name the store may give another daemon of that name: what it gives back is the
+        // restore's doing.
+        let doubtful = self.slots.get(from).is_some_and(|s| {
+            self.restored_at
+                .is_some_and(|r| s.renewed_at.is_none_or(|t| t < r))
+        });
+        self.doubtful_writer = doubtful;
+        let r = self.store_check(&who, command_of(from), Some(sent));
+        self.doubtful_writer = false;
+        r
+    }
+}
