@@ -83,6 +83,11 @@ pub enum Bug {
     /// addresses it took over: the node handed one out twice (found by the simulation,
     /// session 16; the engine, which now refuses an address its pool holds, answered 11).
     OverlapBothServe,
+    /// On the Kubernetes API, the node's two watches (its blocks, the pools) were read as one
+    /// stream that slept out either one's retry wait: a pool watch broken held back the news
+    /// that a block was forced away, and the node served from it after the apiserver had sent
+    /// the news (found by the simulation with watches, session 19).
+    WatchesWaitTogether,
 }
 
 impl Bug {
@@ -110,6 +115,7 @@ impl Bug {
         Bug::NoLeaseIsAbsence,
         Bug::OverlapNotTakenOver,
         Bug::OverlapBothServe,
+        Bug::WatchesWaitTogether,
     ];
 
     pub fn name(self) -> &'static str {
@@ -136,6 +142,7 @@ impl Bug {
             Bug::NoLeaseIsAbsence => "no-lease-is-absence",
             Bug::OverlapNotTakenOver => "overlap-not-taken-over",
             Bug::OverlapBothServe => "overlap-both-serve",
+            Bug::WatchesWaitTogether => "watches-wait-together",
         }
     }
 

@@ -3,10 +3,14 @@
 //! another node comes as DELETED) and the pools (all of them: a few objects). kube's watcher
 //! resumes each from the resourceVersion it last saw, and lists again when the apiserver
 //! answers 410 Gone (the history compacted away): each listing done is a
-//! [`Watched::Restarted`].
+//! [`Watched::Restarted`]. Each watch waits out its own retries (a broken pool watch never
+//! holds back the news of the node's blocks).
+
+use std::time::Duration;
 
 use futures::StreamExt;
-use kube::runtime::watcher;
+use kube::runtime::utils::Backoff;
+use kube::runtime::{watcher, WatchStreamExt};
 
 use super::objects::block_name;
 use super::{KubeStore, NODE_LABEL, POOL_LABEL};
@@ -44,6 +48,47 @@ fn pool_event(e: watcher::Event<kube::api::DynamicObject>) -> Option<Watched> {
     }
 }
 
+/// A watch's wait before it is made again after a failure: 250 ms doubling to 2 s, jittered
+/// (a refusing apiserver is not asked in a loop; news are heard within a few seconds of it
+/// coming back); back to the start once an event comes.
+#[derive(Default)]
+struct RetryWait {
+    failures: u32,
+}
+
+impl Iterator for RetryWait {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        self.failures += 1;
+        let wait = Duration::from_millis(250 << self.failures.min(3));
+        Some(crate::cluster::jitter(wait))
+    }
+}
+
+impl Backoff for RetryWait {
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// What the consumer of the two watches does with a failure: logs it (each watch waits on its
+/// own); with the old way put back, waits here too, holding back both.
+async fn failed(node: &str, e: watcher::Error, failures: &mut u32) {
+    if let watcher::Error::WatchError(s) = &e {
+        if s.code == 410 {
+            // The history compacted away: the watcher lists again (Restarted when done).
+            tracing::debug!(node, "block or pool watch expired; listing again");
+            return;
+        }
+    }
+    tracing::debug!(node, error = %e, "block or pool watch broke; resuming");
+    if crate::bugs::on(crate::bugs::Bug::WatchesWaitTogether) {
+        *failures += 1;
+        let wait = Duration::from_millis(250 << (*failures).min(3));
+        tokio::time::sleep(crate::cluster::jitter(wait)).await;
+    }
+}
+
 #[async_trait::async_trait]
 impl WatchStore for KubeStore {
     async fn watch(
@@ -52,12 +97,16 @@ impl WatchStore for KubeStore {
         seen: &(dyn Fn(Watched) + Send + Sync),
     ) -> Result<(), ClusterError> {
         let config = || crate::k8s::watch_config(self.watch_read_timeout);
+        // Each watcher resumes from where it was, after its own wait.
         let blocks = watcher(
             self.watch_blocks.clone(),
             config().labels(&format!("{NODE_LABEL}={node}")),
         )
+        .backoff(RetryWait::default())
         .map(|e| e.map(block_event));
-        let pools = watcher(self.watch_pools.clone(), config()).map(|e| e.map(pool_event));
+        let pools = watcher(self.watch_pools.clone(), config())
+            .backoff(RetryWait::default())
+            .map(|e| e.map(pool_event));
         let mut both = std::pin::pin!(futures::stream::select(blocks, pools));
         let mut failures = 0u32;
         while let Some(event) = both.next().await {
@@ -67,19 +116,7 @@ impl WatchStore for KubeStore {
                     seen(w)
                 }
                 Ok(None) => failures = 0,
-                // The history compacted away: the watcher lists again (Restarted when done).
-                Err(watcher::Error::WatchError(s)) if s.code == 410 => {
-                    tracing::debug!(node, "block or pool watch expired; listing again");
-                }
-                Err(e) => {
-                    // The watcher resumes from where it was; a wait keeps a refusing apiserver
-                    // from being asked in a loop, short enough that news are heard within a
-                    // few seconds of the apiserver coming back.
-                    failures += 1;
-                    tracing::debug!(node, error = %e, "block or pool watch broke; resuming");
-                    let wait = std::time::Duration::from_millis(250 << failures.min(3));
-                    tokio::time::sleep(crate::cluster::jitter(wait)).await;
-                }
+                Err(e) => failed(node, e, &mut failures).await,
             }
         }
         Err(ClusterError::Refused("the watch ended".into()))
