@@ -88,6 +88,11 @@ pub enum Bug {
     /// that a block was forced away, and the node served from it after the apiserver had sent
     /// the news (found by the simulation with watches, session 19).
     WatchesWaitTogether,
+    /// A node that saw etcd reset (restored from a backup) went on serving under its name
+    /// until its next renewal, though the restored etcd may show the name held by another
+    /// daemon (one whose key the backup holds): both served the same blocks (found by the
+    /// simulation, session 19, with two daemons under one name).
+    ResetNameTrusted,
 }
 
 impl Bug {
@@ -116,6 +121,7 @@ impl Bug {
         Bug::OverlapNotTakenOver,
         Bug::OverlapBothServe,
         Bug::WatchesWaitTogether,
+        Bug::ResetNameTrusted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -143,6 +149,7 @@ impl Bug {
             Bug::OverlapNotTakenOver => "overlap-not-taken-over",
             Bug::OverlapBothServe => "overlap-both-serve",
             Bug::WatchesWaitTogether => "watches-wait-together",
+            Bug::ResetNameTrusted => "reset-name-trusted",
         }
     }
 

@@ -50,6 +50,7 @@ pub const NOT_YET: &[Bug] = &[
     Bug::OverlapBothServe,
     Bug::GiveBackOnRevisions,
     Bug::FirstSyncTrusts,
+    Bug::ResetNameTrusted,
 ];
 
 /// The simulation's pool.

@@ -49,6 +49,9 @@ struct Beat {
     epoch: u64,
     /// etcd resets (see `EtcdClient::resets`) taken into the epoch.
     resets: u64,
+    /// Since when the name is in doubt (an etcd reset seen: the restored etcd may show it
+    /// held by another daemon, or by none); a renewal sent after that settles it.
+    doubt: Option<Instant>,
 }
 
 /// Why the node does not serve; `pending`: it is on its way to (the first start).
@@ -88,6 +91,8 @@ pub struct ClusterNode {
     malformed: Mutex<HashMap<(String, bool), std::collections::BTreeMap<String, String>>>,
     /// The identity's changes, for health.
     identity_changes: tokio::sync::watch::Sender<Identity>,
+    /// Wakes the heartbeat to renew at once (an etcd reset seen).
+    renew_now: tokio::sync::Notify,
     /// What the store's watches said (`[cluster] watch`).
     heard: Heard,
     metrics: Arc<Metrics>,
@@ -156,10 +161,12 @@ impl ClusterNode {
                 renewed: None,
                 epoch: 0,
                 resets: 0,
+                doubt: None,
             }),
             held: Mutex::new(None),
             malformed: Mutex::default(),
             identity_changes: tokio::sync::watch::Sender::new(Identity::Starting(None)),
+            renew_now: tokio::sync::Notify::new(),
             heard: Heard::default(),
             metrics,
         }))
@@ -304,7 +311,15 @@ impl ClusterNode {
         if resets > beat.resets {
             beat.resets = resets;
             beat.epoch += 1;
+            // The old way: the name trusted as held until the next renewal found otherwise.
+            let doubt = !crate::bugs::on(crate::bugs::Bug::ResetNameTrusted);
+            if doubt {
+                beat.doubt = Some(Instant::now());
+            }
             drop(beat);
+            if doubt {
+                self.renew_now.notify_one();
+            }
             self.identity_changes.send_modify(|_| {});
             self.pools.lock().expect("pools lock").clear();
             self.metrics.cluster.etcd_resets.inc();
@@ -357,6 +372,12 @@ impl ClusterNode {
                 format!(
                     "another ipoold (instance {instance}) holds node name {name:?} in {store}: this one (instance {}) hands out nothing until that one's heartbeat lease is gone (the same [cluster] node_name on two nodes?)",
                     self.instance
+                ),
+                false,
+            ),
+            Identity::Held if beat.doubt.is_some() => not(
+                format!(
+                    "{store} was reset (restored from a backup?): this daemon's hold on node name {name:?} is checked again before anything more is handed out"
                 ),
                 false,
             ),
@@ -477,8 +498,13 @@ impl ClusterNode {
     /// epoch (it syncs before it serves again).
     fn renewed(&self, sent: Instant) {
         let mut beat = self.beat.lock().expect("beat lock");
+        if beat.doubt.is_some_and(|d| sent < d) {
+            // Sent before the reset was seen: it says nothing of the name in the store now.
+            return;
+        }
+        let doubted = beat.doubt.take().is_some();
         let fenced = beat.renewed.is_none_or(|t| t.elapsed() > self.fence());
-        let lifted = fenced && beat.renewed.is_some();
+        let lifted = (fenced && beat.renewed.is_some()) || doubted;
         if lifted {
             beat.epoch += 1;
             tracing::info!(node = %self.name, "heartbeat renewed: the fence lifts once the blocks are synced again");

@@ -95,7 +95,11 @@ impl ClusterNode {
         let mut last_ok = Instant::now();
         let mut pause = crate::cluster::jitter(every);
         loop {
-            tokio::time::sleep(pause).await;
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                // An etcd reset seen: the name is checked at once.
+                _ = self.renew_now.notified() => {}
+            }
             let sent = Instant::now();
             let b = beat.clone();
             let r = self
