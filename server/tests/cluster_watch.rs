@@ -3,7 +3,8 @@
 //! `resync_secs` at its default (ten minutes): a block of a node's taken by another node stops
 //! serving on the old owner within a second; a watch broken while the change happened, and
 //! resumed from a history compacted away (410 Gone; etcd's compacted revision), lists again
-//! and misses nothing.
+//! and misses nothing; on etcd, the node's name key deleted is noticed at once (the renewals
+//! do not read it back while its watch is on).
 
 mod common;
 
@@ -202,5 +203,61 @@ fn a_pool_marked_for_deletion_is_read_again_at_once() {
         marked.elapsed() < Duration::from_secs(1),
         "read {:?} after it was marked",
         marked.elapsed()
+    );
+}
+
+/// The node's `alive` key deleted by hand (its lease still kept alive): the heartbeat's
+/// renewals, which no longer read the key back while it is watched, hear of it at once and
+/// take the name again, long before the next renewal (every 20 s here).
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_name_key_deleted_by_hand_is_noticed_at_once_on_etcd() {
+    let store = Backend::etcd();
+    store.create_pool(&["p", "--cidr", "10.55.0.0/24", "--block-size", "26"]);
+    let config = store.daemon_config("n1", "p", "heartbeat_ttl_secs = 60\n", &store.addr());
+    let mut n1 = Daemon::prepare_with_config(&config);
+    n1.spawn();
+    let conf = n1.conf("1.0.0", "pods", "");
+    add_within(20, "n1's first ADD", "a0", &conf);
+    let Backend::Etcd(e) = &store else {
+        unreachable!()
+    };
+    let url = e.lock().unwrap().client_url.clone();
+    let alive = format!(
+        "{}/nodes/n1/alive",
+        ipool_server::cluster::etcd::DEFAULT_PREFIX
+    );
+    let read = |url: &str, key: &str| -> Option<i64> {
+        let key = key.to_string();
+        common::etcd::with_store(url, |s| async move {
+            let r = s
+                .client()
+                .range(ipool_server::cluster::etcd::request::get(key))
+                .await
+                .expect("read");
+            r.kvs.first().map(|kv| kv.create_revision)
+        })
+    };
+    // Its first renewals are done (the watch on by then).
+    std::thread::sleep(Duration::from_secs(2));
+    let before = read(&url, &alive).expect("n1's alive key");
+    let key = alive.clone();
+    common::etcd::with_store(&url, |s| async move {
+        s.client()
+            .delete_range(ipool_server::cluster::etcd::request::delete(key))
+            .await
+            .expect("delete");
+    });
+    let deleted = Instant::now();
+    let mut again = None;
+    while deleted.elapsed() < Duration::from_secs(10) && again.is_none() {
+        std::thread::sleep(Duration::from_millis(100));
+        again = read(&url, &alive).filter(|c| *c > before);
+    }
+    assert!(
+        again.is_some() && deleted.elapsed() < Duration::from_secs(5),
+        "n1 took its name again {:?} after its key was deleted (renewals every 20 s: only the watch can tell it)\n{}",
+        deleted.elapsed(),
+        n1.log()
     );
 }

@@ -102,8 +102,10 @@ pub trait NameStore: Send + Sync {
         ttl_secs: u64,
         renew_secs: u64,
     ) -> Result<Acquired, ClusterError>;
-    /// Renews a held name; an error once it is no longer held.
-    async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError>;
+    /// Renews a held name; an error once it is no longer held. `check`: also read back that
+    /// the name is still this daemon's (where a renewal alone would not notice: etcd, whose
+    /// lease keep-alive succeeds though the `alive` key was replaced or deleted).
+    async fn renew_heartbeat(&self, beat: &Heartbeat, check: bool) -> Result<(), ClusterError>;
     /// Gives a held name up at once (a clean stop).
     async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError>;
     /// What the store says of a node: its daemon, how long it has been away, its blocks.
@@ -133,6 +135,11 @@ pub enum Watched {
     /// The watch (re)started from a fresh listing (first, or after its history was compacted
     /// away): anything may have changed meanwhile.
     Restarted,
+    /// The node's name key was written or deleted (etcd): whose it is now is read at once.
+    Name,
+    /// The watch of the node's name key is on (true: every change of it from now on will be
+    /// heard) or broken (false). While it is on, a renewal need not read the key back.
+    NameWatch(bool),
 }
 
 /// Watches: a node hears of its blocks and of the pools as they change, instead of listing

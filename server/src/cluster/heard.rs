@@ -84,6 +84,8 @@ impl Heard {
                 self.changes.send_modify(|n| *n += 1);
                 return;
             }
+            // The node's name: the heartbeat's (see `ClusterNode::hear`).
+            Watched::Name | Watched::NameWatch(_) => return,
         };
         log.seq += 1;
         let seq = log.seq;

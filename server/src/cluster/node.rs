@@ -52,6 +52,11 @@ struct Beat {
     /// Since when the name is in doubt (an etcd reset seen: the restored etcd may show it
     /// held by another daemon, or by none); a renewal sent after that settles it.
     doubt: Option<Instant>,
+    /// The watch of the node's name key is on (etcd; see [`Watched::NameWatch`]).
+    name_watched: bool,
+    /// Moves on with whatever the watch said of the name key (written, deleted, the watch
+    /// made or broken): a renewal after it reads the key back.
+    name_news: u64,
 }
 
 /// Why the node does not serve; `pending`: it is on its way to (the first start).
@@ -162,6 +167,8 @@ impl ClusterNode {
                 epoch: 0,
                 resets: 0,
                 doubt: None,
+                name_watched: false,
+                name_news: 0,
             }),
             held: Mutex::new(None),
             malformed: Mutex::default(),
@@ -246,6 +253,18 @@ impl ClusterNode {
             Watched::Pool(name) => self.forget_pool(name),
             Watched::Restarted => self.pools.lock().expect("pools lock").clear(),
             Watched::BlockGone { .. } => {}
+            Watched::Name | Watched::NameWatch(_) => {
+                let mut beat = self.beat.lock().expect("beat lock");
+                beat.name_news += 1;
+                if let Watched::NameWatch(on) = w {
+                    beat.name_watched = on;
+                }
+                drop(beat);
+                if w == Watched::Name {
+                    // Another daemon's key, or none: known at once.
+                    self.renew_now.notify_one();
+                }
+            }
         }
         tracing::debug!(node = %self.name, heard = ?w, "the store's watch");
         self.heard.hear(w);
@@ -394,6 +413,15 @@ impl ClusterNode {
                 ),
             },
         }
+    }
+
+    /// Whether the next renewal must read the name back, given the watch's news about it that
+    /// the last read saw (`checked`); and the news now. Without a watch of it that is on, or
+    /// with news since, or in doubt after a reset: yes.
+    pub(crate) fn name_check(&self, checked: u64) -> (bool, u64) {
+        let beat = self.beat.lock().expect("beat lock");
+        let quiet = self.settings.watch && beat.name_watched && beat.name_news == checked;
+        (!quiet || beat.doubt.is_some(), beat.name_news)
     }
 
     /// Whether this daemon holds its node's name, as the heartbeat last found.

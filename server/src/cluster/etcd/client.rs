@@ -726,7 +726,15 @@ impl Tonic {
             .await
             .map_err(|_| EtcdError::Connect("the watch's request stream closed".into()))?;
         let mut client = WatchClient::new(ch);
-        let opened = client.watch(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        // As etcd's own client asks (WithRequireLeader): a member cut off from the leader
+        // cancels the watch instead of falling silent, so no change is missed unknowingly
+        // (the heartbeat relies on it: it reads the name back only when the watch is off).
+        req.metadata_mut().insert(
+            "hasleader",
+            tonic::metadata::MetadataValue::from_static("true"),
+        );
+        let opened = client.watch(req);
         let answers = match tokio::time::timeout_at(deadline, opened).await {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(s)) => {

@@ -122,10 +122,12 @@ impl NameStore for ClusterStore {
         }))
     }
 
-    /// Renews both leases of `beat` and reads its `alive` key back; an error once the lease
-    /// is gone or the key is no longer on it (etcd restored from a backup, say). The read also
-    /// shows a reset etcd to the client (the revision in its answer).
-    async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+    /// Renews both leases of `beat` and, with `check`, reads its `alive` key back; an error
+    /// once the lease is gone or the key is no longer on it (etcd restored from a backup, the
+    /// key deleted or replaced). The read also shows a reset etcd to the client (the revision
+    /// in its answer); a lease answer shows its cluster id. Without `check` (the node's watch
+    /// of the key is on and said nothing), two keep-alives and no read.
+    async fn renew_heartbeat(&self, beat: &Heartbeat, check: bool) -> Result<(), ClusterError> {
         let answer = self.client().lease_keep_alive(beat.alive_lease).await?;
         if answer.ttl <= 0 {
             return Err(ClusterError::Refused(
@@ -133,6 +135,9 @@ impl NameStore for ClusterStore {
             ));
         }
         self.client().lease_keep_alive(beat.seen_lease).await?;
+        if !check {
+            return Ok(());
+        }
         let mut read = request::get(beat.alive_key.clone());
         read.keys_only = true;
         let alive = self.client().range(read).await?;

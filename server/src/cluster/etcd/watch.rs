@@ -1,8 +1,12 @@
-//! [`ClusterStore`]'s watches ([`WatchStore`]): the node's index (`nodes/<node>/blocks/`:
-//! an entry deleted is a block given back, released or found another's) and the pools
-//! (`pools/`). Each is made again after a break from the revision after the last it reported
-//! (etcd answers progress notifications while nothing changes, so that revision keeps up); one
-//! whose revision was compacted away starts from now, as [`Watched::Restarted`].
+//! [`ClusterStore`]'s watches ([`WatchStore`]): the node's keys (`nodes/<node>/`: an index
+//! entry deleted is a block given back, released or found another's; the `alive` key written
+//! or deleted is the name to check, [`Watched::Name`]) and the pools (`pools/`). Each is made
+//! again after a break from the revision after the last it reported (etcd answers progress
+//! notifications while nothing changes, so that revision keeps up); one whose revision was
+//! compacted away, or that etcd no longer has (restored from a backup: its revision went
+//! back), starts from now, as [`Watched::Restarted`]. The watch of the node's keys says when it
+//! is on and when it broke ([`Watched::NameWatch`]): while it is on, the heartbeat's renewals
+//! need not read `alive` back.
 
 use std::time::Duration;
 
@@ -28,6 +32,7 @@ impl ClusterStore {
         prefix: String,
         what: &(dyn Fn(&str, EventType) -> Option<Watched> + Send + Sync),
         seen: &(dyn Fn(Watched) + Send + Sync),
+        name: bool,
     ) {
         // The next revision to hear of; 0: from now (what came before is not known).
         let mut next = 0i64;
@@ -65,6 +70,17 @@ impl ClusterStore {
                     break;
                 }
                 if a.created {
+                    let at = a.header.as_ref().map_or(0, |h| h.revision);
+                    if next > at + 1 {
+                        // etcd no longer has the revisions this watch heard (restored from a
+                        // backup): what it says from here is not what came after them.
+                        tracing::info!(%prefix, next, revision = at, "etcd's revision went back: watching from now");
+                        next = 0;
+                        break;
+                    }
+                    if name {
+                        seen(Watched::NameWatch(true));
+                    }
                     if next == 0 {
                         // From now: whatever changed before is not known here.
                         next = a.header.as_ref().map_or(0, |h| h.revision + 1);
@@ -87,6 +103,9 @@ impl ClusterStore {
                     }
                 }
             }
+            if name {
+                seen(Watched::NameWatch(false));
+            }
             tokio::time::sleep(crate::cluster::jitter(wait)).await;
             wait = (wait * 2).min(RETRY_MAX);
         }
@@ -101,8 +120,10 @@ impl WatchStore for ClusterStore {
         seen: &(dyn Fn(Watched) + Send + Sync),
     ) -> Result<(), ClusterError> {
         let index = self.index_prefix(node, None);
+        let (mine, alive) = (self.key(&format!("nodes/{node}/")), self.alive_key(node));
         let pools = self.pools_prefix();
         let gone = |key: &str, kind: EventType| match kind {
+            _ if key == alive => Some(Watched::Name),
             EventType::Delete => {
                 parse_block_key(&index, key)
                     .ok()
@@ -119,8 +140,8 @@ impl WatchStore for ClusterStore {
                 .map(|n| Watched::Pool(n.to_string()))
         };
         tokio::join!(
-            self.watch_prefix(index.clone(), &gone, seen),
-            self.watch_prefix(pools.clone(), &pool, seen)
+            self.watch_prefix(mine, &gone, seen, true),
+            self.watch_prefix(pools.clone(), &pool, seen, false)
         );
         Err(ClusterError::Refused("the watches ended".into()))
     }

@@ -174,7 +174,7 @@ impl NameStore for KubeStore {
     /// Renews a held Lease on its last write (no read); an error once another holds it or it
     /// is gone. A write that lost to another (ipoolctl's check, say) reads the Lease and is
     /// tried again on what it found.
-    async fn renew_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError> {
+    async fn renew_heartbeat(&self, beat: &Heartbeat, _check: bool) -> Result<(), ClusterError> {
         let mut reads = 0;
         loop {
             let last = self

@@ -94,6 +94,9 @@ impl ClusterNode {
         let ttl = Duration::from_secs(self.settings.heartbeat_ttl_secs);
         let mut last_ok = Instant::now();
         let mut pause = crate::cluster::jitter(every);
+        // What the watch had said of the name when it was last read back (taking it was the
+        // first read).
+        let mut checked = self.name_check(u64::MAX).1;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
@@ -102,13 +105,17 @@ impl ClusterNode {
             }
             let sent = Instant::now();
             let b = beat.clone();
+            let (check, news) = self.name_check(checked);
             let r = self
                 .call("heartbeat", |s| async move {
-                    s.urgent().renew_heartbeat(&b).await
+                    s.urgent().renew_heartbeat(&b, check).await
                 })
                 .await;
             match r {
                 Ok(()) => {
+                    if check {
+                        checked = news;
+                    }
                     self.renewed(sent);
                     last_ok = sent;
                     pause = crate::cluster::jitter(every);
