@@ -103,6 +103,9 @@ impl ClusterStore {
                     }
                 }
             }
+            // The stream given up is closed now (etcd cancels its watch), not left unread
+            // while the next is waited for.
+            drop(answers);
             if name {
                 seen(Watched::NameWatch(false));
             }
