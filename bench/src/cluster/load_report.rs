@@ -52,8 +52,9 @@ impl LoadReport {
              real etcd's own counters (`/metrics`). {} real ipoold per row, each with a pod, \
              `heartbeat_ttl_secs` {} (a renewal every {} s; 30 by default), `resync_secs` at its \
              default (10 min), over {:.0} s; per node per minute. On etcd a renewal is two lease keep-alives (not writes: the leader \
-             renews them) and one read of the node's name; reads there are key reads, not lists \
-             (etcd's counters do not tell them apart). 5 000 nodes: the apiserver's (etcd's) \
+             renews them), and the node's name is read back only when its watch says it changed \
+             or the watch was made again; reads there are key reads or lists (etcd's counters do \
+             not tell them apart). 5 000 nodes: the apiserver's (etcd's) \
              requests and writes a second.\n",
             first.nodes,
             self.heartbeat_ttl,
