@@ -253,7 +253,7 @@ fn a_node_name_is_held_by_one_daemon_and_taken_over_only_after_its_lease_lapses(
                 Acquired::Taken { instance, .. } => assert_eq!(instance, "A"),
                 Acquired::Held(_) => panic!("taken from a live holder"),
             }
-            s.renew_heartbeat(&a).await.unwrap();
+            s.renew_heartbeat(&a, true).await.unwrap();
             tokio::time::sleep(Duration::from_millis(700)).await;
         }
         // A restart of A (the same instance) takes it back at once.
@@ -269,8 +269,11 @@ fn a_node_name_is_held_by_one_daemon_and_taken_over_only_after_its_lease_lapses(
             }
         };
         assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
-        assert!(s.renew_heartbeat(&a).await.is_err(), "A no longer holds it");
-        s.renew_heartbeat(&b).await.unwrap();
+        assert!(
+            s.renew_heartbeat(&a, true).await.is_err(),
+            "A no longer holds it"
+        );
+        s.renew_heartbeat(&b, true).await.unwrap();
         // A clean stop releases it: the next daemon takes it at once.
         s.stop_heartbeat(&b).await.unwrap();
         assert!(matches!(
@@ -302,7 +305,7 @@ fn a_held_lease_is_renewed_without_reading_it() {
         };
         let before = reads();
         for _ in 0..5 {
-            s.renew_heartbeat(&a).await.unwrap();
+            s.renew_heartbeat(&a, true).await.unwrap();
         }
         assert_eq!(reads(), before, "renewals read nothing");
         let lease = || fake.get("leases", "ipool-system", "ipool-n1").unwrap();
@@ -311,23 +314,23 @@ fn a_held_lease_is_renewed_without_reading_it() {
         let mut l = lease();
         l["metadata"]["annotations"]["ipool.io/absence-checked-by"] = "ipoolctl".into();
         fake.put_custom("leases", l);
-        s.renew_heartbeat(&a).await.unwrap();
-        s.renew_heartbeat(&a).await.unwrap();
+        s.renew_heartbeat(&a, true).await.unwrap();
+        s.renew_heartbeat(&a, true).await.unwrap();
         assert_eq!(reads(), before + 1);
         assert_eq!(lease()["spec"]["holderIdentity"], "A");
         // Another holder now: the renewal fails, and so does every one after it.
         let mut l = lease();
         l["spec"]["holderIdentity"] = "B".into();
         fake.put_custom("leases", l);
-        assert!(s.renew_heartbeat(&a).await.is_err());
-        assert!(s.renew_heartbeat(&a).await.is_err());
+        assert!(s.renew_heartbeat(&a, true).await.is_err());
+        assert!(s.renew_heartbeat(&a, true).await.is_err());
         assert_eq!(lease()["spec"]["holderIdentity"], "B");
         // Held again, then deleted: the renewal says it is gone.
         let Acquired::Held(a) = s.start_heartbeat("n2", &alive("A"), 10, 1).await.unwrap() else {
             panic!("held")
         };
         assert!(fake.delete("leases", "ipool-system", "ipool-n2"));
-        let e = s.renew_heartbeat(&a).await.unwrap_err();
+        let e = s.renew_heartbeat(&a, true).await.unwrap_err();
         assert!(e.to_string().contains("gone"), "{e}");
     });
 }
@@ -382,7 +385,7 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
         let renewals = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(700)).await;
-                daemon.renew_heartbeat(&renewing).await.unwrap();
+                daemon.renew_heartbeat(&renewing, true).await.unwrap();
             }
         });
         let e = s
@@ -401,7 +404,7 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
     // The Lease is gone with the blocks: the daemon, back, renews nothing it had.
     assert!(api.get("leases", "ipool-system", "ipool-n1").is_none());
     with_kube(&api, "ipoold", |s| async move {
-        assert!(s.renew_heartbeat(&beat).await.is_err());
+        assert!(s.renew_heartbeat(&beat, true).await.is_err());
     });
 }
 
