@@ -26,6 +26,11 @@ pub(crate) struct HeardGone {
 /// in whole milliseconds.
 const TAKEN_IN_MS: u64 = 2;
 
+/// One block within the other (the pool made anew with blocks of another size).
+fn overlap(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
 /// One open watch, picked, hears what changed since it last heard.
 pub(crate) fn hear(w: &mut World) {
     let n = w.net.watches(|ws| ws.count());
@@ -57,9 +62,10 @@ pub(crate) fn hear(w: &mut World) {
     let now = Instant::now();
     for block in heard.gone {
         // Told late, of a block its node owns again: nothing to stop.
-        let owned = w.blocks.iter().any(|(b, o, _)| {
-            (b.contains(&block.network()) || block.contains(&b.network())) && *o == who
-        });
+        let owned = w
+            .blocks
+            .iter()
+            .any(|(b, o, _)| overlap(b, &block) && *o == who);
         if !owned {
             w.heard_gone.push(HeardGone {
                 slot: from,
@@ -96,7 +102,6 @@ impl World {
     /// pool made anew with blocks of another size) is served again.
     pub(crate) fn owned_again(&mut self, after: &[StoreBlock]) {
         let slots = &self.slots;
-        let overlap = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
         self.heard_gone.retain(|h| {
             !after
                 .iter()

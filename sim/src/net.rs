@@ -278,27 +278,37 @@ pub struct EtcdWire {
     pub alive: Arc<AtomicBool>,
 }
 
-#[async_trait::async_trait]
-impl Transport for EtcdWire {
-    async fn call(&self, call: Call, deadline: Instant) -> Result<Reply, EtcdError> {
+impl EtcdWire {
+    /// Sends `wire` and waits for its answer until `deadline`: the answer, or what the caller
+    /// sees instead (a dead process, a cut connection, a closed one, a timeout).
+    async fn exchange(&self, wire: Wire, deadline: Instant) -> Result<Back, EtcdError> {
         let waited = deadline.saturating_duration_since(Instant::now());
         if !self.alive.load(Ordering::Relaxed) {
             return Err(EtcdError::Connect("simulated: a dead process".into()));
         }
-        let Some(rx) = self.net.send(self.from, Wire::Etcd(call)) else {
+        let Some(rx) = self.net.send(self.from, wire) else {
             return Err(EtcdError::Connect(
                 "simulated: this node's connection to etcd is cut".into(),
             ));
         };
         match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Back::Etcd(r))) => r,
-            Ok(Ok(_)) => Err(EtcdError::Connect(
-                "simulated: another store's answer to an etcd call".into(),
-            )),
+            Ok(Ok(back)) => Ok(back),
             Ok(Err(_)) => Err(EtcdError::Connect(
                 "simulated: the connection was closed".into(),
             )),
             Err(_) => Err(EtcdError::Timeout(waited)),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for EtcdWire {
+    async fn call(&self, call: Call, deadline: Instant) -> Result<Reply, EtcdError> {
+        match self.exchange(Wire::Etcd(call), deadline).await? {
+            Back::Etcd(r) => r,
+            _ => Err(EtcdError::Connect(
+                "simulated: another store's answer to an etcd call".into(),
+            )),
         }
     }
 
@@ -308,26 +318,13 @@ impl Transport for EtcdWire {
         deadline: Instant,
     ) -> Result<Watching, EtcdError> {
         use futures::StreamExt;
-        let waited = deadline.saturating_duration_since(Instant::now());
-        if !self.alive.load(Ordering::Relaxed) {
-            return Err(EtcdError::Connect("simulated: a dead process".into()));
-        }
-        let Some(rx) = self.net.send(self.from, Wire::EtcdWatch(create)) else {
-            return Err(EtcdError::Connect(
-                "simulated: this node's connection to etcd is cut".into(),
-            ));
-        };
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Back::EtcdWatch(r))) => {
+        match self.exchange(Wire::EtcdWatch(create), deadline).await? {
+            Back::EtcdWatch(r) => {
                 r.map(|s| tokio_stream::wrappers::UnboundedReceiverStream::new(s).boxed())
             }
-            Ok(Ok(_)) => Err(EtcdError::Connect(
+            _ => Err(EtcdError::Connect(
                 "simulated: another answer to a watch".into(),
             )),
-            Ok(Err(_)) => Err(EtcdError::Connect(
-                "simulated: the connection was closed".into(),
-            )),
-            Err(_) => Err(EtcdError::Timeout(waited)),
         }
     }
 }
