@@ -93,6 +93,10 @@ pub enum Bug {
     /// daemon (one whose key the backup holds): both served the same blocks (found by the
     /// simulation, session 19, with two daemons under one name).
     ResetNameTrusted,
+    /// When a network's ranges changed (its cluster pool grown or shrunk), a block kept its
+    /// old range set, retiring, while the new set, whose ranges cover it, listed it as this
+    /// node's and handed out its addresses again (issue 39).
+    BlockStaysInOldSet,
 }
 
 impl Bug {
@@ -150,6 +154,7 @@ impl Bug {
             Bug::OverlapBothServe => "overlap-both-serve",
             Bug::WatchesWaitTogether => "watches-wait-together",
             Bug::ResetNameTrusted => "reset-name-trusted",
+            Bug::BlockStaysInOldSet => "block-stays-in-old-set",
         }
     }
 

@@ -70,6 +70,7 @@ fn pool(name: &str, cidrs: &[&str], exclude: &[&str]) -> PoolSpec {
         block_v4: 26,
         block_v6: 122,
         exclude: exclude.iter().map(|c| net(c)).collect(),
+        ..PoolSpec::default()
     }
 }
 

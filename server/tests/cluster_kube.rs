@@ -25,6 +25,7 @@ fn pool(name: &str, cidrs: &[&str]) -> PoolSpec {
         block_v4: 26,
         block_v6: 122,
         exclude: vec![],
+        ..PoolSpec::default()
     }
 }
 

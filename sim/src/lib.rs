@@ -144,6 +144,7 @@ impl Options {
             block_v4,
             block_v6: 124,
             exclude: Vec::new(),
+            ..PoolSpec::default()
         }
     }
 }

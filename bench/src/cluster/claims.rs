@@ -42,6 +42,7 @@ pub fn pool(name: &str, cidr: &str) -> Result<PoolSpec> {
         block_v4: 26,
         block_v6: 122,
         exclude: Vec::new(),
+        ..PoolSpec::default()
     })
 }
 

@@ -23,7 +23,7 @@ use super::model::{
     Acquired, Alive, Block, Claimed, ClusterError, Heartbeat, Listing, NodeState, Pool, Pools,
     Settled,
 };
-use super::pool::PoolSpec;
+use super::pool::{PoolChange, PoolSpec};
 
 /// A store shared by the calls of one node (or of one `ipoolctl` run).
 pub type Store = Arc<dyn Datastore>;
@@ -48,6 +48,11 @@ pub trait PoolStore: Send + Sync {
     async fn get_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError>;
     /// Deletes a pool; refused while a block of it is owned (and then as it was).
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError>;
+    /// Changes a pool while it runs; the pool as it is now. A CIDR added is checked for
+    /// overlap as a creation is; one removed is refused while a block of it is owned. Whatever
+    /// the interleaving, no claim decided on the pool as it was read before lands outside its
+    /// CIDRs as they are after (a claim is conditioned on the pool as read).
+    async fn change_pool(&self, name: &str, change: &PoolChange) -> Result<PoolSpec, ClusterError>;
 }
 
 /// A store's blocks and their owners.

@@ -47,6 +47,7 @@ mod lease;
 mod objects;
 /// The revision a block records of its pool (`spec.poolRevision`): from the pool's uid.
 pub use objects::hash as pool_revision_of_uid;
+mod pool_change;
 mod pools;
 mod store;
 mod watch;

@@ -183,6 +183,24 @@ pub struct Listing {
     pub malformed: Vec<MalformedKey>,
 }
 
+impl Listing {
+    /// Why CIDR `cidr` of pool `pool` may not leave it: a block listed in it (or a key that
+    /// names a block there but no owner). None: nothing stands in it.
+    pub fn owned_in(&self, pool: &str, cidr: &IpNet) -> Option<String> {
+        let inside = |b: &IpNet| cidr.contains(b) || b.contains(cidr);
+        if let Some(b) = self.blocks.iter().find(|b| inside(&b.block)) {
+            return Some(format!(
+                "pool {pool:?}: block {} of CIDR {cidr} is owned by node {:?} (its pods' addresses are in it; once they are gone the node gives it back, or release a departed node: ipoolctl cluster release-node)",
+                b.block, b.owner.node
+            ));
+        }
+        self.malformed
+            .iter()
+            .find(|m| m.block.as_ref().is_some_and(inside))
+            .map(|m| format!("pool {pool:?}: {m} stands in CIDR {cidr} (fix or delete it)"))
+    }
+}
+
 /// Every pool, the keys under `pools/` that hold none, and the revision of the listing.
 pub struct Pools {
     pub pools: Vec<Pool>,

@@ -495,6 +495,15 @@ impl ClusterNode {
         Ok(pool)
     }
 
+    /// Whether pool `name`, as last read, is disabled (no I/O).
+    pub fn pool_disabled(&self, name: &str) -> bool {
+        self.pools
+            .lock()
+            .expect("pools lock")
+            .get(name)
+            .is_some_and(|p| p.spec.disabled)
+    }
+
     /// Forgets pool `name` as read (it changed): the next use reads it again.
     pub fn forget_pool(&self, name: &str) {
         self.pools.lock().expect("pools lock").remove(name);

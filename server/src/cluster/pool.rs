@@ -1,4 +1,6 @@
-//! A cluster pool: its CIDRs, block sizes and excluded ranges, checked and carved.
+//! A cluster pool: its CIDRs, block sizes and excluded ranges, checked and carved; whether it
+//! gives new blocks (`disabled`); and the changes an operator makes to a pool while it runs
+//! ([`PoolChange`]: a CIDR added or removed, the pool disabled or enabled).
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -6,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::cidrset::CidrSet;
 
 /// A cluster pool.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolSpec {
     pub name: String,
     /// IPv4 and/or IPv6 CIDRs.
@@ -16,6 +18,38 @@ pub struct PoolSpec {
     /// Never handed out (the service CIDR, say): every block they touch is occupied.
     #[serde(default)]
     pub exclude: Vec<IpNet>,
+    /// Gives no new block (its blocks in use keep serving; empty ones are given back).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+    /// CIDRs of `cidrs` on their way in, and on their way out: no block is claimed in them
+    /// meanwhile (the Kubernetes API's two-step change of a pool's CIDRs, see `kube::pools`;
+    /// always empty on etcd, where a change is one transaction).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adding: Vec<IpNet>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removing: Vec<IpNet>,
+}
+
+/// A change to a pool while it runs (`ipoolctl cluster pool add-cidr|remove-cidr|disable|enable`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolChange {
+    /// The pool grows by a CIDR (checked for overlap as a creation is).
+    AddCidr(IpNet),
+    /// A CIDR leaves the pool (refused while a block of it is owned).
+    RemoveCidr(IpNet),
+    Disable,
+    Enable,
+}
+
+impl std::fmt::Display for PoolChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolChange::AddCidr(c) => write!(f, "add CIDR {c}"),
+            PoolChange::RemoveCidr(c) => write!(f, "remove CIDR {c}"),
+            PoolChange::Disable => write!(f, "disable"),
+            PoolChange::Enable => write!(f, "enable"),
+        }
+    }
 }
 
 impl PoolSpec {
@@ -27,19 +61,84 @@ impl PoolSpec {
         }
     }
 
-    /// Each CIDR carved, the excluded ranges occupied.
+    /// Each CIDR carved, the excluded ranges occupied, and every block of a CIDR on its way in
+    /// or out too: nothing is claimed there.
     pub fn carve(&self) -> Result<Vec<CidrSet>, String> {
         self.cidrs
             .iter()
             .map(|c| {
                 let mut set = CidrSet::new(*c, self.block_for(c))
                     .map_err(|e| format!("pool {:?}: {e}", self.name))?;
-                for x in &self.exclude {
+                for x in self.exclude.iter().chain(self.changing()) {
                     set.occupy(*x);
                 }
                 Ok(set)
             })
             .collect()
+    }
+
+    /// The CIDRs on their way in or out.
+    pub fn changing(&self) -> impl Iterator<Item = &IpNet> + '_ {
+        self.adding.iter().chain(&self.removing)
+    }
+
+    /// Whether a block may be claimed at `block` now: inside one of its CIDRs, none of them on
+    /// its way in or out.
+    pub fn claimable(&self, block: &IpNet) -> bool {
+        self.cidrs.iter().any(|c| c.contains(block))
+            && !self
+                .changing()
+                .any(|c| c.contains(block) || block.contains(c))
+    }
+
+    /// The CIDRs a node's network takes as its ranges: all but those on their way in (one on
+    /// its way out may still hold blocks: its removal is refused then).
+    pub fn serving_cidrs(&self) -> impl Iterator<Item = &IpNet> + '_ {
+        self.cidrs.iter().filter(|c| !self.adding.contains(c))
+    }
+
+    /// The pool after `change`, checked on its own ([`PoolSpec::validate`]); an error names
+    /// what is wrong. A CIDR removed takes the excluded ranges inside it along. Overlaps with
+    /// other pools and blocks standing in a CIDR are the store's to check.
+    pub fn changed(&self, change: &PoolChange) -> Result<PoolSpec, String> {
+        let mut next = self.clone();
+        let name = &self.name;
+        match change {
+            PoolChange::AddCidr(c) => {
+                if c.trunc() != *c {
+                    return Err(format!(
+                        "pool {name:?}: {c} has host bits set (did you mean {}?)",
+                        c.trunc()
+                    ));
+                }
+                if self.cidrs.contains(c) {
+                    return Err(format!("pool {name:?} has CIDR {c} already"));
+                }
+                next.cidrs.push(*c);
+            }
+            PoolChange::RemoveCidr(c) => {
+                if !self.cidrs.contains(c) {
+                    let has: Vec<String> = self.cidrs.iter().map(|c| c.to_string()).collect();
+                    return Err(format!(
+                        "pool {name:?} has no CIDR {c} (its CIDRs: {})",
+                        has.join(", ")
+                    ));
+                }
+                if self.cidrs.len() == 1 {
+                    return Err(format!(
+                        "pool {name:?}: {c} is its only CIDR (add another first, or delete the pool)"
+                    ));
+                }
+                next.cidrs.retain(|x| x != c);
+                next.exclude.retain(|x| !c.contains(x));
+                next.adding.retain(|x| x != c);
+                next.removing.retain(|x| x != c);
+            }
+            PoolChange::Disable => next.disabled = true,
+            PoolChange::Enable => next.disabled = false,
+        }
+        next.validate()?;
+        Ok(next)
     }
 
     /// Checks the pool on its own: a name, CIDRs that carve, no two overlapping, excluded
@@ -65,6 +164,12 @@ impl PoolSpec {
                 }
             }
         }
+        if let Some(x) = self.changing().find(|x| !self.cidrs.contains(x)) {
+            return Err(format!(
+                "pool {:?}: CIDR {x} is marked changing but is none of its CIDRs",
+                self.name
+            ));
+        }
         for x in &self.exclude {
             if !self.cidrs.iter().any(|c| c.contains(x) || x.contains(c)) {
                 return Err(format!(
@@ -74,5 +179,84 @@ impl PoolSpec {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    fn pool() -> PoolSpec {
+        PoolSpec {
+            name: "p".into(),
+            cidrs: vec![net("10.0.0.0/24"), net("10.1.0.0/24")],
+            block_v4: 26,
+            block_v6: 122,
+            exclude: vec![net("10.1.0.0/28")],
+            ..PoolSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_change_is_checked_and_applied() {
+        let p = pool();
+        let grown = p.changed(&PoolChange::AddCidr(net("10.2.0.0/24"))).unwrap();
+        assert_eq!(grown.cidrs.len(), 3);
+        for (change, needle) in [
+            (
+                PoolChange::AddCidr(net("10.0.0.0/24")),
+                "has CIDR 10.0.0.0/24 already",
+            ),
+            (PoolChange::AddCidr(net("10.0.0.128/25")), "overlap"),
+            (PoolChange::AddCidr(net("10.3.0.1/24")), "host bits"),
+            (
+                PoolChange::RemoveCidr(net("10.9.0.0/24")),
+                "has no CIDR 10.9.0.0/24",
+            ),
+        ] {
+            let e = p.changed(&change).unwrap_err();
+            assert!(e.contains(needle), "{change}: {e}");
+        }
+        // A CIDR removed takes its excluded ranges along; the last one stays.
+        let shrunk = p
+            .changed(&PoolChange::RemoveCidr(net("10.1.0.0/24")))
+            .unwrap();
+        assert_eq!((shrunk.cidrs.len(), shrunk.exclude.len()), (1, 0));
+        let e = shrunk
+            .changed(&PoolChange::RemoveCidr(net("10.0.0.0/24")))
+            .unwrap_err();
+        assert!(e.contains("only CIDR"), "{e}");
+        let off = p.changed(&PoolChange::Disable).unwrap();
+        assert!(off.disabled);
+        assert!(!off.changed(&PoolChange::Enable).unwrap().disabled);
+    }
+
+    #[test]
+    fn nothing_is_claimed_in_a_cidr_on_its_way_in_or_out() {
+        let mut p = pool();
+        assert!(p.claimable(&net("10.1.0.64/26")));
+        assert!(!p.claimable(&net("10.5.0.0/26")));
+        p.removing = vec![net("10.1.0.0/24")];
+        p.validate().unwrap();
+        assert!(!p.claimable(&net("10.1.0.64/26")));
+        assert!(p.claimable(&net("10.0.0.64/26")));
+        let free: usize = p
+            .carve()
+            .unwrap()
+            .iter()
+            .map(|s| s.free_in_order("n").count())
+            .sum();
+        assert_eq!(free, 4, "only 10.0.0.0/24's four blocks");
+        // On its way out it still serves (its removal is refused while a block holds it);
+        // on its way in, not yet.
+        assert_eq!(p.serving_cidrs().count(), 2);
+        p.adding = std::mem::take(&mut p.removing);
+        assert_eq!(p.serving_cidrs().count(), 1);
+        p.adding = vec![net("10.7.0.0/24")];
+        assert!(p.validate().unwrap_err().contains("none of its CIDRs"));
     }
 }

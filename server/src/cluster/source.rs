@@ -178,6 +178,17 @@ impl ClusterSource {
         })
     }
 
+    /// Why nothing new is handed out: the pool is disabled (as last read). What is in use stays;
+    /// idle addresses leave the pool, and blocks left empty go back after the hold-down.
+    fn disabled(&self) -> Option<String> {
+        self.node.pool_disabled(&self.pool).then(|| {
+            format!(
+                "cluster pool {:?} is disabled: nothing new is handed out from it (ipoolctl cluster pool enable {})",
+                self.pool, self.pool
+            )
+        })
+    }
+
     /// The blocks that hand out (when the source serves).
     fn usable(&self) -> impl Iterator<Item = &Owned> + '_ {
         self.blocks.values().filter(|b| b.confirmed())
@@ -434,25 +445,28 @@ impl ClusterSource {
             return Some(Work::GiveBack(net, revision));
         }
         let free = self.usable_free();
-        if free < self.threshold.max(1) as u128 && self.exhausted.is_none() {
+        // A disabled pool claims nothing more.
+        let disabled = self.node.pool_disabled(&self.pool);
+        if free < self.threshold.max(1) as u128 && self.exhausted.is_none() && !disabled {
             return Some(Work::Claim {
                 cidrs: self.cidrs.clone(),
             });
         }
         let hold_down = Duration::from_secs(self.node.settings().block_hold_down_secs);
         let usable = self.usable().count();
+        // A disabled pool's empty blocks all go back (the last one too).
         let giving = self.usable().find_map(|b| match b.state {
             BlockState::Confirmed(revision)
                 if b.is_empty()
                     && b.empty_since.is_some_and(|t| t.elapsed() >= hold_down)
-                    && free - b.alloc.free() >= self.threshold as u128 =>
+                    && (disabled || free - b.alloc.free() >= self.threshold as u128) =>
             {
                 Some((b.net(), revision))
             }
             _ => None,
         });
         match giving {
-            Some((net, revision)) if usable > 1 => Some(Work::GiveBack(net, revision)),
+            Some((net, revision)) if usable > 1 || disabled => Some(Work::GiveBack(net, revision)),
             _ => None,
         }
     }
@@ -568,6 +582,9 @@ impl Source for ClusterSource {
         true
     }
     fn withheld(&self, ip: IpAddr) -> Option<String> {
+        if let Some(why) = self.disabled() {
+            return Some(why);
+        }
         match self.block_of(ip) {
             Some(b) if b.confirmed() => None,
             Some(b) => Some(self.why_withheld(b)),
@@ -704,6 +721,7 @@ impl Source for ClusterSource {
     }
     fn held_back(&self) -> Option<Next> {
         self.not_serving()
+            .or_else(|| self.disabled().map(Next::Unavailable))
     }
     fn knows_its_addresses(&self) -> Result<(), String> {
         match self.synced {

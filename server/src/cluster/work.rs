@@ -115,6 +115,14 @@ async fn execute(
                 metrics.claim(pool, "not_ready");
                 return Ok(Outcome::PoolNotReady(not_ready(node, pool, phase)));
             }
+            if spec.disabled {
+                // As a full pool: looked at again after the exhaustion's wait (the pool as
+                // kept, read again when it is written).
+                metrics.claim(pool, "disabled");
+                return Ok(Outcome::PoolFull(format!(
+                    "cluster pool {pool:?} is disabled: no new block is claimed from it (ipoolctl cluster pool enable {pool})"
+                )));
+            }
             let v4 = family == Family::V4;
             let (s2, n, views) = (spec.clone(), me.clone(), node.views().clone());
             let out = node

@@ -228,7 +228,7 @@ impl Ipam {
             .collect();
         let mut net = Network::new(def, sources, now)?;
         net.awaiting = old.awaiting.clone();
-        inherit(&mut net, old)?;
+        let moved = inherit(&mut net, old)?;
         let mut changes = vec![Change::PutNetwork(net.def.clone())];
         for (ip, key) in &held {
             net.restore_in_use(*ip, key).map_err(Error::InvalidConfig)?;
@@ -274,6 +274,13 @@ impl Ipam {
                 changes.extend(forget_set(&name, p));
             }
         }
+        // Recorded under the set they moved to (after the old set's are struck).
+        changes.extend(moved.into_iter().map(|(set, block)| Change::PutBlock {
+            network: name.clone(),
+            set,
+            block,
+            held: true,
+        }));
         let summary = RangesChanged {
             ranges: net.def.describe_ranges(),
             retiring: describe_sets(&net.def.retiring),
@@ -410,16 +417,45 @@ impl Network {
 
 /// What the sets of `net` that `old` had too carry over: the blocks their sources hold (before
 /// any address is put back: the addresses are in them), cursor, bucket and counters.
-fn inherit(net: &mut Network, old: &Network) -> Result<(), Error> {
+/// What `net`'s sets take over from `old`'s: cursors, buckets, counts by set id; and blocks.
+/// A block goes to the current set of the same id, else to the current set of a claiming
+/// source whose ranges cover it (the pool's ranges grew or shrank: the block and what it holds
+/// go along, so that no two sources ever hold one block, and the old set need not retire for
+/// it), else to the set of the same id that retires. Returns the blocks that changed sets, as
+/// (the set's id, the block), for the store.
+fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String)>, Error> {
+    let mut moved = Vec::new();
     for p in &old.pools {
+        let same = net.pools.iter().position(|n| n.id == p.id);
+        for block in p.source.recorded_blocks() {
+            let covering = |n: &super::range_set::RangeSetPool| {
+                n.source.grows()
+                    && block
+                        .parse::<ipnet::IpNet>()
+                        .is_ok_and(|b| n.source.covers(b.network()))
+            };
+            let current = same.filter(|i| net.is_current(*i));
+            let target = match current {
+                Some(i) => Some(i),
+                // The old way: a block stayed with its set, retiring, while a new set covering
+                // it claimed it anew.
+                None if crate::bugs::on(crate::bugs::Bug::BlockStaysInOldSet) => same,
+                None => net.pools[..net.current].iter().position(covering).or(same),
+            };
+            let Some(t) = target else {
+                continue;
+            };
+            net.pools[t]
+                .source
+                .restore_block(&block)
+                .map_err(Error::InvalidConfig)?;
+            if Some(t) != same {
+                moved.push((net.pools[t].id.clone(), block));
+            }
+        }
         let Some(n) = net.pool_by_id(&p.id) else {
             continue;
         };
-        for block in p.source.recorded_blocks() {
-            n.source
-                .restore_block(&block)
-                .map_err(Error::InvalidConfig)?;
-        }
         n.source.set_cursor(p.source.cursor());
         n.bucket = p.bucket.clone();
         n.last_error = p.last_error.clone();
@@ -427,7 +463,7 @@ fn inherit(net: &mut Network, old: &Network) -> Result<(), Error> {
         n.source_errors = p.source_errors;
         n.bucket_waits = p.bucket_waits;
     }
-    Ok(())
+    Ok(moved)
 }
 
 /// `def.retiring` without the sets at pool indexes `gone`.

@@ -27,11 +27,11 @@ use crate::source::{LocalSource, Sources};
 /// with the watches, every `resync_secs` (jittered) and at once when it is written.
 const REREAD: Duration = Duration::from_secs(60);
 
-/// The pool's CIDRs as range sets: IPv4 first, then IPv6.
+/// The pool's CIDRs as range sets: IPv4 first, then IPv6 (a CIDR on its way into the pool
+/// not yet).
 pub fn range_sets(spec: &PoolSpec) -> Vec<Vec<RangeSpec>> {
     let set = |v4: bool| -> Vec<RangeSpec> {
-        spec.cidrs
-            .iter()
+        spec.serving_cidrs()
             .filter(|c| c.addr().is_ipv4() == v4)
             .map(|c| RangeSpec {
                 subnet: c.to_string(),

@@ -6,16 +6,16 @@ use std::process::ExitCode;
 use ipnet::IpNet;
 use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::model::{
-    ClusterError, MalformedKey, Pool, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
+    ClusterError, Listing, MalformedKey, Pool, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
-use ipool_server::cluster::pool::PoolSpec;
+use ipool_server::cluster::pool::{PoolChange, PoolSpec};
 
 pub(super) use crate::cluster_store::StoreArgs;
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
 
 #[derive(clap::Subcommand, Debug)]
 pub(super) enum ClusterCommand {
-    /// Cluster pools: create, list, delete.
+    /// Cluster pools: create, list, delete; grow, shrink, disable, enable.
     #[command(subcommand)]
     Pool(PoolCommand),
     /// Owned blocks (filters combine).
@@ -60,11 +60,20 @@ pub(super) enum PoolCommand {
         #[arg(long)]
         exists_ok: bool,
     },
+    /// Each pool: its CIDRs, state, blocks owned and free addresses.
     List,
     /// Delete a pool (refused while any of its blocks is owned).
-    Delete {
-        name: String,
-    },
+    Delete { name: String },
+    /// Grow a pool by a CIDR (checked for overlap with every pool, as a creation is).
+    AddCidr { name: String, cidr: String },
+    /// Take a CIDR out of a pool (refused while a block of it is owned; nodes claim there no
+    /// more). Excluded ranges inside it go with it.
+    RemoveCidr { name: String, cidr: String },
+    /// No new block is claimed from the pool; its blocks in use keep serving, its empty ones
+    /// are given back after the hold-down.
+    Disable { name: String },
+    /// Blocks are claimed from the pool again.
+    Enable { name: String },
 }
 
 fn parse_nets(what: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
@@ -162,6 +171,7 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
                     block_v4: *block_size,
                     block_v6: *block_size_v6,
                     exclude,
+                    ..PoolSpec::default()
                 },
                 (Err(e), _) | (_, Err(e)) => {
                     eprintln!("ipoolctl: {e}");
@@ -170,10 +180,42 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
             };
             create_pool(store, &spec, *exists_ok, out).await
         }
-        ClusterCommand::Pool(PoolCommand::List) => store.pools().await.map(|listed| {
-            warn_malformed(place, &listed.malformed);
-            print_pools(&listed.pools, out);
-        }),
+        ClusterCommand::Pool(PoolCommand::List) => match store.pools().await {
+            Err(e) => Err(e),
+            Ok(listed) => store.list_blocks(None, None).await.map(|blocks| {
+                warn_malformed(place, &listed.malformed);
+                warn_malformed(place, &blocks.malformed);
+                print_pools(&listed.pools, &blocks, out);
+            }),
+        },
+        ClusterCommand::Pool(
+            c @ (PoolCommand::AddCidr { name, .. }
+            | PoolCommand::RemoveCidr { name, .. }
+            | PoolCommand::Disable { name }
+            | PoolCommand::Enable { name }),
+        ) => {
+            let change = match c {
+                PoolCommand::AddCidr { cidr, .. } | PoolCommand::RemoveCidr { cidr, .. } => {
+                    let Ok(net) = cidr.parse::<IpNet>() else {
+                        eprintln!("ipoolctl: {cidr:?} is not a CIDR");
+                        return ExitCode::from(EXIT_USAGE);
+                    };
+                    match c {
+                        PoolCommand::AddCidr { .. } => PoolChange::AddCidr(net),
+                        _ => PoolChange::RemoveCidr(net),
+                    }
+                }
+                PoolCommand::Disable { .. } => PoolChange::Disable,
+                _ => PoolChange::Enable,
+            };
+            store.change_pool(name, &change).await.map(|now| {
+                if out == Output::Json {
+                    outln!("{}", pool_json(&now, PoolPhase::Ready, None));
+                    return;
+                }
+                outln!("pool {name}: {change} done");
+            })
+        }
         ClusterCommand::Pool(PoolCommand::Delete { name }) => {
             store.delete_pool(name).await.map(|()| {
                 if out == Output::Table {
@@ -203,16 +245,73 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
     }
 }
 
-fn print_pools(pools: &[Pool], out: Output) {
+/// A pool's counts from a listing of every block: blocks owned, and free addresses (in the
+/// blocks still free to claim).
+struct Counts {
+    owned: usize,
+    free_addresses: u128,
+}
+
+fn counts(p: &PoolSpec, blocks: &Listing) -> Counts {
+    let mine: Vec<IpNet> = blocks
+        .blocks
+        .iter()
+        .filter(|b| b.pool == p.name)
+        .map(|b| b.block)
+        .collect();
+    let mut free_addresses = 0u128;
+    if let Ok(mut sets) = p.carve() {
+        for s in sets.iter_mut() {
+            for b in mine
+                .iter()
+                .chain(blocks.malformed.iter().filter_map(|m| m.block.as_ref()))
+            {
+                s.occupy(*b);
+            }
+            let block = p.block_for(&s.cidr());
+            let per = 1u128 << (s.cidr().max_prefix_len() - block).min(127);
+            free_addresses += per * (s.len() - s.used()) as u128;
+        }
+    }
+    Counts {
+        owned: mine.len(),
+        free_addresses,
+    }
+}
+
+/// What a pool's state says: enabled or disabled, and CIDRs on their way in or out.
+fn state(p: &PoolSpec) -> String {
+    let mut s = match p.disabled {
+        true => "disabled".to_string(),
+        false => "enabled".to_string(),
+    };
+    for c in &p.adding {
+        s.push_str(&format!(", adding {c}"));
+    }
+    for c in &p.removing {
+        s.push_str(&format!(", removing {c}"));
+    }
+    s
+}
+
+fn pool_json(p: &PoolSpec, phase: PoolPhase, counts: Option<&Counts>) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "name": p.name, "cidrs": p.cidrs, "blockSize": p.block_v4,
+        "blockSizeV6": p.block_v6, "exclude": p.exclude, "phase": phase.as_str(),
+        "disabled": p.disabled, "adding": p.adding, "removing": p.removing,
+    });
+    if let Some(c) = counts {
+        v["blocksOwned"] = c.owned.into();
+        v["freeAddresses"] = c.free_addresses.to_string().into();
+    }
+    v
+}
+
+fn print_pools(pools: &[Pool], blocks: &Listing, out: Output) {
     if out == Output::Json {
         let v: Vec<serde_json::Value> = pools
             .iter()
-            .map(|Pool { spec: p, phase, .. }| {
-                serde_json::json!({
-                    "name": p.name, "cidrs": p.cidrs, "blockSize": p.block_v4,
-                    "blockSizeV6": p.block_v6, "exclude": p.exclude, "phase": phase.as_str(),
-                })
-            })
+            .map(|Pool { spec: p, phase, .. }| pool_json(p, *phase, Some(&counts(p, blocks))))
             .collect();
         outln!("{}", serde_json::Value::Array(v));
         return;
@@ -228,17 +327,30 @@ fn print_pools(pools: &[Pool], out: Output) {
                     s.join(",")
                 }
             };
+            let c = counts(p, blocks);
             vec![
                 p.name.clone(),
                 join(&p.cidrs),
                 format!("/{} /{}", p.block_v4, p.block_v6),
                 join(&p.exclude),
                 phase.as_str().to_string(),
+                state(p),
+                c.owned.to_string(),
+                c.free_addresses.to_string(),
             ]
         })
         .collect();
     crate::print::table(
-        &["POOL", "CIDRS", "BLOCKS (v4 v6)", "EXCLUDED", "PHASE"],
+        &[
+            "POOL",
+            "CIDRS",
+            "BLOCKS (v4 v6)",
+            "EXCLUDED",
+            "PHASE",
+            "STATE",
+            "OWNED",
+            "FREE",
+        ],
         rows,
     );
 }

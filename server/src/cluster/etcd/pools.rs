@@ -1,12 +1,14 @@
 //! Pools in etcd: created only when no other pool overlaps (however creations interleave),
-//! read with the revision a claim is conditioned on, deleted only when no block of theirs is
-//! owned.
+//! read with the revision a claim is conditioned on, changed with one transaction conditioned
+//! on the pool as read (a CIDR added: on no pool written since the overlap check; one removed:
+//! on no block of the pool created since the listing that found none in it), deleted only
+//! when no block of theirs is owned.
 
 use super::request::{self, cmp, op};
 use super::ClusterStore;
 use crate::cluster::datastore::{BlockStore, PoolStore};
 use crate::cluster::model::{ClusterError, MalformedKey, Pool, PoolPhase, Pools};
-use crate::cluster::pool::PoolSpec;
+use crate::cluster::pool::{PoolChange, PoolSpec};
 
 /// Listings a pool creation checks before it gives up on pools that keep changing.
 const CREATE_ATTEMPTS: usize = 5;
@@ -125,6 +127,65 @@ impl PoolStore for ClusterStore {
         }))
     }
 
+    /// Changes pool `name`: one transaction, conditioned on the pool as read (a claim is
+    /// conditioned on it too: one decided before fails after). A CIDR added must overlap no
+    /// other pool (conditioned on no pool written since the listing checked); a CIDR removed
+    /// must hold no block of the pool (conditioned on no block key of the pool created since
+    /// the listing that found none there).
+    async fn change_pool(&self, name: &str, change: &PoolChange) -> Result<PoolSpec, ClusterError> {
+        let key = self.pool_key(name);
+        for _ in 0..CREATE_ATTEMPTS {
+            let r = self.client.range(request::get(key.clone())).await?;
+            let read_at = r.header.map(|h| h.revision).unwrap_or_default();
+            let Some(kv) = r.kvs.first() else {
+                return Err(ClusterError::NotFound(format!("no pool {name:?}")));
+            };
+            let spec: PoolSpec =
+                serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
+                    what: "pool",
+                    key: key.clone(),
+                    why: e.to_string(),
+                })?;
+            let next = spec.changed(change).map_err(ClusterError::Refused)?;
+            let mut when = vec![cmp::mod_revision(key.clone(), cmp::Equal, kv.mod_revision)];
+            match change {
+                PoolChange::AddCidr(c) => {
+                    let listed = self.pools().await?;
+                    if let Some(why) = overlap(name, c, &listed) {
+                        return Err(ClusterError::Refused(why));
+                    }
+                    when.push(cmp::with_prefix(cmp::mod_revision(
+                        self.pools_prefix(),
+                        cmp::Less,
+                        listed.revision + 1,
+                    )));
+                }
+                PoolChange::RemoveCidr(c) => {
+                    let owned = self.list_blocks(Some(name), None).await?;
+                    if let Some(why) = owned.owned_in(name, c) {
+                        return Err(ClusterError::Refused(why));
+                    }
+                    // Every block key of the pool as old as the read: the listing saw them all.
+                    when.push(cmp::with_prefix(cmp::create_revision(
+                        self.blocks_prefix(name),
+                        cmp::Less,
+                        read_at + 1,
+                    )));
+                }
+                PoolChange::Disable | PoolChange::Enable => {}
+            }
+            let value = serde_json::to_vec(&next).expect("a pool serializes");
+            let txn = request::txn(when, [op::put(key.clone(), value, 0)], []);
+            if self.client.txn(txn).await?.succeeded {
+                return Ok(next);
+            }
+            // The pool, another pool or a block of it was written since it was read: again.
+        }
+        Err(ClusterError::Refused(format!(
+            "pool {name:?}: it kept changing during {CREATE_ATTEMPTS} attempts; try again"
+        )))
+    }
+
     /// Deletes pool `name`; refused while any of its blocks is owned.
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
         let key = self.pool_key(name);
@@ -149,4 +210,33 @@ impl PoolStore for ClusterStore {
             owned.blocks.len() + owned.malformed.len()
         )))
     }
+}
+
+/// Why CIDR `cidr` may not join pool `name`: it overlaps another listed pool (or a malformed
+/// pool key rules nothing out).
+pub(in crate::cluster) fn overlap(
+    name: &str,
+    cidr: &ipnet::IpNet,
+    listed: &Pools,
+) -> Option<String> {
+    if let Some(m) = listed.malformed.first() {
+        return Some(format!(
+            "pool {name:?}: another pool's key is malformed, so overlaps cannot be ruled out: {m} (fix or delete it)"
+        ));
+    }
+    listed
+        .pools
+        .iter()
+        .filter(|p| p.spec.name != name)
+        .find_map(|p| {
+            let b = p
+                .spec
+                .cidrs
+                .iter()
+                .find(|b| cidr.contains(*b) || b.contains(cidr))?;
+            Some(format!(
+                "pool {name:?}: CIDR {cidr} overlaps {b} of pool {:?}",
+                p.spec.name
+            ))
+        })
 }

@@ -20,6 +20,7 @@ fn pools_are_checked() {
         block_v4: 26,
         block_v6: 122,
         exclude: vec![net("10.0.0.0/24")],
+        ..PoolSpec::default()
     };
     ok.validate().unwrap();
     for (bad, needle) in [

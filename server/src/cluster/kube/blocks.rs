@@ -13,31 +13,43 @@ use crate::cluster::model::{now_ms, Block, Claimed, ClusterError, Listing, PoolP
 
 /// A block's pool, read again.
 enum PoolNow {
-    /// Ready, the one the block was claimed from.
+    /// Ready, the one the block was claimed from, and the block may be claimed there.
     Same,
-    /// Being deleted: in doubt (the deletion may yet be refused).
+    /// Being deleted, or the block's CIDR on its way in or out of the pool: in doubt (the
+    /// deletion or removal may yet be refused).
     Deleting,
     /// Deleted.
     Gone,
     /// Made anew (another uid), or not Ready.
     Changed,
+    /// The same pool, but the block lies in none of its CIDRs now.
+    Outside,
 }
 
 /// Creates that find the block taken and then gone again before they can read its owner.
 const CLAIM_ATTEMPTS: usize = 3;
 
 impl KubeStore {
-    /// Pool `pool` now, against the one whose uid hashes to `revision`.
-    async fn pool_verdict(&self, pool: &str, revision: i64) -> Result<PoolNow, ClusterError> {
+    /// Pool `pool` now, against the one whose uid hashes to `revision`, for `block`.
+    async fn pool_verdict(
+        &self,
+        pool: &str,
+        revision: i64,
+        block: &IpNet,
+    ) -> Result<PoolNow, ClusterError> {
         self.token().await;
         let now = self.pools.get_opt(pool).await?;
         Ok(match now.as_ref().map(|p| (objects::parse_pool(p), p)) {
             None => PoolNow::Gone,
-            Some((Ok((_, phase)), p))
+            Some((Ok((spec, phase)), p))
                 if hash(p.metadata.uid.as_deref().unwrap_or("")) == revision =>
             {
                 match phase {
-                    PoolPhase::Ready => PoolNow::Same,
+                    PoolPhase::Ready if spec.claimable(block) => PoolNow::Same,
+                    PoolPhase::Ready if spec.cidrs.iter().any(|c| c.contains(block)) => {
+                        PoolNow::Deleting
+                    }
+                    PoolPhase::Ready => PoolNow::Outside,
                     PoolPhase::Deleting => PoolNow::Deleting,
                     // Never back to Pending once Ready: not the pool it was claimed from.
                     PoolPhase::Pending => PoolNow::Changed,
@@ -128,11 +140,11 @@ impl BlockStore for KubeStore {
         if crate::bugs::on(crate::bugs::Bug::ClaimOnStalePool) {
             return Ok(claimed);
         }
-        let verdict = match self.pool_verdict(pool, pool_revision).await? {
+        let verdict = match self.pool_verdict(pool, pool_revision, block).await? {
             PoolNow::Same => return Ok(claimed),
             PoolNow::Deleting => Claimed::PoolDeleting,
             PoolNow::Gone => Claimed::NoPool,
-            PoolNow::Changed => Claimed::PoolChanged,
+            PoolNow::Changed | PoolNow::Outside => Claimed::PoolChanged,
         };
         // A block created now holds nothing: given back at once. One that was this node's
         // already may hold addresses in use: left as it is (its node's syncs settle it).
@@ -201,7 +213,7 @@ impl BlockStore for KubeStore {
             return Ok(Settled::Mine(revision));
         }
         let from = objects::pool_revision_of(&written).unwrap_or(0);
-        Ok(match self.pool_verdict(&b.pool, from).await? {
+        Ok(match self.pool_verdict(&b.pool, from, &b.block).await? {
             PoolNow::Same => Settled::Mine(revision),
             // The old way: a pool being deleted counted as gone, and the store gave the block
             // back there and then.
@@ -214,7 +226,7 @@ impl BlockStore for KubeStore {
                 Settled::Changed
             }
             PoolNow::Deleting => Settled::PoolDeleting(revision),
-            PoolNow::Gone | PoolNow::Changed => Settled::PoolGone(revision),
+            PoolNow::Gone | PoolNow::Changed | PoolNow::Outside => Settled::PoolGone(revision),
         })
     }
 }

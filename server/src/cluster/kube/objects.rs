@@ -131,12 +131,31 @@ pub(super) fn new_pool(spec: &PoolSpec, phase: PoolPhase) -> DynamicObject {
 }
 
 fn pool_spec_json(spec: &PoolSpec) -> Value {
-    json!({
-        "cidrs": spec.cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+    let strings = |nets: &[IpNet]| nets.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+    let mut out = json!({
+        "cidrs": strings(&spec.cidrs),
         "blockSizeV4": spec.block_v4,
         "blockSizeV6": spec.block_v6,
-        "exclude": spec.exclude.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
-    })
+        "exclude": strings(&spec.exclude),
+    });
+    // Written only when set: a pool as it was before these fields reads the same.
+    if spec.disabled {
+        out["disabled"] = json!(true);
+    }
+    if !spec.adding.is_empty() {
+        out["cidrsAdding"] = json!(strings(&spec.adding));
+    }
+    if !spec.removing.is_empty() {
+        out["cidrsRemoving"] = json!(strings(&spec.removing));
+    }
+    out
+}
+
+/// `obj` with the spec `spec` (its status as it was).
+pub(super) fn with_spec(obj: &DynamicObject, spec: &PoolSpec) -> DynamicObject {
+    let mut obj = obj.clone();
+    obj.data["spec"] = pool_spec_json(spec);
+    obj
 }
 
 /// `obj` moved to `phase`.
@@ -175,6 +194,13 @@ pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), S
         block_v4: size("blockSizeV4")?,
         block_v6: size("blockSizeV6")?,
         exclude: nets("exclude")?,
+        disabled: match &spec["disabled"] {
+            Value::Null => false,
+            Value::Bool(b) => *b,
+            other => return Err(format!("spec.disabled: {other} is not true or false")),
+        },
+        adding: nets("cidrsAdding")?,
+        removing: nets("cidrsRemoving")?,
     };
     pool.validate()?;
     let phase = match obj.data["status"]["phase"].as_str() {
@@ -238,9 +264,27 @@ mod tests {
             block_v4: 26,
             block_v6: 122,
             exclude: vec!["10.0.1.0/24".parse().unwrap()],
+            ..PoolSpec::default()
         };
         let obj = with_phase(&new_pool(&spec, PoolPhase::Pending), PoolPhase::Deleting);
-        assert_eq!(parse_pool(&obj).unwrap(), (spec, PoolPhase::Deleting));
+        assert_eq!(
+            parse_pool(&obj).unwrap(),
+            (spec.clone(), PoolPhase::Deleting)
+        );
+        // Disabled, a CIDR on its way in: both read back.
+        let changed = PoolSpec {
+            cidrs: vec![
+                "10.0.0.0/16".parse().unwrap(),
+                "fd00::/112".parse().unwrap(),
+                "10.1.0.0/16".parse().unwrap(),
+            ],
+            adding: vec!["10.1.0.0/16".parse().unwrap()],
+            removing: vec!["fd00::/112".parse().unwrap()],
+            disabled: true,
+            ..spec
+        };
+        let obj = with_spec(&obj, &changed);
+        assert_eq!(parse_pool(&obj).unwrap(), (changed, PoolPhase::Deleting));
     }
 
     /// A real apiserver drops the fields a CRD's schema does not declare: every field ipool
@@ -256,6 +300,9 @@ mod tests {
             block_v4: 26,
             block_v6: 122,
             exclude: vec![],
+            disabled: true,
+            adding: vec!["10.0.0.0/16".parse().unwrap()],
+            removing: vec!["10.0.0.0/16".parse().unwrap()],
         };
         let pool = new_pool(&spec, PoolPhase::Ready);
         let mut written: Vec<(&str, String)> = Vec::new();

@@ -8,11 +8,11 @@ use super::objects::{hash, new_pool, parse_pool, with_phase};
 use super::{api_code, KubeStore, PAGE};
 use crate::cluster::datastore::{BlockStore, PoolStore};
 use crate::cluster::model::{ClusterError, MalformedKey, Pool, PoolPhase, Pools};
-use crate::cluster::pool::PoolSpec;
+use crate::cluster::pool::{PoolChange, PoolSpec};
 
 impl KubeStore {
     /// Every pool object, parsed (of any phase), and those that say no pool.
-    async fn all_pools(
+    pub(super) async fn all_pools(
         &self,
     ) -> Result<(Vec<(PoolSpec, PoolPhase, String)>, Vec<MalformedKey>), ClusterError> {
         let mut params = ListParams::default().limit(PAGE);
@@ -214,6 +214,11 @@ impl PoolStore for KubeStore {
         }
     }
 
+    /// Changes pool `name` (Ready only): see `kube::pool_change`.
+    async fn change_pool(&self, name: &str, change: &PoolChange) -> Result<PoolSpec, ClusterError> {
+        self.change(name, change).await
+    }
+
     /// Deletes pool `name` unless a block of it exists: marked Deleting, its blocks listed,
     /// then deleted on the resourceVersion it was marked at (or made Ready again).
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
@@ -274,7 +279,7 @@ impl PoolStore for KubeStore {
 }
 
 /// Why `spec` may not be made Ready beside `pools` (another pool of that name is itself).
-fn overlap(
+pub(super) fn overlap(
     spec: &PoolSpec,
     pools: &[(PoolSpec, PoolPhase, String)],
     malformed: &[MalformedKey],
@@ -310,6 +315,7 @@ mod tests {
             block_v4: 26,
             block_v6: 122,
             exclude: vec![],
+            ..PoolSpec::default()
         };
         let me = pool("a", "10.0.0.0/16");
         for phase in [PoolPhase::Pending, PoolPhase::Ready, PoolPhase::Deleting] {

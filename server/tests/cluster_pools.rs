@@ -1,0 +1,283 @@
+//! Pools an operator changes while they run (issue 39, 4), on either store (the fake
+//! apiserver always; a real etcd where installed): a CIDR added while a node serves, one
+//! removed only once no block of it is owned, a pool disabled with blocks in use; and, at the
+//! store, a claim decided on the pool as it was read never landing outside its CIDRs as they
+//! are after the change.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::backend::Backend;
+use common::*;
+use ipnet::IpNet;
+use ipool_server::cluster::datastore::Datastore;
+use ipool_server::cluster::model::{Claimed, ClusterError};
+use ipool_server::cluster::pool::{PoolChange, PoolSpec};
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+/// Runs `f` with a store client of `store`'s.
+fn with_datastore<T, F: std::future::Future<Output = T>>(
+    store: &Backend,
+    f: impl FnOnce(Arc<dyn Datastore>) -> F,
+) -> T {
+    match store {
+        Backend::Etcd(e) => {
+            let url = e.lock().unwrap().client_url.clone();
+            common::etcd::with_store(&url, |s| f(Arc::new(s)))
+        }
+        Backend::Kube { kubeconfig, .. } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let client = ipool_server::k8s::client(Some(kubeconfig), Duration::from_secs(5))
+                    .await
+                    .expect("client");
+                let s = ipool_server::cluster::kube::KubeStore::connect(
+                    client,
+                    "ipool-system",
+                    None,
+                    "ipoolctl",
+                )
+                .await
+                .expect("connect");
+                f(Arc::new(s)).await
+            })
+        }
+    }
+}
+
+fn refused(r: Result<PoolSpec, ClusterError>, needle: &str) {
+    match r {
+        Err(ClusterError::Refused(why)) => assert!(why.contains(needle), "{why}"),
+        other => panic!("expected a refusal saying {needle:?}, got {other:?}"),
+    }
+}
+
+/// Whatever a claim decided on the pool before a change got, no block stands outside the
+/// pool's CIDRs as they are after it.
+fn claims_decided_before_a_change_stay_inside(store: Backend) {
+    with_datastore(&store, |s| async move {
+        let spec = PoolSpec {
+            name: "p".into(),
+            cidrs: vec![net("10.70.0.0/24"), net("10.71.0.0/24")],
+            block_v4: 26,
+            block_v6: 122,
+            ..PoolSpec::default()
+        };
+        s.create_pool(&spec).await.unwrap();
+        let read = s.get_pool("p").await.unwrap().unwrap().revision;
+        let won = match s
+            .claim("p", read, &net("10.71.0.0/26"), "n1")
+            .await
+            .unwrap()
+        {
+            Claimed::Won(b) => b,
+            other => panic!("{other:?}"),
+        };
+        // Owned: the CIDR stays, and the refusal names the node.
+        let r = s
+            .change_pool("p", &PoolChange::RemoveCidr(net("10.71.0.0/24")))
+            .await;
+        refused(r, "owned by node \"n1\"");
+        assert!(s.give_back(&won).await.unwrap());
+        // Read before the removal; claimed after it.
+        let read = s.get_pool("p").await.unwrap().unwrap().revision;
+        let now = s
+            .change_pool("p", &PoolChange::RemoveCidr(net("10.71.0.0/24")))
+            .await
+            .unwrap();
+        assert_eq!(now.cidrs, vec![net("10.70.0.0/24")]);
+        let late = s
+            .claim("p", read, &net("10.71.0.64/26"), "n1")
+            .await
+            .unwrap();
+        assert!(
+            !matches!(late, Claimed::Won(_) | Claimed::Mine(_)),
+            "a claim in a removed CIDR: {late:?}"
+        );
+        // Grown: a claim decided on the pool before it lands only where the pool is now.
+        let read = s.get_pool("p").await.unwrap().unwrap().revision;
+        s.change_pool("p", &PoolChange::AddCidr(net("10.72.0.0/24")))
+            .await
+            .unwrap();
+        for b in ["10.72.0.0/26", "10.71.0.128/26", "10.70.0.0/26"] {
+            let _ = s.claim("p", read, &net(b), "n2").await.unwrap();
+        }
+        let pool = s.get_pool("p").await.unwrap().unwrap().spec;
+        assert_eq!(pool.cidrs.len(), 2);
+        let listed = s.list_blocks(Some("p"), None).await.unwrap();
+        for b in &listed.blocks {
+            assert!(
+                pool.claimable(&b.block),
+                "block {} stands outside pool p's CIDRs {:?}",
+                b.block,
+                pool.cidrs
+            );
+        }
+        // Overlaps, within the pool and with another pool, are refused as at creation.
+        refused(
+            s.change_pool("p", &PoolChange::AddCidr(net("10.70.0.0/25")))
+                .await,
+            "overlap",
+        );
+        let q = PoolSpec {
+            name: "q".into(),
+            cidrs: vec![net("10.80.0.0/24")],
+            ..spec.clone()
+        };
+        s.create_pool(&q).await.unwrap();
+        refused(
+            s.change_pool("p", &PoolChange::AddCidr(net("10.80.0.0/25")))
+                .await,
+            "overlaps 10.80.0.0/24 of pool \"q\"",
+        );
+        refused(
+            s.change_pool("p", &PoolChange::RemoveCidr(net("10.99.0.0/24")))
+                .await,
+            "has no CIDR",
+        );
+        match s.change_pool("nope", &PoolChange::Disable).await {
+            Err(ClusterError::NotFound(_)) => {}
+            other => panic!("{other:?}"),
+        }
+        let off = s.change_pool("p", &PoolChange::Disable).await.unwrap();
+        assert!(off.disabled);
+        assert!(s.get_pool("p").await.unwrap().unwrap().spec.disabled);
+        s.change_pool("p", &PoolChange::Enable).await.unwrap();
+        assert!(!s.get_pool("p").await.unwrap().unwrap().spec.disabled);
+    });
+}
+
+#[test]
+fn claims_decided_before_a_change_stay_inside_on_the_kubernetes_api() {
+    claims_decided_before_a_change_stay_inside(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn claims_decided_before_a_change_stay_inside_on_etcd() {
+    claims_decided_before_a_change_stay_inside(Backend::etcd());
+}
+
+fn ok(o: &std::process::Output, what: &str) {
+    assert!(o.status.success(), "{what}: {}", stderr(o));
+}
+
+fn pool_json(store: &Backend) -> serde_json::Value {
+    let o = store.ctl(&["-o", "json", "pool", "list"]);
+    ok(&o, "pool list");
+    json(&o)
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "p")
+        .cloned()
+        .expect("pool p listed")
+}
+
+/// Waits up to `secs` for `cond`, saying `what` when it does not come.
+fn until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(secs), "{what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A node serving a small pool until it is full; grown by a CIDR while it runs, it serves
+/// from the new one; that CIDR is not removed while the node owns a block of it; disabled, the
+/// pool keeps what is in use, gives back its empty blocks, claims nothing more; then the CIDR
+/// goes.
+fn a_pool_grows_and_retires_under_a_serving_node(store: Backend) {
+    // Two blocks of /30, one address each to hand out (network, gateway, broadcast are not).
+    store.create_pool(&["p", "--cidr", "10.75.0.0/29", "--block-size", "30"]);
+    let tuning = "heartbeat_ttl_secs = 6\nclaim_ahead = 1\nblock_hold_down_secs = 1\n";
+    let mut d = Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    d.spawn();
+    let conf = d.conf("1.0.0", "pods", "");
+    let first: Vec<Run> = (0..2)
+        .map(|i| add_within(20, "an ADD in the first CIDR", &format!("c{i}"), &conf))
+        .collect();
+    for r in &first {
+        assert!(r.addresses()[0].starts_with("10.75.0."), "{:?}", r.json);
+    }
+    let full = cni("ADD", "c2", &conf);
+    assert!(!full.ok, "the pool is full: {:?}", full.json);
+
+    let o = store.ctl(&["pool", "add-cidr", "p", "10.75.1.0/29"]);
+    ok(&o, "add-cidr");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("add CIDR 10.75.1.0/29 done"));
+    let grown = add_within(20, "an ADD once the pool grew", "c2", &conf);
+    assert!(
+        grown.addresses()[0].starts_with("10.75.1."),
+        "{:?}\n{}",
+        grown.json,
+        d.log()
+    );
+    let p = pool_json(&store);
+    assert_eq!(p["cidrs"].as_array().unwrap().len(), 2, "{p}");
+    let owned = p["blocksOwned"].as_u64().unwrap();
+    assert!(owned >= 3, "{p}");
+    assert_eq!(p["freeAddresses"], ((4 - owned) * 4).to_string(), "{p}");
+
+    let o = store.ctl(&["pool", "remove-cidr", "p", "10.75.1.0/29"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("owned by node \"n1\""),
+        "{}",
+        stderr(&o)
+    );
+
+    ok(&store.ctl(&["pool", "disable", "p"]), "disable");
+    assert_eq!(pool_json(&store)["disabled"], true);
+    // What is in use stays; the blocks emptied go back after the hold-down, the last of the
+    // pool's though they are.
+    let check = cni("CHECK", "c0", &with_prev(&conf, &first[0].json));
+    assert!(check.ok, "c0 keeps its address: {:?}", check.json);
+    assert!(cni("DEL", "c2", &conf).ok);
+    until(
+        20,
+        "the emptied blocks of a disabled pool given back",
+        || {
+            !store
+                .owners()
+                .keys()
+                .any(|b| net("10.75.1.0/29").contains(b))
+        },
+    );
+    let refused = cni("ADD", "c3", &conf);
+    assert!(!refused.ok, "{:?}", refused.json);
+    let msg = refused.json.to_string();
+    assert!(
+        msg.contains("disabled"),
+        "the error says the pool is disabled: {msg}"
+    );
+    ok(
+        &store.ctl(&["pool", "remove-cidr", "p", "10.75.1.0/29"]),
+        "remove-cidr once given back",
+    );
+    let p = pool_json(&store);
+    assert_eq!(p["cidrs"], serde_json::json!(["10.75.0.0/29"]), "{p}");
+    ok(&store.ctl(&["pool", "enable", "p"]), "enable");
+    assert_eq!(pool_json(&store)["disabled"], false);
+    let check = cni("CHECK", "c1", &with_prev(&conf, &first[1].json));
+    assert!(check.ok, "c1 keeps its address: {:?}", check.json);
+}
+
+#[test]
+fn a_pool_grows_and_retires_under_a_serving_node_on_the_kubernetes_api() {
+    a_pool_grows_and_retires_under_a_serving_node(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_pool_grows_and_retires_under_a_serving_node_on_etcd() {
+    a_pool_grows_and_retires_under_a_serving_node(Backend::etcd());
+}
