@@ -126,6 +126,7 @@ impl Bug {
         Bug::OverlapBothServe,
         Bug::WatchesWaitTogether,
         Bug::ResetNameTrusted,
+        Bug::BlockStaysInOldSet,
     ];
 
     pub fn name(self) -> &'static str {

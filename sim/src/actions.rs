@@ -94,6 +94,9 @@ pub struct Swarm {
     pub slow_operator: bool,
     /// The daemons watch the store (`[cluster] watch`), and the steps include the watches'.
     pub watch: bool,
+    /// The operator's pool commands include the changes of a running pool (a CIDR added or
+    /// removed, the pool disabled and enabled).
+    pub pool_changes: bool,
 }
 
 impl Swarm {
@@ -106,6 +109,7 @@ impl Swarm {
             claim_ahead: 2,
             slow_operator: false,
             watch: false,
+            pool_changes: false,
         }
     }
 
@@ -136,6 +140,8 @@ impl Swarm {
             weights.push((Kind::Hear, 150));
             weights.push((Kind::WatchFault, 10 * [1, 0, 4][c.pick(3) as usize]));
         }
+        // Last again, after the watches' picks: a run kept before replays zeros (no changes).
+        let pool_changes = c.pick(2) == 1;
         Swarm {
             faults,
             weights,
@@ -143,6 +149,7 @@ impl Swarm {
             claim_ahead,
             slow_operator,
             watch,
+            pool_changes,
         }
     }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use ipool_server::cluster::datastore::Store;
 use ipool_server::cluster::etcd::client::{Call, Limiter};
+use ipool_server::cluster::pool::PoolChange;
 
 use tokio::time::Instant;
 
@@ -56,7 +57,10 @@ pub(crate) fn pool_op(w: &mut World) {
     if w.op.is_some() {
         return;
     }
-    let kind = w.choices.pick(4);
+    let kind = w.choices.pick(match w.swarm.pool_changes {
+        true => 7,
+        false => 4,
+    });
     // At once (nodes that did not sync yet claim from the new pool while they still serve the
     // old blocks), or after a pause of up to 4 s (nodes claim again and race the deletion).
     let pause = match w.choices.pick(2) {
@@ -71,6 +75,9 @@ pub(crate) fn pool_op(w: &mut World) {
             format!("pool create {POOL} (block size /{size}, if it is gone)"),
             Some(w.opts.pool(size)),
         ),
+        4 => (format!("pool add-cidr {POOL} {GROWTH}"), None),
+        5 => (format!("pool remove-cidr {POOL} {GROWTH}"), None),
+        6 => (format!("pool disable {POOL}, then enable it"), None),
         2 => {
             let mut spare = w.opts.pool(27);
             spare.name = "spare".into();
@@ -104,8 +111,26 @@ pub(crate) fn pool_op(w: &mut World) {
         let result = match store.await {
             Err(e) => Err(e),
             Ok(s) => {
+                let growth = GROWTH.parse().expect("a CIDR");
                 let r = match (kind, spec) {
                     (0, _) => s.delete_pool(POOL).await.map(|()| "deleted".to_string()),
+                    (4, _) => s
+                        .change_pool(POOL, &PoolChange::AddCidr(growth))
+                        .await
+                        .map(|_| "grown".to_string()),
+                    (5, _) => s
+                        .change_pool(POOL, &PoolChange::RemoveCidr(growth))
+                        .await
+                        .map(|_| "shrunk".to_string()),
+                    (6, _) => match s.change_pool(POOL, &PoolChange::Disable).await {
+                        Ok(_) => {
+                            tokio::time::sleep(pause).await;
+                            s.change_pool(POOL, &PoolChange::Enable)
+                                .await
+                                .map(|_| "disabled, then enabled".to_string())
+                        }
+                        Err(e) => Err(e),
+                    },
                     (1, Some(spec)) => match s.get_pool(POOL).await {
                         Ok(Some(_)) => Ok("it stands: nothing done".to_string()),
                         Ok(None) => s.create_pool(&spec).await.map(|()| "created".into()),
@@ -127,6 +152,9 @@ pub(crate) fn pool_op(w: &mut World) {
         ops.lock().expect("ops").push(OpDone { what, result });
     });
 }
+
+/// The CIDR the pool grows by, and is shrunk by again (`Swarm::pool_changes`).
+const GROWTH: &str = "10.70.4.0/27";
 
 /// Every node's blocks forced away, the pool deleted and made again as `spec` says.
 async fn move_pool(
