@@ -346,6 +346,29 @@ impl RangeAllocator {
         self.next_free_after(self.cursor)
     }
 
+    /// The first address [`RangeAllocator::peek_next`] would give that `usable` accepts, among
+    /// the next `limit` free ones (those it passes over stay free, for later).
+    pub fn peek_next_usable(
+        &self,
+        limit: usize,
+        usable: impl Fn(IpAddr) -> bool,
+    ) -> Option<IpAddr> {
+        let mut after = self.cursor;
+        let mut first = None;
+        for _ in 0..limit {
+            let ip = self.next_free_after(after)?;
+            if first == Some(ip) {
+                return None;
+            }
+            if usable(ip) {
+                return Some(ip);
+            }
+            first.get_or_insert(ip);
+            after = Some(ip);
+        }
+        None
+    }
+
     /// The next `n` addresses `allocate_next` would hand out (fewer if fewer are free).
     pub fn peek_next_n(&self, n: usize) -> Vec<IpAddr> {
         let mut out: Vec<IpAddr> = Vec::new();

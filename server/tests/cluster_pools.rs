@@ -281,3 +281,90 @@ fn a_pool_grows_and_retires_under_a_serving_node_on_the_kubernetes_api() {
 fn a_pool_grows_and_retires_under_a_serving_node_on_etcd() {
     a_pool_grows_and_retires_under_a_serving_node(Backend::etcd());
 }
+
+/// The block `ip` lies in, as the store lists it.
+fn block_of(store: &Backend, ip: &str) -> IpNet {
+    let ip: std::net::IpAddr = ip.split('/').next().unwrap().parse().unwrap();
+    store
+        .owners()
+        .into_keys()
+        .find(|b| b.contains(&ip))
+        .expect("the block listed")
+}
+
+/// A range reserved at runtime: the address in use in it stays with its pod; no ADD gets one
+/// of it, not even once that address is released; a block of nothing else is still the
+/// pool's; unreserved, it serves again.
+fn reserved_addresses_are_never_handed_out(store: Backend) {
+    // Two blocks of /28, 13 addresses each to hand out.
+    store.create_pool(&["p", "--cidr", "10.76.0.0/27", "--block-size", "28"]);
+    let tuning = "heartbeat_ttl_secs = 6\nclaim_ahead = 1\n";
+    let mut d = Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    d.spawn();
+    let conf = d.conf("1.0.0", "pods", "");
+    let first = add_within(20, "the first ADD", "c0", &conf);
+    let a0 = first.addresses()[0].split('/').next().unwrap().to_string();
+    let b = block_of(&store, &a0);
+    let o = store.ctl(&[
+        "reserve",
+        "p",
+        &b.to_string(),
+        "--reason",
+        "the load balancer",
+    ]);
+    ok(&o, "reserve");
+    let said = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(said.contains(&format!("{b} (node n1)")), "{said}");
+    let o = store.ctl(&["-o", "json", "reservations"]);
+    ok(&o, "reservations");
+    let listed = json(&o);
+    assert_eq!(listed[0]["cidr"], b.to_string(), "{listed}");
+    assert_eq!(listed[0]["reason"], "the load balancer", "{listed}");
+    // The node reports the address in use in it once it has read the reservation.
+    until(20, "the node reports the reserved address it holds", || {
+        d.log().contains("a reserved address is held here") && d.log().contains(&a0)
+    });
+    let mut handed = Vec::new();
+    for i in 1..13 {
+        let r = add_within(20, "an ADD beside the reservation", &format!("c{i}"), &conf);
+        handed.push(r.addresses()[0].clone());
+    }
+    assert!(cni("DEL", "c0", &conf).ok);
+    let r = add_within(20, "the last unreserved address", "c13", &conf);
+    handed.push(r.addresses()[0].clone());
+    for a in &handed {
+        let ip: std::net::IpAddr = a.split('/').next().unwrap().parse().unwrap();
+        assert!(!b.contains(&ip), "{a} of the reserved {b} handed out");
+    }
+    // Nothing left but what is reserved: refused, not waited on for ever.
+    let full = cni("ADD", "c14", &conf);
+    assert!(!full.ok, "{:?}", full.json);
+    // A reserved address asked for by name is refused too.
+    let asked = cni_with_args("ADD", "c15", &format!("IP={a0}"), &conf);
+    assert!(!asked.ok, "{:?}", asked.json);
+    assert!(
+        asked.json.to_string().contains("reserved"),
+        "{:?}",
+        asked.json
+    );
+    // A block holding nothing but reserved addresses is still the pool's, and the node's.
+    assert_eq!(store.owners().get(&b).map(String::as_str), Some("n1"));
+    ok(&store.ctl(&["unreserve", "p", &b.to_string()]), "unreserve");
+    let r = add_within(20, "an ADD once unreserved", "c14", &conf);
+    let ip: std::net::IpAddr = r.addresses()[0].split('/').next().unwrap().parse().unwrap();
+    assert!(b.contains(&ip), "{:?}", r.json);
+    let o = store.ctl(&["unreserve", "p", &b.to_string()]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("no reservation"), "{}", stderr(&o));
+}
+
+#[test]
+fn reserved_addresses_are_never_handed_out_on_the_kubernetes_api() {
+    reserved_addresses_are_never_handed_out(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn reserved_addresses_are_never_handed_out_on_etcd() {
+    reserved_addresses_are_never_handed_out(Backend::etcd());
+}

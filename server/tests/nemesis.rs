@@ -9,8 +9,9 @@
 //! blocks force-released: the node and its pods are gone), deletes the pool while nodes hold
 //! blocks (on the apiserver: its listing held while a node restarts, or failing), creates and
 //! deletes spare pools of other block sizes, and runs release-node where the daemons keep no
-//! names (another Lease namespace, another etcd prefix). The pool is dual-stack for half the
-//! seeds. The checker (`common::history`)
+//! names (another Lease namespace, another etcd prefix), grows the pool by a CIDR, disables and
+//! enables it and removes the CIDR again, and reserves addresses for a while (none may be handed
+//! out once every node could know). The pool is dual-stack for half the seeds. The checker (`common::history`)
 //! then proves that no address was ever held by two pods at once, that every acknowledged
 //! attachment is still held unless a DEL released it, and that every held address lies in a
 //! block the store says its node owns.
@@ -56,6 +57,9 @@ struct Run {
     /// A fault of the store is on (one at a time).
     store_busy: AtomicBool,
     nodes: Vec<Node>,
+    /// Reservations made by the nemesis: the range, when its command returned, when its
+    /// unreserve began (None: still reserved).
+    reserved: Mutex<Vec<(IpNet, f64, Option<f64>)>>,
     history: Mutex<History>,
     stop: AtomicBool,
     seed: u64,
@@ -97,11 +101,13 @@ fn worker(run: Arc<Run>, id: usize) {
         let node = &run.nodes[i];
         n += 1;
         let c = format!("w{id}-{n}");
+        let started = run.now();
         let r = cni("ADD", &c, &node.conf);
         let at = run.now();
         match r.ok {
             true => {
                 let ips: Vec<IpAddr> = r.addresses().iter().map(|a| addr(a)).collect();
+                reserved_handed_out(&run, &node.name, &c, &ips, started);
                 run.history
                     .lock()
                     .unwrap()
@@ -132,6 +138,103 @@ fn worker(run: Arc<Run>, id: usize) {
     );
 }
 
+/// How long after `reserve` returned every node has taken the reservation in: its watch
+/// hears the pool written within moments; without it, `resync_secs` (2) and a round trip.
+const RESERVATION_HEARD_SECS: f64 = 3.0;
+
+/// Says (in the run's problems) which of `ips`, handed out to `c` on `node` by an ADD that
+/// began at `started`, were reserved long enough before for every node to know.
+fn reserved_handed_out(run: &Run, node: &str, c: &str, ips: &[IpAddr], started: f64) {
+    let reserved = run.reserved.lock().unwrap();
+    for ip in ips {
+        let held = reserved.iter().find(|(net, from, until)| {
+            net.contains(ip)
+                && from + RESERVATION_HEARD_SECS < started
+                && until.is_none_or(|u| started < u)
+        });
+        if let Some((net, from, _)) = held {
+            run.problems.lock().unwrap().push(format!(
+                "{ip} handed out to {c} on {node} by an ADD begun at {started:.2}s, though {net} was reserved at {from:.2}s"
+            ));
+        }
+    }
+}
+
+/// The pool grows by a CIDR, is disabled for a moment and enabled, and the CIDR is removed
+/// again (refused while a node owns a block of it: it stays until the next time).
+fn pool_growth(run: &Run, pause: Duration) {
+    let grown = run.store.ctl(&["pool", "add-cidr", POOL, "10.80.4.0/26"]);
+    log_fault(
+        run,
+        format!("pool {POOL}: add-cidr 10.80.4.0/26: {}", outcome(&grown)),
+    );
+    std::thread::sleep(pause);
+    let off = run.store.ctl(&["pool", "disable", POOL]);
+    log_fault(run, format!("pool {POOL}: disabled: {}", outcome(&off)));
+    std::thread::sleep(pause.min(Duration::from_secs(2)));
+    // Enabled whatever happens (the rest of the run needs addresses).
+    eventually(30, "the pool enabled again", || {
+        let on = run.store.ctl(&["pool", "enable", POOL]);
+        match on.status.success() {
+            true => Ok(()),
+            false => Err(stderr(&on)),
+        }
+    });
+    log_fault(run, format!("pool {POOL}: enabled"));
+    let shrunk = run
+        .store
+        .ctl(&["pool", "remove-cidr", POOL, "10.80.4.0/26"]);
+    log_fault(
+        run,
+        format!(
+            "pool {POOL}: remove-cidr 10.80.4.0/26: {}",
+            outcome(&shrunk)
+        ),
+    );
+}
+
+/// An address of the pool (`which`: its offset, and whether alone or its /30) reserved for a
+/// while, then unreserved.
+fn reservation(run: &Run, which: (u32, bool), pause: Duration) {
+    let base = u32::from(std::net::Ipv4Addr::new(10, 80, 0, 0)) + which.0;
+    let net = match which.1 {
+        true => IpNet::new(std::net::Ipv4Addr::from(base).into(), 32),
+        false => IpNet::new(std::net::Ipv4Addr::from(base).into(), 30).map(|n| n.trunc()),
+    }
+    .expect("a CIDR");
+    let r = run
+        .store
+        .ctl(&["reserve", POOL, &net.to_string(), "--reason", "nemesis"]);
+    let at = run.now();
+    log_fault(run, format!("reserve {net}: {}", outcome(&r)));
+    if !r.status.success() {
+        return;
+    }
+    let k = {
+        let mut reserved = run.reserved.lock().unwrap();
+        reserved.push((net, at, None));
+        reserved.len() - 1
+    };
+    std::thread::sleep(pause);
+    let until = run.now();
+    run.reserved.lock().unwrap()[k].2 = Some(until);
+    eventually(30, "the reservation ended", || {
+        let o = run.store.ctl(&["unreserve", POOL, &net.to_string()]);
+        match o.status.success() || stderr(&o).contains("no reservation") {
+            true => Ok(()),
+            false => Err(stderr(&o)),
+        }
+    });
+    log_fault(run, format!("unreserve {net}"));
+}
+
+fn outcome(o: &std::process::Output) -> String {
+    match o.status.success() {
+        true => "done".into(),
+        false => format!("refused ({})", stderr(o).trim()),
+    }
+}
+
 /// Takes node `i` for a fault: false if another fault holds it.
 fn take(run: &Run, i: usize) -> bool {
     !run.nodes[i].busy.swap(true, Ordering::SeqCst)
@@ -152,8 +255,10 @@ fn log_fault(run: &Run, what: String) {
 fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
     let i = rng.below(run.nodes.len() as u64) as usize;
     let pause = Duration::from_millis(500 + rng.below(7000));
-    let kind = rng.below(120);
+    let kind = rng.below(132);
     let name = run.nodes[i].name.clone();
+    // What a reservation fault reserves: an address of the pool, alone or its /30.
+    let reserve = (rng.below(512) as u32, rng.chance(0.5));
     if kind < 12 {
         // The store itself: stopped, then started.
         if run.store_busy.swap(true, Ordering::SeqCst) {
@@ -251,6 +356,8 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
             108..=111 => failing_pool_deletion(&run),
             112..=115 => spare_pool(&run, kind),
             116..=119 => release_elsewhere(&run, &name),
+            120..=125 => pool_growth(&run, pause),
+            126..=131 => reservation(&run, reserve, pause),
             _ => {
                 // A second daemon under the same node name, for a while: it must hold back.
                 let toml = run
@@ -551,6 +658,7 @@ fn nemesis(store: Backend) {
         problems: Mutex::new(Vec::new()),
         store_busy: AtomicBool::new(false),
         nodes,
+        reserved: Mutex::new(Vec::new()),
         history: Mutex::new(History::new()),
         stop: AtomicBool::new(false),
         seed,

@@ -180,6 +180,9 @@ pub enum Done {
         at: Instant,
         /// When the engine picked its addresses (its record's time).
         decided: Instant,
+        /// Addresses handed out that the node's own view of the pool had reserved both when
+        /// the ADD began and when it was answered.
+        reserved: Vec<IpAddr>,
     },
     Deleted {
         daemon: u64,
@@ -279,9 +282,10 @@ impl Daemon {
     /// args' `IP=`: none, or one), its outcome pushed to `done`.
     pub fn add(&mut self, container: &str, requested: Vec<IpAddr>, done: &Arc<Mutex<Vec<Done>>>) {
         let (ipam, done, id) = (self.ipam.clone(), done.clone(), self.id);
-        let clock = self.clock.clone();
+        let (clock, node) = (self.clock.clone(), self.node.clone());
         let container = container.to_string();
         self.calls.push(tokio::spawn(async move {
+            let before = node.pool_reserved(crate::POOL);
             let req = AddRequest {
                 key: key(&container),
                 pod: Pod {
@@ -297,17 +301,30 @@ impl Daemon {
             let result = ipam
                 .add(req)
                 .await
-                .map(|r| r.leases.iter().map(|l| l.ip).collect())
+                .map(|r| r.leases.iter().map(|l| l.ip).collect::<Vec<IpAddr>>())
                 .map_err(|e| e.to_string());
             let decided = ipam
                 .get(&key(&container))
                 .map_or_else(Instant::now, |r| clock.instant_of(r.created_at_ms));
+            let after = node.pool_reserved(crate::POOL);
+            let held = |v: &[ipool_server::cluster::pool::Reserved], ip: &IpAddr| {
+                v.iter().any(|r| r.cidr.contains(ip))
+            };
+            let reserved = match &result {
+                Ok(ips) => ips
+                    .iter()
+                    .filter(|ip| held(&before, ip) && held(&after, ip))
+                    .copied()
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
             done.lock().expect("done").push(Done::Added {
                 daemon: id,
                 container,
                 result,
                 at: Instant::now(),
                 decided,
+                reserved,
             });
         }));
         self.calls.retain(|c| !c.is_finished());

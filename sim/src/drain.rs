@@ -18,6 +18,7 @@ impl World {
                     result,
                     at,
                     decided,
+                    reserved,
                 } => {
                     let Some(Adding { slot, syncs }) = self.adding.remove(&container) else {
                         continue;
@@ -30,6 +31,11 @@ impl World {
                         (Ok(ips), true) => {
                             self.adds_ok += 1;
                             let node = self.slots[slot].name.clone();
+                            if let Some(ip) = reserved.first() {
+                                return Err(format!(
+                                    "{ip} handed out to {container} on {node}, though reserved in the pool as the node read it before the ADD and after"
+                                ));
+                            }
                             self.note(format!("ADD {container} on {node}: {ips:?}"));
                             let at = at.duration_since(self.started).as_millis() as u64;
                             let excuses: Vec<Option<String>> = ips

@@ -58,9 +58,20 @@ pub(crate) fn pool_op(w: &mut World) {
         return;
     }
     let kind = w.choices.pick(match w.swarm.pool_changes {
-        true => 7,
+        true => 8,
         false => 4,
     });
+    // What kind 7 reserves, or unreserves when it is reserved: an address, a few, a block's
+    // worth, or one in the CIDR the pool grows by.
+    let reserve = [
+        "10.70.0.3/32",
+        "10.70.0.8/29",
+        "10.70.0.16/28",
+        "10.70.4.5/32",
+    ][match kind {
+        7 => w.choices.pick(4) as usize,
+        _ => 0,
+    }];
     // At once (nodes that did not sync yet claim from the new pool while they still serve the
     // old blocks), or after a pause of up to 4 s (nodes claim again and race the deletion).
     let pause = match w.choices.pick(2) {
@@ -78,6 +89,7 @@ pub(crate) fn pool_op(w: &mut World) {
         4 => (format!("pool add-cidr {POOL} {GROWTH}"), None),
         5 => (format!("pool remove-cidr {POOL} {GROWTH}"), None),
         6 => (format!("pool disable {POOL}, then enable it"), None),
+        7 => (format!("reserve {reserve} in {POOL}, or unreserve it"), None),
         2 => {
             let mut spare = w.opts.pool(27);
             spare.name = "spare".into();
@@ -122,6 +134,26 @@ pub(crate) fn pool_op(w: &mut World) {
                         .change_pool(POOL, &PoolChange::RemoveCidr(growth))
                         .await
                         .map(|_| "shrunk".to_string()),
+                    (7, _) => {
+                        let cidr: ipnet::IpNet = reserve.parse().expect("a CIDR");
+                        match s.get_pool(POOL).await {
+                            Ok(Some(p)) if p.spec.reserved.iter().any(|r| r.cidr == cidr) => s
+                                .change_pool(POOL, &PoolChange::Unreserve(cidr))
+                                .await
+                                .map(|_| "unreserved".to_string()),
+                            Ok(_) => s
+                                .change_pool(
+                                    POOL,
+                                    &PoolChange::Reserve(ipool_server::cluster::pool::Reserved {
+                                        cidr,
+                                        reason: "the simulation".into(),
+                                    }),
+                                )
+                                .await
+                                .map(|_| "reserved".to_string()),
+                            Err(e) => Err(e),
+                        }
+                    }
                     (6, _) => match s.change_pool(POOL, &PoolChange::Disable).await {
                         Ok(_) => {
                             tokio::time::sleep(pause).await;

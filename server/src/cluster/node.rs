@@ -24,6 +24,7 @@ use super::etcd::client::Limiter;
 use super::etcd::Tls;
 use super::heard::Heard;
 use super::model::{ClusterError, Heartbeat, Pool, PoolPhase};
+use super::pool::Reserved;
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 
@@ -85,6 +86,9 @@ pub struct ClusterNode {
     down: Mutex<Option<(Instant, String)>>,
     /// Ready pools as last read (with the revision a claim is conditioned on).
     pools: Mutex<HashMap<String, Pool>>,
+    /// Each pool's reservations, as last read (of any phase; kept when the pool as read is
+    /// forgotten: only a read changes them).
+    reserved: Mutex<HashMap<String, Arc<Vec<Reserved>>>>,
     /// This node's view of each pool's blocks, kept between claims (see `claim`).
     views: Views,
     beat: Mutex<Beat>,
@@ -160,6 +164,7 @@ impl ClusterNode {
             current: Mutex::new(None),
             down: Mutex::new(None),
             pools: Mutex::default(),
+            reserved: Mutex::default(),
             views: Views::default(),
             beat: Mutex::new(Beat {
                 identity: Identity::Starting(None),
@@ -487,12 +492,36 @@ impl ClusterNode {
         let pool = self
             .call("get_pool", |s| async move { s.get_pool(&name_owned).await })
             .await?;
+        {
+            let mut reserved = self.reserved.lock().expect("reserved lock");
+            match &pool {
+                Some(p) => {
+                    let now = &p.spec.reserved;
+                    if reserved.get(name).is_none_or(|r| **r != *now) {
+                        reserved.insert(name.to_string(), Arc::new(now.clone()));
+                    }
+                }
+                None => {
+                    reserved.remove(name);
+                }
+            }
+        }
         let mut pools = self.pools.lock().expect("pools lock");
         match &pool {
             Some(p) if p.phase == PoolPhase::Ready => pools.insert(name.to_string(), p.clone()),
             _ => pools.remove(name),
         };
         Ok(pool)
+    }
+
+    /// Pool `name`'s reservations, as last read (no I/O).
+    pub fn pool_reserved(&self, name: &str) -> Arc<Vec<Reserved>> {
+        self.reserved
+            .lock()
+            .expect("reserved lock")
+            .get(name)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Whether pool `name`, as last read, is disabled (no I/O).

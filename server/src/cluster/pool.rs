@@ -28,7 +28,26 @@ pub struct PoolSpec {
     pub adding: Vec<IpNet>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removing: Vec<IpNet>,
+    /// Addresses (or ranges) no node hands out (`ipoolctl cluster reserve`): a block holding
+    /// them is still claimed and serves its other addresses; one in use when it was reserved
+    /// stays in use, and is not handed out again once released.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved: Vec<Reserved>,
 }
+
+/// An address or range of a pool that no node hands out, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reserved {
+    pub cidr: IpNet,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+/// The most reservations a pool holds (the pool is one object: etcd's value, the apiserver's
+/// object, read by every node).
+pub const MAX_RESERVED: usize = 1024;
+/// The longest reason of a reservation, in characters.
+pub const MAX_REASON: usize = 256;
 
 /// A change to a pool while it runs (`ipoolctl cluster pool add-cidr|remove-cidr|disable|enable`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +58,11 @@ pub enum PoolChange {
     RemoveCidr(IpNet),
     Disable,
     Enable,
+    /// An address or range kept from every node from now on (replacing the reason of the same
+    /// range reserved before).
+    Reserve(Reserved),
+    /// A reservation of exactly this range ended.
+    Unreserve(IpNet),
 }
 
 impl std::fmt::Display for PoolChange {
@@ -48,6 +72,8 @@ impl std::fmt::Display for PoolChange {
             PoolChange::RemoveCidr(c) => write!(f, "remove CIDR {c}"),
             PoolChange::Disable => write!(f, "disable"),
             PoolChange::Enable => write!(f, "enable"),
+            PoolChange::Reserve(r) => write!(f, "reserve {}", r.cidr),
+            PoolChange::Unreserve(c) => write!(f, "unreserve {c}"),
         }
     }
 }
@@ -75,6 +101,11 @@ impl PoolSpec {
                 Ok(set)
             })
             .collect()
+    }
+
+    /// Whether `ip` is reserved (no node hands it out).
+    pub fn is_reserved(&self, ip: std::net::IpAddr) -> bool {
+        self.reserved.iter().any(|r| r.cidr.contains(&ip))
     }
 
     /// The CIDRs on their way in or out.
@@ -133,9 +164,30 @@ impl PoolSpec {
                 next.exclude.retain(|x| !c.contains(x));
                 next.adding.retain(|x| x != c);
                 next.removing.retain(|x| x != c);
+                next.reserved.retain(|r| !c.contains(&r.cidr));
             }
             PoolChange::Disable => next.disabled = true,
             PoolChange::Enable => next.disabled = false,
+            PoolChange::Reserve(r) => {
+                if r.reason.chars().count() > MAX_REASON {
+                    return Err(format!(
+                        "pool {name:?}: the reason of a reservation is at most {MAX_REASON} characters"
+                    ));
+                }
+                let cidr = r.cidr.trunc();
+                next.reserved.retain(|x| x.cidr != cidr);
+                next.reserved.push(Reserved {
+                    cidr,
+                    reason: r.reason.clone(),
+                });
+            }
+            PoolChange::Unreserve(c) => {
+                let before = next.reserved.len();
+                next.reserved.retain(|x| x.cidr != c.trunc());
+                if next.reserved.len() == before {
+                    return Err(format!("pool {name:?} has no reservation of {c}"));
+                }
+            }
         }
         next.validate()?;
         Ok(next)
@@ -169,6 +221,20 @@ impl PoolSpec {
                 "pool {:?}: CIDR {x} is marked changing but is none of its CIDRs",
                 self.name
             ));
+        }
+        if self.reserved.len() > MAX_RESERVED {
+            return Err(format!(
+                "pool {:?}: at most {MAX_RESERVED} reservations (reserve a range rather than its addresses one by one)",
+                self.name
+            ));
+        }
+        for r in &self.reserved {
+            if !self.cidrs.iter().any(|c| c.contains(&r.cidr)) {
+                return Err(format!(
+                    "pool {:?}: reserved {} is in none of its CIDRs",
+                    self.name, r.cidr
+                ));
+            }
         }
         for x in &self.exclude {
             if !self.cidrs.iter().any(|c| c.contains(x) || x.contains(c)) {
@@ -230,6 +296,40 @@ mod tests {
             .changed(&PoolChange::RemoveCidr(net("10.0.0.0/24")))
             .unwrap_err();
         assert!(e.contains("only CIDR"), "{e}");
+        // Reserved: an address or a range, inside the pool; ended by its exact range; a
+        // CIDR removed takes its reservations along.
+        let r = |c: &str, why: &str| {
+            PoolChange::Reserve(Reserved {
+                cidr: net(c),
+                reason: why.into(),
+            })
+        };
+        let held = p.changed(&r("10.0.0.5/32", "a legacy host")).unwrap();
+        assert!(held.is_reserved("10.0.0.5".parse().unwrap()));
+        assert!(!held.is_reserved("10.0.0.6".parse().unwrap()));
+        let again = held
+            .changed(&r("10.0.0.5/32", "the load balancer"))
+            .unwrap();
+        assert_eq!(again.reserved.len(), 1);
+        assert_eq!(again.reserved[0].reason, "the load balancer");
+        let e = p.changed(&r("10.9.0.5/32", "")).unwrap_err();
+        assert!(e.contains("in none of its CIDRs"), "{e}");
+        let e = p.changed(&r("10.0.0.5/32", &"x".repeat(300))).unwrap_err();
+        assert!(e.contains("at most 256"), "{e}");
+        let e = held
+            .changed(&PoolChange::Unreserve(net("10.0.0.4/30")))
+            .unwrap_err();
+        assert!(e.contains("no reservation of 10.0.0.4/30"), "{e}");
+        let ended = held
+            .changed(&PoolChange::Unreserve(net("10.0.0.5/32")))
+            .unwrap();
+        assert!(ended.reserved.is_empty());
+        let wide = p.changed(&r("10.1.0.128/25", "")).unwrap();
+        assert!(wide.is_reserved("10.1.0.200".parse().unwrap()));
+        let gone = wide
+            .changed(&PoolChange::RemoveCidr(net("10.1.0.0/24")))
+            .unwrap();
+        assert!(gone.reserved.is_empty());
         let off = p.changed(&PoolChange::Disable).unwrap();
         assert!(off.disabled);
         assert!(!off.changed(&PoolChange::Enable).unwrap().disabled);

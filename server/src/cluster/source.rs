@@ -43,6 +43,7 @@ use super::work::{Done, Work};
 
 mod block;
 mod land;
+mod reserved;
 use crate::metrics::BlockStateLabels;
 use crate::range::{Family, OccupyError, Range};
 use crate::source::{Claim, Landed, Next, Source};
@@ -71,6 +72,8 @@ pub struct ClusterSource {
     /// Results of work another source started (the one this replaced, when the range set was
     /// rebuilt) are not taken: their etcd call may have raced this source's own.
     id: u64,
+    /// The pool's reservations as last looked at (each new one held here is reported once).
+    reserved_seen: Arc<Vec<crate::cluster::pool::Reserved>>,
     node: Arc<ClusterNode>,
     pool: String,
     family: Family,
@@ -128,6 +131,7 @@ impl ClusterSource {
         let heard = node.heard().now();
         ClusterSource {
             id: SOURCE_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            reserved_seen: Arc::default(),
             node,
             pool: pool.to_string(),
             family: ranges.first().map_or(Family::V4, |r| r.family()),
@@ -234,8 +238,12 @@ impl ClusterSource {
         self.key_of(ip).and_then(|k| self.blocks.get_mut(&k))
     }
 
+    /// Free addresses of the blocks that hand out, less those reserved.
     fn usable_free(&self) -> u128 {
-        self.usable().map(|b| b.alloc.free()).sum()
+        let reserved = self.node.pool_reserved(&self.pool);
+        self.usable()
+            .map(|b| b.alloc.free() - reserved::free_in(b, &reserved))
+            .sum()
     }
 
     fn add_block(&mut self, net: IpNet, recorded: bool, state: BlockState) -> Result<(), String> {
@@ -491,7 +499,11 @@ impl Source for ClusterSource {
         if let Some(n) = self.not_serving() {
             return n;
         }
-        if let Some(ip) = self.usable().find_map(|b| b.alloc.peek_next()) {
+        let reserved = self.node.pool_reserved(&self.pool);
+        if let Some(ip) = self
+            .usable()
+            .find_map(|b| reserved::peek_next(b, &reserved))
+        {
             return Next::Ready(ip);
         }
         let pool = &self.pool;
@@ -507,12 +519,13 @@ impl Source for ClusterSource {
         if self.not_serving().is_some() {
             return Vec::new();
         }
+        let reserved = self.node.pool_reserved(&self.pool);
         let mut out = Vec::new();
         for b in self.usable() {
             if out.len() >= n {
                 break;
             }
-            out.extend(b.alloc.peek_next_n(n - out.len()));
+            out.extend(reserved::peek_next_n(b, &reserved, n - out.len()));
         }
         out
     }
@@ -525,6 +538,9 @@ impl Source for ClusterSource {
         Ok(())
     }
     fn can_occupy(&self, ip: IpAddr) -> Result<(), OccupyError> {
+        if let Some(why) = self.reserved_why(ip) {
+            return Err(OccupyError::Withheld(ip, why));
+        }
         match self.block_of(ip) {
             Some(b) if b.confirmed() => b.alloc.can_occupy(ip),
             // The old way: an address asked for by name placed in a block being given back.
@@ -582,7 +598,7 @@ impl Source for ClusterSource {
         true
     }
     fn withheld(&self, ip: IpAddr) -> Option<String> {
-        if let Some(why) = self.disabled() {
+        if let Some(why) = self.disabled().or_else(|| self.reserved_why(ip)) {
             return Some(why);
         }
         match self.block_of(ip) {
@@ -630,6 +646,7 @@ impl Source for ClusterSource {
     fn start_claim(&mut self) -> Option<Claim> {
         // The watches' news stop a block serving at once, work on its way or not.
         self.take_in_watched();
+        self.report_reserved();
         if self.in_flight {
             return None;
         }

@@ -8,7 +8,7 @@ use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::model::{
     ClusterError, Listing, MalformedKey, Pool, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
-use ipool_server::cluster::pool::{PoolChange, PoolSpec};
+use ipool_server::cluster::pool::{PoolChange, PoolSpec, Reserved};
 
 pub(super) use crate::cluster_store::StoreArgs;
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
@@ -24,6 +24,24 @@ pub(super) enum ClusterCommand {
         pool: Option<String>,
         #[arg(long)]
         node: Option<String>,
+    },
+    /// Keep an address (or a range) of a pool from every node from now on: never handed out
+    /// (one in use stays with its pod, and is not handed out again once released). Each node
+    /// takes it in as soon as its watch says the pool was written.
+    Reserve {
+        pool: String,
+        /// An address (10.244.3.7) or a CIDR (10.244.3.0/28).
+        address: String,
+        /// Why (shown by `cluster reservations`; at most 256 characters).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// End a reservation (the address or CIDR exactly as reserved).
+    Unreserve { pool: String, address: String },
+    /// The reservations of every pool (or of one), with the block and node holding each.
+    Reservations {
+        #[arg(long)]
+        pool: Option<String>,
     },
     /// Give back every block of a node that is gone. Refused while its daemon's heartbeat
     /// lease lives, or while etcd has seen it within --absent-for seconds (and its fence);
@@ -74,6 +92,13 @@ pub(super) enum PoolCommand {
     Disable { name: String },
     /// Blocks are claimed from the pool again.
     Enable { name: String },
+}
+
+/// An address (as its own CIDR) or a CIDR.
+fn parse_address(s: &str) -> Option<IpNet> {
+    s.parse::<IpNet>()
+        .ok()
+        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))
 }
 
 fn parse_nets(what: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
@@ -140,7 +165,7 @@ pub(crate) fn exit_for(e: &ClusterError) -> u8 {
 
 /// Says on stderr which keys under the prefix (objects) name no owner (they count as
 /// occupied).
-fn warn_malformed(place: &str, found: &[MalformedKey]) {
+pub(crate) fn warn_malformed(place: &str, found: &[MalformedKey]) {
     for m in found {
         eprintln!("ipoolctl: warning: a malformed entry in {place}, counted as occupied: {m}");
     }
@@ -222,6 +247,38 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
                     outln!("pool {name} deleted");
                 }
             })
+        }
+        ClusterCommand::Reserve {
+            pool,
+            address,
+            reason,
+        } => {
+            let Some(cidr) = parse_address(address) else {
+                eprintln!("ipoolctl: {address:?} is neither an address nor a CIDR");
+                return ExitCode::from(EXIT_USAGE);
+            };
+            let change = PoolChange::Reserve(Reserved {
+                cidr,
+                reason: reason.clone(),
+            });
+            crate::reservations::reserve(store, pool, &change, out).await
+        }
+        ClusterCommand::Unreserve { pool, address } => {
+            let Some(cidr) = parse_address(address) else {
+                eprintln!("ipoolctl: {address:?} is neither an address nor a CIDR");
+                return ExitCode::from(EXIT_USAGE);
+            };
+            store
+                .change_pool(pool, &PoolChange::Unreserve(cidr))
+                .await
+                .map(|_| {
+                    if out == Output::Table {
+                        outln!("pool {pool}: unreserved {cidr}");
+                    }
+                })
+        }
+        ClusterCommand::Reservations { pool } => {
+            crate::reservations::list(store, place, pool.as_deref(), out).await
         }
         ClusterCommand::Blocks { pool, node } => store
             .list_blocks(pool.as_deref(), node.as_deref())

@@ -32,6 +32,7 @@ mod cluster;
 mod cluster_store;
 mod connect;
 mod print;
+mod reservations;
 mod run;
 
 use std::path::{Path, PathBuf};

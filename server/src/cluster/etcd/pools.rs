@@ -172,7 +172,10 @@ impl PoolStore for ClusterStore {
                         read_at + 1,
                     )));
                 }
-                PoolChange::Disable | PoolChange::Enable => {}
+                PoolChange::Disable
+                | PoolChange::Enable
+                | PoolChange::Reserve(_)
+                | PoolChange::Unreserve(_) => {}
             }
             let value = serde_json::to_vec(&next).expect("a pool serializes");
             let txn = request::txn(when, [op::put(key.clone(), value, 0)], []);

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::{resource, NODE_LABEL, POOL_LABEL};
 use crate::cluster::model::{Block, KeyRevision, MalformedKey, Owner, PoolPhase};
-use crate::cluster::pool::PoolSpec;
+use crate::cluster::pool::{PoolSpec, Reserved};
 
 /// `10.0.0.0/26` as an object name: `10-0-0-0-26`; `fd00::/122`: every group, in hex,
 /// `fd00-0-0-0-0-0-0-0-122` (a name has no `.`-free way to say `::`, and this one is one
@@ -148,6 +148,17 @@ fn pool_spec_json(spec: &PoolSpec) -> Value {
     if !spec.removing.is_empty() {
         out["cidrsRemoving"] = json!(strings(&spec.removing));
     }
+    if !spec.reserved.is_empty() {
+        let reserved: Vec<Value> = spec
+            .reserved
+            .iter()
+            .map(|r| match r.reason.is_empty() {
+                true => json!({"cidr": r.cidr.to_string()}),
+                false => json!({"cidr": r.cidr.to_string(), "reason": r.reason}),
+            })
+            .collect();
+        out["reserved"] = json!(reserved);
+    }
     out
 }
 
@@ -201,6 +212,21 @@ pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), S
         },
         adding: nets("cidrsAdding")?,
         removing: nets("cidrsRemoving")?,
+        reserved: match &spec["reserved"] {
+            Value::Null => Vec::new(),
+            Value::Array(items) => items
+                .iter()
+                .map(|r| {
+                    let cidr = r["cidr"]
+                        .as_str()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| format!("spec.reserved: {r} has no CIDR"))?;
+                    let reason = r["reason"].as_str().unwrap_or_default().to_string();
+                    Ok(Reserved { cidr, reason })
+                })
+                .collect::<Result<_, String>>()?,
+            other => return Err(format!("spec.reserved: {other} is not a list")),
+        },
     };
     pool.validate()?;
     let phase = match obj.data["status"]["phase"].as_str() {
@@ -280,6 +306,16 @@ mod tests {
             ],
             adding: vec!["10.1.0.0/16".parse().unwrap()],
             removing: vec!["fd00::/112".parse().unwrap()],
+            reserved: vec![
+                Reserved {
+                    cidr: "10.0.0.5/32".parse().unwrap(),
+                    reason: "a legacy host".into(),
+                },
+                Reserved {
+                    cidr: "10.0.2.0/28".parse().unwrap(),
+                    reason: String::new(),
+                },
+            ],
             disabled: true,
             ..spec
         };
@@ -303,6 +339,10 @@ mod tests {
             disabled: true,
             adding: vec!["10.0.0.0/16".parse().unwrap()],
             removing: vec!["10.0.0.0/16".parse().unwrap()],
+            reserved: vec![Reserved {
+                cidr: "10.0.0.5/32".parse().unwrap(),
+                reason: "r".into(),
+            }],
         };
         let pool = new_pool(&spec, PoolPhase::Ready);
         let mut written: Vec<(&str, String)> = Vec::new();

@@ -1,5 +1,6 @@
 //! Pools on the apiserver changed while they run (`ipoolctl cluster pool add-cidr|remove-cidr|
-//! disable|enable`): disabled or enabled in one write on the resourceVersion read.
+//! disable|enable`, `ipoolctl cluster reserve|unreserve`): disabled, enabled, an address
+//! reserved or its reservation ended in one write on the resourceVersion read.
 //!
 //! A pool's CIDRs change in two writes, as a creation and a deletion are made: the CIDR is
 //! first marked (`cidrsAdding`, `cidrsRemoving`: no block is claimed in it, and a claim checks
@@ -46,7 +47,10 @@ impl KubeStore {
                 )));
             }
             let done = match change {
-                PoolChange::Disable | PoolChange::Enable => {
+                PoolChange::Disable
+                | PoolChange::Enable
+                | PoolChange::Reserve(_)
+                | PoolChange::Unreserve(_) => {
                     let next = spec.changed(change).map_err(ClusterError::Refused)?;
                     self.write_spec(&obj, &next).await?.map(|_| next)
                 }
