@@ -239,6 +239,16 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             c.etcd_resets.clone(),
         );
         r.register(
+            "ipool_cluster_pool_disabled",
+            "1 while a cluster pool, as this node last read it, is disabled (ipoolctl cluster pool disable): nothing new is handed out from it.",
+            c.pool_disabled.clone(),
+        );
+        r.register(
+            "ipool_cluster_pool_reservations",
+            "A cluster pool's reservations (ipoolctl cluster reserve), as this node last read it.",
+            c.pool_reservations.clone(),
+        );
+        r.register(
             "ipool_cluster_block_give_backs",
             "Empty blocks given back after their hold-down.",
             c.give_backs.clone(),

@@ -102,6 +102,10 @@ pub struct ClusterMetrics {
     pub fenced: Gauge,
     pub malformed_keys: Gauge,
     pub etcd_resets: Counter,
+    /// 1 while a pool, as this node last read it, is disabled.
+    pub pool_disabled: Family<PoolLabels, Gauge>,
+    /// A pool's reservations, as this node last read it.
+    pub pool_reservations: Family<PoolLabels, Gauge>,
 }
 
 impl Default for ClusterMetrics {
@@ -121,11 +125,24 @@ impl Default for ClusterMetrics {
             fenced: Gauge::default(),
             malformed_keys: Gauge::default(),
             etcd_resets: Counter::default(),
+            pool_disabled: Family::default(),
+            pool_reservations: Family::default(),
         }
     }
 }
 
 impl ClusterMetrics {
+    /// Pool `pool` as this node read it: disabled or not, and how many reservations.
+    pub fn pool_read(&self, pool: &str, disabled: bool, reservations: usize) {
+        let labels = PoolLabels { pool: pool.into() };
+        self.pool_disabled
+            .get_or_create(&labels)
+            .set(i64::from(disabled));
+        self.pool_reservations
+            .get_or_create(&labels)
+            .set(reservations as i64);
+    }
+
     /// A listing of this node's blocks of `pool` (`family`) was taken in.
     pub fn synced(&self, pool: &str, family: &str) {
         self.syncs

@@ -23,8 +23,7 @@ use super::datastore::{Store, Watched};
 use super::etcd::client::Limiter;
 use super::etcd::Tls;
 use super::heard::Heard;
-use super::model::{ClusterError, Heartbeat, Pool, PoolPhase};
-use super::pool::Reserved;
+use super::model::{ClusterError, Heartbeat, Pool};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 
@@ -86,9 +85,9 @@ pub struct ClusterNode {
     down: Mutex<Option<(Instant, String)>>,
     /// Ready pools as last read (with the revision a claim is conditioned on).
     pools: Mutex<HashMap<String, Pool>>,
-    /// Each pool's reservations, as last read (of any phase; kept when the pool as read is
-    /// forgotten: only a read changes them).
-    reserved: Mutex<HashMap<String, Arc<Vec<Reserved>>>>,
+    /// Each pool's reservations and whether it is disabled, as last read (of any phase; kept
+    /// when the pool as read is forgotten: only a read changes them).
+    policy: Mutex<HashMap<String, pools::Policy>>,
     /// This node's view of each pool's blocks, kept between claims (see `claim`).
     views: Views,
     beat: Mutex<Beat>,
@@ -164,7 +163,7 @@ impl ClusterNode {
             current: Mutex::new(None),
             down: Mutex::new(None),
             pools: Mutex::default(),
-            reserved: Mutex::default(),
+            policy: Mutex::default(),
             views: Views::default(),
             beat: Mutex::new(Beat {
                 identity: Identity::Starting(None),
@@ -477,67 +476,6 @@ impl ClusterNode {
             .collect()
     }
 
-    /// Pool `name` as last read when it was Ready (read now if not: a pool of another phase
-    /// is read again at every use).
-    pub async fn pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
-        if let Some(p) = self.pools.lock().expect("pools lock").get(name) {
-            return Ok(Some(p.clone()));
-        }
-        self.read_pool(name).await
-    }
-
-    /// Pool `name`, read from the store now (and kept while Ready).
-    pub async fn read_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
-        let name_owned = name.to_string();
-        let pool = self
-            .call("get_pool", |s| async move { s.get_pool(&name_owned).await })
-            .await?;
-        {
-            let mut reserved = self.reserved.lock().expect("reserved lock");
-            match &pool {
-                Some(p) => {
-                    let now = &p.spec.reserved;
-                    if reserved.get(name).is_none_or(|r| **r != *now) {
-                        reserved.insert(name.to_string(), Arc::new(now.clone()));
-                    }
-                }
-                None => {
-                    reserved.remove(name);
-                }
-            }
-        }
-        let mut pools = self.pools.lock().expect("pools lock");
-        match &pool {
-            Some(p) if p.phase == PoolPhase::Ready => pools.insert(name.to_string(), p.clone()),
-            _ => pools.remove(name),
-        };
-        Ok(pool)
-    }
-
-    /// Pool `name`'s reservations, as last read (no I/O).
-    pub fn pool_reserved(&self, name: &str) -> Arc<Vec<Reserved>> {
-        self.reserved
-            .lock()
-            .expect("reserved lock")
-            .get(name)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    /// Whether pool `name`, as last read, is disabled (no I/O).
-    pub fn pool_disabled(&self, name: &str) -> bool {
-        self.pools
-            .lock()
-            .expect("pools lock")
-            .get(name)
-            .is_some_and(|p| p.spec.disabled)
-    }
-
-    /// Forgets pool `name` as read (it changed): the next use reads it again.
-    pub fn forget_pool(&self, name: &str) {
-        self.pools.lock().expect("pools lock").remove(name);
-    }
-
     fn set_identity(&self, identity: Identity) {
         let mut beat = self.beat.lock().expect("beat lock");
         if beat.identity == identity {
@@ -603,3 +541,4 @@ impl ClusterNode {
 }
 
 mod heartbeat;
+mod pools;
