@@ -421,3 +421,52 @@ fn reserved_addresses_are_never_handed_out_on_the_kubernetes_api() {
 fn reserved_addresses_are_never_handed_out_on_etcd() {
     reserved_addresses_are_never_handed_out(Backend::etcd());
 }
+
+/// On the Kubernetes API, a CIDR change stopped in the middle (its mark written, the answer
+/// lost) leaves the CIDR on its way in, claimable by no one; backing it out with a removal
+/// whose check fails leaves it so (never a CIDR of the pool whose overlap check did not
+/// pass), and nothing is reserved in it meanwhile.
+#[test]
+fn a_cidr_change_stopped_in_the_middle_never_makes_an_unchecked_cidr_claimable() {
+    let store = Backend::kube();
+    let api = store.api().expect("the fake apiserver");
+    store.create_pool(&["a", "--cidr", "10.93.0.0/24"]);
+    api.lose_answer("PUT /apis/ipool.io/v1/ippools/a");
+    with_datastore(&store, |s| async move {
+        let x = net("10.93.1.0/24");
+        assert!(s.change_pool("a", &PoolChange::AddCidr(x)).await.is_err());
+        let p = s.get_pool("a").await.unwrap().unwrap().spec;
+        assert_eq!(p.adding, vec![x], "{p:?}");
+        assert!(!p.claimable(&net("10.93.1.0/26")));
+        let r = s
+            .change_pool(
+                "a",
+                &PoolChange::Reserve(ipool_server::cluster::pool::Reserved {
+                    cidr: net("10.93.1.5/32"),
+                    reason: String::new(),
+                }),
+            )
+            .await;
+        refused(r, "still being added");
+    });
+    api.fail_matching("GET /apis/ipool.io/v1/ipblocks?", 500);
+    with_datastore(&store, |s| async move {
+        let x = net("10.93.1.0/24");
+        assert!(s
+            .change_pool("a", &PoolChange::RemoveCidr(x))
+            .await
+            .is_err());
+        let p = s.get_pool("a").await.unwrap().unwrap().spec;
+        assert!(
+            !p.cidrs.contains(&x) || p.adding.contains(&x),
+            "an unchecked CIDR became the pool's: {p:?}"
+        );
+        // The removal again, the store answering: gone.
+        let p = s
+            .change_pool("a", &PoolChange::RemoveCidr(x))
+            .await
+            .unwrap();
+        assert_eq!(p.cidrs, vec![net("10.93.0.0/24")]);
+        assert!(p.adding.is_empty() && p.removing.is_empty(), "{p:?}");
+    });
+}

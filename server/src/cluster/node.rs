@@ -23,7 +23,7 @@ use super::datastore::{Store, Watched};
 use super::etcd::client::Limiter;
 use super::etcd::Tls;
 use super::heard::Heard;
-use super::model::{ClusterError, Heartbeat, Pool};
+use super::model::{ClusterError, Heartbeat};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 
@@ -84,10 +84,11 @@ pub struct ClusterNode {
     /// Since when, and why, etcd does not answer (None: the last call succeeded).
     down: Mutex<Option<(Instant, String)>>,
     /// Ready pools as last read (with the revision a claim is conditioned on).
-    pools: Mutex<HashMap<String, Pool>>,
     /// Each pool's reservations and whether it is disabled, as last read (of any phase; kept
     /// when the pool as read is forgotten: only a read changes them).
     policy: Mutex<HashMap<String, pools::Policy>>,
+    /// Pool reads sent so far (each read's number orders what it found).
+    pool_reads: std::sync::atomic::AtomicU64,
     /// This node's view of each pool's blocks, kept between claims (see `claim`).
     views: Views,
     beat: Mutex<Beat>,
@@ -162,8 +163,8 @@ impl ClusterNode {
             conn: tokio::sync::Mutex::new(None),
             current: Mutex::new(None),
             down: Mutex::new(None),
-            pools: Mutex::default(),
             policy: Mutex::default(),
+            pool_reads: std::sync::atomic::AtomicU64::new(1),
             views: Views::default(),
             beat: Mutex::new(Beat {
                 identity: Identity::Starting(None),
@@ -255,7 +256,7 @@ impl ClusterNode {
     pub fn hear(&self, w: Watched) {
         match &w {
             Watched::Pool(name) => self.forget_pool(name),
-            Watched::Restarted => self.pools.lock().expect("pools lock").clear(),
+            Watched::Restarted => self.forget_pools(),
             Watched::BlockGone { .. } => {}
             Watched::Name | Watched::NameWatch(_) => {
                 let mut beat = self.beat.lock().expect("beat lock");
@@ -344,7 +345,7 @@ impl ClusterNode {
                 self.renew_now.notify_one();
             }
             self.identity_changes.send_modify(|_| {});
-            self.pools.lock().expect("pools lock").clear();
+            self.forget_pools();
             self.metrics.cluster.etcd_resets.inc();
             tracing::error!(node = %self.name, why = why.as_deref().unwrap_or_default(), "etcd was reset: every block is synced again before anything more is handed out");
         }

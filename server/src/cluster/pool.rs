@@ -229,6 +229,12 @@ impl PoolSpec {
             ));
         }
         for r in &self.reserved {
+            if let Some(a) = self.adding.iter().find(|a| a.contains(&r.cidr)) {
+                return Err(format!(
+                    "pool {:?}: reserved {} lies in CIDR {a}, which is still being added",
+                    self.name, r.cidr
+                ));
+            }
             if !self.cidrs.iter().any(|c| c.contains(&r.cidr)) {
                 return Err(format!(
                     "pool {:?}: reserved {} is in none of its CIDRs",

@@ -167,11 +167,17 @@ impl ClusterSource {
             Err(n) if n.pending => return Some(Next::Pending(n.why)),
             Err(n) => return Some(Next::Unavailable(n.why)),
         };
-        if self.synced == Some(epoch) {
-            return None;
-        }
         let pool = &self.pool;
         let store = self.node.store_name();
+        if self.synced == Some(epoch) {
+            // Not before the pool was read: its reservations and whether it is disabled.
+            return match self.node.pool_known(pool) {
+                true => None,
+                false => Some(Next::Pending(format!(
+                    "reading cluster pool {pool:?} in {store} (its reservations)"
+                ))),
+            };
+        }
         Some(match (&self.failed, self.in_flight) {
             (Some(why), false) => Next::Unavailable(format!(
                 "cannot list this node's blocks of cluster pool {pool:?} in {store} (nothing is handed out before): {why}"
@@ -759,6 +765,8 @@ impl Source for ClusterSource {
 
 #[cfg(test)]
 mod overlap_tests;
+#[cfg(test)]
+mod policy_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -274,13 +274,22 @@ impl Ipam {
                 changes.extend(forget_set(&name, p));
             }
         }
-        // Recorded under the set they moved to (after the old set's are struck).
-        changes.extend(moved.into_iter().map(|(set, block)| Change::PutBlock {
-            network: name.clone(),
-            set,
-            block,
-            held: true,
-        }));
+        // Recorded under the set they moved to, and no longer under the old one (which may
+        // still retire: a restart would restore the block into both).
+        for (from, to, block) in moved {
+            changes.push(Change::PutBlock {
+                network: name.clone(),
+                set: from,
+                block: block.clone(),
+                held: false,
+            });
+            changes.push(Change::PutBlock {
+                network: name.clone(),
+                set: to,
+                block,
+                held: true,
+            });
+        }
         let summary = RangesChanged {
             ranges: net.def.describe_ranges(),
             retiring: describe_sets(&net.def.retiring),
@@ -422,8 +431,8 @@ impl Network {
 /// source whose ranges cover it (the pool's ranges grew or shrank: the block and what it holds
 /// go along, so that no two sources ever hold one block, and the old set need not retire for
 /// it), else to the set of the same id that retires. Returns the blocks that changed sets, as
-/// (the set's id, the block), for the store.
-fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String)>, Error> {
+/// (the old set's id, the new one's, the block), for the store.
+fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String, String)>, Error> {
     let mut moved = Vec::new();
     for p in &old.pools {
         let same = net.pools.iter().position(|n| n.id == p.id);
@@ -450,7 +459,7 @@ fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String)>, Er
                 .restore_block(&block)
                 .map_err(Error::InvalidConfig)?;
             if Some(t) != same {
-                moved.push((net.pools[t].id.clone(), block));
+                moved.push((p.id.clone(), net.pools[t].id.clone(), block));
             }
         }
         let Some(n) = net.pool_by_id(&p.id) else {

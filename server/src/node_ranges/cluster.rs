@@ -123,7 +123,8 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
 
 /// Gives back, every `resync_secs` (jittered) while the node serves, this node's blocks of the pools no
 /// network here takes its ranges from any more (a network removed, or given another
-/// `cluster_pool`) once nothing here holds an address of them. Runs until aborted.
+/// `cluster_pool`), and those outside their pool's CIDRs, once nothing here holds an address
+/// of them. Runs until aborted.
 pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, used: Vec<String>) {
     let every = Duration::from_secs(node.settings().resync_secs);
     loop {
@@ -151,8 +152,17 @@ pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, u
             }
         };
         for b in listed.blocks {
-            if used.contains(&b.pool) || ipam.holds_in(&b.block) {
+            if ipam.holds_in(&b.block) {
                 continue;
+            }
+            // A block of a pool in use is its source's, unless it lies outside the pool's
+            // CIDRs as read (a claim that landed as its CIDR was removed and whose give-back
+            // never came: never served, and no sync of the shrunk ranges lists it).
+            if used.contains(&b.pool) {
+                match node.pool(&b.pool).await {
+                    Ok(Some(p)) if !p.spec.cidrs.iter().any(|c| c.contains(&b.block)) => {}
+                    _ => continue,
+                }
             }
             let (given, block) = (b.clone(), b.block);
             match node
@@ -160,7 +170,7 @@ pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, u
                 .await
             {
                 Ok(true) => {
-                    tracing::info!(pool = %b.pool, %block, "gave back a block of a pool no network here uses any more");
+                    tracing::info!(pool = %b.pool, %block, "gave back a block of a pool no network here uses any more, or outside its pool's CIDRs");
                     crate::metrics::ClusterMetrics::pool_counter(
                         &node.metrics().cluster.give_backs,
                         &b.pool,

@@ -186,11 +186,17 @@ impl KubeStore {
                 }),
             },
         };
-        let mut next = marked.clone();
-        next.adding.retain(|c| c != cidr);
-        if clash.is_some() {
-            next.cidrs.retain(|c| c != cidr);
-        }
+        let next = match &clash {
+            // Withdrawn as a removal takes a CIDR out (what lies in it goes along), checked.
+            Some(_) => marked
+                .changed(&PoolChange::RemoveCidr(*cidr))
+                .map_err(ClusterError::Refused)?,
+            None => {
+                let mut next = marked.clone();
+                next.adding.retain(|c| c != cidr);
+                next
+            }
+        };
         self.unmark(&marked_obj, next, clash, cidr).await.map(Some)
     }
 
@@ -220,8 +226,11 @@ impl KubeStore {
         };
         let next = match &clash {
             Some(_) => {
+                // As it was read: a CIDR that was on its way in stays so (never a CIDR of
+                // the pool whose overlap check did not pass).
                 let mut back = marked.clone();
                 back.removing.retain(|c| c != cidr);
+                back.adding = spec.adding.clone();
                 back
             }
             None => marked

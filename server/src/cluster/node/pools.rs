@@ -1,6 +1,7 @@
 //! The pools as this node read them: kept while Ready for claims, and each pool's
 //! reservations and whether it is disabled, changed only by a read (the sources ask them on
-//! every hand-out, with no I/O).
+//! every hand-out, with no I/O). Reads are numbered as they are sent: what one finds is not
+//! taken in once a read sent after it was (a slow read never undoes a newer one).
 
 use std::sync::Arc;
 
@@ -8,54 +9,80 @@ use super::ClusterNode;
 use crate::cluster::model::{ClusterError, Pool, PoolPhase};
 use crate::cluster::pool::Reserved;
 
-/// What a pool, as last read, says of handing out: disabled, and its reservations.
-pub(super) type Policy = (bool, Arc<Vec<Reserved>>);
+/// What a pool, as last read, says of handing out.
+#[derive(Default)]
+pub(super) struct Policy {
+    /// Which read it came from (reads are numbered as they are sent: the answer of one sent
+    /// before the last applied is not applied, so a slow read never undoes a newer one).
+    read: u64,
+    /// The read found the pool.
+    known: bool,
+    disabled: bool,
+    reserved: Arc<Vec<Reserved>>,
+    /// The pool as read, while it is Ready and not forgotten: what claims are conditioned on.
+    ready: Option<Pool>,
+}
 
 impl ClusterNode {
     /// Pool `name` as last read when it was Ready (read now if not: a pool of another phase
     /// is read again at every use).
     pub async fn pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
-        if let Some(p) = self.pools.lock().expect("pools lock").get(name) {
-            return Ok(Some(p.clone()));
+        let kept = self
+            .policy
+            .lock()
+            .expect("policy lock")
+            .get(name)
+            .and_then(|p| p.ready.clone());
+        match kept {
+            Some(p) => Ok(Some(p)),
+            None => self.read_pool(name).await,
         }
-        self.read_pool(name).await
     }
 
     /// Pool `name`, read from the store now (and kept while Ready).
     pub async fn read_pool(&self, name: &str) -> Result<Option<Pool>, ClusterError> {
         let name_owned = name.to_string();
+        let read = self
+            .pool_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pool = self
             .call("get_pool", |s| async move { s.get_pool(&name_owned).await })
             .await?;
-        if let Some(p) = &pool {
-            self.metrics
-                .cluster
-                .pool_read(name, p.spec.disabled, p.spec.reserved.len());
-        }
+        self.took_in(name, read, pool.as_ref());
+        Ok(pool)
+    }
+
+    /// What read number `read` of pool `name` found, for the sources: applied unless a read
+    /// sent after it was applied first.
+    pub(in crate::cluster) fn took_in(&self, name: &str, read: u64, pool: Option<&Pool>) {
         {
             let mut policy = self.policy.lock().expect("policy lock");
-            match &pool {
-                Some(p) => {
-                    let (disabled, reserved) = (p.spec.disabled, &p.spec.reserved);
-                    match policy.get_mut(name) {
-                        // The same reservations keep their Arc (a source reports new ones).
-                        Some(had) if *had.1 == *reserved => had.0 = disabled,
-                        _ => {
-                            policy.insert(name.to_string(), (disabled, Arc::new(reserved.clone())));
-                        }
-                    }
+            let now = policy.entry(name.to_string()).or_default();
+            if read >= now.read {
+                now.read = read;
+                now.known = pool.is_some();
+                now.ready = pool.filter(|p| p.phase == PoolPhase::Ready).cloned();
+                now.disabled = pool.is_some_and(|p| p.spec.disabled);
+                let reserved = pool.map(|p| &p.spec.reserved[..]).unwrap_or(&[]);
+                // The same reservations keep their Arc (a source reports new ones).
+                if *now.reserved != reserved {
+                    now.reserved = Arc::new(reserved.to_vec());
                 }
-                None => {
-                    policy.remove(name);
-                }
+                self.metrics
+                    .cluster
+                    .pool_read(name, now.disabled, now.reserved.len());
             }
         }
-        let mut pools = self.pools.lock().expect("pools lock");
-        match &pool {
-            Some(p) if p.phase == PoolPhase::Ready => pools.insert(name.to_string(), p.clone()),
-            _ => pools.remove(name),
-        };
-        Ok(pool)
+    }
+
+    /// Pool `name` as if read from the store now (for tests of the sources, whose node has no
+    /// store), sent after every read before.
+    #[cfg(test)]
+    pub(crate) fn as_read(&self, name: &str, pool: Option<&Pool>) {
+        let read = self
+            .pool_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.took_in(name, read, pool);
     }
 
     /// Pool `name`'s reservations, as last read (no I/O).
@@ -64,8 +91,18 @@ impl ClusterNode {
             .lock()
             .expect("policy lock")
             .get(name)
-            .map(|p| p.1.clone())
+            .map(|p| p.reserved.clone())
             .unwrap_or_default()
+    }
+
+    /// Whether pool `name` was read (and found) since the daemon started: a source hands
+    /// nothing out before, not knowing the pool's reservations nor whether it is disabled.
+    pub fn pool_known(&self, name: &str) -> bool {
+        self.policy
+            .lock()
+            .expect("policy lock")
+            .get(name)
+            .is_some_and(|p| p.known)
     }
 
     /// Whether pool `name`, as last read, is disabled (no I/O).
@@ -74,11 +111,21 @@ impl ClusterNode {
             .lock()
             .expect("policy lock")
             .get(name)
-            .is_some_and(|p| p.0)
+            .is_some_and(|p| p.disabled)
     }
 
-    /// Forgets pool `name` as read (it changed): the next use reads it again.
+    /// Forgets pool `name` as read (it changed): the next use reads it again (what it said of
+    /// reservations and being disabled stands until then).
     pub fn forget_pool(&self, name: &str) {
-        self.pools.lock().expect("pools lock").remove(name);
+        if let Some(p) = self.policy.lock().expect("policy lock").get_mut(name) {
+            p.ready = None;
+        }
+    }
+
+    /// Forgets every pool as read (the store's watch started over, or the store was reset).
+    pub(super) fn forget_pools(&self) {
+        for p in self.policy.lock().expect("policy lock").values_mut() {
+            p.ready = None;
+        }
     }
 }

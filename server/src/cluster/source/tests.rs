@@ -23,7 +23,32 @@ pub(super) fn node(extra: &str) -> Arc<ClusterNode> {
         "etcd_endpoints = [\"http://127.0.0.1:1\"]\nheartbeat_ttl_secs = 10\nclaim_ahead = 1\nblock_hold_down_secs = 0\n{extra}"
     ))
     .expect("settings");
-    ClusterNode::new(settings, "n1".into(), "inst-1".into(), Arc::default()).expect("node")
+    let n = ClusterNode::new(settings, "n1".into(), "inst-1".into(), Arc::default()).expect("node");
+    n.as_read("p", Some(&pool_p(&[])));
+    n
+}
+
+/// Pool "p" (10.0.0.0/24), with `reserved` reserved.
+pub(super) fn pool_p(reserved: &[&str]) -> crate::cluster::model::Pool {
+    use crate::cluster::pool::{PoolSpec, Reserved};
+    crate::cluster::model::Pool {
+        spec: PoolSpec {
+            name: "p".into(),
+            cidrs: vec![net("10.0.0.0/24")],
+            block_v4: 26,
+            block_v6: 122,
+            reserved: reserved
+                .iter()
+                .map(|c| Reserved {
+                    cidr: net(c),
+                    reason: String::new(),
+                })
+                .collect(),
+            ..PoolSpec::default()
+        },
+        revision: 1,
+        phase: crate::cluster::model::PoolPhase::Ready,
+    }
 }
 
 pub(super) fn source(node: &Arc<ClusterNode>) -> ClusterSource {
