@@ -107,19 +107,7 @@ impl PoolStore for ClusterStore {
         let Some(kv) = r.kvs.first() else {
             return Ok(None);
         };
-        let spec: PoolSpec =
-            serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
-                what: "pool",
-                key: key.clone(),
-                why: e.to_string(),
-            })?;
-        if spec.name != name {
-            return Err(ClusterError::Malformed {
-                what: "pool",
-                key,
-                why: format!("it names pool {:?}", spec.name),
-            });
-        }
+        let spec = parse_pool(name, key, &kv.value)?;
         Ok(Some(Pool {
             spec,
             revision: kv.mod_revision,
@@ -140,12 +128,7 @@ impl PoolStore for ClusterStore {
             let Some(kv) = r.kvs.first() else {
                 return Err(ClusterError::NotFound(format!("no pool {name:?}")));
             };
-            let spec: PoolSpec =
-                serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
-                    what: "pool",
-                    key: key.clone(),
-                    why: e.to_string(),
-                })?;
+            let spec = parse_pool(name, key.clone(), &kv.value)?;
             let next = spec.changed(change).map_err(ClusterError::Refused)?;
             let mut when = vec![cmp::mod_revision(key.clone(), cmp::Equal, kv.mod_revision)];
             match change {
@@ -242,4 +225,21 @@ pub(in crate::cluster) fn overlap(
                 p.spec.name
             ))
         })
+}
+
+/// Pool `name` as its key (`key`) holds it: malformed when it holds no pool, or another's.
+fn parse_pool(name: &str, key: String, value: &[u8]) -> Result<PoolSpec, ClusterError> {
+    let spec: PoolSpec = serde_json::from_slice(value).map_err(|e| ClusterError::Malformed {
+        what: "pool",
+        key: key.clone(),
+        why: e.to_string(),
+    })?;
+    if spec.name != name {
+        return Err(ClusterError::Malformed {
+            what: "pool",
+            key,
+            why: format!("it names pool {:?}", spec.name),
+        });
+    }
+    Ok(spec)
 }
