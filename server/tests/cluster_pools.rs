@@ -470,3 +470,49 @@ fn a_cidr_change_stopped_in_the_middle_never_makes_an_unchecked_cidr_claimable()
         assert!(p.adding.is_empty() && p.removing.is_empty(), "{p:?}");
     });
 }
+
+/// On the Kubernetes API a claim can land in a CIDR as it is removed and its give-back never
+/// come (its daemon killed): that block, outside its pool's CIDRs, is never served, and its
+/// node gives it back once nothing holds it (else it would stand there for ever, and every
+/// pool that grows into that CIDR would be refused).
+#[test]
+fn a_block_left_outside_its_pools_cidrs_is_given_back_by_its_node() {
+    let store = Backend::kube();
+    let api = store.api().expect("the fake apiserver");
+    store.create_pool(&["p", "--cidr", "10.94.0.0/24", "--cidr", "10.94.1.0/24"]);
+    let stray = net("10.94.1.64/26");
+    let obj = with_datastore(&store, |s| async move {
+        let read = s.get_pool("p").await.unwrap().unwrap().revision;
+        let won = match s.claim("p", read, &stray, "n1").await.unwrap() {
+            Claimed::Won(b) => b,
+            other => panic!("{other:?}"),
+        };
+        let obj = api.get("ipblocks", "", "10-94-1-64-26").expect("the block");
+        assert!(s.give_back(&won).await.unwrap());
+        s.change_pool("p", &PoolChange::RemoveCidr(net("10.94.1.0/24")))
+            .await
+            .unwrap();
+        obj
+    });
+    // What the late create leaves behind.
+    let mut obj = obj;
+    obj["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .retain(|k, _| k == "name" || k == "labels");
+    api.put_custom("ipblocks", obj);
+    assert_eq!(store.owners().get(&stray).map(String::as_str), Some("n1"));
+    let tuning = "heartbeat_ttl_secs = 6\nclaim_ahead = 1\nresync_secs = 1\n";
+    let mut d = Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    d.spawn();
+    let conf = d.conf("1.0.0", "pods", "");
+    let r = add_within(20, "an ADD", "c0", &conf);
+    assert!(r.addresses()[0].starts_with("10.94.0."), "{:?}", r.json);
+    until(20, "the block outside the pool's CIDRs given back", || {
+        !store.owners().contains_key(&stray)
+    });
+    ok(
+        &store.ctl(&["pool", "add-cidr", "p", "10.94.1.0/24"]),
+        "the CIDR added again",
+    );
+}
