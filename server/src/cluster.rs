@@ -64,5 +64,6 @@ pub mod model;
 pub mod node;
 pub mod pool;
 pub mod release;
+pub mod selector;
 pub mod source;
 pub mod work;

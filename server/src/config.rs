@@ -226,8 +226,12 @@ pub struct NetworkSpec {
     pub ranges_from: Option<RangesFrom>,
     /// flannel's subnet file (`ranges_from = "flannel"`).
     pub subnet_file: Option<std::path::PathBuf>,
-    /// The cluster pool in etcd (`ranges_from = "cluster"`).
+    /// The cluster pool in the store (`ranges_from = "cluster"`).
     pub cluster_pool: Option<String>,
+    /// Several cluster pools, tried in this order when the node needs a block (instead of
+    /// `cluster_pool`); a pod may choose among them.
+    #[serde(default)]
+    pub cluster_pools: Vec<String>,
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
     #[serde(flatten)]
@@ -308,7 +312,11 @@ impl DaemonConfig {
             }
         }
         let mut pools = std::collections::HashMap::new();
-        for (network, pool, _) in cfg.cluster_networks() {
+        let each = cfg
+            .cluster_networks()
+            .into_iter()
+            .flat_map(|(network, pools, _)| pools.into_iter().map(move |p| (network.clone(), p)));
+        for (network, pool) in each {
             if cfg
                 .cluster
                 .as_ref()
@@ -398,12 +406,14 @@ impl DaemonConfig {
             .collect()
     }
 
-    /// The networks whose ranges are blocks of a cluster pool: (network, pool, routes).
-    pub fn cluster_networks(&self) -> Vec<(String, String, Vec<RouteSpec>)> {
+    /// The networks whose ranges are blocks of cluster pools: (network, pools in order,
+    /// routes).
+    pub fn cluster_networks(&self) -> Vec<(String, Vec<String>, Vec<RouteSpec>)> {
         self.networks
             .iter()
             .filter(|n| n.ranges_from == Some(RangesFrom::Cluster))
-            .filter_map(|n| Some((n.name.clone(), n.cluster_pool.clone()?, n.routes.clone())))
+            .map(|n| (n.name.clone(), n.cluster_pool_list(), n.routes.clone()))
+            .filter(|(_, pools, _)| !pools.is_empty())
             .collect()
     }
 
@@ -416,6 +426,15 @@ impl DaemonConfig {
 }
 
 impl NetworkSpec {
+    /// The cluster pools the network takes its ranges from, in order (`cluster_pool`, or
+    /// `cluster_pools`); none for a network of another kind.
+    pub fn cluster_pool_list(&self) -> Vec<String> {
+        match &self.cluster_pool {
+            Some(p) => vec![p.clone()],
+            None => self.cluster_pools.clone(),
+        }
+    }
+
     fn def(&self, defaults: &Tuning) -> Result<NetworkDef, Error> {
         ipool_proto::names::check_name("network name", &self.name).map_err(Error::InvalidConfig)?;
         let tuning = self.tuning.apply(defaults);
@@ -430,15 +449,31 @@ impl NetworkSpec {
                         self.name
                     )));
                 }
-                match (&self.cluster_pool, from) {
-                    (Some(pool), RangesFrom::Cluster) => {
-                        ipool_proto::names::check_name("cluster_pool", pool).map_err(|e| {
-                            Error::InvalidConfig(format!("network {:?}: {e}", self.name))
-                        })?
+                if self.cluster_pool.is_some() && !self.cluster_pools.is_empty() {
+                    return Err(Error::InvalidConfig(format!(
+                        "network {:?} sets both cluster_pool and cluster_pools (keep one: cluster_pools = [...] for several)",
+                        self.name
+                    )));
+                }
+                let pools = self.cluster_pool_list();
+                match (pools.first(), from) {
+                    (Some(_), RangesFrom::Cluster) => {
+                        let mut seen = std::collections::HashSet::new();
+                        for pool in &pools {
+                            ipool_proto::names::check_name("cluster_pool", pool).map_err(|e| {
+                                Error::InvalidConfig(format!("network {:?}: {e}", self.name))
+                            })?;
+                            if !seen.insert(pool) {
+                                return Err(Error::InvalidConfig(format!(
+                                    "network {:?}: cluster_pools names {pool:?} twice",
+                                    self.name
+                                )));
+                            }
+                        }
                     }
                     (None, RangesFrom::Cluster) => {
                         return Err(Error::InvalidConfig(format!(
-                            "network {:?}: ranges_from = \"cluster\" needs cluster_pool (the pool's name in etcd)",
+                            "network {:?}: ranges_from = \"cluster\" needs cluster_pool (the pool's name in the store) or cluster_pools",
                             self.name
                         )))
                     }
@@ -465,7 +500,7 @@ impl NetworkSpec {
             )))
             }
             (None, false) => {
-                if self.cluster_pool.is_some() {
+                if self.cluster_pool.is_some() || !self.cluster_pools.is_empty() {
                     return Err(Error::InvalidConfig(format!(
                         "network {:?}: cluster_pool goes with ranges_from = \"cluster\"",
                         self.name
@@ -489,6 +524,7 @@ impl NetworkSpec {
             routes: self.routes.clone(),
             tuning,
             origin,
+            set_pools: Default::default(),
         })
     }
 }

@@ -44,6 +44,7 @@ mod events;
 mod leak;
 mod maintain;
 mod ops;
+mod pick;
 mod pods;
 mod range_set;
 mod ranges;
@@ -154,6 +155,9 @@ pub struct AddRequest {
     pub requested: Vec<IpAddr>,
     /// The pod as the apiserver describes it (Kubernetes only): recorded with the attachment.
     pub k8s: Option<crate::model::PodMeta>,
+    /// The cluster pools the pod chose (its annotation, or its namespace's); None: the
+    /// network's.
+    pub pools: Option<crate::model::PoolChoice>,
 }
 
 /// A result that may have to wait for the source.

@@ -6,6 +6,7 @@ mod client;
 pub mod gc;
 pub mod meta;
 pub mod pods;
+pub mod selection;
 
 pub use client::{client, watch_config};
 pub use pods::Pods;

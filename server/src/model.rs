@@ -1,6 +1,7 @@
 //! The shared types every layer speaks: network definitions and their tuning, attachment and
 //! reservation records, and time. A leaf: it imports only address math ([`crate::range`]).
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
@@ -48,6 +49,16 @@ pub struct Pod {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+}
+
+/// The cluster pools an ADD may take its addresses from, in the order they are tried, and
+/// who chose them ("pod annotation ipool.io/pool", "namespace tenant-a's annotation
+/// ipool.io/pools"): each must be one of the pools its network lists. None on a request: the
+/// network's pools, in its order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolChoice {
+    pub pools: Vec<String>,
+    pub from: String,
 }
 
 /// What the apiserver said about an attachment's pod at its ADD. Absent without Kubernetes,
@@ -315,6 +326,10 @@ pub struct NetworkDef {
     pub routes: Vec<RouteSpec>,
     pub tuning: Tuning,
     pub origin: Origin,
+    /// The cluster pool of each range's subnet, for a network with several pools
+    /// (`cluster_pools`): of its current and retiring sets. Empty for every other.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub set_pools: BTreeMap<String, String>,
 }
 
 impl NetworkDef {

@@ -62,6 +62,17 @@ impl Feed {
     /// Applies what the source saw. False when the engine could not take it now (its store
     /// failed, ...): the source tries again.
     pub async fn apply(&mut self, seen: Seen) -> bool {
+        self.apply_pools(seen, std::collections::BTreeMap::new())
+            .await
+    }
+
+    /// [`Feed::apply`], with the cluster pool of each range's subnet (a network with several
+    /// pools).
+    pub async fn apply_pools(
+        &mut self,
+        seen: Seen,
+        set_pools: std::collections::BTreeMap<String, String>,
+    ) -> bool {
         let mut applied = true;
         self.recovered();
         let network = self.network.as_str();
@@ -72,7 +83,7 @@ impl Feed {
                 all.extend(routes.iter().filter(|r| !self.routes.contains(r)).cloned());
                 match self
                     .ipam
-                    .set_ranges_and_routes(network, sets.clone(), Some(all))
+                    .set_pool_ranges(network, sets.clone(), Some(all), set_pools)
                     .await
                 {
                     Ok(Some(c)) => {

@@ -185,6 +185,20 @@ pub trait Source: Send {
     fn detail(&self) -> Option<String> {
         None
     }
+    /// The cluster pool the source's addresses come from, where a network has several (an
+    /// ADD may choose among them). None: the source is the only one of its family.
+    fn pool_name(&self) -> Option<&str> {
+        None
+    }
+    /// Why this node may not take new addresses from the source's pool at all (its labels do
+    /// not match the pool's nodeSelector): an ADD that names the pool is refused saying so, one
+    /// that does not is served from the network's next pool. None: it may.
+    fn refused(&self) -> Option<String> {
+        None
+    }
+    /// An ADD wants an address of this source now: a source that claims only on demand (a
+    /// network's later pool, tried once the earlier ones are full) claims its first block.
+    fn demand(&mut self) {}
 }
 
 /// Addresses from local ranges with host-local semantics.

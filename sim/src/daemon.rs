@@ -297,6 +297,7 @@ impl Daemon {
                 ipam: None,
                 requested,
                 k8s: None,
+                pools: None,
             };
             let result = ipam
                 .add(req)

@@ -168,7 +168,7 @@ impl FakeApi {
         self.wake.send_replace(v);
     }
 
-    /// Creates or replaces an object (`resource`: "nodes" or "pods").
+    /// Creates or replaces an object (`resource`: "nodes", "pods" or "namespaces").
     pub fn put(&self, resource: &str, obj: Value) {
         let (kind, _) = kind_of(resource);
         self.change(|w| w.store.put(resource, kind, obj));
@@ -311,6 +311,7 @@ fn kind_of(resource: &str) -> (&'static str, &'static str) {
     match resource {
         "nodes" => ("Node", "NodeList"),
         "pods" => ("Pod", "PodList"),
+        "namespaces" => ("Namespace", "NamespaceList"),
         other => panic!("the fake apiserver has no {other}"),
     }
 }
@@ -519,12 +520,12 @@ fn respond(
     // api/v1/{resource} | api/v1/{resource}/{name} | api/v1/namespaces/{ns}/{resource}[/{name}]
     let (resource, ns, name) = match parts.as_slice() {
         ["api", "v1", r] => (*r, None, None),
-        ["api", "v1", r, n] if *r != "namespaces" => (*r, None, Some(*n)),
+        ["api", "v1", r, n] => (*r, None, Some(*n)),
         ["api", "v1", "namespaces", ns, r] => (*r, Some(*ns), None),
         ["api", "v1", "namespaces", ns, r, n] => (*r, Some(*ns), Some(*n)),
         _ => return status(404, "NotFound", &format!("no route {path}")),
     };
-    if resource != "nodes" && resource != "pods" {
+    if !["nodes", "pods", "namespaces"].contains(&resource) {
         return status(404, "NotFound", &format!("no resource {resource}"));
     }
     let (_, list_kind) = kind_of(resource);

@@ -87,6 +87,8 @@ pub struct ClusterNode {
     /// Each pool's reservations and whether it is disabled, as last read (of any phase; kept
     /// when the pool as read is forgotten: only a read changes them).
     policy: Mutex<HashMap<String, pools::Policy>>,
+    /// This node's labels, for the pools' nodeSelectors; None: not known yet.
+    labels: Mutex<Option<std::collections::BTreeMap<String, String>>>,
     /// Pool reads sent so far (each read's number orders what it found).
     pool_reads: std::sync::atomic::AtomicU64,
     /// This node's view of each pool's blocks, kept between claims (see `claim`).
@@ -128,6 +130,7 @@ impl ClusterNode {
         connector: Connector,
     ) -> Result<Arc<ClusterNode>, String> {
         settings.validate()?;
+        let settings_labels = settings.node_labels.clone();
         ipool_proto::names::check_name("node name", &name)?;
         if settings.datastore == crate::config::cluster::DatastoreKind::Kubernetes {
             // It labels the node's blocks (ipool.io/node) and names its Lease.
@@ -164,6 +167,7 @@ impl ClusterNode {
             current: Mutex::new(None),
             down: Mutex::new(None),
             policy: Mutex::default(),
+            labels: Mutex::new((!settings_labels.is_empty()).then_some(settings_labels)),
             pool_reads: std::sync::atomic::AtomicU64::new(1),
             views: Views::default(),
             beat: Mutex::new(Beat {

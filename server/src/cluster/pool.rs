@@ -33,6 +33,10 @@ pub struct PoolSpec {
     /// stays in use, and is not handed out again once released.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reserved: Vec<Reserved>,
+    /// The nodes that may claim from the pool: a Kubernetes label selector over the Node's
+    /// labels (`zone=a,rack in (r1,r2)`, see [`super::selector`]). None: every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<String>,
 }
 
 /// An address or range of a pool that no node hands out, and why.
@@ -63,6 +67,8 @@ pub enum PoolChange {
     Reserve(Reserved),
     /// A reservation of exactly this range ended.
     Unreserve(IpNet),
+    /// The nodes that may claim from the pool from now on (None: every node).
+    SetNodeSelector(Option<String>),
 }
 
 impl std::fmt::Display for PoolChange {
@@ -74,6 +80,8 @@ impl std::fmt::Display for PoolChange {
             PoolChange::Enable => write!(f, "enable"),
             PoolChange::Reserve(r) => write!(f, "reserve {}", r.cidr),
             PoolChange::Unreserve(c) => write!(f, "unreserve {c}"),
+            PoolChange::SetNodeSelector(Some(sel)) => write!(f, "node selector {sel}"),
+            PoolChange::SetNodeSelector(None) => write!(f, "no node selector"),
         }
     }
 }
@@ -181,6 +189,13 @@ impl PoolSpec {
                     reason: r.reason.clone(),
                 });
             }
+            PoolChange::SetNodeSelector(sel) => {
+                // Kept in its normal form.
+                next.node_selector = match sel {
+                    Some(s) => Some(super::selector::NodeSelector::parse(s)?.to_string()),
+                    None => None,
+                };
+            }
             PoolChange::Unreserve(c) => {
                 let before = next.reserved.len();
                 next.reserved.retain(|x| x.cidr != c.trunc());
@@ -241,6 +256,10 @@ impl PoolSpec {
                     self.name, r.cidr
                 ));
             }
+        }
+        if let Some(sel) = &self.node_selector {
+            super::selector::NodeSelector::parse(sel)
+                .map_err(|e| format!("pool {:?}: {e}", self.name))?;
         }
         for x in &self.exclude {
             if !self.cidrs.iter().any(|c| c.contains(x) || x.contains(c)) {

@@ -109,6 +109,10 @@ pub struct ClusterSource {
     /// doubles from a second up to `resync_secs` while they stay in doubt.
     doubt_wait: Duration,
     failed: Option<String>,
+    /// A network's later pool: its first block is claimed only once an ADD wants one
+    /// (`demanded`), not ahead of need.
+    on_demand: bool,
+    demanded: bool,
     /// The pool had no free block (why, with its counts).
     exhausted: Option<String>,
     /// Recorded blocks dropped, for the engine to strike from the store.
@@ -153,6 +157,8 @@ impl ClusterSource {
             claim_backoff: Duration::from_secs(1),
             doubt_wait: DOUBT_FIRST,
             failed: None,
+            on_demand: false,
+            demanded: false,
             exhausted: None,
             forget: Vec::new(),
             record: Vec::new(),
@@ -197,6 +203,13 @@ impl ClusterSource {
                 self.pool, self.pool
             )
         })
+    }
+
+    /// A source of a network's later pool (`yes`): it claims its first block only once an
+    /// ADD wants an address of it.
+    pub fn on_demand(mut self, yes: bool) -> ClusterSource {
+        self.on_demand = yes;
+        self
     }
 
     /// The blocks that hand out (when the source serves).
@@ -459,9 +472,17 @@ impl ClusterSource {
             return Some(Work::GiveBack(net, revision));
         }
         let free = self.usable_free();
-        // A disabled pool claims nothing more.
-        let disabled = self.node.pool_disabled(&self.pool);
-        if free < self.threshold.max(1) as u128 && self.exhausted.is_none() && !disabled {
+        // A disabled pool claims nothing more, nor one whose nodeSelector this node does
+        // not match (both give their empty blocks back), nor one waiting for the node's labels.
+        let disabled =
+            self.node.pool_disabled(&self.pool) || self.node.pool_refused(&self.pool).is_some();
+        let awaited = !self.on_demand || self.demanded || !self.blocks.is_empty();
+        let may_claim = awaited && self.node.pool_awaits_labels(&self.pool).is_none();
+        if free < self.threshold.max(1) as u128
+            && self.exhausted.is_none()
+            && !disabled
+            && may_claim
+        {
             return Some(Work::Claim {
                 cidrs: self.cidrs.clone(),
             });
@@ -604,7 +625,12 @@ impl Source for ClusterSource {
         true
     }
     fn withheld(&self, ip: IpAddr) -> Option<String> {
-        if let Some(why) = self.disabled().or_else(|| self.reserved_why(ip)) {
+        // A pool disabled, or one this node may not use (its idle addresses leave it, so that
+        // its emptied blocks go back), and reserved addresses.
+        let why = self
+            .disabled()
+            .or_else(|| self.node.pool_refused(&self.pool));
+        if let Some(why) = why.or_else(|| self.reserved_why(ip)) {
             return Some(why);
         }
         match self.block_of(ip) {
@@ -745,6 +771,16 @@ impl Source for ClusterSource {
     fn held_back(&self) -> Option<Next> {
         self.not_serving()
             .or_else(|| self.disabled().map(Next::Unavailable))
+            .or_else(|| self.node.pool_awaits_labels(&self.pool).map(Next::Pending))
+    }
+    fn pool_name(&self) -> Option<&str> {
+        Some(&self.pool)
+    }
+    fn refused(&self) -> Option<String> {
+        self.node.pool_refused(&self.pool)
+    }
+    fn demand(&mut self) {
+        self.demanded = true;
     }
     fn knows_its_addresses(&self) -> Result<(), String> {
         match self.synced {

@@ -53,6 +53,10 @@ pub struct ClusterSettings {
     /// Off: it polls every `resync_secs` (set it lower then, e.g. 60).
     #[serde(default = "default_watch")]
     pub watch: bool,
+    /// This node's labels for the pools' nodeSelectors where ipoold has no `[kubernetes]`
+    /// table (with one, its Node's labels are watched and these are not used).
+    #[serde(default)]
+    pub node_labels: std::collections::BTreeMap<String, String>,
     /// Each etcd call's deadline.
     #[serde(default = "default_etcd_timeout")]
     pub etcd_timeout_ms: u64,
@@ -127,6 +131,10 @@ impl ClusterSettings {
 
     /// Every value usable; each error names the key and the bad value.
     pub fn validate(&self) -> Result<(), String> {
+        for (k, v) in &self.node_labels {
+            crate::cluster::selector::NodeSelector::parse(&format!("{k}={v}"))
+                .map_err(|e| format!("[cluster] node_labels: {e}"))?;
+        }
         match self.datastore {
             DatastoreKind::Etcd if self.etcd_endpoints.is_empty() => {
                 return Err("[cluster] etcd_endpoints is empty: name at least one etcd client URL, e.g. \"https://10.0.0.10:2379\" (or set datastore = \"kubernetes\")".into());

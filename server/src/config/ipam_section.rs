@@ -63,6 +63,7 @@ impl IpamSection {
             routes,
             tuning: tuning.clone(),
             origin: Origin::Cni,
+            set_pools: Default::default(),
         }))
     }
 }

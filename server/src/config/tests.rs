@@ -286,7 +286,7 @@ cluster_pool = "main"
     );
     assert_eq!(
         c.cluster_networks(),
-        vec![("pods".to_string(), "main".to_string(), Vec::new())]
+        vec![("pods".to_string(), vec!["main".to_string()], Vec::new())]
     );
     assert!(c.node_ranges().is_empty(), "not watched on the node");
 }

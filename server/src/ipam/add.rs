@@ -1,18 +1,15 @@
 //! ADD: one address per range set of the network, all or nothing, idempotent per attachment
 //! key (the network a CNI config declares is planned in [`super::declare`]).
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::attachments::Attachments;
 use super::events::{Event, EventKind};
-use super::range_set::{ClaimError, From, Pick, PickError};
+use super::pick::pick_addresses;
+use super::range_set::{From, Pick};
 use super::state::{Network, State};
-use super::{sticky, AddReply, AddRequest, Claiming, Ipam, Pending, Step};
+use super::{sticky, AddReply, AddRequest, Ipam, Pending, Step};
 use crate::error::Error;
-use crate::model::{
-    AttachmentKey, AttachmentRecord, Millis, NetworkDef, Reservation, ReservationKey,
-};
+use crate::model::{AttachmentRecord, Millis, NetworkDef, PoolChoice, Reservation, ReservationKey};
 use crate::pool::Since;
 use crate::store::{Change, Seq};
 
@@ -148,6 +145,9 @@ impl Ipam {
                 Error::NotFound(format!("network {:?} is unknown", req.key.network))
             })?,
         };
+        if let Some(c) = &req.pools {
+            self.check_choice(&req.key.network, c)?;
+        }
         let picks = match pick_addresses(
             net,
             attachments,
@@ -155,6 +155,7 @@ impl Ipam {
             &req.key,
             &req.requested,
             reservation.as_ref(),
+            req.pools.as_ref(),
             now,
             may_wait,
         )? {
@@ -212,6 +213,32 @@ impl Ipam {
     }
 }
 
+impl Ipam {
+    /// Refuses a choice of pools that names one its network does not list.
+    fn check_choice(&self, network: &str, choice: &PoolChoice) -> Result<(), Error> {
+        let listed = self
+            .shared
+            .config
+            .networks
+            .iter()
+            .find(|n| n.name == network)
+            .map(|n| n.cluster_pool_list())
+            .unwrap_or_default();
+        match choice.pools.iter().find(|p| !listed.contains(p)) {
+            None => Ok(()),
+            Some(p) if listed.is_empty() => Err(Error::InvalidConfig(format!(
+                "{} names cluster pool {p:?}, but network {network:?} takes no addresses from cluster pools",
+                choice.from
+            ))),
+            Some(p) => Err(Error::InvalidConfig(format!(
+                "{} names cluster pool {p:?}, which network {network:?} does not list (its cluster_pools: {})",
+                choice.from,
+                listed.join(", ")
+            ))),
+        }
+    }
+}
+
 impl Plan {
     /// The change set: the attachment, what each pick changes, and the end of a used
     /// reservation.
@@ -266,165 +293,5 @@ fn plan_attachment(
         },
         picks,
         used,
-    }
-}
-
-/// Picks one address per range set of `net` for `key`: a requested address where one is
-/// given, else the reservation's, else one from the pool. Takes nothing.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn pick_addresses(
-    net: &mut Network,
-    attachments: &Attachments,
-    reservations: &BTreeMap<ReservationKey, Reservation>,
-    key: &AttachmentKey,
-    requested: &[IpAddr],
-    reservation: Option<&Reservation>,
-    now: Millis,
-    may_wait: bool,
-) -> Result<Step<Vec<Pick>>, Error> {
-    if let Some(why) = net.no_ranges() {
-        return match may_wait {
-            true => Ok(Step::Pending(Pending::new(why))),
-            false => Err(Error::Busy(why)),
-        };
-    }
-    let wanted = requested_per_set(net, &key.network, requested)?;
-    let mut picks = Vec::with_capacity(net.current);
-    for (set, want) in wanted.into_iter().enumerate() {
-        // The pod's reservation, unless the request names another address.
-        let kept = reservation.and_then(|r| {
-            r.addresses
-                .iter()
-                .filter(|ip| want.is_none_or(|w| w == **ip))
-                .find_map(|ip| net.pools[set].pick_reserved(set, *ip))
-        });
-        if let Some(p) = kept {
-            picks.push(p);
-            continue;
-        }
-        if let Some(ip) = want {
-            let p = net.pools[set]
-                .pick_requested(set, ip)
-                .map_err(|e| claim_error(e, &key.network, ip, attachments, reservations))?;
-            picks.push(p);
-            continue;
-        }
-        match net.pools[set].pick(set, now, may_wait) {
-            Ok(Step::Done(p)) => picks.push(p),
-            Ok(Step::Wait(ms)) => return Ok(Step::Wait(ms)),
-            Ok(Step::Pending(mut pending)) => {
-                let p = &mut net.pools[set];
-                pending
-                    .claims
-                    .extend(p.source.start_claim().map(|claim| Claiming {
-                        network: key.network.clone(),
-                        set: p.id.clone(),
-                        claim,
-                    }));
-                return Ok(Step::Pending(pending));
-            }
-            Err(PickError::Unavailable(why)) => {
-                let p = &mut net.pools[set];
-                let msg = format!(
-                    "{} has no address now: {why}; {} idle, {} reserved for sticky pods",
-                    p.describe(&key.network),
-                    p.pool.idle(),
-                    p.pool.reserved()
-                );
-                p.last_error = Some((now, msg.clone()));
-                return Err(Error::Busy(msg));
-            }
-            Err(PickError::Pool(e)) => {
-                let p = &mut net.pools[set];
-                let mut msg = format!(
-                    "{} is exhausted: {e}; {} idle, {} cooling, {} reserved for sticky pods",
-                    p.describe(&key.network),
-                    p.pool.idle(),
-                    p.pool.cooling(now),
-                    p.pool.reserved()
-                );
-                if let Some(detail) = p.source.detail() {
-                    msg.push_str("; ");
-                    msg.push_str(&detail);
-                }
-                p.last_error = Some((now, msg.clone()));
-                return Err(Error::Exhausted(msg));
-            }
-        }
-    }
-    Ok(Step::Done(picks))
-}
-
-/// The requested addresses, one slot per range set.
-fn requested_per_set(
-    net: &Network,
-    network: &str,
-    requested: &[IpAddr],
-) -> Result<Vec<Option<IpAddr>>, Error> {
-    let mut wanted: Vec<Option<IpAddr>> = vec![None; net.current];
-    for ip in requested {
-        let set = net.pools[..net.current]
-            .iter()
-            .position(|p| p.source.covers(*ip));
-        let set = set.ok_or_else(|| {
-            Error::InvalidConfig(format!(
-                "requested address {ip} is outside every range of network {network:?} ({})",
-                net.def.describe_ranges()
-            ))
-        })?;
-        if let Some(other) = wanted[set].replace(*ip) {
-            return Err(Error::InvalidConfig(format!(
-                "requested addresses {other} and {ip} fall in the same range set of network {network:?}; ask for one address per range set"
-            )));
-        }
-    }
-    Ok(wanted)
-}
-
-/// The error for a requested address that cannot be had, naming its holder.
-fn claim_error(
-    e: ClaimError,
-    network: &str,
-    ip: IpAddr,
-    attachments: &Attachments,
-    reservations: &BTreeMap<ReservationKey, Reservation>,
-) -> Error {
-    match e {
-        ClaimError::Held => {
-            // The pools do not record holders: find it (a scan, on this error path only).
-            let holder = attachments.holder_of(network, ip);
-            let who = holder
-                .map(|r| format!(" by attachment {}", r.key()))
-                .unwrap_or_default();
-            let pod = holder
-                .filter(|r| !r.pod_name().is_empty())
-                .map(|r| format!(" (pod {}/{})", r.pod_namespace(), r.pod_name()))
-                .unwrap_or_default();
-            Error::InUse(format!("requested address {ip} is already held{who}{pod}"))
-        }
-        ClaimError::Reserved => {
-            let whose = reservations
-                .values()
-                .find(|r| r.key.network == network && r.addresses.contains(&ip))
-                .map(|r| {
-                    format!(
-                        " for pod {}/{} until {} (engine ms)",
-                        r.key.namespace, r.key.name, r.expires_at_ms
-                    )
-                })
-                .unwrap_or_default();
-            Error::InUse(format!(
-                "requested address {ip} is reserved{whose}; cancel the reservation to use it elsewhere"
-            ))
-        }
-        ClaimError::NotHandedOut(why) => Error::InvalidConfig(format!(
-            "requested address {ip}: {why} (network, broadcast and gateway addresses are never handed out)"
-        )),
-        ClaimError::Unavailable(why) => Error::Busy(format!(
-            "requested address {ip} of network {network:?} cannot be handed out now: {why}"
-        )),
-        ClaimError::Pool(e) => Error::Exhausted(format!(
-            "requested address {ip} of network {network:?}: {e}"
-        )),
     }
 }

@@ -3,9 +3,9 @@
 
 use std::net::IpAddr;
 
-use super::add::pick_addresses;
 use super::attachments::Attachment;
 use super::events::{Event, EventKind};
+use super::pick::pick_addresses;
 use super::{Ipam, ReleaseBy, Released, Step};
 use crate::error::Error;
 use crate::model::{AttachmentKey, AttachmentRecord, Reservation, ReservationKey};
@@ -156,6 +156,7 @@ impl Ipam {
                 &st.reservations,
                 &owner,
                 &addresses,
+                None,
                 None,
                 now,
                 false,

@@ -67,6 +67,20 @@ impl Ipam {
         range_sets: Vec<Vec<RangeSpec>>,
         routes: Option<Vec<RouteSpec>>,
     ) -> Result<Option<RangesChanged>, Error> {
+        self.set_pool_ranges(network, range_sets, routes, BTreeMap::new())
+            .await
+    }
+
+    /// [`Ipam::set_ranges_and_routes`] for a network with several cluster pools: `set_pools`
+    /// names the pool of each range's subnet (see
+    /// [`NetworkDef::set_pools`]). Empty for any other network.
+    pub async fn set_pool_ranges(
+        &self,
+        network: &str,
+        range_sets: Vec<Vec<RangeSpec>>,
+        routes: Option<Vec<RouteSpec>>,
+        set_pools: BTreeMap<String, String>,
+    ) -> Result<Option<RangesChanged>, Error> {
         super::validate_network(network)?;
         if let Some(routes) = &routes {
             crate::config::validate_routes(network, routes)?;
@@ -101,7 +115,10 @@ impl Ipam {
                 _ => false,
             };
             let same_routes = routes.as_ref().is_none_or(|r| *r == old.def.routes);
-            if same && same_routes && old.def.origin.ranges_at_runtime() {
+            let same_pools = set_pools
+                .iter()
+                .all(|(k, v)| old.def.set_pools.get(k) == Some(v));
+            if same && same_routes && same_pools && old.def.origin.ranges_at_runtime() {
                 return Ok(None);
             }
             let Replan {
@@ -113,6 +130,7 @@ impl Ipam {
                 old,
                 range_sets,
                 routes,
+                set_pools,
                 &st.attachments,
                 &st.reservations,
                 now,
@@ -174,6 +192,7 @@ impl Ipam {
         old: &Network,
         range_sets: Vec<Vec<RangeSpec>>,
         routes: Option<Vec<RouteSpec>>,
+        set_pools: BTreeMap<String, String>,
         attachments: &Attachments,
         reservations: &BTreeMap<ReservationKey, Reservation>,
         now: Millis,
@@ -193,9 +212,13 @@ impl Ipam {
             .filter(|s| !parse_set(s).is_ok_and(|r| new_sets.contains(&r)))
             .cloned()
             .collect();
+        // Each set's pool: as said now, else as it was (a retiring set's).
+        let mut pools = old.def.set_pools.clone();
+        pools.extend(set_pools);
         let mut def = NetworkDef {
             range_sets,
             retiring: candidates,
+            set_pools: pools,
             routes: routes.unwrap_or_else(|| old.def.routes.clone()),
             // A network of the config file stays one: its tuning still comes from there.
             origin: match old.def.origin {
@@ -226,6 +249,14 @@ impl Ipam {
             .filter(|(i, _)| used[probe.current + i])
             .map(|(_, s)| s)
             .collect();
+        let named: Vec<String> = def
+            .range_sets
+            .iter()
+            .chain(&def.retiring)
+            .flatten()
+            .map(|r| r.subnet.clone())
+            .collect();
+        def.set_pools.retain(|subnet, _| named.contains(subnet));
         let mut net = Network::new(def, sources, now)?;
         net.awaiting = old.awaiting.clone();
         let moved = inherit(&mut net, old)?;

@@ -47,6 +47,7 @@ pub(super) fn reconcile_defs(
                 // The node's ranges as last seen stand until its source says otherwise (and
                 // a change then retires them as `set_ranges` does).
                 def.range_sets = old.range_sets.clone();
+                def.set_pools = old.set_pools.clone();
                 if old.origin == Origin::Node {
                     def.routes = old.routes.clone();
                 }

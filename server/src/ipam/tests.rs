@@ -59,6 +59,7 @@ fn req(net: &str, cid: &str, ipam_json: &str) -> AddRequest {
         ipam: IpamSection::parse(ipam_json).expect("test ipam json"),
         requested: Vec::new(),
         k8s: None,
+        pools: None,
     }
 }
 

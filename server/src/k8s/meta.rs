@@ -20,6 +20,9 @@ pub struct PodInfo {
     pub ips: Vec<IpAddr>,
     /// The pod's UID in the apiserver.
     pub uid: String,
+    /// The cluster pools its annotation chooses (`ipool.io/pool(s)`), else its namespace's
+    /// (see [`super::selection`]).
+    pub pools: Option<crate::model::PoolChoice>,
 }
 
 /// Reads `pod`; an annotation that cannot be read is an error naming it and its value.
@@ -100,6 +103,7 @@ pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
         },
         ips,
         uid: runtime_uid(pod).to_string(),
+        pools: super::selection::chosen(md.annotations.as_ref(), &who)?,
     })
 }
 

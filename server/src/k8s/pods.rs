@@ -47,6 +47,8 @@ struct Inner {
     quarantined: std::sync::atomic::AtomicU64,
     /// Whether the apiserver knows this node: None until it said.
     node_found: Mutex<Option<Result<(), String>>>,
+    /// The namespaces' choices of cluster pools, once watched ([`Pods::watch_namespaces`]).
+    namespaces: std::sync::OnceLock<super::selection::Namespaces>,
 }
 
 impl Pods {
@@ -71,6 +73,7 @@ impl Pods {
             lists,
             quarantined: Default::default(),
             node_found: Mutex::new(None),
+            namespaces: std::sync::OnceLock::new(),
         }));
         pods.0.metrics.apiserver_reachable.set(1);
         tokio::spawn(pods.clone().look_up_node());
@@ -114,6 +117,18 @@ impl Pods {
 
     pub fn node(&self) -> &str {
         &self.0.node
+    }
+
+    /// Watches the namespaces from now on: a pod that chooses no cluster pool gets its
+    /// namespace's choice (see [`super::selection`]).
+    pub fn watch_namespaces(&self) {
+        let s = &self.0.settings;
+        let ns = super::selection::Namespaces::start(
+            self.0.client.clone(),
+            Duration::from_secs(s.read_timeout_secs),
+            Duration::from_millis(s.pod_get_timeout_ms),
+        );
+        let _ = self.0.namespaces.set(ns);
     }
 
     pub fn settings(&self) -> &KubernetesSettings {
@@ -322,7 +337,12 @@ impl Pods {
                 self.0.node
             )));
         }
-        pod_info(&pod, &self.0.settings.sticky_kinds).map_err(Error::InvalidRequest)
+        let mut info =
+            pod_info(&pod, &self.0.settings.sticky_kinds).map_err(Error::InvalidRequest)?;
+        if let (None, Some(ns)) = (&info.pools, self.0.namespaces.get()) {
+            info.pools = ns.choice_of(&want.namespace).await?;
+        }
+        Ok(info)
     }
 
     fn last_error(&self) -> String {

@@ -121,6 +121,110 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
     }
 }
 
+/// Reads the pools of a network with several (`cluster_pools`) until the task is aborted,
+/// handing `feed` their CIDRs in the list's order, each range set named with its pool. A pool
+/// that cannot be read, or is being created or deleted, keeps the CIDRs it last had here; one
+/// that does not exist has none.
+pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<String>) {
+    let mut wait = Duration::from_secs(1);
+    let mut last_remind = tokio::time::Instant::now();
+    let mut written = node.heard().pool_changes();
+    let watched = node.settings().watch;
+    let reread = match watched {
+        true => Duration::from_secs(node.settings().resync_secs),
+        false => REREAD,
+    };
+    // Each pool's spec as last read Ready here.
+    let mut known: std::collections::HashMap<String, PoolSpec> = Default::default();
+    loop {
+        written.mark_unchanged();
+        let store = node.store_name();
+        let mut missing = Vec::new();
+        let mut failed = None;
+        for pool in &pools {
+            match node.read_pool(pool).await {
+                Ok(Some(Pool {
+                    spec,
+                    phase: PoolPhase::Ready,
+                    ..
+                })) => {
+                    known.insert(pool.clone(), spec);
+                }
+                Ok(Some(p)) => missing.push(format!(
+                    "cluster pool {pool:?} is {} in {store}",
+                    p.phase.as_str()
+                )),
+                Ok(None) => {
+                    known.remove(pool);
+                    missing.push(format!(
+                        "cluster pool {pool:?} does not exist in {store} (create it: ipoolctl cluster pool create {pool} --cidr CIDR)"
+                    ));
+                }
+                Err(e) => {
+                    feed.failed(&e);
+                    failed = Some(format!(
+                        "cannot read cluster pool {pool:?} from {store}: {e}"
+                    ));
+                }
+            }
+        }
+        let (mut sets, mut set_pools) = (Vec::new(), std::collections::BTreeMap::new());
+        for pool in pools.iter() {
+            let Some(spec) = known.get(pool) else {
+                continue;
+            };
+            for set in range_sets(spec) {
+                for r in &set {
+                    set_pools.insert(r.subnet.clone(), pool.clone());
+                }
+                sets.push(set);
+            }
+        }
+        let pause = match (&failed, sets.is_empty()) {
+            (Some(why), true) => {
+                feed.why_none(why);
+                wait = (wait * 2).min(Duration::from_secs(30));
+                wait
+            }
+            (_, true) => {
+                feed.apply(Seen::Missing(missing.join("; "))).await;
+                Duration::from_secs(2)
+            }
+            (_, false) => {
+                if failed.is_none() {
+                    wait = Duration::from_secs(1);
+                }
+                let seen = Seen::Ranges {
+                    sets,
+                    routes: Vec::new(),
+                };
+                match (feed.apply_pools(seen, set_pools).await, &failed) {
+                    (true, None) if watched => crate::cluster::jitter(reread),
+                    (true, None) => reread,
+                    (true, Some(_)) => {
+                        wait = (wait * 2).min(Duration::from_secs(30));
+                        wait
+                    }
+                    (false, _) => Duration::from_secs(1),
+                }
+            }
+        };
+        if last_remind.elapsed() >= super::REMIND_EVERY {
+            feed.remind();
+            last_remind = tokio::time::Instant::now();
+        }
+        if !watched {
+            tokio::time::sleep(pause).await;
+            continue;
+        }
+        tokio::select! {
+            biased;
+            _ = written.changed() => {}
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
 /// Gives back, every `resync_secs` (jittered) while the node serves, this node's blocks of the pools no
 /// network here takes its ranges from any more (a network removed, or given another
 /// `cluster_pool`), and those outside their pool's CIDRs, once nothing here holds an address
@@ -190,8 +294,8 @@ pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, u
 /// cluster pool.
 pub struct ClusterNetworks {
     node: Arc<ClusterNode>,
-    /// (network, pool, routes)
-    networks: Vec<(String, String, Vec<RouteSpec>)>,
+    /// (network, pools in order, routes)
+    networks: Vec<(String, Vec<String>, Vec<RouteSpec>)>,
     /// The heartbeat's task, once started: stopped before the name is given up.
     heartbeat: Mutex<Option<JoinHandle<()>>>,
     /// The other tasks started (the pools followed, the identity watched, unused pools).
@@ -203,18 +307,23 @@ impl ClusterNetworks {
     /// get: blocks of a cluster pool for those, local ranges for the rest.
     pub fn new(node: Arc<ClusterNode>, config: &DaemonConfig) -> (ClusterNetworks, Sources) {
         let networks = config.cluster_networks();
-        let pools: std::collections::HashMap<String, String> = networks
+        let pools: std::collections::HashMap<String, Vec<String>> = networks
             .iter()
             .map(|(n, p, _)| (n.clone(), p.clone()))
             .collect();
         let n = node.clone();
         let sources = Sources::new(move |def, ranges| match pools.get(&def.name) {
-            Some(pool) => Box::new(ClusterSource::new(
-                n.clone(),
-                pool,
-                &ranges,
-                def.tuning.min_idle,
-            )),
+            Some(list) => {
+                // A set's pool as its ranges were read (several pools), else the one pool.
+                let pool = ranges
+                    .iter()
+                    .find_map(|r| def.set_pools.get(&r.subnet.to_string()))
+                    .unwrap_or(&list[0]);
+                // The network's later pools claim only once an ADD needs them.
+                let first = *pool == list[0];
+                let min_idle = if first { def.tuning.min_idle } else { 0 };
+                Box::new(ClusterSource::new(n.clone(), pool, &ranges, min_idle).on_demand(!first))
+            }
             None => Box::new(LocalSource::new(ranges)),
         });
         let me = ClusterNetworks {
@@ -272,15 +381,23 @@ impl ClusterNetworks {
                 }
             }));
         }
-        let used = self.networks.iter().map(|(_, p, _)| p.clone()).collect();
+        let used = self
+            .networks
+            .iter()
+            .flat_map(|(_, p, _)| p.iter().cloned())
+            .collect();
         tasks.push(tokio::spawn(give_back_unused(
             self.node.clone(),
             ipam.clone(),
             used,
         )));
-        for (network, pool, routes) in &self.networks {
+        for (network, pools, routes) in &self.networks {
             let feed = Feed::new(ipam.clone(), network, routes.clone());
-            tasks.push(tokio::spawn(follow(feed, self.node.clone(), pool.clone())));
+            let node = self.node.clone();
+            tasks.push(match &pools[..] {
+                [pool] => tokio::spawn(follow(feed, node, pool.clone())),
+                _ => tokio::spawn(follow_all(feed, node, pools.clone())),
+            });
         }
     }
 

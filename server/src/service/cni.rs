@@ -85,6 +85,7 @@ impl CniService {
             if requested.is_empty() {
                 requested = info.as_ref().map(|i| i.ips.clone()).unwrap_or_default();
             }
+            let pools = info.as_ref().and_then(|i| i.pools.clone());
             self.ipam
                 .add(AddRequest {
                     key: key.clone(),
@@ -93,6 +94,7 @@ impl CniService {
                     ipam,
                     requested,
                     k8s: info.map(|i| i.meta),
+                    pools,
                 })
                 .await
         }

@@ -27,6 +27,7 @@ fn net(name: &str) -> NetworkDef {
             sticky_ttl_secs: 600,
         },
         origin: Origin::Cni,
+        set_pools: Default::default(),
         retiring: Vec::new(),
     }
 }

@@ -9,6 +9,7 @@ use ipool_server::cluster::model::{
     ClusterError, Listing, MalformedKey, Pool, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
 use ipool_server::cluster::pool::{PoolChange, PoolSpec, Reserved};
+use ipool_server::cluster::selector::NodeSelector;
 
 pub(super) use crate::cluster_store::StoreArgs;
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
@@ -73,6 +74,10 @@ pub(super) enum PoolCommand {
         /// Ranges never handed out (the service CIDR, say).
         #[arg(long = "exclude")]
         exclude: Vec<String>,
+        /// The nodes that may claim from the pool: a label selector over the Node's labels,
+        /// as kubectl -l takes one ("zone=a,rack in (r1,r2),!gpu"). Default: every node.
+        #[arg(long)]
+        node_selector: Option<String>,
         /// Succeed when the pool exists already with exactly this spec (a Job that may run
         /// again); a pool of that name with another spec is still refused.
         #[arg(long)]
@@ -92,6 +97,17 @@ pub(super) enum PoolCommand {
     Disable { name: String },
     /// Blocks are claimed from the pool again.
     Enable { name: String },
+    /// Which nodes may claim from the pool from now on: a label selector over the Node's
+    /// labels ("zone=a,rack in (r1,r2)"), or --all-nodes. A node that stops matching claims no
+    /// new block and gives its empty ones back; addresses in use stay.
+    SetNodeSelector {
+        name: String,
+        #[arg(required_unless_present = "all_nodes", conflicts_with = "all_nodes")]
+        selector: Option<String>,
+        /// Every node may claim from the pool (no selector).
+        #[arg(long)]
+        all_nodes: bool,
+    },
 }
 
 /// An address (as its own CIDR) or a CIDR.
@@ -184,21 +200,29 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
             block_size,
             block_size_v6,
             exclude,
+            node_selector,
             exists_ok,
         }) => {
+            let selector = match node_selector.as_deref().map(NodeSelector::parse) {
+                None => Ok(None),
+                Some(Ok(s)) => Ok(Some(s.to_string())),
+                Some(Err(e)) => Err(format!("--node-selector: {e}")),
+            };
             let spec = match (
                 parse_nets("--cidr", cidrs),
                 parse_nets("--exclude", exclude),
+                selector,
             ) {
-                (Ok(cidrs), Ok(exclude)) => PoolSpec {
+                (Ok(cidrs), Ok(exclude), Ok(node_selector)) => PoolSpec {
                     name: name.clone(),
                     cidrs,
                     block_v4: *block_size,
                     block_v6: *block_size_v6,
                     exclude,
+                    node_selector,
                     ..PoolSpec::default()
                 },
-                (Err(e), _) | (_, Err(e)) => {
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                     eprintln!("ipoolctl: {e}");
                     return ExitCode::from(EXIT_USAGE);
                 }
@@ -217,9 +241,20 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
             c @ (PoolCommand::AddCidr { name, .. }
             | PoolCommand::RemoveCidr { name, .. }
             | PoolCommand::Disable { name }
-            | PoolCommand::Enable { name }),
+            | PoolCommand::Enable { name }
+            | PoolCommand::SetNodeSelector { name, .. }),
         ) => {
             let change = match c {
+                PoolCommand::SetNodeSelector { selector, .. } => {
+                    match selector.as_deref().map(NodeSelector::parse) {
+                        None => PoolChange::SetNodeSelector(None),
+                        Some(Ok(s)) => PoolChange::SetNodeSelector(Some(s.to_string())),
+                        Some(Err(e)) => {
+                            eprintln!("ipoolctl: {e}");
+                            return ExitCode::from(EXIT_USAGE);
+                        }
+                    }
+                }
                 PoolCommand::AddCidr { cidr, .. } | PoolCommand::RemoveCidr { cidr, .. } => {
                     let Ok(net) = cidr.parse::<IpNet>() else {
                         eprintln!("ipoolctl: {cidr:?} is not a CIDR");
@@ -356,6 +391,7 @@ fn pool_json(p: &PoolSpec, phase: PoolPhase, counts: Option<&Counts>) -> serde_j
         "name": p.name, "cidrs": p.cidrs, "blockSize": p.block_v4,
         "blockSizeV6": p.block_v6, "exclude": p.exclude, "phase": phase.as_str(),
         "disabled": p.disabled, "adding": p.adding, "removing": p.removing,
+        "nodeSelector": p.node_selector,
     });
     if let Some(c) = counts {
         v["blocksOwned"] = c.owned.into();
@@ -391,6 +427,7 @@ fn print_pools(pools: &[Pool], blocks: &Listing, out: Output) {
                 format!("/{} /{}", p.block_v4, p.block_v6),
                 join(&p.exclude),
                 phase.as_str().to_string(),
+                p.node_selector.clone().unwrap_or_else(|| "all".into()),
                 state(p),
                 c.owned.to_string(),
                 c.free_addresses.to_string(),
@@ -404,6 +441,7 @@ fn print_pools(pools: &[Pool], blocks: &Listing, out: Output) {
             "BLOCKS (v4 v6)",
             "EXCLUDED",
             "PHASE",
+            "NODES",
             "STATE",
             "OWNED",
             "FREE",

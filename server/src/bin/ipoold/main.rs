@@ -339,7 +339,19 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         Some(settings) => {
             let node = node_name(&args, "[kubernetes] watches the pods of this node")?;
             let c = kube_client(&args, read_timeout, &mut client).await?;
-            let pods = k8s::Pods::start(c, &node, settings, ipam.metrics_handle());
+            let pods = k8s::Pods::start(c.clone(), &node, settings, ipam.metrics_handle());
+            if let Some(cl) = &cluster {
+                // Pools chosen by namespace, and the Node's labels for the pools'
+                // nodeSelectors.
+                pods.watch_namespaces();
+                let n = cl.node().clone();
+                tokio::spawn(k8s::selection::follow_labels(
+                    c,
+                    node.clone(),
+                    read_timeout,
+                    move |labels| n.set_labels(labels),
+                ));
+            }
             // ADDs wait (CNI 11, STATUS 50) until the pods are listed and their addresses
             // quarantined against the ranges they are served from: a lost or rebuilt store
             // hands out no running pod's address.

@@ -158,7 +158,8 @@ impl PoolStore for ClusterStore {
                 PoolChange::Disable
                 | PoolChange::Enable
                 | PoolChange::Reserve(_)
-                | PoolChange::Unreserve(_) => {}
+                | PoolChange::Unreserve(_)
+                | PoolChange::SetNodeSelector(_) => {}
             }
             let value = serde_json::to_vec(&next).expect("a pool serializes");
             let txn = request::txn(when, [op::put(key.clone(), value, 0)], []);

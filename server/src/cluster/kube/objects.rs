@@ -159,6 +159,9 @@ fn pool_spec_json(spec: &PoolSpec) -> Value {
             .collect();
         out["reserved"] = json!(reserved);
     }
+    if let Some(sel) = &spec.node_selector {
+        out["nodeSelector"] = json!(sel);
+    }
     out
 }
 
@@ -226,6 +229,11 @@ pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), S
                 })
                 .collect::<Result<_, String>>()?,
             other => return Err(format!("spec.reserved: {other} is not a list")),
+        },
+        node_selector: match &spec["nodeSelector"] {
+            Value::Null => None,
+            Value::String(s) => Some(s.clone()),
+            other => return Err(format!("spec.nodeSelector: {other} is not a string")),
         },
     };
     pool.validate()?;
@@ -343,6 +351,7 @@ mod tests {
                 cidr: "10.0.0.5/32".parse().unwrap(),
                 reason: "r".into(),
             }],
+            node_selector: Some("zone=a".into()),
         };
         let pool = new_pool(&spec, PoolPhase::Ready);
         let mut written: Vec<(&str, String)> = Vec::new();

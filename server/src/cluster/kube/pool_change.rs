@@ -50,7 +50,8 @@ impl KubeStore {
                 PoolChange::Disable
                 | PoolChange::Enable
                 | PoolChange::Reserve(_)
-                | PoolChange::Unreserve(_) => {
+                | PoolChange::Unreserve(_)
+                | PoolChange::SetNodeSelector(_) => {
                     let next = spec.changed(change).map_err(ClusterError::Refused)?;
                     self.write_spec(&obj, &next).await?.map(|_| next)
                 }

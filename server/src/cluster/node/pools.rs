@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::ClusterNode;
 use crate::cluster::model::{ClusterError, Pool, PoolPhase};
 use crate::cluster::pool::Reserved;
+use crate::cluster::selector::NodeSelector;
 
 /// What a pool, as last read, says of handing out.
 #[derive(Default)]
@@ -19,6 +20,8 @@ pub(super) struct Policy {
     known: bool,
     disabled: bool,
     reserved: Arc<Vec<Reserved>>,
+    /// The pool's nodeSelector, parsed (None: every node may use it).
+    selector: Option<NodeSelector>,
     /// The pool as read, while it is Ready and not forgotten: what claims are conditioned on.
     ready: Option<Pool>,
 }
@@ -63,6 +66,11 @@ impl ClusterNode {
                 now.known = pool.is_some();
                 now.ready = pool.filter(|p| p.phase == PoolPhase::Ready).cloned();
                 now.disabled = pool.is_some_and(|p| p.spec.disabled);
+                // A pool's selector parsed when it was read (checked then: one that does not
+                // parse made the pool unreadable).
+                now.selector = pool
+                    .and_then(|p| p.spec.node_selector.as_deref())
+                    .and_then(|s| NodeSelector::parse(s).ok());
                 let reserved = pool.map(|p| &p.spec.reserved[..]).unwrap_or(&[]);
                 // The same reservations keep their Arc (a source reports new ones).
                 if *now.reserved != reserved {
@@ -112,6 +120,47 @@ impl ClusterNode {
             .expect("policy lock")
             .get(name)
             .is_some_and(|p| p.disabled)
+    }
+
+    /// Why this node may not take new addresses from pool `name`, as last read: its labels
+    /// do not match the pool's nodeSelector (no I/O). None while the labels are not known
+    /// (see [`ClusterNode::pool_awaits_labels`]).
+    pub fn pool_refused(&self, name: &str) -> Option<String> {
+        let policy = self.policy.lock().expect("policy lock");
+        let selector = policy.get(name)?.selector.as_ref()?;
+        let labels = self.labels.lock().expect("labels lock");
+        let labels = labels.as_ref()?;
+        (!selector.matches(labels)).then(|| {
+            format!(
+                "node {}'s labels do not match cluster pool {name:?}'s nodeSelector {:?}",
+                self.name(),
+                selector.to_string()
+            )
+        })
+    }
+
+    /// Why nothing is handed out from pool `name` yet: it has a nodeSelector and this node's
+    /// labels are not known yet (no I/O).
+    pub fn pool_awaits_labels(&self, name: &str) -> Option<String> {
+        let policy = self.policy.lock().expect("policy lock");
+        policy.get(name)?.selector.as_ref()?;
+        match self.labels.lock().expect("labels lock").is_some() {
+            true => None,
+            false => Some(format!(
+                "cluster pool {name:?} has a nodeSelector, and node {}'s labels are not known yet (they come from its Node object with [kubernetes], else from [cluster] node_labels)",
+                self.name()
+            )),
+        }
+    }
+
+    /// This node's labels from now on (its Node's, or `[cluster] node_labels`): what the
+    /// pools' nodeSelectors are matched against.
+    pub fn set_labels(&self, labels: std::collections::BTreeMap<String, String>) {
+        let mut now = self.labels.lock().expect("labels lock");
+        if now.as_ref() != Some(&labels) {
+            tracing::info!(labels = ?labels, "this node's labels, for the cluster pools' nodeSelectors");
+            *now = Some(labels);
+        }
     }
 
     /// Forgets pool `name` as read (it changed): the next use reads it again (what it said of
