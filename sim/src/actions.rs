@@ -97,6 +97,9 @@ pub struct Swarm {
     /// The operator's pool commands include the changes of a running pool (a CIDR added or
     /// removed, the pool disabled and enabled).
     pub pool_changes: bool,
+    /// The network takes its addresses from two pools (`cluster_pools = ["p", "q"]`): the
+    /// second once the first is full.
+    pub two_pools: bool,
 }
 
 impl Swarm {
@@ -110,6 +113,7 @@ impl Swarm {
             slow_operator: false,
             watch: false,
             pool_changes: false,
+            two_pools: false,
         }
     }
 
@@ -142,6 +146,8 @@ impl Swarm {
         }
         // Last again, after the watches' picks: a run kept before replays zeros (no changes).
         let pool_changes = c.pick(2) == 1;
+        // Last again: a run kept before replays zeros (one pool).
+        let two_pools = c.pick(2) == 1;
         Swarm {
             faults,
             weights,
@@ -150,6 +156,7 @@ impl Swarm {
             slow_operator,
             watch,
             pool_changes,
+            two_pools,
         }
     }
 

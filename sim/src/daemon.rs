@@ -106,6 +106,8 @@ impl Clock for EngineClock {
 pub struct Setting {
     pub store: StoreKind,
     pub pool: String,
+    /// A second pool of the network, tried once the first is full.
+    pub second_pool: Option<String>,
     /// `[cluster]`'s numbers and `[defaults]`, as TOML.
     pub tuning: String,
     pub timeout: Duration,
@@ -118,11 +120,14 @@ impl Setting {
             StoreKind::Etcd => "etcd_endpoints = [\"http://192.0.2.1:2379\"]",
             StoreKind::Kube => "datastore = \"kubernetes\"",
         };
+        let pools = match &self.second_pool {
+            None => format!("cluster_pool = \"{}\"", self.pool),
+            Some(q) => format!("cluster_pools = [\"{}\", \"{q}\"]", self.pool),
+        };
         let text = format!(
-            "[cni]\nadd_wait_ms = 1500\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n[cluster]\n{store}\nnode_name = \"{name}\"\netcd_timeout_ms = {}\n{}\n[[network]]\nname = \"{NETWORK}\"\nranges_from = \"cluster\"\ncluster_pool = \"{}\"\n",
+            "[cni]\nadd_wait_ms = 1500\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n[cluster]\n{store}\nnode_name = \"{name}\"\netcd_timeout_ms = {}\n{}\n[[network]]\nname = \"{NETWORK}\"\nranges_from = \"cluster\"\n{pools}\n",
             self.timeout.as_millis(),
             self.tuning,
-            self.pool
         );
         DaemonConfig::parse(&text).expect("the simulation's daemon config")
     }

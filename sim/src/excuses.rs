@@ -156,21 +156,37 @@ impl World {
     ) -> Result<(), String> {
         let s = &self.slots[slot];
         let snap = self.snapshot_at(decided);
-        if let Some((revisions, pool)) = &snap.pool_revisions {
+        if let Some((revisions, pools)) = &snap.pool_revisions {
             for (ip, excuse) in ips.iter().zip(excuses) {
-                let mine = snap
+                // The node's blocks over the address: one of the pool as it is now is enough
+                // (a block of the pool as it was, left by a claim that arrived late, may stand
+                // over it too: no other node owns a block of the pool now over the address).
+                let revision_of = |b: &ipnet::IpNet| match revisions.get(b) {
+                    Some((p, r)) => (p.as_str(), Some(*r)),
+                    None => (crate::POOL, None),
+                };
+                let mine: Vec<&ipnet::IpNet> = snap
                     .blocks
                     .iter()
-                    .find(|(b, o, _)| b.contains(ip) && *o == s.name);
-                let Some((b, _, _)) = mine.filter(|_| excuse.is_none()) else {
+                    .filter(|(b, o, _)| b.contains(ip) && *o == s.name)
+                    .map(|(b, _, _)| b)
+                    .collect();
+                let Some(b) = mine.first().filter(|_| excuse.is_none()) else {
                     continue;
                 };
-                if revisions.get(b).copied() != *pool {
+                let current = |b: &&ipnet::IpNet| {
+                    let (pool, claimed) = revision_of(b);
+                    claimed == pools.get(pool).copied()
+                };
+                if mine.iter().any(|b| current(&b)) {
+                    continue;
+                }
+                let (pool, claimed) = revision_of(b);
+                let now = pools.get(pool).copied();
+                if claimed != now {
                     return Err(format!(
-                        "{ip} handed out by {} (slot {slot}) from block {b}, claimed from pool {} as it was (poolRevision {:?}), not as it is now ({pool:?})",
+                        "{ip} handed out by {} (slot {slot}) from block {b}, claimed from pool {pool} as it was (poolRevision {claimed:?}), not as it is now ({now:?})",
                         s.name,
-                        crate::POOL,
-                        revisions.get(b)
                     ));
                 }
             }

@@ -55,6 +55,8 @@ pub const NOT_YET: &[Bug] = &[
 
 /// The simulation's pool.
 pub const POOL: &str = "p";
+/// The network's second pool, in the runs that have one (`Swarm::two_pools`).
+pub const SECOND_POOL: &str = "q";
 
 /// The daemons' fence (their heartbeat TTL), in simulated milliseconds.
 pub const FENCE_MS: u64 = 6_000;
@@ -126,6 +128,21 @@ impl Options {
     /// The IPv4 block size of the pool as first made.
     pub fn block_v4(&self) -> u8 {
         28
+    }
+
+    /// The second pool (`Swarm::two_pools`): one small CIDR per family, blocks of /28.
+    pub fn second_pool(&self) -> PoolSpec {
+        let mut cidrs = vec!["10.71.0.0/27".parse().expect("a CIDR")];
+        if self.dual_stack {
+            cidrs.push("fd00:71::/124".parse().expect("a CIDR"));
+        }
+        PoolSpec {
+            name: SECOND_POOL.into(),
+            cidrs,
+            block_v4: 28,
+            block_v6: 124,
+            ..PoolSpec::default()
+        }
     }
 
     /// The pool, with IPv4 blocks of `block_v4`.

@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 use ipool_server::cluster::datastore::Store;
 use ipool_server::cluster::etcd::client::{Call, Limiter};
-use ipool_server::cluster::pool::PoolChange;
+use ipool_server::cluster::pool::{PoolChange, PoolSpec};
 
 use tokio::time::Instant;
 
 use crate::nodes::node_slot;
 use crate::store::Shared;
 use crate::world::{OpDone, World};
-use crate::{Options, StoreKind, POOL};
+use crate::{StoreKind, POOL};
 
 impl World {
     /// A store connection of the operator's own, looking for the nodes' names where the
@@ -211,12 +211,12 @@ async fn move_pool(
 }
 
 /// Writes the pool into the store as the operator made it before the nodes started.
-pub(crate) fn seed_pool(shared: &mut Shared, opts: &Options, block_v4: u8, wall_ms: u64) {
-    let spec = opts.pool(block_v4);
+pub(crate) fn seed_pool(shared: &mut Shared, spec: &PoolSpec, wall_ms: u64) {
+    let name = &spec.name;
     match shared {
         Shared::Etcd(e) => {
             let put = ipool_server::cluster::etcd::request::put(
-                format!("/ipool/v1/pools/{POOL}"),
+                format!("/ipool/v1/pools/{name}"),
                 serde_json::to_vec(&spec).expect("a pool"),
                 0,
             );
@@ -225,7 +225,7 @@ pub(crate) fn seed_pool(shared: &mut Shared, opts: &Options, block_v4: u8, wall_
         Shared::Api { objects, .. } => {
             let body = serde_json::json!({
                 "apiVersion": "ipool.io/v1", "kind": "IPPool",
-                "metadata": {"name": POOL},
+                "metadata": {"name": name},
                 "spec": {"cidrs": spec.cidrs, "blockSizeV4": spec.block_v4,
                          "blockSizeV6": spec.block_v6, "exclude": spec.exclude},
                 "status": {"phase": "Ready"}});

@@ -54,6 +54,12 @@ impl Holder {
     }
 }
 
+/// Each block's (pool, revision of the pool it was claimed from), and each pool's revision.
+pub type PoolRevisions = (
+    std::collections::BTreeMap<IpNet, (String, i64)>,
+    std::collections::BTreeMap<String, i64>,
+);
+
 pub enum Shared {
     Etcd(Etcd),
     /// The apiserver's objects, how far its clock is from the wall (its replicas' clocks), and
@@ -292,22 +298,31 @@ impl Shared {
         }
     }
 
-    /// On the Kubernetes API: each block's record of its pool (`spec.poolRevision`), and the
-    /// pool's as it is now (from its uid; None: no pool); etcd's blocks record none.
-    pub fn pool_revisions(&self) -> Option<(std::collections::BTreeMap<IpNet, i64>, Option<i64>)> {
+    /// On the Kubernetes API: each block's pool and its record of it (`spec.poolRevision`),
+    /// and each pool's revision as it is now (from its uid); etcd's blocks record none.
+    pub fn pool_revisions(&self) -> Option<PoolRevisions> {
         let Shared::Api { objects, .. } = self else {
             return None;
         };
         let blocks = Shared::api_blocks(objects)
-            .filter_map(|(net, o)| Some((net, o["spec"]["poolRevision"].as_i64()?)))
+            .filter_map(|(net, o)| {
+                let pool = o["spec"]["pool"].as_str()?.to_string();
+                Some((net, (pool, o["spec"]["poolRevision"].as_i64()?)))
+            })
             .collect();
-        let pool = objects
+        let pools = objects
             .objects
             .iter()
-            .find(|(k, _)| k.0 == "ippools" && k.2 == crate::POOL)
-            .and_then(|(_, o)| o["metadata"]["uid"].as_str())
-            .map(ipool_server::cluster::kube::pool_revision_of_uid);
-        Some((blocks, pool))
+            .filter(|(k, _)| k.0 == "ippools")
+            .filter_map(|(k, o)| {
+                let uid = o["metadata"]["uid"].as_str()?;
+                Some((
+                    k.2.clone(),
+                    ipool_server::cluster::kube::pool_revision_of_uid(uid),
+                ))
+            })
+            .collect();
+        Some((blocks, pools))
     }
 
     /// Who holds each node's name: (node, the holder's instance, until when its lease runs

@@ -112,7 +112,7 @@ pub(crate) struct Snapshot {
     pub blocks: Vec<StoreBlock>,
     pub holders: Vec<Holder>,
     /// The Kubernetes API's blocks' records of their pool, and the pool's now.
-    pub pool_revisions: Option<(BTreeMap<ipnet::IpNet, i64>, Option<i64>)>,
+    pub pool_revisions: Option<crate::store::PoolRevisions>,
 }
 
 /// Who changed the store when etcd was restored from a backup.
@@ -211,12 +211,16 @@ impl World {
         let setting = Setting {
             store: opts.store,
             pool: crate::POOL.into(),
+            second_pool: swarm.two_pools.then(|| crate::SECOND_POOL.to_string()),
             tuning: opts.tuning(swarm.resync_secs, swarm.claim_ahead, swarm.watch),
             timeout: Duration::from_millis(500),
         };
         let id = 0xc1u64 << 32 | opts.seed & 0xffff_ffff;
         let mut shared = Shared::new(opts.store, id, swarm.watch);
-        crate::operator::seed_pool(&mut shared, &opts, opts.block_v4(), wall.now_ms());
+        crate::operator::seed_pool(&mut shared, &opts.pool(opts.block_v4()), wall.now_ms());
+        if swarm.two_pools {
+            crate::operator::seed_pool(&mut shared, &opts.second_pool(), wall.now_ms());
+        }
         let slots = (0..opts.nodes)
             .map(|i| Slot::new(format!("n{i}"), Arc::new(MemStore::new()), 1, None))
             .collect();

@@ -7,6 +7,7 @@
 //! simulation does): the sources of its cluster networks, the heartbeat, the pools followed,
 //! the blocks of unused pools given back, and the clean stop.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,6 +48,18 @@ pub fn range_sets(spec: &PoolSpec) -> Vec<Vec<RangeSpec>> {
         .collect()
 }
 
+/// The pool's range sets, and its name for each of their subnets (kept with the network: a
+/// restart makes each set's source for its pool before any pool is read).
+fn pool_sets(spec: &PoolSpec) -> (Vec<Vec<RangeSpec>>, BTreeMap<String, String>) {
+    let sets = range_sets(spec);
+    let named = sets
+        .iter()
+        .flatten()
+        .map(|r| (r.subnet.clone(), spec.name.clone()))
+        .collect();
+    (sets, named)
+}
+
 /// Reads pool `pool` until the task is aborted, handing its CIDRs to `feed`.
 pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
     let mut wait = Duration::from_secs(1);
@@ -78,11 +91,12 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
             }
             Ok(Some(Pool { spec, .. })) => {
                 wait = Duration::from_secs(1);
+                let (sets, set_pools) = pool_sets(&spec);
                 let seen = Seen::Ranges {
-                    sets: range_sets(&spec),
+                    sets,
                     routes: Vec::new(),
                 };
-                match feed.apply(seen).await {
+                match feed.apply_pools(seen, set_pools).await {
                     true if watched => crate::cluster::jitter(reread),
                     true => reread,
                     false => Duration::from_secs(1),
@@ -168,17 +182,14 @@ pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<Strin
                 }
             }
         }
-        let (mut sets, mut set_pools) = (Vec::new(), std::collections::BTreeMap::new());
+        let (mut sets, mut set_pools) = (Vec::new(), BTreeMap::new());
         for pool in pools.iter() {
             let Some(spec) = known.get(pool) else {
                 continue;
             };
-            for set in range_sets(spec) {
-                for r in &set {
-                    set_pools.insert(r.subnet.clone(), pool.clone());
-                }
-                sets.push(set);
-            }
+            let (more, named) = pool_sets(spec);
+            sets.extend(more);
+            set_pools.extend(named);
         }
         let pause = match (&failed, sets.is_empty()) {
             (Some(why), true) => {
