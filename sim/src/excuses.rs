@@ -178,7 +178,7 @@ impl World {
                     let (pool, claimed) = revision_of(b);
                     claimed == pools.get(pool).copied()
                 };
-                if mine.iter().any(|b| current(&b)) {
+                if mine.iter().any(current) {
                     continue;
                 }
                 let (pool, claimed) = revision_of(b);
