@@ -249,6 +249,11 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             c.pool_reservations.clone(),
         );
         r.register(
+            "ipool_cluster_pool_node_selected",
+            "1 while this node's labels match a cluster pool's nodeSelector (or it has none), as the node last read the pool: 0, it claims nothing from the pool and gives its empty blocks back.",
+            c.pool_node_selected.clone(),
+        );
+        r.register(
             "ipool_cluster_block_give_backs",
             "Empty blocks given back after their hold-down.",
             c.give_backs.clone(),

@@ -106,6 +106,8 @@ pub struct ClusterMetrics {
     pub pool_disabled: Family<PoolLabels, Gauge>,
     /// A pool's reservations, as this node last read it.
     pub pool_reservations: Family<PoolLabels, Gauge>,
+    /// 1 while this node's labels match a pool's nodeSelector (or it has none), as last read.
+    pub pool_node_selected: Family<PoolLabels, Gauge>,
 }
 
 impl Default for ClusterMetrics {
@@ -127,6 +129,7 @@ impl Default for ClusterMetrics {
             etcd_resets: Counter::default(),
             pool_disabled: Family::default(),
             pool_reservations: Family::default(),
+            pool_node_selected: Family::default(),
         }
     }
 }
@@ -141,6 +144,14 @@ impl ClusterMetrics {
         self.pool_reservations
             .get_or_create(&labels)
             .set(reservations as i64);
+    }
+
+    /// Whether this node may claim from pool `pool` (its labels match the pool's
+    /// nodeSelector, or it has none).
+    pub fn pool_selected(&self, pool: &str, selected: bool) {
+        self.pool_node_selected
+            .get_or_create(&PoolLabels { pool: pool.into() })
+            .set(i64::from(selected));
     }
 
     /// A listing of this node's blocks of `pool` (`family`) was taken in.

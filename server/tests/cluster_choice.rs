@@ -78,7 +78,8 @@ fn pods_choose_among_the_networks_pools(store: Backend) {
         .replace(
             "cluster_pool = \"first\"",
             "cluster_pools = [\"first\", \"second\", \"tenant\", \"gpu\"]",
-        );
+        )
+        + "[[network]]\nname = \"side\"\nranges = [[{ subnet = \"10.78.0.0/24\" }]]\n";
     let mut d = Daemon::prepare_with_config(&toml);
     let kubeconfig = api.kubeconfig(d.dir.path());
     d.add_args(&["--kubeconfig", &kubeconfig.display().to_string()]);
@@ -129,6 +130,20 @@ fn pods_choose_among_the_networks_pools(store: Backend) {
     let t1 = pod("team-a", "t1", json!({}));
     let r = add("c4", &t1);
     assert!(inside("10.76.2.0/28", &r), "{:?}", r.json);
+    // A network of no cluster pool: a choice of pools does not count there (a pod of an
+    // annotated namespace, or with an annotation no pool could have, is served as any).
+    let side = d.conf("1.1.0", "side", "");
+    let r = cni_with_args("ADD", "c4", &t1, &side);
+    assert!(r.ok && inside("10.78.0.0/24", &r), "{:?}", r.json);
+    let bad = pod("team-a", "bad", json!({"ipool.io/pool": "a,b"}));
+    let r = cni_with_args("ADD", "c10", &bad, &side);
+    assert!(r.ok, "{:?}", r.json);
+    let r = cni_with_args("ADD", "c10", &bad, &conf);
+    assert!(
+        !r.ok && r.json.to_string().contains("ipool.io/pool"),
+        "{:?}",
+        r.json
+    );
     let t2 = pod("team-a", "t2", json!({"ipool.io/pools": "second,first"}));
     let r = add("c5", &t2);
     assert!(inside("10.76.1.0/28", &r), "{:?}", r.json);
@@ -184,6 +199,25 @@ fn pods_choose_among_the_networks_pools(store: Backend) {
     // The network's other pools serve on.
     let a4 = pod("app", "a4", json!({}));
     assert!(add("c9", &a4).ok);
+
+    // The selector changed by the operator: a bad one is refused naming it; --all-nodes lets
+    // this node use the pool again.
+    let o = store.ctl(&["pool", "set-node-selector", "gpu", "zone in (a"]);
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
+    assert!(stderr(&o).contains("zone in (a"), "{}", stderr(&o));
+    let o = store.ctl(&["pool", "set-node-selector", "gpu", "--all-nodes"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listed = store.ctl(&["-o", "json", "pool", "list"]);
+    let gpu = json(&listed)
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "gpu")
+        .cloned()
+        .unwrap();
+    assert_eq!(gpu["nodeSelector"], serde_json::Value::Null, "{gpu}");
+    let r = add("c8", &g2);
+    assert!(inside("10.76.3.0/28", &r), "{:?}", r.json);
 }
 
 #[test]

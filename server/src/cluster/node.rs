@@ -130,7 +130,6 @@ impl ClusterNode {
         connector: Connector,
     ) -> Result<Arc<ClusterNode>, String> {
         settings.validate()?;
-        let settings_labels = settings.node_labels.clone();
         ipool_proto::names::check_name("node name", &name)?;
         if settings.datastore == crate::config::cluster::DatastoreKind::Kubernetes {
             // It labels the node's blocks (ipool.io/node) and names its Lease.
@@ -167,7 +166,7 @@ impl ClusterNode {
             current: Mutex::new(None),
             down: Mutex::new(None),
             policy: Mutex::default(),
-            labels: Mutex::new((!settings_labels.is_empty()).then_some(settings_labels)),
+            labels: Mutex::new(None),
             pool_reads: std::sync::atomic::AtomicU64::new(1),
             views: Views::default(),
             beat: Mutex::new(Beat {

@@ -526,6 +526,14 @@ impl Source for ClusterSource {
         if let Some(n) = self.not_serving() {
             return n;
         }
+        // Nothing new from a disabled pool, nor one this node may not use (the background
+        // loop fetches nothing into idle then, and its blocks empty).
+        if let Some(why) = self
+            .disabled()
+            .or_else(|| self.node.pool_refused(&self.pool))
+        {
+            return Next::Unavailable(why);
+        }
         let reserved = self.node.pool_reserved(&self.pool);
         if let Some(ip) = self
             .usable()
@@ -543,7 +551,10 @@ impl Source for ClusterSource {
         }
     }
     fn peek_next_n(&self, n: usize) -> Vec<IpAddr> {
-        if self.not_serving().is_some() {
+        if self.not_serving().is_some()
+            || self.node.pool_disabled(&self.pool)
+            || self.node.pool_refused(&self.pool).is_some()
+        {
             return Vec::new();
         }
         let reserved = self.node.pool_reserved(&self.pool);

@@ -54,7 +54,8 @@ pub struct ClusterSettings {
     #[serde(default = "default_watch")]
     pub watch: bool,
     /// This node's labels for the pools' nodeSelectors where ipoold has no `[kubernetes]`
-    /// table (with one, its Node's labels are watched and these are not used).
+    /// table (none: the node has no labels); with one, its Node's labels are watched and
+    /// these are not used.
     #[serde(default)]
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// Each etcd call's deadline.

@@ -214,6 +214,16 @@ impl Ipam {
 }
 
 impl Ipam {
+    /// Whether `network` takes its addresses from cluster pools (a pod's choice of pools
+    /// counts there only).
+    pub fn takes_cluster_pools(&self, network: &str) -> bool {
+        self.shared
+            .config
+            .networks
+            .iter()
+            .any(|n| n.name == network && !n.cluster_pool_list().is_empty())
+    }
+
     /// Refuses a choice of pools that names one its network does not list.
     fn check_choice(&self, network: &str, choice: &PoolChoice) -> Result<(), Error> {
         let listed = self

@@ -14,15 +14,16 @@ pub const STICKY_TTL: &str = "ipool.io/sticky-ttl";
 pub const IPS: &str = "ipool.io/ips";
 
 /// The pod's metadata for its attachment, and the addresses its annotation asks for.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodInfo {
     pub meta: PodMeta,
     pub ips: Vec<IpAddr>,
     /// The pod's UID in the apiserver.
     pub uid: String,
-    /// The cluster pools its annotation chooses (`ipool.io/pool(s)`), else its namespace's
-    /// (see [`super::selection`]).
-    pub pools: Option<crate::model::PoolChoice>,
+    /// The cluster pools its annotation chooses (`ipool.io/pool(s)`, see
+    /// [`super::selection`]); or why the annotation cannot be read (an error only for an ADD on
+    /// a network of cluster pools).
+    pub pools: Result<Option<crate::model::PoolChoice>, String>,
 }
 
 /// Reads `pod`; an annotation that cannot be read is an error naming it and its value.
@@ -103,7 +104,7 @@ pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
         },
         ips,
         uid: runtime_uid(pod).to_string(),
-        pools: super::selection::chosen(md.annotations.as_ref(), &who)?,
+        pools: super::selection::chosen(md.annotations.as_ref(), &who),
     })
 }
 

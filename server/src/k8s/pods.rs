@@ -337,12 +337,16 @@ impl Pods {
                 self.0.node
             )));
         }
-        let mut info =
-            pod_info(&pod, &self.0.settings.sticky_kinds).map_err(Error::InvalidRequest)?;
-        if let (None, Some(ns)) = (&info.pools, self.0.namespaces.get()) {
-            info.pools = ns.choice_of(&want.namespace).await?;
+        pod_info(&pod, &self.0.settings.sticky_kinds).map_err(Error::InvalidRequest)
+    }
+
+    /// The cluster pools namespace `ns` chooses (None: none, or the namespaces are not
+    /// watched), from the watch's cache.
+    pub async fn namespace_choice(&self, ns: &str) -> Result<Option<model::PoolChoice>, Error> {
+        match self.0.namespaces.get() {
+            Some(n) => n.choice_of(ns).await,
+            None => Ok(None),
         }
-        Ok(info)
     }
 
     fn last_error(&self) -> String {

@@ -113,7 +113,11 @@ impl Namespaces {
                         }
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::debug!(error = %e, "namespace watch: retrying"),
+                    // A ClusterRole without namespaces (403) says so here: ADDs on a network
+                    // of cluster pools wait for the namespaces meanwhile.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch the namespaces (their ipool.io/pool annotations): retrying; ADDs of pods on networks of cluster pools wait")
+                    }
                 }
             }
         });
@@ -172,7 +176,9 @@ pub async fn follow_labels(
                 labels(obj.metadata.labels.unwrap_or_default());
             }
             Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, node = %node, "node label watch: retrying"),
+            Err(e) => {
+                tracing::warn!(error = %e, node = %node, "cannot watch this node's labels (for the cluster pools' nodeSelectors): retrying")
+            }
         }
     }
 }

@@ -155,6 +155,7 @@ pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<Strin
         let store = node.store_name();
         let mut missing = Vec::new();
         let mut failed = None;
+        let mut unknown_failed = false;
         for pool in &pools {
             match node.read_pool(pool).await {
                 Ok(Some(Pool {
@@ -164,10 +165,15 @@ pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<Strin
                 })) => {
                     known.insert(pool.clone(), spec);
                 }
-                Ok(Some(p)) => missing.push(format!(
-                    "cluster pool {pool:?} is {} in {store}",
-                    p.phase.as_str()
-                )),
+                Ok(Some(p)) => {
+                    // One being deleted, not read Ready since the start: the ranges stay as
+                    // they are until the deletion is done or refused.
+                    unknown_failed |= p.phase == PoolPhase::Deleting && !known.contains_key(pool);
+                    missing.push(format!(
+                        "cluster pool {pool:?} is {} in {store}",
+                        p.phase.as_str()
+                    ))
+                }
                 Ok(None) => {
                     known.remove(pool);
                     missing.push(format!(
@@ -179,6 +185,9 @@ pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<Strin
                     failed = Some(format!(
                         "cannot read cluster pool {pool:?} from {store}: {e}"
                     ));
+                    // Not read since the start: the ranges stay as they are (a partial set
+                    // would retire this pool's range sets).
+                    unknown_failed |= !known.contains_key(pool);
                 }
             }
         }
@@ -191,7 +200,7 @@ pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<Strin
             sets.extend(more);
             set_pools.extend(named);
         }
-        let pause = match (&failed, sets.is_empty()) {
+        let pause = match (&failed, sets.is_empty() || unknown_failed) {
             (Some(why), true) => {
                 feed.why_none(why);
                 wait = (wait * 2).min(Duration::from_secs(30));
@@ -330,8 +339,20 @@ impl ClusterNetworks {
                     .iter()
                     .find_map(|r| def.set_pools.get(&r.subnet.to_string()))
                     .unwrap_or(&list[0]);
-                // The network's later pools claim only once an ADD needs them.
-                let first = *pool == list[0];
+                // A pool after one of the same family claims only once an ADD needs it.
+                let rank = |p: &String| list.iter().position(|x| x == p);
+                let v4 = ranges.first().is_some_and(|r| r.subnet.addr().is_ipv4());
+                let first = !def
+                    .range_sets
+                    .iter()
+                    .filter_map(|s| s.first())
+                    .filter(|r| {
+                        r.subnet
+                            .parse::<ipnet::IpNet>()
+                            .is_ok_and(|n| n.addr().is_ipv4() == v4)
+                    })
+                    .filter_map(|r| def.set_pools.get(&r.subnet))
+                    .any(|p| rank(p) < rank(pool));
                 let min_idle = if first { def.tuning.min_idle } else { 0 };
                 Box::new(ClusterSource::new(n.clone(), pool, &ranges, min_idle).on_demand(!first))
             }

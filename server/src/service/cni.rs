@@ -85,7 +85,21 @@ impl CniService {
             if requested.is_empty() {
                 requested = info.as_ref().map(|i| i.ips.clone()).unwrap_or_default();
             }
-            let pools = info.as_ref().and_then(|i| i.pools.clone());
+            // A pod's choice of cluster pools (its own, else its namespace's) counts on a
+            // network of cluster pools only.
+            let pools = match (&info, &self.pods) {
+                (Some(i), Some(pods)) if self.ipam.takes_cluster_pools(&key.network) => {
+                    match &i.pools {
+                        Err(why) => return Err(crate::error::Error::InvalidRequest(why.clone())),
+                        Ok(Some(c)) => Some(c.clone()),
+                        Ok(None) => {
+                            let ns = pod.as_ref().map(|p| p.namespace.as_str()).unwrap_or("");
+                            pods.namespace_choice(ns).await?
+                        }
+                    }
+                }
+                _ => None,
+            };
             self.ipam
                 .add(AddRequest {
                     key: key.clone(),

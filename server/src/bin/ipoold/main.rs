@@ -365,6 +365,11 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         // Quarantines stay: their pods cannot be watched, so only an operator ends them
         // (ipoolctl unreserve); a config change never does.
         None => {
+            // The node's labels for the pools' nodeSelectors: the config's (none: no labels).
+            if let Some(cl) = &cluster {
+                let labels = config.cluster.as_ref().map(|c| c.node_labels.clone());
+                cl.node().set_labels(labels.unwrap_or_default());
+            }
             let kept = ipam.quarantines();
             if !kept.is_empty() {
                 tracing::warn!(quarantines = kept.len(), "quarantines kept without [kubernetes]: their pods cannot be watched; `ipoolctl unreserve` ends one once its pod is gone");

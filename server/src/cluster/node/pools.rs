@@ -20,8 +20,8 @@ pub(super) struct Policy {
     known: bool,
     disabled: bool,
     reserved: Arc<Vec<Reserved>>,
-    /// The pool's nodeSelector, parsed (None: every node may use it).
-    selector: Option<NodeSelector>,
+    /// The pool's nodeSelector, parsed, or why it cannot be (None: every node may use it).
+    selector: Option<Result<NodeSelector, String>>,
     /// The pool as read, while it is Ready and not forgotten: what claims are conditioned on.
     ready: Option<Pool>,
 }
@@ -66,11 +66,11 @@ impl ClusterNode {
                 now.known = pool.is_some();
                 now.ready = pool.filter(|p| p.phase == PoolPhase::Ready).cloned();
                 now.disabled = pool.is_some_and(|p| p.spec.disabled);
-                // A pool's selector parsed when it was read (checked then: one that does not
-                // parse made the pool unreadable).
+                // Parsed when it was read; one that does not parse (written by hand, or by a
+                // later version) lets no node use the pool.
                 now.selector = pool
                     .and_then(|p| p.spec.node_selector.as_deref())
-                    .and_then(|s| NodeSelector::parse(s).ok());
+                    .map(NodeSelector::parse);
                 let reserved = pool.map(|p| &p.spec.reserved[..]).unwrap_or(&[]);
                 // The same reservations keep their Arc (a source reports new ones).
                 if *now.reserved != reserved {
@@ -80,6 +80,22 @@ impl ClusterNode {
                     .cluster
                     .pool_read(name, now.disabled, now.reserved.len());
             }
+        }
+        self.count_selected();
+    }
+
+    /// `ipool_cluster_pool_node_selected` for every pool as read, with the labels now (a
+    /// change is logged once).
+    fn count_selected(&self) {
+        let policy = self.policy.lock().expect("policy lock");
+        let labels = self.labels.lock().expect("labels lock");
+        for (name, p) in policy.iter().filter(|(_, p)| p.known) {
+            let selected = match (&p.selector, labels.as_ref()) {
+                (None, _) => true,
+                (Some(Ok(s)), Some(l)) => s.matches(l),
+                (Some(_), _) => false,
+            };
+            self.metrics.cluster.pool_selected(name, selected);
         }
     }
 
@@ -127,7 +143,14 @@ impl ClusterNode {
     /// (see [`ClusterNode::pool_awaits_labels`]).
     pub fn pool_refused(&self, name: &str) -> Option<String> {
         let policy = self.policy.lock().expect("policy lock");
-        let selector = policy.get(name)?.selector.as_ref()?;
+        let selector = match policy.get(name)?.selector.as_ref()? {
+            Ok(s) => s,
+            Err(e) => {
+                return Some(format!(
+                    "cluster pool {name:?}'s nodeSelector cannot be read ({e}): no node uses the pool until it is fixed (ipoolctl cluster pool set-node-selector)"
+                ))
+            }
+        };
         let labels = self.labels.lock().expect("labels lock");
         let labels = labels.as_ref()?;
         (!selector.matches(labels)).then(|| {
@@ -143,7 +166,7 @@ impl ClusterNode {
     /// labels are not known yet (no I/O).
     pub fn pool_awaits_labels(&self, name: &str) -> Option<String> {
         let policy = self.policy.lock().expect("policy lock");
-        policy.get(name)?.selector.as_ref()?;
+        policy.get(name)?.selector.as_ref()?.as_ref().ok()?;
         match self.labels.lock().expect("labels lock").is_some() {
             true => None,
             false => Some(format!(
@@ -160,6 +183,8 @@ impl ClusterNode {
         if now.as_ref() != Some(&labels) {
             tracing::info!(labels = ?labels, "this node's labels, for the cluster pools' nodeSelectors");
             *now = Some(labels);
+            drop(now);
+            self.count_selected();
         }
     }
 

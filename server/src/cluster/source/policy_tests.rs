@@ -83,3 +83,76 @@ fn a_disabled_pool_hands_nothing_new_out_and_claims_nothing() {
     n.as_read("p", Some(&pool_p(&[])));
     assert_eq!(s.held_back(), None);
 }
+
+#[test]
+fn a_node_its_pools_selector_does_not_match_claims_nothing_and_gives_its_empty_blocks_back() {
+    let n = node("");
+    let mut s = source(&n);
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    let mut gpu = pool_p(&[]);
+    gpu.spec.node_selector = Some("gpu=true".into());
+    n.as_read("p", Some(&gpu));
+    // The labels not known yet: nothing handed out, nothing claimed, nothing refused.
+    match s.held_back() {
+        Some(Next::Pending(why)) => assert!(why.contains("labels are not known"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.refused(), None);
+    let selected = |n: &ClusterNode| {
+        let mut text = String::new();
+        let mut r = prometheus_client::registry::Registry::default();
+        r.register(
+            "selected",
+            "",
+            n.metrics().cluster.pool_node_selected.clone(),
+        );
+        prometheus_client::encoding::text::encode(&mut text, &r).expect("encode");
+        text
+    };
+    assert!(
+        selected(&n).contains("selected{pool=\"p\"} 0"),
+        "{}",
+        selected(&n)
+    );
+    // Not matching: refused naming the selector; its idle addresses leave; its only block,
+    // empty, goes back.
+    n.set_labels([("zone".to_string(), "a".to_string())].into());
+    let why = s.refused().expect("refused");
+    assert!(
+        why.contains("nodeSelector") && why.contains("gpu=true"),
+        "{why}"
+    );
+    assert_eq!(s.held_back(), None);
+    assert!(s.withheld(ip("10.0.0.9")).is_some());
+    assert!(matches!(s.next(), Next::Unavailable(_)));
+    assert!(s.peek_next_n(2).is_empty(), "nothing fetched into idle");
+    assert!(matches!(next_work(&mut s), Some(super::Work::GiveBack(..))));
+    assert!(
+        selected(&n).contains("selected{pool=\"p\"} 0"),
+        "{}",
+        selected(&n)
+    );
+    // Labelled: it may.
+    n.set_labels([("gpu".to_string(), "true".to_string())].into());
+    assert_eq!(s.refused(), None);
+    // (Its block is on its way back: the source claims anew.)
+    assert!(!matches!(s.next(), Next::Unavailable(_)), "{:?}", s.next());
+    assert!(
+        selected(&n).contains("selected{pool=\"p\"} 1"),
+        "{}",
+        selected(&n)
+    );
+}
+
+#[test]
+fn a_networks_later_pool_claims_its_first_block_only_once_an_add_wants_one() {
+    let n = node("");
+    let mut s = source(&n).on_demand(true);
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[]);
+    n.as_read("p", Some(&pool_p(&[])));
+    assert!(next_work(&mut s).is_none(), "no claim ahead of need");
+    s.demand();
+    assert!(matches!(next_work(&mut s), Some(super::Work::Claim { .. })));
+}
