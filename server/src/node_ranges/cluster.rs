@@ -60,18 +60,69 @@ fn pool_sets(spec: &PoolSpec) -> (Vec<Vec<RangeSpec>>, BTreeMap<String, String>)
     (sets, named)
 }
 
+/// How a network's pools are read again: after `resync_secs` (jittered) where the watches
+/// run, else every minute, at once when the watch says a pool was written; the feed reminded
+/// of why there are no ranges now and then.
+struct Pace {
+    written: tokio::sync::watch::Receiver<u64>,
+    watched: bool,
+    reread: Duration,
+    last_remind: tokio::time::Instant,
+}
+
+impl Pace {
+    fn new(node: &ClusterNode) -> Pace {
+        let watched = node.settings().watch;
+        Pace {
+            written: node.heard().pool_changes(),
+            watched,
+            reread: match watched {
+                true => Duration::from_secs(node.settings().resync_secs),
+                false => REREAD,
+            },
+            last_remind: tokio::time::Instant::now(),
+        }
+    }
+
+    /// A round of reads starts: a pool written from now on is read again at once.
+    fn round(&mut self) {
+        self.written.mark_unchanged();
+    }
+
+    /// The pause after the ranges were handed over (`applied`: the engine took them).
+    fn after_apply(&self, applied: bool) -> Duration {
+        match (applied, self.watched) {
+            (true, true) => crate::cluster::jitter(self.reread),
+            (true, false) => self.reread,
+            (false, _) => Duration::from_secs(1),
+        }
+    }
+
+    /// Waits `pause`, or until a pool is written.
+    async fn wait(&mut self, feed: &mut Feed, pause: Duration) {
+        if self.last_remind.elapsed() >= super::REMIND_EVERY {
+            feed.remind();
+            self.last_remind = tokio::time::Instant::now();
+        }
+        if !self.watched {
+            tokio::time::sleep(pause).await;
+            return;
+        }
+        // A pool written (as the watch says) is read at once.
+        tokio::select! {
+            biased;
+            _ = self.written.changed() => {}
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
 /// Reads pool `pool` until the task is aborted, handing its CIDRs to `feed`.
 pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
     let mut wait = Duration::from_secs(1);
-    let mut last_remind = tokio::time::Instant::now();
-    let mut written = node.heard().pool_changes();
-    let watched = node.settings().watch;
-    let reread = match watched {
-        true => Duration::from_secs(node.settings().resync_secs),
-        false => REREAD,
-    };
+    let mut pace = Pace::new(&node);
     loop {
-        written.mark_unchanged();
+        pace.round();
         let store = node.store_name();
         let pause = match node.read_pool(&pool).await {
             Ok(Some(p)) if p.phase != PoolPhase::Ready => {
@@ -96,11 +147,7 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
                     sets,
                     routes: Vec::new(),
                 };
-                match feed.apply_pools(seen, set_pools).await {
-                    true if watched => crate::cluster::jitter(reread),
-                    true => reread,
-                    false => Duration::from_secs(1),
-                }
+                pace.after_apply(feed.apply_pools(seen, set_pools).await)
             }
             Ok(None) => {
                 feed.apply(Seen::Missing(format!(
@@ -118,20 +165,7 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
                 wait
             }
         };
-        if last_remind.elapsed() >= super::REMIND_EVERY {
-            feed.remind();
-            last_remind = tokio::time::Instant::now();
-        }
-        if !watched {
-            tokio::time::sleep(pause).await;
-            continue;
-        }
-        // A pool written (as the watch says) is read at once.
-        tokio::select! {
-            biased;
-            _ = written.changed() => {}
-            _ = tokio::time::sleep(pause) => {}
-        }
+        pace.wait(&mut feed, pause).await;
     }
 }
 
@@ -141,17 +175,11 @@ pub async fn follow(mut feed: Feed, node: Arc<ClusterNode>, pool: String) {
 /// that does not exist has none.
 pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<String>) {
     let mut wait = Duration::from_secs(1);
-    let mut last_remind = tokio::time::Instant::now();
-    let mut written = node.heard().pool_changes();
-    let watched = node.settings().watch;
-    let reread = match watched {
-        true => Duration::from_secs(node.settings().resync_secs),
-        false => REREAD,
-    };
+    let mut pace = Pace::new(&node);
     // Each pool's spec as last read Ready here.
     let mut known: std::collections::HashMap<String, PoolSpec> = Default::default();
     loop {
-        written.mark_unchanged();
+        pace.round();
         let store = node.store_name();
         let mut missing = Vec::new();
         let mut failed = None;
@@ -219,29 +247,15 @@ pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<Strin
                     routes: Vec::new(),
                 };
                 match (feed.apply_pools(seen, set_pools).await, &failed) {
-                    (true, None) if watched => crate::cluster::jitter(reread),
-                    (true, None) => reread,
                     (true, Some(_)) => {
                         wait = (wait * 2).min(Duration::from_secs(30));
                         wait
                     }
-                    (false, _) => Duration::from_secs(1),
+                    (applied, _) => pace.after_apply(applied),
                 }
             }
         };
-        if last_remind.elapsed() >= super::REMIND_EVERY {
-            feed.remind();
-            last_remind = tokio::time::Instant::now();
-        }
-        if !watched {
-            tokio::time::sleep(pause).await;
-            continue;
-        }
-        tokio::select! {
-            biased;
-            _ = written.changed() => {}
-            _ = tokio::time::sleep(pause) => {}
-        }
+        pace.wait(&mut feed, pause).await;
     }
 }
 
