@@ -156,6 +156,31 @@ impl World {
     ) -> Result<(), String> {
         let s = &self.slots[slot];
         let snap = self.snapshot_at(decided);
+        // Each address in a block of the node's whose pool, as the store had it, holds the
+        // block: a pool of the network (its name a pool of the config), its CIDRs as they were.
+        for (ip, excuse) in ips.iter().zip(excuses) {
+            let mine: Vec<_> = snap
+                .blocks
+                .iter()
+                .filter(|(b, o, _)| b.contains(ip) && *o == s.name)
+                .collect();
+            if excuse.is_some() || mine.is_empty() {
+                continue;
+            }
+            let inside = mine.iter().any(|(b, _, pool)| {
+                [POOL, crate::SECOND_POOL].contains(&pool.as_str())
+                    && snap
+                        .pool_cidrs
+                        .get(pool)
+                        .is_some_and(|cidrs| cidrs.iter().any(|c| c.contains(b)))
+            });
+            if !inside {
+                return Err(format!(
+                    "{ip} handed out by {} (slot {slot}) from {:?}, outside its pool's CIDRs as the store has them ({:?})",
+                    s.name, mine, snap.pool_cidrs
+                ));
+            }
+        }
         if let Some((revisions, pools)) = &snap.pool_revisions {
             for (ip, excuse) in ips.iter().zip(excuses) {
                 // The node's blocks over the address: one of the pool as it is now is enough

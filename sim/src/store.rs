@@ -280,6 +280,37 @@ impl Shared {
         }
     }
 
+    /// Each pool's CIDRs as the store has them now.
+    pub fn pool_cidrs(&self) -> std::collections::BTreeMap<String, Vec<IpNet>> {
+        match self {
+            Shared::Etcd(e) => e
+                .keys()
+                .filter_map(|(k, kv)| {
+                    let name = std::str::from_utf8(k)
+                        .ok()?
+                        .strip_prefix("/ipool/v1/pools/")?;
+                    let spec: ipool_server::cluster::pool::PoolSpec =
+                        serde_json::from_slice(&kv.value).ok()?;
+                    Some((name.to_string(), spec.cidrs))
+                })
+                .collect(),
+            Shared::Api { objects, .. } => objects
+                .objects
+                .iter()
+                .filter(|(k, _)| k.0 == "ippools")
+                .map(|(k, o)| {
+                    let cidrs = o["spec"]["cidrs"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|c| c.as_str()?.parse().ok())
+                        .collect();
+                    (k.2.clone(), cidrs)
+                })
+                .collect(),
+        }
+    }
+
     /// Every block's revision (etcd: its key's mod revision; the Kubernetes API: its
     /// resourceVersion): it moves with every write of the block.
     pub fn block_revisions(&self) -> std::collections::BTreeMap<IpNet, u64> {

@@ -113,6 +113,8 @@ pub(crate) struct Snapshot {
     pub holders: Vec<Holder>,
     /// The Kubernetes API's blocks' records of their pool, and the pool's now.
     pub pool_revisions: Option<crate::store::PoolRevisions>,
+    /// Each pool's CIDRs.
+    pub pool_cidrs: BTreeMap<String, Vec<ipnet::IpNet>>,
 }
 
 /// Who changed the store when etcd was restored from a backup.
@@ -276,6 +278,7 @@ impl World {
             blocks: self.blocks.clone(),
             holders: self.shared.holders(),
             pool_revisions: self.shared.pool_revisions(),
+            pool_cidrs: self.shared.pool_cidrs(),
         });
     }
 
