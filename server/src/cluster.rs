@@ -64,6 +64,5 @@ pub mod model;
 pub mod node;
 pub mod pool;
 pub mod release;
-pub mod selector;
 pub mod source;
 pub mod work;

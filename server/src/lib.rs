@@ -46,6 +46,7 @@ pub mod model;
 pub mod node_ranges;
 pub mod pool;
 pub mod range;
+pub mod selector;
 pub mod server;
 pub mod service;
 pub mod source;

@@ -545,4 +545,4 @@ impl ClusterNode {
 }
 
 mod heartbeat;
-mod pools;
+pub mod pools;

@@ -34,7 +34,7 @@ pub struct PoolSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reserved: Vec<Reserved>,
     /// The nodes that may claim from the pool: a Kubernetes label selector over the Node's
-    /// labels (`zone=a,rack in (r1,r2)`, see [`super::selector`]). None: every node.
+    /// labels (`zone=a,rack in (r1,r2)`, see [`crate::selector`]). None: every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<String>,
 }
@@ -192,7 +192,7 @@ impl PoolSpec {
             PoolChange::SetNodeSelector(sel) => {
                 // Kept in its normal form.
                 next.node_selector = match sel {
-                    Some(s) => Some(super::selector::NodeSelector::parse(s)?.to_string()),
+                    Some(s) => Some(crate::selector::NodeSelector::parse(s)?.to_string()),
                     None => None,
                 };
             }
@@ -258,7 +258,7 @@ impl PoolSpec {
             }
         }
         if let Some(sel) = &self.node_selector {
-            super::selector::NodeSelector::parse(sel)
+            crate::selector::NodeSelector::parse(sel)
                 .map_err(|e| format!("pool {:?}: {e}", self.name))?;
         }
         for x in &self.exclude {

@@ -197,12 +197,9 @@ impl ClusterSource {
     /// Why nothing new is handed out: the pool is disabled (as last read). What is in use stays;
     /// idle addresses leave the pool, and blocks left empty go back after the hold-down.
     fn disabled(&self) -> Option<String> {
-        self.node.pool_disabled(&self.pool).then(|| {
-            format!(
-                "cluster pool {:?} is disabled: nothing new is handed out from it (ipoolctl cluster pool enable {})",
-                self.pool, self.pool
-            )
-        })
+        self.node
+            .pool_disabled(&self.pool)
+            .then(|| crate::cluster::node::pools::disabled_why(&self.pool))
     }
 
     /// A source of a network's later pool (`yes`): it claims its first block only once an
@@ -474,8 +471,7 @@ impl ClusterSource {
         let free = self.usable_free();
         // A disabled pool claims nothing more, nor one whose nodeSelector this node does
         // not match (both give their empty blocks back), nor one waiting for the node's labels.
-        let disabled =
-            self.node.pool_disabled(&self.pool) || self.node.pool_refused(&self.pool).is_some();
+        let disabled = self.node.pool_stopped(&self.pool).is_some();
         let awaited = !self.on_demand || self.demanded || !self.blocks.is_empty();
         let may_claim = awaited && self.node.pool_awaits_labels(&self.pool).is_none();
         if free < self.threshold.max(1) as u128
@@ -528,10 +524,7 @@ impl Source for ClusterSource {
         }
         // Nothing new from a disabled pool, nor one this node may not use (the background
         // loop fetches nothing into idle then, and its blocks empty).
-        if let Some(why) = self
-            .disabled()
-            .or_else(|| self.node.pool_refused(&self.pool))
-        {
+        if let Some(why) = self.node.pool_stopped(&self.pool) {
             return Next::Unavailable(why);
         }
         let reserved = self.node.pool_reserved(&self.pool);
@@ -551,10 +544,7 @@ impl Source for ClusterSource {
         }
     }
     fn peek_next_n(&self, n: usize) -> Vec<IpAddr> {
-        if self.not_serving().is_some()
-            || self.node.pool_disabled(&self.pool)
-            || self.node.pool_refused(&self.pool).is_some()
-        {
+        if self.not_serving().is_some() || self.node.pool_stopped(&self.pool).is_some() {
             return Vec::new();
         }
         let reserved = self.node.pool_reserved(&self.pool);
@@ -638,9 +628,7 @@ impl Source for ClusterSource {
     fn withheld(&self, ip: IpAddr) -> Option<String> {
         // A pool disabled, or one this node may not use (its idle addresses leave it, so that
         // its emptied blocks go back), and reserved addresses.
-        let why = self
-            .disabled()
-            .or_else(|| self.node.pool_refused(&self.pool));
+        let why = self.node.pool_stopped(&self.pool);
         if let Some(why) = why.or_else(|| self.reserved_why(ip)) {
             return Some(why);
         }

@@ -133,7 +133,7 @@ impl ClusterSettings {
     /// Every value usable; each error names the key and the bad value.
     pub fn validate(&self) -> Result<(), String> {
         for (k, v) in &self.node_labels {
-            crate::cluster::selector::NodeSelector::parse(&format!("{k}={v}"))
+            crate::selector::NodeSelector::parse(&format!("{k}={v}"))
                 .map_err(|e| format!("[cluster] node_labels: {e}"))?;
         }
         match self.datastore {

@@ -77,8 +77,7 @@ pub(super) fn pick_addresses(
     }
     let mut picks = Vec::with_capacity(groups.len());
     for sets in groups {
-        if let Some(&set) = sets.iter().find(|s| wanted[**s].is_some()) {
-            let ip = wanted[set].expect("a requested address");
+        if let Some((set, ip)) = sets.iter().find_map(|s| Some((*s, wanted[*s]?))) {
             if let Some(p) = reservation.and_then(|r| {
                 r.addresses
                     .contains(&ip)

@@ -9,7 +9,7 @@ use ipool_server::cluster::model::{
     ClusterError, Listing, MalformedKey, Pool, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
 use ipool_server::cluster::pool::{PoolChange, PoolSpec, Reserved};
-use ipool_server::cluster::selector::NodeSelector;
+use ipool_server::selector::NodeSelector;
 
 pub(super) use crate::cluster_store::StoreArgs;
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};

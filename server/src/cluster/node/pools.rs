@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::ClusterNode;
 use crate::cluster::model::{ClusterError, Pool, PoolPhase};
 use crate::cluster::pool::Reserved;
-use crate::cluster::selector::NodeSelector;
+use crate::selector::NodeSelector;
 
 /// What a pool, as last read, says of handing out.
 #[derive(Default)]
@@ -143,7 +143,22 @@ impl ClusterNode {
     /// (see [`ClusterNode::pool_awaits_labels`]).
     pub fn pool_refused(&self, name: &str) -> Option<String> {
         let policy = self.policy.lock().expect("policy lock");
-        let selector = match policy.get(name)?.selector.as_ref()? {
+        self.refused_by(name, policy.get(name)?)
+    }
+
+    /// Why nothing new is taken from pool `name` now, as last read: it is disabled, or this
+    /// node may not use it ([`ClusterNode::pool_refused`]); in one look (no I/O).
+    pub fn pool_stopped(&self, name: &str) -> Option<String> {
+        let policy = self.policy.lock().expect("policy lock");
+        let p = policy.get(name)?;
+        match p.disabled {
+            true => Some(disabled_why(name)),
+            false => self.refused_by(name, p),
+        }
+    }
+
+    fn refused_by(&self, name: &str, p: &Policy) -> Option<String> {
+        let selector = match p.selector.as_ref()? {
             Ok(s) => s,
             Err(e) => {
                 return Some(format!(
@@ -202,4 +217,11 @@ impl ClusterNode {
             p.ready = None;
         }
     }
+}
+
+/// What an ADD is told of pool `name`, disabled.
+pub fn disabled_why(name: &str) -> String {
+    format!(
+        "cluster pool {name:?} is disabled: nothing new is handed out from it (ipoolctl cluster pool enable {name})"
+    )
 }
