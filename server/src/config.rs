@@ -232,6 +232,12 @@ pub struct NetworkSpec {
     /// `cluster_pool`); a pod may choose among them.
     #[serde(default)]
     pub cluster_pools: Vec<String>,
+    /// How a cluster pool's network gives its addresses: by block (routed), or as one subnet
+    /// across the nodes, with its `gateway` and `exclude` ([`addressing`]).
+    pub addressing: Option<addressing::Addressing>,
+    pub gateway: Option<addressing::Gateways>,
+    #[serde(default)]
+    pub exclude: Vec<String>,
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
     #[serde(flatten)]
@@ -517,6 +523,19 @@ impl NetworkSpec {
             }
         };
         validate_routes(&self.name, &self.routes)?;
+        if self.addressing.is_some() && self.ranges_from != Some(RangesFrom::Cluster) {
+            return Err(Error::InvalidConfig(format!(
+                "network {:?}: addressing goes with ranges_from = \"cluster\" (a cluster pool's network)",
+                self.name
+            )));
+        }
+        let subnet_mode = addressing::subnet_mode(
+            &self.name,
+            self.addressing,
+            self.gateway.as_ref(),
+            &self.exclude,
+        )
+        .map_err(Error::InvalidConfig)?;
         Ok(NetworkDef {
             name: self.name.clone(),
             range_sets: self.ranges.clone(),
@@ -525,10 +544,12 @@ impl NetworkSpec {
             tuning,
             origin,
             set_pools: Default::default(),
+            subnet_mode,
         })
     }
 }
 
+pub mod addressing;
 pub mod cluster;
 mod ipam_section;
 #[cfg(test)]

@@ -330,6 +330,41 @@ pub struct NetworkDef {
     /// (`cluster_pools`): of its current and retiring sets. Empty for every other.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub set_pools: BTreeMap<String, String>,
+    /// A cluster pool's network addressed as one subnet (`addressing = "subnet"`); None: by
+    /// block (each node's blocks routed to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet_mode: Option<SubnetMode>,
+}
+
+/// `addressing = "subnet"`: a cluster pool's CIDRs are each one L2 subnet shared by the nodes
+/// (a secondary network, macvlan, a bridge on a VLAN). Blocks stay how nodes own addresses;
+/// a pod gets its pool CIDR's prefix and that CIDR's gateway, every address of a block is
+/// handed out but the CIDR's network, broadcast and gateway addresses and the excluded ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubnetMode {
+    /// At most one per pool CIDR: an address gets the one inside its CIDR, else none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateways: Vec<IpAddr>,
+    /// Never handed out, address by address (the blocks holding them serve the rest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<ipnet::IpNet>,
+}
+
+impl SubnetMode {
+    /// The gateway of the CIDR `cidr`, if one is configured.
+    pub fn gateway_in(&self, cidr: &ipnet::IpNet) -> Option<IpAddr> {
+        self.gateways.iter().copied().find(|g| cidr.contains(g))
+    }
+
+    /// Whether a change from `self` to `other` moves what an address in use is (its gateway):
+    /// refused while the network holds addresses.
+    pub fn same_gateways(a: Option<&SubnetMode>, b: Option<&SubnetMode>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.gateways == b.gateways,
+            _ => false,
+        }
+    }
 }
 
 impl NetworkDef {

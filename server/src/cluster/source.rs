@@ -45,6 +45,7 @@ mod block;
 mod land;
 mod reserved;
 use crate::metrics::BlockStateLabels;
+use crate::model::SubnetMode;
 use crate::range::{Family, OccupyError, Range};
 use crate::source::{Claim, Landed, Next, Source};
 pub use block::BlockState;
@@ -74,6 +75,10 @@ pub struct ClusterSource {
     id: u64,
     /// The pool's reservations as last looked at (each new one held here is reported once).
     reserved_seen: Arc<Vec<crate::cluster::pool::Reserved>>,
+    /// The network addressed as one subnet (`addressing = "subnet"`), else by block.
+    subnet: Option<SubnetMode>,
+    /// The network's excluded addresses (one subnet's `exclude`), never handed out.
+    excluded: Vec<crate::cluster::pool::Reserved>,
     node: Arc<ClusterNode>,
     pool: String,
     family: Family,
@@ -136,6 +141,8 @@ impl ClusterSource {
         ClusterSource {
             id: SOURCE_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             reserved_seen: Arc::default(),
+            subnet: None,
+            excluded: Vec::new(),
             node,
             pool: pool.to_string(),
             family: ranges.first().map_or(Family::V4, |r| r.family()),
@@ -209,6 +216,21 @@ impl ClusterSource {
         self
     }
 
+    /// A network addressed as one subnet (`mode`: its gateways and excluded addresses), not by
+    /// block.
+    pub fn subnet_mode(mut self, mode: Option<SubnetMode>) -> ClusterSource {
+        self.excluded = mode
+            .iter()
+            .flat_map(|m| &m.exclude)
+            .map(|x| crate::cluster::pool::Reserved {
+                cidr: *x,
+                reason: reserved::EXCLUDED.to_string(),
+            })
+            .collect();
+        self.subnet = mode;
+        self
+    }
+
     /// The blocks that hand out (when the source serves).
     fn usable(&self) -> impl Iterator<Item = &Owned> + '_ {
         self.blocks.values().filter(|b| b.confirmed())
@@ -256,7 +278,7 @@ impl ClusterSource {
 
     /// Free addresses of the blocks that hand out, less those reserved.
     fn usable_free(&self) -> u128 {
-        let reserved = self.node.pool_reserved(&self.pool);
+        let reserved = self.kept_out();
         self.usable()
             .map(|b| b.alloc.free() - reserved::free_in(b, &reserved))
             .sum()
@@ -280,7 +302,11 @@ impl ClusterSource {
                 b.state = state;
             }
             None => {
-                self.blocks.insert(net, Owned::new(net, recorded, state)?);
+                let cidr = self.cidrs.iter().find(|c| c.contains(&net)).copied();
+                let cidr = cidr.unwrap_or(net);
+                let range = block::block_range(net, &cidr, self.subnet.as_ref())?;
+                self.blocks
+                    .insert(net, Owned::new(net, range, recorded, state));
                 self.widest = self.widest.min(net.prefix_len());
                 // Dropped, then this node's again before the engine struck it from the store:
                 // striking it now would strike the record its addresses are about to get.
@@ -527,7 +553,7 @@ impl Source for ClusterSource {
         if let Some(why) = self.node.pool_stopped(&self.pool) {
             return Next::Unavailable(why);
         }
-        let reserved = self.node.pool_reserved(&self.pool);
+        let reserved = self.kept_out();
         if let Some(ip) = self
             .usable()
             .find_map(|b| reserved::peek_next(b, &reserved))
@@ -547,7 +573,7 @@ impl Source for ClusterSource {
         if self.not_serving().is_some() || self.node.pool_stopped(&self.pool).is_some() {
             return Vec::new();
         }
-        let reserved = self.node.pool_reserved(&self.pool);
+        let reserved = self.kept_out();
         let mut out = Vec::new();
         for b in self.usable() {
             if out.len() >= n {
@@ -802,6 +828,8 @@ impl Source for ClusterSource {
 mod overlap_tests;
 #[cfg(test)]
 mod policy_tests;
+#[cfg(test)]
+mod subnet_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

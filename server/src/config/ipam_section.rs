@@ -64,6 +64,7 @@ impl IpamSection {
             tuning: tuning.clone(),
             origin: Origin::Cni,
             set_pools: Default::default(),
+            subnet_mode: None,
         }))
     }
 }

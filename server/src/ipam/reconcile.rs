@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::attachments::Attachments;
 use crate::config::DaemonConfig;
 use crate::error::Error;
-use crate::model::{NetworkDef, Origin};
+use crate::model::{NetworkDef, Origin, SubnetMode};
 use crate::store::{Change, Snapshot};
 
 /// The network definitions to run with: the stored ones, brought to the config's. Networks
@@ -53,8 +53,24 @@ pub(super) fn reconcile_defs(
                 }
             }
         }
+        let live_here = live.get(def.name.as_str()).copied().unwrap_or(0);
         match defs.get(&def.name) {
             Some(old) if old == &def => continue,
+            // An address in use keeps the prefix and gateway it was given: the addressing and
+            // gateways change only while the network holds nothing (an address handed out by
+            // block may be the subnet's gateway now, and the other way round).
+            Some(old)
+                if live_here > 0
+                    && !SubnetMode::same_gateways(
+                        old.subnet_mode.as_ref(),
+                        def.subnet_mode.as_ref(),
+                    ) =>
+            {
+                return Err(Error::InvalidConfig(format!(
+                    "network {:?}: the config changes its addressing or gateway, but the store holds {live_here} attachment(s) or reservation(s) of it (restore the old setting, or release them first)",
+                    def.name
+                )));
+            }
             Some(old) if old.same_addresses(&def) => {}
             Some(old) => {
                 let n = live.get(def.name.as_str()).copied().unwrap_or(0);

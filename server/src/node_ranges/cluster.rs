@@ -368,7 +368,11 @@ impl ClusterNetworks {
                     .filter_map(|r| def.set_pools.get(&r.subnet))
                     .any(|p| rank(p) < rank(pool));
                 let min_idle = if first { def.tuning.min_idle } else { 0 };
-                Box::new(ClusterSource::new(n.clone(), pool, &ranges, min_idle).on_demand(!first))
+                Box::new(
+                    ClusterSource::new(n.clone(), pool, &ranges, min_idle)
+                        .on_demand(!first)
+                        .subnet_mode(def.subnet_mode.clone()),
+                )
             }
             None => Box::new(LocalSource::new(ranges)),
         });

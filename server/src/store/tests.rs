@@ -28,6 +28,7 @@ fn net(name: &str) -> NetworkDef {
         },
         origin: Origin::Cni,
         set_pools: Default::default(),
+        subnet_mode: None,
         retiring: Vec::new(),
     }
 }

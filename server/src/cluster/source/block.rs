@@ -5,7 +5,8 @@ use tokio::time::Instant;
 use ipnet::IpNet;
 
 use crate::cluster::model::KeyRevision;
-use crate::range::{Range, RangeAllocator, RangeSpec};
+use crate::model::SubnetMode;
+use crate::range::{to_u128, Range, RangeAllocator, RangeSpec};
 
 /// Where a block stands between this node and etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +64,8 @@ impl BlockState {
 }
 
 pub(super) struct Owned {
+    /// The block's CIDR.
+    net: IpNet,
     pub(super) alloc: RangeAllocator,
     /// The store holds it.
     pub(super) recorded: bool,
@@ -71,20 +74,15 @@ pub(super) struct Owned {
 }
 
 impl Owned {
-    pub(super) fn new(net: IpNet, recorded: bool, state: BlockState) -> Result<Owned, String> {
-        let range = Range::from_spec(&RangeSpec {
-            subnet: net.to_string(),
-            range_start: None,
-            range_end: None,
-            gateway: None,
-        })
-        .map_err(|e| format!("block {net}: {e}"))?;
-        Ok(Owned {
+    /// Block `net`, handing out what `range` allows (see [`block_range`]).
+    pub(super) fn new(net: IpNet, range: Range, recorded: bool, state: BlockState) -> Owned {
+        Owned {
+            net,
             alloc: RangeAllocator::new(vec![range]),
             recorded,
             state,
             empty_since: Some(Instant::now()),
-        })
+        }
     }
 
     /// The addresses held in it.
@@ -110,6 +108,40 @@ impl Owned {
     }
 
     pub(super) fn net(&self) -> IpNet {
-        self.alloc.ranges()[0].subnet
+        self.net
+    }
+}
+
+/// What block `net` of pool CIDR `cidr` hands out. By block: a host-local range of its own
+/// (its first address the gateway, its network and broadcast addresses never handed out). As
+/// one subnet (`subnet`): every address of the block but the CIDR's network, broadcast and
+/// gateway addresses, each reported with the CIDR's prefix and gateway.
+pub(super) fn block_range(
+    net: IpNet,
+    cidr: &IpNet,
+    subnet: Option<&SubnetMode>,
+) -> Result<Range, String> {
+    let Some(mode) = subnet else {
+        return Range::from_spec(&RangeSpec {
+            subnet: net.to_string(),
+            range_start: None,
+            range_end: None,
+            gateway: None,
+        })
+        .map_err(|e| format!("block {net}: {e}"));
+    };
+    let range = Range {
+        subnet: *cidr,
+        start: net.network(),
+        end: net.broadcast(),
+        gateway: mode.gateway_in(cidr),
+    };
+    // Nothing to hand out (a /32 block that is the CIDR's gateway, say): refused as a block of
+    // its own would be.
+    match range.size() > 0 && to_u128(range.start) <= to_u128(range.end) {
+        true => Ok(range),
+        false => Err(format!(
+            "block {net} of {cidr} holds no address to hand out as one subnet"
+        )),
     }
 }

@@ -89,9 +89,26 @@ pub(super) fn peek_next_n(b: &Owned, reserved: &[Reserved], n: usize) -> Vec<IpA
         .collect()
 }
 
+/// The reason of a network's excluded address (one subnet's `exclude`).
+pub(super) const EXCLUDED: &str = "excluded by the network's exclude";
+
 impl ClusterSource {
-    /// Why `ip` is not handed out: reserved in the pool (as this node last read it).
+    /// What is never handed out here: the pool's reservations (as this node last read the
+    /// pool), and the network's excluded addresses.
+    pub(super) fn kept_out(&self) -> std::sync::Arc<Vec<Reserved>> {
+        let pool = self.node.pool_reserved(&self.pool);
+        if self.excluded.is_empty() {
+            return pool;
+        }
+        std::sync::Arc::new(pool.iter().chain(&self.excluded).cloned().collect())
+    }
+
+    /// Why `ip` is not handed out: excluded from the network, or reserved in the pool (as this
+    /// node last read it).
     pub(super) fn reserved_why(&self, ip: IpAddr) -> Option<String> {
+        if let Some(x) = self.excluded.iter().find(|r| r.cidr.contains(&ip)) {
+            return Some(format!("{ip} is {EXCLUDED} ({})", x.cidr));
+        }
         let reserved = self.node.pool_reserved(&self.pool);
         let r = reserved.iter().find(|r| r.cidr.contains(&ip))?;
         Some(match r.reason.is_empty() {

@@ -1,0 +1,171 @@
+//! `addressing` of a cluster pool's network, as the daemon's `[[network]]` and the CNI `ipam`
+//! section say it: `"block"` (the default: each node's blocks routed to it, a pod given its
+//! block's prefix and first address as gateway) or `"subnet"` (each pool CIDR one L2 subnet
+//! across the nodes, with its `gateway` and `exclude`): a [`SubnetMode`].
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use crate::model::SubnetMode;
+
+/// `addressing`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Addressing {
+    #[default]
+    Block,
+    Subnet,
+}
+
+/// `gateway`: one address, or one per pool CIDR (`["192.168.2.1", "fd00:2::1"]`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Gateways {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Gateways {
+    fn list(&self) -> Vec<&str> {
+        match self {
+            Gateways::One(g) => vec![g.as_str()],
+            Gateways::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// The most excluded entries a network may list.
+pub const MAX_EXCLUDED: usize = 1024;
+
+/// The subnet mode `addressing`, `gateway` and `exclude` say for network `network`; None for
+/// block addressing, which takes neither a gateway nor excluded addresses. An excluded entry is
+/// a CIDR (its host bits dropped, as Whereabouts reads `192.168.2.229/30`) or one address.
+pub fn subnet_mode(
+    network: &str,
+    addressing: Option<Addressing>,
+    gateway: Option<&Gateways>,
+    exclude: &[String],
+) -> Result<Option<SubnetMode>, String> {
+    if addressing.unwrap_or_default() == Addressing::Block {
+        if gateway.is_some() || !exclude.is_empty() {
+            return Err(format!(
+                "network {network:?}: gateway and exclude go with addressing = \"subnet\" (with block addressing each block's first address is its gateway)"
+            ));
+        }
+        return Ok(None);
+    }
+    let mut gateways: Vec<IpAddr> = Vec::new();
+    for g in gateway.map(Gateways::list).unwrap_or_default() {
+        let ip: IpAddr = g
+            .trim()
+            .parse()
+            .map_err(|_| format!("network {network:?}: gateway {g:?} is not an IP address"))?;
+        if gateways.contains(&ip) {
+            return Err(format!("network {network:?}: gateway {ip} is listed twice"));
+        }
+        gateways.push(ip);
+    }
+    if exclude.len() > MAX_EXCLUDED {
+        return Err(format!(
+            "network {network:?}: exclude lists {} entries, at most {MAX_EXCLUDED}",
+            exclude.len()
+        ));
+    }
+    let exclude = exclude
+        .iter()
+        .map(|x| excluded(x).map_err(|e| format!("network {network:?}: exclude {x:?}: {e}")))
+        .collect::<Result<Vec<IpNet>, String>>()?;
+    Ok(Some(SubnetMode { gateways, exclude }))
+}
+
+/// One excluded entry: a CIDR, or an address.
+fn excluded(x: &str) -> Result<IpNet, String> {
+    let x = x.trim();
+    if let Ok(net) = x.parse::<IpNet>() {
+        return Ok(net.trunc());
+    }
+    x.parse::<IpAddr>()
+        .map(IpNet::from)
+        .map_err(|_| "not a CIDR or an IP address".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(
+        addressing: Option<Addressing>,
+        gw: Option<Gateways>,
+        exclude: &[&str],
+    ) -> Result<Option<SubnetMode>, String> {
+        let exclude: Vec<String> = exclude.iter().map(|s| s.to_string()).collect();
+        subnet_mode("n", addressing, gw.as_ref(), &exclude)
+    }
+
+    #[test]
+    fn block_addressing_takes_no_gateway_or_exclude() {
+        assert_eq!(ok(None, None, &[]), Ok(None));
+        assert_eq!(ok(Some(Addressing::Block), None, &[]), Ok(None));
+        let e = ok(None, Some(Gateways::One("10.0.0.1".into())), &[]).unwrap_err();
+        assert!(e.contains("go with addressing = \"subnet\""), "{e}");
+        let e = ok(Some(Addressing::Block), None, &["10.0.0.1"]).unwrap_err();
+        assert!(e.contains("go with addressing"), "{e}");
+    }
+
+    #[test]
+    fn subnet_addressing_reads_gateways_and_exclusions() {
+        let m = ok(
+            Some(Addressing::Subnet),
+            Some(Gateways::Many(vec![
+                "192.168.2.1".into(),
+                "fd00:2::1".into(),
+            ])),
+            &["192.168.2.229/30", "192.168.2.7", "fd00:2::/120"],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(m.gateways.len(), 2);
+        assert_eq!(
+            m.exclude,
+            vec![
+                "192.168.2.228/30".parse::<IpNet>().unwrap(),
+                "192.168.2.7/32".parse().unwrap(),
+                "fd00:2::/120".parse().unwrap(),
+            ]
+        );
+        let cidr: IpNet = "192.168.2.0/24".parse().unwrap();
+        assert_eq!(m.gateway_in(&cidr), Some("192.168.2.1".parse().unwrap()));
+        let other: IpNet = "192.168.3.0/24".parse().unwrap();
+        assert_eq!(m.gateway_in(&other), None);
+        // No gateway at all is fine: an L2 network without a router.
+        assert_eq!(
+            ok(Some(Addressing::Subnet), None, &[]),
+            Ok(Some(SubnetMode::default()))
+        );
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = ok(
+            Some(Addressing::Subnet),
+            Some(Gateways::One("10.0.0.300".into())),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("gateway \"10.0.0.300\" is not an IP address"),
+            "{e}"
+        );
+        let e = ok(
+            Some(Addressing::Subnet),
+            Some(Gateways::Many(vec!["10.0.0.1".into(), "10.0.0.1".into()])),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("listed twice"), "{e}");
+        let e = ok(Some(Addressing::Subnet), None, &["10.0.0.0/33"]).unwrap_err();
+        assert!(e.contains("exclude \"10.0.0.0/33\": not a CIDR"), "{e}");
+    }
+}
