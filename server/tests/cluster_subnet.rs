@@ -131,3 +131,112 @@ fn one_subnet_across_three_nodes_on_the_kubernetes_api() {
 fn one_subnet_across_three_nodes_on_etcd() {
     one_subnet_across_three_nodes(Backend::etcd());
 }
+
+/// Runs `ip` with `args`, failing the test if it fails.
+fn ip_cmd(args: &[&str]) {
+    let o = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("ip");
+    assert!(
+        o.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Two nodes (network namespaces, each with its own bridge and daemon) on one L2 segment (a
+/// veth between the bridges): Debian's `bridge` plugin execs `ipool` on each, the pods get
+/// addresses of one /24 from their nodes' own /28 blocks, with the /24's prefix and gateway,
+/// and reach each other across the nodes with no route (one subnet).
+#[test]
+#[ignore = "needs root, ip(8), ping(8) and containernetworking-plugins; CI runs it with --include-ignored"]
+fn pods_on_two_nodes_share_one_l2_subnet_and_ping_each_other() {
+    use common::netns::{require_netns, runtime_on, Netns};
+    require_netns();
+    let store = Backend::kube();
+    store.create_pool(&["l2", "--cidr", "10.81.0.0/24", "--block-size", "28"]);
+    let pid = std::process::id() % 100_000;
+    let nodes = [
+        Netns::new(format!("ipl2-n1-{pid}")),
+        Netns::new(format!("ipl2-n2-{pid}")),
+    ];
+    for n in &nodes {
+        ip_cmd(&["-n", &n.0, "link", "add", "l2br", "type", "bridge"]);
+        ip_cmd(&["-n", &n.0, "link", "set", "l2br", "up"]);
+    }
+    // The segment: a veth from one node's bridge to the other's.
+    let (a, b) = (format!("ipl2a{pid}"), format!("ipl2b{pid}"));
+    ip_cmd(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+    for (end, n) in [(&a, &nodes[0]), (&b, &nodes[1])] {
+        ip_cmd(&["link", "set", end, "netns", &n.0]);
+        ip_cmd(&["-n", &n.0, "link", "set", end, "master", "l2br", "up"]);
+    }
+    let daemons: Vec<Daemon> = ["n1", "n2"]
+        .iter()
+        .map(|n| {
+            let toml = store
+                .daemon_config(n, "l2", "heartbeat_ttl_secs = 6\n", &store.addr())
+                .replace(
+                    "cluster_pool = \"l2\"\n",
+                    "cluster_pool = \"l2\"\naddressing = \"subnet\"\ngateway = \"10.81.0.254\"\n",
+                )
+                .replace("routes = [{ dst = \"0.0.0.0/0\" }]\n", "");
+            let mut d = Daemon::prepare_with_config(&toml);
+            d.spawn();
+            d
+        })
+        .collect();
+    let plugin_dir = plugin_bin().parent().expect("dir").to_path_buf();
+    let pods: Vec<Netns> = (0..4)
+        .map(|i| Netns::new(format!("ipl2-p{i}-{pid}")))
+        .collect();
+    let mut addrs = Vec::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let (node, d) = (&nodes[i % 2], &daemons[i % 2]);
+        let conf = format!(
+            r#"{{"cniVersion":"1.0.0","name":"pods","type":"bridge","bridge":"l2br","isGateway":false,"ipMasq":false,"ipam":{{"type":"ipool","socket":"{}"}}}}"#,
+            d.socket.display()
+        );
+        let r = eventually(30, "a bridge ADD", || {
+            let r = runtime_on(node, "/usr/lib/cni/bridge", "ADD", pod, &conf, &plugin_dir);
+            match r.ok {
+                true => Ok(r),
+                false => Err(r),
+            }
+        });
+        let ip = &r.json["ips"][0];
+        let address = ip["address"].as_str().expect("address").to_string();
+        assert!(address.ends_with("/24"), "the subnet's prefix: {:?}", r.json);
+        assert_eq!(ip["gateway"], "10.81.0.254", "{:?}", r.json);
+        let shown = std::process::Command::new("ip")
+            .args(["-n", &pod.0, "-o", "addr", "show", "dev", "eth0"])
+            .output()
+            .expect("ip addr");
+        assert!(
+            String::from_utf8_lossy(&shown.stdout).contains(&address),
+            "{address} on eth0"
+        );
+        addrs.push(address.split('/').next().unwrap().to_string());
+    }
+    // Each node's pods are in its own blocks: n1's and n2's addresses are in different /28s.
+    let block = |a: &str| a.parse::<std::net::Ipv4Addr>().unwrap().octets()[3] / 16;
+    assert_ne!(block(&addrs[0]), block(&addrs[1]), "{addrs:?}");
+    // Across the nodes, with no route: one L2 subnet.
+    for (from, to) in [(0, 1), (1, 0), (2, 3), (3, 0)] {
+        let o = std::process::Command::new("ip")
+            .args([
+                "netns", "exec", &pods[from].0, "ping", "-c", "1", "-W", "3", &addrs[to],
+            ])
+            .output()
+            .expect("ping");
+        assert!(
+            o.status.success(),
+            "pod {from} ({}) cannot reach pod {to} ({}): {}",
+            addrs[from],
+            addrs[to],
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+    drop(daemons);
+}

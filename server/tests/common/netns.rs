@@ -108,3 +108,27 @@ pub fn runtime(bin: &str, cmd: &str, ns: &Netns, conf: &str, plugin_dir: &Path) 
         elapsed: std::time::Duration::ZERO,
     }
 }
+
+/// [`runtime`] inside network namespace `node` (as a node of its own would run the plugin:
+/// its bridge there), through `ip netns exec`.
+pub fn runtime_on(
+    node: &Netns,
+    bin: &str,
+    cmd: &str,
+    ns: &Netns,
+    conf: &str,
+    plugin_dir: &Path,
+) -> Run {
+    let wrapper = std::env::temp_dir().join(format!("ipool-on-{}-{}", node.0, std::process::id()));
+    if !wrapper.exists() {
+        std::fs::write(
+            &wrapper,
+            format!("#!/bin/sh\nexec ip netns exec {} {bin}\n", node.0),
+        )
+        .expect("write the wrapper");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the wrapper");
+    }
+    runtime(&wrapper.display().to_string(), cmd, ns, conf, plugin_dir)
+}
