@@ -207,7 +207,11 @@ fn pods_on_two_nodes_share_one_l2_subnet_and_ping_each_other() {
         });
         let ip = &r.json["ips"][0];
         let address = ip["address"].as_str().expect("address").to_string();
-        assert!(address.ends_with("/24"), "the subnet's prefix: {:?}", r.json);
+        assert!(
+            address.ends_with("/24"),
+            "the subnet's prefix: {:?}",
+            r.json
+        );
         assert_eq!(ip["gateway"], "10.81.0.254", "{:?}", r.json);
         let shown = std::process::Command::new("ip")
             .args(["-n", &pod.0, "-o", "addr", "show", "dev", "eth0"])
@@ -226,7 +230,15 @@ fn pods_on_two_nodes_share_one_l2_subnet_and_ping_each_other() {
     for (from, to) in [(0, 1), (1, 0), (2, 3), (3, 0)] {
         let o = std::process::Command::new("ip")
             .args([
-                "netns", "exec", &pods[from].0, "ping", "-c", "1", "-W", "3", &addrs[to],
+                "netns",
+                "exec",
+                &pods[from].0,
+                "ping",
+                "-c",
+                "1",
+                "-W",
+                "3",
+                &addrs[to],
             ])
             .output()
             .expect("ping");

@@ -63,6 +63,41 @@ struct Run {
     history: Mutex<History>,
     stop: AtomicBool,
     seed: u64,
+    /// The network addressed as one subnet (half the seeds): [`SUBNET`].
+    subnet: bool,
+}
+
+/// What a node's network says in the runs addressed as one subnet (`addressing = "subnet"`):
+/// the /23's gateway and excluded addresses, inside blocks that serve the rest.
+const SUBNET: &str = "addressing = \"subnet\"\ngateway = [\"10.80.0.1\", \"fd00:80::1\"]\nexclude = [\"10.80.0.16/30\", \"10.80.1.100\", \"fd00:80::20/126\"]\n";
+
+/// Whether `ip` is one no node hands out in a run addressed as one subnet: a gateway, an
+/// excluded address, the /23's network or broadcast address.
+fn never_in_subnet(ip: IpAddr) -> bool {
+    [
+        "10.80.0.1/32",
+        "fd00:80::1/128",
+        "10.80.0.16/30",
+        "10.80.1.100/32",
+        "fd00:80::20/126",
+        "10.80.0.0/32",
+        "10.80.1.255/32",
+        "fd00:80::/128",
+    ]
+    .iter()
+    .any(|x| x.parse::<IpNet>().unwrap().contains(&ip))
+}
+
+/// Node `name`'s daemon config, its store reached through `via`.
+fn node_config(store: &Backend, name: &str, via: &str, subnet: bool) -> String {
+    let toml = store.daemon_config(name, POOL, TUNING, via);
+    match subnet {
+        true => toml.replace(
+            &format!("cluster_pool = \"{POOL}\"\n"),
+            &format!("cluster_pool = \"{POOL}\"\n{SUBNET}"),
+        ),
+        false => toml,
+    }
 }
 
 impl Run {
@@ -108,6 +143,12 @@ fn worker(run: Arc<Run>, id: usize) {
             true => {
                 let ips: Vec<IpAddr> = r.addresses().iter().map(|a| addr(a)).collect();
                 reserved_handed_out(&run, &node.name, &c, &ips, started);
+                if let Some(ip) = ips.iter().find(|ip| run.subnet && never_in_subnet(**ip)) {
+                    run.problems.lock().unwrap().push(format!(
+                        "{ip} handed out to {c} on {}: the subnet's gateway, excluded, or its network or broadcast address",
+                        node.name
+                    ));
+                }
                 run.history
                     .lock()
                     .unwrap()
@@ -360,9 +401,7 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
             126..=131 => reservation(&run, reserve, pause),
             _ => {
                 // A second daemon under the same node name, for a while: it must hold back.
-                let toml = run
-                    .store
-                    .daemon_config(&name, POOL, TUNING, &run.store.addr());
+                let toml = node_config(&run.store, &name, &run.store.addr(), run.subnet);
                 let mut twin = Daemon::prepare_with_config(&toml);
                 twin.spawn();
                 log_fault(
@@ -633,13 +672,19 @@ fn nemesis(store: Backend) {
     );
     let args: Vec<&str> = pool_args.iter().map(String::as_str).collect();
     store.create_pool(&args);
+    // Addressed as one subnet for half the seeds: the blocks' first and last addresses too.
+    let subnet = rng.chance(0.5);
+    eprintln!(
+        "nemesis: addressing by {}",
+        if subnet { "subnet" } else { "block" }
+    );
     let store_addr = store.addr();
     let nodes: Vec<Node> = (0..count)
         .map(|i| {
             let name = format!("node-{i}");
             let proxy = Proxy::start(&store_addr);
             let via = proxy.url.trim_start_matches("http://").to_string();
-            let toml = store.daemon_config(&name, POOL, TUNING, &via);
+            let toml = node_config(&store, &name, &via, subnet);
             let mut d = Daemon::prepare_with_config(&toml);
             d.spawn();
             let conf = d.conf("1.0.0", "pods", "");
@@ -662,6 +707,7 @@ fn nemesis(store: Backend) {
         history: Mutex::new(History::new()),
         stop: AtomicBool::new(false),
         seed,
+        subnet,
     });
     let workers: Vec<_> = (0..4)
         .map(|id| {

@@ -100,6 +100,9 @@ pub struct Swarm {
     /// The network takes its addresses from two pools (`cluster_pools = ["p", "q"]`): the
     /// second once the first is full.
     pub two_pools: bool,
+    /// The network is addressed as one subnet (`addressing = "subnet"`, with a gateway and
+    /// excluded addresses): blocks' first and last addresses are handed out too.
+    pub subnet: bool,
 }
 
 impl Swarm {
@@ -114,6 +117,7 @@ impl Swarm {
             watch: false,
             pool_changes: false,
             two_pools: false,
+            subnet: false,
         }
     }
 
@@ -148,6 +152,8 @@ impl Swarm {
         let pool_changes = c.pick(2) == 1;
         // Last again: a run kept before replays zeros (one pool).
         let two_pools = c.pick(2) == 1;
+        // Last again: a run kept before replays zeros (addressing by block).
+        let subnet = c.pick(2) == 1;
         Swarm {
             faults,
             weights,
@@ -157,6 +163,7 @@ impl Swarm {
             watch,
             pool_changes,
             two_pools,
+            subnet,
         }
     }
 

@@ -108,6 +108,8 @@ pub struct Setting {
     pub pool: String,
     /// A second pool of the network, tried once the first is full.
     pub second_pool: Option<String>,
+    /// The network addressed as one subnet (`crate::SUBNET_GATEWAYS`, `crate::SUBNET_EXCLUDE`).
+    pub subnet: bool,
     /// `[cluster]`'s numbers and `[defaults]`, as TOML.
     pub tuning: String,
     pub timeout: Duration,
@@ -124,8 +126,20 @@ impl Setting {
             None => format!("cluster_pool = \"{}\"", self.pool),
             Some(q) => format!("cluster_pools = [\"{}\", \"{q}\"]", self.pool),
         };
+        let list = |v: &[&str]| {
+            let quoted: Vec<String> = v.iter().map(|x| format!("{x:?}")).collect();
+            quoted.join(", ")
+        };
+        let addressing = match self.subnet {
+            true => format!(
+                "addressing = \"subnet\"\ngateway = [{}]\nexclude = [{}]\n",
+                list(&crate::SUBNET_GATEWAYS),
+                list(&crate::SUBNET_EXCLUDE)
+            ),
+            false => String::new(),
+        };
         let text = format!(
-            "[cni]\nadd_wait_ms = 1500\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n[cluster]\n{store}\nnode_name = \"{name}\"\netcd_timeout_ms = {}\n{}\n[[network]]\nname = \"{NETWORK}\"\nranges_from = \"cluster\"\n{pools}\n",
+            "[cni]\nadd_wait_ms = 1500\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n[cluster]\n{store}\nnode_name = \"{name}\"\netcd_timeout_ms = {}\n{}\n[[network]]\nname = \"{NETWORK}\"\nranges_from = \"cluster\"\n{pools}\n{addressing}",
             self.timeout.as_millis(),
             self.tuning,
         );

@@ -7,6 +7,34 @@ use crate::daemon::Done;
 use crate::world::{Adding, OpDone, World};
 
 impl World {
+    /// Whether `ip` is one no node hands out whatever the interleaving, by the daemons' config:
+    /// as one subnet, its gateways, excluded addresses, and each pool CIDR's network and IPv4
+    /// broadcast addresses (of the pools as first made; a CIDR added later has no gateway).
+    fn never_handed_out(&self, ip: IpAddr) -> bool {
+        if !self.setting.subnet {
+            return false;
+        }
+        let nets = |v: &[&str]| -> Vec<ipnet::IpNet> {
+            v.iter()
+                .map(|x| {
+                    x.parse().unwrap_or_else(|_| {
+                        ipnet::IpNet::from(x.parse::<IpAddr>().expect("an address"))
+                    })
+                })
+                .collect()
+        };
+        let cidrs = [
+            self.opts.pool(self.opts.block_v4()).cidrs,
+            self.opts.second_pool().cidrs,
+        ]
+        .concat();
+        nets(&crate::SUBNET_GATEWAYS).iter().any(|g| g.addr() == ip)
+            || nets(&crate::SUBNET_EXCLUDE).iter().any(|x| x.contains(&ip))
+            || cidrs
+                .iter()
+                .any(|c| c.network() == ip || (ip.is_ipv4() && c.broadcast() == ip))
+    }
+
     /// Takes in the ADDs, DELs and operator commands that finished.
     pub fn drain(&mut self) -> Result<(), String> {
         let done: Vec<Done> = std::mem::take(&mut *self.done.lock().expect("done"));
@@ -37,6 +65,11 @@ impl World {
                                 ));
                             }
                             self.note(format!("ADD {container} on {node}: {ips:?}"));
+                            if let Some(ip) = ips.iter().find(|ip| self.never_handed_out(**ip)) {
+                                return Err(format!(
+                                    "{ip} handed out to {container} on {node}, though the network's gateway, excluded, or its subnet's network or broadcast address"
+                                ));
+                            }
                             let at = at.duration_since(self.started).as_millis() as u64;
                             let excuses: Vec<Option<String>> = ips
                                 .iter()

@@ -58,6 +58,11 @@ pub const POOL: &str = "p";
 /// The network's second pool, in the runs that have one (`Swarm::two_pools`).
 pub const SECOND_POOL: &str = "q";
 
+/// The network's gateways and excluded addresses in the runs addressed as one subnet
+/// (`Swarm::subnet`): inside the first blocks of both pools, never handed out.
+pub const SUBNET_GATEWAYS: [&str; 3] = ["10.70.0.1", "10.71.0.30", "fd00:70::1"];
+pub const SUBNET_EXCLUDE: [&str; 3] = ["10.70.0.16/30", "10.71.0.5/32", "fd00:70::10/126"];
+
 /// The daemons' fence (their heartbeat TTL), in simulated milliseconds.
 pub const FENCE_MS: u64 = 6_000;
 

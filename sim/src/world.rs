@@ -214,6 +214,7 @@ impl World {
             store: opts.store,
             pool: crate::POOL.into(),
             second_pool: swarm.two_pools.then(|| crate::SECOND_POOL.to_string()),
+            subnet: swarm.subnet,
             tuning: opts.tuning(swarm.resync_secs, swarm.claim_ahead, swarm.watch),
             timeout: Duration::from_millis(500),
         };
