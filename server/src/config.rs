@@ -545,6 +545,7 @@ impl NetworkSpec {
             origin,
             set_pools: Default::default(),
             subnet_mode,
+            cluster_pools: Vec::new(),
         })
     }
 }

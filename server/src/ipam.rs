@@ -40,6 +40,7 @@ use crate::store::{AttachmentKey, Committer, Pod};
 mod add;
 mod attachments;
 mod declare;
+mod declare_pool;
 mod events;
 mod leak;
 mod maintain;
@@ -106,6 +107,9 @@ struct Shared {
     add_gate: std::sync::RwLock<Option<AddGate>>,
     /// What keeps the node's runtime from using ipool, by topic ("conflist"): for status.
     host_problems: Mutex<std::collections::BTreeMap<String, String>>,
+    /// Bumped when a CNI config declares a network of a cluster pool (`ipam.clusterPool`):
+    /// cluster mode follows its pool ([`Ipam::pool_networks`]).
+    pool_networks: watch::Sender<u64>,
 }
 
 /// Why no ADD may be served yet, given [`Ipam::ranges_version`]; Ok when they may.

@@ -334,6 +334,11 @@ pub struct NetworkDef {
     /// block (each node's blocks routed to it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet_mode: Option<SubnetMode>,
+    /// The cluster pools of a network a CNI config declared with `ipam.clusterPool` (its
+    /// ranges come from them at runtime); empty for every other (the config file's cluster
+    /// networks name theirs there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_pools: Vec<String>,
 }
 
 /// `addressing = "subnet"`: a cluster pool's CIDRs are each one L2 subnet shared by the nodes

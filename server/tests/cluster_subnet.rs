@@ -252,3 +252,146 @@ fn pods_on_two_nodes_share_one_l2_subnet_and_ping_each_other() {
     }
     drop(daemons);
 }
+
+/// A NetworkAttachmentDefinition's network: the CNI config names its cluster pool
+/// (`ipam.clusterPool`, with subnet addressing, gateway and exclude) and ipoold, in cluster
+/// mode with no such network in its config, declares it, follows the pool, and serves it on
+/// two nodes; again after a restart. A pool another network takes, a second pool for a network
+/// holding addresses, and ranges beside the pool are refused by name.
+fn a_cni_config_names_its_cluster_pool(store: Backend) {
+    store.create_pool(&["pods", "--cidr", "10.83.0.0/24", "--block-size", "28"]);
+    store.create_pool(&["nad", "--cidr", "10.82.0.0/24", "--block-size", "28"]);
+    store.create_pool(&["other", "--cidr", "10.84.0.0/24", "--block-size", "28"]);
+    let mut daemons: Vec<Daemon> = ["n1", "n2"]
+        .iter()
+        .map(|n| {
+            let toml = store.daemon_config(n, "pods", "heartbeat_ttl_secs = 6\n", &store.addr());
+            let mut d = Daemon::prepare_with_config(&toml);
+            d.spawn();
+            d
+        })
+        .collect();
+    let nad = r#""clusterPool":"nad","addressing":"subnet","gateway":"10.82.0.1","exclude":["10.82.0.2/31"]"#;
+    let add = |d: &Daemon, c: &str, name: &str, ipam: &str| -> Run {
+        let conf = d.conf("1.1.0", name, ipam);
+        eventually(30, &format!("ADD {c}"), || {
+            let r = cni("ADD", c, &conf);
+            match r.ok {
+                true => Ok(r),
+                false => Err(r),
+            }
+        })
+    };
+    let mut seen = BTreeSet::new();
+    for (i, d) in daemons.iter().enumerate() {
+        for k in 0..3 {
+            let r = add(d, &format!("m{i}-{k}"), "macvlan-a", nad);
+            let ip = &r.json["ips"][0];
+            let address = ip["address"].as_str().unwrap();
+            assert!(address.ends_with("/24"), "{:?}", r.json);
+            assert_eq!(ip["gateway"], "10.82.0.1", "{:?}", r.json);
+            let addr: IpAddr = address.split('/').next().unwrap().parse().unwrap();
+            assert!("10.82.0.0/24".parse::<IpNet>().unwrap().contains(&addr));
+            assert!(!["10.82.0.1", "10.82.0.2", "10.82.0.3"].contains(&addr.to_string().as_str()));
+            assert!(seen.insert(addr), "{addr} twice");
+        }
+    }
+    // Each node its own blocks of the pool.
+    let owners = store.owners();
+    let nad_blocks: Vec<_> = owners
+        .iter()
+        .filter(|(b, _)| "10.82.0.0/24".parse::<IpNet>().unwrap().contains(*b))
+        .collect();
+    let nodes: BTreeSet<&String> = nad_blocks.iter().map(|(_, n)| *n).collect();
+    assert_eq!(nodes.len(), 2, "{nad_blocks:?}");
+
+    let d = &daemons[0];
+    // A pool another network of the node takes.
+    let r = cni(
+        "ADD",
+        "x1",
+        &d.conf("1.1.0", "macvlan-b", r#""clusterPool":"pods""#),
+    );
+    assert!(!r.ok);
+    assert!(
+        r.json["details"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("already gives network \"pods\"")
+            || r.json["msg"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("already gives network \"pods\""),
+        "{:?}",
+        r.json
+    );
+    // Another pool for the network, while it holds addresses.
+    let r = cni(
+        "ADD",
+        "x2",
+        &d.conf("1.1.0", "macvlan-a", r#""clusterPool":"other""#),
+    );
+    assert!(!r.ok);
+    assert!(r.stdout.contains("holds 3 attachment(s)"), "{}", r.stdout);
+    // Ranges beside the pool.
+    let r = cni(
+        "ADD",
+        "x3",
+        &d.conf(
+            "1.1.0",
+            "macvlan-c",
+            r#""clusterPool":"other","subnet":"10.85.0.0/24""#,
+        ),
+    );
+    assert!(
+        !r.ok && r.stdout.contains("drop ipam.ranges and ipam.subnet"),
+        "{}",
+        r.stdout
+    );
+    // Exclude without a pool.
+    let r = cni(
+        "ADD",
+        "x4",
+        &d.conf(
+            "1.1.0",
+            "side",
+            r#""subnet":"10.86.0.0/24","exclude":["10.86.0.5"]"#,
+        ),
+    );
+    assert!(
+        !r.ok && r.stdout.contains("go with ipam.clusterPool"),
+        "{}",
+        r.stdout
+    );
+
+    // After a restart the declared network is followed from the store: a new pod is served,
+    // the old one's CHECK passes.
+    daemons[0].terminate();
+    daemons[0].spawn();
+    let d = &daemons[0];
+    let r = add(d, "m0-after", "macvlan-a", nad);
+    let addr: IpAddr = ip_of(&r).parse().unwrap();
+    assert!(seen.insert(addr), "{addr} twice");
+    let conf = d.conf("1.1.0", "macvlan-a", nad);
+    let check = eventually(30, "CHECK m0-0", || {
+        let prev = add(d, "m0-0", "macvlan-a", nad).json;
+        let r = cni("CHECK", "m0-0", &with_prev(&conf, &prev));
+        match r.ok {
+            true => Ok(r),
+            false => Err(r),
+        }
+    });
+    assert!(check.ok);
+    drop(daemons);
+}
+
+#[test]
+fn a_cni_config_names_its_cluster_pool_on_the_kubernetes_api() {
+    a_cni_config_names_its_cluster_pool(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_cni_config_names_its_cluster_pool_on_etcd() {
+    a_cni_config_names_its_cluster_pool(Backend::etcd());
+}

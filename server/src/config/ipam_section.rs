@@ -5,6 +5,7 @@ use crate::model::{validate_ranges, NetworkDef, Origin, Tuning};
 use crate::range::RangeSpec;
 use serde::Deserialize;
 
+use super::addressing::{subnet_mode, Addressing, Gateways};
 use super::validate_routes;
 use crate::model::RouteSpec;
 
@@ -17,8 +18,18 @@ pub struct IpamSection {
     pub subnet: Option<String>,
     pub range_start: Option<String>,
     pub range_end: Option<String>,
-    pub gateway: Option<String>,
+    /// host-local's gateway of the `subnet` form; with `clusterPool` and subnet addressing,
+    /// the pool CIDRs' gateways (one, or a list).
+    pub gateway: Option<Gateways>,
     pub routes: Option<Vec<RouteSpec>>,
+    /// The cluster pool the network's addresses come from (a NetworkAttachmentDefinition
+    /// naming its pool; ipoold in cluster mode), instead of ranges.
+    pub cluster_pool: Option<String>,
+    /// With `clusterPool`: `"block"` (the default) or `"subnet"` (see [`super::addressing`]).
+    pub addressing: Option<Addressing>,
+    /// With subnet addressing: addresses (or CIDRs) never handed out, one by one.
+    #[serde(default)]
+    pub exclude: Vec<String>,
 }
 
 impl IpamSection {
@@ -40,7 +51,10 @@ impl IpamSection {
                 subnet: subnet.clone(),
                 range_start: self.range_start.clone(),
                 range_end: self.range_end.clone(),
-                gateway: self.gateway.clone(),
+                gateway: match &self.gateway {
+                    Some(Gateways::One(g)) => Some(g.clone()),
+                    _ => None,
+                },
             }]);
         }
         sets.extend(self.ranges.iter().cloned());
@@ -49,6 +63,19 @@ impl IpamSection {
 
     /// The network this section declares, or None when it declares no ranges.
     pub fn network_def(&self, name: &str, tuning: &Tuning) -> Result<Option<NetworkDef>, Error> {
+        if let Some(pool) = &self.cluster_pool {
+            return self.pool_network(name, pool, tuning).map(Some);
+        }
+        if self.addressing.is_some() || !self.exclude.is_empty() {
+            return Err(Error::InvalidConfig(format!(
+                "network {name:?}: ipam.addressing and ipam.exclude go with ipam.clusterPool"
+            )));
+        }
+        if let Some(Gateways::Many(_)) = &self.gateway {
+            return Err(Error::InvalidConfig(format!(
+                "network {name:?}: ipam.gateway is one address with ipam.subnet (a list goes with ipam.clusterPool)"
+            )));
+        }
         let range_sets = self.range_sets();
         if range_sets.is_empty() {
             return Ok(None);
@@ -65,6 +92,34 @@ impl IpamSection {
             origin: Origin::Cni,
             set_pools: Default::default(),
             subnet_mode: None,
+            cluster_pools: Vec::new(),
         }))
+    }
+
+    /// The network of a cluster pool (`clusterPool`): its ranges not known yet (they come from
+    /// the pool once ipoold reads it), its addressing, gateway and excluded addresses.
+    fn pool_network(&self, name: &str, pool: &str, tuning: &Tuning) -> Result<NetworkDef, Error> {
+        if !self.range_sets().is_empty() {
+            return Err(Error::InvalidConfig(format!(
+                "network {name:?}: ipam.clusterPool takes the network's ranges from the pool (drop ipam.ranges and ipam.subnet)"
+            )));
+        }
+        ipool_proto::names::check_name("ipam.clusterPool", pool)
+            .map_err(|e| Error::InvalidConfig(format!("network {name:?}: {e}")))?;
+        let routes = self.routes.clone().unwrap_or_default();
+        validate_routes(name, &routes)?;
+        let mode = subnet_mode(name, self.addressing, self.gateway.as_ref(), &self.exclude)
+            .map_err(|e| Error::InvalidConfig(format!("ipam: {e}")))?;
+        Ok(NetworkDef {
+            name: name.to_string(),
+            range_sets: Vec::new(),
+            retiring: Vec::new(),
+            routes,
+            tuning: tuning.clone(),
+            origin: Origin::Cni,
+            set_pools: Default::default(),
+            subnet_mode: mode,
+            cluster_pools: vec![pool.to_string()],
+        })
     }
 }

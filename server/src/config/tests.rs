@@ -202,6 +202,31 @@ fn ipam_section_errors_name_the_key() {
             r#"{"subnet":"10.0.0.0/24","routes":[{"dst":"x"}]}"#,
             "routes[0].dst",
         ),
+        (
+            r#"{"clusterPool":"l2","subnet":"10.0.0.0/24"}"#,
+            "drop ipam.ranges and ipam.subnet",
+        ),
+        (r#"{"clusterPool":"L2!"}"#, "ipam.clusterPool"),
+        (
+            r#"{"clusterPool":"l2","addressing":"flat"}"#,
+            "unknown variant `flat`",
+        ),
+        (
+            r#"{"clusterPool":"l2","gateway":"10.0.0.1"}"#,
+            "go with addressing = \"subnet\"",
+        ),
+        (
+            r#"{"clusterPool":"l2","addressing":"subnet","exclude":["10.0.0.x"]}"#,
+            "exclude \"10.0.0.x\"",
+        ),
+        (
+            r#"{"subnet":"10.0.0.0/24","exclude":["10.0.0.5"]}"#,
+            "go with ipam.clusterPool",
+        ),
+        (
+            r#"{"subnet":"10.0.0.0/24","gateway":["10.0.0.1"]}"#,
+            "a list goes with ipam.clusterPool",
+        ),
     ] {
         let e = IpamSection::parse(json)
             .and_then(|s| s.expect("present").network_def("n", &t))
@@ -209,6 +234,68 @@ fn ipam_section_errors_name_the_key() {
             .to_string();
         assert!(e.contains(needle), "{json}: {e}");
     }
+}
+
+#[test]
+fn ipam_section_names_a_cluster_pool() {
+    let t = DaemonConfig::embedded().defaults;
+    let def = IpamSection::parse(
+        r#"{"type":"ipool","clusterPool":"l2","addressing":"subnet","gateway":["192.168.2.1","fd00:2::1"],"exclude":["192.168.2.229/30"]}"#,
+    )
+    .expect("valid")
+    .expect("present")
+    .network_def("macvlan", &t)
+    .expect("valid")
+    .expect("declares");
+    assert_eq!(def.cluster_pools, ["l2"]);
+    assert!(def.range_sets.is_empty(), "ranges come from the pool");
+    let mode = def.subnet_mode.expect("subnet");
+    assert_eq!(mode.gateways.len(), 2);
+    assert_eq!(
+        mode.exclude,
+        ["192.168.2.228/30".parse::<ipnet::IpNet>().unwrap()]
+    );
+    let block = IpamSection::parse(r#"{"clusterPool":"l2"}"#)
+        .expect("valid")
+        .expect("present")
+        .network_def("routed", &t)
+        .expect("valid")
+        .expect("declares");
+    assert_eq!(block.subnet_mode, None, "by block unless said");
+}
+
+#[test]
+fn a_config_network_of_one_subnet() {
+    let base = "[cluster]\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n[[network]]\nname = \"l2\"\nranges_from = \"cluster\"\ncluster_pool = \"l2\"\n";
+    let c = DaemonConfig::parse(&format!(
+        "{base}addressing = \"subnet\"\ngateway = \"10.9.0.1\"\nexclude = [\"10.9.0.2/31\"]\n"
+    ))
+    .expect("valid");
+    let defs = c.network_defs().expect("defs");
+    let mode = defs[0].subnet_mode.as_ref().expect("subnet");
+    assert_eq!(
+        mode.gateways,
+        ["10.9.0.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+    for (extra, needle) in [
+        (
+            "gateway = \"10.9.0.1\"\n",
+            "go with addressing = \"subnet\"",
+        ),
+        (
+            "addressing = \"subnet\"\ngateway = \"x\"\n",
+            "gateway \"x\" is not an IP address",
+        ),
+    ] {
+        let e = DaemonConfig::parse(&format!("{base}{extra}"))
+            .expect_err(extra)
+            .to_string();
+        assert!(e.contains(needle), "{extra}: {e}");
+    }
+    let e = DaemonConfig::parse("[[network]]\nname = \"n\"\nranges = [[{ subnet = \"10.0.0.0/24\" }]]\naddressing = \"subnet\"\n")
+        .expect_err("local")
+        .to_string();
+    assert!(e.contains("addressing goes with ranges_from"), "{e}");
 }
 
 #[test]

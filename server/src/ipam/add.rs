@@ -107,6 +107,20 @@ impl Ipam {
         }
         let now = self.now();
         let mut declaration = self.plan_network(st, &req.key.network, declared, now)?;
+        if let Some(d) = declaration.take_if(|d| !d.0.def.cluster_pools.is_empty()) {
+            // A cluster pool's network: declared now, with no ranges until the pool is read;
+            // the ADD waits for them.
+            let name = &req.key.network;
+            let pools = d.0.def.cluster_pools.join(", ");
+            self.declare_now(st, name, d)?;
+            tracing::info!(network = %name, pool = %pools, "network of a cluster pool declared by CNI config");
+            self.pool_network_declared();
+            let why = format!("network {name:?} was just declared: reading cluster pool {pools:?}");
+            return match may_wait {
+                true => Ok(Step::Pending(Pending::new(why))),
+                false => Err(Error::Busy(why)),
+            };
+        }
         if let Some(d) = declaration.take_if(|_| self.has_add_gate()) {
             // New ranges (a network a CNI config declares, or redefines): what the gate checks
             // against the ranges (the live pods' addresses, to quarantine) is checked against

@@ -47,6 +47,9 @@ impl Ipam {
         declared: Option<&NetworkDef>,
         now: Millis,
     ) -> Result<Option<Declaration>, Error> {
+        if let Some(d) = declared.filter(|d| !d.cluster_pools.is_empty()) {
+            return self.plan_pool_network(st, name, d, now);
+        }
         let known = st.networks.get(name);
         let d = match (known, declared) {
             (Some(_), None) => return Ok(None),

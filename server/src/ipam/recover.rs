@@ -123,6 +123,7 @@ impl Ipam {
                 ranges_changes: watch::Sender::new(0),
                 add_gate: Default::default(),
                 host_problems: Default::default(),
+                pool_networks: watch::Sender::new(0),
             }),
         };
         {

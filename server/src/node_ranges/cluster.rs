@@ -259,6 +259,38 @@ pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<Strin
     }
 }
 
+/// Follows the pools of the networks CNI configs declare (`ipam.clusterPool`): those stored
+/// at start, and each one declared since (a network declared anew with another pool follows
+/// that one). Its tasks end with it.
+pub async fn follow_pool_networks(node: Arc<ClusterNode>, ipam: Ipam) {
+    let mut changes = ipam.pool_network_changes();
+    let mut followed: BTreeMap<String, (Vec<String>, tokio::task::AbortHandle)> = BTreeMap::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        changes.mark_unchanged();
+        for (network, pools, routes) in ipam.pool_networks() {
+            if followed.get(&network).is_some_and(|(p, _)| *p == pools) {
+                continue;
+            }
+            if let Some((_, old)) = followed.remove(&network) {
+                old.abort();
+            }
+            tracing::info!(%network, pool = %pools.join(", "), "following the cluster pool of a network a CNI config declared");
+            let feed = Feed::new(ipam.clone(), &network, routes);
+            let task = match &pools[..] {
+                [pool] => tasks.spawn(follow(feed, node.clone(), pool.clone())),
+                _ => tasks.spawn(follow_all(feed, node.clone(), pools.clone())),
+            };
+            followed.insert(network, (pools, task));
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            // Reaps the tasks aborted above.
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+}
+
 /// Gives back, every `resync_secs` (jittered) while the node serves, this node's blocks of the pools no
 /// network here takes its ranges from any more (a network removed, or given another
 /// `cluster_pool`), and those outside their pool's CIDRs, once nothing here holds an address
@@ -289,14 +321,22 @@ pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, u
                 continue;
             }
         };
+        // The pools of the networks CNI configs declared (`ipam.clusterPool`) too, as they
+        // stand now.
+        let declared: Vec<String> = ipam
+            .pool_networks()
+            .into_iter()
+            .flat_map(|(_, p, _)| p)
+            .collect();
         for b in listed.blocks {
             if ipam.holds_in(&b.block) {
                 continue;
             }
+            let used = |pool: &String| used.contains(pool) || declared.contains(pool);
             // A block of a pool in use is its source's, unless it lies outside the pool's
             // CIDRs as read (a claim that landed as its CIDR was removed and whose give-back
             // never came: never served, and no sync of the shrunk ranges lists it).
-            if used.contains(&b.pool) {
+            if used(&b.pool) {
                 match node.pool(&b.pool).await {
                     Ok(Some(p)) if !p.spec.cidrs.iter().any(|c| c.contains(&b.block)) => {}
                     _ => continue,
@@ -346,35 +386,40 @@ impl ClusterNetworks {
             .map(|(n, p, _)| (n.clone(), p.clone()))
             .collect();
         let n = node.clone();
-        let sources = Sources::new(move |def, ranges| match pools.get(&def.name) {
-            Some(list) => {
-                // A set's pool as its ranges were read (several pools), else the one pool.
-                let pool = ranges
-                    .iter()
-                    .find_map(|r| def.set_pools.get(&r.subnet.to_string()))
-                    .unwrap_or(&list[0]);
-                // A pool after one of the same family claims only once an ADD needs it.
-                let rank = |p: &String| list.iter().position(|x| x == p);
-                let v4 = ranges.first().is_some_and(|r| r.subnet.addr().is_ipv4());
-                let first = !def
-                    .range_sets
-                    .iter()
-                    .filter_map(|s| s.first())
-                    .filter(|r| {
-                        r.subnet
-                            .parse::<ipnet::IpNet>()
-                            .is_ok_and(|n| n.addr().is_ipv4() == v4)
-                    })
-                    .filter_map(|r| def.set_pools.get(&r.subnet))
-                    .any(|p| rank(p) < rank(pool));
-                let min_idle = if first { def.tuning.min_idle } else { 0 };
-                Box::new(
-                    ClusterSource::new(n.clone(), pool, &ranges, min_idle)
-                        .on_demand(!first)
-                        .subnet_mode(def.subnet_mode.clone()),
-                )
+        let sources = Sources::new(move |def, ranges| {
+            match pools
+                .get(&def.name)
+                .or(Some(&def.cluster_pools).filter(|p| !p.is_empty()))
+            {
+                Some(list) => {
+                    // A set's pool as its ranges were read (several pools), else the one pool.
+                    let pool = ranges
+                        .iter()
+                        .find_map(|r| def.set_pools.get(&r.subnet.to_string()))
+                        .unwrap_or(&list[0]);
+                    // A pool after one of the same family claims only once an ADD needs it.
+                    let rank = |p: &String| list.iter().position(|x| x == p);
+                    let v4 = ranges.first().is_some_and(|r| r.subnet.addr().is_ipv4());
+                    let first = !def
+                        .range_sets
+                        .iter()
+                        .filter_map(|s| s.first())
+                        .filter(|r| {
+                            r.subnet
+                                .parse::<ipnet::IpNet>()
+                                .is_ok_and(|n| n.addr().is_ipv4() == v4)
+                        })
+                        .filter_map(|r| def.set_pools.get(&r.subnet))
+                        .any(|p| rank(p) < rank(pool));
+                    let min_idle = if first { def.tuning.min_idle } else { 0 };
+                    Box::new(
+                        ClusterSource::new(n.clone(), pool, &ranges, min_idle)
+                            .on_demand(!first)
+                            .subnet_mode(def.subnet_mode.clone()),
+                    )
+                }
+                None => Box::new(LocalSource::new(ranges)),
             }
-            None => Box::new(LocalSource::new(ranges)),
         });
         let me = ClusterNetworks {
             node,
@@ -440,6 +485,10 @@ impl ClusterNetworks {
             self.node.clone(),
             ipam.clone(),
             used,
+        )));
+        tasks.push(tokio::spawn(follow_pool_networks(
+            self.node.clone(),
+            ipam.clone(),
         )));
         for (network, pools, routes) in &self.networks {
             let feed = Feed::new(ipam.clone(), network, routes.clone());

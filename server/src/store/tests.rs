@@ -29,6 +29,7 @@ fn net(name: &str) -> NetworkDef {
         origin: Origin::Cni,
         set_pools: Default::default(),
         subnet_mode: None,
+        cluster_pools: Vec::new(),
         retiring: Vec::new(),
     }
 }
