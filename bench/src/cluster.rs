@@ -26,6 +26,8 @@ pub use scale::Scale;
 const PREFIX: &str = "/ipool-bench";
 /// The cluster pool the daemon's network uses.
 const ADD_POOL: (&str, &str) = ("add", "172.16.0.0/16");
+/// The pool of the network addressed as one subnet (`addressing = "subnet"`).
+const SUBNET_POOL: (&str, &str) = ("l2", "172.17.0.0/16");
 
 /// Cluster mode's rows, or why there are none.
 pub enum Cluster {
@@ -55,6 +57,10 @@ pub struct AddRows {
     pub local_add: Vec<Duration>,
     pub cluster_del: Vec<Duration>,
     pub local_del: Vec<Duration>,
+    /// The same on a network of a cluster pool addressed as one subnet, with a gateway and
+    /// excluded addresses.
+    pub subnet_add: Vec<Duration>,
+    pub subnet_del: Vec<Duration>,
     /// Blocks the daemon owned at the end (claimed in the background during the run).
     pub blocks: usize,
 }
@@ -78,7 +84,8 @@ pub(crate) fn run(
     let version = etcd_version(etcd_bin);
     let r = rt.block_on(async {
         claims::wait_ready(&url, PREFIX).await?;
-        claims::create(&url, PREFIX, &claims::pool(ADD_POOL.0, ADD_POOL.1)?).await
+        claims::create(&url, PREFIX, &claims::pool(ADD_POOL.0, ADD_POOL.1)?).await?;
+        claims::create(&url, PREFIX, &claims::pool(SUBNET_POOL.0, SUBNET_POOL.1)?).await
     });
     r.with_context(|| format!("etcd's log:\n{}", etcd.log()))?;
 
@@ -173,28 +180,35 @@ fn add_rows(
         &config,
         format!(
             "[cluster]\netcd_endpoints = [\"{url}\"]\nprefix = \"{PREFIX}\"\nnode_name = \"{node}\"\n\n\
-             [[network]]\nname = \"cluster\"\nranges_from = \"cluster\"\ncluster_pool = \"{}\"\n",
-            ADD_POOL.0
+             [[network]]\nname = \"cluster\"\nranges_from = \"cluster\"\ncluster_pool = \"{}\"\n\n\
+             [[network]]\nname = \"l2\"\nranges_from = \"cluster\"\ncluster_pool = \"{}\"\n\
+             addressing = \"subnet\"\ngateway = \"172.17.0.1\"\nexclude = [\"172.17.0.2/31\"]\n",
+            ADD_POOL.0, SUBNET_POOL.0
         ),
     )
     .context("writing the cluster config")?;
     let daemon = Daemon::start(&bins.ipoold, Some(&config))?;
     let clu = Net::ipool_configured(&bins.ipool, &daemon.socket, "cluster");
+    let sub = Net::ipool_configured(&bins.ipool, &daemon.socket, "l2");
     let loc = Net::ipool(&bins.ipool, &daemon.socket, &names.next());
     // Served once the daemon has listed its blocks and claimed its first.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = clu.call(Op::Add, "first") {
-        if Instant::now() > deadline {
-            bail!("the cluster network served no ADD within 30 s: {e:#}");
+    for net in [&clu, &sub] {
+        while let Err(e) = net.call(Op::Add, "first") {
+            if Instant::now() > deadline {
+                bail!("a cluster network served no ADD within 30 s: {e:#}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        net.call(Op::Del, "first")?;
     }
-    clu.call(Op::Del, "first")?;
     let mut rows = AddRows {
         cluster_add: Vec::new(),
         local_add: Vec::new(),
         cluster_del: Vec::new(),
         local_del: Vec::new(),
+        subnet_add: Vec::new(),
+        subnet_del: Vec::new(),
         blocks: 0,
     };
     for i in 0..plan.warmup + plan.samples {
@@ -204,12 +218,16 @@ fn add_rows(
             loc.call(Op::Add, &c)?,
             clu.call(Op::Del, &c)?,
             loc.call(Op::Del, &c)?,
+            sub.call(Op::Add, &c)?,
+            sub.call(Op::Del, &c)?,
         ];
         if i >= plan.warmup {
             rows.cluster_add.push(round[0]);
             rows.local_add.push(round[1]);
             rows.cluster_del.push(round[2]);
             rows.local_del.push(round[3]);
+            rows.subnet_add.push(round[4]);
+            rows.subnet_del.push(round[5]);
         }
     }
     rows.blocks = rt.block_on(claims::owned(url, PREFIX, ADD_POOL.0, node))?;

@@ -49,8 +49,9 @@ impl ClusterReport {
         let _ = writeln!(
             o,
             "\n## Cluster mode ({}, one member, data in the temp dir)\n\n\
-             ADD and DEL through the plugin: a network on a cluster pool and a local network of \
-             the same ipoold, interleaved (ms). Blocks are claimed in the background; the daemon \
+             ADD and DEL through the plugin: a network on a cluster pool (by block, and one \
+             addressed as one subnet with a gateway and excluded addresses) and a local network \
+             of the same ipoold, interleaved (ms). Blocks are claimed in the background; the daemon \
              owned {} block(s) of /26 at the end.\n",
             self.etcd, self.add.blocks
         );
@@ -63,11 +64,13 @@ impl ClusterReport {
         for (op, c, l) in [
             ("ADD", &a.cluster_add, &a.local_add),
             ("DEL", &a.cluster_del, &a.local_del),
+            ("ADD, one subnet", &a.subnet_add, &a.local_add),
+            ("DEL, one subnet", &a.subnet_del, &a.local_del),
         ] {
             let (c, l) = (Summary::of(c), Summary::of(l));
             let ratio = c.p50 / l.p50.max(f64::MIN_POSITIVE);
             let goal = match op {
-                "ADD" => verdict(ratio <= ADD_RATIO_GOAL),
+                "ADD" | "ADD, one subnet" => verdict(ratio <= ADD_RATIO_GOAL),
                 _ => "-",
             };
             let _ = writeln!(
@@ -250,6 +253,10 @@ impl ClusterReport {
             "del": {
                 "cluster": Summary::of(&a.cluster_del).json(),
                 "local": Summary::of(&a.local_del).json(),
+            },
+            "subnet": {
+                "add": Summary::of(&a.subnet_add).json(),
+                "del": Summary::of(&a.subnet_del).json(),
             },
             "store_load": self.load.json(),
             "sequential_claims": run(&self.sequential),
