@@ -53,8 +53,11 @@ pub use sled_store::{SledStore, StoreOptions};
 /// 4: the write-ahead log files `wal-0` and `wal-1` next to `db` (an older ipoold would not
 /// replay them). 5: log files with a header and batches (an older ipoold could not read them).
 /// 6: claimed blocks (a seventh tree) and retiring range sets (an older ipoold would call the
-/// log damaged, or drop the retiring sets and then the attachments in them).
-pub const SCHEMA_VERSION: u32 = 6;
+/// log damaged, or drop the retiring sets and then the attachments in them). 7: networks of
+/// cluster pools that say so in their definition (each set's pool, the pools a CNI config
+/// named, one subnet's gateway and exclusions: an older ipoold would drop them and serve the
+/// pool's CIDRs as local ranges, addresses of other nodes' blocks).
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// A change set's number: the order in which the store took them.
 pub type Seq = u64;

@@ -95,7 +95,41 @@ pub(super) fn reconcile_defs(
         defs.remove(&gone);
         changes.push(Change::DeleteNetwork(gone));
     }
+    let cluster = config.cluster.is_some();
+    let mut dropped = Vec::new();
+    for (name, def) in defs.iter_mut().filter(|(n, _)| !named.contains(n)) {
+        if !stale_cluster_network(def, cluster) {
+            continue;
+        }
+        if live.get(name.as_str()).copied().unwrap_or(0) == 0 {
+            tracing::warn!(network = %name, "a network of cluster pools the config no longer names holds no address: its definition is dropped");
+            dropped.push(name.clone());
+            continue;
+        }
+        // Nothing new from it: its sets retire, and are dropped once their last address is
+        // released (DEL and CHECK work meanwhile).
+        tracing::warn!(network = %name, ranges = %def.describe_ranges(), "a network of cluster pools the config no longer names still holds addresses: it hands out nothing new, and its ranges are dropped once they are released");
+        let current = std::mem::take(&mut def.range_sets);
+        def.retiring.extend(current);
+        changes.push(Change::PutNetwork(def.clone()));
+    }
+    for gone in dropped {
+        defs.remove(&gone);
+        changes.push(Change::DeleteNetwork(gone));
+    }
     Ok((defs, reset))
+}
+
+/// Whether stored network `def`, which the config does not name, took its addresses from
+/// cluster pools and can no longer be served by them: a network of the config file's (its
+/// sets named with their pools), or one a CNI config declared with `ipam.clusterPool` while
+/// ipoold now runs without `[cluster]`. Its sets would otherwise get local sources over the
+/// pools' CIDRs, and hand out addresses of blocks other nodes own.
+fn stale_cluster_network(def: &NetworkDef, cluster: bool) -> bool {
+    match def.cluster_pools.is_empty() {
+        true => def.origin == Origin::Node && !def.set_pools.is_empty(),
+        false => !cluster,
+    }
 }
 
 /// The stored networks the config does not name (renamed, or declared by a CNI config) whose

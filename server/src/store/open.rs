@@ -84,7 +84,7 @@ impl Live {
             }
             Some(SCHEMA_VERSION) => {}
             // The same log; what is new are records an older ipoold must not read.
-            Some(5) => mark_current(&trees)?,
+            Some(5 | 6) => mark_current(&trees)?,
             Some(old) => migrate(&trees, old, &wal_paths, capacity)?,
             None => {
                 if trees.has_data() {
