@@ -57,6 +57,7 @@ mod status;
 mod sticky;
 mod suspects;
 
+pub use declare_pool::PoolNetwork;
 pub use events::{Event, EventKind};
 pub use leak::{netns_gone, LeakSuspects};
 pub use maintain::spawn_maintenance;

@@ -15,7 +15,12 @@ fn a_renamed_cluster_network_hands_out_nothing_of_other_nodes_blocks() {
     // Two blocks of /28: one for each node.
     store.create_pool(&["p", "--cidr", "10.88.0.0/27", "--block-size", "28"]);
     let config = |node: &str| {
-        store.daemon_config(node, "p", "heartbeat_ttl_secs = 6\nclaim_ahead = 1\nresync_secs = 2\n", &store.addr())
+        store.daemon_config(
+            node,
+            "p",
+            "heartbeat_ttl_secs = 6\nclaim_ahead = 1\nresync_secs = 2\n",
+            &store.addr(),
+        )
     };
     let mut n1 = Daemon::prepare_with_config(&config("n1"));
     n1.spawn();

@@ -25,8 +25,10 @@
 //!
 //! Each etcd request goes through the node's limiter (`etcd_rate`); a failure is retried with a
 //! jittered backoff, and the resyncs are jittered too.
-//! Each block is a host-local range: its first address is the gateway, the network (and for
-//! IPv4 the broadcast) address is never handed out.
+//! By block (the default), each block is a host-local range: its first address is the gateway,
+//! the network (and for IPv4 the broadcast) address is never handed out. As one subnet
+//! (`subnet_mode`), a block hands out every address but its pool CIDR's network, broadcast and
+//! gateway addresses and the network's excluded ones (`block::block_range`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -511,12 +513,16 @@ impl ClusterSource {
         }
         let hold_down = Duration::from_secs(self.node.settings().block_hold_down_secs);
         let usable = self.usable().count();
+        // What a block's give-back takes from `free`: its free addresses less those kept out
+        // (reserved, excluded), as `free` counts them.
+        let kept = self.kept_out();
+        let counted = |b: &Owned| b.alloc.free() - reserved::free_in(b, &kept);
         // A disabled pool's empty blocks all go back (the last one too).
         let giving = self.usable().find_map(|b| match b.state {
             BlockState::Confirmed(revision)
                 if b.is_empty()
                     && b.empty_since.is_some_and(|t| t.elapsed() >= hold_down)
-                    && (disabled || free - b.alloc.free() >= self.threshold as u128) =>
+                    && (disabled || free.saturating_sub(counted(b)) >= self.threshold as u128) =>
             {
                 Some((b.net(), revision))
             }

@@ -114,7 +114,6 @@ impl Ipam {
             let pools = d.0.def.cluster_pools.join(", ");
             self.declare_now(st, name, d)?;
             tracing::info!(network = %name, pool = %pools, "network of a cluster pool declared by CNI config");
-            self.pool_network_declared();
             let why = format!("network {name:?} was just declared: reading cluster pool {pools:?}");
             return match may_wait {
                 true => Ok(Step::Pending(Pending::new(why))),
@@ -192,6 +191,7 @@ impl Ipam {
             .unwrap_or_default();
         changes.extend(attachment_changes);
         let name = req.key.network.clone();
+        let declared_now = declaration.is_some();
         let seq = self.commit(st, &changes, |st| {
             if let Some((net, _, displaced)) = declaration {
                 tracing::info!(network = %name, ranges = %net.def.describe_ranges(), "network declared by CNI config");
@@ -217,6 +217,9 @@ impl Ipam {
             st.attachments.insert(&plan.record);
             Ok(())
         })?;
+        if declared_now {
+            self.pool_network_declared();
+        }
         let reason = if plan.used.is_some() {
             "sticky pod back"
         } else {

@@ -30,6 +30,8 @@ impl Ipam {
             st.networks.insert(name.to_string(), net);
             Ok(())
         })?;
+        // A network of a cluster pool declared, or one declared anew: its follower sees it.
+        self.pool_network_declared();
         Ok(())
     }
 

@@ -8,11 +8,17 @@ use super::ranges::forget_set;
 use super::state::{Network, State};
 use super::Ipam;
 use crate::error::Error;
-use crate::model::{Millis, NetworkDef, RouteSpec};
+use crate::model::{Millis, NetworkDef, RouteSpec, SubnetMode};
 use crate::store::Change;
 
-/// A network declared with `ipam.clusterPool`: (network, its pools, its routes).
-pub type PoolNetwork = (String, Vec<String>, Vec<RouteSpec>);
+/// A network declared with `ipam.clusterPool`: its name, pools, routes and addressing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolNetwork {
+    pub network: String,
+    pub pools: Vec<String>,
+    pub routes: Vec<RouteSpec>,
+    pub subnet_mode: Option<SubnetMode>,
+}
 
 impl Ipam {
     /// The networks CNI configs declared with `ipam.clusterPool`, for cluster mode to follow
@@ -22,12 +28,11 @@ impl Ipam {
             .networks
             .values()
             .filter(|n| !n.def.cluster_pools.is_empty())
-            .map(|n| {
-                (
-                    n.def.name.clone(),
-                    n.def.cluster_pools.clone(),
-                    n.def.routes.clone(),
-                )
+            .map(|n| PoolNetwork {
+                network: n.def.name.clone(),
+                pools: n.def.cluster_pools.clone(),
+                routes: n.def.routes.clone(),
+                subnet_mode: n.def.subnet_mode.clone(),
             })
             .collect()
     }
@@ -101,14 +106,24 @@ impl Ipam {
                 .filter(|a| a.network() == name)
                 .count()
                 + st.reservations.keys().filter(|k| k.network == name).count();
+            // Only the excluded addresses differ (a NetworkAttachmentDefinition edited while
+            // its pods run): the declaration in force stays until the network holds nothing
+            // here, and its ADDs go on.
+            let same_addresses = known.def.cluster_pools == d.cluster_pools
+                && known.def.subnet_mode.is_some() == d.subnet_mode.is_some()
+                && SubnetMode::same_gateways(
+                    known.def.subnet_mode.as_ref(),
+                    d.subnet_mode.as_ref(),
+                );
+            if live > 0 && same_addresses {
+                tracing::debug!(network = name, kept = %describe(&known.def), asked = %describe(d), "a CNI config declares other excluded addresses while the network holds addresses: the declaration in force stays until it holds none");
+                return Ok(None);
+            }
             if live > 0 {
                 return Err(Error::InvalidConfig(format!(
-                    "network {name:?} is already declared with {} and holds {live} attachment(s) or reservation(s); this CNI config declares it with cluster pool {pools:?}{} (delete them first, or use a new network name)",
+                    "network {name:?} is already declared with {} and holds {live} attachment(s) or reservation(s); this CNI config declares it with {} (delete them first, or use a new network name)",
                     describe(&known.def),
-                    match &d.subnet_mode {
-                        Some(_) => " as one subnet",
-                        None => "",
-                    }
+                    describe(d)
                 )));
             }
             tracing::warn!(network = name, old = %describe(&known.def), new = %describe(d), "network redeclared by a CNI config; it had no attachments");

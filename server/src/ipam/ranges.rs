@@ -104,6 +104,21 @@ impl Ipam {
                     old.def.describe_ranges()
                 )));
             }
+            // A pool's ranges only for a network of that pool (a follower of a network since
+            // declared anew may still be on its way).
+            let foreign = match old.def.cluster_pools.is_empty() {
+                true => (old.def.origin != Origin::Node)
+                    .then(|| set_pools.values().next())
+                    .flatten(),
+                false => set_pools
+                    .values()
+                    .find(|p| !old.def.cluster_pools.contains(p)),
+            };
+            if let Some(pool) = foreign {
+                return Err(Error::InvalidConfig(format!(
+                    "network {network:?} does not take its addresses from cluster pool {pool:?} (it was declared anew)"
+                )));
+            }
             check_apart(network, &parsed, st.networks.values().map(|n| &n.def))
                 .map_err(Error::InvalidConfig)?;
             let same = match (old.def.range_sets.is_empty(), range_sets.is_empty()) {

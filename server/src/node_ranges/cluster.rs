@@ -264,24 +264,33 @@ pub async fn follow_all(mut feed: Feed, node: Arc<ClusterNode>, pools: Vec<Strin
 /// that one). Its tasks end with it.
 pub async fn follow_pool_networks(node: Arc<ClusterNode>, ipam: Ipam) {
     let mut changes = ipam.pool_network_changes();
-    let mut followed: BTreeMap<String, (Vec<String>, tokio::task::AbortHandle)> = BTreeMap::new();
+    let mut followed: BTreeMap<String, (crate::ipam::PoolNetwork, tokio::task::AbortHandle)> =
+        BTreeMap::new();
     let mut tasks = tokio::task::JoinSet::new();
     loop {
         changes.mark_unchanged();
-        for (network, pools, routes) in ipam.pool_networks() {
-            if followed.get(&network).is_some_and(|(p, _)| *p == pools) {
+        let now = ipam.pool_networks();
+        // A network gone, or declared anew (its pools, routes or addressing): its follower
+        // ends (what it may still apply of another pool is refused, see `set_pool_ranges`).
+        followed.retain(|network, (was, task)| {
+            let same = now.iter().any(|n| n == was);
+            if !same {
+                tracing::info!(%network, "no longer following its cluster pool as declared before");
+                task.abort();
+            }
+            same
+        });
+        for n in now {
+            if followed.contains_key(&n.network) {
                 continue;
             }
-            if let Some((_, old)) = followed.remove(&network) {
-                old.abort();
-            }
-            tracing::info!(%network, pool = %pools.join(", "), "following the cluster pool of a network a CNI config declared");
-            let feed = Feed::new(ipam.clone(), &network, routes);
-            let task = match &pools[..] {
+            tracing::info!(network = %n.network, pool = %n.pools.join(", "), "following the cluster pool of a network a CNI config declared");
+            let feed = Feed::new(ipam.clone(), &n.network, n.routes.clone());
+            let task = match &n.pools[..] {
                 [pool] => tasks.spawn(follow(feed, node.clone(), pool.clone())),
-                _ => tasks.spawn(follow_all(feed, node.clone(), pools.clone())),
+                _ => tasks.spawn(follow_all(feed, node.clone(), n.pools.clone())),
             };
-            followed.insert(network, (pools, task));
+            followed.insert(n.network.clone(), (n, task));
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return },
@@ -326,7 +335,7 @@ pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, u
         let declared: Vec<String> = ipam
             .pool_networks()
             .into_iter()
-            .flat_map(|(_, p, _)| p)
+            .flat_map(|n| n.pools)
             .collect();
         for b in listed.blocks {
             if ipam.holds_in(&b.block) {

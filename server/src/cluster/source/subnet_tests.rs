@@ -99,3 +99,18 @@ fn by_block_each_block_is_a_range_of_its_own() {
     );
     assert!(s.can_occupy(ip("10.0.0.79")).is_err());
 }
+
+#[test]
+fn an_empty_block_with_excluded_addresses_is_weighed_for_give_back_without_overflow() {
+    // The only block, empty past its hold-down, a quarter of it excluded: its give-back is
+    // weighed on the addresses it can hand out (it once took 16 from 12).
+    let n = node("");
+    let mut s = source(&n).subnet_mode(mode(None, &["10.0.0.64/30"]));
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[block("10.0.0.64/28", 7)]);
+    assert_eq!(s.free(), 12);
+    assert!(
+        !matches!(next_work(&mut s), Some(super::Work::GiveBack(..))),
+        "the last block stays"
+    );
+}
