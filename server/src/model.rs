@@ -361,6 +361,39 @@ impl SubnetMode {
         self.gateways.iter().copied().find(|g| cidr.contains(g))
     }
 
+    /// What does not fit `subnets` (a pool's CIDRs): a gateway in none of them, two gateways
+    /// in one, an exclusion in none.
+    pub fn misfits(&self, subnets: &[ipnet::IpNet]) -> Vec<String> {
+        let mut out = Vec::new();
+        for g in &self.gateways {
+            if !subnets.iter().any(|s| s.contains(g)) {
+                out.push(format!(
+                    "gateway {g} is in none of the CIDRs (it is not used)"
+                ));
+            }
+        }
+        for s in subnets {
+            let inside: Vec<String> = self
+                .gateways
+                .iter()
+                .filter(|g| s.contains(*g))
+                .map(|g| g.to_string())
+                .collect();
+            if inside.len() > 1 {
+                out.push(format!(
+                    "gateways {} are all in {s} (the first is used; the others are handed out)",
+                    inside.join(", ")
+                ));
+            }
+        }
+        for x in &self.exclude {
+            if !subnets.iter().any(|s| s.contains(x) || x.contains(s)) {
+                out.push(format!("exclude {x} is in none of the CIDRs"));
+            }
+        }
+        out
+    }
+
     /// Whether a change from `self` to `other` moves what an address in use is (its gateway):
     /// refused while the network holds addresses.
     pub fn same_gateways(a: Option<&SubnetMode>, b: Option<&SubnetMode>) -> bool {

@@ -370,6 +370,16 @@ fn a_cni_config_names_its_cluster_pool(store: Backend) {
         r.stdout
     );
 
+    // A gateway in none of the pool's CIDRs (a typo): no gateway in the result, and said.
+    let r = add(
+        d,
+        "w1",
+        "macvlan-w",
+        r#""clusterPool":"other","addressing":"subnet","gateway":"10.99.0.1""#,
+    );
+    assert!(r.json["ips"][0]["gateway"].is_null(), "{:?}", r.json);
+    d.wait_log(&["gateway 10.99.0.1 is in none of the CIDRs"]);
+
     // After a restart the declared network is followed from the store: a new pod is served,
     // the old one's CHECK passes.
     daemons[0].terminate();

@@ -147,6 +147,38 @@ mod tests {
     }
 
     #[test]
+    fn what_does_not_fit_the_pools_cidrs_is_named() {
+        let m = ok(
+            Some(Addressing::Subnet),
+            Some(Gateways::Many(vec![
+                "10.0.0.1".into(),
+                "10.0.0.2".into(),
+                "10.9.0.1".into(),
+            ])),
+            &["10.0.0.64/30", "10.8.0.0/24"],
+        )
+        .unwrap()
+        .unwrap();
+        let cidrs: Vec<IpNet> = vec!["10.0.0.0/24".parse().unwrap()];
+        let misfits = m.misfits(&cidrs);
+        assert_eq!(misfits.len(), 3, "{misfits:?}");
+        assert!(
+            misfits[0].contains("gateway 10.9.0.1 is in none"),
+            "{misfits:?}"
+        );
+        assert!(misfits[1].contains("gateways 10.0.0.1, 10.0.0.2 are all in 10.0.0.0/24"));
+        assert!(misfits[2].contains("exclude 10.8.0.0/24 is in none"));
+        let fine = ok(
+            Some(Addressing::Subnet),
+            Some(Gateways::One("10.0.0.1".into())),
+            &[],
+        )
+        .unwrap()
+        .unwrap();
+        assert!(fine.misfits(&cidrs).is_empty());
+    }
+
+    #[test]
     fn bad_values_are_named() {
         let e = ok(
             Some(Addressing::Subnet),

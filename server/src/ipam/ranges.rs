@@ -136,6 +136,15 @@ impl Ipam {
             if same && same_routes && same_pools && old.def.origin.ranges_at_runtime() {
                 return Ok(None);
             }
+            // One subnet's gateways and exclusions that fit none of the new CIDRs: said once
+            // per change of the ranges (a typo would give pods no gateway, or exclude nothing).
+            if let Some(mode) = &old.def.subnet_mode {
+                let subnets: Vec<ipnet::IpNet> =
+                    parsed.iter().flatten().map(|r| r.subnet).collect();
+                for misfit in mode.misfits(&subnets) {
+                    tracing::warn!(network, %misfit, "the network's addressing does not fit its cluster pool's CIDRs");
+                }
+            }
             let Replan {
                 net,
                 changes,
