@@ -18,16 +18,19 @@ CRDS = {
                            "status": ["phase"]}),
     "ipblocks": ("IPBlock", {"spec": ["cidr", "pool", "poolRevision", "node", "claimedAtMs",
                                   "settledAtMs"]}),
+    "ippins": ("IPPin", {"spec": ["pool", "address", "owner", "block", "blockId", "holders"]}),
 }
 # What each side does on the apiserver: (apiGroup, resource, verbs, in the Lease namespace).
 DAEMON_NEEDS = [
     (GROUP, "ipblocks", ["get", "list", "watch", "create", "update", "delete"], False),
     (GROUP, "ippools", ["get", "list", "watch"], False),
+    (GROUP, "ippins", ["get", "list", "watch", "create", "update", "delete"], False),
     ("coordination.k8s.io", "leases", ["get", "create", "update"], True),
 ]
 OPERATOR_NEEDS = [
     (GROUP, "ippools", ["get", "list", "create", "update", "delete"], False),
     (GROUP, "ipblocks", ["get", "list", "delete"], False),
+    (GROUP, "ippins", ["get", "list", "update", "delete"], False),
     ("coordination.k8s.io", "leases", ["get", "create", "update", "delete"], True),
 ]
 # The daemon reads pools, never writes one.
@@ -144,7 +147,8 @@ def check_admission(docs, username):
     bound = {b["spec"].get("policyName") for b in docs
              if b["kind"] == "ValidatingAdmissionPolicyBinding"
              and "Deny" in b["spec"].get("validationActions", [])}
-    for group, resource in [(GROUP, "ipblocks"), ("coordination.k8s.io", "leases")]:
+    for group, resource in [(GROUP, "ipblocks"), (GROUP, "ippins"),
+                            ("coordination.k8s.io", "leases")]:
         covered = set()
         for p in docs:
             if p["kind"] != "ValidatingAdmissionPolicy" or p["metadata"]["name"] not in bound:

@@ -62,6 +62,7 @@ pub mod heard;
 pub mod kube;
 pub mod model;
 pub mod node;
+pub mod pin;
 pub mod pool;
 pub mod release;
 pub mod source;

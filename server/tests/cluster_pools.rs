@@ -6,51 +6,16 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::backend::Backend;
+use common::backend::{with_datastore, Backend};
 use common::*;
 use ipnet::IpNet;
-use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::model::{Claimed, ClusterError};
 use ipool_server::cluster::pool::{PoolChange, PoolSpec};
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
-}
-
-/// Runs `f` with a store client of `store`'s.
-fn with_datastore<T, F: std::future::Future<Output = T>>(
-    store: &Backend,
-    f: impl FnOnce(Arc<dyn Datastore>) -> F,
-) -> T {
-    match store {
-        Backend::Etcd(e) => {
-            let url = e.lock().unwrap().client_url.clone();
-            common::etcd::with_store(&url, |s| f(Arc::new(s)))
-        }
-        Backend::Kube { kubeconfig, .. } => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                let client = ipool_server::k8s::client(Some(kubeconfig), Duration::from_secs(5))
-                    .await
-                    .expect("client");
-                let s = ipool_server::cluster::kube::KubeStore::connect(
-                    client,
-                    "ipool-system",
-                    None,
-                    "ipoolctl",
-                )
-                .await
-                .expect("connect");
-                f(Arc::new(s)).await
-            })
-        }
-    }
 }
 
 fn refused(r: Result<PoolSpec, ClusterError>, needle: &str) {

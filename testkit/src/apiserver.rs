@@ -13,9 +13,9 @@
 //! - every change kept as an event while `keep_events` is set (watches read them).
 //!
 //! The resources are those ipool reads and writes: core/v1 `nodes` and `pods` (put and deleted
-//! by the tests, [`Objects::put`], [`Objects::delete`]), `ipool.io/v1` `ippools` and
-//! `ipblocks` (cluster-scoped), and `coordination.k8s.io/v1` `leases` (namespaced), the last
-//! three served to clients by [`Objects::respond`].
+//! by the tests, [`Objects::put`], [`Objects::delete`]), `ipool.io/v1` `ippools`,
+//! `ipblocks` and `ippins` (cluster-scoped), and `coordination.k8s.io/v1` `leases`
+//! (namespaced), the last four served to clients by [`Objects::respond`].
 
 use std::collections::BTreeMap;
 
@@ -115,6 +115,7 @@ fn kind_of(group_version: &str, resource: &str) -> Option<(&'static str, &'stati
     match (group_version, resource) {
         ("ipool.io/v1", "ippools") => Some(("IPPool", "IPPoolList", false)),
         ("ipool.io/v1", "ipblocks") => Some(("IPBlock", "IPBlockList", false)),
+        ("ipool.io/v1", "ippins") => Some(("IPPin", "IPPinList", false)),
         ("coordination.k8s.io/v1", "leases") => Some(("Lease", "LeaseList", true)),
         _ => None,
     }

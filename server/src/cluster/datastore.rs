@@ -23,13 +23,14 @@ use super::model::{
     Acquired, Alive, Block, Claimed, ClusterError, Heartbeat, Listing, NodeState, Pool, Pools,
     Settled,
 };
+use super::pin::{Pin, PinCreated, PinOwner, PinRead};
 use super::pool::{PoolChange, PoolSpec};
 
 /// A store shared by the calls of one node (or of one `ipoolctl` run).
 pub type Store = Arc<dyn Datastore>;
 
 /// A store of pools, blocks and node names: what cluster mode runs on.
-pub trait Datastore: PoolStore + BlockStore + NameStore + WatchStore {
+pub trait Datastore: PoolStore + BlockStore + NameStore + WatchStore + PinStore {
     /// The same store, whose requests never wait for its rate limit (the heartbeat's).
     fn urgent(&self) -> Store;
     /// How many times the store was found reset (restored from an older backup, made anew),
@@ -125,6 +126,26 @@ pub trait NameStore: Send + Sync {
         blocks: &[Block],
         force: bool,
     ) -> Result<Vec<Block>, ClusterError>;
+}
+
+/// A store's pins: fixed addresses kept for their owners ([`super::pin`]). One pin per
+/// address and, where the store can say so in one write (etcd), one per owner; on the
+/// Kubernetes API a creator that finds another pin of its owner withdraws its own.
+#[async_trait::async_trait]
+pub trait PinStore: Send + Sync {
+    /// Every pin, or those of one pool.
+    async fn pins(&self, pool: Option<&str>) -> Result<Vec<PinRead>, ClusterError>;
+    /// The pin of `owner`, if it has one.
+    async fn pin_of(&self, owner: &PinOwner) -> Result<Option<PinRead>, ClusterError>;
+    /// Creates `pin` unless its address or its owner is pinned already; where the store can
+    /// condition it on its block (etcd), only while the block is the one `pin.block_id`
+    /// names.
+    async fn create_pin(&self, pin: &Pin) -> Result<PinCreated, ClusterError>;
+    /// Writes `pin` (its holders) over the write `read` names; None: the pin changed or went
+    /// since.
+    async fn write_pin(&self, read: &PinRead, pin: &Pin) -> Result<Option<PinRead>, ClusterError>;
+    /// Deletes the pin as read; false: it changed or went since.
+    async fn delete_pin(&self, read: &PinRead) -> Result<bool, ClusterError>;
 }
 
 /// A change a watch of a node's blocks and of the pools reports ([`WatchStore::watch`]). A

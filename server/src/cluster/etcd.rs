@@ -5,7 +5,9 @@
 //!   as Calico does, `10.0.0.0-26`;
 //! - `<prefix>/nodes/<node>/blocks/<pool>/<block>`: the node's index of its blocks, written and
 //!   deleted with them; `<prefix>/nodes/<node>/indexed`: its index is complete;
-//! - `<prefix>/nodes/<node>/alive`, `.../seen`: the daemons' heartbeats ([`nodes`]).
+//! - `<prefix>/nodes/<node>/alive`, `.../seen`: the daemons' heartbeats ([`nodes`]);
+//! - `<prefix>/pins/<pool>/<block>/<address>` and `<prefix>/pin-owners/<owner>`: fixed
+//!   addresses and their owners' index (`pins`).
 //!
 //! Every decision is one etcd transaction: a claim is "create the block's key if it is absent
 //! and the pool is still as this node read it" (the loser learns the winner), a give-back is
@@ -163,6 +165,7 @@ impl Datastore for ClusterStore {
 mod blocks;
 pub mod client;
 pub mod nodes;
+mod pins;
 mod pools;
 pub mod request;
 mod watch;

@@ -7,6 +7,9 @@
 //!   deletion checks for blocks);
 //! - `IPBlock` (`ipblocks`): a block's owner, named after its CIDR (`10-0-0-0-26`), labelled
 //!   with its node and pool so that a node's sync lists only its own;
+//! - `IPPin` (`ippins`): a fixed address kept for its owner (a StatefulSet's ordinal, a VM)
+//!   and the node(s) holding it, named after the address (`10-1-2-3`), labelled with its pool,
+//!   block and owner ([`crate::cluster::pin`]);
 //! - a `coordination.k8s.io/v1` Lease per node (`ipool-<node>`, in `lease_namespace`): who
 //!   holds the node's name (holder: the daemon's instance id).
 //!
@@ -47,6 +50,8 @@ mod lease;
 mod objects;
 /// The revision a block records of its pool (`spec.poolRevision`): from the pool's uid.
 pub use objects::hash as pool_revision_of_uid;
+mod pins;
+pub use pins::{BLOCK_LABEL, OWNER_LABEL};
 mod pool_change;
 mod pools;
 mod store;
@@ -75,6 +80,7 @@ pub const WATCH_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_se
 pub struct KubeStore {
     pools: Api<DynamicObject>,
     blocks: Api<DynamicObject>,
+    pins: Api<DynamicObject>,
     leases: Api<Lease>,
     lease_namespace: String,
     limiter: Option<Arc<Limiter>>,
@@ -115,6 +121,7 @@ impl KubeStore {
         let store = KubeStore {
             pools: Api::all_with(client.clone(), &resource("IPPool", "ippools")),
             blocks: Api::all_with(client.clone(), &resource("IPBlock", "ipblocks")),
+            pins: Api::all_with(client.clone(), &resource("IPPin", "ippins")),
             watch_pools: Api::all_with(client.clone(), &resource("IPPool", "ippools")),
             watch_blocks: Api::all_with(client.clone(), &resource("IPBlock", "ipblocks")),
             watch_read_timeout: WATCH_READ_TIMEOUT,

@@ -3,16 +3,22 @@
 //! a renewal's slack), and its name not held; a store that cannot tell (no Lease where one was
 //! looked for) refuses. `force` gives the blocks back anyway, and says what it overrode.
 //! Each give-back is the store's own ([`NameStore::release_node`]): conditioned on the block as
-//! listed and, unless forced, on the node still being away.
+//! listed and, unless forced, on the node still being away. A block a pin was made in stays
+//! (its pinned addresses are kept there for their owners); the node's holds on pins end.
 
 use super::datastore::Datastore;
 use super::model::{Block, ClusterError, MalformedKey, NodeState};
+use super::pin::Pin;
 
 /// What a release did.
 #[derive(Clone, Debug)]
 pub struct Released {
     /// The blocks given back.
     pub blocks: Vec<Block>,
+    /// Blocks kept because a pin was made in them (`ipoolctl cluster unpin` ends it).
+    pub pinned: Vec<Block>,
+    /// Pins the node held, released (the node dropped from their holders).
+    pub unheld: Vec<Pin>,
     /// The node's blocks as listed (given back or not: another owner re-created some).
     pub listed: usize,
     /// What `force` overrode: why the release would have been refused.
@@ -44,17 +50,61 @@ pub async fn release_node(
         }
         r => r?,
     };
-    let clock = match place {
-        "etcd" => "etcd's clock",
-        _ => "the apiserver's clock",
-    };
     let blocks = &state.blocks.blocks;
     if blocks.is_empty() && state.alive.is_none() && state.seen.is_none() {
         return Err(ClusterError::NotFound(format!(
             "node {node:?} owns no block and has no heartbeat in {place}"
         )));
     }
-    let refusal = match (&state.alive, &state.seen) {
+    let refusal = not_gone(&state, place, node, absent_for);
+    if let Some(why) = refusal {
+        if !force {
+            return Err(ClusterError::Refused(format!(
+                "{why}; its {} block(s) stay (--force gives them back anyway)",
+                blocks.len()
+            )));
+        }
+        forced.push(why);
+    }
+    // A block with a pin made in it stays: its pinned addresses are kept there for their
+    // owners (and may be held on other nodes), and would be handed out by its next owner.
+    let pins = store.pins(None).await?;
+    let (pinned, free): (Vec<Block>, Vec<Block>) = blocks.iter().cloned().partition(|b| {
+        pins.iter()
+            .any(|p| p.pin.pool == b.pool && p.pin.made_in(&b.block, &b.revision))
+    });
+    let released = store.release_node(node, &free, force).await?;
+    // Its holds on pins end with it: their owners' pods may take them elsewhere.
+    let mut unheld = Vec::new();
+    for read in pins
+        .iter()
+        .filter(|p| p.pin.holders.iter().any(|h| h.node == node))
+    {
+        let mut pin = read.pin.clone();
+        pin.holders.retain(|h| h.node != node);
+        if store.write_pin(read, &pin).await?.is_some() {
+            unheld.push(pin);
+        }
+    }
+    Ok(Released {
+        blocks: released,
+        pinned,
+        unheld,
+        listed: blocks.len(),
+        forced,
+        malformed: state.blocks.malformed,
+    })
+}
+
+/// Why `node` cannot be judged gone from what the store says of it (`state`), if it cannot:
+/// its daemon holds its name, or the store saw it within `absent_for` seconds or its fence (by
+/// the store's clock), or the store cannot tell. None: gone.
+pub fn not_gone(state: &NodeState, place: &str, node: &str, absent_for: u64) -> Option<String> {
+    let clock = match place {
+        "etcd" => "etcd's clock",
+        _ => "the apiserver's clock",
+    };
+    match (&state.alive, &state.seen) {
         (None, _) if state.unproven.is_some() => state.unproven.clone(),
         (Some(a), _) => Some(format!(
             "node {node:?} is alive: its daemon (instance {}) keeps its heartbeat lease in {place}",
@@ -74,21 +124,5 @@ pub async fn release_node(
         }
         // No `seen` key: away longer than its lease (30 days), or it never ran a heartbeat.
         (None, None) => None,
-    };
-    if let Some(why) = refusal {
-        if !force {
-            return Err(ClusterError::Refused(format!(
-                "{why}; its {} block(s) stay (--force gives them back anyway)",
-                blocks.len()
-            )));
-        }
-        forced.push(why);
     }
-    let released = store.release_node(node, blocks, force).await?;
-    Ok(Released {
-        blocks: released,
-        listed: blocks.len(),
-        forced,
-        malformed: state.blocks.malformed,
-    })
 }

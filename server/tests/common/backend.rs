@@ -265,3 +265,37 @@ routes = [{{ dst = "0.0.0.0/0" }}]
         }
     }
 }
+
+/// Runs `f` with a store client of `store`'s.
+pub fn with_datastore<T, F: std::future::Future<Output = T>>(
+    store: &Backend,
+    f: impl FnOnce(std::sync::Arc<dyn ipool_server::cluster::datastore::Datastore>) -> F,
+) -> T {
+    match store {
+        Backend::Etcd(e) => {
+            let url = e.lock().unwrap().client_url.clone();
+            super::etcd::with_store(&url, |s| f(std::sync::Arc::new(s)))
+        }
+        Backend::Kube { kubeconfig, .. } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let client =
+                    ipool_server::k8s::client(Some(kubeconfig), std::time::Duration::from_secs(5))
+                        .await
+                        .expect("client");
+                let s = ipool_server::cluster::kube::KubeStore::connect(
+                    client,
+                    "ipool-system",
+                    None,
+                    "ipoolctl",
+                )
+                .await
+                .expect("connect");
+                f(std::sync::Arc::new(s)).await
+            })
+        }
+    }
+}

@@ -44,10 +44,28 @@ pub(super) enum ClusterCommand {
         #[arg(long)]
         pool: Option<String>,
     },
+    /// Fixed addresses (pins): the address, its owner (a StatefulSet's ordinal, a VM), the
+    /// node(s) holding it and the block it lies in.
+    Pins {
+        #[arg(long)]
+        pool: Option<String>,
+    },
+    /// End the pin of an address: its block's owner may hand it out again. Refused while a
+    /// node holds it, unless that node is gone as release-node judges one (--absent-for, and
+    /// its fence); --force unpins it anyway.
+    Unpin {
+        address: std::net::IpAddr,
+        /// Seconds a holding node's daemon must have been away for the pin to end.
+        #[arg(long, default_value_t = 0)]
+        absent_for: u64,
+        #[arg(long)]
+        force: bool,
+    },
     /// Give back every block of a node that is gone. Refused while its daemon's heartbeat
     /// lease lives, or while etcd has seen it within --absent-for seconds (and its fence);
     /// each give-back holds only while the node stays away. --force gives them back anyway
-    /// (and reports what it dropped).
+    /// (and reports what it dropped). A block a pin was made in stays; the node's holds on
+    /// pins end.
     ReleaseNode {
         node: String,
         /// Seconds the node's daemon must have been away, as etcd counts (its `seen` lease).
@@ -322,6 +340,12 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
                 warn_malformed(place, &listed.malformed);
                 print_blocks(&listed.blocks, out)
             }),
+        ClusterCommand::Pins { pool } => crate::pins::list(store, pool.as_deref(), out).await,
+        ClusterCommand::Unpin {
+            address,
+            absent_for,
+            force,
+        } => crate::pins::unpin(store, place, *address, *absent_for, *force, out).await,
         ClusterCommand::ReleaseNode {
             node,
             absent_for,
@@ -499,7 +523,22 @@ async fn release_node(
             b.owner.claimed_at_ms
         );
     }
-    let kept = r.listed - r.blocks.len();
+    for b in &r.pinned {
+        outln!(
+            "kept {} of pool {}: a pin was made in it (ipoolctl cluster pins; unpin ends it)",
+            b.block,
+            b.pool
+        );
+    }
+    for p in &r.unheld {
+        outln!(
+            "released its hold on pin {} of {} (pool {})",
+            p.address,
+            p.owner,
+            p.pool
+        );
+    }
+    let kept = r.listed - r.blocks.len() - r.pinned.len();
     outln!(
         "node {node}: {} block(s) given back{}",
         r.blocks.len(),

@@ -1,0 +1,186 @@
+//! Pins in etcd ([`crate::cluster::pin`]). Keys, under the prefix:
+//!
+//! - `pins/<pool>/<block>/<address>`: the pin ([`Pin`], JSON), under its block (`10.0.0.0-26`)
+//!   so that a block's pins are one prefix;
+//! - `pin-owners/<owner>` (`pin-owners/StatefulSet/ns/web/0`): the key of its owner's pin.
+//!
+//! A creation is one transaction: both keys absent, and the block's key the one the pin
+//! names (created at `blockId`), else nothing is written and the answer says which failed. A
+//! change or a deletion is conditioned on the pin's key as read (its mod revision); a
+//! deletion takes the owner's key with it.
+
+use super::blocks::PAGE;
+use super::request::{self, cmp, op};
+use super::{block_key_part, ClusterStore};
+use crate::cluster::datastore::PinStore;
+use crate::cluster::model::ClusterError;
+use crate::cluster::pin::{Pin, PinCreated, PinOwner, PinRead};
+use ipool_proto::etcd::mvccpb::KeyValue;
+
+impl ClusterStore {
+    fn pins_prefix(&self, pool: Option<&str>) -> String {
+        match pool {
+            Some(p) => self.key(&format!("pins/{p}/")),
+            None => self.key("pins/"),
+        }
+    }
+
+    /// The key of `pin`.
+    pub fn pin_key(&self, pin: &Pin) -> String {
+        format!(
+            "{}{}/{}",
+            self.pins_prefix(Some(&pin.pool)),
+            block_key_part(&pin.block),
+            pin.address
+        )
+    }
+
+    fn pin_owner_key(&self, owner: &PinOwner) -> String {
+        self.key(&format!("pin-owners/{owner}"))
+    }
+
+    /// The pin `kv` holds, with its version; a value that is not one is malformed.
+    fn parse_pin(&self, kv: &KeyValue) -> Result<PinRead, ClusterError> {
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        let pin: Pin = serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
+            what: "pin",
+            key: key.clone(),
+            why: e.to_string(),
+        })?;
+        if self.pin_key(&pin) != key {
+            return Err(ClusterError::Malformed {
+                what: "pin",
+                key,
+                why: format!(
+                    "it says {} of pool {:?} in block {}",
+                    pin.address, pin.pool, pin.block
+                ),
+            });
+        }
+        Ok(PinRead {
+            pin,
+            version: kv.mod_revision.to_string(),
+        })
+    }
+
+    async fn read_pin_key(&self, key: &str) -> Result<Option<PinRead>, ClusterError> {
+        let r = self.client().range(request::get(key)).await?;
+        r.kvs.first().map(|kv| self.parse_pin(kv)).transpose()
+    }
+}
+
+/// A version this store wrote: etcd's mod revision.
+fn revision_of(read: &PinRead) -> Result<i64, ClusterError> {
+    read.version.parse().map_err(|_| {
+        ClusterError::Refused(format!(
+            "pin version {:?} is not an etcd revision (read from another store?)",
+            read.version
+        ))
+    })
+}
+
+#[async_trait::async_trait]
+impl PinStore for ClusterStore {
+    async fn pins(&self, pool: Option<&str>) -> Result<Vec<PinRead>, ClusterError> {
+        let kvs = self
+            .client()
+            .range_paged(request::get_prefix(self.pins_prefix(pool)), PAGE)
+            .await?;
+        kvs.iter().map(|kv| self.parse_pin(kv)).collect()
+    }
+
+    async fn pin_of(&self, owner: &PinOwner) -> Result<Option<PinRead>, ClusterError> {
+        let r = self
+            .client()
+            .range(request::get(self.pin_owner_key(owner)))
+            .await?;
+        let Some(kv) = r.kvs.first() else {
+            return Ok(None);
+        };
+        let key = String::from_utf8_lossy(&kv.value).into_owned();
+        // Deleted with its owner's key, in one transaction: a pin gone since is no pin.
+        Ok(self
+            .read_pin_key(&key)
+            .await?
+            .filter(|p| &p.pin.owner == owner))
+    }
+
+    async fn create_pin(&self, pin: &Pin) -> Result<PinCreated, ClusterError> {
+        let key = self.pin_key(pin);
+        let owner_key = self.pin_owner_key(&pin.owner);
+        let block_key = self.key(&format!(
+            "blocks/{}/{}",
+            pin.pool,
+            block_key_part(&pin.block)
+        ));
+        let value = serde_json::to_vec(pin).expect("serializes");
+        let txn = request::txn(
+            [
+                cmp::version(key.clone(), cmp::Equal, 0),
+                cmp::version(owner_key.clone(), cmp::Equal, 0),
+                cmp::create_revision(block_key.clone(), cmp::Equal, pin.block_id),
+            ],
+            [
+                op::put(key.clone(), value, 0),
+                op::put(owner_key.clone(), key.clone(), 0),
+            ],
+            [op::get(owner_key.clone()), op::get(key.clone())],
+        );
+        let r = self.client().txn(txn).await?;
+        let revision = r.header.as_ref().map_or(0, |h| h.revision);
+        if r.succeeded {
+            return Ok(PinCreated::Created(PinRead {
+                pin: pin.clone(),
+                version: revision.to_string(),
+            }));
+        }
+        let reads: Vec<&KeyValue> = request::txn_reads(&r).collect();
+        if let Some(owners) = reads.iter().find(|kv| kv.key == owner_key.as_bytes()) {
+            let theirs = String::from_utf8_lossy(&owners.value).into_owned();
+            if let Some(p) = self.read_pin_key(&theirs).await? {
+                return Ok(PinCreated::OwnerHas(p));
+            }
+        }
+        if let Some(kv) = reads.iter().find(|kv| kv.key == key.as_bytes()) {
+            return Ok(PinCreated::AddressTaken(self.parse_pin(kv)?));
+        }
+        Ok(PinCreated::BlockChanged)
+    }
+
+    async fn write_pin(&self, read: &PinRead, pin: &Pin) -> Result<Option<PinRead>, ClusterError> {
+        read.pin.check_change(pin).map_err(ClusterError::Refused)?;
+        let key = self.pin_key(pin);
+        let value = serde_json::to_vec(pin).expect("serializes");
+        let txn = request::txn(
+            [cmp::mod_revision(
+                key.clone(),
+                cmp::Equal,
+                revision_of(read)?,
+            )],
+            [op::put(key, value, 0)],
+            [],
+        );
+        let r = self.client().txn(txn).await?;
+        Ok(r.succeeded.then(|| PinRead {
+            pin: pin.clone(),
+            version: r.header.as_ref().map_or(0, |h| h.revision).to_string(),
+        }))
+    }
+
+    async fn delete_pin(&self, read: &PinRead) -> Result<bool, ClusterError> {
+        let key = self.pin_key(&read.pin);
+        let txn = request::txn(
+            [cmp::mod_revision(
+                key.clone(),
+                cmp::Equal,
+                revision_of(read)?,
+            )],
+            [
+                op::delete(key),
+                op::delete(self.pin_owner_key(&read.pin.owner)),
+            ],
+            [],
+        );
+        Ok(self.client().txn(txn).await?.succeeded)
+    }
+}

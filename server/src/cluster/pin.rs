@@ -1,0 +1,247 @@
+//! Fixed addresses that follow a workload from node to node: a pin is one address of a
+//! subnet-addressed pool, kept for one owner (a StatefulSet's ordinal, or a KubeVirt VM) and
+//! held by the node (or, during a VM's live migration, the two nodes) whose pod uses it.
+//! Shared by both stores ([`PinStore`](super::datastore::PinStore)) and `ipoolctl cluster
+//! pins`; neither store owns it.
+//!
+//! The rules that keep a pinned address on one pod (README "Fixed addresses"):
+//! - a pin is created only by the node that owns the block its address lies in, for an
+//!   address that node has just handed to the owner's pod, and records which block (by the
+//!   block's identity, [`KeyRevision::create`]) it was made in;
+//! - a pin counts only while that block stands as it was when the pin was made: a pin whose
+//!   block is gone or was claimed anew is void (a create that reached the store late, after
+//!   its node was fenced and its blocks released, pins nothing);
+//! - a block with a pin is never given back, and the node that owns it never hands a pinned
+//!   address out;
+//! - a node takes a pin over only when no one holds it ([`Verdict`]), or when every holder is
+//!   gone as release-node judges a node gone, with a write conditioned on the pin as read.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::model::KeyRevision;
+
+/// Whose address a pin keeps.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PinOwner {
+    /// Ordinal `ordinal` of StatefulSet `namespace/name`.
+    StatefulSet {
+        namespace: String,
+        name: String,
+        ordinal: u32,
+    },
+    /// KubeVirt VirtualMachine (or VirtualMachineInstance) `namespace/name`.
+    VirtualMachine { namespace: String, name: String },
+}
+
+impl PinOwner {
+    /// A StatefulSet's pod's owner: `pod` is `<statefulset>-<ordinal>`, as the StatefulSet
+    /// controller names them. None: the pod's name does not say an ordinal of `statefulset`.
+    pub fn of_statefulset_pod(namespace: &str, statefulset: &str, pod: &str) -> Option<PinOwner> {
+        let ordinal = pod.strip_prefix(statefulset)?.strip_prefix('-')?;
+        // The controller writes the ordinal in decimal, without leading zeros.
+        if ordinal.is_empty() || (ordinal.len() > 1 && ordinal.starts_with('0')) {
+            return None;
+        }
+        Some(PinOwner::StatefulSet {
+            namespace: namespace.to_string(),
+            name: statefulset.to_string(),
+            ordinal: ordinal.parse().ok()?,
+        })
+    }
+
+    /// True for a VM's: its launcher pods may hold its pin on two nodes during a migration.
+    pub fn is_vm(&self) -> bool {
+        matches!(self, PinOwner::VirtualMachine { .. })
+    }
+
+    /// Its namespace.
+    pub fn namespace(&self) -> &str {
+        match self {
+            PinOwner::StatefulSet { namespace, .. }
+            | PinOwner::VirtualMachine { namespace, .. } => namespace,
+        }
+    }
+
+    /// `StatefulSet/ns/web/3` or `VirtualMachine/ns/vm1` back to an owner.
+    pub fn parse(s: &str) -> Result<PinOwner, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let bad = || {
+            format!("pin owner {s:?} is neither StatefulSet/<namespace>/<name>/<ordinal> nor VirtualMachine/<namespace>/<name>")
+        };
+        let named = |ns: &str, name: &str| !ns.is_empty() && !name.is_empty();
+        match parts.as_slice() {
+            ["StatefulSet", ns, name, ordinal] if named(ns, name) => Ok(PinOwner::StatefulSet {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                ordinal: ordinal.parse().map_err(|_| bad())?,
+            }),
+            ["VirtualMachine", ns, name] if named(ns, name) => Ok(PinOwner::VirtualMachine {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for PinOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PinOwner::StatefulSet {
+                namespace,
+                name,
+                ordinal,
+            } => write!(f, "StatefulSet/{namespace}/{name}/{ordinal}"),
+            PinOwner::VirtualMachine { namespace, name } => {
+                write!(f, "VirtualMachine/{namespace}/{name}")
+            }
+        }
+    }
+}
+
+impl Serialize for PinOwner {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PinOwner {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PinOwner, D::Error> {
+        let s = String::deserialize(d)?;
+        PinOwner::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A node holding a pin: the node, and the pod there that uses the address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    pub node: String,
+    /// `namespace/name` of the pod.
+    pub pod: String,
+    /// The pod's UID.
+    pub uid: String,
+    /// When the node took it, Unix milliseconds (its clock; shown, never compared).
+    #[serde(rename = "sinceMs")]
+    pub since_ms: u64,
+}
+
+/// A pin, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pin {
+    pub pool: String,
+    pub address: IpAddr,
+    pub owner: PinOwner,
+    /// The block the address lies in, and that block's identity when the pin was made
+    /// ([`KeyRevision::create`]): the pin counts only while that block stands.
+    pub block: IpNet,
+    #[serde(rename = "blockId")]
+    pub block_id: i64,
+    /// Who holds it now: none (released), one, or two (a VM's migration).
+    pub holders: Vec<Holder>,
+}
+
+impl Pin {
+    /// True while the block `b` (as listed) is the one this pin was made in.
+    pub fn made_in(&self, block: &IpNet, revision: &KeyRevision) -> bool {
+        self.block == *block && self.block_id == revision.create
+    }
+
+    /// Refused: `new` is not a change of this pin's holders (a pin's pool, address, owner and
+    /// block never change).
+    pub fn check_change(&self, new: &Pin) -> Result<(), String> {
+        let same = self.pool == new.pool
+            && self.address == new.address
+            && self.owner == new.owner
+            && self.block == new.block
+            && self.block_id == new.block_id;
+        match same {
+            true => Ok(()),
+            false => Err(format!(
+                "a pin's pool, address, owner and block never change ({} of {} is not {} of {})",
+                new.address, new.owner, self.address, self.owner
+            )),
+        }
+    }
+
+    /// `n1 (ns/web-0)`, `n1 (ns/virt-launcher-a), n2 (...)`, or `nobody`.
+    pub fn holders_shown(&self) -> String {
+        match self.holders.is_empty() {
+            true => "nobody".into(),
+            false => self
+                .holders
+                .iter()
+                .map(|h| format!("{} ({})", h.node, h.pod))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+}
+
+/// A pin as read, with the write a change of it is conditioned on (opaque: etcd's mod
+/// revision, the apiserver's resourceVersion).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinRead {
+    pub pin: Pin,
+    pub version: String,
+}
+
+/// What a pin's creation found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PinCreated {
+    Created(PinRead),
+    /// The owner has a pin already (this one).
+    OwnerHas(PinRead),
+    /// The address is pinned already (for this owner).
+    AddressTaken(PinRead),
+    /// The block the pin was to be made in is no longer the one named (given back, released,
+    /// claimed anew).
+    BlockChanged,
+}
+
+/// Who may take a pin, for a pod of its owner on `node`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Held by this pod already (an ADD retried, a restart).
+    Held,
+    /// Nobody holds it: take it.
+    Free,
+    /// A VM's second launcher pod while the first runs elsewhere: hold it with that one.
+    Migration,
+    /// Held by these, on other nodes or by other pods: not until they release it or their
+    /// nodes are judged gone.
+    HeldBy(Vec<Holder>),
+}
+
+/// The verdict on `pin` for the owner's pod `uid` on `node`. At most two hold a VM's pin, one
+/// a StatefulSet ordinal's.
+pub fn verdict(pin: &Pin, node: &str, uid: &str) -> Verdict {
+    if pin.holders.iter().any(|h| h.node == node && h.uid == uid) {
+        return Verdict::Held;
+    }
+    match pin.holders.as_slice() {
+        [] => Verdict::Free,
+        [one] if pin.owner.is_vm() && one.node != node => Verdict::Migration,
+        held => Verdict::HeldBy(held.to_vec()),
+    }
+}
+
+/// `10.1.2.3` as an object name: `10-1-2-3`; `fd00::5`: every group in hex,
+/// `fd00-0-0-0-0-0-0-5` (one name per address; addresses of pools never overlap, so one
+/// name per pin).
+pub fn address_name(ip: &IpAddr) -> String {
+    match ip {
+        IpAddr::V4(a) => a.to_string().replace('.', "-"),
+        IpAddr::V6(a) => a
+            .segments()
+            .iter()
+            .map(|g| format!("{g:x}"))
+            .collect::<Vec<_>>()
+            .join("-"),
+    }
+}
+
+#[cfg(test)]
+mod tests;
