@@ -97,6 +97,10 @@ pub enum Bug {
     /// old range set, retiring, while the new set, whose ranges cover it, listed it as this
     /// node's and handed out its addresses again (issue 39).
     BlockStaysInOldSet,
+    /// A network of cluster pools the config no longer names (renamed, say) kept its stored
+    /// range sets, which got sources over the pools' whole CIDRs at the restart: it handed
+    /// out addresses of blocks other nodes own (issue 40, found by review in session 22).
+    StaleNetworkServes,
 }
 
 impl Bug {
@@ -127,6 +131,7 @@ impl Bug {
         Bug::WatchesWaitTogether,
         Bug::ResetNameTrusted,
         Bug::BlockStaysInOldSet,
+        Bug::StaleNetworkServes,
     ];
 
     pub fn name(self) -> &'static str {
@@ -156,6 +161,7 @@ impl Bug {
             Bug::WatchesWaitTogether => "watches-wait-together",
             Bug::ResetNameTrusted => "reset-name-trusted",
             Bug::BlockStaysInOldSet => "block-stays-in-old-set",
+            Bug::StaleNetworkServes => "stale-network-serves",
         }
     }
 

@@ -534,6 +534,7 @@ impl NetworkSpec {
             self.addressing,
             self.gateway.as_ref(),
             &self.exclude,
+            addressing::Spelling::Toml,
         )
         .map_err(Error::InvalidConfig)?;
         Ok(NetworkDef {

@@ -437,6 +437,12 @@ impl NetworkDef {
         Ok((current, retiring))
     }
 
+    /// The cluster pools whose blocks the network holds on this node: those a CNI config
+    /// declared it with, and those its current and retiring range sets are of.
+    pub fn pools_taken(&self) -> impl Iterator<Item = &String> + '_ {
+        self.cluster_pools.iter().chain(self.set_pools.values())
+    }
+
     /// True when both definitions hand out the same addresses. The same spelling (every ADD
     /// of an unchanged conflist) is answered without parsing anything.
     pub fn same_addresses(&self, other: &NetworkDef) -> bool {

@@ -1,7 +1,10 @@
 //! A cluster pool's network the config no longer names (renamed, or removed with `[cluster]`)
 //! while it holds addresses: its stored definition must hand out nothing new. Before the fix,
 //! its range sets got local sources over the whole pool, which handed out addresses of blocks
-//! other nodes own.
+//! other nodes own. And a start whose config gives that pool to another network (the network
+//! renamed, its pool kept) is refused while the old one holds addresses there: two networks of
+//! one node would each hold the pool's blocks (before that fix the start went on; a later
+//! start found the old network's addresses in no block and refused to start at all).
 
 mod common;
 
@@ -14,6 +17,7 @@ fn a_renamed_cluster_network_hands_out_nothing_of_other_nodes_blocks() {
     let store = Backend::kube();
     // Two blocks of /28: one for each node.
     store.create_pool(&["p", "--cidr", "10.88.0.0/27", "--block-size", "28"]);
+    store.create_pool(&["q", "--cidr", "10.89.0.0/27", "--block-size", "28"]);
     let config = |node: &str| {
         store.daemon_config(
             node,
@@ -31,10 +35,23 @@ fn a_renamed_cluster_network_hands_out_nothing_of_other_nodes_blocks() {
     let owners = store.owners();
     assert_eq!(owners.len(), 2, "{owners:?}");
 
-    // n1 restarts with its network renamed: "pods" is stored, no longer configured.
+    // n1 restarts with its network renamed, the pool kept: refused while "pods" holds c1
+    // there, naming both networks and the pool.
     n1.terminate();
     let renamed = config("n1").replace("name = \"pods\"", "name = \"pods2\"");
     std::fs::write(n1.dir.path().join("ipoold.toml"), &renamed).expect("write config");
+    let refused = n1.run_expecting_failure();
+    assert!(
+        refused.contains("\"pods\"")
+            && refused.contains("\"pods2\"")
+            && refused.contains("cluster pool \"p\""),
+        "{refused}"
+    );
+    // Renamed and given pool q: "pods" is stored, no longer configured, its pool no other
+    // network's.
+    let moved = renamed.replace("cluster_pool = \"p\"", "cluster_pool = \"q\"");
+    assert_ne!(moved, renamed);
+    std::fs::write(n1.dir.path().join("ipoold.toml"), &moved).expect("write config");
     n1.spawn();
     let stale = n1.conf("1.1.0", "pods", "");
     let mine: Vec<IpNet> = owners
@@ -56,11 +73,43 @@ fn a_renamed_cluster_network_hands_out_nothing_of_other_nodes_blocks() {
             );
         }
     }
-    // What it holds is still released by its DEL; then the renamed network takes the pool (at
-    // its next read of the pool: `resync_secs`).
+    // Nor may a CNI config declare a network of pool p while "pods" holds p's blocks here.
+    let nad = n1.conf("1.1.0", "sec", r#""clusterPool":"p""#);
+    let r = cni("ADD", "n1", &nad);
+    assert!(!r.ok && r.code() == 7, "{:?}", r.json);
+    assert!(
+        r.json["details"]
+            .as_str()
+            .unwrap_or("")
+            .contains("\"pods\""),
+        "{:?}",
+        r.json
+    );
+    // What it holds is still released by its DEL; the renamed network hands out from q.
     assert!(cni("DEL", "c1", &stale).ok);
     let r = add_within(30, "ADD on pods2", "e1", &n1.conf("1.1.0", "pods2", ""));
     let ip: std::net::IpAddr = ip_of(&r).parse().unwrap();
-    assert!(mine.iter().any(|b| b.contains(&ip)), "{ip}");
+    assert!(
+        "10.89.0.0/27".parse::<IpNet>().unwrap().contains(&ip),
+        "{ip}"
+    );
+    // Once "pods" holds nothing, the pool may go to a network of another name: "pods" is
+    // dropped at the start that names p again.
+    n1.terminate();
+    std::fs::write(n1.dir.path().join("ipoold.toml"), &renamed).expect("write config");
+    n1.spawn();
+    let r = add_within(
+        30,
+        "ADD on pods2 from p",
+        "e2",
+        &n1.conf("1.1.0", "pods2", ""),
+    );
+    let ip: std::net::IpAddr = ip_of(&r).parse().unwrap();
+    let owners = store.owners();
+    let owner = owners.iter().find(|(b, _)| b.contains(&ip));
+    assert!(
+        matches!(owner, Some((_, n)) if n.as_str() == "n1"),
+        "{ip} is in no block of n1's: {owners:?}"
+    );
     drop((c1, n2));
 }

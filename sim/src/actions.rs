@@ -103,6 +103,9 @@ pub struct Swarm {
     /// The network is addressed as one subnet (`addressing = "subnet"`, with a gateway and
     /// excluded addresses): blocks' first and last addresses are handed out too.
     pub subnet: bool,
+    /// A node's daemon starts now and then with its network renamed in the config (and
+    /// back): the network it held addresses on is one the config no longer names.
+    pub renames: bool,
 }
 
 impl Swarm {
@@ -118,6 +121,7 @@ impl Swarm {
             pool_changes: false,
             two_pools: false,
             subnet: false,
+            renames: false,
         }
     }
 
@@ -153,7 +157,11 @@ impl Swarm {
         // Last again: a run kept before replays zeros (one pool).
         let two_pools = c.pick(2) == 1;
         // Last again: a run kept before replays zeros (addressing by block).
-        let subnet = c.pick(2) == 1;
+        // The subnet's pick, its second bit the renames' (the setup's 20 picks are all taken
+        // when the daemons watch): a run kept before replays 0 or 1 there (no renames).
+        let both = c.pick(4);
+        let subnet = both & 1 == 1;
+        let renames = both >> 1 == 1;
         Swarm {
             faults,
             weights,
@@ -164,6 +172,7 @@ impl Swarm {
             pool_changes,
             two_pools,
             subnet,
+            renames,
         }
     }
 

@@ -34,6 +34,8 @@ use crate::StoreKind;
 
 /// The network the simulated pods are on.
 pub const NETWORK: &str = "pods";
+/// The network's name in the config of a daemon started with it renamed (`Swarm::renames`).
+pub const RENAMED: &str = "pods-renamed";
 
 /// The simulation's wall clock: a base, simulated time since, and jumps.
 #[derive(Clone)]
@@ -116,8 +118,13 @@ pub struct Setting {
 }
 
 impl Setting {
-    /// The daemon config of node `name`.
-    pub(crate) fn config(&self, name: &str) -> DaemonConfig {
+    /// The daemon config of node `name`; `renamed`: its network named [`RENAMED`] instead of
+    /// [`NETWORK`] (the ADDs and DELs still name [`NETWORK`]).
+    pub(crate) fn config(&self, name: &str, renamed: bool) -> DaemonConfig {
+        let network = match renamed {
+            true => RENAMED,
+            false => NETWORK,
+        };
         let store = match self.store {
             StoreKind::Etcd => "etcd_endpoints = [\"http://192.0.2.1:2379\"]",
             StoreKind::Kube => "datastore = \"kubernetes\"",
@@ -139,7 +146,7 @@ impl Setting {
             false => String::new(),
         };
         let text = format!(
-            "[cni]\nadd_wait_ms = 1500\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n[cluster]\n{store}\nnode_name = \"{name}\"\netcd_timeout_ms = {}\n{}\n[[network]]\nname = \"{NETWORK}\"\nranges_from = \"cluster\"\n{pools}\n{addressing}",
+            "[cni]\nadd_wait_ms = 1500\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n[cluster]\n{store}\nnode_name = \"{name}\"\netcd_timeout_ms = {}\n{}\n[[network]]\nname = \"{network}\"\nranges_from = \"cluster\"\n{pools}\n{addressing}",
             self.timeout.as_millis(),
             self.tuning,
         );
@@ -236,8 +243,9 @@ impl Daemon {
         net: &Net,
         from: usize,
         wall: &Wall,
+        renamed: bool,
     ) -> Result<Daemon, String> {
-        let config = setting.config(name);
+        let config = setting.config(name, renamed);
         let alive = Arc::new(AtomicBool::new(true));
         let conn = connector(
             setting.store,

@@ -114,7 +114,36 @@ pub(crate) fn kill_or_restart(w: &mut World) -> Result<(), String> {
             w.kill(i);
             Ok(())
         }
-        false => w.start(i),
+        false => {
+            // Now and then with its network renamed in the config, or named as before again.
+            let renames = w.swarm.renames && w.choices.pick(3) == 0;
+            if !renames {
+                return w.start(i);
+            }
+            let name_of = |renamed| match renamed {
+                true => crate::daemon::RENAMED,
+                false => crate::daemon::NETWORK,
+            };
+            w.slots[i].renamed = !w.slots[i].renamed;
+            w.note(format!(
+                "{} starts with its network named {:?} in the config",
+                w.slots[i].name,
+                name_of(w.slots[i].renamed)
+            ));
+            match w.start(i) {
+                // The pool given to a network of another name while the old one holds
+                // addresses of it: refused (README), and started as before.
+                Err(e) if e.contains("is not in the config any more") => {
+                    w.slots[i].renamed = !w.slots[i].renamed;
+                    w.note(format!(
+                        "refused ({e}): started with its network named {:?} again",
+                        name_of(w.slots[i].renamed)
+                    ));
+                    w.start(i)
+                }
+                r => r,
+            }
+        }
     }
 }
 

@@ -34,7 +34,11 @@ impl World {
             Arc::new(AtomicBool::new(true)),
             "ipoolctl",
         );
-        let mut settings = self.setting.config("operator").cluster.expect("[cluster]");
+        let mut settings = self
+            .setting
+            .config("operator", false)
+            .cluster
+            .expect("[cluster]");
         if elsewhere {
             match self.opts.store {
                 StoreKind::Etcd => settings.prefix = "/elsewhere".into(),
@@ -197,7 +201,8 @@ async fn move_pool(
     pause: std::time::Duration,
 ) -> Result<String, ipool_server::cluster::model::ClusterError> {
     for n in names {
-        match ipool_server::cluster::release::release_node(s, place, n, 0, true).await {
+        // No pins in the simulation yet (issue 40, item 3): none read, none passed.
+        match ipool_server::cluster::release::release_node(s, place, n, 0, true, &[]).await {
             Ok(_) | Err(ipool_server::cluster::model::ClusterError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
@@ -306,12 +311,17 @@ fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for:
         };
         let result = match store.await {
             Err(e) => Err(e),
-            Ok(s) => {
-                ipool_server::cluster::release::release_node(&*s, place, &name, absent_for, force)
-                    .await
-                    .map(|r| format!("{} block(s) given back", r.blocks.len()))
-                    .map_err(|e| e.to_string())
-            }
+            Ok(s) => ipool_server::cluster::release::release_node(
+                &*s,
+                place,
+                &name,
+                absent_for,
+                force,
+                &[],
+            )
+            .await
+            .map(|r| format!("{} block(s) given back", r.blocks.len()))
+            .map_err(|e| e.to_string()),
         };
         ops.lock().expect("ops").push(OpDone { what, result });
     });

@@ -26,6 +26,8 @@ pub(crate) struct Slot {
     /// Its instance (a new state dir is a new one).
     pub instance: u64,
     pub daemon: Option<Daemon>,
+    /// Its daemon's config names the network [`crate::daemon::RENAMED`] (`Swarm::renames`).
+    pub renamed: bool,
     /// The slot it doubles (a second daemon under that node's name), if it is a twin.
     pub twin_of: Option<usize>,
     /// Its node is gone (wiped, stopped): release-node may give its blocks back.
@@ -65,6 +67,7 @@ impl Slot {
             disk,
             instance,
             daemon: None,
+            renamed: false,
             twin_of,
             gone: false,
             excused_release: false,
@@ -336,6 +339,7 @@ impl World {
             &self.net,
             i,
             &self.wall,
+            s.renamed,
         )?;
         let held = d.held();
         let now = self.ms();

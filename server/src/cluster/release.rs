@@ -8,7 +8,7 @@
 
 use super::datastore::Datastore;
 use super::model::{Block, ClusterError, MalformedKey, NodeState};
-use super::pin::Pin;
+use super::pin::{Pin, PinRead};
 
 /// What a release did.
 #[derive(Clone, Debug)]
@@ -28,13 +28,16 @@ pub struct Released {
 }
 
 /// Releases `node`'s blocks from `store` (`place`: the store, as messages name it) once it has
-/// been away `absent_for` seconds and past its fence, or at once with `force`.
+/// been away `absent_for` seconds and past its fence, or at once with `force`. `pins`: the
+/// store's pins, read before (`PinStore::pins`): the blocks they were made in stay, and the
+/// node's holds on them end.
 pub async fn release_node(
     store: &dyn Datastore,
     place: &str,
     node: &str,
     absent_for: u64,
     force: bool,
+    pins: &[PinRead],
 ) -> Result<Released, ClusterError> {
     let mut forced = Vec::new();
     let state = match store.node_state(node).await {
@@ -68,7 +71,6 @@ pub async fn release_node(
     }
     // A block with a pin made in it stays: its pinned addresses are kept there for their
     // owners (and may be held on other nodes), and would be handed out by its next owner.
-    let pins = store.pins(None).await?;
     let (pinned, free): (Vec<Block>, Vec<Block>) = blocks.iter().cloned().partition(|b| {
         pins.iter()
             .any(|p| p.pin.pool == b.pool && p.pin.made_in(&b.block, &b.revision))

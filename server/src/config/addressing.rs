@@ -39,6 +39,31 @@ impl Gateways {
 /// The most excluded entries a network may list.
 pub const MAX_EXCLUDED: usize = 1024;
 
+/// Where the keys were written, for the messages: the daemon's TOML (`addressing =
+/// "subnet"`) or a CNI config's `ipam` section (`"addressing": "subnet"`, keys named
+/// `ipam.gateway`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spelling {
+    Toml,
+    Cni,
+}
+
+impl Spelling {
+    fn key(self, k: &str) -> String {
+        match self {
+            Spelling::Toml => k.to_string(),
+            Spelling::Cni => format!("ipam.{k}"),
+        }
+    }
+
+    fn subnet(self) -> &'static str {
+        match self {
+            Spelling::Toml => "addressing = \"subnet\"",
+            Spelling::Cni => "\"addressing\": \"subnet\"",
+        }
+    }
+}
+
 /// The subnet mode `addressing`, `gateway` and `exclude` say for network `network`; None for
 /// block addressing, which takes neither a gateway nor excluded addresses. An excluded entry is
 /// a CIDR (its host bits dropped, as Whereabouts reads `192.168.2.229/30`) or one address.
@@ -47,11 +72,14 @@ pub fn subnet_mode(
     addressing: Option<Addressing>,
     gateway: Option<&Gateways>,
     exclude: &[String],
+    spelling: Spelling,
 ) -> Result<Option<SubnetMode>, String> {
+    let (gw_key, ex_key) = (spelling.key("gateway"), spelling.key("exclude"));
     if addressing.unwrap_or_default() == Addressing::Block {
         if gateway.is_some() || !exclude.is_empty() {
             return Err(format!(
-                "network {network:?}: gateway and exclude go with addressing = \"subnet\" (with block addressing each block's first address is its gateway)"
+                "network {network:?}: {gw_key} and {ex_key} go with {} (with block addressing each block's first address is its gateway)",
+                spelling.subnet()
             ));
         }
         return Ok(None);
@@ -61,21 +89,23 @@ pub fn subnet_mode(
         let ip: IpAddr = g
             .trim()
             .parse()
-            .map_err(|_| format!("network {network:?}: gateway {g:?} is not an IP address"))?;
+            .map_err(|_| format!("network {network:?}: {gw_key} {g:?} is not an IP address"))?;
         if gateways.contains(&ip) {
-            return Err(format!("network {network:?}: gateway {ip} is listed twice"));
+            return Err(format!(
+                "network {network:?}: {gw_key} {ip} is listed twice"
+            ));
         }
         gateways.push(ip);
     }
     if exclude.len() > MAX_EXCLUDED {
         return Err(format!(
-            "network {network:?}: exclude lists {} entries, at most {MAX_EXCLUDED}",
+            "network {network:?}: {ex_key} lists {} entries, at most {MAX_EXCLUDED}",
             exclude.len()
         ));
     }
     let exclude = exclude
         .iter()
-        .map(|x| excluded(x).map_err(|e| format!("network {network:?}: exclude {x:?}: {e}")))
+        .map(|x| excluded(x).map_err(|e| format!("network {network:?}: {ex_key} {x:?}: {e}")))
         .collect::<Result<Vec<IpNet>, String>>()?;
     Ok(Some(SubnetMode { gateways, exclude }))
 }
@@ -101,7 +131,32 @@ mod tests {
         exclude: &[&str],
     ) -> Result<Option<SubnetMode>, String> {
         let exclude: Vec<String> = exclude.iter().map(|s| s.to_string()).collect();
-        subnet_mode("n", addressing, gw.as_ref(), &exclude)
+        subnet_mode("n", addressing, gw.as_ref(), &exclude, Spelling::Toml)
+    }
+
+    #[test]
+    fn a_cni_configs_errors_name_its_keys_as_it_writes_them() {
+        let e = subnet_mode(
+            "n",
+            None,
+            Some(&Gateways::One("10.0.0.1".into())),
+            &[],
+            Spelling::Cni,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("ipam.gateway and ipam.exclude go with \"addressing\": \"subnet\""),
+            "{e}"
+        );
+        let e = subnet_mode(
+            "n",
+            Some(Addressing::Subnet),
+            None,
+            &["x".into()],
+            Spelling::Cni,
+        )
+        .unwrap_err();
+        assert!(e.contains("ipam.exclude \"x\""), "{e}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use crate::model::{validate_ranges, NetworkDef, Origin, Tuning};
 use crate::range::RangeSpec;
 use serde::Deserialize;
 
-use super::addressing::{subnet_mode, Addressing, Gateways};
+use super::addressing::{subnet_mode, Addressing, Gateways, Spelling};
 use super::validate_routes;
 use crate::model::RouteSpec;
 
@@ -63,6 +63,17 @@ impl IpamSection {
 
     /// The network this section declares, or None when it declares no ranges.
     pub fn network_def(&self, name: &str, tuning: &Tuning) -> Result<Option<NetworkDef>, Error> {
+        // host-local's rangeStart and rangeEnd bound its `subnet`; alone (or beside a
+        // clusterPool, whose blocks say what is handed out) they would bound nothing.
+        if self.subnet.is_none() && (self.range_start.is_some() || self.range_end.is_some()) {
+            return Err(Error::InvalidConfig(format!(
+                "network {name:?}: ipam.rangeStart and ipam.rangeEnd go with ipam.subnet{}",
+                match self.cluster_pool.is_some() {
+                    true => " (with ipam.clusterPool the pool's blocks say what is handed out; ipam.exclude keeps addresses out)",
+                    false => " (or give them in ipam.ranges)",
+                }
+            )));
+        }
         if let Some(pool) = &self.cluster_pool {
             return self.pool_network(name, pool, tuning).map(Some);
         }
@@ -108,8 +119,14 @@ impl IpamSection {
             .map_err(|e| Error::InvalidConfig(format!("network {name:?}: {e}")))?;
         let routes = self.routes.clone().unwrap_or_default();
         validate_routes(name, &routes)?;
-        let mode = subnet_mode(name, self.addressing, self.gateway.as_ref(), &self.exclude)
-            .map_err(|e| Error::InvalidConfig(format!("ipam: {e}")))?;
+        let mode = subnet_mode(
+            name,
+            self.addressing,
+            self.gateway.as_ref(),
+            &self.exclude,
+            Spelling::Cni,
+        )
+        .map_err(Error::InvalidConfig)?;
         Ok(NetworkDef {
             name: name.to_string(),
             range_sets: Vec::new(),

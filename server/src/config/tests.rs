@@ -212,12 +212,8 @@ fn ipam_section_errors_name_the_key() {
             "unknown variant `flat`",
         ),
         (
-            r#"{"clusterPool":"l2","gateway":"10.0.0.1"}"#,
-            "go with addressing = \"subnet\"",
-        ),
-        (
             r#"{"clusterPool":"l2","addressing":"subnet","exclude":["10.0.0.x"]}"#,
-            "exclude \"10.0.0.x\"",
+            "ipam.exclude \"10.0.0.x\"",
         ),
         (
             r#"{"subnet":"10.0.0.0/24","exclude":["10.0.0.5"]}"#,
@@ -262,6 +258,31 @@ fn ipam_section_names_a_cluster_pool() {
         .expect("valid")
         .expect("declares");
     assert_eq!(block.subnet_mode, None, "by block unless said");
+    // host-local's rangeStart/rangeEnd bound a `subnet`: beside a clusterPool, or alone,
+    // they would bound nothing, and are refused rather than ignored; a CNI config's errors
+    // name its keys as it writes them.
+    for (json, needle) in [
+        (
+            r#"{"clusterPool":"l2","rangeStart":"10.0.0.10"}"#,
+            "ipam.rangeStart and ipam.rangeEnd go with ipam.subnet (with ipam.clusterPool",
+        ),
+        (
+            r#"{"rangeEnd":"10.0.0.10"}"#,
+            "ipam.rangeStart and ipam.rangeEnd go with ipam.subnet (or give them in ipam.ranges)",
+        ),
+        (
+            r#"{"clusterPool":"l2","gateway":"10.0.0.1"}"#,
+            r#"ipam.gateway and ipam.exclude go with "addressing": "subnet""#,
+        ),
+    ] {
+        let e = IpamSection::parse(json)
+            .expect("valid JSON")
+            .expect("present")
+            .network_def("n", &t)
+            .expect_err(json)
+            .to_string();
+        assert!(e.contains(needle), "{json}: {e}");
+    }
 }
 
 #[test]

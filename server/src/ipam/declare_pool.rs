@@ -76,11 +76,11 @@ impl Ipam {
         let configured = self.shared.config.cluster_networks();
         let taken_by = configured
             .iter()
-            .map(|(n, p, _)| (n, p))
+            .map(|(n, p, _)| (n, p.clone()))
             .chain(
                 st.networks
                     .values()
-                    .map(|n| (&n.def.name, &n.def.cluster_pools)),
+                    .map(|n| (&n.def.name, n.def.pools_taken().cloned().collect())),
             )
             .filter(|(n, _)| n.as_str() != name)
             .find(|(_, p)| p.iter().any(|p| d.cluster_pools.contains(p)));

@@ -96,15 +96,32 @@ pub(super) fn reconcile_defs(
         changes.push(Change::DeleteNetwork(gone));
     }
     let cluster = config.cluster.is_some();
+    let configured = config.cluster_networks();
     let mut dropped = Vec::new();
     for (name, def) in defs.iter_mut().filter(|(n, _)| !named.contains(n)) {
-        if !stale_cluster_network(def, cluster) {
+        // The old way: left as stored, its sets served by sources over the whole pools.
+        if !stale_cluster_network(def, cluster)
+            || crate::bugs::on(crate::bugs::Bug::StaleNetworkServes)
+        {
             continue;
         }
-        if live.get(name.as_str()).copied().unwrap_or(0) == 0 {
+        let n = live.get(name.as_str()).copied().unwrap_or(0);
+        if n == 0 {
             tracing::warn!(network = %name, "a network of cluster pools the config no longer names holds no address: its definition is dropped");
             dropped.push(name.clone());
             continue;
+        }
+        // A pool it holds addresses of that a network of the config takes: both would hold
+        // the node's blocks of it.
+        let taken = configured.iter().find_map(|(other, pools, _)| {
+            def.pools_taken()
+                .find(|p| pools.contains(p))
+                .map(|p| (other, p))
+        });
+        if let Some((other, pool)) = taken {
+            return Err(Error::InvalidConfig(format!(
+                "network {name:?} is not in the config any more (renamed?), but the store holds {n} attachment(s) or reservation(s) of it in cluster pool {pool:?}, which the config gives network {other:?}: a node's blocks of a pool belong to one network (name it as before until its pods are gone, or release them first)"
+            )));
         }
         // Nothing new from it: its sets retire, and are dropped once their last address is
         // released (DEL and CHECK work meanwhile).

@@ -138,13 +138,27 @@ impl Daemon {
         self.child = Some(child);
     }
 
-    /// Runs ipoold in the foreground expecting it to fail; returns its stderr.
+    /// Runs ipoold in the foreground expecting it to fail; returns its stderr. One still
+    /// running after 30 s (it started) is killed, and the test fails.
     pub fn run_expecting_failure(&self) -> String {
-        let out = self
+        let mut child = self
             .command()
             .stderr(Stdio::piped())
-            .output()
+            .spawn()
             .expect("run ipoold");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().expect("wait for ipoold").is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("ipoold's stderr");
+                panic!(
+                    "ipoold was expected to refuse to start, and runs:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("ipoold's stderr");
         assert!(
             !out.status.success(),
             "ipoold was expected to refuse to start"
