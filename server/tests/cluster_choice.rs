@@ -48,6 +48,7 @@ fn pods_choose_among_the_networks_pools(store: Backend) {
     store.create_pool(&["first", "--cidr", "10.76.0.0/29", "--block-size", "30"]);
     store.create_pool(&["second", "--cidr", "10.76.1.0/28", "--block-size", "29"]);
     store.create_pool(&["tenant", "--cidr", "10.76.2.0/28", "--block-size", "29"]);
+    store.create_pool(&["nad", "--cidr", "10.76.4.0/28", "--block-size", "29"]);
     store.create_pool(&[
         "gpu",
         "--cidr",
@@ -157,6 +158,25 @@ fn pods_choose_among_the_networks_pools(store: Backend) {
         msg.contains("\\\"elsewhere\\\"") && msg.contains("does not list"),
         "{msg}"
     );
+    // A NetworkAttachmentDefinition's network of one pool (ipam.clusterPool): the same rules
+    // (before, a pod's choice did not count there, and "elsewhere" was served from "nad").
+    let nad = d.conf("1.1.0", "sec", r#""clusterPool":"nad""#);
+    let r = cni_with_args("ADD", "c6", &x, &nad);
+    assert!(!r.ok && r.code() == 7, "{:?}", r.json);
+    assert!(
+        r.json.to_string().contains("\\\"elsewhere\\\""),
+        "{:?}",
+        r.json
+    );
+    let n1 = pod("app", "n1", json!({"ipool.io/pool": "nad"}));
+    let r = eventually(30, "ADD on the NAD's network", || {
+        let r = cni_with_args("ADD", "c11", &n1, &nad);
+        match r.ok {
+            true => Ok(r),
+            false => Err(r),
+        }
+    });
+    assert!(inside("10.76.4.0/28", &r), "{:?}", r.json);
     let g = pod("app", "g", json!({"ipool.io/pool": "gpu"}));
     let r = cni_with_args("ADD", "c7", &g, &conf);
     assert!(!r.ok && r.code() == 7, "{:?}", r.json);

@@ -159,7 +159,7 @@ impl Ipam {
             })?,
         };
         if let Some(c) = &req.pools {
-            self.check_choice(&req.key.network, c)?;
+            self.check_choice(&req.key.network, c, &net.def.cluster_pools)?;
         }
         let picks = match pick_addresses(
             net,
@@ -233,16 +233,28 @@ impl Ipam {
 impl Ipam {
     /// Whether `network` takes its addresses from cluster pools (a pod's choice of pools
     /// counts there only).
-    pub fn takes_cluster_pools(&self, network: &str) -> bool {
-        self.shared
-            .config
-            .networks
-            .iter()
-            .any(|n| n.name == network && !n.cluster_pool_list().is_empty())
+    pub fn takes_cluster_pools(
+        &self,
+        network: &str,
+        ipam: Option<&crate::config::IpamSection>,
+    ) -> bool {
+        ipam.is_some_and(|s| s.cluster_pool.is_some())
+            || self
+                .shared
+                .config
+                .networks
+                .iter()
+                .any(|n| n.name == network && !n.cluster_pool_list().is_empty())
     }
 
-    /// Refuses a choice of pools that names one its network does not list.
-    fn check_choice(&self, network: &str, choice: &PoolChoice) -> Result<(), Error> {
+    /// Refuses a choice of pools that names one its network does not list (in the config
+    /// file, else as a CNI config declared it: `declared`).
+    fn check_choice(
+        &self,
+        network: &str,
+        choice: &PoolChoice,
+        declared: &[String],
+    ) -> Result<(), Error> {
         let listed = self
             .shared
             .config
@@ -250,7 +262,7 @@ impl Ipam {
             .iter()
             .find(|n| n.name == network)
             .map(|n| n.cluster_pool_list())
-            .unwrap_or_default();
+            .unwrap_or_else(|| declared.to_vec());
         match choice.pools.iter().find(|p| !listed.contains(p)) {
             None => Ok(()),
             Some(p) if listed.is_empty() => Err(Error::InvalidConfig(format!(

@@ -88,7 +88,9 @@ impl CniService {
             // A pod's choice of cluster pools (its own, else its namespace's) counts on a
             // network of cluster pools only.
             let pools = match (&info, &self.pods) {
-                (Some(i), Some(pods)) if self.ipam.takes_cluster_pools(&key.network) => {
+                (Some(i), Some(pods))
+                    if self.ipam.takes_cluster_pools(&key.network, ipam.as_ref()) =>
+                {
                     match &i.pools {
                         Err(why) => return Err(crate::error::Error::InvalidRequest(why.clone())),
                         Ok(Some(c)) => Some(c.clone()),
