@@ -369,6 +369,41 @@ impl RangeAllocator {
         None
     }
 
+    /// The next `n` addresses `allocate_next` would hand out that `skip` lets through (fewer
+    /// if fewer are free). `skip` says, of an address it holds back, the last address of the
+    /// stretch it holds back: the search goes on after it (a reserved CIDR of any size is one
+    /// step), for at most `jumps` such stretches.
+    pub fn peek_next_skipping(
+        &self,
+        n: usize,
+        jumps: usize,
+        skip: impl Fn(IpAddr) -> Option<IpAddr>,
+    ) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = Vec::new();
+        let mut after = self.cursor;
+        let mut jumped = 0;
+        while out.len() < n {
+            let Some(ip) = self.next_free_after(after) else {
+                break;
+            };
+            if out.contains(&ip) {
+                break;
+            }
+            match skip(ip) {
+                None => {
+                    out.push(ip);
+                    after = Some(ip);
+                }
+                Some(_) if jumped >= jumps => break,
+                Some(last) => {
+                    jumped += 1;
+                    after = Some(last);
+                }
+            }
+        }
+        out
+    }
+
     /// The next `n` addresses `allocate_next` would hand out (fewer if fewer are free).
     pub fn peek_next_n(&self, n: usize) -> Vec<IpAddr> {
         let mut out: Vec<IpAddr> = Vec::new();

@@ -289,3 +289,32 @@ proptest! {
         prop_assert!(top.is_none_or(|v| !t.contains(v)));
     }
 }
+
+#[test]
+fn peek_next_skipping_steps_over_held_back_stretches_and_stops_when_none_is_left() {
+    let a = RangeAllocator::new(vec![Range::from_spec(&RangeSpec {
+        subnet: "10.1.0.0/16".into(),
+        range_start: None,
+        range_end: None,
+        gateway: None,
+    })
+    .unwrap()]);
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    // 10.1.0.0/17 held back (32 767 free addresses in it), and 10.1.128.1.
+    let skip = |x: IpAddr| match x {
+        IpAddr::V4(v) if u32::from(v) < u32::from(std::net::Ipv4Addr::new(10, 1, 128, 0)) => {
+            Some(ip("10.1.127.255"))
+        }
+        x if x == ip("10.1.128.1") => Some(x),
+        _ => None,
+    };
+    assert_eq!(
+        a.peek_next_skipping(2, 4, skip),
+        vec![ip("10.1.128.0"), ip("10.1.128.2")]
+    );
+    // Everything held back: nothing, after a bounded number of steps.
+    assert!(a.peek_next_skipping(1, 4, Some).is_empty());
+    assert!(a
+        .peek_next_skipping(1, 4, |_| Some(ip("10.1.255.254")))
+        .is_empty());
+}

@@ -12,19 +12,12 @@ use super::block::Owned;
 use super::ClusterSource;
 use crate::cluster::pool::Reserved;
 
-/// Free addresses looked at past reserved ones before a block is taken to have none to hand
-/// out (a block wholly or mostly reserved).
-const LOOKAHEAD: usize = 4096;
 /// The largest reserved range whose addresses are counted one by one; a larger one counts
 /// every free address of the blocks it touches (claims come sooner, never later).
 const COUNTED: u128 = 1 << 16;
 
 fn overlaps(block: &IpNet, r: &Reserved) -> bool {
     r.cidr.contains(&block.network()) || block.contains(&r.cidr.network())
-}
-
-fn is_reserved(reserved: &[Reserved], ip: IpAddr) -> bool {
-    reserved.iter().any(|r| r.cidr.contains(&ip))
 }
 
 /// Every address of `net`, from its network address to its last.
@@ -66,27 +59,31 @@ pub(super) fn free_in(b: &Owned, reserved: &[Reserved]) -> u128 {
     (seen.len() as u128).min(b.alloc.free())
 }
 
-/// The next address `b` hands out that is not reserved.
-pub(super) fn peek_next(b: &Owned, reserved: &[Reserved]) -> Option<IpAddr> {
-    match reserved.iter().any(|r| overlaps(&b.net(), r)) {
-        false => b.alloc.peek_next(),
-        true => b
-            .alloc
-            .peek_next_usable(LOOKAHEAD, |ip| !is_reserved(reserved, ip)),
-    }
+/// The last address of `net`.
+fn last_of(net: &IpNet) -> IpAddr {
+    net.broadcast()
 }
 
-/// The next `n` addresses `b` hands out that are not reserved.
+/// The next `n` addresses `b` hands out that are not reserved: each reserved range met is
+/// stepped over whole, whatever its size (twice each at most: once more after the search
+/// wraps around the block).
 pub(super) fn peek_next_n(b: &Owned, reserved: &[Reserved], n: usize) -> Vec<IpAddr> {
-    if !reserved.iter().any(|r| overlaps(&b.net(), r)) {
+    let net = b.net();
+    let over: Vec<&Reserved> = reserved.iter().filter(|r| overlaps(&net, r)).collect();
+    if over.is_empty() {
         return b.alloc.peek_next_n(n);
     }
-    b.alloc
-        .peek_next_n(n.saturating_add(LOOKAHEAD))
-        .into_iter()
-        .filter(|ip| !is_reserved(reserved, *ip))
-        .take(n)
-        .collect()
+    b.alloc.peek_next_skipping(n, 2 * over.len() + 2, |ip| {
+        over.iter()
+            .filter(|r| r.cidr.contains(&ip))
+            .map(|r| last_of(&r.cidr))
+            .max()
+    })
+}
+
+/// The next address `b` hands out that is not reserved.
+pub(super) fn peek_next(b: &Owned, reserved: &[Reserved]) -> Option<IpAddr> {
+    peek_next_n(b, reserved, 1).into_iter().next()
 }
 
 /// The reason of a network's excluded address (one subnet's `exclude`).

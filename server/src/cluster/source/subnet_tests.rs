@@ -114,3 +114,33 @@ fn an_empty_block_with_excluded_addresses_is_weighed_for_give_back_without_overf
         "the last block stays"
     );
 }
+
+#[test]
+fn an_excluded_range_larger_than_a_search_is_stepped_over_whole() {
+    // A /16 pool in /18 blocks, the first /19 of it excluded (8 191 free addresses of the
+    // block, past the subnet's network address): the block's next address is the first after
+    // it. Before, the search gave up after 4 096 excluded addresses, and the source, counting
+    // thousands free, claimed nothing and had nothing to hand out: ADDs waited.
+    let n = node("");
+    let mut pool = pool_p(&[]);
+    pool.spec.cidrs = vec![net("10.0.0.0/16")];
+    pool.spec.block_v4 = 18;
+    n.as_read("p", Some(&pool));
+    let range = crate::range::Range::from_spec(&crate::range::RangeSpec {
+        subnet: "10.0.0.0/16".into(),
+        range_start: None,
+        range_end: None,
+        gateway: None,
+    })
+    .expect("range");
+    let mut s = super::ClusterSource::new(n.clone(), "p", &[range], 0)
+        .subnet_mode(mode(Some("10.0.255.254"), &["10.0.0.0/19", "10.0.32.1/32"]));
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[block("10.0.0.0/18", 7)]);
+    assert_eq!(s.next(), Next::Ready(ip("10.0.32.0")));
+    assert_eq!(
+        s.peek_next_n(3),
+        vec![ip("10.0.32.0"), ip("10.0.32.2"), ip("10.0.32.3")]
+    );
+    assert_eq!(s.free(), 16384 - 8192 - 1);
+}
