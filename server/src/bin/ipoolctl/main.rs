@@ -33,6 +33,7 @@ mod cluster_store;
 mod connect;
 mod pins;
 mod print;
+mod release;
 mod reservations;
 mod run;
 
