@@ -73,18 +73,22 @@ impl Ipam {
                 .map_err(|e| Error::InvalidConfig(format!("network {name:?}: {e}")))?;
             }
         }
-        let configured = self.shared.config.cluster_networks();
-        let taken_by = configured
-            .iter()
-            .map(|(n, p, _)| (n, p.clone()))
-            .chain(
+        // Asked on every ADD of such a network: names cloned only on a hit.
+        let wanted = |p: &String| d.cluster_pools.contains(p);
+        let taken_by = self
+            .shared
+            .config
+            .cluster_networks()
+            .into_iter()
+            .find(|(n, p, _)| n != name && p.iter().any(wanted))
+            .map(|(n, _, _)| n)
+            .or_else(|| {
                 st.networks
                     .values()
-                    .map(|n| (&n.def.name, n.def.pools_taken().cloned().collect())),
-            )
-            .filter(|(n, _)| n.as_str() != name)
-            .find(|(_, p)| p.iter().any(|p| d.cluster_pools.contains(p)));
-        if let Some((other, _)) = taken_by {
+                    .find(|n| n.def.name != name && n.def.pools_taken().any(wanted))
+                    .map(|n| n.def.name.clone())
+            });
+        if let Some(other) = taken_by {
             return Err(Error::InvalidConfig(format!(
                 "network {name:?}: cluster pool {pools:?} already gives network {other:?} its addresses on this node (a node's blocks of a pool belong to one network: give each network its own pool)"
             )));

@@ -108,17 +108,13 @@ impl PinStore for ClusterStore {
     async fn create_pin(&self, pin: &Pin) -> Result<PinCreated, ClusterError> {
         let key = self.pin_key(pin);
         let owner_key = self.pin_owner_key(&pin.owner);
-        let block_key = self.key(&format!(
-            "blocks/{}/{}",
-            pin.pool,
-            block_key_part(&pin.block)
-        ));
+        let block_key = self.block_key(&pin.pool, &pin.block);
         let value = serde_json::to_vec(pin).expect("serializes");
         let txn = request::txn(
             [
                 cmp::version(key.clone(), cmp::Equal, 0),
                 cmp::version(owner_key.clone(), cmp::Equal, 0),
-                cmp::create_revision(block_key.clone(), cmp::Equal, pin.block_id),
+                cmp::create_revision(block_key, cmp::Equal, pin.block_id),
             ],
             [
                 op::put(key.clone(), value, 0),

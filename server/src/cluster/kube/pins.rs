@@ -31,6 +31,11 @@ pub fn owner_label(owner: &PinOwner) -> String {
     format!("{:016x}", hash(&owner.to_string()))
 }
 
+/// The label selector of `owner`'s pins.
+fn owner_selector(owner: &PinOwner) -> String {
+    format!("{OWNER_LABEL}={}", owner_label(owner))
+}
+
 /// A new pin object.
 fn new_pin(pin: &Pin) -> DynamicObject {
     let mut obj = DynamicObject::new(&address_name(&pin.address), &resource("IPPin", "ippins"))
@@ -126,9 +131,7 @@ impl PinStore for KubeStore {
     /// The owner's pin; of two (creators that raced, one not yet withdrawn), the one whose
     /// name sorts first.
     async fn pin_of(&self, owner: &PinOwner) -> Result<Option<PinRead>, ClusterError> {
-        let mut pins = self
-            .list_pins(Some(format!("{OWNER_LABEL}={}", owner_label(owner))))
-            .await?;
+        let mut pins = self.list_pins(Some(owner_selector(owner))).await?;
         pins.retain(|p| &p.pin.owner == owner);
         pins.sort_by_key(|p| address_name(&p.pin.address));
         Ok(pins.into_iter().next())
@@ -159,7 +162,7 @@ impl PinStore for KubeStore {
         };
         // Another pin of the owner: withdraw this one.
         let others: Vec<PinRead> = self
-            .list_pins(Some(format!("{OWNER_LABEL}={}", owner_label(&pin.owner))))
+            .list_pins(Some(owner_selector(&pin.owner)))
             .await?
             .into_iter()
             .filter(|p| p.pin.owner == pin.owner && p.pin.address != pin.address)
