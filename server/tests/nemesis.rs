@@ -251,14 +251,16 @@ fn reservation(run: &Run, which: (u32, bool), pause: Duration) {
     if !r.status.success() {
         return;
     }
-    let k = {
-        let mut reserved = run.reserved.lock().unwrap();
-        reserved.push((net, at, None));
-        reserved.len() - 1
-    };
+    run.reserved.lock().unwrap().push((net, at, None));
     std::thread::sleep(pause);
     let until = run.now();
-    run.reserved.lock().unwrap()[k].2 = Some(until);
+    // The pool holds one reservation of a CIDR: another thread's reserve of the same one
+    // (a "done" too) ends with this unreserve.
+    for r in run.reserved.lock().unwrap().iter_mut() {
+        if r.0 == net && r.2.is_none() {
+            r.2 = Some(until);
+        }
+    }
     eventually(30, "the reservation ended", || {
         let o = run.store.ctl(&["unreserve", POOL, &net.to_string()]);
         match o.status.success() || stderr(&o).contains("no reservation") {
