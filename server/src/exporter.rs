@@ -254,6 +254,21 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             c.pool_node_selected.clone(),
         );
         r.register(
+            "ipool_cluster_pins_known",
+            "Pins of a cluster pool this node knows (fixed addresses: kept from everyone but their owner's pod).",
+            c.pins_known.clone(),
+        );
+        r.register(
+            "ipool_cluster_pins_held",
+            "Pins of a cluster pool this node holds (its pods' fixed addresses).",
+            c.pins_held.clone(),
+        );
+        r.register(
+            "ipool_cluster_pin_adds",
+            "ADDs of pods with a fixed address, by result: created (the pin made), held (this node held it), moved (taken from nobody), migration (a VM's second holder), taken_over (from a node judged gone), refused (held elsewhere: error 11).",
+            c.pin_adds.clone(),
+        );
+        r.register(
             "ipool_cluster_block_give_backs",
             "Empty blocks given back after their hold-down.",
             c.give_backs.clone(),

@@ -42,6 +42,7 @@ mod attachments;
 mod declare;
 mod declare_pool;
 mod events;
+mod fixed;
 mod leak;
 mod maintain;
 mod ops;
@@ -59,6 +60,7 @@ mod suspects;
 
 pub use declare_pool::PoolNetwork;
 pub use events::{Event, EventKind};
+pub use fixed::{FixedHeld, FixedSite};
 pub use leak::{netns_gone, LeakSuspects};
 pub use maintain::spawn_maintenance;
 pub use ops::{Filter, ALL_NETWORKS};
@@ -163,6 +165,10 @@ pub struct AddRequest {
     /// The cluster pools the pod chose (its annotation, or its namespace's); None: the
     /// network's.
     pub pools: Option<crate::model::PoolChoice>,
+    /// The requested addresses are fixed for the pod: the layer above holds them for it alone
+    /// (a cluster pin this node holds, see `cluster::pin`), and the sources serve them to it
+    /// though they keep them from everyone else, outside their blocks too.
+    pub fixed: bool,
 }
 
 /// A result that may have to wait for the source.

@@ -108,6 +108,13 @@ pub struct ClusterMetrics {
     pub pool_reservations: Family<PoolLabels, Gauge>,
     /// 1 while this node's labels match a pool's nodeSelector (or it has none), as last read.
     pub pool_node_selected: Family<PoolLabels, Gauge>,
+    /// A pool's pins this node knows (kept from everyone but their owners), and those of them
+    /// it holds.
+    pub pins_known: Family<PoolLabels, Gauge>,
+    pub pins_held: Family<PoolLabels, Gauge>,
+    /// ADDs of pods with a fixed address, by pool and result (created, held, moved,
+    /// migration, taken_over, refused).
+    pub pin_adds: Family<PoolResultLabels, Counter>,
 }
 
 impl Default for ClusterMetrics {
@@ -130,6 +137,9 @@ impl Default for ClusterMetrics {
             pool_disabled: Family::default(),
             pool_reservations: Family::default(),
             pool_node_selected: Family::default(),
+            pins_known: Family::default(),
+            pins_held: Family::default(),
+            pin_adds: Family::default(),
         }
     }
 }
@@ -144,6 +154,23 @@ impl ClusterMetrics {
         self.pool_reservations
             .get_or_create(&labels)
             .set(reservations as i64);
+    }
+
+    /// The pins of `pool` this node knows, and how many of them it holds.
+    pub fn pins(&self, pool: &str, known: usize, held: usize) {
+        let labels = PoolLabels { pool: pool.into() };
+        self.pins_known.get_or_create(&labels).set(known as i64);
+        self.pins_held.get_or_create(&labels).set(held as i64);
+    }
+
+    /// An ADD of a pod with a fixed address in `pool`: how it went.
+    pub fn pin_add(&self, pool: &str, result: &str) {
+        self.pin_adds
+            .get_or_create(&PoolResultLabels {
+                pool: pool.into(),
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Whether this node may claim from pool `pool` (its labels match the pool's

@@ -75,6 +75,11 @@ pub struct PodMeta {
     /// network's `sticky_ttl_secs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sticky_ttl_secs: Option<u64>,
+    /// The owner of the pod's fixed address (`ipool.io/fixed`: "StatefulSet/ns/web/0",
+    /// "VirtualMachine/ns/vm"): a cluster pin this node held for the pod at its ADD, ended for
+    /// this node at its DEL; its address may be hosted outside this node's blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixed: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -89,6 +89,8 @@ pub struct Listeners {
     pub pods: Option<crate::k8s::Pods>,
     /// Cluster mode is on: `/metrics` carries its numbers.
     pub cluster: bool,
+    /// Cluster mode's pins of this node's pods (fixed addresses).
+    pub holds: Option<crate::cluster::pin::hold::Holds>,
 }
 
 pub struct OpsTcp {
@@ -117,6 +119,7 @@ pub async fn run(
             metrics: None,
             pods: None,
             cluster: false,
+            holds: None,
         },
         ipam,
         shutdown,
@@ -168,8 +171,13 @@ pub async fn serve(
         .timeout(CALL_TIMEOUT)
         .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
         .add_service(
-            CniServer::new(CniService::new(ipam.clone(), l.own_uid, l.pods.clone()))
-                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            CniServer::new(CniService::new(
+                ipam.clone(),
+                l.own_uid,
+                l.pods.clone(),
+                l.holds.clone(),
+            ))
+            .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
             OpsServer::new(OpsService::new(

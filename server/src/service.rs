@@ -16,6 +16,7 @@ use crate::store::AttachmentKey;
 
 mod access;
 mod cni;
+mod fixed;
 mod limits;
 mod ops;
 

@@ -199,6 +199,35 @@ pub trait Source: Send {
     /// An ADD wants an address of this source now: a source that claims only on demand (a
     /// network's later pool, tried once the earlier ones are full) claims its first block.
     fn demand(&mut self) {}
+
+    /// Fixed addresses: an address the layer above holds for one pod alone (a cluster pin
+    /// this node holds for it, see `cluster::pin`), which the source keeps from everyone else.
+    /// Whether `ip` may be handed out to that pod: as `can_occupy`, but an address kept for it
+    /// is not withheld, and one outside what the source holds may be hosted here. Default:
+    /// `can_occupy` (a source that keeps nothing for pods).
+    fn can_occupy_fixed(&self, ip: IpAddr) -> Result<(), OccupyError> {
+        self.can_occupy(ip)
+    }
+    /// Hands out `ip` to the pod it is fixed for (or rebuilds its attachment after a restart:
+    /// the record says it was). Default: `occupy`.
+    fn occupy_fixed(&mut self, ip: IpAddr) -> Result<(), OccupyError> {
+        self.occupy(ip)
+    }
+    /// As `withheld`, for the pod `ip` is fixed for. Default: `withheld`.
+    fn withheld_fixed(&self, ip: IpAddr) -> Option<String> {
+        self.withheld(ip)
+    }
+    /// Where `ip` lies in the source's backend, for a record kept there (a pin names its
+    /// block): the block and the block's identity (the store's creation revision). None: in no
+    /// block of the source's.
+    fn block_holding(&self, _ip: IpAddr) -> Option<(String, i64)> {
+        None
+    }
+    /// Whether the source's addresses make one subnet across nodes (an address can be served
+    /// on any node: a fixed address can follow its pod).
+    fn one_subnet(&self) -> bool {
+        false
+    }
 }
 
 /// Addresses from local ranges with host-local semantics.

@@ -325,6 +325,7 @@ impl Daemon {
                 requested,
                 k8s: None,
                 pools: None,
+                fixed: false,
             };
             let result = ipam
                 .add(req)

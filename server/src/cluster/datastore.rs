@@ -116,6 +116,13 @@ pub trait NameStore: Send + Sync {
     async fn stop_heartbeat(&self, beat: &Heartbeat) -> Result<(), ClusterError>;
     /// What the store says of a node: its daemon, how long it has been away, its blocks.
     async fn node_state(&self, node: &str) -> Result<NodeState, ClusterError>;
+    /// What the store says of `node` as the daemon of node `me` may ask it, writing nothing
+    /// of `node`'s: its daemon, and how long it has been away, never measured longer than it
+    /// has been (its blocks are not listed). For a takeover of `node`'s pins. Default:
+    /// [`NameStore::node_state`] (etcd's is all reads).
+    async fn node_away(&self, node: &str, _me: &str) -> Result<NodeState, ClusterError> {
+        self.node_state(node).await
+    }
     /// Every block of `node`.
     async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError>;
     /// Gives back `blocks` of a node that is gone (unless `force`: only while its name is not
@@ -146,6 +153,8 @@ pub trait PinStore: Send + Sync {
     async fn write_pin(&self, read: &PinRead, pin: &Pin) -> Result<Option<PinRead>, ClusterError>;
     /// Deletes the pin as read; false: it changed or went since.
     async fn delete_pin(&self, read: &PinRead) -> Result<bool, ClusterError>;
+    /// Whether `pin`'s block stands as the pin was made in (the pin counts only then).
+    async fn pin_block_stands(&self, pin: &Pin) -> Result<bool, ClusterError>;
 }
 
 /// A change a watch of a node's blocks and of the pools reports ([`WatchStore::watch`]). A

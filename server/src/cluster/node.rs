@@ -106,6 +106,8 @@ pub struct ClusterNode {
     renew_now: tokio::sync::Notify,
     /// What the store's watches said (`[cluster] watch`).
     heard: Heard,
+    /// The pins this node knows (see `pins`).
+    pins: Mutex<pins::PinBook>,
     metrics: Arc<Metrics>,
 }
 
@@ -166,6 +168,7 @@ impl ClusterNode {
             current: Mutex::new(None),
             down: Mutex::new(None),
             policy: Mutex::default(),
+            pins: Mutex::default(),
             labels: Mutex::new(None),
             pool_reads: std::sync::atomic::AtomicU64::new(1),
             views: Views::default(),
@@ -545,4 +548,5 @@ impl ClusterNode {
 }
 
 mod heartbeat;
+pub mod pins;
 pub mod pools;

@@ -243,5 +243,7 @@ pub fn address_name(ip: &IpAddr) -> String {
     }
 }
 
+pub mod hold;
+
 #[cfg(test)]
 mod tests;

@@ -45,6 +45,7 @@ use super::work::{Done, Work};
 
 mod block;
 mod land;
+mod pinned;
 mod reserved;
 use crate::metrics::BlockStateLabels;
 use crate::model::SubnetMode;
@@ -126,6 +127,9 @@ pub struct ClusterSource {
     forget: Vec<String>,
     /// Blocks that took over addresses held here, for the engine to write as held.
     record: Vec<String>,
+    /// Pinned addresses outside this node's blocks, in use here by the pods they are pinned
+    /// for (see `pinned`).
+    hosted: std::collections::BTreeSet<IpAddr>,
 }
 
 impl ClusterSource {
@@ -171,6 +175,7 @@ impl ClusterSource {
             exhausted: None,
             forget: Vec::new(),
             record: Vec::new(),
+            hosted: Default::default(),
         }
     }
 
@@ -479,7 +484,14 @@ impl ClusterSource {
                     .collect(),
                 false => Vec::new(),
             };
-            return Some(Work::Sync { epoch, trusted });
+            // One subnet's pins: listed at the first sync of an epoch (the node may have
+            // been away, or restarted knowing none), and at each while the pool has any.
+            let pins = self.subnet.is_some() && (first || self.node.pool_has_pins(&self.pool));
+            return Some(Work::Sync {
+                epoch,
+                trusted,
+                pins,
+            });
         }
         if let Some(b) = self
             .blocks
@@ -518,9 +530,12 @@ impl ClusterSource {
         let kept = self.kept_out();
         let counted = |b: &Owned| b.alloc.free() - reserved::free_in(b, &kept);
         // A disabled pool's empty blocks all go back (the last one too).
+        // Nor one holding a pinned address: another node may serve it, and the block's next
+        // owner would hand it out.
         let giving = self.usable().find_map(|b| match b.state {
             BlockState::Confirmed(revision)
                 if b.is_empty()
+                    && !self.node.pinned_in(&self.pool, &b.net())
                     && b.empty_since.is_some_and(|t| t.elapsed() >= hold_down)
                     && (disabled || free.saturating_sub(counted(b)) >= self.threshold as u128) =>
             {
@@ -598,27 +613,31 @@ impl Source for ClusterSource {
         Ok(())
     }
     fn can_occupy(&self, ip: IpAddr) -> Result<(), OccupyError> {
-        if let Some(why) = self.reserved_why(ip) {
+        if let Some(why) = self.reserved_why(ip).or_else(|| self.pinned_why(ip)) {
             return Err(OccupyError::Withheld(ip, why));
         }
-        match self.block_of(ip) {
-            Some(b) if b.confirmed() => b.alloc.can_occupy(ip),
-            // The old way: an address asked for by name placed in a block being given back.
-            Some(b)
-                if matches!(b.state, BlockState::Returning(_))
-                    && crate::bugs::on(crate::bugs::Bug::RequestedInReturning) =>
-            {
-                b.alloc.can_occupy(ip)
-            }
-            Some(b) => Err(OccupyError::Withheld(ip, self.why_withheld(b))),
-            None => Err(OccupyError::Withheld(
-                ip,
-                format!(
-                    "it is in no block this node owns of cluster pool {:?}",
-                    self.pool
-                ),
-            )),
+        if self.hosted.contains(&ip) {
+            return Err(OccupyError::Taken(ip));
         }
+        self.can_occupy_unpinned(ip)
+    }
+    fn can_occupy_fixed(&self, ip: IpAddr) -> Result<(), OccupyError> {
+        self.can_take_fixed(ip)
+    }
+    fn occupy_fixed(&mut self, ip: IpAddr) -> Result<(), OccupyError> {
+        self.take_fixed(ip)
+    }
+    fn withheld_fixed(&self, ip: IpAddr) -> Option<String> {
+        self.withheld_fixed_why(ip)
+    }
+    fn block_holding(&self, ip: IpAddr) -> Option<(String, i64)> {
+        self.block_of(ip).and_then(|b| match b.state {
+            BlockState::Confirmed(r) => Some((b.net().to_string(), r.create)),
+            _ => None,
+        })
+    }
+    fn one_subnet(&self) -> bool {
+        self.subnet.is_some()
     }
     fn can_hold(&self, ip: IpAddr) -> Result<(), OccupyError> {
         match self.block_of(ip) {
@@ -627,13 +646,12 @@ impl Source for ClusterSource {
         }
     }
     fn occupy(&mut self, ip: IpAddr) -> Result<(), OccupyError> {
-        let b = self.block_of_mut(ip).ok_or(OccupyError::NotInRange(ip))?;
-        b.alloc.occupy(ip)?;
-        b.recorded = true;
-        b.empty_since = None;
-        Ok(())
+        self.occupy_in_block(ip)
     }
     fn vacate(&mut self, ip: IpAddr) -> bool {
+        if self.hosted.remove(&ip) {
+            return true;
+        }
         let Some(b) = self.block_of_mut(ip) else {
             return false;
         };
@@ -658,30 +676,20 @@ impl Source for ClusterSource {
         true
     }
     fn withheld(&self, ip: IpAddr) -> Option<String> {
-        // A pool disabled, or one this node may not use (its idle addresses leave it, so that
-        // its emptied blocks go back), and reserved addresses.
-        let why = self.node.pool_stopped(&self.pool);
-        if let Some(why) = why.or_else(|| self.reserved_why(ip)) {
-            return Some(why);
-        }
-        match self.block_of(ip) {
-            Some(b) if b.confirmed() => None,
-            Some(b) => Some(self.why_withheld(b)),
-            None => Some(format!(
-                "{ip} is in no block this node owns of cluster pool {:?}",
-                self.pool
-            )),
-        }
+        self.withheld_why(ip)
     }
     fn contains(&self, ip: IpAddr) -> bool {
-        self.block_of(ip).is_some_and(|b| b.alloc.contains(ip))
+        self.hosted.contains(&ip) || self.block_of(ip).is_some_and(|b| b.alloc.contains(ip))
     }
     fn covers(&self, ip: IpAddr) -> bool {
         self.cidrs.iter().any(|c| c.contains(&ip))
     }
     fn interface_of(&self, ip: IpAddr) -> Option<(u8, Option<IpAddr>)> {
+        // Outside this node's blocks: a fixed address hosted here (or about to be), with its
+        // subnet's prefix and gateway.
         self.block_of(ip)
-            .and_then(|b| b.alloc.range_of(ip))
+            .and_then(|b| b.alloc.range_of(ip).cloned())
+            .or_else(|| self.hosting_range(ip))
             .map(|r| (r.subnet.prefix_len(), r.gateway))
     }
     fn free(&self) -> u128 {
@@ -827,6 +835,78 @@ impl Source for ClusterSource {
     }
     fn detail(&self) -> Option<String> {
         Some(self.describe_blocks())
+    }
+}
+
+impl ClusterSource {
+    /// Whether `ip` may be handed out here, its pin aside: where it is (see `can_occupy`).
+    fn can_occupy_unpinned(&self, ip: IpAddr) -> Result<(), OccupyError> {
+        match self.block_of(ip) {
+            Some(b) if b.confirmed() => b.alloc.can_occupy(ip),
+            // The old way: an address asked for by name placed in a block being given back.
+            Some(b)
+                if matches!(b.state, BlockState::Returning(_))
+                    && crate::bugs::on(crate::bugs::Bug::RequestedInReturning) =>
+            {
+                b.alloc.can_occupy(ip)
+            }
+            Some(b) => Err(OccupyError::Withheld(ip, self.why_withheld(b))),
+            None => Err(OccupyError::Withheld(
+                ip,
+                format!(
+                    "it is in no block this node owns of cluster pool {:?}",
+                    self.pool
+                ),
+            )),
+        }
+    }
+
+    /// Takes `ip` in its block here.
+    fn occupy_in_block(&mut self, ip: IpAddr) -> Result<(), OccupyError> {
+        let b = self.block_of_mut(ip).ok_or(OccupyError::NotInRange(ip))?;
+        b.alloc.occupy(ip)?;
+        b.recorded = true;
+        b.empty_since = None;
+        Ok(())
+    }
+
+    /// A disabled pool, or one this node may not use (its idle addresses leave it, so that
+    /// its emptied blocks go back), and reserved addresses.
+    fn stopped_or_reserved(&self, ip: IpAddr) -> Option<String> {
+        self.node
+            .pool_stopped(&self.pool)
+            .or_else(|| self.reserved_why(ip))
+    }
+
+    /// Why `ip` is withheld, its pin aside: the pool stopped, reserved, or where it is here.
+    fn withheld_unpinned(&self, ip: IpAddr) -> Option<String> {
+        if let Some(why) = self.stopped_or_reserved(ip) {
+            return Some(why);
+        }
+        match self.block_of(ip) {
+            Some(b) if b.confirmed() => None,
+            Some(b) => Some(self.why_withheld(b)),
+            None => Some(format!(
+                "{ip} is in no block this node owns of cluster pool {:?}",
+                self.pool
+            )),
+        }
+    }
+
+    /// Why `ip` is withheld from anyone.
+    fn withheld_why(&self, ip: IpAddr) -> Option<String> {
+        if let Some(why) = self.stopped_or_reserved(ip) {
+            return Some(why);
+        }
+        if let Some(why) = self.pinned_why(ip) {
+            return Some(why);
+        }
+        if self.hosted.contains(&ip) {
+            return Some(format!(
+                "{ip} is hosted here for the pod it is pinned for, and for it only"
+            ));
+        }
+        self.withheld_unpinned(ip)
     }
 }
 

@@ -21,6 +21,8 @@ pub enum Work {
     Sync {
         epoch: u64,
         trusted: Vec<(IpNet, KeyRevision)>,
+        /// List the pool's pins too (a pool addressed as one subnet).
+        pins: bool,
     },
     /// Claim the next free block, inside the source's ranges.
     Claim { cidrs: Vec<IpNet> },
@@ -99,7 +101,7 @@ async fn execute(
     let me = node.name().to_string();
     let metrics = &node.metrics().cluster;
     match work {
-        Work::Sync { trusted, .. } => sync(node, pool, cidrs, trusted).await,
+        Work::Sync { trusted, pins, .. } => sync(node, pool, cidrs, trusted, *pins).await,
         Work::Claim { cidrs } => {
             let Pool {
                 spec,
@@ -257,8 +259,18 @@ async fn sync(
     pool: &str,
     cidrs: &[IpNet],
     trusted: &[(IpNet, KeyRevision)],
+    pins: bool,
 ) -> Result<Outcome, ClusterError> {
     node.ensure_index().await?;
+    if pins {
+        // Before the blocks: a block listed is served only with its pins known.
+        let listing = node.pins_listing();
+        let p = pool.to_string();
+        let found = node
+            .call("pins", |s| async move { s.pins(Some(&p)).await })
+            .await?;
+        node.pins_listed(pool, listing, found.into_iter().map(|r| r.pin).collect());
+    }
     let (p, n) = (pool.to_string(), node.name().to_string());
     // A sync that trusts nothing (the first of an epoch: the node was away, or the store was
     // reset) reads the store itself; any other reads where the store reads cheapest (on the

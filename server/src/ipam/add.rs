@@ -169,6 +169,7 @@ impl Ipam {
             &req.requested,
             reservation.as_ref(),
             req.pools.as_ref(),
+            req.fixed,
             now,
             may_wait,
         )? {

@@ -294,6 +294,7 @@ mod tests {
             owner: "StatefulSet/web".into(),
             sticky: true,
             sticky_ttl_secs: Some(5),
+            fixed: Some("StatefulSet/ns/web/0".into()),
         });
         // Empty fields, and a pod field with a NUL in it: offsets, not separators.
         let odd = record("n", "c2", "net1", ("", "a\0b", ""), "");

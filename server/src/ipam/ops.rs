@@ -158,6 +158,7 @@ impl Ipam {
                 &addresses,
                 None,
                 None,
+                false,
                 now,
                 false,
             )? {

@@ -14,7 +14,8 @@ use crate::model::{AttachmentKey, Millis, PoolChoice, Reservation, ReservationKe
 
 /// Picks the addresses of `key`: a requested address where one is given, else the
 /// reservation's, else one from the pool; in a group of pools' sets, the first that serves.
-/// Takes nothing.
+/// `fixed`: the requested addresses are fixed for the pod (a cluster pin it holds). Takes
+/// nothing.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn pick_addresses(
     net: &mut Network,
@@ -24,6 +25,7 @@ pub(super) fn pick_addresses(
     requested: &[IpAddr],
     reservation: Option<&Reservation>,
     choice: Option<&PoolChoice>,
+    fixed: bool,
     now: Millis,
     may_wait: bool,
 ) -> Result<Step<Vec<Pick>>, Error> {
@@ -81,7 +83,7 @@ pub(super) fn pick_addresses(
             if let Some(p) = reservation.and_then(|r| {
                 r.addresses
                     .contains(&ip)
-                    .then(|| net.pools[set].pick_reserved(set, ip))
+                    .then(|| net.pools[set].pick_reserved(set, ip, fixed))
                     .flatten()
             }) {
                 picks.push(p);
@@ -93,7 +95,7 @@ pub(super) fn pick_addresses(
                 )));
             }
             let p = net.pools[set]
-                .pick_requested(set, ip)
+                .pick_requested(set, ip, fixed)
                 .map_err(|e| claim_error(e, &key.network, ip, attachments, reservations))?;
             picks.push(p);
             continue;
@@ -103,7 +105,7 @@ pub(super) fn pick_addresses(
             sets.iter().find_map(|s| {
                 r.addresses
                     .iter()
-                    .find_map(|ip| net.pools[*s].pick_reserved(*s, *ip))
+                    .find_map(|ip| net.pools[*s].pick_reserved(*s, *ip, false))
             })
         });
         if let Some(p) = kept {

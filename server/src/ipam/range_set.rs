@@ -43,6 +43,9 @@ pub(super) enum From {
     Claimed,
     /// The address reserved for the requester's pod.
     Reserved,
+    /// A requested address fixed for the requester's pod (a cluster pin), straight from the
+    /// source.
+    Fixed,
 }
 
 /// An address picked for range set `set`, not taken yet.
@@ -51,6 +54,15 @@ pub(super) struct Pick {
     pub(super) set: usize,
     pub(super) ip: IpAddr,
     pub(super) from: From,
+}
+
+/// What a requested address is held for.
+#[derive(Clone, Copy)]
+enum Hold {
+    /// To be handed out to the requester (`fixed`: the address is fixed for its pod).
+    Requested { fixed: bool },
+    /// To be kept from everyone (a quarantine).
+    Quarantine,
 }
 
 /// Why no address could be picked.
@@ -194,20 +206,38 @@ impl RangeSetPool {
     /// Picks the requested address `ip`: from idle (even if cooling: it was asked for by
     /// name), or straight from the source. Nothing is picked where the source hands nothing
     /// out now.
-    pub(super) fn pick_requested(&mut self, set: usize, ip: IpAddr) -> Result<Pick, ClaimError> {
+    /// `fixed`: the address is fixed for the requester's pod (see [`Source::can_occupy_fixed`]).
+    pub(super) fn pick_requested(
+        &mut self,
+        set: usize,
+        ip: IpAddr,
+        fixed: bool,
+    ) -> Result<Pick, ClaimError> {
         if let Some(Next::Pending(why) | Next::Unavailable(why)) = self.source.held_back() {
             return Err(ClaimError::Unavailable(why));
         }
-        self.pick_to_hold(set, ip, false)
+        self.pick_to_hold(set, ip, Hold::Requested { fixed })
     }
 
     /// Picks `ip` to be kept for a live pod (a quarantine): wherever the source holds it, even
     /// where it hands nothing out now (keeping an address from everyone is always safe).
     pub(super) fn pick_quarantined(&mut self, set: usize, ip: IpAddr) -> Result<Pick, ClaimError> {
-        self.pick_to_hold(set, ip, true)
+        self.pick_to_hold(set, ip, Hold::Quarantine)
     }
 
-    fn pick_to_hold(&mut self, set: usize, ip: IpAddr, keep: bool) -> Result<Pick, ClaimError> {
+    /// Whether `ip` may be handed out now to the pod it is fixed for (`fixed`), or to anyone.
+    fn withheld(&self, ip: IpAddr, fixed: bool) -> Option<String> {
+        match fixed {
+            true => self.source.withheld_fixed(ip),
+            false => self.source.withheld(ip),
+        }
+    }
+
+    fn pick_to_hold(&mut self, set: usize, ip: IpAddr, hold: Hold) -> Result<Pick, ClaimError> {
+        let (keep, fixed) = match hold {
+            Hold::Quarantine => (true, false),
+            Hold::Requested { fixed } => (false, fixed),
+        };
         if self.pool.is_in_use(ip) {
             return Err(ClaimError::Held);
         }
@@ -215,7 +245,7 @@ impl RangeSetPool {
             return Err(ClaimError::Reserved);
         }
         if self.pool.idle_since(ip).is_some() {
-            if let Some(why) = self.source.withheld(ip).filter(|_| !keep) {
+            if let Some(why) = self.withheld(ip, fixed).filter(|_| !keep) {
                 return Err(ClaimError::Unavailable(why));
             }
             return Ok(Pick {
@@ -225,9 +255,10 @@ impl RangeSetPool {
             });
         }
         self.source_calls += 1;
-        let can = match keep {
-            true => self.source.can_hold(ip),
-            false => self.source.can_occupy(ip),
+        let can = match (keep, fixed) {
+            (true, _) => self.source.can_hold(ip),
+            (false, true) => self.source.can_occupy_fixed(ip),
+            (false, false) => self.source.can_occupy(ip),
         };
         if let Err(e) = can {
             self.source_errors += 1;
@@ -244,15 +275,19 @@ impl RangeSetPool {
         Ok(Pick {
             set,
             ip,
-            from: From::Claimed,
+            from: match fixed {
+                true => From::Fixed,
+                false => From::Claimed,
+            },
         })
     }
 
     /// Picks `ip`, reserved for the requester's pod, if it is reserved here and its source
     /// hands it out now (else the pod gets another address, or waits with the rest while its
     /// source holds everything back).
-    pub(super) fn pick_reserved(&self, set: usize, ip: IpAddr) -> Option<Pick> {
-        let serves = self.source.held_back().is_none() && self.source.withheld(ip).is_none();
+    /// `fixed`: as in [`RangeSetPool::pick_requested`].
+    pub(super) fn pick_reserved(&self, set: usize, ip: IpAddr, fixed: bool) -> Option<Pick> {
+        let serves = self.source.held_back().is_none() && self.withheld(ip, fixed).is_none();
         (serves && self.pool.is_reserved(ip)).then_some(Pick {
             set,
             ip,
@@ -272,9 +307,10 @@ impl RangeSetPool {
                     Err(PoolError::NotIdle(ip))
                 }
             }
-            From::Source | From::Claimed => {
+            From::Source | From::Claimed | From::Fixed => {
                 let occupied = match pick.from {
                     From::Source => self.source.take_next(ip),
+                    From::Fixed => self.source.occupy_fixed(ip),
                     _ => self.source.occupy(ip),
                 };
                 occupied.map_err(|e| e.to_string())?;
@@ -300,9 +336,9 @@ impl RangeSetPool {
                 set: self.id.clone(),
                 cursor: Some(pick.ip),
             }),
-            From::Claimed | From::Reserved => {}
+            From::Claimed | From::Reserved | From::Fixed => {}
         }
-        if matches!(pick.from, From::Source | From::Claimed) {
+        if matches!(pick.from, From::Source | From::Claimed | From::Fixed) {
             self.block_change(network, pick.ip, out);
         }
     }

@@ -251,18 +251,21 @@ impl Ipam {
             },
             ..old.def.clone()
         };
-        let held: Vec<(IpAddr, String)> = attachments
+        let held: Vec<(IpAddr, String, bool)> = attachments
             .iter()
             .filter(|a| a.network() == name)
             .flat_map(|a| {
                 let key = a.key().to_string();
-                a.addresses().iter().map(move |ip| (*ip, key.clone()))
+                let fixed = a.k8s().is_some_and(|m| m.fixed.is_some());
+                a.addresses()
+                    .iter()
+                    .map(move |ip| (*ip, key.clone(), fixed))
             })
             .collect();
         let mut probe = Network::new(def.clone(), sources, now)?;
         inherit(&mut probe, old)?;
         let mut used = vec![false; probe.pools.len()];
-        for (ip, _) in &held {
+        for (ip, _, _) in &held {
             if let Some(set) = probe.set_of(*ip) {
                 used[set] = true;
             }
@@ -285,8 +288,9 @@ impl Ipam {
         net.awaiting = old.awaiting.clone();
         let moved = inherit(&mut net, old)?;
         let mut changes = vec![Change::PutNetwork(net.def.clone())];
-        for (ip, key) in &held {
-            net.restore_in_use(*ip, key).map_err(Error::InvalidConfig)?;
+        for (ip, key, fixed) in &held {
+            net.restore_in_use(*ip, key, *fixed)
+                .map_err(Error::InvalidConfig)?;
         }
         let mut ended = Vec::new();
         for r in reservations.values().filter(|r| r.key.network == name) {

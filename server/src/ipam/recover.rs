@@ -372,8 +372,9 @@ fn restore_attachments(state: &mut State) -> Result<(), Error> {
                 rec.network()
             )));
         };
+        let fixed = rec.k8s().is_some_and(|m| m.fixed.is_some());
         for ip in rec.addresses() {
-            net.restore_in_use(*ip, &rec.key())
+            net.restore_in_use(*ip, &rec.key(), fixed)
                 .map_err(Error::InvalidConfig)?;
         }
     }

@@ -72,6 +72,14 @@ impl Network {
         self.pools.iter().position(|p| p.source.contains(ip))
     }
 
+    /// The current set of one subnet that covers `ip`: where a fixed address outside the
+    /// source's blocks is hosted.
+    pub(super) fn hosting_set(&self, ip: IpAddr) -> Option<usize> {
+        self.pools[..self.current]
+            .iter()
+            .position(|p| p.source.one_subnet() && p.source.covers(ip))
+    }
+
     /// Why an ADD cannot be served for want of ranges, when the network has none yet.
     pub(super) fn no_ranges(&self) -> Option<String> {
         (self.current == 0).then(|| {
@@ -85,13 +93,15 @@ impl Network {
         set < self.current
     }
 
-    /// Puts `ip`, held by `holder` in the store, back into use (rebuilding the pools).
+    /// Puts `ip`, held by `holder` in the store, back into use (rebuilding the pools). `fixed`:
+    /// the address is fixed for the holder's pod (see [`crate::source::Source::occupy_fixed`]).
     pub(super) fn restore_in_use(
         &mut self,
         ip: IpAddr,
         holder: &dyn Display,
+        fixed: bool,
     ) -> Result<(), String> {
-        let p = self.restore_slot(ip, "attachment", holder)?;
+        let p = self.restore_slot(ip, "attachment", holder, fixed)?;
         p.pool
             .restore_in_use(ip, ())
             .map_err(|e| format!("attachment {holder}: {e}"))
@@ -103,7 +113,7 @@ impl Network {
         ip: IpAddr,
         holder: &dyn Display,
     ) -> Result<(), String> {
-        let p = self.restore_slot(ip, "reservation", holder)?;
+        let p = self.restore_slot(ip, "reservation", holder, false)?;
         p.pool
             .restore_reserved(ip)
             .map_err(|e| format!("reservation {holder}: {e}"))
@@ -115,8 +125,12 @@ impl Network {
         ip: IpAddr,
         what: &str,
         holder: &dyn Display,
+        fixed: bool,
     ) -> Result<&mut RangeSetPool, String> {
-        let set = self.set_of(ip).ok_or_else(|| {
+        let set = self
+            .set_of(ip)
+            .or_else(|| self.hosting_set(ip).filter(|_| fixed));
+        let set = set.ok_or_else(|| {
             format!(
                 "{what} {holder} holds {ip}, which is outside the ranges of network {:?} ({})",
                 self.def.name,
@@ -124,9 +138,11 @@ impl Network {
             )
         })?;
         let p = &mut self.pools[set];
-        p.source
-            .occupy(ip)
-            .map_err(|e| format!("{what} {holder}: {e} (held twice in the store)"))?;
+        let occupied = match fixed {
+            true => p.source.occupy_fixed(ip),
+            false => p.source.occupy(ip),
+        };
+        occupied.map_err(|e| format!("{what} {holder}: {e} (held twice in the store)"))?;
         Ok(p)
     }
 
@@ -139,14 +155,16 @@ impl Network {
     pub(super) fn reply_for(&self, addresses: &[IpAddr]) -> AddReply {
         let leases = addresses
             .iter()
-            .map(|ip| match self.set_of(*ip) {
-                Some(set) => self.pools[set].lease(*ip),
-                None => Lease {
-                    ip: *ip,
-                    prefix_len: if ip.is_ipv4() { 32 } else { 128 },
-                    gateway: None,
+            .map(
+                |ip| match self.set_of(*ip).or_else(|| self.hosting_set(*ip)) {
+                    Some(set) => self.pools[set].lease(*ip),
+                    None => Lease {
+                        ip: *ip,
+                        prefix_len: if ip.is_ipv4() { 32 } else { 128 },
+                        gateway: None,
+                    },
                 },
-            })
+            )
             .collect();
         AddReply {
             leases,

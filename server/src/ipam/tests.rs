@@ -60,6 +60,7 @@ fn req(net: &str, cid: &str, ipam_json: &str) -> AddRequest {
         requested: Vec::new(),
         k8s: None,
         pools: None,
+        fixed: false,
     }
 }
 

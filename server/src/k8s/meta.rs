@@ -24,6 +24,10 @@ pub struct PodInfo {
     /// [`super::selection`]); or why the annotation cannot be read (an error only for an ADD on
     /// a network of cluster pools).
     pub pools: Result<Option<crate::model::PoolChoice>, String>,
+    /// The address that follows it from node to node (`ipool.io/fixed`, see [`super::fixed`]);
+    /// or why the annotation cannot be read (an error only for an ADD on a network of cluster
+    /// pools).
+    pub fixed: Result<Option<super::fixed::Fixed>, String>,
 }
 
 /// Reads `pod`; an annotation that cannot be read is an error naming it and its value.
@@ -101,10 +105,12 @@ pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
                 .unwrap_or_default(),
             sticky,
             sticky_ttl_secs,
+            fixed: None,
         },
         ips,
         uid: runtime_uid(pod).to_string(),
         pools: super::selection::chosen(md.annotations.as_ref(), &who),
+        fixed: super::fixed::fixed(pod, &who),
     })
 }
 
@@ -151,7 +157,16 @@ pub fn finished(pod: &Pod) -> bool {
 pub fn strip(pod: &mut Pod) {
     let md = &mut pod.metadata;
     md.managed_fields = None;
-    md.labels = None;
+    // Of the labels, only KubeVirt's that names a launcher pod's VM (its fixed address).
+    md.labels = md
+        .labels
+        .take()
+        .map(|l| {
+            l.into_iter()
+                .filter(|(k, _)| k == super::fixed::VM_LABEL)
+                .collect::<std::collections::BTreeMap<_, _>>()
+        })
+        .filter(|l| !l.is_empty());
     md.generate_name = None;
     md.finalizers = None;
     if let Some(a) = md.annotations.as_mut() {

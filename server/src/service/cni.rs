@@ -7,6 +7,7 @@ use ipool_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::{key_of, parse_ips};
+use crate::cluster::pin::hold::Holds;
 use crate::config::IpamSection;
 use crate::ipam::{AddRequest, Ipam};
 use crate::k8s::Pods;
@@ -18,14 +19,22 @@ pub struct CniService {
     own_uid: Option<u32>,
     /// The pods of this node (Kubernetes only): an ADD for a pod takes its metadata.
     pods: Option<Pods>,
+    /// The pins of this node's pods (cluster mode): fixed addresses.
+    holds: Option<Holds>,
 }
 
 impl CniService {
-    pub fn new(ipam: Ipam, own_uid: Option<u32>, pods: Option<Pods>) -> CniService {
+    pub fn new(
+        ipam: Ipam,
+        own_uid: Option<u32>,
+        pods: Option<Pods>,
+        holds: Option<Holds>,
+    ) -> CniService {
         CniService {
             ipam,
             own_uid,
             pods,
+            holds,
         }
     }
 
@@ -102,17 +111,29 @@ impl CniService {
                 }
                 _ => None,
             };
-            self.ipam
-                .add(AddRequest {
-                    key: key.clone(),
-                    pod: pod.clone().unwrap_or_default(),
-                    netns: r.netns,
-                    ipam,
-                    requested,
-                    k8s: info.map(|i| i.meta),
-                    pools,
-                })
-                .await
+            let fixed = super::fixed::fixed_for(
+                &self.ipam,
+                self.holds.as_ref(),
+                &key.network,
+                ipam.as_ref(),
+                info.as_ref(),
+            )?;
+            let req = AddRequest {
+                key: key.clone(),
+                pod: pod.clone().unwrap_or_default(),
+                netns: r.netns,
+                ipam,
+                requested,
+                k8s: info.map(|i| i.meta),
+                pools,
+                fixed: false,
+            };
+            match (fixed, &self.holds) {
+                (Some(owner), Some(holds)) => {
+                    super::fixed::add(&self.ipam, holds, req, owner).await
+                }
+                _ => self.ipam.add(req).await,
+            }
         }
         .await;
         let pod = pod.unwrap_or_default();
@@ -152,7 +173,11 @@ impl CniService {
     ) -> Result<Response<pb::DelResponse>, Status> {
         self.check_peer(&req)?;
         let key = key_of(req.into_inner().key)?;
-        match self.ipam.del(&key).await {
+        let del = async {
+            super::fixed::before_del(&self.ipam, self.holds.as_ref(), &key).await?;
+            self.ipam.del(&key).await
+        };
+        match del.await {
             Ok(released) => {
                 let ips: Vec<String> = released.iter().map(|i| i.to_string()).collect();
                 tracing::info!(op = "DEL", network = %key.network, container = %key.container_id, ifname = %key.ifname, address = %ips.join(","), outcome = if ips.is_empty() { "unknown key" } else { "released" });

@@ -60,6 +60,7 @@ pub(super) fn sample() -> Vec<Change> {
                 owner: "StatefulSet/web".into(),
                 sticky: true,
                 sticky_ttl_secs: Some(30),
+                fixed: None,
             }),
         }),
         Change::PutIdle {

@@ -420,6 +420,9 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         metrics,
         pods,
         cluster: cluster.is_some(),
+        holds: cluster
+            .as_ref()
+            .map(|c| ipool_server::cluster::pin::hold::Holds::new(c.node().clone())),
     };
     let served = serve(listeners, ipam, shutdown).await;
     let _ = std::fs::remove_file(&args.socket);

@@ -179,4 +179,12 @@ impl PinStore for ClusterStore {
         );
         Ok(self.client().txn(txn).await?.succeeded)
     }
+
+    async fn pin_block_stands(&self, pin: &Pin) -> Result<bool, ClusterError> {
+        let key = self.block_key(&pin.pool, &pin.block);
+        let r = self.client().range(request::get(key)).await?;
+        Ok(r.kvs
+            .first()
+            .is_some_and(|kv| kv.create_revision == pin.block_id))
+    }
 }

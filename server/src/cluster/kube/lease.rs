@@ -328,6 +328,10 @@ impl NameStore for KubeStore {
         })
     }
 
+    async fn node_away(&self, node: &str, me: &str) -> Result<NodeState, ClusterError> {
+        self.away_by_reads(node, me).await
+    }
+
     /// Every block of `node` (its label).
     async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
         self.list_blocks(None, Some(node)).await
@@ -443,3 +447,5 @@ fn alive_of(l: &Lease) -> Alive {
         fence_secs: annotation(l, FENCE),
     }
 }
+
+mod away;

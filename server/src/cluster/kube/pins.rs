@@ -172,13 +172,7 @@ impl PinStore for KubeStore {
             return Ok(PinCreated::OwnerHas(theirs));
         }
         // The block, read after the create: one gone or claimed anew pins nothing.
-        self.token().await;
-        let block = self
-            .blocks
-            .get_opt(&objects::block_name(&pin.block))
-            .await?;
-        let standing = block.is_some_and(|b| objects::revision(&b.metadata).create == pin.block_id);
-        if !standing {
+        if !self.pin_block_stands(pin).await? {
             self.delete_pin_at(&name, &mine.version).await?;
             return Ok(PinCreated::BlockChanged);
         }
@@ -204,6 +198,15 @@ impl PinStore for KubeStore {
     async fn delete_pin(&self, read: &PinRead) -> Result<bool, ClusterError> {
         self.delete_pin_at(&address_name(&read.pin.address), &read.version)
             .await
+    }
+
+    async fn pin_block_stands(&self, pin: &Pin) -> Result<bool, ClusterError> {
+        self.token().await;
+        let block = self
+            .blocks
+            .get_opt(&objects::block_name(&pin.block))
+            .await?;
+        Ok(block.is_some_and(|b| objects::revision(&b.metadata).create == pin.block_id))
     }
 }
 

@@ -51,7 +51,7 @@ impl ClusterSource {
         let node = self.node.clone();
         let metrics = &node.metrics().cluster;
         match (done.work, outcome) {
-            (Work::Sync { epoch, trusted }, Outcome::Synced(listed)) => {
+            (Work::Sync { epoch, trusted, .. }, Outcome::Synced(listed)) => {
                 Ok(self.synced_with(epoch, &trusted, listed))
             }
             (Work::Claim { .. }, Outcome::Claimed(b)) => {

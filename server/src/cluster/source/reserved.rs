@@ -91,13 +91,25 @@ pub(super) const EXCLUDED: &str = "excluded by the network's exclude";
 
 impl ClusterSource {
     /// What is never handed out here: the pool's reservations (as this node last read the
-    /// pool), and the network's excluded addresses.
+    /// pool), the network's excluded addresses, and the pool's pinned addresses (handed out
+    /// to their owners' pods only, by another path: see `pinned`).
     pub(super) fn kept_out(&self) -> std::sync::Arc<Vec<Reserved>> {
         let pool = self.node.pool_reserved(&self.pool);
-        if self.excluded.is_empty() {
+        // Pins are kept by one subnet's sources only (a routed pool takes none).
+        let pinned = match self.subnet {
+            Some(_) => self.node.pool_pinned(&self.pool),
+            None => std::sync::Arc::default(),
+        };
+        if self.excluded.is_empty() && pinned.is_empty() {
             return pool;
         }
-        std::sync::Arc::new(pool.iter().chain(&self.excluded).cloned().collect())
+        std::sync::Arc::new(
+            pool.iter()
+                .chain(&self.excluded)
+                .chain(pinned.iter())
+                .cloned()
+                .collect(),
+        )
     }
 
     /// Why `ip` is not handed out: excluded from the network, or reserved in the pool (as this

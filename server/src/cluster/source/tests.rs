@@ -137,7 +137,11 @@ pub(super) fn synced(s: &mut ClusterSource, n: &ClusterNode, blocks: &[Block]) {
     let trusted = trusted(s);
     land(
         s,
-        Work::Sync { epoch: e, trusted },
+        Work::Sync {
+            epoch: e,
+            trusted,
+            pins: false,
+        },
         Ok(Outcome::Synced(mine(blocks.to_vec()))),
     )
     .expect("synced");
@@ -326,6 +330,7 @@ fn a_block_in_doubt_serves_only_after_a_sync_settled_it() {
     let sync = Work::Sync {
         epoch: e,
         trusted: vec![(doubt, rev(8))],
+        pins: false,
     };
     let listed = vec![block("10.0.0.0/28", 7), block("10.0.0.16/28", 8)];
     land(&mut s, sync, Ok(Outcome::Synced(mine(listed)))).expect("synced");
@@ -338,6 +343,7 @@ fn a_block_in_doubt_serves_only_after_a_sync_settled_it() {
     let sync = Work::Sync {
         epoch: e,
         trusted: vec![(net("10.0.0.0/28"), rev(7))],
+        pins: false,
     };
     let listed = vec![block("10.0.0.0/28", 7), settled];
     land(&mut s, sync, Ok(Outcome::Synced(mine(listed)))).expect("synced");
@@ -475,6 +481,7 @@ fn a_block_whose_pool_is_being_deleted_is_neither_served_nor_given_back() {
         Work::Sync {
             epoch: e,
             trusted: vec![],
+            pins: false,
         },
         Ok(Outcome::Synced(doubt)),
     )
@@ -536,6 +543,7 @@ fn a_block_of_a_pool_that_is_gone_is_given_back_once_empty() {
         Work::Sync {
             epoch: e,
             trusted: vec![],
+            pins: false,
         },
         Ok(Outcome::Synced(gone)),
     )

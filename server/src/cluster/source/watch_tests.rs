@@ -54,6 +54,7 @@ fn a_block_the_watch_says_is_gone_stops_serving_at_once_and_a_sync_follows() {
         Work::Sync {
             epoch: e,
             trusted: Vec::new(),
+            pins: false,
         },
         Ok(Outcome::Synced(mine(Vec::new()))),
     )
@@ -65,7 +66,7 @@ fn a_block_the_watch_says_is_gone_stops_serving_at_once_and_a_sync_follows() {
 fn heard_while_a_sync_is_on_its_way_the_block_waits_for_the_next_one() {
     let (n, mut s) = serving();
     s.next_sync = Some(Instant::now());
-    let Some(Work::Sync { epoch, trusted }) = next_work(&mut s) else {
+    let Some(Work::Sync { epoch, trusted, .. }) = next_work(&mut s) else {
         panic!("a resync");
     };
     assert_eq!(trusted.len(), 1);
@@ -73,7 +74,11 @@ fn heard_while_a_sync_is_on_its_way_the_block_waits_for_the_next_one() {
     n.hear(gone("p", "10.0.0.0/28"));
     land(
         &mut s,
-        Work::Sync { epoch, trusted },
+        Work::Sync {
+            epoch,
+            trusted,
+            pins: false,
+        },
         Ok(Outcome::Synced(mine(vec![block("10.0.0.0/28", 5)]))),
     )
     .expect("synced");
@@ -117,12 +122,16 @@ fn a_watch_that_started_over_makes_every_source_sync_once() {
     synced(&mut other, &n, &[block("10.0.0.32/28", 7)]);
     n.hear(Watched::Restarted);
     for src in [&mut s, &mut other] {
-        let Some(Work::Sync { epoch, trusted }) = next_work(src) else {
+        let Some(Work::Sync { epoch, trusted, .. }) = next_work(src) else {
             panic!("a sync");
         };
         land(
             src,
-            Work::Sync { epoch, trusted },
+            Work::Sync {
+                epoch,
+                trusted,
+                pins: false,
+            },
             Ok(Outcome::Synced(mine(Vec::new()))),
         )
         .expect("synced");
@@ -178,7 +187,7 @@ fn news_heard_while_work_is_on_its_way_stop_the_block_at_once_and_apply_to_what_
 fn its_pool_written_makes_a_source_with_blocks_in_doubt_sync_at_once() {
     let (n, mut s) = serving();
     s.next_sync = Some(Instant::now());
-    let Some(Work::Sync { epoch, trusted }) = next_work(&mut s) else {
+    let Some(Work::Sync { epoch, trusted, .. }) = next_work(&mut s) else {
         panic!("a resync");
     };
     let listed = crate::cluster::work::Synced {
@@ -188,7 +197,11 @@ fn its_pool_written_makes_a_source_with_blocks_in_doubt_sync_at_once() {
     };
     land(
         &mut s,
-        Work::Sync { epoch, trusted },
+        Work::Sync {
+            epoch,
+            trusted,
+            pins: false,
+        },
         Ok(Outcome::Synced(listed)),
     )
     .expect("synced");

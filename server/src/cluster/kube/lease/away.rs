@@ -1,0 +1,57 @@
+//! How long a node has been away, as another node's daemon may measure it (a takeover of the
+//! node's pins): with reads only (the admission policy keeps each daemon to its own Lease, and
+//! `node_state`'s measurement is a write). The apiserver's clock comes from the reader's own
+//! Lease: the time of its own last renewal, as the apiserver stamped it, is at most now; the
+//! other node's away is measured up to then, never longer than it has been.
+
+use super::{alive_of, annotation, duration_secs, holder, written_at, FENCE, RENEW};
+use crate::cluster::kube::{KubeStore, FIELD_MANAGER};
+use crate::cluster::model::{ClusterError, Listing, NodeState, Seen};
+
+impl KubeStore {
+    pub(super) async fn away_by_reads(
+        &self,
+        node: &str,
+        me: &str,
+    ) -> Result<NodeState, ClusterError> {
+        let name = Self::lease_name(node);
+        self.token().await;
+        let Some(theirs) = self.leases.get_opt(&name).await? else {
+            return Ok(NodeState {
+                alive: None,
+                seen: None,
+                blocks: Listing::default(),
+                unproven: Some(self.no_lease(&name)),
+            });
+        };
+        self.token().await;
+        let mine = self.leases.get_opt(&Self::lease_name(me)).await?;
+        let now = mine.as_ref().and_then(|l| written_at(l, FIELD_MANAGER));
+        let (Some(then), Some(now)) = (written_at(&theirs, FIELD_MANAGER), now) else {
+            return Ok(NodeState {
+                alive: None,
+                seen: None,
+                blocks: Listing::default(),
+                unproven: Some(format!(
+                    "Lease {name}, or this node's own, carries no time of a daemon's write (metadata.managedFields): how long node {node:?} has been away cannot be measured"
+                )),
+            });
+        };
+        let away = (now - then).max(0);
+        let lapsed = away > duration_secs(&theirs);
+        Ok(NodeState {
+            alive: (holder(&theirs).is_some() && !lapsed).then(|| alive_of(&theirs)),
+            seen: Some((
+                Seen {
+                    instance: holder(&theirs).unwrap_or_default(),
+                    fence_secs: annotation(&theirs, FENCE),
+                    renew_secs: annotation(&theirs, RENEW),
+                    at_ms: u64::try_from(then).unwrap_or(0) * 1000,
+                },
+                away,
+            )),
+            blocks: Listing::default(),
+            unproven: None,
+        })
+    }
+}

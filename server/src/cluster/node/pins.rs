@@ -1,0 +1,168 @@
+//! The pins this node knows (see [`crate::cluster::pin`]), by pool: what its sources keep
+//! from everyone but the pin's owner, on every path, and whether this node holds one. Learnt
+//! from its own writes (a pin created, held, let go) and from the listings of its syncs (a
+//! subnet pool's first sync of each serving epoch, and every sync while it knows a pin in the
+//! pool). A listing sent before a write of this node's lands after it without undoing it: a
+//! pin written here after the listing was sent stays as written, one created here is not
+//! dropped for being absent from it. (Knowing a pin longer than it stands only keeps an
+//! address out longer.)
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+
+use super::ClusterNode;
+use crate::cluster::pin::Pin;
+use crate::cluster::pool::Reserved;
+
+/// The pins of every pool, as this node knows them.
+#[derive(Default)]
+pub(super) struct PinBook {
+    /// This node's own writes so far (each stamps what it wrote).
+    writes: u64,
+    pools: HashMap<String, PoolPins>,
+}
+
+#[derive(Default)]
+struct PoolPins {
+    /// By address: the pin, and the write of this node's that last told of it (0: a listing).
+    by_address: BTreeMap<IpAddr, (Pin, u64)>,
+    /// The same addresses, as kept out for the sources (one address each).
+    kept: Arc<Vec<Reserved>>,
+}
+
+impl PoolPins {
+    fn rebuild(&mut self) {
+        self.kept = Arc::new(
+            self.by_address
+                .iter()
+                .map(|(ip, (pin, _))| Reserved {
+                    cidr: IpNet::from(*ip),
+                    reason: format!("pinned for {}", pin.owner),
+                })
+                .collect(),
+        );
+    }
+}
+
+/// A listing of a pool's pins, started: where this node's writes stood when it was sent.
+pub struct PinListing(u64);
+
+impl ClusterNode {
+    /// A listing of pins is being sent now.
+    pub fn pins_listing(&self) -> PinListing {
+        PinListing(self.pins.lock().expect("pins lock").writes)
+    }
+
+    /// What a listing of `pool`'s pins found (see the module's note on order).
+    pub fn pins_listed(&self, pool: &str, listing: PinListing, pins: Vec<Pin>) {
+        let mut book = self.pins.lock().expect("pins lock");
+        let p = book.pools.entry(pool.to_string()).or_default();
+        let listed: BTreeMap<IpAddr, Pin> = pins
+            .into_iter()
+            .filter(|pin| pin.pool == pool)
+            .map(|pin| (pin.address, pin))
+            .collect();
+        // Gone from the store, unless written here since the listing was sent.
+        p.by_address
+            .retain(|ip, (_, stamp)| listed.contains_key(ip) || *stamp > listing.0);
+        for (ip, pin) in listed {
+            match p.by_address.get(&ip) {
+                Some((_, stamp)) if *stamp > listing.0 => {}
+                _ => {
+                    p.by_address.insert(ip, (pin, 0));
+                }
+            }
+        }
+        p.rebuild();
+        self.count_pins(pool, &book);
+    }
+
+    /// A pin as this node just wrote or read it (created, held, let go).
+    pub fn pin_known(&self, pin: &Pin) {
+        let mut book = self.pins.lock().expect("pins lock");
+        book.writes += 1;
+        let stamp = book.writes;
+        let p = book.pools.entry(pin.pool.clone()).or_default();
+        p.by_address.insert(pin.address, (pin.clone(), stamp));
+        p.rebuild();
+        self.count_pins(&pin.pool, &book);
+    }
+
+    fn count_pins(&self, pool: &str, book: &PinBook) {
+        let Some(p) = book.pools.get(pool) else {
+            return;
+        };
+        let me = self.name();
+        let held = p
+            .by_address
+            .values()
+            .filter(|(pin, _)| pin.holders.iter().any(|h| h.node == me))
+            .count();
+        self.metrics.cluster.pins(pool, p.by_address.len(), held);
+    }
+
+    /// A pin this node deleted (void: its block is no longer the one it was made in).
+    pub fn pin_gone(&self, pin: &Pin) {
+        let mut book = self.pins.lock().expect("pins lock");
+        book.writes += 1;
+        if let Some(p) = book.pools.get_mut(&pin.pool) {
+            p.by_address.remove(&pin.address);
+            p.rebuild();
+        }
+        self.count_pins(&pin.pool, &book);
+    }
+
+    /// The pinned addresses of `pool`, kept out (no I/O).
+    pub fn pool_pinned(&self, pool: &str) -> Arc<Vec<Reserved>> {
+        self.pins
+            .lock()
+            .expect("pins lock")
+            .pools
+            .get(pool)
+            .map(|p| p.kept.clone())
+            .unwrap_or_default()
+    }
+
+    /// The pin of `ip` in `pool`, as known here.
+    pub fn pin_at(&self, pool: &str, ip: IpAddr) -> Option<Pin> {
+        self.pins
+            .lock()
+            .expect("pins lock")
+            .pools
+            .get(pool)?
+            .by_address
+            .get(&ip)
+            .map(|(p, _)| p.clone())
+    }
+
+    /// Whether this node holds the pin of `ip` in `pool`, as known here.
+    pub fn holds_pin(&self, pool: &str, ip: IpAddr) -> bool {
+        self.pin_at(pool, ip)
+            .is_some_and(|p| p.holders.iter().any(|h| h.node == self.name()))
+    }
+
+    /// Whether a pin of `pool` is known in `net` (a block that must not be given back).
+    pub fn pinned_in(&self, pool: &str, net: &IpNet) -> bool {
+        let book = self.pins.lock().expect("pins lock");
+        let Some(p) = book.pools.get(pool) else {
+            return false;
+        };
+        p.by_address
+            .range(net.network()..=net.broadcast())
+            .next()
+            .is_some()
+    }
+
+    /// Whether a pin of `pool` is known at all.
+    pub fn pool_has_pins(&self, pool: &str) -> bool {
+        self.pins
+            .lock()
+            .expect("pins lock")
+            .pools
+            .get(pool)
+            .is_some_and(|p| !p.by_address.is_empty())
+    }
+}

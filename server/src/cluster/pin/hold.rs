@@ -1,0 +1,335 @@
+//! What a pod's ADD and DEL do with its pin (the service runs these around the engine's ADD
+//! and DEL; the engine knows nothing of pins, only that an address is fixed for a pod).
+//!
+//! ADD ([`Holds::before_add`]): the owner's pin, read from the store.
+//! - None: the ADD takes an address as any other pod would, from this node's blocks, and
+//!   [`Holds::pin`] then pins it, holder this node (refused, the engine's ADD is undone).
+//! - Held here by this pod: served.
+//! - Held by nobody, or by one node only while the owner is a VM (its live migration): this
+//!   node is added to the holders by a write conditioned on the pin as read, then the pin's
+//!   block is read (a pin counts only while its block stands as it was made in: one that does
+//!   not is deleted, and the ADD goes on as for no pin).
+//! - Held elsewhere: each holder that is gone as `release-node` would judge it (fenced and
+//!   away, its name not held), or that is this node holding it for a pod whose address this
+//!   node no longer holds, is dropped; any other holder refuses the ADD (retry later).
+//!
+//! DEL ([`Holds::let_go`]): before the engine releases the address, this node's hold for the
+//! pod is removed from the pin (conditioned on the pin as read); a failure fails the DEL,
+//! which the runtime retries, with nothing released.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::{verdict, Holder, Pin, PinCreated, PinOwner, PinRead, Verdict};
+use crate::cluster::model::{now_ms, ClusterError};
+use crate::cluster::node::ClusterNode;
+use crate::cluster::release::not_gone;
+
+/// Writes that find the pin changed since it was read, before the ADD or DEL gives up.
+const ATTEMPTS: usize = 4;
+
+/// The pins of this node's pods.
+#[derive(Clone)]
+pub struct Holds {
+    node: Arc<ClusterNode>,
+}
+
+/// What an ADD of a pod with a fixed address does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Before {
+    /// The owner has no pin: an address as any, then [`Holds::pin`].
+    First,
+    /// This node holds the pin for the pod now: the ADD takes `address`, fixed.
+    Serve {
+        pool: String,
+        address: IpAddr,
+        /// How it came to be held here, for the metrics: held, moved, migration, taken_over.
+        how: &'static str,
+    },
+}
+
+/// Why a pod's pin cannot be served here now.
+#[derive(Debug)]
+pub enum Refused {
+    /// Another node holds it (retry later): the pin's pool, and who holds it.
+    Held { pool: String, why: String },
+    /// The store failed or did not answer.
+    Store(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Held { why, .. } | Refused::Store(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<ClusterError> for Refused {
+    fn from(e: ClusterError) -> Refused {
+        Refused::Store(e.to_string())
+    }
+}
+
+impl Holds {
+    pub fn new(node: Arc<ClusterNode>) -> Holds {
+        Holds { node }
+    }
+
+    pub fn node(&self) -> &Arc<ClusterNode> {
+        &self.node
+    }
+
+    fn holder(&self, pod: &str, uid: &str) -> Holder {
+        Holder {
+            node: self.node.name().to_string(),
+            pod: pod.to_string(),
+            uid: uid.to_string(),
+            since_ms: now_ms(),
+        }
+    }
+
+    async fn pin_of(&self, owner: &PinOwner) -> Result<Option<PinRead>, ClusterError> {
+        let o = owner.clone();
+        self.node
+            .call("pin_of", |s| async move { s.pin_of(&o).await })
+            .await
+    }
+
+    async fn write(&self, read: &PinRead, pin: &Pin) -> Result<Option<PinRead>, ClusterError> {
+        let (r, p) = (read.clone(), pin.clone());
+        self.node
+            .call("write_pin", |s| async move { s.write_pin(&r, &p).await })
+            .await
+    }
+
+    /// What the ADD of `pod` (uid `uid`), whose fixed address belongs to `owner`, serves.
+    /// `holds_here(pool, address)`: whether this node's engine holds that address now (a hold
+    /// of this node's for another pod whose address it no longer holds is stale).
+    pub async fn before_add(
+        &self,
+        owner: &PinOwner,
+        pod: &str,
+        uid: &str,
+        holds_here: impl Fn(&str, IpAddr) -> bool,
+    ) -> Result<Before, Refused> {
+        let me = self.node.name().to_string();
+        for _ in 0..ATTEMPTS {
+            let Some(read) = self.pin_of(owner).await? else {
+                return Ok(Before::First);
+            };
+            let mut pin = read.pin.clone();
+            let mut how = match verdict(&pin, &me, uid) {
+                Verdict::Held => {
+                    self.node.pin_known(&pin);
+                    return Ok(Before::Serve {
+                        pool: pin.pool,
+                        address: pin.address,
+                        how: "held",
+                    });
+                }
+                Verdict::Free => "moved",
+                Verdict::Migration => "migration",
+                Verdict::HeldBy(holders) => {
+                    // Holders gone, or stale here, are dropped; any other refuses.
+                    let mut kept = Vec::new();
+                    for h in holders {
+                        let stale = h.node == me && !holds_here(&pin.pool, pin.address);
+                        if stale || self.gone(&h.node).await?.is_none() {
+                            continue;
+                        }
+                        kept.push(h);
+                    }
+                    if kept.len() == pin.holders.len() {
+                        let why = self.held_why(&pin, &kept).await?;
+                        return Err(Refused::Held {
+                            pool: pin.pool,
+                            why,
+                        });
+                    }
+                    pin.holders = kept;
+                    match verdict(&pin, &me, uid) {
+                        Verdict::Free => "taken_over",
+                        Verdict::Migration => "migration",
+                        _ => {
+                            let why = self.held_why(&pin, &pin.holders).await?;
+                            return Err(Refused::Held {
+                                pool: pin.pool,
+                                why,
+                            });
+                        }
+                    }
+                }
+            };
+            pin.holders.push(self.holder(pod, uid));
+            let Some(written) = self.write(&read, &pin).await? else {
+                continue;
+            };
+            // A pin counts only while its block stands as it was made in.
+            let p = written.pin.clone();
+            let stands = self
+                .node
+                .call("pin_block", |s| async move { s.pin_block_stands(&p).await })
+                .await?;
+            if !stands {
+                let w = written.clone();
+                self.node
+                    .call("delete_pin", |s| async move { s.delete_pin(&w).await })
+                    .await?;
+                self.node.pin_gone(&written.pin);
+                tracing::warn!(owner = %owner, address = %written.pin.address, block = %written.pin.block, "a pin's block no longer stands as it was made in (released by force?): the pin was void, and is deleted; the pod gets a new address");
+                return Ok(Before::First);
+            }
+            self.node.pin_known(&written.pin);
+            if how == "moved" && written.pin.holders.len() > 1 {
+                how = "migration";
+            }
+            return Ok(Before::Serve {
+                pool: written.pin.pool,
+                address: written.pin.address,
+                how,
+            });
+        }
+        Err(Refused::Store(format!(
+            "the pin of {owner} kept changing while this node wrote it"
+        )))
+    }
+
+    /// Why `node` is not gone (None: gone, its holds may be dropped).
+    async fn gone(&self, node: &str) -> Result<Option<String>, ClusterError> {
+        let (n, me) = (node.to_string(), self.node.name().to_string());
+        let state = self
+            .node
+            .call("node_away", |s| async move { s.node_away(&n, &me).await })
+            .await?;
+        Ok(not_gone(&state, self.node.store_name(), node, 0))
+    }
+
+    async fn held_why(&self, pin: &Pin, holders: &[Holder]) -> Result<String, ClusterError> {
+        let mut why = Vec::new();
+        for h in holders {
+            let alive = match h.node == self.node.name() {
+                true => "this node, which still holds the address".to_string(),
+                false => self
+                    .gone(&h.node)
+                    .await?
+                    .unwrap_or_else(|| "gone".to_string()),
+            };
+            why.push(format!("node {:?} for pod {} ({alive})", h.node, h.pod));
+        }
+        Ok(format!(
+            "the fixed address {} of {} (cluster pool {:?}) is held by {}; it moves here once that pod's DEL ran there, or once the node is fenced and away",
+            pin.address,
+            pin.owner,
+            pin.pool,
+            why.join("; ")
+        ))
+    }
+
+    /// Pins `address` (taken by the ADD from this node's block `block`, created at
+    /// `block_id`) for `owner`, held here by `pod`. An error: the ADD must be undone.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn pin(
+        &self,
+        owner: &PinOwner,
+        pool: &str,
+        address: IpAddr,
+        block: (String, i64),
+        pod: &str,
+        uid: &str,
+    ) -> Result<(), Refused> {
+        let net = block
+            .0
+            .parse()
+            .map_err(|_| Refused::Store(format!("block {:?} is not a CIDR", block.0)))?;
+        let pin = Pin {
+            pool: pool.to_string(),
+            address,
+            owner: owner.clone(),
+            block: net,
+            block_id: block.1,
+            holders: vec![self.holder(pod, uid)],
+        };
+        // Known before it is written: the address stays out of every other path meanwhile.
+        self.node.pin_known(&pin);
+        let p = pin.clone();
+        let created = self
+            .node
+            .call("create_pin", |s| async move { s.create_pin(&p).await })
+            .await;
+        let refused = match created {
+            Ok(PinCreated::Created(_)) => return Ok(()),
+            Ok(PinCreated::OwnerHas(theirs)) => {
+                self.node.pin_gone(&pin);
+                Refused::Held {
+                    pool: pool.to_string(),
+                    why: format!(
+                        "{owner} was pinned meanwhile elsewhere ({} held by {})",
+                        theirs.pin.address,
+                        theirs.pin.holders_shown()
+                    ),
+                }
+            }
+            Ok(PinCreated::AddressTaken(theirs)) => {
+                let void = theirs.pin.block != pin.block || theirs.pin.block_id != pin.block_id;
+                match void {
+                    // Left from an earlier life of the block: deleted, so that the next ADD
+                    // can pin the address.
+                    true => {
+                        let t = theirs.clone();
+                        let deleted = self
+                            .node
+                            .call("delete_pin", |s| async move { s.delete_pin(&t).await })
+                            .await;
+                        if matches!(deleted, Ok(true)) {
+                            self.node.pin_gone(&pin);
+                        }
+                    }
+                    false => self.node.pin_known(&theirs.pin),
+                }
+                Refused::Held {
+                    pool: pool.to_string(),
+                    why: format!("{address} is pinned already, for {}", theirs.pin.owner),
+                }
+            }
+            Ok(PinCreated::BlockChanged) => {
+                self.node.pin_gone(&pin);
+                Refused::Held {
+                    pool: pool.to_string(),
+                    why: format!(
+                        "block {} is no longer the one {address} was taken from",
+                        pin.block
+                    ),
+                }
+            }
+            // Written or not, it cannot tell: the address stays out until a listing says.
+            Err(e) => Refused::Store(e.to_string()),
+        };
+        Err(refused)
+    }
+
+    /// Ends this node's hold of `owner`'s pin for the pod of uid `uid` (its DEL). Nothing to do
+    /// when the pin is gone or not held here by that pod.
+    pub async fn let_go(&self, owner: &PinOwner, uid: &str) -> Result<(), Refused> {
+        let me = self.node.name().to_string();
+        for _ in 0..ATTEMPTS {
+            let Some(read) = self.pin_of(owner).await? else {
+                return Ok(());
+            };
+            let mut pin = read.pin.clone();
+            let before = pin.holders.len();
+            pin.holders.retain(|h| !(h.node == me && h.uid == uid));
+            if pin.holders.len() == before {
+                self.node.pin_known(&read.pin);
+                return Ok(());
+            }
+            if let Some(written) = self.write(&read, &pin).await? {
+                self.node.pin_known(&written.pin);
+                return Ok(());
+            }
+        }
+        Err(Refused::Store(format!(
+            "the pin of {owner} kept changing while this node let go of it"
+        )))
+    }
+}

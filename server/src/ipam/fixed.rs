@@ -1,0 +1,83 @@
+//! What the layer above asks of the engine for pods with a fixed address (cluster pins, which
+//! the engine knows nothing of): whether a network's addresses make one subnet across nodes,
+//! where an address an ADD got lies (its pool and block), whether an address is in use here,
+//! and whose fixed address an attachment holds.
+
+use std::net::IpAddr;
+
+use super::Ipam;
+use crate::config::addressing::Addressing;
+use crate::config::IpamSection;
+use crate::model::AttachmentKey;
+
+/// Where an address an ADD got lies: a block of a cluster pool of one subnet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FixedSite {
+    pub pool: String,
+    pub address: IpAddr,
+    /// The block, and its identity in the store (its creation revision).
+    pub block: (String, i64),
+}
+
+/// The fixed address an attachment holds: its owner (as recorded) and its pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FixedHeld {
+    pub owner: String,
+    pub pod: String,
+    pub uid: String,
+}
+
+impl Ipam {
+    /// Whether `network` (as the config names it, else as the CNI config `ipam` declares it)
+    /// takes its addresses from cluster pools addressed as one subnet.
+    pub fn one_subnet(&self, network: &str, ipam: Option<&IpamSection>) -> bool {
+        let subnet = |a: Option<Addressing>| a == Some(Addressing::Subnet);
+        match self
+            .shared
+            .config
+            .networks
+            .iter()
+            .find(|n| n.name == network)
+        {
+            Some(n) => !n.cluster_pool_list().is_empty() && subnet(n.addressing),
+            None => ipam.is_some_and(|s| s.cluster_pool.is_some() && subnet(s.addressing)),
+        }
+    }
+
+    /// Of `addresses` (an ADD's on `network`), the first that lies in a confirmed block of a
+    /// cluster pool of one subnet here.
+    pub fn fixed_site(&self, network: &str, addresses: &[IpAddr]) -> Option<FixedSite> {
+        let st = self.lock();
+        let net = st.networks.get(network)?;
+        addresses.iter().find_map(|ip| {
+            let p = &net.pools[net.set_of(*ip)?];
+            if !p.source.one_subnet() {
+                return None;
+            }
+            Some(FixedSite {
+                pool: p.source.pool_name()?.to_string(),
+                address: *ip,
+                block: p.source.block_holding(*ip)?,
+            })
+        })
+    }
+
+    /// Whether an attachment of `network` holds `ip` here now.
+    pub fn in_use(&self, network: &str, ip: IpAddr) -> bool {
+        let st = self.lock();
+        st.attachments.holder_of(network, ip).is_some()
+    }
+
+    /// The fixed address attachment `key` holds, if it holds one.
+    pub fn fixed_held(&self, key: &AttachmentKey) -> Option<FixedHeld> {
+        let st = self.lock();
+        let a = st.attachments.get(key)?;
+        let owner = a.k8s()?.fixed.clone()?;
+        let pod = a.pod();
+        Some(FixedHeld {
+            owner,
+            pod: format!("{}/{}", pod.namespace, pod.name),
+            uid: pod.uid,
+        })
+    }
+}

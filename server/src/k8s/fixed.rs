@@ -1,0 +1,152 @@
+//! `ipool.io/fixed`: a pod whose address follows it from node to node (a cluster pin, see
+//! [`crate::cluster::pin`]). Set on a StatefulSet's pod template (the address keyed by the
+//! StatefulSet and the pod's ordinal) or on a KubeVirt VirtualMachine's launcher pod (keyed by
+//! the VM, its `vm.kubevirt.io/name` label). `"true"`: every network of the pod that ipool
+//! serves from cluster pools; else the networks it names (`"macvlan-a,macvlan-b"`), for a pod
+//! that also has a routed network whose addresses cannot follow it.
+
+use ipool_proto::names::{check_name, shown};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cluster::pin::PinOwner;
+
+pub const FIXED: &str = "ipool.io/fixed";
+/// KubeVirt's label on a VM's launcher pods: the VirtualMachine (instance) they run.
+pub const VM_LABEL: &str = "vm.kubevirt.io/name";
+
+/// A pod's fixed address, as its annotation asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fixed {
+    pub owner: PinOwner,
+    /// The networks it is for; None: every network of cluster pools.
+    pub networks: Option<Vec<String>>,
+}
+
+impl Fixed {
+    /// Whether the pod's address on `network` is fixed.
+    pub fn covers(&self, network: &str) -> bool {
+        self.networks
+            .as_ref()
+            .is_none_or(|n| n.iter().any(|x| x == network))
+    }
+}
+
+/// The fixed address `pod`'s annotation asks for (`who` names the pod in errors): None without
+/// the annotation or with "false"; an error for a value that is neither "true", "false" nor a
+/// list of network names, or for a pod that is neither a StatefulSet's nor a VM's.
+pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, String> {
+    let md = &pod.metadata;
+    let Some(value) = md.annotations.as_ref().and_then(|a| a.get(FIXED)) else {
+        return Ok(None);
+    };
+    let networks = match value.trim() {
+        "false" => return Ok(None),
+        "true" => None,
+        list => {
+            let names: Vec<String> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+                .collect();
+            let bad = |why: String| {
+                format!(
+                    "{who}: annotation {FIXED}={} is neither \"true\", \"false\" nor a list of network names: {why}",
+                    shown(value)
+                )
+            };
+            if names.is_empty() {
+                return Err(bad("it names no network".into()));
+            }
+            for n in &names {
+                check_name("a network name", n).map_err(bad)?;
+            }
+            Some(names)
+        }
+    };
+    let namespace = md.namespace.as_deref().unwrap_or_default();
+    let name = md.name.as_deref().unwrap_or_default();
+    let owners = md.owner_references.as_deref().unwrap_or_default();
+    let statefulset = owners
+        .iter()
+        .find(|o| o.kind == "StatefulSet" && o.controller == Some(true))
+        .or_else(|| owners.iter().find(|o| o.kind == "StatefulSet"));
+    let vm = md
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(VM_LABEL))
+        .filter(|v| !v.is_empty());
+    let owner = match (statefulset, vm) {
+        (Some(s), _) => PinOwner::of_statefulset_pod(namespace, &s.name, name).ok_or_else(|| {
+            format!(
+                "{who}: annotation {FIXED}: the pod's name is not its StatefulSet {:?}'s name and an ordinal",
+                s.name
+            )
+        })?,
+        (None, Some(vm)) => PinOwner::VirtualMachine {
+            namespace: namespace.to_string(),
+            name: vm.clone(),
+        },
+        (None, None) => {
+            return Err(format!(
+                "{who}: annotation {FIXED} is for a StatefulSet's pods and a KubeVirt VM's launcher pods (label {VM_LABEL}); this pod is neither"
+            ))
+        }
+    };
+    Ok(Some(Fixed { owner, networks }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn sts_pod(name: &str, fixed: &str) -> Pod {
+        pod(json!({"metadata": {"namespace": "db", "name": name,
+            "annotations": {FIXED: fixed},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s1", "controller": true}]}}))
+    }
+
+    #[test]
+    fn a_statefulset_pod_is_keyed_by_its_ordinal_and_a_launcher_pod_by_its_vm() {
+        let f = fixed(&sts_pod("web-3", "true"), "p").unwrap().unwrap();
+        assert_eq!(f.owner.to_string(), "StatefulSet/db/web/3");
+        assert!(f.covers("any"));
+        let f = fixed(&sts_pod("web-0", " macvlan , side "), "p")
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.networks, Some(vec!["macvlan".into(), "side".into()]));
+        assert!(f.covers("side") && !f.covers("pods"));
+        assert_eq!(fixed(&sts_pod("web-0", "false"), "p"), Ok(None));
+        let vm = pod(
+            json!({"metadata": {"namespace": "vms", "name": "virt-launcher-a-x1",
+            "annotations": {FIXED: "true"}, "labels": {VM_LABEL: "a"}}}),
+        );
+        let f = fixed(&vm, "p").unwrap().unwrap();
+        assert_eq!(f.owner.to_string(), "VirtualMachine/vms/a");
+        let none = pod(json!({"metadata": {"namespace": "vms", "name": "x"}}));
+        assert_eq!(fixed(&none, "p"), Ok(None));
+    }
+
+    #[test]
+    fn a_bad_value_or_a_pod_of_neither_kind_is_an_error_naming_it() {
+        let e = fixed(&sts_pod("web-0", "yes please"), "pod db/web-0").unwrap_err();
+        assert!(
+            e.contains("pod db/web-0") && e.contains("yes please"),
+            "{e}"
+        );
+        let e = fixed(&sts_pod("web-0", ","), "p").unwrap_err();
+        assert!(e.contains("names no network"), "{e}");
+        let e = fixed(&sts_pod("other-0", "true"), "p").unwrap_err();
+        assert!(e.contains("StatefulSet \"web\""), "{e}");
+        let lone = pod(
+            json!({"metadata": {"namespace": "a", "name": "x", "annotations": {FIXED: "true"}}}),
+        );
+        let e = fixed(&lone, "p").unwrap_err();
+        assert!(e.contains("neither"), "{e}");
+    }
+}

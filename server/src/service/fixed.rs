@@ -1,0 +1,153 @@
+//! ADD and DEL of pods with a fixed address (`ipool.io/fixed`): the pin's part
+//! ([`crate::cluster::pin::hold`]) around the engine's.
+
+use crate::cluster::pin::hold::{Before, Holds, Refused};
+use crate::cluster::pin::PinOwner;
+use crate::config::IpamSection;
+use crate::error::Error;
+use crate::ipam::{AddReply, AddRequest, Ipam};
+use crate::k8s::meta::PodInfo;
+use crate::model::AttachmentKey;
+
+/// The owner of the fixed address the ADD of `info`'s pod on `network` serves, if its
+/// address there is fixed; an error for an annotation that cannot be read, or one on a
+/// network whose addresses cannot follow the pod.
+pub(super) fn fixed_for(
+    ipam: &Ipam,
+    holds: Option<&Holds>,
+    network: &str,
+    section: Option<&IpamSection>,
+    info: Option<&PodInfo>,
+) -> Result<Option<PinOwner>, Error> {
+    let Some(info) = info else {
+        return Ok(None);
+    };
+    let fixed = match &info.fixed {
+        Ok(Some(f)) if f.covers(network) => f,
+        Ok(_) => return Ok(None),
+        Err(why) if ipam.takes_cluster_pools(network, section) => {
+            return Err(Error::InvalidRequest(why.clone()))
+        }
+        Err(_) => return Ok(None),
+    };
+    if !ipam.one_subnet(network, section) {
+        return Err(Error::InvalidConfig(format!(
+            "annotation {} ({}): network {network:?} is not addressed as one subnet of cluster pools (\"addressing\": \"subnet\"), so its addresses cannot follow a pod to another node (a routed pool's address outside the node's blocks would need a host route); name the subnet networks it is for: {}: \"<network>[,<network>]\"",
+            crate::k8s::fixed::FIXED,
+            fixed.owner,
+            crate::k8s::fixed::FIXED,
+        )));
+    }
+    if holds.is_none() {
+        return Err(Error::InvalidConfig(format!(
+            "annotation {}: a fixed address needs cluster mode ([cluster])",
+            crate::k8s::fixed::FIXED
+        )));
+    }
+    Ok(Some(fixed.owner.clone()))
+}
+
+fn refused(owner: &PinOwner, e: Refused) -> Error {
+    Error::Busy(format!("fixed address of {owner}: {e}"))
+}
+
+/// The ADD `req` of a pod whose address belongs to `owner`.
+pub(super) async fn add(
+    ipam: &Ipam,
+    holds: &Holds,
+    mut req: AddRequest,
+    owner: PinOwner,
+) -> Result<AddReply, Error> {
+    if let Some(m) = req.k8s.as_mut() {
+        m.fixed = Some(owner.to_string());
+    }
+    let pod = format!("{}/{}", req.pod.namespace, req.pod.name);
+    let uid = req.pod.uid.clone();
+    let network = req.key.network.clone();
+    let key = req.key.clone();
+    let metrics = holds.node().metrics();
+    let before = holds
+        .before_add(&owner, &pod, &uid, |_, ip| ipam.in_use(&network, ip))
+        .await;
+    let before = match before {
+        Ok(b) => b,
+        Err(e) => {
+            if let Refused::Held { pool, .. } = &e {
+                metrics.cluster.pin_add(pool, "refused");
+            }
+            return Err(refused(&owner, e));
+        }
+    };
+    match before {
+        Before::First => {
+            let reply = ipam.add(req).await?;
+            let ips: Vec<_> = reply.leases.iter().map(|l| l.ip).collect();
+            let pinned = match ipam.fixed_site(&network, &ips) {
+                Some(site) => holds
+                    .pin(&owner, &site.pool, site.address, site.block, &pod, &uid)
+                    .await
+                    .map(|()| site.pool),
+                None => Err(Refused::Store(format!(
+                    "none of {ips:?} lies in a block of this node's of a cluster pool of one subnet"
+                ))),
+            };
+            match pinned {
+                Ok(pool) => {
+                    metrics.cluster.pin_add(&pool, "created");
+                    Ok(reply)
+                }
+                Err(e) => {
+                    // Undone: the address goes back as after a DEL.
+                    if let Err(undo) = ipam.del(&key).await {
+                        tracing::warn!(container = %key.container_id, error = %undo, "undoing the ADD of a pod whose pin could not be made failed");
+                    }
+                    Err(refused(&owner, e))
+                }
+            }
+        }
+        Before::Serve { pool, address, how } => {
+            req.requested = vec![address];
+            req.fixed = true;
+            match ipam.add(req).await {
+                Ok(reply) => {
+                    metrics.cluster.pin_add(&pool, how);
+                    Ok(reply)
+                }
+                Err(e) => {
+                    // A hold taken for this ADD is given up again (one it had stays).
+                    if how != "held" {
+                        if let Err(undo) = holds.let_go(&owner, &uid).await {
+                            tracing::warn!(%owner, error = %undo, "giving up the pin's hold of an ADD that failed failed");
+                        }
+                    }
+                    Err(e)
+                }
+            }
+        }
+    }
+}
+
+/// Before the DEL of `key`: its fixed address's hold on this node ends. An error: nothing
+/// may be released (the runtime retries the DEL).
+pub(super) async fn before_del(
+    ipam: &Ipam,
+    holds: Option<&Holds>,
+    key: &AttachmentKey,
+) -> Result<(), Error> {
+    let (Some(holds), Some(held)) = (holds, ipam.fixed_held(key)) else {
+        return Ok(());
+    };
+    let owner = match PinOwner::parse(&held.owner) {
+        Ok(o) => o,
+        Err(why) => {
+            tracing::warn!(container = %key.container_id, error = %why, "an attachment's fixed address names no pin owner: released without its pin");
+            return Ok(());
+        }
+    };
+    holds.let_go(&owner, &held.uid).await.map_err(|e| {
+        Error::Busy(format!(
+            "the pin of {owner} could not be let go for pod {} ({e}); nothing was released",
+            held.pod
+        ))
+    })
+}

@@ -1,0 +1,275 @@
+//! Fixed addresses that follow their pod from node to node (issue 40, item 2), with the real
+//! daemon and plugin on two nodes of one store (the fake apiserver always; a real etcd where
+//! installed), `[kubernetes]` for the pods: a StatefulSet pod keeps its address on another
+//! node, whose ADD fails with 11 while the first node still holds it; the node whose block
+//! holds a pinned address never hands it to another pod; a VM's live migration holds the pin
+//! on both nodes, then on the target only; a pin of a node that died is taken over only once
+//! it is fenced and away; a pin on a routed network is refused (7); `ipoolctl cluster pins`
+//! shows the holders.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::backend::Backend;
+use common::fake_api::FakeApi;
+use common::*;
+use serde_json::json;
+
+const NAD: &str = r#""clusterPool":"l2","addressing":"subnet","gateway":"10.90.0.1""#;
+
+/// The pins as `ipoolctl cluster pins -o json` lists them: address -> holders' nodes.
+fn pins(store: &Backend) -> Vec<(String, String, Vec<String>)> {
+    let o = store.ctl(&["--output", "json", "pins"]);
+    assert!(o.status.success(), "pins: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["address"].as_str().unwrap().to_string(),
+                p["owner"].as_str().unwrap().to_string(),
+                p["holders"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|h| h["node"].as_str().unwrap().to_string())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn holders_of(store: &Backend, address: &str) -> Vec<String> {
+    pins(store)
+        .into_iter()
+        .find(|(a, _, _)| a == address)
+        .map(|(_, _, h)| h)
+        .unwrap_or_default()
+}
+
+struct Cluster<'a> {
+    api: &'a FakeApi,
+    daemons: Vec<Daemon>,
+}
+
+impl Cluster<'_> {
+    /// Pod `ns/name` (uid `uid`) bound to node `node` (0 or 1); its CNI_ARGS.
+    fn pod(&self, node: usize, name: &str, uid: &str, meta: serde_json::Value) -> String {
+        let mut m = json!({"namespace": "db", "name": name, "uid": uid});
+        for (k, v) in meta.as_object().unwrap() {
+            m[k] = v.clone();
+        }
+        self.api.put(
+            "pods",
+            json!({"metadata": m, "spec": {"nodeName": format!("n{}", node + 1), "containers": [{"name": "c", "image": "x"}]}}),
+        );
+        format!("K8S_POD_NAMESPACE=db;K8S_POD_NAME={name};K8S_POD_UID={uid}")
+    }
+
+    fn cni(&self, node: usize, cmd: &str, container: &str, args: &str) -> Run {
+        let conf = self.daemons[node].conf("1.1.0", "macvlan-a", NAD);
+        cni_with_args(cmd, container, args, &conf)
+    }
+
+    /// An ADD that succeeds within 30 s (the pod's watch may lag).
+    fn add(&self, node: usize, container: &str, args: &str) -> Run {
+        eventually(30, &format!("ADD {container} on n{}", node + 1), || {
+            let r = self.cni(node, "ADD", container, args);
+            match r.ok {
+                true => Ok(r),
+                false => Err(r),
+            }
+        })
+    }
+}
+
+fn statefulset(ordinal: u32) -> (String, serde_json::Value) {
+    (
+        format!("web-{ordinal}"),
+        json!({"annotations": {"ipool.io/fixed": "true"},
+               "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s1", "controller": true}]}),
+    )
+}
+
+fn launcher(vm: &str) -> serde_json::Value {
+    json!({"annotations": {"ipool.io/fixed": "macvlan-a"}, "labels": {"vm.kubevirt.io/name": vm}})
+}
+
+fn fixed_addresses_follow_their_pods(store: Backend) {
+    store.create_pool(&["pods", "--cidr", "10.91.0.0/24", "--block-size", "28"]);
+    store.create_pool(&["l2", "--cidr", "10.90.0.0/24", "--block-size", "28"]);
+    let own_api;
+    let api = match store.api() {
+        Some(api) => api,
+        None => {
+            own_api = FakeApi::start();
+            &own_api
+        }
+    };
+    for n in ["n1", "n2"] {
+        api.put("nodes", json!({"metadata": {"name": n}}));
+    }
+    api.put("namespaces", json!({"metadata": {"name": "db"}}));
+    let daemons = ["n1", "n2"]
+        .iter()
+        .map(|n| {
+            let extra =
+                "heartbeat_ttl_secs = 6\nclaim_ahead = 1\n[kubernetes]\ngc_grace_secs = 600\n";
+            let toml = store.daemon_config(n, "pods", extra, &store.addr());
+            let mut d = Daemon::prepare_with_config(&toml);
+            let kubeconfig = api.kubeconfig(d.dir.path());
+            d.add_args(&["--kubeconfig", &kubeconfig.display().to_string()]);
+            d.add_args(&["--node-name", n]);
+            d.spawn();
+            d
+        })
+        .collect();
+    let mut c = Cluster { api, daemons };
+    // Both nodes serve the network first (a plain pod each).
+    for node in 0..2 {
+        let args = c.pod(
+            node,
+            &format!("plain-{node}"),
+            &format!("p{node}"),
+            json!({}),
+        );
+        c.add(node, &format!("plain-{node}"), &args);
+    }
+
+    // A StatefulSet's pod on n1: its address is pinned, held by n1.
+    let (web0, meta) = statefulset(0);
+    let args = c.pod(0, &web0, "w1", meta.clone());
+    let r = c.add(0, "w1", &args);
+    let address = r.json["ips"][0]["address"].as_str().unwrap().to_string();
+    assert!(address.ends_with("/24"), "{:?}", r.json);
+    assert_eq!(r.json["ips"][0]["gateway"], "10.90.0.1", "{:?}", r.json);
+    let a = address.split('/').next().unwrap().to_string();
+    assert_eq!(
+        pins(&store),
+        vec![(a.clone(), "StatefulSet/db/web/0".into(), vec!["n1".into()])]
+    );
+
+    // Rescheduled to n2 while n1 still holds it (its DEL not run yet): 11, naming n1.
+    let args2 = c.pod(1, &web0, "w2", meta.clone());
+    let refused = eventually(30, "n2 sees web-0", || {
+        let r = c.cni(1, "ADD", "w2", &args2);
+        match r.code() {
+            11 if r.stdout.contains("held by") => Ok(r),
+            _ => Err(r),
+        }
+    });
+    assert!(
+        refused.stdout.contains("node \\\"n1\\\"") || refused.stdout.contains("node \"n1\""),
+        "{}",
+        refused.stdout
+    );
+    // n1's DEL lets go; n2's ADD gets the same address, the subnet's prefix and gateway.
+    assert!(c.cni(0, "DEL", "w1", &args).ok);
+    assert!(holders_of(&store, &a).is_empty());
+    let moved = c.add(1, "w2", &args2);
+    assert_eq!(
+        moved.json["ips"][0]["address"],
+        address.as_str(),
+        "{:?}",
+        moved.json
+    );
+    assert_eq!(moved.json["ips"][0]["gateway"], "10.90.0.1");
+    assert_eq!(holders_of(&store, &a), vec!["n2".to_string()]);
+
+    // n1 owns the block holding it, and never hands it to another pod.
+    let mut given = BTreeSet::new();
+    for i in 0..20 {
+        let name = format!("other-{i}");
+        let args = c.pod(0, &name, &format!("o{i}"), json!({}));
+        let r = c.add(0, &name, &args);
+        given.insert(ip_of(&r));
+    }
+    assert!(
+        !given.contains(&a),
+        "n1 handed out the pinned {a}: {given:?}"
+    );
+
+    // n2 restarted: the hosted address is still its pod's (CHECK), and the pin is held.
+    c.daemons[1].kill9();
+    c.daemons[1].spawn();
+    let check = eventually(30, "CHECK w2 after the restart", || {
+        let conf = c.daemons[1].conf("1.1.0", "macvlan-a", NAD);
+        let r = cni_with_args("CHECK", "w2", &args2, &with_prev(&conf, &moved.json));
+        match r.ok {
+            true => Ok(r),
+            false => Err(r),
+        }
+    });
+    assert!(check.ok);
+
+    // A VM's live migration: the second launcher pod, on n2, holds the pin beside the first.
+    let vm_a = c.pod(0, "virt-launcher-vm1-a", "v1", launcher("vm1"));
+    let first = c.add(0, "v1", &vm_a);
+    let b = ip_of(&first);
+    let vm_b = c.pod(1, "virt-launcher-vm1-b", "v2", launcher("vm1"));
+    let target = c.add(1, "v2", &vm_b);
+    assert_eq!(ip_of(&target), b);
+    let mut both = holders_of(&store, &b);
+    both.sort();
+    assert_eq!(both, vec!["n1".to_string(), "n2".to_string()]);
+    // A third launcher while both hold it: refused.
+    let vm_c = c.pod(0, "virt-launcher-vm1-c", "v3", launcher("vm1"));
+    let third = eventually(30, "n1 sees the third launcher", || {
+        let r = c.cni(0, "ADD", "v3", &vm_c);
+        match r.code() {
+            11 => Ok(r),
+            _ => Err(r),
+        }
+    });
+    assert!(third.stdout.contains("held by"), "{}", third.stdout);
+    // The source's DEL ends the migration: the target alone holds it.
+    assert!(c.cni(0, "DEL", "v1", &vm_a).ok);
+    assert_eq!(holders_of(&store, &b), vec!["n2".to_string()]);
+
+    // A routed network cannot take a fixed address: 7, naming the way out.
+    let (web1, meta1) = statefulset(1);
+    let args = c.pod(0, &web1, "x1", meta1.clone());
+    let conf = c.daemons[0].conf("1.1.0", "pods", "");
+    let routed = eventually(30, "n1 sees web-1", || {
+        let r = cni_with_args("ADD", "x1", &args, &conf);
+        match r.code() {
+            7 => Ok(r),
+            _ => Err(r),
+        }
+    });
+    assert!(
+        routed.stdout.contains("not addressed as one subnet"),
+        "{}",
+        routed.stdout
+    );
+
+    // A node that dies holding a pin: the pod's ADD elsewhere waits for its fence.
+    let r = c.add(0, "x1", &args);
+    let x = ip_of(&r);
+    c.daemons[0].kill9();
+    let args = c.pod(1, &web1, "x2", meta1);
+    let early = eventually(30, "n2 sees web-1", || {
+        let r = c.cni(1, "ADD", "x2", &args);
+        match r.code() {
+            11 => Ok(r),
+            _ => Err(r),
+        }
+    });
+    assert!(early.stdout.contains("n1"), "{}", early.stdout);
+    let taken = c.add(1, "x2", &args);
+    assert_eq!(ip_of(&taken), x);
+    assert_eq!(holders_of(&store, &x), vec!["n2".to_string()]);
+}
+
+#[test]
+fn fixed_addresses_follow_their_pods_on_the_kubernetes_api() {
+    fixed_addresses_follow_their_pods(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server)"]
+fn fixed_addresses_follow_their_pods_on_etcd() {
+    fixed_addresses_follow_their_pods(Backend::etcd());
+}
