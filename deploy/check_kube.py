@@ -26,6 +26,10 @@ DAEMON_NEEDS = [
     (GROUP, "ippools", ["get", "list", "watch"], False),
     (GROUP, "ippins", ["get", "list", "watch", "create", "update", "delete"], False),
     ("coordination.k8s.io", "leases", ["get", "create", "update"], True),
+    # The owners of fixed addresses, read to end the pins of those gone.
+    ("apps", "statefulsets", ["get"], False),
+    ("kubevirt.io", "virtualmachines", ["get"], False),
+    ("kubevirt.io", "virtualmachineinstances", ["get"], False),
 ]
 OPERATOR_NEEDS = [
     (GROUP, "ippools", ["get", "list", "create", "update", "delete"], False),

@@ -112,11 +112,21 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
         api.put("nodes", json!({"metadata": {"name": n}}));
     }
     api.put("namespaces", json!({"metadata": {"name": "db"}}));
+    // The owners: a StatefulSet of three, a VM.
+    let web = |replicas: u32| {
+        json!({"apiVersion": "apps/v1", "metadata": {"namespace": "db", "name": "web", "uid": "s1"},
+               "spec": {"replicas": replicas}})
+    };
+    api.put("statefulsets", web(3));
+    api.put(
+        "virtualmachines",
+        json!({"apiVersion": "kubevirt.io/v1", "metadata": {"namespace": "db", "name": "vm1"}}),
+    );
     let daemons = ["n1", "n2"]
         .iter()
         .map(|n| {
             let extra =
-                "heartbeat_ttl_secs = 6\nclaim_ahead = 1\n[kubernetes]\ngc_grace_secs = 600\n";
+                "heartbeat_ttl_secs = 6\nclaim_ahead = 1\npin_ttl_secs = 2\n[kubernetes]\ngc_grace_secs = 600\n";
             let toml = store.daemon_config(n, "pods", extra, &store.addr());
             let mut d = Daemon::prepare_with_config(&toml);
             let kubeconfig = api.kubeconfig(d.dir.path());
@@ -260,6 +270,27 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     assert!(early.stdout.contains("n1"), "{}", early.stdout);
     let taken = c.add(1, "x2", &args);
     assert_eq!(ip_of(&taken), x);
+    assert_eq!(holders_of(&store, &x), vec!["n2".to_string()]);
+
+    // A pin whose owner is gone ends after pin_ttl_secs, held by nobody: web-2's, once its
+    // StatefulSet is scaled to two; web-1's, held, stays.
+    let (web2, meta2) = statefulset(2);
+    let args = c.pod(1, &web2, "y1", meta2);
+    let y = ip_of(&c.add(1, "y1", &args));
+    assert!(c.cni(1, "DEL", "y1", &args).ok);
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    assert!(
+        pins(&store).iter().any(|(a, _, _)| *a == y),
+        "the pin of web-2 ended while its StatefulSet keeps three replicas"
+    );
+    api.put("statefulsets", web(2));
+    eventually(30, "web-2's pin ends", || {
+        let p = pins(&store);
+        match p.iter().any(|(a, _, _)| *a == y) {
+            false => Ok(()),
+            true => Err((p, c.daemons[1].log())),
+        }
+    });
     assert_eq!(holders_of(&store, &x), vec!["n2".to_string()]);
 }
 

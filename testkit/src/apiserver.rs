@@ -308,7 +308,9 @@ impl Objects {
             .as_str()
             .expect("metadata.name")
             .to_string();
-        obj["apiVersion"] = json!("v1");
+        if obj["apiVersion"].is_null() {
+            obj["apiVersion"] = json!("v1");
+        }
         obj["kind"] = json!(kind);
         self.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
@@ -380,6 +382,10 @@ impl Objects {
             ["apis", g, v, "namespaces", ns, r, n] => (format!("{g}/{v}"), *r, *ns, Some(*n)),
             _ => return None,
         };
+        // The pins' owners, which the fake apiserver serves by name (see `fake_api`).
+        if matches!(gv.as_str(), "apps/v1" | "kubevirt.io/v1") {
+            return None;
+        }
         let Some((kind, list_kind, namespaced)) = kind_of(&gv, resource) else {
             return Some(status(
                 404,

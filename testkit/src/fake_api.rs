@@ -168,7 +168,9 @@ impl FakeApi {
         self.wake.send_replace(v);
     }
 
-    /// Creates or replaces an object (`resource`: "nodes", "pods" or "namespaces").
+    /// Creates or replaces an object (`resource`: "nodes", "pods", "namespaces", or the owners
+    /// of pins, read by name only: "statefulsets", "virtualmachines",
+    /// "virtualmachineinstances").
     pub fn put(&self, resource: &str, obj: Value) {
         let (kind, _) = kind_of(resource);
         self.change(|w| w.store.put(resource, kind, obj));
@@ -312,6 +314,9 @@ fn kind_of(resource: &str) -> (&'static str, &'static str) {
         "nodes" => ("Node", "NodeList"),
         "pods" => ("Pod", "PodList"),
         "namespaces" => ("Namespace", "NamespaceList"),
+        "statefulsets" => ("StatefulSet", "StatefulSetList"),
+        "virtualmachines" => ("VirtualMachine", "VirtualMachineList"),
+        "virtualmachineinstances" => ("VirtualMachineInstance", "VirtualMachineInstanceList"),
         other => panic!("the fake apiserver has no {other}"),
     }
 }
@@ -523,9 +528,28 @@ fn respond(
         ["api", "v1", r, n] => (*r, None, Some(*n)),
         ["api", "v1", "namespaces", ns, r] => (*r, Some(*ns), None),
         ["api", "v1", "namespaces", ns, r, n] => (*r, Some(*ns), Some(*n)),
+        // The owners of pins ipoold reads: a StatefulSet, KubeVirt's VMs and instances.
+        ["apis", "apps" | "kubevirt.io", "v1", "namespaces", ns, r, n] => (*r, Some(*ns), Some(*n)),
         _ => return status(404, "NotFound", &format!("no route {path}")),
     };
-    if !["nodes", "pods", "namespaces"].contains(&resource) {
+    let group_ok = match resource {
+        "statefulsets" => parts.get(1) == Some(&"apps"),
+        "virtualmachines" | "virtualmachineinstances" => parts.get(1) == Some(&"kubevirt.io"),
+        _ => parts.first() == Some(&"api"),
+    };
+    if !group_ok {
+        return status(404, "NotFound", &format!("no route {path}"));
+    }
+    if ![
+        "nodes",
+        "pods",
+        "namespaces",
+        "statefulsets",
+        "virtualmachines",
+        "virtualmachineinstances",
+    ]
+    .contains(&resource)
+    {
         return status(404, "NotFound", &format!("no resource {resource}"));
     }
     let (_, list_kind) = kind_of(resource);

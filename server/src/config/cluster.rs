@@ -42,6 +42,11 @@ pub struct ClusterSettings {
     /// A block empty this long is given back (a node keeps at least one).
     #[serde(default = "default_hold_down")]
     pub block_hold_down_secs: u64,
+    /// A pin held by nobody whose owner is gone (its StatefulSet deleted or scaled below the
+    /// ordinal, its VirtualMachine deleted) is deleted after this long, by the node whose block
+    /// holds its address (with `[kubernetes]`, which reads the owners).
+    #[serde(default = "default_pin_ttl")]
+    pub pin_ttl_secs: u64,
     /// How often this node's blocks (and its pools) are listed again, jittered: the safety net
     /// under the watches, which make the node act within a second of a change (a block given
     /// away by a forced release-node stops serving; a pool deleted or made anew is read).
@@ -103,6 +108,9 @@ fn default_claim_ahead() -> usize {
     8
 }
 fn default_hold_down() -> u64 {
+    600
+}
+fn default_pin_ttl() -> u64 {
     600
 }
 fn default_resync() -> u64 {
@@ -218,6 +226,12 @@ impl ClusterSettings {
                     self.heartbeat_ttl_secs
                 ));
             }
+        }
+        if self.pin_ttl_secs > crate::model::MAX_SECS {
+            return Err(format!(
+                "[cluster] pin_ttl_secs is at most a year (it is {})",
+                self.pin_ttl_secs
+            ));
         }
         if self.block_hold_down_secs > crate::model::MAX_SECS {
             return Err(format!(

@@ -80,4 +80,24 @@ impl Ipam {
             uid: pod.uid,
         })
     }
+
+    /// Whether any attachment holds `ip` here now, in any network.
+    pub fn holds_anywhere(&self, ip: IpAddr) -> bool {
+        let st = self.lock();
+        st.networks
+            .keys()
+            .any(|n| st.attachments.holder_of(n, ip).is_some())
+    }
+
+    /// The block of this node's that `ip` lies in, with its identity, in a source of one
+    /// subnet of any network.
+    pub fn block_holding(&self, ip: IpAddr) -> Option<(String, i64)> {
+        let st = self.lock();
+        st.networks.values().find_map(|net| {
+            net.pools
+                .iter()
+                .filter(|p| p.source.one_subnet())
+                .find_map(|p| p.source.block_holding(ip))
+        })
+    }
 }

@@ -346,7 +346,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
                 pods.watch_namespaces();
                 let n = cl.node().clone();
                 tokio::spawn(k8s::selection::follow_labels(
-                    c,
+                    c.clone(),
                     node.clone(),
                     read_timeout,
                     move |labels| n.set_labels(labels),
@@ -360,6 +360,11 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
                 gate.ready(ranges_version).map_err(|e| e.to_string())
             }));
             tokio::spawn(k8s::gc::run(ipam.clone(), pods.clone()));
+            if let Some(cl) = &cluster {
+                // Pins: holds no pod uses let go, pins of gone owners ended.
+                let holds = ipool_server::cluster::pin::hold::Holds::new(cl.node().clone());
+                tokio::spawn(k8s::pin_keeper::run(ipam.clone(), holds, c.clone()));
+            }
             Some(pods)
         }
         // Quarantines stay: their pods cannot be watched, so only an operator ends them

@@ -165,4 +165,25 @@ impl ClusterNode {
             .get(pool)
             .is_some_and(|p| !p.by_address.is_empty())
     }
+
+    /// The pins, as known here, that this node holds.
+    pub fn pins_held_here(&self) -> Vec<Pin> {
+        let me = self.name();
+        self.known_pins(|p| p.holders.iter().any(|h| h.node == me))
+    }
+
+    /// The pins, as known here, that nobody holds.
+    pub fn pins_unheld(&self) -> Vec<Pin> {
+        self.known_pins(|p| p.holders.is_empty())
+    }
+
+    fn known_pins(&self, keep: impl Fn(&Pin) -> bool) -> Vec<Pin> {
+        let book = self.pins.lock().expect("pins lock");
+        book.pools
+            .values()
+            .flat_map(|p| p.by_address.values().map(|(pin, _)| pin))
+            .filter(|p| keep(p))
+            .cloned()
+            .collect()
+    }
 }

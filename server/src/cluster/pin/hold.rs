@@ -332,4 +332,27 @@ impl Holds {
             "the pin of {owner} kept changing while this node let go of it"
         )))
     }
+
+    /// Deletes the pin `pin` names if, read now, it is still that pin and nobody holds it (its
+    /// owner gone). True: deleted.
+    pub async fn end_unheld(&self, pin: &Pin) -> Result<bool, Refused> {
+        let Some(read) = self.pin_of(&pin.owner).await? else {
+            self.node.pin_gone(pin);
+            return Ok(false);
+        };
+        let same = read.pin.address == pin.address && read.pin.block_id == pin.block_id;
+        if !same || !read.pin.holders.is_empty() {
+            self.node.pin_known(&read.pin);
+            return Ok(false);
+        }
+        let r = read.clone();
+        let deleted = self
+            .node
+            .call("delete_pin", |s| async move { s.delete_pin(&r).await })
+            .await?;
+        if deleted {
+            self.node.pin_gone(&read.pin);
+        }
+        Ok(deleted)
+    }
 }
