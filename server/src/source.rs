@@ -228,6 +228,12 @@ pub trait Source: Send {
     fn one_subnet(&self) -> bool {
         false
     }
+    /// Whether `ip` is hosted here: a fixed address outside what the source holds, in use by
+    /// its pod. Released, it goes back at once (never idle, never kept for a sticky pod: it
+    /// is not this source's to hand out again).
+    fn hosts(&self, _ip: IpAddr) -> bool {
+        false
+    }
 }
 
 /// Addresses from local ranges with host-local semantics.

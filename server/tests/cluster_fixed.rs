@@ -94,7 +94,8 @@ fn statefulset(ordinal: u32) -> (String, serde_json::Value) {
 }
 
 fn launcher(vm: &str) -> serde_json::Value {
-    json!({"annotations": {"ipool.io/fixed": "macvlan-a"}, "labels": {"vm.kubevirt.io/name": vm}})
+    json!({"annotations": {"ipool.io/fixed": "macvlan-a"}, "labels": {"vm.kubevirt.io/name": vm},
+           "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vm, "uid": format!("vmi-{vm}"), "controller": true}]})
 }
 
 fn fixed_addresses_follow_their_pods(store: Backend) {
@@ -214,6 +215,13 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     });
     assert!(check.ok);
 
+    // Its DEL on n2: the hosted address goes back at once (a sticky pod's address is kept as
+    // a reservation, which a restart could not place outside n2's blocks), and n2 restarts.
+    assert!(c.cni(1, "DEL", "w2", &args2).ok);
+    assert!(holders_of(&store, &a).is_empty());
+    c.daemons[1].kill9();
+    c.daemons[1].spawn();
+
     // A VM's live migration: the second launcher pod, on n2, holds the pin beside the first.
     let vm_a = c.pod(0, "virt-launcher-vm1-a", "v1", launcher("vm1"));
     let first = c.add(0, "v1", &vm_a);
@@ -271,6 +279,38 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     let taken = c.add(1, "x2", &args);
     assert_eq!(ip_of(&taken), x);
     assert_eq!(holders_of(&store, &x), vec!["n2".to_string()]);
+
+    // The store's answer to a pin's creation lost (the pin written): the ADD fails with 11,
+    // the address stays with the container, and the retry gets it, pinned.
+    if store.api().is_some() {
+        let (web3, meta3) = statefulset(3);
+        api.put("statefulsets", web(4));
+        let args = c.pod(1, &web3, "z1", meta3);
+        api.lose_answer("POST /apis/ipool.io/v1/ippins");
+        let lost = eventually(30, "n2 sees web-3", || {
+            let r = c.cni(1, "ADD", "z1", &args);
+            match r.code() {
+                11 => Ok(r),
+                _ => Err(r),
+            }
+        });
+        assert!(
+            lost.stdout.contains("StatefulSet/db/web/3"),
+            "{}",
+            lost.stdout
+        );
+        let again = c.add(1, "z1", &args);
+        let z = ip_of(&again);
+        assert_eq!(holders_of(&store, &z), vec!["n2".to_string()]);
+        let listed = pins(&store);
+        let owner = listed
+            .iter()
+            .find(|(a, _, _)| *a == z)
+            .map(|(_, o, _)| o.as_str());
+        assert_eq!(owner, Some("StatefulSet/db/web/3"), "{listed:?}");
+        api.put("statefulsets", web(3));
+        assert!(c.cni(1, "DEL", "z1", &args).ok);
+    }
 
     // A pin whose owner is gone ends after pin_ttl_secs, held by nobody: web-2's, once its
     // StatefulSet is scaled to two; web-1's, held, stays.

@@ -639,6 +639,9 @@ impl Source for ClusterSource {
     fn one_subnet(&self) -> bool {
         self.subnet.is_some()
     }
+    fn hosts(&self, ip: IpAddr) -> bool {
+        self.hosted.contains(&ip)
+    }
     fn can_hold(&self, ip: IpAddr) -> Result<(), OccupyError> {
         match self.block_of(ip) {
             Some(b) => b.alloc.can_occupy(ip),
@@ -912,6 +915,8 @@ impl ClusterSource {
 
 #[cfg(test)]
 mod overlap_tests;
+#[cfg(test)]
+mod pinned_tests;
 #[cfg(test)]
 mod policy_tests;
 #[cfg(test)]

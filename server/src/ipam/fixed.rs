@@ -19,12 +19,14 @@ pub struct FixedSite {
     pub block: (String, i64),
 }
 
-/// The fixed address an attachment holds: its owner (as recorded) and its pod.
+/// The fixed address an attachment holds: its owner (as recorded), its pod and its
+/// addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FixedHeld {
     pub owner: String,
     pub pod: String,
     pub uid: String,
+    pub addresses: Vec<IpAddr>,
 }
 
 impl Ipam {
@@ -62,6 +64,35 @@ impl Ipam {
         })
     }
 
+    /// The cluster pools of `network` (as the config names it, else as the CNI config's
+    /// `ipam` declares it).
+    pub fn network_pools(&self, network: &str, ipam: Option<&IpamSection>) -> Vec<String> {
+        match self
+            .shared
+            .config
+            .networks
+            .iter()
+            .find(|n| n.name == network)
+        {
+            Some(n) => n.cluster_pool_list(),
+            None => ipam
+                .and_then(|s| s.cluster_pool.clone())
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// Whether an attachment other than `key` holds `ip` here now, in any network (a pod's
+    /// new sandbox holding the fixed address an old one's DEL releases).
+    pub fn held_by_other(&self, key: &AttachmentKey, ip: IpAddr) -> bool {
+        let st = self.lock();
+        let other = st
+            .attachments
+            .iter()
+            .any(|a| a.addresses().contains(&ip) && a.key() != *key);
+        other
+    }
+
     /// Whether an attachment of `network` holds `ip` here now.
     pub fn in_use(&self, network: &str, ip: IpAddr) -> bool {
         let st = self.lock();
@@ -78,6 +109,7 @@ impl Ipam {
             owner,
             pod: format!("{}/{}", pod.namespace, pod.name),
             uid: pod.uid,
+            addresses: a.addresses().to_vec(),
         })
     }
 

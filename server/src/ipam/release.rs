@@ -273,12 +273,17 @@ fn plan_release(
             .collect();
         // A sticky pod keeps what it holds in current range sets; addresses of retiring ones
         // are not handed out again, not even to it.
+        // A hosted address (a fixed one outside the source's blocks) goes back at once too.
+        let goes_back =
+            |set: usize, ip: IpAddr| !net.is_current(set) || net.pools[set].source.hosts(ip);
         let (kept, held): (Vec<_>, Vec<_>) = match sticky {
-            Some(_) => held.into_iter().partition(|(set, _)| net.is_current(*set)),
+            Some(_) => held
+                .into_iter()
+                .partition(|(set, ip)| !goes_back(*set, *ip)),
             None => (Vec::new(), held),
         };
         for (set, ip) in &held {
-            if !net.is_current(*set) {
+            if goes_back(*set, *ip) {
                 // Nothing comes from a retiring set again: the address goes back at once.
                 moves.vacated.push((key.network.clone(), *set, *ip));
                 continue;

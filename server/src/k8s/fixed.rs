@@ -67,15 +67,21 @@ pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, String> {
     let namespace = md.namespace.as_deref().unwrap_or_default();
     let name = md.name.as_deref().unwrap_or_default();
     let owners = md.owner_references.as_deref().unwrap_or_default();
-    let statefulset = owners
-        .iter()
-        .find(|o| o.kind == "StatefulSet" && o.controller == Some(true))
-        .or_else(|| owners.iter().find(|o| o.kind == "StatefulSet"));
+    // Its controller: a StatefulSet, or (a launcher pod) the VirtualMachineInstance its VM
+    // label names.
+    let controller = owners.iter().find(|o| o.controller == Some(true));
+    let statefulset = controller.filter(|o| o.kind == "StatefulSet");
     let vm = md
         .labels
         .as_ref()
         .and_then(|l| l.get(VM_LABEL))
-        .filter(|v| !v.is_empty());
+        .filter(|v| !v.is_empty())
+        .filter(|v| {
+            controller.is_some_and(|o| {
+                // (The pods' cache keeps no owner's apiVersion.)
+                o.kind == "VirtualMachineInstance" && o.name == **v
+            })
+        });
     let owner = match (statefulset, vm) {
         (Some(s), _) => PinOwner::of_statefulset_pod(namespace, &s.name, name).ok_or_else(|| {
             format!(
@@ -89,7 +95,7 @@ pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, String> {
         },
         (None, None) => {
             return Err(format!(
-                "{who}: annotation {FIXED} is for a StatefulSet's pods and a KubeVirt VM's launcher pods (label {VM_LABEL}); this pod is neither"
+                "{who}: annotation {FIXED} is for a StatefulSet's pods and a KubeVirt VM's launcher pods (label {VM_LABEL}, controlled by that VirtualMachineInstance); this pod is neither"
             ))
         }
     };
@@ -122,12 +128,18 @@ mod tests {
         assert_eq!(f.networks, Some(vec!["macvlan".into(), "side".into()]));
         assert!(f.covers("side") && !f.covers("pods"));
         assert_eq!(fixed(&sts_pod("web-0", "false"), "p"), Ok(None));
+        let vmi = json!([{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "name": "a", "uid": "i1", "controller": true}]);
         let vm = pod(
             json!({"metadata": {"namespace": "vms", "name": "virt-launcher-a-x1",
-            "annotations": {FIXED: "true"}, "labels": {VM_LABEL: "a"}}}),
+            "annotations": {FIXED: "true"}, "labels": {VM_LABEL: "a"}, "ownerReferences": vmi}}),
         );
         let f = fixed(&vm, "p").unwrap().unwrap();
         assert_eq!(f.owner.to_string(), "VirtualMachine/vms/a");
+        // The label alone (any pod may carry it) does not make a launcher pod.
+        let spoof = pod(json!({"metadata": {"namespace": "vms", "name": "x",
+            "annotations": {FIXED: "true"}, "labels": {VM_LABEL: "a"}}}));
+        assert!(fixed(&spoof, "p").is_err());
         let none = pod(json!({"metadata": {"namespace": "vms", "name": "x"}}));
         assert_eq!(fixed(&none, "p"), Ok(None));
     }

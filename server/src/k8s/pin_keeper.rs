@@ -40,6 +40,8 @@ pub async fn run(ipam: Ipam, holds: Holds, client: kube::Client) {
 pub async fn let_go_unused(ipam: &Ipam, holds: &Holds) {
     let me = holds.node().name().to_string();
     for pin in holds.node().pins_held_here() {
+        // Not while an ADD or a DEL of this node's works on a pin.
+        let _turn = holds.turn().await;
         if ipam.holds_anywhere(pin.address) {
             continue;
         }

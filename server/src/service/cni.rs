@@ -174,6 +174,10 @@ impl CniService {
         self.check_peer(&req)?;
         let key = key_of(req.into_inner().key)?;
         let del = async {
+            let _turn = match (&self.holds, self.ipam.fixed_held(&key)) {
+                (Some(h), Some(_)) => Some(h.turn().await),
+                _ => None,
+            };
             super::fixed::before_del(&self.ipam, self.holds.as_ref(), &key).await?;
             self.ipam.del(&key).await
         };

@@ -30,6 +30,10 @@ pub(super) fn fixed_for(
         }
         Err(_) => return Ok(None),
     };
+    // A network of no cluster pool (host-local ranges, the node's podCIDRs) is served as any.
+    if !ipam.takes_cluster_pools(network, section) {
+        return Ok(None);
+    }
     if !ipam.one_subnet(network, section) {
         return Err(Error::InvalidConfig(format!(
             "annotation {} ({}): network {network:?} is not addressed as one subnet of cluster pools (\"addressing\": \"subnet\"), so its addresses cannot follow a pod to another node (a routed pool's address outside the node's blocks would need a host route); name the subnet networks it is for: {}: \"<network>[,<network>]\"",
@@ -48,7 +52,11 @@ pub(super) fn fixed_for(
 }
 
 fn refused(owner: &PinOwner, e: Refused) -> Error {
-    Error::Busy(format!("fixed address of {owner}: {e}"))
+    let why = format!("fixed address of {owner}: {e}");
+    match e {
+        Refused::Invalid(_) => Error::InvalidConfig(why),
+        _ => Error::Busy(why),
+    }
 }
 
 /// The ADD `req` of a pod whose address belongs to `owner`.
@@ -66,8 +74,13 @@ pub(super) async fn add(
     let network = req.key.network.clone();
     let key = req.key.clone();
     let metrics = holds.node().metrics();
+    let pools = ipam.network_pools(&network, req.ipam.as_ref());
+    // One pin operation of this node's at a time, through the engine's ADD.
+    let _turn = holds.turn().await;
     let before = holds
-        .before_add(&owner, &pod, &uid, |_, ip| ipam.in_use(&network, ip))
+        .before_add(&owner, &pod, &uid, &pools, |_, ip| {
+            ipam.in_use(&network, ip)
+        })
         .await;
     let before = match before {
         Ok(b) => b,
@@ -79,6 +92,12 @@ pub(super) async fn add(
         }
     };
     match before {
+        Before::Elsewhere => {
+            if let Some(m) = req.k8s.as_mut() {
+                m.fixed = None;
+            }
+            ipam.add(req).await
+        }
         Before::First => {
             let reply = ipam.add(req).await?;
             let ips: Vec<_> = reply.leases.iter().map(|l| l.ip).collect();
@@ -87,7 +106,7 @@ pub(super) async fn add(
                     .pin(&owner, &site.pool, site.address, site.block, &pod, &uid)
                     .await
                     .map(|()| site.pool),
-                None => Err(Refused::Store(format!(
+                None => Err(Refused::Invalid(format!(
                     "none of {ips:?} lies in a block of this node's of a cluster pool of one subnet"
                 ))),
             };
@@ -96,8 +115,13 @@ pub(super) async fn add(
                     metrics.cluster.pin_add(&pool, "created");
                     Ok(reply)
                 }
+                // The store did not answer: the pin may have been written. The address stays
+                // with the container, and the runtime's retry of the ADD (the same container)
+                // gets it again and pins it.
+                Err(e @ Refused::Store(_)) => Err(refused(&owner, e)),
                 Err(e) => {
-                    // Undone: the address goes back as after a DEL.
+                    // Refused (the owner pinned elsewhere meanwhile, or no address to pin):
+                    // undone, the address goes back as after a DEL.
                     if let Err(undo) = ipam.del(&key).await {
                         tracing::warn!(container = %key.container_id, error = %undo, "undoing the ADD of a pod whose pin could not be made failed");
                     }
@@ -128,7 +152,8 @@ pub(super) async fn add(
 }
 
 /// Before the DEL of `key`: its fixed address's hold on this node ends. An error: nothing
-/// may be released (the runtime retries the DEL).
+/// may be released (the runtime retries the DEL). The caller holds the node's turn
+/// ([`Holds::turn`]) through the engine's DEL.
 pub(super) async fn before_del(
     ipam: &Ipam,
     holds: Option<&Holds>,
@@ -137,6 +162,11 @@ pub(super) async fn before_del(
     let (Some(holds), Some(held)) = (holds, ipam.fixed_held(key)) else {
         return Ok(());
     };
+    // Another sandbox of the pod (a new one, the old one's DEL late) still holds the address:
+    // the hold stays its.
+    if held.addresses.iter().any(|ip| ipam.held_by_other(key, *ip)) {
+        return Ok(());
+    }
     let owner = match PinOwner::parse(&held.owner) {
         Ok(o) => o,
         Err(why) => {

@@ -4,8 +4,9 @@
 //! subnet pool's first sync of each serving epoch, and every sync while it knows a pin in the
 //! pool). A listing sent before a write of this node's lands after it without undoing it: a
 //! pin written here after the listing was sent stays as written, one created here is not
-//! dropped for being absent from it. (Knowing a pin longer than it stands only keeps an
-//! address out longer.)
+//! dropped for being absent from it; and a write on its way or unanswered is kept as written
+//! whatever any listing says, until this node's next word on that pin. (Knowing a pin longer
+//! than it stands only keeps an address out longer.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -47,6 +48,9 @@ impl PoolPins {
     }
 }
 
+/// The stamp of a pin whose write is on its way or unanswered: no listing undoes it.
+const WRITING: u64 = u64::MAX;
+
 /// A listing of a pool's pins, started: where this node's writes stood when it was sent.
 pub struct PinListing(u64);
 
@@ -80,11 +84,22 @@ impl ClusterNode {
         self.count_pins(pool, &book);
     }
 
+    /// A pin as this node is about to write it (created, held): known as written until a
+    /// later word of this node's on it, whatever listings say meanwhile (the write may land
+    /// after a listing read the store, or land though its answer was lost).
+    pub fn pin_writing(&self, pin: &Pin) {
+        self.pin_stamped(pin, WRITING);
+    }
+
     /// A pin as this node just wrote or read it (created, held, let go).
     pub fn pin_known(&self, pin: &Pin) {
+        self.pin_stamped(pin, 0);
+    }
+
+    fn pin_stamped(&self, pin: &Pin, writing: u64) {
         let mut book = self.pins.lock().expect("pins lock");
         book.writes += 1;
-        let stamp = book.writes;
+        let stamp = book.writes.max(writing);
         let p = book.pools.entry(pin.pool.clone()).or_default();
         p.by_address.insert(pin.address, (pin.clone(), stamp));
         p.rebuild();
@@ -104,12 +119,16 @@ impl ClusterNode {
         self.metrics.cluster.pins(pool, p.by_address.len(), held);
     }
 
-    /// A pin this node deleted (void: its block is no longer the one it was made in).
+    /// A pin this node deleted (void: its block is no longer the one it was made in), or
+    /// found not written: forgotten, unless the book holds another pin of its address.
     pub fn pin_gone(&self, pin: &Pin) {
         let mut book = self.pins.lock().expect("pins lock");
         book.writes += 1;
         if let Some(p) = book.pools.get_mut(&pin.pool) {
-            p.by_address.remove(&pin.address);
+            let same = |(k, _): &(Pin, u64)| k.owner == pin.owner && k.block_id == pin.block_id;
+            if p.by_address.get(&pin.address).is_some_and(same) {
+                p.by_address.remove(&pin.address);
+            }
             p.rebuild();
         }
         self.count_pins(&pin.pool, &book);

@@ -32,6 +32,9 @@ const ATTEMPTS: usize = 4;
 #[derive(Clone)]
 pub struct Holds {
     node: Arc<ClusterNode>,
+    /// One pin operation of this node's at a time (an ADD's, a DEL's, the keeper's): a hold
+    /// let go for want of an attachment is not one an ADD is about to use.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What an ADD of a pod with a fixed address does.
@@ -39,6 +42,9 @@ pub struct Holds {
 pub enum Before {
     /// The owner has no pin: an address as any, then [`Holds::pin`].
     First,
+    /// The owner's pin is of a pool the network does not take (the pod's other network's):
+    /// this network's address is not fixed.
+    Elsewhere,
     /// This node holds the pin for the pod now: the ADD takes `address`, fixed.
     Serve {
         pool: String,
@@ -53,6 +59,8 @@ pub enum Before {
 pub enum Refused {
     /// Another node holds it (retry later): the pin's pool, and who holds it.
     Held { pool: String, why: String },
+    /// The ADD cannot have a fixed address: why.
+    Invalid(String),
     /// The store failed or did not answer.
     Store(String),
 }
@@ -60,7 +68,9 @@ pub enum Refused {
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refused::Held { why, .. } | Refused::Store(why) => f.write_str(why),
+            Refused::Held { why, .. } | Refused::Store(why) | Refused::Invalid(why) => {
+                f.write_str(why)
+            }
         }
     }
 }
@@ -73,7 +83,16 @@ impl From<ClusterError> for Refused {
 
 impl Holds {
     pub fn new(node: Arc<ClusterNode>) -> Holds {
-        Holds { node }
+        Holds {
+            node,
+            turn: Arc::default(),
+        }
+    }
+
+    /// This node's turn for a pin operation (held for its whole course: the store's part and
+    /// the engine's).
+    pub async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.turn.lock().await
     }
 
     pub fn node(&self) -> &Arc<ClusterNode> {
@@ -106,11 +125,13 @@ impl Holds {
     /// What the ADD of `pod` (uid `uid`), whose fixed address belongs to `owner`, serves.
     /// `holds_here(pool, address)`: whether this node's engine holds that address now (a hold
     /// of this node's for another pod whose address it no longer holds is stale).
+    /// `pools`: the cluster pools of the ADD's network.
     pub async fn before_add(
         &self,
         owner: &PinOwner,
         pod: &str,
         uid: &str,
+        pools: &[String],
         holds_here: impl Fn(&str, IpAddr) -> bool,
     ) -> Result<Before, Refused> {
         let me = self.node.name().to_string();
@@ -118,8 +139,11 @@ impl Holds {
             let Some(read) = self.pin_of(owner).await? else {
                 return Ok(Before::First);
             };
+            if !pools.contains(&read.pin.pool) {
+                return Ok(Before::Elsewhere);
+            }
             let mut pin = read.pin.clone();
-            let mut how = match verdict(&pin, &me, uid) {
+            let how = match verdict(&pin, &me, uid) {
                 Verdict::Held => {
                     self.node.pin_known(&pin);
                     return Ok(Before::Serve {
@@ -162,6 +186,9 @@ impl Holds {
                 }
             };
             pin.holders.push(self.holder(pod, uid));
+            // Known as held here before it is written: unanswered, it may still land, and the
+            // keeper lets go of what no attachment uses.
+            self.node.pin_writing(&pin);
             let Some(written) = self.write(&read, &pin).await? else {
                 continue;
             };
@@ -181,9 +208,6 @@ impl Holds {
                 return Ok(Before::First);
             }
             self.node.pin_known(&written.pin);
-            if how == "moved" && written.pin.holders.len() > 1 {
-                how = "migration";
-            }
             return Ok(Before::Serve {
                 pool: written.pin.pool,
                 address: written.pin.address,
@@ -250,15 +274,19 @@ impl Holds {
             block_id: block.1,
             holders: vec![self.holder(pod, uid)],
         };
-        // Known before it is written: the address stays out of every other path meanwhile.
-        self.node.pin_known(&pin);
+        // Known before it is written: the address stays out of every other path meanwhile,
+        // and after, whatever listings say, if the answer never comes (the pin may land late).
+        self.node.pin_writing(&pin);
         let p = pin.clone();
         let created = self
             .node
             .call("create_pin", |s| async move { s.create_pin(&p).await })
             .await;
         let refused = match created {
-            Ok(PinCreated::Created(_)) => return Ok(()),
+            Ok(PinCreated::Created(read)) => {
+                self.node.pin_known(&read.pin);
+                return Ok(());
+            }
             Ok(PinCreated::OwnerHas(theirs)) => {
                 self.node.pin_gone(&pin);
                 Refused::Held {

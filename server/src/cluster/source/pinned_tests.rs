@@ -1,0 +1,140 @@
+//! Pinned addresses in a source of one subnet: kept from everyone on every path, served to
+//! their pod while this node holds the pin, hosted outside the node's blocks; no block with a
+//! pinned address given back.
+
+use std::time::Duration;
+
+use super::tests::*;
+use crate::cluster::pin::{Holder, Pin, PinOwner};
+use crate::model::SubnetMode;
+use crate::source::{Next, Source};
+
+fn subnet() -> Option<SubnetMode> {
+    Some(SubnetMode {
+        gateways: vec![ip("10.0.0.1")],
+        exclude: Vec::new(),
+    })
+}
+
+fn pin(address: &str, block: &str, id: i64, holder: Option<&str>) -> Pin {
+    Pin {
+        pool: "p".into(),
+        address: ip(address),
+        owner: PinOwner::StatefulSet {
+            namespace: "db".into(),
+            name: "web".into(),
+            ordinal: 0,
+        },
+        block: net(block),
+        block_id: id,
+        holders: holder
+            .map(|n| Holder {
+                node: n.into(),
+                pod: "db/web-0".into(),
+                uid: "u1".into(),
+                since_ms: 1,
+            })
+            .into_iter()
+            .collect(),
+    }
+}
+
+#[test]
+fn a_pinned_address_goes_to_its_pod_only_and_its_block_stays() {
+    let n = node("");
+    let mut s = source(&n).subnet_mode(subnet());
+    n.pretend_renewed(Duration::ZERO);
+    synced(
+        &mut s,
+        &n,
+        &[block("10.0.0.0/28", 7), block("10.0.0.16/28", 8)],
+    );
+    let a = ip("10.0.0.5");
+    n.pin_known(&pin("10.0.0.5", "10.0.0.0/28", 7, None));
+    // Nobody holds it here: no path hands it out, not even to its pod.
+    assert!(!s.peek_next_n(40).contains(&a));
+    assert_ne!(s.next(), Next::Ready(a));
+    let why = s.withheld(a).expect("withheld");
+    assert!(
+        why.contains("pinned") && why.contains("StatefulSet/db/web/0"),
+        "{why}"
+    );
+    assert!(s.can_occupy(a).is_err());
+    assert!(s.can_occupy_fixed(a).is_err(), "not held here");
+    assert_eq!(s.free(), 14 + 16 - 1, "less the pinned one");
+    // Held here: its pod gets it, nobody else.
+    n.pin_known(&pin("10.0.0.5", "10.0.0.0/28", 7, Some("n1")));
+    assert!(s.can_occupy_fixed(a).is_ok());
+    assert!(s.withheld_fixed(a).is_none());
+    assert!(s.withheld(a).is_some() && s.can_occupy(a).is_err());
+    assert_eq!(s.block_holding(a), Some(("10.0.0.0/28".into(), 7)));
+    // Both blocks empty, the hold-down past: the pinned one is not given back.
+    match next_work(&mut s) {
+        Some(crate::cluster::work::Work::GiveBack(b, _)) => assert_eq!(b, net("10.0.0.16/28")),
+        other => panic!("expected the unpinned block's give-back: {other:?}"),
+    }
+}
+
+#[test]
+fn a_pinned_address_outside_the_nodes_blocks_is_hosted_for_its_pod() {
+    let n = node("");
+    let mut s = source(&n).subnet_mode(subnet());
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    let a = ip("10.0.0.40");
+    assert!(!s.contains(a));
+    // Pinned elsewhere, held by another node: not this node's to serve.
+    n.pin_known(&pin("10.0.0.40", "10.0.0.32/28", 9, Some("n2")));
+    assert!(s.can_occupy_fixed(a).is_err());
+    // Held here.
+    n.pin_known(&pin("10.0.0.40", "10.0.0.32/28", 9, Some("n1")));
+    assert!(s.can_occupy_fixed(a).is_ok());
+    s.occupy_fixed(a).expect("hosted");
+    assert!(s.contains(a) && s.hosts(a));
+    assert_eq!(s.interface_of(a), Some((24, Some(ip("10.0.0.1")))));
+    assert!(s.can_occupy_fixed(a).is_err(), "hosted once");
+    assert!(s.withheld(a).is_some(), "from anyone else");
+    assert!(s.withheld_fixed(a).is_none());
+    assert_eq!(s.block_holding(a), None);
+    assert!(s.vacate(a));
+    assert!(!s.contains(a) && !s.hosts(a));
+    // The subnet's broadcast and gateway are never hosted, pinned or not.
+    for x in ["10.0.0.255", "10.0.0.1"] {
+        n.pin_known(&pin(x, "10.0.0.240/28", 10, Some("n1")));
+        assert!(s.can_occupy_fixed(ip(x)).is_err(), "{x}");
+    }
+}
+
+#[test]
+fn a_routed_source_keeps_no_pins() {
+    let n = node("");
+    let mut s = source(&n);
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    n.pin_known(&pin("10.0.0.5", "10.0.0.0/28", 7, Some("n1")));
+    assert!(s.peek_next_n(20).contains(&ip("10.0.0.5")));
+    assert!(!s.one_subnet());
+}
+
+#[test]
+fn a_listing_never_undoes_a_pin_written_after_it_was_sent_or_still_on_its_way() {
+    let n = node("");
+    let p = pin("10.0.0.5", "10.0.0.0/28", 7, Some("n1"));
+    let a = ip("10.0.0.5");
+    let before = n.pins_listing();
+    n.pin_writing(&p);
+    n.pins_listed("p", before, Vec::new());
+    assert!(
+        n.pin_at("p", a).is_some(),
+        "a listing sent before the write"
+    );
+    let meanwhile = n.pins_listing();
+    n.pins_listed("p", meanwhile, Vec::new());
+    assert!(n.pin_at("p", a).is_some(), "the write not answered yet");
+    assert_eq!(n.pool_pinned("p").len(), 1);
+    n.pin_known(&p);
+    let after = n.pins_listing();
+    n.pins_listed("p", after, Vec::new());
+    assert!(n.pin_at("p", a).is_none(), "gone from the store since");
+    assert!(!n.pool_has_pins("p"));
+}
