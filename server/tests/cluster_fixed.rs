@@ -73,6 +73,21 @@ impl Cluster<'_> {
         cni_with_args(cmd, container, args, &conf)
     }
 
+    /// An ADD that fails with `code` within 30 s (the pod's watch may lag).
+    fn refused(&self, node: usize, container: &str, args: &str, code: u64) -> Run {
+        eventually(
+            30,
+            &format!("ADD {container} on n{} refused", node + 1),
+            || {
+                let r = self.cni(node, "ADD", container, args);
+                match r.code() == code {
+                    true => Ok(r),
+                    false => Err(r),
+                }
+            },
+        )
+    }
+
     /// An ADD that succeeds within 30 s (the pod's watch may lag).
     fn add(&self, node: usize, container: &str, args: &str) -> Run {
         eventually(30, &format!("ADD {container} on n{}", node + 1), || {
@@ -234,13 +249,7 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     assert_eq!(both, vec!["n1".to_string(), "n2".to_string()]);
     // A third launcher while both hold it: refused.
     let vm_c = c.pod(0, "virt-launcher-vm1-c", "v3", launcher("vm1"));
-    let third = eventually(30, "n1 sees the third launcher", || {
-        let r = c.cni(0, "ADD", "v3", &vm_c);
-        match r.code() {
-            11 => Ok(r),
-            _ => Err(r),
-        }
-    });
+    let third = c.refused(0, "v3", &vm_c, 11);
     assert!(third.stdout.contains("held by"), "{}", third.stdout);
     // The source's DEL ends the migration: the target alone holds it.
     assert!(c.cni(0, "DEL", "v1", &vm_a).ok);
@@ -268,13 +277,7 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     let x = ip_of(&r);
     c.daemons[0].kill9();
     let args = c.pod(1, &web1, "x2", meta1);
-    let early = eventually(30, "n2 sees web-1", || {
-        let r = c.cni(1, "ADD", "x2", &args);
-        match r.code() {
-            11 => Ok(r),
-            _ => Err(r),
-        }
-    });
+    let early = c.refused(1, "x2", &args, 11);
     assert!(early.stdout.contains("n1"), "{}", early.stdout);
     let taken = c.add(1, "x2", &args);
     assert_eq!(ip_of(&taken), x);
@@ -287,13 +290,7 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
         api.put("statefulsets", web(4));
         let args = c.pod(1, &web3, "z1", meta3);
         api.lose_answer("POST /apis/ipool.io/v1/ippins");
-        let lost = eventually(30, "n2 sees web-3", || {
-            let r = c.cni(1, "ADD", "z1", &args);
-            match r.code() {
-                11 => Ok(r),
-                _ => Err(r),
-            }
-        });
+        let lost = c.refused(1, "z1", &args, 11);
         assert!(
             lost.stdout.contains("StatefulSet/db/web/3"),
             "{}",

@@ -34,16 +34,19 @@ impl Ipam {
     /// takes its addresses from cluster pools addressed as one subnet.
     pub fn one_subnet(&self, network: &str, ipam: Option<&IpamSection>) -> bool {
         let subnet = |a: Option<Addressing>| a == Some(Addressing::Subnet);
-        match self
-            .shared
+        match self.configured(network) {
+            Some(n) => !n.cluster_pool_list().is_empty() && subnet(n.addressing),
+            None => ipam.is_some_and(|s| s.cluster_pool.is_some() && subnet(s.addressing)),
+        }
+    }
+
+    /// `network` as the daemon's config names it, if it does.
+    fn configured(&self, network: &str) -> Option<&crate::config::NetworkSpec> {
+        self.shared
             .config
             .networks
             .iter()
             .find(|n| n.name == network)
-        {
-            Some(n) => !n.cluster_pool_list().is_empty() && subnet(n.addressing),
-            None => ipam.is_some_and(|s| s.cluster_pool.is_some() && subnet(s.addressing)),
-        }
     }
 
     /// Of `addresses` (an ADD's on `network`), the first that lies in a confirmed block of a
@@ -67,13 +70,7 @@ impl Ipam {
     /// The cluster pools of `network` (as the config names it, else as the CNI config's
     /// `ipam` declares it).
     pub fn network_pools(&self, network: &str, ipam: Option<&IpamSection>) -> Vec<String> {
-        match self
-            .shared
-            .config
-            .networks
-            .iter()
-            .find(|n| n.name == network)
-        {
+        match self.configured(network) {
             Some(n) => n.cluster_pool_list(),
             None => ipam
                 .and_then(|s| s.cluster_pool.clone())
