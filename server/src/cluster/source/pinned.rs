@@ -14,6 +14,9 @@ use crate::range::{OccupyError, Range};
 impl ClusterSource {
     /// Why the pin of `ip` keeps it out here, if one does (as this node knows the pool's pins).
     pub(super) fn pinned_why(&self, ip: IpAddr) -> Option<String> {
+        // A routed pool holds no pins: its sources (the default) skip the book's lock on
+        // every hand-out.
+        self.subnet.as_ref()?;
         let pin = self.node.pin_at(&self.pool, ip)?;
         Some(format!(
             "{ip} is pinned in cluster pool {:?} for {} (held by {}): it is handed out to that owner's pod only",
