@@ -101,6 +101,21 @@ pub enum Bug {
     /// range sets, which got sources over the pools' whole CIDRs at the restart: it handed
     /// out addresses of blocks other nodes own (issue 40, found by review in session 22).
     StaleNetworkServes,
+    /// A pinned address was not kept out of its block's sources: the block's node handed it
+    /// to another pod while the pin's holder served it on another node (issue 40).
+    PinnedHandedOut,
+    /// A block with a pinned address in it was given back when empty here: its next owner
+    /// handed out the address another node served for the pin's owner (issue 40).
+    PinnedBlockGivenBack,
+    /// release-node gave back the blocks pins were made in when its caller passed no pins
+    /// (the simulation's operator did not read them): another node served the pinned address,
+    /// and the block's next owner handed it out (found by the simulation, session 25).
+    ReleaseIgnoresPins,
+    /// A block of this node's, claimed over an address the node hosted for a pod with a fixed
+    /// address (the pin's block released under an etcd restored from an older backup), did
+    /// not take the address over: it offered it again (found by the simulation, session 25;
+    /// the engine refused it with an internal error).
+    HostedNotTakenOver,
 }
 
 impl Bug {
@@ -132,6 +147,10 @@ impl Bug {
         Bug::ResetNameTrusted,
         Bug::BlockStaysInOldSet,
         Bug::StaleNetworkServes,
+        Bug::PinnedHandedOut,
+        Bug::PinnedBlockGivenBack,
+        Bug::ReleaseIgnoresPins,
+        Bug::HostedNotTakenOver,
     ];
 
     pub fn name(self) -> &'static str {
@@ -162,6 +181,10 @@ impl Bug {
             Bug::ResetNameTrusted => "reset-name-trusted",
             Bug::BlockStaysInOldSet => "block-stays-in-old-set",
             Bug::StaleNetworkServes => "stale-network-serves",
+            Bug::PinnedHandedOut => "pinned-handed-out",
+            Bug::PinnedBlockGivenBack => "pinned-block-given-back",
+            Bug::ReleaseIgnoresPins => "release-ignores-pins",
+            Bug::HostedNotTakenOver => "hosted-not-taken-over",
         }
     }
 

@@ -16,7 +16,7 @@ use crate::store::AttachmentKey;
 
 mod access;
 mod cni;
-mod fixed;
+pub mod fixed;
 mod limits;
 mod ops;
 

@@ -52,6 +52,8 @@ pub enum Kind {
     Hear,
     /// A watch cut, or the history compacted.
     WatchFault,
+    /// A VM's live migration: a second launcher pod on another node (runs with pins).
+    Migrate,
 }
 
 /// Each kind of step with its weight out of 1000 in a run that allows everything: deliveries
@@ -106,6 +108,9 @@ pub struct Swarm {
     /// A node's daemon starts now and then with its network renamed in the config (and
     /// back): the network it held addresses on is one the config no longer names.
     pub renames: bool,
+    /// In a run addressed as one subnet: a third of the ADDs are of pods with fixed
+    /// addresses (`crate::fixed`), and VMs migrate.
+    pub pins: bool,
 }
 
 impl Swarm {
@@ -122,6 +127,7 @@ impl Swarm {
             two_pools: false,
             subnet: false,
             renames: false,
+            pins: false,
         }
     }
 
@@ -157,11 +163,16 @@ impl Swarm {
         // Last again: a run kept before replays zeros (one pool).
         let two_pools = c.pick(2) == 1;
         // Last again: a run kept before replays zeros (addressing by block).
-        // The subnet's pick, its second bit the renames' (the setup's 20 picks are all taken
-        // when the daemons watch): a run kept before replays 0 or 1 there (no renames).
-        let both = c.pick(4);
-        let subnet = both & 1 == 1;
-        let renames = both >> 1 == 1;
+        // The subnet's pick, its second bit the renames', its third the pins' (the setup's 20
+        // picks are all taken when the daemons watch): a run kept before replays 0 to 3 there
+        // (no pins), or 0 or 1 (no renames either).
+        let bits = c.pick(8);
+        let subnet = bits & 1 == 1;
+        let renames = bits >> 1 & 1 == 1;
+        let pins = subnet && bits >> 2 == 1;
+        if pins {
+            weights.push((Kind::Migrate, 20));
+        }
         Swarm {
             faults,
             weights,
@@ -173,6 +184,7 @@ impl Swarm {
             two_pools,
             subnet,
             renames,
+            pins,
         }
     }
 
@@ -255,6 +267,11 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
         Kind::Leap => Ok(ms(w, 3000, 15000)),
         Kind::Add => {
             if let Some(i) = running(w) {
+                // A third of a run with pins: a pod with a fixed address.
+                if w.swarm.pins && w.choices.pick(3) == 0 {
+                    crate::fixed::add_fixed(w, i);
+                    return Ok(tick);
+                }
                 // One in eight asks for an address by name (CNI args' IP=).
                 let requested = match w.choices.pick(8) {
                     7 => vec![asked_for(w, i)],
@@ -295,6 +312,10 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
         }
         Kind::WatchFault => {
             crate::hearing::watch_fault(w);
+            Ok(tick)
+        }
+        Kind::Migrate => {
+            crate::fixed::migrate(w);
             Ok(tick)
         }
     }

@@ -37,6 +37,8 @@ pub struct Pod {
     pub at: u64,
     /// Its conflicts are the operator's doing (see the module).
     pub excused: Option<String>,
+    /// The owner of its fixed address (`crate::fixed`), if it has one.
+    pub owner: Option<String>,
 }
 
 /// A block as the store lists it: its CIDR, its owner, its pool.
@@ -49,17 +51,21 @@ pub struct Checker {
 }
 
 impl Checker {
-    /// Who holds `ip` now, besides `container`.
-    fn holders(&self, ip: IpAddr, container: &str) -> Vec<(&String, &Pod)> {
+    /// Who holds `ip` now, besides `container` and the pods that may share it with a pod of
+    /// `owner` (two launchers of one VM, migrating).
+    fn holders(&self, ip: IpAddr, container: &str, owner: Option<&str>) -> Vec<(&String, &Pod)> {
         self.pods
             .iter()
             .filter(|(c, p)| c.as_str() != container && p.ips.contains(&ip))
+            .filter(|(_, p)| !crate::fixed::may_share(owner, p.owner.as_deref()))
             .collect()
     }
 
     /// An ADD of `container` on slot `slot` (node `node`) answered with `ips` at `at`, the
     /// store's blocks as they are; `excuse` says why a hand-out of an address is the
     /// operator's doing, if it is, and `excused` why the pod's addresses are (see the module).
+    /// A pod with a fixed address (`owner`) may be served those of `hosted` outside its node's
+    /// blocks (the store's pins keep them for it, held here).
     #[allow(clippy::too_many_arguments)]
     pub fn added(
         &mut self,
@@ -71,10 +77,12 @@ impl Checker {
         blocks: &[StoreBlock],
         excuse: impl Fn(IpAddr) -> Option<String>,
         mut excused: Option<String>,
+        owner: Option<String>,
+        hosted: &[IpAddr],
     ) -> Result<(), String> {
         for ip in &ips {
             let window = excuse(*ip);
-            for (c, p) in self.holders(*ip, container) {
+            for (c, p) in self.holders(*ip, container, owner.as_deref()) {
                 if p.excused.is_none() && window.is_none() {
                     return Err(format!(
                         "{ip} handed out to {container} on {node} (slot {slot}) while {c} on {} (slot {}) holds it since {} ms",
@@ -93,6 +101,7 @@ impl Checker {
             match (owner, &window) {
                 (Some((_, o, _)), _) if o == node => {}
                 (_, Some(_)) => {}
+                (Some(_), None) if hosted.contains(ip) => {}
                 (Some((b, o, _)), None) => {
                     return Err(format!(
                         "{ip} handed out to {container} on {node} (slot {slot}) from block {b}, which the store shows as {o}'s"
@@ -114,6 +123,7 @@ impl Checker {
                 ips,
                 at,
                 excused,
+                owner,
             },
         );
         Ok(())
@@ -180,7 +190,8 @@ impl Checker {
     /// operator's: the pods of the slots `excused` names are the operator's to judge).
     /// `overlaps`: blocks may stand over one another a while (the Kubernetes API: a claim is
     /// a create, checked against its pool after it), as long as no address is handed out
-    /// from two.
+    /// from two. A block a pin was made in stays whatever the operator forces (release-node
+    /// keeps it), unless `doubtful` (the writer's name in doubt after etcd's restore).
     pub fn store_changed(
         &self,
         before: &[StoreBlock],
@@ -188,6 +199,7 @@ impl Checker {
         by: &str,
         excused: impl Fn(usize) -> bool,
         overlaps: bool,
+        doubtful: bool,
     ) -> Result<(), String> {
         for (i, (a, ao, _)) in after.iter().enumerate().filter(|_| !overlaps) {
             for (b, bo, _) in &after[i + 1..] {
@@ -218,6 +230,23 @@ impl Checker {
                 return Err(format!(
                     "block {block} of {owner} given back (by {by}) while {c} holds {:?} in it",
                     p.ips
+                ));
+            }
+            // Nor while a pod on another node holds a fixed address in it (its next owner
+            // would hand the address out).
+            let hosted = self.pods.iter().find(|(_, p)| {
+                p.owner.is_some()
+                    && &p.node != owner
+                    && p.excused.is_none()
+                    && !doubtful
+                    && p.ips.iter().any(|ip| {
+                        block.contains(ip) && !after.iter().any(|(b, _, _)| b.contains(ip))
+                    })
+            });
+            if let Some((c, p)) = hosted {
+                return Err(format!(
+                    "block {block} of {owner} given back (by {by}) while {c} on {} holds the fixed {:?} in it",
+                    p.node, p.ips
                 ));
             }
         }

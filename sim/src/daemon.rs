@@ -21,8 +21,11 @@ use ipool_server::cluster::etcd::ClusterStore;
 use ipool_server::cluster::kube::KubeStore;
 use ipool_server::cluster::model::ClusterError;
 use ipool_server::cluster::node::ClusterNode;
+use ipool_server::cluster::pin::hold::Holds;
+use ipool_server::cluster::pin::PinOwner;
 use ipool_server::config::DaemonConfig;
 use ipool_server::ipam::{AddRequest, Ipam, Setup};
+use ipool_server::model::PodMeta;
 use ipool_server::model::{ClockAnchor, Millis};
 use ipool_server::node_ranges::cluster::ClusterNetworks;
 use ipool_server::store::{AttachmentKey, MemStore, Pod};
@@ -112,6 +115,9 @@ pub struct Setting {
     pub second_pool: Option<String>,
     /// The network addressed as one subnet (`crate::SUBNET_GATEWAYS`, `crate::SUBNET_EXCLUDE`).
     pub subnet: bool,
+    /// Pods with fixed addresses: the daemons run the pins' part of ADD and DEL
+    /// (`ipool_server::service::fixed`), as ipoold does in cluster mode.
+    pub pins: bool,
     /// `[cluster]`'s numbers and `[defaults]`, as TOML.
     pub tuning: String,
     pub timeout: Duration,
@@ -224,6 +230,8 @@ pub struct Daemon {
     pub ipam: Ipam,
     pub node: Arc<ClusterNode>,
     cluster: ClusterNetworks,
+    /// The pins' part of ADD and DEL, in the runs with fixed addresses.
+    holds: Option<Holds>,
     maintenance: JoinHandle<()>,
     calls: Vec<JoinHandle<()>>,
     clock: Arc<EngineClock>,
@@ -282,12 +290,14 @@ impl Daemon {
         )
         .map_err(|e| format!("the engine does not start: {e}"))?;
         cluster.start(&ipam);
+        let holds = setting.pins.then(|| Holds::new(node.clone()));
         let maintenance = ipool_server::ipam::spawn_maintenance(ipam.clone());
         Ok(Daemon {
             id,
             ipam,
             node,
             cluster,
+            holds,
             maintenance,
             calls: Vec::new(),
             alive,
@@ -306,30 +316,43 @@ impl Daemon {
     }
 
     /// An ADD of `container` (a pod of its own), asking for the addresses `requested` (CNI
-    /// args' `IP=`: none, or one), its outcome pushed to `done`.
-    pub fn add(&mut self, container: &str, requested: Vec<IpAddr>, done: &Arc<Mutex<Vec<Done>>>) {
+    /// args' `IP=`: none, or one), its outcome pushed to `done`. `fixed`: the pod's address
+    /// is fixed for that owner (`ipool.io/fixed`), and the pod is named `pod`.
+    pub fn add(
+        &mut self,
+        container: &str,
+        requested: Vec<IpAddr>,
+        fixed: Option<(PinOwner, String)>,
+        done: &Arc<Mutex<Vec<Done>>>,
+    ) {
         let (ipam, done, id) = (self.ipam.clone(), done.clone(), self.id);
-        let (clock, node) = (self.clock.clone(), self.node.clone());
+        let (clock, node, holds) = (self.clock.clone(), self.node.clone(), self.holds.clone());
         let container = container.to_string();
         self.calls.push(tokio::spawn(async move {
             let before = node.pool_reserved(crate::POOL);
+            let name = fixed.as_ref().map_or(container.clone(), |(_, p)| p.clone());
             let req = AddRequest {
                 key: key(&container),
                 pod: Pod {
                     namespace: "sim".into(),
-                    name: container.clone(),
+                    name,
                     uid: format!("uid-{container}"),
                 },
                 netns: format!("/var/run/netns/{container}"),
                 ipam: None,
                 requested,
-                k8s: None,
+                // The pod's own (its fixed address's owner is recorded there).
+                k8s: fixed.is_some().then(PodMeta::default),
                 pools: None,
                 fixed: false,
             };
-            let result = ipam
-                .add(req)
-                .await
+            let reply = match (fixed, &holds) {
+                (Some((owner, _)), Some(holds)) => {
+                    ipool_server::service::fixed::add(&ipam, holds, req, owner).await
+                }
+                _ => ipam.add(req).await,
+            };
+            let result = reply
                 .map(|r| r.leases.iter().map(|l| l.ip).collect::<Vec<IpAddr>>())
                 .map_err(|e| e.to_string());
             let decided = ipam
@@ -362,9 +385,13 @@ impl Daemon {
     /// A DEL of `container`, its outcome pushed to `done`.
     pub fn del(&mut self, container: &str, done: &Arc<Mutex<Vec<Done>>>) {
         let (ipam, done, id) = (self.ipam.clone(), done.clone(), self.id);
+        let holds = self.holds.clone();
         let container = container.to_string();
         self.calls.push(tokio::spawn(async move {
-            let ok = ipam.del(&key(&container)).await.is_ok();
+            let holds = holds.as_ref();
+            let ok = ipool_server::service::fixed::del(&ipam, holds, &key(&container))
+                .await
+                .is_ok();
             done.lock().expect("done").push(Done::Deleted {
                 daemon: id,
                 container,

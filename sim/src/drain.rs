@@ -3,6 +3,8 @@
 
 use std::net::IpAddr;
 
+use ipool_server::cluster::pin::PinOwner;
+
 use crate::daemon::Done;
 use crate::world::{Adding, OpDone, World};
 
@@ -48,7 +50,7 @@ impl World {
                     decided,
                     reserved,
                 } => {
-                    let Some(Adding { slot, syncs }) = self.adding.remove(&container) else {
+                    let Some(Adding { slot, syncs, owner }) = self.adding.remove(&container) else {
                         continue;
                     };
                     let alive = self.slots[slot]
@@ -83,6 +85,8 @@ impl World {
                             let named = self.name_excuse(slot, decided)?;
                             self.served_blocks(slot, &ips, decided, &excuses)?;
                             let blocks = self.snapshot_at(decided).blocks.clone();
+                            let hosted =
+                                self.fixed_served(&container, &node, owner.as_ref(), &ips)?;
                             self.checker.added(
                                 slot,
                                 &node,
@@ -92,6 +96,8 @@ impl World {
                                 &blocks,
                                 excuse,
                                 named,
+                                owner.map(|o| o.to_string()),
+                                &hosted,
                             )?;
                         }
                         (Err(e), _) => {
@@ -133,6 +139,30 @@ impl World {
             self.note(format!("operator: {} -> {:?}", o.what, o.result));
         }
         Ok(())
+    }
+
+    /// The addresses of the ADD of `container` on `node` that the store's pins keep for its
+    /// owner, with that pod among their holders: one at least, for a pod with a fixed address
+    /// (the first family's; one pin per owner).
+    fn fixed_served(
+        &self,
+        container: &str,
+        node: &str,
+        owner: Option<&PinOwner>,
+        ips: &[IpAddr],
+    ) -> Result<Vec<IpAddr>, String> {
+        let Some(owner) = owner else {
+            return Ok(Vec::new());
+        };
+        let pins = self.shared.pins();
+        let uid = format!("uid-{container}");
+        let held = crate::fixed::pinned_for(&pins, owner, node, &uid, ips);
+        if held.is_empty() {
+            return Err(format!(
+                "ADD {container} on {node} of {owner}'s pod answered with {ips:?}, though no pin in the store keeps one of them for it there: {pins:?}"
+            ));
+        }
+        Ok(held)
     }
 
     /// The slot whose running daemon is incarnation `daemon`.

@@ -33,6 +33,7 @@ mod actions;
 mod deliver;
 mod drain;
 mod excuses;
+mod fixed;
 mod hearing;
 mod nodes;
 mod operator;
@@ -51,6 +52,7 @@ pub const NOT_YET: &[Bug] = &[
     Bug::GiveBackOnRevisions,
     Bug::FirstSyncTrusts,
     Bug::ResetNameTrusted,
+    Bug::HostedNotTakenOver,
 ];
 
 /// The simulation's pool.

@@ -2,6 +2,8 @@
 //! state dir kept, or wiped (the node and its pods gone), store connections cut and healed, a
 //! second daemon started under a node's name.
 
+use ipool_server::cluster::pin::PinOwner;
+
 use crate::world::World;
 
 /// A random running daemon's slot.
@@ -27,11 +29,28 @@ pub(crate) fn add(w: &mut World, i: usize) {
 
 /// An ADD of a new pod on slot `i`, asking for `requested` (a static address: CNI args' `IP=`).
 pub(crate) fn add_asking(w: &mut World, i: usize, requested: Vec<std::net::IpAddr>) {
+    add_pod(w, i, requested, None);
+}
+
+/// An ADD of a new pod on slot `i`, asking for `requested`; `owner`: its address is fixed for
+/// that owner (see `crate::fixed`).
+pub(crate) fn add_pod(
+    w: &mut World,
+    i: usize,
+    requested: Vec<std::net::IpAddr>,
+    owner: Option<PinOwner>,
+) {
     w.next_container += 1;
     let c = format!("c{}", w.next_container);
     let syncs = w.sync_counts(i).unwrap_or([0; 2]);
-    w.adding
-        .insert(c.clone(), crate::world::Adding { slot: i, syncs });
+    w.adding.insert(
+        c.clone(),
+        crate::world::Adding {
+            slot: i,
+            syncs,
+            owner: owner.clone(),
+        },
+    );
     let done = w.done.clone();
     if !requested.is_empty() {
         w.note(format!(
@@ -39,8 +58,16 @@ pub(crate) fn add_asking(w: &mut World, i: usize, requested: Vec<std::net::IpAdd
             w.slots[i].name
         ));
     }
+    let fixed = owner.map(|o| {
+        w.note(format!(
+            "ADD {c} on {}: a pod of {o}, its address fixed",
+            w.slots[i].name
+        ));
+        let pod = crate::fixed::pod_name(&o, &c);
+        (o, pod)
+    });
     if let Some(d) = w.slots[i].daemon.as_mut() {
-        d.add(&c, requested, &done);
+        d.add(&c, requested, fixed, &done);
     }
 }
 

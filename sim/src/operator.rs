@@ -84,6 +84,7 @@ pub(crate) fn pool_op(w: &mut World) {
     };
     let size = [28, 27, 26][w.choices.pick(3) as usize];
     let names: Vec<String> = (0..w.opts.nodes).map(|i| w.slots[i].name.clone()).collect();
+    let pins = known_pins(w);
     let (what, spec) = match kind {
         0 => (format!("pool delete {POOL}"), None),
         1 => (
@@ -179,7 +180,7 @@ pub(crate) fn pool_op(w: &mut World) {
                             .map(|()| "created and deleted".to_string()),
                         Err(e) => Err(e),
                     },
-                    (_, Some(spec)) => move_pool(&*s, place, &names, &spec, pause).await,
+                    (_, Some(spec)) => move_pool(&*s, place, &names, &spec, pause, pins).await,
                     _ => Ok(String::new()),
                 };
                 r.map_err(|e| e.to_string())
@@ -199,10 +200,11 @@ async fn move_pool(
     names: &[String],
     spec: &ipool_server::cluster::pool::PoolSpec,
     pause: std::time::Duration,
+    pins: Option<Vec<ipool_server::cluster::pin::PinRead>>,
 ) -> Result<String, ipool_server::cluster::model::ClusterError> {
     for n in names {
-        // No pins in the simulation yet (issue 40, item 3): none read, none passed.
-        match ipool_server::cluster::release::release_node(s, place, n, 0, true, &[]).await {
+        let release = ipool_server::cluster::release::release_node_pinned;
+        match release(s, place, n, 0, true, pins.clone()).await {
             Ok(_) | Err(ipool_server::cluster::model::ClusterError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
@@ -299,10 +301,11 @@ fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for:
         forced: force,
         release_of: Some(name.clone()),
     });
-    let (store, ops, kind) = (
+    let (store, ops, kind, pins) = (
         w.operator_store_elsewhere(elsewhere),
         w.ops.clone(),
         w.opts.store,
+        known_pins(w),
     );
     tokio::spawn(async move {
         let place = match kind {
@@ -311,13 +314,8 @@ fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for:
         };
         let result = match store.await {
             Err(e) => Err(e),
-            Ok(s) => ipool_server::cluster::release::release_node(
-                &*s,
-                place,
-                &name,
-                absent_for,
-                force,
-                &[],
+            Ok(s) => ipool_server::cluster::release::release_node_pinned(
+                &*s, place, &name, absent_for, force, pins,
             )
             .await
             .map(|r| format!("{} block(s) given back", r.blocks.len()))
@@ -385,4 +383,10 @@ pub(crate) fn backup_or_restore(w: &mut World) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The store's pins as release-node would read them: none in a run without pins (the read
+/// skipped, so that runs kept before pins replay as they were), read in a run with them.
+fn known_pins(w: &World) -> Option<Vec<ipool_server::cluster::pin::PinRead>> {
+    (!w.swarm.pins).then(Vec::new)
 }

@@ -258,6 +258,23 @@ impl Shared {
             .filter_map(|(_, o)| Some((o["spec"]["cidr"].as_str()?.parse().ok()?, o)))
     }
 
+    /// Every pin the store holds (fixed addresses: issue 40).
+    pub fn pins(&self) -> Vec<ipool_server::cluster::pin::Pin> {
+        match self {
+            Shared::Etcd(e) => e
+                .keys()
+                .filter(|(k, _)| k.starts_with(b"/ipool/v1/pins/"))
+                .filter_map(|(_, kv)| serde_json::from_slice(&kv.value).ok())
+                .collect(),
+            Shared::Api { objects, .. } => objects
+                .objects
+                .iter()
+                .filter(|(k, _)| k.0 == "ippins")
+                .filter_map(|(_, o)| serde_json::from_value(o["spec"].clone()).ok())
+                .collect(),
+        }
+    }
+
     /// Every block the store holds: CIDR, owner, pool.
     pub fn blocks(&self) -> Vec<StoreBlock> {
         match self {

@@ -53,9 +53,14 @@ impl World {
                 _ => {}
             }
         }
-        let r = self
-            .checker
-            .store_changed(&self.blocks, &after, by, |_| forced, overlaps);
+        let r = self.checker.store_changed(
+            &self.blocks,
+            &after,
+            by,
+            |_| forced,
+            overlaps,
+            self.doubtful_writer,
+        );
         self.owned_again(&after);
         self.blocks = after;
         self.snapshot();

@@ -131,6 +131,8 @@ pub(crate) struct Adding {
     pub slot: usize,
     /// Its node's syncs taken in when it was sent (IPv4, IPv6).
     pub syncs: [u64; 2],
+    /// The owner of its fixed address, if it has one.
+    pub owner: Option<ipool_server::cluster::pin::PinOwner>,
 }
 
 /// An operator's command.
@@ -218,6 +220,7 @@ impl World {
             pool: crate::POOL.into(),
             second_pool: swarm.two_pools.then(|| crate::SECOND_POOL.to_string()),
             subnet: swarm.subnet,
+            pins: swarm.pins,
             tuning: opts.tuning(swarm.resync_secs, swarm.claim_ahead, swarm.watch),
             timeout: Duration::from_millis(500),
         };

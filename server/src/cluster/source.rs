@@ -325,12 +325,46 @@ impl ClusterSource {
     }
 
     /// Block `net` may have come to be confirmed: it takes over what blocks of other sizes
-    /// over it hold here (see `take_over`).
+    /// over it hold here (see `take_over`), and the addresses in it hosted here.
     fn confirmed_now(&mut self, net: IpNet) {
-        if self.blocks.get(&net).is_some_and(|b| b.confirmed())
-            && !crate::bugs::on(crate::bugs::Bug::OverlapNotTakenOver)
-        {
+        if !self.blocks.get(&net).is_some_and(|b| b.confirmed()) {
+            return;
+        }
+        if !crate::bugs::on(crate::bugs::Bug::OverlapNotTakenOver) {
             self.take_over(net);
+        }
+        if !crate::bugs::on(crate::bugs::Bug::HostedNotTakenOver) {
+            self.take_over_hosted(net);
+        }
+    }
+
+    /// Addresses hosted here (fixed addresses outside this node's blocks) that block `net`,
+    /// this node's now, covers: the pin's block was given back or released (a pin the
+    /// store no longer has, as after etcd's restore from an older backup), and claimed here.
+    /// `net` holds them from now on, so that it never hands one out again.
+    fn take_over_hosted(&mut self, net: IpNet) {
+        let inside: Vec<IpAddr> = self
+            .hosted
+            .range(net.network()..=net.broadcast())
+            .copied()
+            .collect();
+        let Some(block) = self.blocks.get_mut(&net) else {
+            return;
+        };
+        let mut moved = 0;
+        for ip in inside {
+            if block.alloc.occupy(ip).is_ok() {
+                block.empty_since = None;
+                self.hosted.remove(&ip);
+                moved += 1;
+            }
+        }
+        if moved > 0 {
+            if !block.recorded {
+                block.recorded = true;
+                self.record.push(net.to_string());
+            }
+            tracing::warn!(pool = %self.pool, block = %net, moved, "a block of this node's over fixed addresses hosted here: the block holds them from now on");
         }
     }
 
@@ -535,7 +569,8 @@ impl ClusterSource {
         let giving = self.usable().find_map(|b| match b.state {
             BlockState::Confirmed(revision)
                 if b.is_empty()
-                    && !self.node.pinned_in(&self.pool, &b.net())
+                    && (!self.node.pinned_in(&self.pool, &b.net())
+                        || crate::bugs::on(crate::bugs::Bug::PinnedBlockGivenBack))
                     && b.empty_since.is_some_and(|t| t.elapsed() >= hold_down)
                     && (disabled || free.saturating_sub(counted(b)) >= self.threshold as u128) =>
             {

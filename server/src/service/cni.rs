@@ -173,15 +173,7 @@ impl CniService {
     ) -> Result<Response<pb::DelResponse>, Status> {
         self.check_peer(&req)?;
         let key = key_of(req.into_inner().key)?;
-        let del = async {
-            let _turn = match (&self.holds, self.ipam.fixed_held(&key)) {
-                (Some(h), Some(_)) => Some(h.turn().await),
-                _ => None,
-            };
-            super::fixed::before_del(&self.ipam, self.holds.as_ref(), &key).await?;
-            self.ipam.del(&key).await
-        };
-        match del.await {
+        match super::fixed::del(&self.ipam, self.holds.as_ref(), &key).await {
             Ok(released) => {
                 let ips: Vec<String> = released.iter().map(|i| i.to_string()).collect();
                 tracing::info!(op = "DEL", network = %key.network, container = %key.container_id, ifname = %key.ifname, address = %ips.join(","), outcome = if ips.is_empty() { "unknown key" } else { "released" });

@@ -1,5 +1,6 @@
 //! ADD and DEL of pods with a fixed address (`ipool.io/fixed`): the pin's part
-//! ([`crate::cluster::pin::hold`]) around the engine's.
+//! ([`crate::cluster::pin::hold`]) around the engine's. The CNI service runs them, and so does
+//! the simulation (`ipool-sim`), which calls the engine as the service does.
 
 use crate::cluster::pin::hold::{Before, Holds, Refused};
 use crate::cluster::pin::PinOwner;
@@ -60,7 +61,7 @@ fn refused(owner: &PinOwner, e: Refused) -> Error {
 }
 
 /// The ADD `req` of a pod whose address belongs to `owner`.
-pub(super) async fn add(
+pub async fn add(
     ipam: &Ipam,
     holds: &Holds,
     mut req: AddRequest,
@@ -151,14 +152,25 @@ pub(super) async fn add(
     }
 }
 
-/// Before the DEL of `key`: its fixed address's hold on this node ends. An error: nothing
-/// may be released (the runtime retries the DEL). The caller holds the node's turn
-/// ([`Holds::turn`]) through the engine's DEL.
-pub(super) async fn before_del(
+/// The DEL of `key`: a fixed address's hold on this node ends first, in the node's turn
+/// ([`Holds::turn`]) through the engine's DEL. Returns what was released.
+pub async fn del(
     ipam: &Ipam,
     holds: Option<&Holds>,
     key: &AttachmentKey,
-) -> Result<(), Error> {
+) -> Result<Vec<std::net::IpAddr>, Error> {
+    let _turn = match (holds, ipam.fixed_held(key)) {
+        (Some(h), Some(_)) => Some(h.turn().await),
+        _ => None,
+    };
+    before_del(ipam, holds, key).await?;
+    ipam.del(key).await
+}
+
+/// Before the DEL of `key`: its fixed address's hold on this node ends. An error: nothing
+/// may be released (the runtime retries the DEL). The caller holds the node's turn
+/// ([`Holds::turn`]) through the engine's DEL.
+async fn before_del(ipam: &Ipam, holds: Option<&Holds>, key: &AttachmentKey) -> Result<(), Error> {
     let (Some(holds), Some(held)) = (holds, ipam.fixed_held(key)) else {
         return Ok(());
     };

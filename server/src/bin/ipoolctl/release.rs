@@ -16,10 +16,8 @@ pub(crate) async fn release_node(
     force: bool,
     out: Output,
 ) -> Result<(), ClusterError> {
-    let pins = store.pins(None).await?;
     let r =
-        ipool_server::cluster::release::release_node(store, place, node, absent_for, force, &pins)
-            .await?;
+        ipool_server::cluster::release::release_node(store, place, node, absent_for, force).await?;
     warn_malformed(place, &r.malformed);
     for why in &r.forced {
         eprintln!("ipoolctl: --force: {why}; giving its blocks back anyway");

@@ -17,6 +17,9 @@ impl ClusterSource {
         // A routed pool holds no pins: its sources (the default) skip the book's lock on
         // every hand-out.
         self.subnet.as_ref()?;
+        if crate::bugs::on(crate::bugs::Bug::PinnedHandedOut) {
+            return None;
+        }
         let pin = self.node.pin_at(&self.pool, ip)?;
         Some(format!(
             "{ip} is pinned in cluster pool {:?} for {} (held by {}): it is handed out to that owner's pod only",

@@ -97,8 +97,10 @@ impl ClusterSource {
         let pool = self.node.pool_reserved(&self.pool);
         // Pins are kept by one subnet's sources only (a routed pool takes none).
         let pinned = match self.subnet {
-            Some(_) => self.node.pool_pinned(&self.pool),
-            None => std::sync::Arc::default(),
+            Some(_) if !crate::bugs::on(crate::bugs::Bug::PinnedHandedOut) => {
+                self.node.pool_pinned(&self.pool)
+            }
+            _ => std::sync::Arc::default(),
         };
         if self.excluded.is_empty() && pinned.is_empty() {
             return pool;

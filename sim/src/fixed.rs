@@ -1,0 +1,116 @@
+//! Pods with fixed addresses (issue 40), in the runs whose swarm has pins: four ordinals of
+//! one StatefulSet and two VMs own them, and their ADDs and DELs take the pins' path as
+//! ipoold's do (`ipool_server::service::fixed`). Kubernetes' part is played as it runs them:
+//! a StatefulSet has at most one pod of an ordinal (a new one once the old one's DEL was
+//! called, or its node is gone); a VM has one launcher pod, and two during a live migration,
+//! on two nodes. The checker lets two pods hold one address only when they are two launchers
+//! of one VM; it checks every fixed address handed out against the pins in the store.
+
+use std::net::IpAddr;
+
+use ipool_server::cluster::pin::{Pin, PinOwner};
+
+use crate::nodes::{add, add_pod};
+use crate::world::World;
+
+/// How many owners there are: the StatefulSet's ordinals, then the VMs.
+const ORDINALS: u32 = 4;
+const VMS: u32 = 2;
+
+/// Owner `k` of the run's.
+fn owner(k: u32) -> PinOwner {
+    match k < ORDINALS {
+        true => PinOwner::StatefulSet {
+            namespace: "sim".into(),
+            name: "db".into(),
+            ordinal: k,
+        },
+        false => PinOwner::VirtualMachine {
+            namespace: "sim".into(),
+            name: format!("vm{}", k - ORDINALS),
+        },
+    }
+}
+
+/// The name of `owner`'s pod whose sandbox is `container`, as its controller names it.
+pub(crate) fn pod_name(owner: &PinOwner, container: &str) -> String {
+    match owner {
+        PinOwner::StatefulSet { name, ordinal, .. } => format!("{name}-{ordinal}"),
+        PinOwner::VirtualMachine { name, .. } => format!("virt-launcher-{name}-{container}"),
+    }
+}
+
+/// The slots of `owner`'s pods that run (answered, not excused) and of those on their way.
+fn pods_of(w: &World, owner: &PinOwner) -> (Vec<usize>, usize) {
+    let shown = owner.to_string();
+    let live = w
+        .checker
+        .pods
+        .values()
+        .filter(|p| p.owner.as_deref() == Some(shown.as_str()) && p.excused.is_none())
+        .map(|p| p.slot)
+        .collect();
+    let adding = w
+        .adding
+        .values()
+        .filter(|a| a.owner.as_ref() == Some(owner))
+        .count();
+    (live, adding)
+}
+
+/// An ADD on slot `i` of a new pod of an owner (picked) that has none; a plain one if it has.
+pub(crate) fn add_fixed(w: &mut World, i: usize) {
+    let o = owner(w.choices.pick(ORDINALS + VMS));
+    match pods_of(w, &o) {
+        (live, 0) if live.is_empty() => add_pod(w, i, Vec::new(), Some(o)),
+        _ => add(w, i),
+    }
+}
+
+/// A VM's live migration: a second launcher pod on another node while the first runs.
+pub(crate) fn migrate(w: &mut World) {
+    let o = owner(ORDINALS + w.choices.pick(VMS));
+    let (live, adding) = pods_of(w, &o);
+    let ([from], 0) = (live.as_slice(), adding) else {
+        return;
+    };
+    let source = w.slots[*from].name.clone();
+    let targets: Vec<usize> = (0..w.slots.len())
+        .filter(|t| w.slots[*t].daemon.is_some() && w.slots[*t].name != source)
+        .collect();
+    if targets.is_empty() {
+        return;
+    }
+    let t = targets[w.choices.pick(targets.len() as u32) as usize];
+    w.note(format!("{o} migrates from {source} to {}", w.slots[t].name));
+    add_pod(w, t, Vec::new(), Some(o));
+}
+
+/// The addresses of `ips` that the store's `pins` keep for `owner` with `node`'s pod `uid`
+/// among their holders (an ADD of that pod answered with them, served where they are).
+pub(crate) fn pinned_for(
+    pins: &[Pin],
+    owner: &PinOwner,
+    node: &str,
+    uid: &str,
+    ips: &[IpAddr],
+) -> Vec<IpAddr> {
+    ips.iter()
+        .copied()
+        .filter(|ip| {
+            pins.iter().any(|p| {
+                p.address == *ip
+                    && p.owner == *owner
+                    && p.holders.iter().any(|h| h.node == node && h.uid == uid)
+            })
+        })
+        .collect()
+}
+
+/// Whether two pods of these owners may hold one address: two launchers of one VM.
+pub(crate) fn may_share(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b && a.starts_with("VirtualMachine/"),
+        _ => false,
+    }
+}
