@@ -11,7 +11,11 @@
 //! deletes spare pools of other block sizes, and runs release-node where the daemons keep no
 //! names (another Lease namespace, another etcd prefix), grows the pool by a CIDR, disables and
 //! enables it and removes the CIDR again, and reserves addresses for a while (none may be handed
-//! out once every node could know). The pool is dual-stack for half the seeds. The checker (`common::history`)
+//! out once every node could know). The pool is dual-stack for half the seeds. Half the seeds
+//! address the network as one subnet, and a quarter of their ADDs are of pods with fixed
+//! addresses (`common::fixed_pods`: a StatefulSet's ordinals, VMs' launchers that migrate),
+//! whose pins move between nodes through the same faults; two launchers of one VM may share
+//! its address, nobody else. The checker (`common::history`)
 //! then proves that no address was ever held by two pods at once, that every acknowledged
 //! attachment is still held unless a DEL released it, and that every held address lies in a
 //! block the store says its node owns.
@@ -29,6 +33,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::backend::Backend;
+use common::fake_api::FakeApi;
+use common::fixed_pods::{self, FixedPods};
 use common::history::{History, Hold, Rng};
 use common::proxy::{Mode, Proxy};
 use common::*;
@@ -65,6 +71,11 @@ struct Run {
     seed: u64,
     /// The network addressed as one subnet (half the seeds): [`SUBNET`].
     subnet: bool,
+    /// In the runs addressed as one subnet: pods with fixed addresses (a StatefulSet's, VMs'
+    /// that migrate), read by the daemons from the fake apiserver (`[kubernetes]`).
+    fixed: Option<FixedPods>,
+    /// The fake apiserver of the pods when the store is etcd.
+    own_api: Option<FakeApi>,
 }
 
 /// What a node's network says in the runs addressed as one subnet (`addressing = "subnet"`):
@@ -89,13 +100,17 @@ fn never_in_subnet(ip: IpAddr) -> bool {
 }
 
 /// Node `name`'s daemon config, its store reached through `via`.
+/// In a run addressed as one subnet it has pods with fixed addresses, read from the
+/// apiserver (never collected: the test deletes no pod object).
 fn node_config(store: &Backend, name: &str, via: &str, subnet: bool) -> String {
     let toml = store.daemon_config(name, POOL, TUNING, via);
     match subnet {
-        true => toml.replace(
-            &format!("cluster_pool = \"{POOL}\"\n"),
-            &format!("cluster_pool = \"{POOL}\"\n{SUBNET}"),
-        ),
+        true => {
+            toml.replace(
+                &format!("cluster_pool = \"{POOL}\"\n"),
+                &format!("cluster_pool = \"{POOL}\"\n{SUBNET}"),
+            ) + "\n[kubernetes]\ngc_grace_secs = 86400\n"
+        }
         false => toml,
     }
 }
@@ -104,6 +119,61 @@ impl Run {
     fn now(&self) -> f64 {
         self.history.lock().unwrap().now()
     }
+
+    /// The apiserver the daemons read pods from, in a run with fixed addresses.
+    fn api(&self) -> Option<&FakeApi> {
+        self.store.api().or(self.own_api.as_ref())
+    }
+}
+
+/// An ADD of a pod without a fixed address. Where the daemons read pods from the apiserver,
+/// it names none (as podman's ADD does): served as it comes.
+fn plain_add(run: &Run, c: &str, conf: &str) -> common::Run {
+    match run.fixed.is_some() {
+        true => cni_with_args("ADD", c, "IgnoreUnknown=1", conf),
+        false => cni("ADD", c, conf),
+    }
+}
+
+/// A daemon of node `name` on `toml`, reading pods from `api` if given (`--kubeconfig`).
+fn daemon_of(toml: &str, name: &str, api: Option<&FakeApi>) -> Daemon {
+    let mut d = Daemon::prepare_with_config(toml);
+    if let Some(api) = api {
+        let kubeconfig = api.kubeconfig(d.dir.path());
+        d.add_args(&["--kubeconfig", &kubeconfig.display().to_string()]);
+        d.add_args(&["--node-name", name]);
+    }
+    d
+}
+
+/// An ADD of a new pod with a fixed address, as the worker's next ADD (`c`): its owner picked
+/// by `rng` among those that may have one now. None when the pick's owner may not.
+fn fixed_add(run: &Run, rng: &mut Rng, c: &str) -> Option<(usize, bool)> {
+    let (fixed, api) = (run.fixed.as_ref()?, run.api()?);
+    let names: Vec<String> = run.nodes.iter().map(|n| n.name.clone()).collect();
+    let add = fixed.next(api, rng.below(fixed_pods::OWNERS), rng.next(), &names, c)?;
+    let node = &run.nodes[add.node];
+    let r = cni_with_args("ADD", c, &add.args, &node.conf);
+    let at = run.now();
+    fixed.answered(&add.owner, add.node, c, r.ok);
+    match r.ok {
+        true => {
+            let ips: Vec<IpAddr> = r.addresses().iter().map(|a| addr(a)).collect();
+            run.history
+                .lock()
+                .unwrap()
+                .acked_owned(&node.name, c, &ips, at, Some(&add.owner));
+        }
+        false => {
+            let why = format!(
+                "{} {}",
+                r.json["msg"].as_str().unwrap_or(&r.stderr),
+                r.json["details"].as_str().unwrap_or_default()
+            );
+            run.history.lock().unwrap().add_failed(r.code(), &why);
+        }
+    }
+    Some((add.node, r.ok))
 }
 
 fn addr(cidr: &str) -> IpAddr {
@@ -127,17 +197,30 @@ fn worker(run: Arc<Run>, id: usize) {
             let node = &run.nodes[i];
             let at = run.now();
             run.history.lock().unwrap().deleting(&node.name, &c, at);
+            if let Some(f) = &run.fixed {
+                f.deleting(&c);
+            }
             if !cni("DEL", &c, &node.conf).ok {
                 to_delete.push((i, c));
             }
             continue;
         }
-        let i = rng.below(run.nodes.len() as u64) as usize;
-        let node = &run.nodes[i];
         n += 1;
         let c = format!("w{id}-{n}");
+        // A quarter of the ADDs of a run with fixed addresses: a pod of a StatefulSet's
+        // ordinal or a VM's launcher.
+        if run.fixed.is_some() && rng.chance(0.25) {
+            match fixed_add(&run, &mut rng, &c) {
+                Some((i, true)) => pods.push((i, c)),
+                Some((i, false)) => to_delete.push((i, c)),
+                None => {}
+            }
+            continue;
+        }
+        let i = rng.below(run.nodes.len() as u64) as usize;
+        let node = &run.nodes[i];
         let started = run.now();
-        let r = cni("ADD", &c, &node.conf);
+        let r = plain_add(&run, &c, &node.conf);
         let at = run.now();
         match r.ok {
             true => {
@@ -371,6 +454,9 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
                 d.kill9();
                 let at = run.now();
                 run.history.lock().unwrap().wiped(&name, at);
+                if let Some(f) = &run.fixed {
+                    f.wiped(i);
+                }
                 std::fs::remove_dir_all(&d.state).expect("wipe the store");
                 let released = run.store.ctl(&["release-node", &name, "--force"]);
                 log_fault(
@@ -391,6 +477,9 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
                 d.kill9();
                 let at = run.now();
                 run.history.lock().unwrap().wiped(&name, at);
+                if let Some(f) = &run.fixed {
+                    f.wiped(i);
+                }
                 std::fs::remove_dir_all(&d.state).expect("wipe the store");
                 d.spawn();
                 log_fault(&run, format!("{name}: restarted with a wiped store"));
@@ -404,7 +493,7 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
             _ => {
                 // A second daemon under the same node name, for a while: it must hold back.
                 let toml = node_config(&run.store, &name, &run.store.addr(), run.subnet);
-                let mut twin = Daemon::prepare_with_config(&toml);
+                let mut twin = daemon_of(&toml, &name, run.api());
                 twin.spawn();
                 log_fault(
                     &run,
@@ -417,7 +506,7 @@ fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
                 while Instant::now() < deadline {
                     k += 1;
                     let c = format!("twin-{}-{k}", run.now() as u64);
-                    let r = cni("ADD", &c, &conf);
+                    let r = plain_add(&run, &c, &conf);
                     if r.ok {
                         let at = run.now();
                         let ips: Vec<IpAddr> = r.addresses().iter().map(|a| addr(a)).collect();
@@ -681,13 +770,19 @@ fn nemesis(store: Backend) {
         if subnet { "subnet" } else { "block" }
     );
     let store_addr = store.addr();
+    // Pods with fixed addresses in the runs addressed as one subnet, on the store's apiserver
+    // or one of their own.
+    let own_api = (subnet && store.api().is_none()).then(FakeApi::start);
+    let api = store.api().or(own_api.as_ref()).filter(|_| subnet);
+    let names: Vec<String> = (0..count).map(|i| format!("node-{i}")).collect();
+    let fixed = api.map(|api| FixedPods::new(api, &names));
     let nodes: Vec<Node> = (0..count)
         .map(|i| {
             let name = format!("node-{i}");
             let proxy = Proxy::start(&store_addr);
             let via = proxy.url.trim_start_matches("http://").to_string();
             let toml = node_config(&store, &name, &via, subnet);
-            let mut d = Daemon::prepare_with_config(&toml);
+            let mut d = daemon_of(&toml, &name, api);
             d.spawn();
             let conf = d.conf("1.0.0", "pods", "");
             Node {
@@ -710,6 +805,8 @@ fn nemesis(store: Backend) {
         stop: AtomicBool::new(false),
         seed,
         subnet,
+        fixed,
+        own_api,
     });
     let workers: Vec<_> = (0..4)
         .map(|id| {
@@ -737,6 +834,14 @@ fn nemesis(store: Backend) {
 
     let history = run.history.lock().unwrap();
     eprintln!("nemesis: seed {seed}: {}", history.summary());
+    if let Some(f) = &run.fixed {
+        let counts = f.counts.lock().unwrap().clone();
+        eprintln!("nemesis: seed {seed}: pods with fixed addresses: {counts:?}");
+        assert!(
+            counts.added > 5,
+            "seed {seed}: too few pods with fixed addresses ran to prove anything: {counts:?}"
+        );
+    }
     let problems = run.problems.lock().unwrap().clone();
     assert!(
         problems.is_empty(),
@@ -786,11 +891,26 @@ fn nemesis(store: Backend) {
         faults_text(&history)
     );
     // Every held address lies in a block the store says its node owns (once the nodes synced).
+    // A fixed address may lie outside them where a pin keeps it for its pod, held there.
+    let fixed: BTreeSet<(String, String)> = history
+        .open()
+        .iter()
+        .filter(|h| h.owner.is_some())
+        .map(|h| (h.node.clone(), h.container.clone()))
+        .collect();
     eventually(30, "every held address in a block of its own node", || {
         let owners = run.store.owners();
+        let pinned = match fixed.is_empty() {
+            true => BTreeSet::new(),
+            false => pinned_holders(&run.store),
+        };
         let wrong: Vec<String> = listed
             .iter()
             .flat_map(|(node, l)| l.iter().map(move |(c, ip)| (node, c, *ip)))
+            .filter(|(node, c, ip)| {
+                !(fixed.contains(&(node.to_string(), c.to_string()))
+                    && pinned.contains(&(*ip, node.to_string())))
+            })
             .filter(|(node, _, ip)| {
                 owners
                     .iter()
@@ -809,6 +929,26 @@ fn nemesis(store: Backend) {
         "seed {seed}: the run did too little to prove anything: {}",
         history.summary()
     );
+}
+
+/// The store's pins as `ipoolctl cluster pins` lists them: (address, a node holding it).
+fn pinned_holders(store: &Backend) -> BTreeSet<(IpAddr, String)> {
+    let o = store.ctl(&["--output", "json", "pins"]);
+    assert!(o.status.success(), "pins: {}", stderr(&o));
+    json(&o)
+        .as_array()
+        .expect("a list")
+        .iter()
+        .flat_map(|p| {
+            let ip: IpAddr = p["address"].as_str().unwrap().parse().unwrap();
+            p["holders"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |h| (ip, h["node"].as_str().unwrap_or_default().to_string()))
+        })
+        .collect()
 }
 
 fn describe(overlaps: &[(Hold, Hold)]) -> String {
@@ -843,6 +983,26 @@ fn the_checker_finds_duplicates_losses_and_leaks() {
     h.acked("n2", "d", ip("10.0.0.3"), 3.0);
     h.acked("n2", "e", ip("10.0.0.3"), 4.0);
     assert_eq!(h.overlaps().len(), 2, "on one node");
+    // Two launchers of one VM may share its address (a migration); nobody else may.
+    let vm = Some("VirtualMachine/db/vm0");
+    h.acked_owned("n1", "l1", &[ip("10.0.0.4")], 5.0, vm);
+    h.acked_owned("n2", "l2", &[ip("10.0.0.4")], 6.0, vm);
+    assert_eq!(h.overlaps().len(), 2, "a migration");
+    h.acked_owned(
+        "n3",
+        "l3",
+        &[ip("10.0.0.4")],
+        6.5,
+        Some("VirtualMachine/db/vm1"),
+    );
+    h.acked_owned(
+        "n3",
+        "s0",
+        &[ip("10.0.0.4")],
+        7.0,
+        Some("StatefulSet/db/web/0"),
+    );
+    assert_eq!(h.overlaps().len(), 2 + 5, "another VM's, a StatefulSet's");
     // A wiped node's holds end with it; an answer recorded after the wipe but acknowledged
     // before it ends there too.
     let mut w = History::new();
@@ -881,4 +1041,18 @@ fn the_checker_finds_duplicates_losses_and_leaks() {
         p.iter().any(|p| p.contains("held on n1 and on n2")),
         "{p:?}"
     );
+    // Two launchers of one VM, listed on two nodes mid-migration: no problem.
+    let vm = Some("VirtualMachine/db/vm0");
+    end.acked_owned("n1", "l1", &[ip("10.0.0.4")], 2.0, vm);
+    end.acked_owned("n2", "l2", &[ip("10.0.0.4")], 3.0, vm);
+    let mut migrating = listed.clone();
+    migrating
+        .get_mut("n1")
+        .unwrap()
+        .insert(("l1".into(), ip("10.0.0.4")));
+    migrating
+        .get_mut("n2")
+        .unwrap()
+        .insert(("l2".into(), ip("10.0.0.4")));
+    assert!(end.check_end(&migrating).is_empty());
 }

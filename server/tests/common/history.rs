@@ -6,7 +6,9 @@
 //!   is the shortest the pod surely had the address, so an overlap is a real duplicate;
 //! - at the end, every hold still open is listed by its node's daemon with its address, and no
 //!   daemon lists an attachment that no open hold explains (a leak), nor an address another
-//!   daemon lists.
+//!   daemon lists;
+//! - a pod with a fixed address (`ipool.io/fixed`) names its owner: two holds of one address
+//!   may overlap only when both are launcher pods of one VM (a live migration).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,6 +26,18 @@ pub struct Hold {
     /// When the first DEL was called, or the node wiped; None: held at the end.
     pub until: Option<f64>,
     pub how_ended: &'static str,
+    /// The owner of the pod's fixed address (`VirtualMachine/ns/vm`, ...), if it has one.
+    pub owner: Option<String>,
+}
+
+impl Hold {
+    /// Whether `self` and `other` may hold one address at once: two launchers of one VM.
+    pub fn may_share(&self, other: &Hold) -> bool {
+        match (&self.owner, &other.owner) {
+            (Some(a), Some(b)) => a == b && a.starts_with("VirtualMachine/"),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -60,13 +74,25 @@ impl History {
 
     /// An ADD on `node` acknowledged with `ips` (one per family) at `at`.
     pub fn acked_all(&mut self, node: &str, container: &str, ips: &[IpAddr], at: f64) {
+        self.acked_owned(node, container, ips, at, None);
+    }
+
+    /// The same, of a pod whose address is fixed for `owner`.
+    pub fn acked_owned(
+        &mut self,
+        node: &str,
+        container: &str,
+        ips: &[IpAddr],
+        at: f64,
+        owner: Option<&str>,
+    ) {
         self.adds_ok += 1;
         for ip in ips {
-            self.hold(node, container, *ip, at);
+            self.hold(node, container, *ip, at, owner);
         }
     }
 
-    fn hold(&mut self, node: &str, container: &str, ip: IpAddr, at: f64) {
+    fn hold(&mut self, node: &str, container: &str, ip: IpAddr, at: f64, owner: Option<&str>) {
         // Answered before a wipe that was recorded first: it ended with the node.
         let wiped = self
             .wipes
@@ -81,6 +107,7 @@ impl History {
             from: at,
             until: wiped,
             how_ended: if wiped.is_some() { "node wiped" } else { "" },
+            owner: owner.map(str::to_string),
         });
     }
 
@@ -123,7 +150,7 @@ impl History {
                 for b in &holds[i + 1..] {
                     let a_end = a.until.unwrap_or(f64::INFINITY);
                     let b_end = b.until.unwrap_or(f64::INFINITY);
-                    if a.from < b_end && b.from < a_end {
+                    if a.from < b_end && b.from < a_end && !a.may_share(b) {
                         out.push(((*a).clone(), (*b).clone()));
                     }
                 }
@@ -152,20 +179,24 @@ impl History {
                 ));
             }
         }
-        let mut seen: BTreeMap<IpAddr, &str> = BTreeMap::new();
+        let open = self.open();
+        let mut seen: BTreeMap<IpAddr, (&str, Option<&Hold>)> = BTreeMap::new();
         for (node, l) in listed {
             for (container, ip) in l {
-                let explained = self
-                    .open()
+                let hold = open
                     .iter()
-                    .any(|h| &h.node == node && &h.container == container && h.ip == *ip);
-                if !explained {
+                    .find(|h| &h.node == node && &h.container == container && h.ip == *ip)
+                    .copied();
+                if hold.is_none() {
                     problems.push(format!(
                         "{node} holds {container} {ip}, which no acknowledged ADD without a DEL explains (a leak)"
                     ));
                 }
-                if let Some(other) = seen.insert(*ip, node) {
-                    problems.push(format!("{ip} is held on {other} and on {node}"));
+                if let Some((other, other_hold)) = seen.insert(*ip, (node, hold)) {
+                    let shared = matches!((hold, other_hold), (Some(a), Some(b)) if a.may_share(b));
+                    if !shared {
+                        problems.push(format!("{ip} is held on {other} and on {node}"));
+                    }
                 }
             }
         }

@@ -11,6 +11,7 @@ use serde_json::Value;
 pub mod backend;
 pub mod etcd;
 pub mod fake_api;
+pub mod fixed_pods;
 pub mod history;
 pub mod load;
 pub mod netns;
