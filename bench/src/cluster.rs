@@ -6,6 +6,7 @@
 mod claims;
 mod etcd;
 pub mod load;
+mod load_pins;
 mod load_report;
 mod report;
 mod scale;

@@ -188,6 +188,8 @@ pub struct LoadRow {
     pub store: &'static str,
     pub dual: bool,
     pub churn: bool,
+    /// The pods churned are a StatefulSet's with fixed addresses, moved from node to node.
+    pub pins: bool,
     pub nodes: usize,
     pub window: Duration,
     pub used: Load,
@@ -218,20 +220,31 @@ struct Setup {
     store: Store,
     dual: bool,
     churn: bool,
+    /// The pods' apiserver of a setup whose churn moves fixed-address pods (`load_pins`).
+    pods: Option<FakeApi>,
     daemons: Vec<Daemon>,
     nets: Vec<Net>,
     _dir: tempfile::TempDir,
+}
+
+/// What a configuration's pods are: `dual`-stack or not, churned or idle, and (`pins`)
+/// churned as fixed-address pods moving from node to node.
+#[derive(Clone, Copy)]
+struct Pods {
+    dual: bool,
+    churn: bool,
+    pins: bool,
 }
 
 fn setup(
     bins: &Bins,
     etcd_bin: &Path,
     kube: bool,
-    dual: bool,
-    churn: bool,
+    pods: Pods,
     nodes: usize,
     extra: &str,
 ) -> Result<Setup> {
+    let Pods { dual, churn, pins } = pods;
     let store = Store::start(etcd_bin, kube)?;
     let mut pool = vec![
         "pool",
@@ -247,12 +260,21 @@ fn setup(
     }
     store.ctl(bins, &pool)?;
     let dir = tempfile::tempdir().context("temp dir")?;
+    let api = pins.then(|| super::load_pins::pods_api(nodes));
     let mut daemons = Vec::new();
     let mut nets = Vec::new();
     for i in 0..nodes {
         let path = dir.path().join(format!("n{i}.toml"));
-        std::fs::write(&path, store.config(&format!("n{i}"), "p", extra))?;
-        let d = Daemon::start(&bins.ipoold, Some(&path))?;
+        let config = store.config(&format!("n{i}"), "p", extra);
+        let (config, args) = match &api {
+            Some(api) => (
+                super::load_pins::config(config),
+                super::load_pins::args(api, dir.path(), i)?,
+            ),
+            None => (config, Vec::new()),
+        };
+        std::fs::write(&path, config)?;
+        let d = Daemon::start_with(&bins.ipoold, Some(&path), &args)?;
         nets.push(Net::ipool_configured(&bins.ipool, &d.socket, "pods"));
         daemons.push(d);
     }
@@ -260,6 +282,7 @@ fn setup(
         store,
         dual,
         churn,
+        pods: api,
         daemons,
         nets,
         _dir: dir,
@@ -299,8 +322,15 @@ pub fn run(
     let extra = &format!("heartbeat_ttl_secs = {ttl}");
     let mut setups = Vec::new();
     for kube in [false, true] {
-        for (dual, churn) in [(false, false), (false, true), (true, false), (true, true)] {
-            setups.push(setup(bins, etcd_bin, kube, dual, churn, nodes, extra)?);
+        for (dual, churn, pins) in [
+            (false, false, false),
+            (false, true, false),
+            (true, false, false),
+            (true, true, false),
+            (false, true, true),
+        ] {
+            let pods = Pods { dual, churn, pins };
+            setups.push(setup(bins, etcd_bin, kube, pods, nodes, extra)?);
         }
     }
     for s in &setups {
@@ -318,6 +348,10 @@ pub fn run(
     while start.elapsed() < window {
         if start.elapsed() >= Duration::from_secs(6) * k {
             for s in setups.iter().filter(|s| s.churn) {
+                if let Some(api) = &s.pods {
+                    super::load_pins::move_pods(api, &s.nets, k as usize)?;
+                    continue;
+                }
                 for (i, n) in s.nets.iter().enumerate() {
                     let id = format!("churn{i}-{k}");
                     n.call(Op::Add, &id)?;
@@ -335,6 +369,7 @@ pub fn run(
             store: s.store.name(),
             dual: s.dual,
             churn: s.churn,
+            pins: s.pods.is_some(),
             nodes: s.daemons.len(),
             window,
             used: s.store.load()? - b,
