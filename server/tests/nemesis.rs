@@ -126,6 +126,16 @@ impl Run {
     }
 }
 
+/// A failed ADD, counted by its code and message.
+fn add_failed(run: &Run, r: &common::Run) {
+    let why = format!(
+        "{} {}",
+        r.json["msg"].as_str().unwrap_or(&r.stderr),
+        r.json["details"].as_str().unwrap_or_default()
+    );
+    run.history.lock().unwrap().add_failed(r.code(), &why);
+}
+
 /// An ADD of a pod without a fixed address. Where the daemons read pods from the apiserver,
 /// it names none (as podman's ADD does): served as it comes.
 fn plain_add(run: &Run, c: &str, conf: &str) -> common::Run {
@@ -164,14 +174,7 @@ fn fixed_add(run: &Run, rng: &mut Rng, c: &str) -> Option<(usize, bool)> {
                 .unwrap()
                 .acked_owned(&node.name, c, &ips, at, Some(&add.owner));
         }
-        false => {
-            let why = format!(
-                "{} {}",
-                r.json["msg"].as_str().unwrap_or(&r.stderr),
-                r.json["details"].as_str().unwrap_or_default()
-            );
-            run.history.lock().unwrap().add_failed(r.code(), &why);
-        }
+        false => add_failed(run, &r),
     }
     Some((add.node, r.ok))
 }
@@ -239,12 +242,7 @@ fn worker(run: Arc<Run>, id: usize) {
                 pods.push((i, c));
             }
             false => {
-                let why = format!(
-                    "{} {}",
-                    r.json["msg"].as_str().unwrap_or(&r.stderr),
-                    r.json["details"].as_str().unwrap_or_default()
-                );
-                run.history.lock().unwrap().add_failed(r.code(), &why);
+                add_failed(&run, &r);
                 to_delete.push((i, c));
             }
         }
