@@ -294,11 +294,16 @@ fn pool_growth(run: &Run, pause: Duration) {
     let off = run.store.ctl(&["pool", "disable", POOL]);
     log_fault(run, format!("pool {POOL}: disabled: {}", outcome(&off)));
     std::thread::sleep(pause.min(Duration::from_secs(2)));
-    // Enabled whatever happens (the rest of the run needs addresses).
-    eventually(30, "the pool enabled again", || {
+    // Enabled whatever happens (the rest of the run needs addresses); a pool a deletion left
+    // Deleting meanwhile (its store failing under it) is deleted again first, as ipoolctl says.
+    eventually(60, "the pool enabled again", || {
         let on = run.store.ctl(&["pool", "enable", POOL]);
         match on.status.success() {
             true => Ok(()),
+            false if stderr(&on).contains("is Deleting") => {
+                again_if_left_deleting(run);
+                Err(stderr(&on))
+            }
             false => Err(stderr(&on)),
         }
     });
@@ -580,11 +585,16 @@ fn pool_deletion(run: &Run, i: usize, pause: Duration) {
 /// message says, until it is refused (Ready again) or done (made again here). Logged: a pool
 /// left Deleting with the store answering is seen in the faults.
 fn again_if_left_deleting(run: &Run) {
-    for _ in 0..5 {
-        let deleting =
-            pool_phase(run).is_some_and(|phase| phase == Some(serde_json::json!("Deleting")));
-        if !deleting {
-            return;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        match pool_phase(run) {
+            Some(phase) if phase == Some(serde_json::json!("Deleting")) => {}
+            Some(_) => return,
+            // The store not answering now (another fault): asked again.
+            None => {
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
         }
         let again = run.store.ctl_within(30, &["pool", "delete", POOL]);
         log_fault(
