@@ -1,0 +1,166 @@
+//! The randomized fault test's faults of nodes and of the store: the store stopped; a node's
+//! store connection delayed, answered into the void, cut, or held past its timeout and
+//! delivered late; daemons killed, wiped (with or without release-node), doubled; and, through
+//! `operator`, what an operator does.
+
+use super::*;
+
+/// Takes node `i` for a fault: false if another fault holds it.
+pub(super) fn take(run: &Run, i: usize) -> bool {
+    !run.nodes[i].busy.swap(true, Ordering::SeqCst)
+}
+
+pub(super) fn release(run: &Run, i: usize) {
+    run.nodes[i].busy.store(false, Ordering::SeqCst);
+}
+
+/// One fault, chosen by `rng`, run to its end (faults of different nodes overlap: each runs on
+/// a thread of its own).
+pub(super) fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
+    let i = rng.below(run.nodes.len() as u64) as usize;
+    let pause = Duration::from_millis(500 + rng.below(7000));
+    let kind = rng.below(132);
+    let name = run.nodes[i].name.clone();
+    // What a reservation fault reserves: an address of the pool, alone or its /30.
+    let reserve = (rng.below(512) as u32, rng.chance(0.5));
+    if kind < 12 {
+        // The store itself: stopped, then started.
+        if run.store_busy.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        let run = run.clone();
+        return Some(std::thread::spawn(move || {
+            log_fault(&run, format!("{} stopped for {pause:?}", run.store.name()));
+            run.store.stop();
+            std::thread::sleep(pause);
+            run.store.start();
+            log_fault(&run, format!("{} started", run.store.name()));
+            run.store_busy.store(false, Ordering::SeqCst);
+        }));
+    }
+    if !take(run, i) {
+        return None;
+    }
+    let run = run.clone();
+    let mode = match rng.below(5) {
+        0 => Mode::Delay(Duration::from_millis(50 + rng.below(400))),
+        1 => Mode::DropReplies,
+        2 => Mode::Blackhole,
+        3 => Mode::Refuse,
+        // Longer than the daemons' etcd timeout (500 ms): see `late` below.
+        _ => Mode::Delay(Duration::from_millis(1500 + rng.below(2000))),
+    };
+    // Requests held past the timeout for a moment, then the connection passes again without
+    // a cut: what was held reaches etcd late, after the daemon gave up on it (a write whose
+    // outcome it does not know) and went on with other calls on a new connection.
+    let late = matches!(mode, Mode::Delay(d) if d > Duration::from_secs(1));
+    let window = Duration::from_millis(300 + rng.below(500));
+    Some(std::thread::spawn(move || {
+        let node = &run.nodes[i];
+        match kind {
+            12..=45 if late => {
+                log_fault(
+                    &run,
+                    format!(
+                        "{name}: store requests held {mode:?} for {window:?}, then delivered late"
+                    ),
+                );
+                node.proxy.set(mode);
+                std::thread::sleep(window);
+                node.proxy.set(Mode::Pass);
+            }
+            12..=45 => {
+                log_fault(
+                    &run,
+                    format!("{name}: store connection {mode:?} for {pause:?}"),
+                );
+                node.proxy.set(mode);
+                std::thread::sleep(pause);
+                node.proxy.set(Mode::Pass);
+                node.proxy.cut();
+            }
+            46..=70 => {
+                log_fault(&run, format!("{name}: killed (-9), back in {pause:?}"));
+                node.daemon.lock().unwrap().kill9();
+                std::thread::sleep(pause.min(Duration::from_secs(3)));
+                node.daemon.lock().unwrap().spawn();
+                log_fault(&run, format!("{name}: restarted"));
+            }
+            71..=80 => {
+                // The node and its pods are gone: its store wiped, its blocks released.
+                let mut d = node.daemon.lock().unwrap();
+                d.kill9();
+                let at = run.now();
+                run.history.lock().unwrap().wiped(&name, at);
+                if let Some(f) = &run.fixed {
+                    f.wiped(i);
+                }
+                std::fs::remove_dir_all(&d.state).expect("wipe the store");
+                let released = run.store.ctl(&["release-node", &name, "--force"]);
+                log_fault(
+                    &run,
+                    format!(
+                        "{name}: retired (store wiped, release-node --force: {}), back in {pause:?}",
+                        if released.status.success() { "done" } else { "failed" }
+                    ),
+                );
+                drop(d);
+                std::thread::sleep(pause.min(Duration::from_secs(3)));
+                node.daemon.lock().unwrap().spawn();
+                log_fault(&run, format!("{name}: started with an empty store"));
+            }
+            81..=90 => {
+                // Its store wiped without a release: it comes back to its blocks, its pods gone.
+                let mut d = node.daemon.lock().unwrap();
+                d.kill9();
+                let at = run.now();
+                run.history.lock().unwrap().wiped(&name, at);
+                if let Some(f) = &run.fixed {
+                    f.wiped(i);
+                }
+                std::fs::remove_dir_all(&d.state).expect("wipe the store");
+                d.spawn();
+                log_fault(&run, format!("{name}: restarted with a wiped store"));
+            }
+            100..=107 => pool_deletion(&run, i, pause),
+            108..=111 => failing_pool_deletion(&run),
+            112..=115 => spare_pool(&run, kind),
+            116..=119 => release_elsewhere(&run, &name),
+            120..=125 => pool_growth(&run, pause),
+            126..=131 => reservation(&run, reserve, pause),
+            _ => {
+                // A second daemon under the same node name, for a while: it must hold back.
+                let toml = node_config(&run.store, &name, &run.store.addr(), run.subnet);
+                let mut twin = daemon_of(&toml, &name, run.api());
+                twin.spawn();
+                log_fault(
+                    &run,
+                    format!("{name}: a second daemon started under its name"),
+                );
+                let conf = twin.conf("1.0.0", "pods", "");
+                let twin_name = format!("{name}#twin");
+                let deadline = Instant::now() + pause;
+                let mut k = 0;
+                while Instant::now() < deadline {
+                    k += 1;
+                    let c = format!("twin-{}-{k}", run.now() as u64);
+                    let r = plain_add(&run, &c, &conf);
+                    if r.ok {
+                        let at = run.now();
+                        let ips: Vec<IpAddr> = r.addresses().iter().map(|a| addr(a)).collect();
+                        run.history
+                            .lock()
+                            .unwrap()
+                            .acked_all(&twin_name, &c, &ips, at);
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                twin.kill9();
+                let at = run.now();
+                run.history.lock().unwrap().wiped(&twin_name, at);
+                log_fault(&run, format!("{name}: the second daemon stopped"));
+            }
+        }
+        release(&run, i);
+    }))
+}
