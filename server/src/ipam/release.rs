@@ -273,9 +273,15 @@ fn plan_release(
             .collect();
         // A sticky pod keeps what it holds in current range sets; addresses of retiring ones
         // are not handed out again, not even to it.
-        // A hosted address (a fixed one outside the source's blocks) goes back at once too.
-        let goes_back =
-            |set: usize, ip: IpAddr| !net.is_current(set) || net.pools[set].source.hosts(ip);
+        // A hosted address (a fixed one outside the source's blocks) goes back at once too,
+        // and so does every address of a pod with a fixed address: its pin keeps the address
+        // for its owner, and neither a sticky reservation nor an idle entry may name an
+        // address whose block the store has not recorded (one that took over a hosted
+        // address: a restart could not place it).
+        let fixed = record.k8s().is_some_and(|m| m.fixed.is_some());
+        let goes_back = |set: usize, ip: IpAddr| {
+            fixed || !net.is_current(set) || net.pools[set].source.hosts(ip)
+        };
         let (kept, held): (Vec<_>, Vec<_>) = match sticky {
             Some(_) => held
                 .into_iter()
