@@ -89,13 +89,7 @@ pub(super) fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHa
             71..=80 => {
                 // The node and its pods are gone: its store wiped, its blocks released.
                 let mut d = node.daemon.lock().unwrap();
-                d.kill9();
-                let at = run.now();
-                run.history.lock().unwrap().wiped(&name, at);
-                if let Some(f) = &run.fixed {
-                    f.wiped(i);
-                }
-                std::fs::remove_dir_all(&d.state).expect("wipe the store");
+                wipe(&run, i, &mut d);
                 let released = run.store.ctl(&["release-node", &name, "--force"]);
                 log_fault(
                     &run,
@@ -112,13 +106,7 @@ pub(super) fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHa
             81..=90 => {
                 // Its store wiped without a release: it comes back to its blocks, its pods gone.
                 let mut d = node.daemon.lock().unwrap();
-                d.kill9();
-                let at = run.now();
-                run.history.lock().unwrap().wiped(&name, at);
-                if let Some(f) = &run.fixed {
-                    f.wiped(i);
-                }
-                std::fs::remove_dir_all(&d.state).expect("wipe the store");
+                wipe(&run, i, &mut d);
                 d.spawn();
                 log_fault(&run, format!("{name}: restarted with a wiped store"));
             }
@@ -163,4 +151,16 @@ pub(super) fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHa
         }
         release(&run, i);
     }))
+}
+
+/// Node `i`'s daemon `d` killed and its store wiped: its pods are gone with it.
+fn wipe(run: &Run, i: usize, d: &mut Daemon) {
+    d.kill9();
+    let at = run.now();
+    let name = &run.nodes[i].name;
+    run.history.lock().unwrap().wiped(name, at);
+    if let Some(f) = &run.fixed {
+        f.wiped(i);
+    }
+    std::fs::remove_dir_all(&d.state).expect("wipe the store");
 }
