@@ -415,12 +415,36 @@ pub fn pool_status(d: &Daemon) -> Vec<Value> {
     json(&o).as_array().cloned().unwrap_or_default()
 }
 
+/// A loopback port nothing listens on, for a child (etcd, a daemon's metrics) to listen on.
+/// It lies below the kernel's range of ephemeral ports: a port of that range may go to an
+/// outgoing connection between this check and the child's bind (CI once lost an etcd to
+/// "address already in use" so). One test process never gets the same port twice; processes
+/// start at different places (by pid).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    use std::sync::Mutex;
+    static NEXT: Mutex<Option<u16>> = Mutex::new(None);
+    const LOW: u16 = 10_000;
+    let high = ephemeral_low().max(LOW + 1_000);
+    let span = u32::from(high - LOW);
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut port = next.unwrap_or(LOW + (std::process::id().wrapping_mul(7_919) % span) as u16);
+    for _ in 0..span {
+        let candidate = port;
+        port = if port + 1 >= high { LOW } else { port + 1 };
+        if std::net::TcpListener::bind(("127.0.0.1", candidate)).is_ok() {
+            *next = Some(port);
+            return candidate;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{high}");
+}
+
+/// The first ephemeral port (`net.ipv4.ip_local_port_range`; Linux's default when unreadable).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// GET over plain HTTP/1.1; returns (status line, body).
