@@ -18,7 +18,8 @@ CRDS = {
                            "status": ["phase"]}),
     "ipblocks": ("IPBlock", {"spec": ["cidr", "pool", "poolRevision", "node", "claimedAtMs",
                                   "settledAtMs"]}),
-    "ippins": ("IPPin", {"spec": ["pool", "address", "owner", "block", "blockId", "holders"]}),
+    "ippins": ("IPPin", {"spec": ["pool", "address", "owner", "block", "blockId", "setAside",
+                                "holders"]}),
 }
 # What each side does on the apiserver: (apiGroup, resource, verbs, in the Lease namespace).
 DAEMON_NEEDS = [

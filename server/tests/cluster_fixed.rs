@@ -115,7 +115,15 @@ fn launcher(vm: &str) -> serde_json::Value {
 
 fn fixed_addresses_follow_their_pods(store: Backend) {
     store.create_pool(&["pods", "--cidr", "10.91.0.0/24", "--block-size", "28"]);
-    store.create_pool(&["l2", "--cidr", "10.90.0.0/24", "--block-size", "28"]);
+    store.create_pool(&[
+        "l2",
+        "--cidr",
+        "10.90.0.0/24",
+        "--block-size",
+        "28",
+        "--exclude",
+        "10.90.0.240/28",
+    ]);
     let own_api;
     let api = match store.api() {
         Some(api) => api,
@@ -236,6 +244,49 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     assert!(holders_of(&store, &a).is_empty());
     c.daemons[1].kill9();
     c.daemons[1].spawn();
+
+    // Addresses the owner chose (ipool.io/ips-by-ordinal), set aside by the pool: kv-0's is
+    // pinned by the node its pod first lands on, outside every block, and follows the pod.
+    api.put(
+        "statefulsets",
+        json!({"apiVersion": "apps/v1", "metadata": {"namespace": "db", "name": "kv", "uid": "s2"},
+               "spec": {"replicas": 2}}),
+    );
+    let kv = json!({"annotations": {"ipool.io/fixed": "true",
+                                    "ipool.io/ips-by-ordinal": "10.90.0.241, 10.90.0.7"},
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "kv", "uid": "s2", "controller": true}]});
+    let on_n2 = c.pod(1, "kv-0", "k1", kv.clone());
+    let chosen = c.add(1, "k1", &on_n2);
+    assert_eq!(chosen.json["ips"][0]["address"], "10.90.0.241/24");
+    assert_eq!(chosen.json["ips"][0]["gateway"], "10.90.0.1");
+    assert_eq!(holders_of(&store, "10.90.0.241"), vec!["n2".to_string()]);
+    let o = store.ctl(&["--output", "json", "pins", "--pool", "l2"]);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let kv0 = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["address"] == "10.90.0.241")
+        .expect("kv-0's pin");
+    assert_eq!(kv0["setAside"], true, "{kv0}");
+    assert_eq!(kv0["block"], "10.90.0.240/28", "{kv0}");
+    let on_n1 = c.pod(0, "kv-0", "k2", kv.clone());
+    let held = c.refused(0, "k2", &on_n1, 11);
+    assert!(held.stdout.contains("held by"), "{}", held.stdout);
+    assert!(c.cni(1, "DEL", "k1", &on_n2).ok);
+    let followed = c.add(0, "k2", &on_n1);
+    assert_eq!(followed.json["ips"][0]["address"], "10.90.0.241/24");
+    assert_eq!(holders_of(&store, "10.90.0.241"), vec!["n1".to_string()]);
+    // kv-1's is not set aside (a block may hold it): 7, saying so; nothing is pinned for it.
+    let kv1 = c.pod(0, "kv-1", "k3", kv);
+    let not_aside = c.refused(0, "k3", &kv1, 7);
+    assert!(
+        not_aside.stdout.contains("not set aside") && not_aside.stdout.contains("--exclude"),
+        "{}",
+        not_aside.stdout
+    );
+    assert!(!pins(&store).iter().any(|(_, o, _)| o.contains("kv/1")));
+    assert!(c.cni(0, "DEL", "k2", &on_n1).ok);
 
     // A VM's live migration: the second launcher pod, on n2, holds the pin beside the first.
     let vm_a = c.pod(0, "virt-launcher-vm1-a", "v1", launcher("vm1"));

@@ -66,6 +66,7 @@ fn pins_on_the_store(store: Backend) {
             owner: web(0),
             block: b1.block,
             block_id: b1.revision.create,
+            set_aside: false,
             holders: vec![holder("n1", "web-0")],
         };
         // A block named by another identity (given back and claimed anew): nothing pinned,
@@ -225,4 +226,102 @@ fn pins_on_the_apiserver() {
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn pins_on_etcd() {
     pins_on_the_store(Backend::etcd());
+}
+
+/// Addresses a pool sets aside (its excluded ranges, `ipool.io/ips-by-ordinal`'s): pinned by
+/// any node, conditioned on the pool as made; the pool is neither deleted nor loses the CIDR
+/// holding them while one is pinned; a pool made anew under the name voids the pin.
+fn set_aside_pins_on_the_store(store: Backend) {
+    with_datastore(&store, |s| async move {
+        let spec = PoolSpec {
+            name: "fx".into(),
+            cidrs: vec![net("10.81.0.0/24"), net("10.82.0.0/24")],
+            block_v4: 28,
+            block_v6: 122,
+            exclude: vec![net("10.81.0.240/28"), net("10.82.0.16/28")],
+            ..PoolSpec::default()
+        };
+        s.create_pool(&spec).await.unwrap();
+        let ip = |a: &str| a.parse::<std::net::IpAddr>().unwrap();
+        let (range, id) = s
+            .set_aside_site("fx", ip("10.81.0.241"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(range, net("10.81.0.240/28"));
+        let why = |r: Result<(IpNet, i64), String>| r.unwrap_err();
+        let e = why(s.set_aside_site("fx", ip("10.81.0.5")).await.unwrap());
+        assert!(
+            e.contains("not set aside") && e.contains("10.81.0.240/28"),
+            "{e}"
+        );
+        let e = why(s.set_aside_site("fx", ip("10.81.0.255")).await.unwrap());
+        assert!(e.contains("broadcast"), "{e}");
+        let e = why(s.set_aside_site("fx", ip("10.83.0.1")).await.unwrap());
+        assert!(e.contains("none of pool"), "{e}");
+        let e = why(s.set_aside_site("nope", ip("10.81.0.241")).await.unwrap());
+        assert!(e.contains("no cluster pool"), "{e}");
+
+        let pin = Pin {
+            pool: "fx".into(),
+            address: ip("10.81.0.241"),
+            owner: web(0),
+            block: range,
+            block_id: id,
+            set_aside: true,
+            holders: vec![holder("n1", "web-0")],
+        };
+        let wrong = Pin {
+            address: ip("10.81.0.242"),
+            owner: web(1),
+            block_id: id + 1,
+            ..pin.clone()
+        };
+        assert_eq!(
+            s.create_pin(&wrong).await.unwrap(),
+            PinCreated::BlockChanged
+        );
+        let read = match s.create_pin(&pin).await.unwrap() {
+            PinCreated::Created(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert!(s.pin_block_stands(&pin).await.unwrap());
+        // Neither the pool nor the CIDR holding the pin goes; the other CIDR may.
+        let e = s.delete_pool("fx").await.unwrap_err().to_string();
+        assert!(e.contains("sets aside") && e.contains("unpin"), "{e}");
+        use ipool_server::cluster::pool::PoolChange;
+        let e = s
+            .change_pool("fx", &PoolChange::RemoveCidr(net("10.81.0.0/24")))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sets aside"), "{e}");
+        s.change_pool("fx", &PoolChange::RemoveCidr(net("10.82.0.0/24")))
+            .await
+            .unwrap();
+        assert!(s.pin_block_stands(&pin).await.unwrap());
+        // Unpinned, the pool goes; made again, the old pin would count for nothing.
+        assert!(s.delete_pin(&read).await.unwrap());
+        s.delete_pool("fx").await.unwrap();
+        assert!(!s.pin_block_stands(&pin).await.unwrap());
+        s.create_pool(&spec).await.unwrap();
+        assert!(!s.pin_block_stands(&pin).await.unwrap());
+        let (_, again) = s
+            .set_aside_site("fx", ip("10.81.0.241"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(again, id);
+    });
+}
+
+#[test]
+fn set_aside_pins_on_the_apiserver() {
+    set_aside_pins_on_the_store(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn set_aside_pins_on_etcd() {
+    set_aside_pins_on_the_store(Backend::etcd());
 }

@@ -348,7 +348,11 @@ impl Daemon {
             };
             let reply = match (fixed, &holds) {
                 (Some((owner, _)), Some(holds)) => {
-                    ipool_server::service::fixed::add(&ipam, holds, req, owner).await
+                    let fixed = ipool_server::service::fixed::FixedFor {
+                        owner,
+                        chosen: None,
+                    };
+                    ipool_server::service::fixed::add(&ipam, holds, req, fixed).await
                 }
                 _ => ipam.add(req).await,
             };

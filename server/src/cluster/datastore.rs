@@ -153,8 +153,17 @@ pub trait PinStore: Send + Sync {
     async fn write_pin(&self, read: &PinRead, pin: &Pin) -> Result<Option<PinRead>, ClusterError>;
     /// Deletes the pin as read; false: it changed or went since.
     async fn delete_pin(&self, read: &PinRead) -> Result<bool, ClusterError>;
-    /// Whether `pin`'s block stands as the pin was made in (the pin counts only then).
+    /// Whether `pin`'s block stands as the pin was made in (the pin counts only then); for an
+    /// address set aside, whether its pool, as made then, still sets it aside.
     async fn pin_block_stands(&self, pin: &Pin) -> Result<bool, ClusterError>;
+    /// Where a pin of `ip`, an address pool `pool` sets aside, is made: the excluded range
+    /// holding it and the pool's identity (etcd: its key's create revision; the apiserver: a
+    /// hash of its uid). Err inside: why it is not one (no such pool, not set aside).
+    async fn set_aside_site(
+        &self,
+        pool: &str,
+        ip: std::net::IpAddr,
+    ) -> Result<Result<(IpNet, i64), String>, ClusterError>;
 }
 
 /// A change a watch of a node's blocks and of the pools reports ([`WatchStore::watch`]). A

@@ -135,18 +135,30 @@ pub struct Pin {
     pub address: IpAddr,
     pub owner: PinOwner,
     /// The block the address lies in, and that block's identity when the pin was made
-    /// ([`KeyRevision::create`]): the pin counts only while that block stands.
+    /// ([`KeyRevision::create`]): the pin counts only while that block stands. For an address
+    /// set aside (`set_aside`): the pool's excluded range it lies in, and the pool's identity.
     pub block: IpNet,
     #[serde(rename = "blockId")]
     pub block_id: i64,
+    /// An address the pool sets aside (one of its `exclude` ranges, which no block is ever
+    /// claimed over), chosen by the owner (`ipool.io/ips-by-ordinal`): no node hands it out
+    /// but to its owner, so any node may pin it; the pin counts while the pool (as made,
+    /// `block_id`) still excludes it.
+    #[serde(
+        rename = "setAside",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub set_aside: bool,
     /// Who holds it now: none (released), one, or two (a VM's migration).
     pub holders: Vec<Holder>,
 }
 
 impl Pin {
-    /// True while the block `b` (as listed) is the one this pin was made in.
+    /// True while the block `b` (as listed) is the one this pin was made in (never for an
+    /// address set aside: it lies in no block).
     pub fn made_in(&self, block: &IpNet, revision: &KeyRevision) -> bool {
-        self.block == *block && self.block_id == revision.create
+        !self.set_aside && self.block == *block && self.block_id == revision.create
     }
 
     /// Refused: `new` is not a change of this pin's holders (a pin's pool, address, owner and
@@ -156,7 +168,8 @@ impl Pin {
             && self.address == new.address
             && self.owner == new.owner
             && self.block == new.block
-            && self.block_id == new.block_id;
+            && self.block_id == new.block_id
+            && self.set_aside == new.set_aside;
         match same {
             true => Ok(()),
             false => Err(format!(

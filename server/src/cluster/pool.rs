@@ -111,6 +111,40 @@ impl PoolSpec {
             .collect()
     }
 
+    /// The excluded range that sets `ip` aside for a fixed address chosen by its owner (no
+    /// block is ever claimed over an excluded range, so no node hands it out), or why `ip`
+    /// cannot be one.
+    pub fn set_aside_range(&self, ip: std::net::IpAddr) -> Result<IpNet, String> {
+        let Some(cidr) = self.cidrs.iter().find(|c| c.contains(&ip)) else {
+            return Err(format!("{ip} lies in none of pool {:?}'s CIDRs", self.name));
+        };
+        if self.changing().any(|c| c.contains(&ip)) {
+            return Err(format!(
+                "{ip} lies in CIDR {cidr} of pool {:?}, which is on its way in or out",
+                self.name
+            ));
+        }
+        let first_or_last = |c: &IpNet| {
+            c.addr().is_ipv4() && c.prefix_len() < 31 && (ip == c.network() || ip == c.broadcast())
+        };
+        if first_or_last(cidr) {
+            return Err(format!(
+                "{ip} is the network or broadcast address of pool {:?}'s CIDR {cidr}",
+                self.name
+            ));
+        }
+        self.exclude.iter().find(|x| x.contains(&ip)).copied().ok_or_else(|| {
+            format!(
+                "{ip} is not set aside in pool {:?}: an address a pod's owner chooses must lie in one of the pool's excluded ranges ({}), which no node claims a block over (create the pool with --exclude covering it)",
+                self.name,
+                match self.exclude.is_empty() {
+                    true => "it has none".to_string(),
+                    false => self.exclude.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "),
+                }
+            )
+        })
+    }
+
     /// Whether `ip` is reserved (no node hands it out).
     pub fn is_reserved(&self, ip: std::net::IpAddr) -> bool {
         self.reserved.iter().any(|r| r.cidr.contains(&ip))

@@ -11,6 +11,10 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::cluster::pin::PinOwner;
 
 pub const FIXED: &str = "ipool.io/fixed";
+/// On a StatefulSet's pod template beside [`FIXED`]: the address of each ordinal, in order
+/// (`"10.0.0.240,10.0.0.241,10.0.0.242"`: ordinal 0 gets the first). They must lie in an
+/// excluded range of the pool (set aside: no node hands them out but to their ordinal).
+pub const IPS_BY_ORDINAL: &str = "ipool.io/ips-by-ordinal";
 /// KubeVirt's label on a VM's launcher pods: the VirtualMachine (instance) they run.
 pub const VM_LABEL: &str = "vm.kubevirt.io/name";
 
@@ -20,6 +24,8 @@ pub struct Fixed {
     pub owner: PinOwner,
     /// The networks it is for; None: every network of cluster pools.
     pub networks: Option<Vec<String>>,
+    /// The address its owner chose ([`IPS_BY_ORDINAL`]); None: the first ADD's.
+    pub address: Option<std::net::IpAddr>,
 }
 
 impl Fixed {
@@ -99,7 +105,41 @@ pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, String> {
             ))
         }
     };
-    Ok(Some(Fixed { owner, networks }))
+    let address = match md.annotations.as_ref().and_then(|a| a.get(IPS_BY_ORDINAL)) {
+        None => None,
+        Some(list) => Some(by_ordinal(&owner, list, who)?),
+    };
+    Ok(Some(Fixed {
+        owner,
+        networks,
+        address,
+    }))
+}
+
+/// The address `list` ([`IPS_BY_ORDINAL`]) gives `owner`'s ordinal.
+fn by_ordinal(owner: &PinOwner, list: &str, who: &str) -> Result<std::net::IpAddr, String> {
+    let PinOwner::StatefulSet { ordinal, .. } = owner else {
+        return Err(format!(
+            "{who}: annotation {IPS_BY_ORDINAL} is for a StatefulSet's pods (a VM keeps the address its first launcher got)"
+        ));
+    };
+    let bad = |why: String| format!("{who}: annotation {IPS_BY_ORDINAL}={}: {why}", shown(list));
+    let mut addresses: Vec<std::net::IpAddr> = Vec::new();
+    for entry in list.split(',').map(str::trim) {
+        let ip = entry
+            .parse()
+            .map_err(|_| bad(format!("{} is not an IP address", shown(entry))))?;
+        if addresses.contains(&ip) {
+            return Err(bad(format!("{ip} is listed twice")));
+        }
+        addresses.push(ip);
+    }
+    addresses.get(*ordinal as usize).copied().ok_or_else(|| {
+        bad(format!(
+            "it lists {} address(es), none for ordinal {ordinal} (list one per ordinal the StatefulSet may have)",
+            addresses.len()
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -142,6 +182,46 @@ mod tests {
         assert!(fixed(&spoof, "p").is_err());
         let none = pod(json!({"metadata": {"namespace": "vms", "name": "x"}}));
         assert_eq!(fixed(&none, "p"), Ok(None));
+    }
+
+    #[test]
+    fn ips_by_ordinal_gives_each_ordinal_its_address_and_names_what_is_wrong() {
+        let with = |name: &str, list: &str| {
+            let mut p = sts_pod(name, "true");
+            p.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(IPS_BY_ORDINAL.into(), list.into());
+            fixed(&p, "pod db/x")
+        };
+        let f = with("web-1", "10.0.0.240, 10.0.0.241,10.0.0.242").unwrap();
+        assert_eq!(f.unwrap().address, Some("10.0.0.241".parse().unwrap()));
+        assert_eq!(
+            fixed(&sts_pod("web-1", "true"), "p")
+                .unwrap()
+                .unwrap()
+                .address,
+            None
+        );
+        let e = with("web-3", "10.0.0.240,10.0.0.241").unwrap_err();
+        assert!(
+            e.contains("none for ordinal 3") && e.contains("pod db/x"),
+            "{e}"
+        );
+        let e = with("web-0", "10.0.0.240,ten").unwrap_err();
+        assert!(e.contains("\"ten\" is not an IP address"), "{e}");
+        let e = with("web-0", "10.0.0.240,10.0.0.240").unwrap_err();
+        assert!(e.contains("listed twice"), "{e}");
+        let vmi = json!([{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "name": "a", "uid": "i1", "controller": true}]);
+        let vm = pod(
+            json!({"metadata": {"namespace": "vms", "name": "virt-launcher-a-x1",
+            "annotations": {FIXED: "true", IPS_BY_ORDINAL: "10.0.0.9"},
+            "labels": {VM_LABEL: "a"}, "ownerReferences": vmi}}),
+        );
+        let e = fixed(&vm, "p").unwrap_err();
+        assert!(e.contains("for a StatefulSet's pods"), "{e}");
     }
 
     #[test]

@@ -62,7 +62,8 @@ pub async fn let_go_unused(ipam: &Ipam, holds: &Holds) {
     }
 }
 
-/// Unheld pins of this node's blocks whose owner is gone: deleted after `ttl`.
+/// Unheld pins of this node's blocks, and of addresses set aside that this node knows (it
+/// held them; no block is theirs), whose owner is gone: deleted after `ttl`.
 async fn end_gone_owners(
     ipam: &Ipam,
     holds: &Holds,
@@ -75,8 +76,10 @@ async fn end_gone_owners(
         .pins_unheld()
         .into_iter()
         .filter(|p| {
-            ipam.block_holding(p.address)
-                .is_some_and(|(b, id)| b == p.block.to_string() && id == p.block_id)
+            p.set_aside
+                || ipam
+                    .block_holding(p.address)
+                    .is_some_and(|(b, id)| b == p.block.to_string() && id == p.block_id)
         })
         .collect();
     gone_since.retain(|o, _| mine.iter().any(|p| &p.owner == o));

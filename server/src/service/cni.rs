@@ -129,8 +129,8 @@ impl CniService {
                 fixed: false,
             };
             match (fixed, &self.holds) {
-                (Some(owner), Some(holds)) => {
-                    super::fixed::add(&self.ipam, holds, req, owner).await
+                (Some(fixed), Some(holds)) => {
+                    super::fixed::add(&self.ipam, holds, req, fixed).await
                 }
                 _ => self.ipam.add(req).await,
             }

@@ -2,7 +2,9 @@
 //! ([`crate::cluster::pin::hold`]) around the engine's. The CNI service runs them, and so does
 //! the simulation (`ipool-sim`), which calls the engine as the service does.
 
-use crate::cluster::pin::hold::{Before, Holds, Refused};
+use std::net::IpAddr;
+
+use crate::cluster::pin::hold::{Before, Holds, PinSite, Refused};
 use crate::cluster::pin::PinOwner;
 use crate::config::IpamSection;
 use crate::error::Error;
@@ -10,16 +12,24 @@ use crate::ipam::{AddReply, AddRequest, Ipam};
 use crate::k8s::meta::PodInfo;
 use crate::model::AttachmentKey;
 
-/// The owner of the fixed address the ADD of `info`'s pod on `network` serves, if its
-/// address there is fixed; an error for an annotation that cannot be read, or one on a
-/// network whose addresses cannot follow the pod.
+/// A pod's fixed address: whose it is, and the address its owner chose, if it chose one
+/// (`ipool.io/ips-by-ordinal`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FixedFor {
+    pub owner: PinOwner,
+    pub chosen: Option<IpAddr>,
+}
+
+/// The fixed address the ADD of `info`'s pod on `network` serves, if its address there is
+/// fixed; an error for an annotation that cannot be read, or one on a network whose
+/// addresses cannot follow the pod.
 pub(super) fn fixed_for(
     ipam: &Ipam,
     holds: Option<&Holds>,
     network: &str,
     section: Option<&IpamSection>,
     info: Option<&PodInfo>,
-) -> Result<Option<PinOwner>, Error> {
+) -> Result<Option<FixedFor>, Error> {
     let Some(info) = info else {
         return Ok(None);
     };
@@ -49,7 +59,25 @@ pub(super) fn fixed_for(
             crate::k8s::fixed::FIXED
         )));
     }
-    Ok(Some(fixed.owner.clone()))
+    Ok(Some(FixedFor {
+        owner: fixed.owner.clone(),
+        chosen: fixed.address,
+    }))
+}
+
+/// Where a pin of an address an ADD took from a block of this node's is made.
+fn in_block(site: crate::ipam::FixedSite) -> Result<PinSite, Refused> {
+    let (block, block_id) = site.block;
+    let block = block
+        .parse()
+        .map_err(|_| Refused::Store(format!("block {block:?} is not a CIDR")))?;
+    Ok(PinSite {
+        pool: site.pool,
+        address: site.address,
+        block,
+        block_id,
+        set_aside: false,
+    })
 }
 
 fn refused(owner: &PinOwner, e: Refused) -> Error {
@@ -60,13 +88,14 @@ fn refused(owner: &PinOwner, e: Refused) -> Error {
     }
 }
 
-/// The ADD `req` of a pod whose address belongs to `owner`.
+/// The ADD `req` of a pod with a fixed address.
 pub async fn add(
     ipam: &Ipam,
     holds: &Holds,
     mut req: AddRequest,
-    owner: PinOwner,
+    fixed: FixedFor,
 ) -> Result<AddReply, Error> {
+    let FixedFor { owner, chosen } = fixed;
     if let Some(m) = req.k8s.as_mut() {
         m.fixed = Some(owner.to_string());
     }
@@ -92,24 +121,47 @@ pub async fn add(
             return Err(refused(&owner, e));
         }
     };
-    match before {
-        Before::Elsewhere => {
+    match (before, chosen) {
+        (Before::Elsewhere, _) => {
             if let Some(m) = req.k8s.as_mut() {
                 m.fixed = None;
             }
             ipam.add(req).await
         }
-        Before::First => {
+        (Before::First, Some(address)) => {
+            // The owner chose it: set aside by its pool, pinned before it is taken.
+            let site = holds
+                .set_aside_site(&pools, address)
+                .await
+                .map_err(|e| refused(&owner, e))?;
+            holds
+                .pin(&owner, &site, &pod, &uid)
+                .await
+                .map_err(|e| refused(&owner, e))?;
+            metrics.cluster.pin_add(&site.pool, "created");
+            serve(ipam, holds, req, &owner, &uid, address, None).await
+        }
+        (Before::Serve { address, .. }, Some(chose)) if address != chose => {
+            Err(Error::InvalidConfig(format!(
+                "fixed address of {owner}: it is pinned to {address}, but annotation {} now gives it {chose}; the pin is kept (end it with `ipoolctl cluster unpin` while no pod holds it to take the new address)",
+                crate::k8s::fixed::IPS_BY_ORDINAL
+            )))
+        }
+        (Before::First, None) => {
             let reply = ipam.add(req).await?;
             let ips: Vec<_> = reply.leases.iter().map(|l| l.ip).collect();
-            let pinned = match ipam.fixed_site(&network, &ips) {
-                Some(site) => holds
-                    .pin(&owner, &site.pool, site.address, site.block, &pod, &uid)
-                    .await
-                    .map(|()| site.pool),
+            let site = match ipam.fixed_site(&network, &ips) {
+                Some(site) => in_block(site),
                 None => Err(Refused::Invalid(format!(
                     "none of {ips:?} lies in a block of this node's of a cluster pool of one subnet"
                 ))),
+            };
+            let pinned = match site {
+                Ok(site) => holds
+                    .pin(&owner, &site, &pod, &uid)
+                    .await
+                    .map(|()| site.pool),
+                Err(e) => Err(e),
             };
             match pinned {
                 Ok(pool) => {
@@ -130,26 +182,41 @@ pub async fn add(
                 }
             }
         }
-        Before::Serve { pool, address, how } => {
-            req.requested = vec![address];
-            req.fixed = true;
-            match ipam.add(req).await {
-                Ok(reply) => {
-                    metrics.cluster.pin_add(&pool, how);
-                    Ok(reply)
-                }
-                Err(e) => {
-                    // A hold taken for this ADD is given up again (one it had stays).
-                    if how != "held" {
-                        if let Err(undo) = holds.let_go(&owner, &uid).await {
-                            tracing::warn!(%owner, error = %undo, "giving up the pin's hold of an ADD that failed failed");
-                        }
-                    }
-                    Err(e)
-                }
-            }
+        (Before::Serve { pool, address, how }, _) => {
+            let reply = serve(ipam, holds, req, &owner, &uid, address, Some(how)).await?;
+            metrics.cluster.pin_add(&pool, how);
+            Ok(reply)
         }
     }
+}
+
+/// Serves `address`, whose pin this node holds for the pod (`how` it came to: None, the pin
+/// was just made for this ADD). A failure gives up a hold taken for this ADD (one it had
+/// stays), and withdraws a pin made for it.
+async fn serve(
+    ipam: &Ipam,
+    holds: &Holds,
+    mut req: AddRequest,
+    owner: &PinOwner,
+    uid: &str,
+    address: IpAddr,
+    how: Option<&str>,
+) -> Result<AddReply, Error> {
+    req.requested = vec![address];
+    req.fixed = true;
+    let e = match ipam.add(req).await {
+        Ok(reply) => return Ok(reply),
+        Err(e) => e,
+    };
+    let undone = match how {
+        Some("held") => Ok(()),
+        Some(_) => holds.let_go(owner, uid).await,
+        None => holds.withdraw(owner, uid).await,
+    };
+    if let Err(undo) = undone {
+        tracing::warn!(%owner, error = %undo, "giving up the pin's hold of an ADD that failed failed");
+    }
+    Err(e)
 }
 
 /// The DEL of `key`: a fixed address's hold on this node ends first, in the node's turn

@@ -37,11 +37,14 @@ pub(crate) async fn list(
                 p.address.to_string(),
                 p.owner.to_string(),
                 p.holders_shown(),
-                p.block.to_string(),
+                match p.set_aside {
+                    true => format!("set aside in {}", p.block),
+                    false => p.block.to_string(),
+                },
             ]
         })
         .collect();
-    crate::print::table(&["POOL", "ADDRESS", "OWNER", "HELD BY", "BLOCK"], rows);
+    crate::print::table(&["POOL", "ADDRESS", "OWNER", "HELD BY", "MADE IN"], rows);
     Ok(())
 }
 

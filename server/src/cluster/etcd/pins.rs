@@ -6,6 +6,10 @@
 //!
 //! A creation is one transaction: both keys absent, and the block's key the one the pin
 //! names (created at `blockId`), else nothing is written and the answer says which failed. A
+//! pin of an address the pool sets aside (`setAside`, keyed under its excluded range) is
+//! conditioned instead on the pool's key as read, made at `blockId` and excluding the range
+//! (a deletion of the pool, or a removal of the CIDR holding the range, is conditioned in turn
+//! on no such pin). A
 //! change or a deletion is conditioned on the pin's key as read (its mod revision); a
 //! deletion takes the owner's key with it.
 
@@ -33,6 +37,34 @@ impl ClusterStore {
             block_key_part(&pin.block),
             pin.address
         )
+    }
+
+    /// The prefix of the pins of the addresses that `pool`'s excluded range `range` sets
+    /// aside: a pool deletion, or a removal of the CIDR holding the range, is conditioned on
+    /// it holding no key.
+    pub(super) fn set_aside_prefix(&self, pool: &str, range: &ipnet::IpNet) -> String {
+        format!("{}{}/", self.pins_prefix(Some(pool)), block_key_part(range))
+    }
+
+    /// Pool `pin.pool` as it stands now, if it still sets `pin`'s address aside as the pin
+    /// says (the pool made at `pin.block_id`, `pin.block` one of its excluded ranges): its
+    /// key's mod revision.
+    async fn setting_aside(&self, pin: &Pin) -> Result<Option<i64>, ClusterError> {
+        let key = self.pool_key(&pin.pool);
+        let r = self.client().range(request::get(key.clone())).await?;
+        let Some(kv) = r.kvs.first() else {
+            return Ok(None);
+        };
+        let spec: crate::cluster::pool::PoolSpec =
+            serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
+                what: "pool",
+                key,
+                why: e.to_string(),
+            })?;
+        let stands = kv.create_revision == pin.block_id
+            && spec.exclude.contains(&pin.block)
+            && pin.block.contains(&pin.address);
+        Ok(stands.then_some(kv.mod_revision))
     }
 
     fn pin_owner_key(&self, owner: &PinOwner) -> String {
@@ -108,13 +140,25 @@ impl PinStore for ClusterStore {
     async fn create_pin(&self, pin: &Pin) -> Result<PinCreated, ClusterError> {
         let key = self.pin_key(pin);
         let owner_key = self.pin_owner_key(&pin.owner);
-        let block_key = self.block_key(&pin.pool, &pin.block);
+        // Made in its block as it stands; or, an address set aside, while its pool (as read
+        // now, setting it aside) is unchanged.
+        let made_in = match pin.set_aside {
+            false => cmp::create_revision(
+                self.block_key(&pin.pool, &pin.block),
+                cmp::Equal,
+                pin.block_id,
+            ),
+            true => match self.setting_aside(pin).await? {
+                Some(revision) => cmp::mod_revision(self.pool_key(&pin.pool), cmp::Equal, revision),
+                None => return Ok(PinCreated::BlockChanged),
+            },
+        };
         let value = serde_json::to_vec(pin).expect("serializes");
         let txn = request::txn(
             [
                 cmp::version(key.clone(), cmp::Equal, 0),
                 cmp::version(owner_key.clone(), cmp::Equal, 0),
-                cmp::create_revision(block_key, cmp::Equal, pin.block_id),
+                made_in,
             ],
             [
                 op::put(key.clone(), value, 0),
@@ -180,7 +224,29 @@ impl PinStore for ClusterStore {
         Ok(self.client().txn(txn).await?.succeeded)
     }
 
+    async fn set_aside_site(
+        &self,
+        pool: &str,
+        ip: std::net::IpAddr,
+    ) -> Result<Result<(ipnet::IpNet, i64), String>, ClusterError> {
+        let key = self.pool_key(pool);
+        let r = self.client().range(request::get(key.clone())).await?;
+        let Some(kv) = r.kvs.first() else {
+            return Ok(Err(format!("no cluster pool {pool:?}")));
+        };
+        let spec: crate::cluster::pool::PoolSpec =
+            serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
+                what: "pool",
+                key,
+                why: e.to_string(),
+            })?;
+        Ok(spec.set_aside_range(ip).map(|x| (x, kv.create_revision)))
+    }
+
     async fn pin_block_stands(&self, pin: &Pin) -> Result<bool, ClusterError> {
+        if pin.set_aside {
+            return Ok(self.setting_aside(pin).await?.is_some());
+        }
         let key = self.block_key(&pin.pool, &pin.block);
         let r = self.client().range(request::get(key)).await?;
         Ok(r.kvs

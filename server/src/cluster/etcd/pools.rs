@@ -148,6 +148,15 @@ impl PoolStore for ClusterStore {
                     if let Some(why) = owned.owned_in(name, c) {
                         return Err(ClusterError::Refused(why));
                     }
+                    // The addresses it sets aside in the CIDR: none pinned (the removal takes
+                    // their exclusion along, and a block could be claimed over them later).
+                    let inside: Vec<_> = spec.exclude.iter().filter(|x| c.contains(*x)).collect();
+                    if let Some(why) = self.set_aside_pinned(name, &inside).await? {
+                        return Err(ClusterError::Refused(why));
+                    }
+                    for x in inside {
+                        when.push(no_pins(self.set_aside_prefix(name, x)));
+                    }
                     // Every block key of the pool as old as the read: the listing saw them all.
                     when.push(cmp::with_prefix(cmp::create_revision(
                         self.blocks_prefix(name),
@@ -177,25 +186,72 @@ impl PoolStore for ClusterStore {
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
         let key = self.pool_key(name);
         let blocks = self.blocks_prefix(name);
-        let txn = request::txn(
-            [
-                cmp::version(key.clone(), cmp::Greater, 0),
-                cmp::with_prefix(cmp::version(blocks, cmp::Equal, 0)),
-            ],
-            [op::delete(key)],
-            [],
+        let Some(pool) = self.get_pool(name).await? else {
+            return Err(ClusterError::NotFound(format!("no pool {name:?}")));
+        };
+        // No address it sets aside pinned (a pool made again under its name could hand
+        // them out).
+        let set_aside: Vec<_> = pool.spec.exclude.iter().collect();
+        if let Some(why) = self.set_aside_pinned(name, &set_aside).await? {
+            return Err(ClusterError::Refused(why));
+        }
+        let mut when = vec![
+            cmp::mod_revision(key.clone(), cmp::Equal, pool.revision),
+            cmp::with_prefix(cmp::version(blocks, cmp::Equal, 0)),
+        ];
+        when.extend(
+            set_aside
+                .iter()
+                .map(|x| no_pins(self.set_aside_prefix(name, x))),
         );
+        let txn = request::txn(when, [op::delete(key)], []);
         if self.client.txn(txn).await?.succeeded {
             return Ok(());
         }
-        if self.get_pool(name).await?.is_none() {
+        let Some(now) = self.get_pool(name).await? else {
             return Err(ClusterError::NotFound(format!("no pool {name:?}")));
+        };
+        let set_aside: Vec<_> = now.spec.exclude.iter().collect();
+        if let Some(why) = self.set_aside_pinned(name, &set_aside).await? {
+            return Err(ClusterError::Refused(why));
         }
         let owned = self.list_blocks(Some(name), None).await?;
         Err(ClusterError::Refused(format!(
             "pool {name:?} still has {} owned block(s) (release them first: ipoolctl cluster release-node)",
             owned.blocks.len() + owned.malformed.len()
         )))
+    }
+}
+
+/// No key under `prefix` (a prefix of pins of addresses set aside).
+fn no_pins(prefix: String) -> ipool_proto::etcd::etcdserverpb::Compare {
+    cmp::with_prefix(cmp::version(prefix, cmp::Equal, 0))
+}
+
+impl ClusterStore {
+    /// Why the excluded ranges `ranges` of pool `name` may not stop setting their addresses
+    /// aside: some are pinned. None: none is.
+    async fn set_aside_pinned(
+        &self,
+        name: &str,
+        ranges: &[&ipnet::IpNet],
+    ) -> Result<Option<String>, ClusterError> {
+        let mut pinned = Vec::new();
+        for x in ranges {
+            let r = self
+                .client
+                .range(request::count_prefix(self.set_aside_prefix(name, x)))
+                .await?;
+            if r.count > 0 {
+                pinned.push(format!("{} in {x}", r.count));
+            }
+        }
+        Ok((!pinned.is_empty()).then(|| {
+            format!(
+                "pool {name:?} has pinned addresses among those it sets aside ({}): unpin them first (ipoolctl cluster pins --pool {name}; ipoolctl cluster unpin)",
+                pinned.join(", ")
+            )
+        }))
     }
 }
 

@@ -8,6 +8,9 @@
 //! sees the other, the apiserver being linearizable), then a read of the block: one gone or
 //! claimed anew makes it withdraw too. (The read does not make a create that arrives late
 //! safe: that pin names a block no longer standing, and is void; see [`crate::cluster::pin`].)
+//! A pin of an address its pool sets aside (`setAside`) is checked against the pool instead,
+//! read after the create: Ready, made as `blockId` names, excluding the address, not losing
+//! its CIDR; a pool deletion and a CIDR's removal mark the pool first, then list its pins.
 //! A change is an update on the resourceVersion read, a deletion a delete on it.
 
 use kube::api::{DeleteParams, DynamicObject, ListParams, Preconditions};
@@ -16,7 +19,7 @@ use serde_json::json;
 use super::objects::{self, hash};
 use super::{api_code, resource, KubeStore, PAGE, POOL_LABEL};
 use crate::cluster::datastore::PinStore;
-use crate::cluster::model::ClusterError;
+use crate::cluster::model::{ClusterError, PoolPhase};
 use crate::cluster::pin::{address_name, Pin, PinCreated, PinOwner, PinRead};
 
 /// The label that names a pin's block (its object name, `10-0-0-0-26`).
@@ -103,6 +106,47 @@ impl KubeStore {
         }
     }
 
+    /// Whether pool `pin.pool`, read now, still sets `pin`'s address aside as the pin says
+    /// (made as `pin.block_id` names, `pin.block` one of its excluded ranges). `creating`: and
+    /// is Ready, not losing the CIDR that holds the address (a deletion or a removal marks the
+    /// pool, then lists its pins: one that listed none before this pin's create is seen here).
+    async fn setting_aside(&self, pin: &Pin, creating: bool) -> Result<bool, ClusterError> {
+        self.token().await;
+        let Some(obj) = self.pools.get_opt(&pin.pool).await? else {
+            return Ok(false);
+        };
+        let Ok((spec, phase)) = objects::parse_pool(&obj) else {
+            return Ok(false);
+        };
+        let made = hash(obj.metadata.uid.as_deref().unwrap_or("")) == pin.block_id;
+        let stands = made && spec.exclude.contains(&pin.block) && pin.block.contains(&pin.address);
+        let changing =
+            phase != PoolPhase::Ready || spec.removing.iter().any(|c| c.contains(&pin.address));
+        Ok(stands && !(creating && changing))
+    }
+
+    /// Why pool `pool` may not stop setting aside its addresses (in `within`, else all): some
+    /// are pinned. None: none is.
+    pub(super) async fn set_aside_pinned(
+        &self,
+        pool: &str,
+        within: Option<&ipnet::IpNet>,
+    ) -> Result<Option<String>, ClusterError> {
+        let pinned: Vec<String> = self
+            .list_pins(Some(format!("{POOL_LABEL}={pool}")))
+            .await?
+            .into_iter()
+            .filter(|p| p.pin.set_aside && within.is_none_or(|c| c.contains(&p.pin.address)))
+            .map(|p| format!("{} for {}", p.pin.address, p.pin.owner))
+            .collect();
+        Ok((!pinned.is_empty()).then(|| {
+            format!(
+                "pool {pool:?} has pinned addresses among those it sets aside ({}): unpin them first (ipoolctl cluster unpin)",
+                pinned.join(", ")
+            )
+        }))
+    }
+
     /// Deletes pin `name` at `version`: false when it changed or went.
     async fn delete_pin_at(&self, name: &str, version: &str) -> Result<bool, ClusterError> {
         let params = DeleteParams {
@@ -171,8 +215,13 @@ impl PinStore for KubeStore {
             self.delete_pin_at(&name, &mine.version).await?;
             return Ok(PinCreated::OwnerHas(theirs));
         }
-        // The block, read after the create: one gone or claimed anew pins nothing.
-        if !self.pin_block_stands(pin).await? {
+        // The block, read after the create: one gone or claimed anew pins nothing. (An
+        // address set aside: the pool, likewise.)
+        let stands = match pin.set_aside {
+            true => self.setting_aside(pin, true).await?,
+            false => self.pin_block_stands(pin).await?,
+        };
+        if !stands {
             self.delete_pin_at(&name, &mine.version).await?;
             return Ok(PinCreated::BlockChanged);
         }
@@ -200,7 +249,31 @@ impl PinStore for KubeStore {
             .await
     }
 
+    async fn set_aside_site(
+        &self,
+        pool: &str,
+        ip: std::net::IpAddr,
+    ) -> Result<Result<(ipnet::IpNet, i64), String>, ClusterError> {
+        self.token().await;
+        let Some(obj) = self.pools.get_opt(pool).await? else {
+            return Ok(Err(format!("no cluster pool {pool:?}")));
+        };
+        let (spec, phase) = objects::parse_pool(&obj).map_err(|why| ClusterError::Malformed {
+            what: "pool",
+            key: format!("ippools/{pool}"),
+            why,
+        })?;
+        if phase != PoolPhase::Ready {
+            return Ok(Err(format!("cluster pool {pool:?} is {phase:?}")));
+        }
+        let id = hash(obj.metadata.uid.as_deref().unwrap_or(""));
+        Ok(spec.set_aside_range(ip).map(|x| (x, id)))
+    }
+
     async fn pin_block_stands(&self, pin: &Pin) -> Result<bool, ClusterError> {
+        if pin.set_aside {
+            return self.setting_aside(pin, false).await;
+        }
         self.token().await;
         let block = self
             .blocks
@@ -225,6 +298,7 @@ mod tests {
             },
             block: "10.0.0.0/26".parse().unwrap(),
             block_id: 3,
+            set_aside: false,
             holders: vec![Holder {
                 node: "n".into(),
                 pod: "ns/virt-launcher-vm-x".into(),

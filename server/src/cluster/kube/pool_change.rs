@@ -225,6 +225,14 @@ impl KubeStore {
             Err(e) => Some(e),
             Ok(listed) => listed.owned_in(name, cidr).map(ClusterError::Refused),
         };
+        // Nor a pinned address it sets aside there (the removal takes the exclusion along).
+        let clash = match clash {
+            Some(c) => Some(c),
+            None => match self.set_aside_pinned(name, Some(cidr)).await {
+                Ok(why) => why.map(ClusterError::Refused),
+                Err(e) => Some(e),
+            },
+        };
         let next = match &clash {
             Some(_) => {
                 // As it was read: a CIDR that was on its way in stays so (never a CIDR of

@@ -271,6 +271,13 @@ impl PoolStore for KubeStore {
             ));
             return Err(self.undelete(&marked, refused).await);
         }
+        // Nor a pinned address it sets aside (a pool made again under its name could hand it
+        // out).
+        match self.set_aside_pinned(name, None).await {
+            Ok(None) => {}
+            Ok(Some(why)) => return Err(self.undelete(&marked, ClusterError::Refused(why)).await),
+            Err(e) => return Err(self.undelete(&marked, e).await),
+        }
         match self.delete_written(&marked).await {
             Ok(()) => Ok(()),
             Err(e) => Err(self.undelete(&marked, e).await),

@@ -54,6 +54,16 @@ pub enum Before {
     },
 }
 
+/// Where a pin is made: the address, and what it lies in (see [`Pin::block`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinSite {
+    pub pool: String,
+    pub address: IpAddr,
+    pub block: ipnet::IpNet,
+    pub block_id: i64,
+    pub set_aside: bool,
+}
+
 /// Why a pod's pin cannot be served here now.
 #[derive(Debug)]
 pub enum Refused {
@@ -250,28 +260,24 @@ impl Holds {
         ))
     }
 
-    /// Pins `address` (taken by the ADD from this node's block `block`, created at
-    /// `block_id`) for `owner`, held here by `pod`. An error: the ADD must be undone.
-    #[allow(clippy::too_many_arguments)]
+    /// Pins `site` for `owner`, held here by `pod`: an address the ADD took from a block of
+    /// this node's, or one the pool sets aside that the ADD is about to take. An error: the
+    /// ADD must be undone (or not be made).
     pub async fn pin(
         &self,
         owner: &PinOwner,
-        pool: &str,
-        address: IpAddr,
-        block: (String, i64),
+        site: &PinSite,
         pod: &str,
         uid: &str,
     ) -> Result<(), Refused> {
-        let net = block
-            .0
-            .parse()
-            .map_err(|_| Refused::Store(format!("block {:?} is not a CIDR", block.0)))?;
+        let (pool, address) = (site.pool.as_str(), site.address);
         let pin = Pin {
             pool: pool.to_string(),
             address,
             owner: owner.clone(),
-            block: net,
-            block_id: block.1,
+            block: site.block,
+            block_id: site.block_id,
+            set_aside: site.set_aside,
             holders: vec![self.holder(pod, uid)],
         };
         // Known before it is written: the address stays out of every other path meanwhile,
@@ -324,16 +330,74 @@ impl Holds {
                 self.node.pin_gone(&pin);
                 Refused::Held {
                     pool: pool.to_string(),
-                    why: format!(
-                        "block {} is no longer the one {address} was taken from",
-                        pin.block
-                    ),
+                    why: match pin.set_aside {
+                        true => format!(
+                            "cluster pool {pool:?} changed while {address} was being pinned, or no longer sets it aside (deleted, being deleted, its CIDR removed); try again"
+                        ),
+                        false => format!(
+                            "block {} is no longer the one {address} was taken from",
+                            pin.block
+                        ),
+                    },
                 }
             }
             // Written or not, it cannot tell: the address stays out until a listing says.
             Err(e) => Refused::Store(e.to_string()),
         };
         Err(refused)
+    }
+
+    /// Where a pin of `ip`, chosen by its owner, is made: the excluded range of the one pool
+    /// of `pools` (the ADD's network's) that sets it aside. Refused::Invalid: none does.
+    pub async fn set_aside_site(&self, pools: &[String], ip: IpAddr) -> Result<PinSite, Refused> {
+        let mut why = Vec::new();
+        for pool in pools {
+            let (p, at) = (pool.clone(), ip);
+            let site = self
+                .node
+                .call("set_aside_site", |s| async move {
+                    s.set_aside_site(&p, at).await
+                })
+                .await?;
+            match site {
+                Ok((block, block_id)) => {
+                    return Ok(PinSite {
+                        pool: pool.clone(),
+                        address: ip,
+                        block,
+                        block_id,
+                        set_aside: true,
+                    })
+                }
+                Err(w) => why.push(w),
+            }
+        }
+        Err(Refused::Invalid(match why.is_empty() {
+            true => format!("the network takes no cluster pool that could set {ip} aside"),
+            false => why.join("; "),
+        }))
+    }
+
+    /// Undoes a pin this node just made for the pod of uid `uid` whose ADD then failed: deleted
+    /// while that pod is its only holder (else this node's hold ends, as at a DEL).
+    pub async fn withdraw(&self, owner: &PinOwner, uid: &str) -> Result<(), Refused> {
+        let me = self.node.name().to_string();
+        if let Some(read) = self.pin_of(owner).await? {
+            if let [only] = read.pin.holders.as_slice() {
+                if only.node == me && only.uid == uid {
+                    let r = read.clone();
+                    let deleted = self
+                        .node
+                        .call("delete_pin", |s| async move { s.delete_pin(&r).await })
+                        .await?;
+                    if deleted {
+                        self.node.pin_gone(&read.pin);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        self.let_go(owner, uid).await
     }
 
     /// Ends this node's hold of `owner`'s pin for the pod of uid `uid` (its DEL). Nothing to do

@@ -16,6 +16,7 @@ fn pin(owner: PinOwner, holders: Vec<Holder>) -> Pin {
         owner,
         block: "10.0.0.0/26".parse().unwrap(),
         block_id: 7,
+        set_aside: false,
         holders,
     }
 }
@@ -132,7 +133,24 @@ fn pins_are_json_with_the_crds_field_names() {
     assert_eq!(v["blockId"], 7);
     assert_eq!(v["owner"], "VirtualMachine/ns/vm1");
     assert_eq!(v["holders"][0]["sinceMs"], 1);
+    // Written only when set (pins written before it read as they were).
+    assert!(v.get("setAside").is_none(), "{v}");
     assert_eq!(serde_json::from_value::<Pin>(v).unwrap(), p);
+    let aside = Pin {
+        set_aside: true,
+        ..p.clone()
+    };
+    let v = serde_json::to_value(&aside).unwrap();
+    assert_eq!(v["setAside"], true);
+    assert_eq!(serde_json::from_value::<Pin>(v).unwrap(), aside);
+    // Never a block's: it lies in none.
+    let r = crate::cluster::model::KeyRevision {
+        create: 7,
+        modified: 7,
+        write: None,
+    };
+    assert!(p.made_in(&p.block, &r) && !aside.made_in(&p.block, &r));
+    assert!(p.check_change(&aside).is_err());
 }
 
 #[test]

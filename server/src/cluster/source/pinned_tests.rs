@@ -27,6 +27,7 @@ fn pin(address: &str, block: &str, id: i64, holder: Option<&str>) -> Pin {
         },
         block: net(block),
         block_id: id,
+        set_aside: false,
         holders: holder
             .map(|n| Holder {
                 node: n.into(),
