@@ -111,6 +111,9 @@ pub struct Swarm {
     /// In a run addressed as one subnet: a third of the ADDs are of pods with fixed
     /// addresses (`crate::fixed`), and VMs migrate.
     pub pins: bool,
+    /// In a run with pins: the pool sets [`crate::SET_ASIDE`] aside, and the StatefulSet's
+    /// first ordinals choose their addresses there (`ipool.io/ips-by-ordinal`).
+    pub set_aside: bool,
 }
 
 impl Swarm {
@@ -128,6 +131,7 @@ impl Swarm {
             subnet: false,
             renames: false,
             pins: false,
+            set_aside: false,
         }
     }
 
@@ -163,13 +167,15 @@ impl Swarm {
         // Last again: a run kept before replays zeros (one pool).
         let two_pools = c.pick(2) == 1;
         // Last again: a run kept before replays zeros (addressing by block).
-        // The subnet's pick, its second bit the renames', its third the pins' (the setup's 20
-        // picks are all taken when the daemons watch): a run kept before replays 0 to 3 there
-        // (no pins), or 0 or 1 (no renames either).
-        let bits = c.pick(8);
+        // The subnet's pick, its second bit the renames', its third the pins', its fourth the
+        // addresses set aside (the setup's 20 picks are all taken when the daemons watch): a
+        // run kept before replays 0 to 7 there (none set aside), 0 to 3 (no pins), or 0 or 1
+        // (no renames either).
+        let bits = c.pick(16);
         let subnet = bits & 1 == 1;
         let renames = bits >> 1 & 1 == 1;
-        let pins = subnet && bits >> 2 == 1;
+        let pins = subnet && bits >> 2 & 1 == 1;
+        let set_aside = pins && bits >> 3 == 1;
         if pins {
             weights.push((Kind::Migrate, 20));
         }
@@ -185,6 +191,7 @@ impl Swarm {
             subnet,
             renames,
             pins,
+            set_aside,
         }
     }
 

@@ -65,7 +65,8 @@ impl Checker {
     /// store's blocks as they are; `excuse` says why a hand-out of an address is the
     /// operator's doing, if it is, and `excused` why the pod's addresses are (see the module).
     /// A pod with a fixed address (`owner`) may be served those of `hosted` outside its node's
-    /// blocks (the store's pins keep them for it, held here).
+    /// blocks (the store's pins keep them for it, held here), and outside every block if the
+    /// pool sets them aside.
     #[allow(clippy::too_many_arguments)]
     pub fn added(
         &mut self,
@@ -79,6 +80,7 @@ impl Checker {
         mut excused: Option<String>,
         owner: Option<String>,
         hosted: &[IpAddr],
+        set_aside: bool,
     ) -> Result<(), String> {
         for ip in &ips {
             let window = excuse(*ip);
@@ -102,6 +104,8 @@ impl Checker {
                 (Some((_, o, _)), _) if o == node => {}
                 (_, Some(_)) => {}
                 (Some(_), None) if hosted.contains(ip) => {}
+                // Set aside by the pool: in no block, ever (rule 13 checks it is its chooser's).
+                (None, None) if set_aside && hosted.contains(ip) && crate::fixed::set_aside(*ip) => {}
                 (Some((b, o, _)), None) => {
                     return Err(format!(
                         "{ip} handed out to {container} on {node} (slot {slot}) from block {b}, which the store shows as {o}'s"

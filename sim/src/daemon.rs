@@ -118,6 +118,9 @@ pub struct Setting {
     /// Pods with fixed addresses: the daemons run the pins' part of ADD and DEL
     /// (`ipool_server::service::fixed`), as ipoold does in cluster mode.
     pub pins: bool,
+    /// The pool sets `crate::SET_ASIDE` aside, and the first ordinals choose their addresses
+    /// there (`crate::fixed::chosen`).
+    pub set_aside: bool,
     /// `[cluster]`'s numbers and `[defaults]`, as TOML.
     pub tuning: String,
     pub timeout: Duration,
@@ -232,6 +235,8 @@ pub struct Daemon {
     cluster: ClusterNetworks,
     /// The pins' part of ADD and DEL, in the runs with fixed addresses.
     holds: Option<Holds>,
+    /// The pool sets addresses aside for the first ordinals (`Setting::set_aside`).
+    set_aside: bool,
     maintenance: JoinHandle<()>,
     calls: Vec<JoinHandle<()>>,
     clock: Arc<EngineClock>,
@@ -298,6 +303,7 @@ impl Daemon {
             node,
             cluster,
             holds,
+            set_aside: setting.set_aside,
             maintenance,
             calls: Vec::new(),
             alive,
@@ -327,6 +333,7 @@ impl Daemon {
     ) {
         let (ipam, done, id) = (self.ipam.clone(), done.clone(), self.id);
         let (clock, node, holds) = (self.clock.clone(), self.node.clone(), self.holds.clone());
+        let set_aside = self.set_aside;
         let container = container.to_string();
         self.calls.push(tokio::spawn(async move {
             let before = node.pool_reserved(crate::POOL);
@@ -349,8 +356,8 @@ impl Daemon {
             let reply = match (fixed, &holds) {
                 (Some((owner, _)), Some(holds)) => {
                     let fixed = ipool_server::service::fixed::FixedFor {
+                        chosen: crate::fixed::chosen(&owner, set_aside),
                         owner,
-                        chosen: None,
                     };
                     ipool_server::service::fixed::add(&ipam, holds, req, fixed).await
                 }

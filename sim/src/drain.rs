@@ -72,6 +72,27 @@ impl World {
                                     "{ip} handed out to {container} on {node}, though the network's gateway, excluded, or its subnet's network or broadcast address"
                                 ));
                             }
+                            let chosen = owner
+                                .as_ref()
+                                .and_then(|o| crate::fixed::chosen(o, self.opts.set_aside));
+                            if let Some(ip) = ips
+                                .iter()
+                                .find(|ip| {
+                                    self.opts.set_aside
+                                        && crate::fixed::set_aside(**ip)
+                                        && chosen != Some(**ip)
+                                })
+                            {
+                                return Err(format!(
+                                    "{ip}, which the pool sets aside, handed out to {container} on {node}, whose pod did not choose it"
+                                ));
+                            }
+                            if let Some(want) = chosen.filter(|c| !ips.contains(c)) {
+                                return Err(format!(
+                                    "ADD {container} on {node} answered with {ips:?}, though its pod chose {want}"
+                                ));
+                            }
+                            let set_aside = self.opts.set_aside;
                             let at = at.duration_since(self.started).as_millis() as u64;
                             let excuses: Vec<Option<String>> = ips
                                 .iter()
@@ -103,6 +124,7 @@ impl World {
                                 named,
                                 owner.map(|o| o.to_string()),
                                 &hosted,
+                                set_aside,
                             )?;
                         }
                         (Err(e), _) => {

@@ -86,6 +86,26 @@ pub(crate) fn migrate(w: &mut World) {
     add_pod(w, t, Vec::new(), Some(o));
 }
 
+/// The address `owner` chose (`ipool.io/ips-by-ordinal`) in a run whose pool sets
+/// [`crate::SET_ASIDE`] aside: the StatefulSet's first [`crate::CHOSEN`] ordinals, each the
+/// range's next address from its second.
+pub(crate) fn chosen(owner: &PinOwner, set_aside: bool) -> Option<IpAddr> {
+    let PinOwner::StatefulSet { ordinal, .. } = owner else {
+        return None;
+    };
+    if !set_aside || *ordinal >= crate::CHOSEN {
+        return None;
+    }
+    let range: ipnet::Ipv4Net = crate::SET_ASIDE.parse().expect("a CIDR");
+    Some(IpAddr::V4((u32::from(range.network()) + 1 + ordinal).into()))
+}
+
+/// Whether `ip` lies in the range the pool sets aside (`crate::SET_ASIDE`).
+pub(crate) fn set_aside(ip: IpAddr) -> bool {
+    let range: ipnet::IpNet = crate::SET_ASIDE.parse().expect("a CIDR");
+    range.contains(&ip)
+}
+
 /// The addresses of `ips` that the store's `pins` keep for `owner` with `node`'s pod `uid`
 /// among their holders (an ADD of that pod answered with them, served where they are).
 pub(crate) fn pinned_for(

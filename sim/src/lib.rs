@@ -65,6 +65,12 @@ pub const SECOND_POOL: &str = "q";
 pub const SUBNET_GATEWAYS: [&str; 3] = ["10.70.0.1", "10.71.0.30", "fd00:70::1"];
 pub const SUBNET_EXCLUDE: [&str; 3] = ["10.70.0.16/30", "10.71.0.5/32", "fd00:70::10/126"];
 
+/// The range the pool sets aside in the runs whose swarm says so (`Swarm::set_aside`): the
+/// StatefulSet's first [`CHOSEN`] ordinals choose their addresses there, in order from its
+/// second address (`ipool.io/ips-by-ordinal`).
+pub const SET_ASIDE: &str = "10.70.0.120/29";
+pub const CHOSEN: u32 = 2;
+
 /// The daemons' fence (their heartbeat TTL), in simulated milliseconds.
 pub const FENCE_MS: u64 = 6_000;
 
@@ -95,6 +101,9 @@ pub struct Options {
     pub exhaustive: bool,
     /// Closed paths to a duplicate put back for the run.
     pub bugs: Vec<Bug>,
+    /// The pool sets [`SET_ASIDE`] aside (from the run's swarm, in a pool of more than two
+    /// blocks).
+    pub set_aside: bool,
 }
 
 impl Options {
@@ -109,6 +118,7 @@ impl Options {
             small: false,
             exhaustive: false,
             bugs: Vec::new(),
+            set_aside: false,
         }
     }
 
@@ -167,7 +177,10 @@ impl Options {
             cidrs,
             block_v4,
             block_v6: 124,
-            exclude: Vec::new(),
+            exclude: match self.set_aside {
+                true => vec![SET_ASIDE.parse().expect("a CIDR")],
+                false => Vec::new(),
+            },
             ..PoolSpec::default()
         }
     }

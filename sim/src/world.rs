@@ -201,7 +201,7 @@ pub(crate) struct World {
 }
 
 impl World {
-    pub fn new(opts: Options, mut choices: Choices) -> World {
+    pub fn new(mut opts: Options, mut choices: Choices) -> World {
         let swarm = match opts.exhaustive {
             true => crate::actions::Swarm::all(),
             false => {
@@ -211,6 +211,7 @@ impl World {
                 sw
             }
         };
+        opts.set_aside = swarm.set_aside && !opts.small;
         let wall = Wall::new(1_800_000_000_000);
         let w2 = wall.clone();
         ipool_server::cluster::model::set_wall_clock(Some(Box::new(move || w2.now_ms())));
@@ -221,6 +222,7 @@ impl World {
             second_pool: swarm.two_pools.then(|| crate::SECOND_POOL.to_string()),
             subnet: swarm.subnet,
             pins: swarm.pins,
+            set_aside: opts.set_aside,
             tuning: opts.tuning(swarm.resync_secs, swarm.claim_ahead, swarm.watch),
             timeout: Duration::from_millis(500),
         };
