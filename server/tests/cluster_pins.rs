@@ -10,7 +10,7 @@ use common::backend::{with_datastore, Backend};
 use ipnet::IpNet;
 use ipool_server::cluster::model::{Acquired, Alive, Claimed};
 use ipool_server::cluster::pin::{Holder, Pin, PinCreated, PinOwner};
-use ipool_server::cluster::pool::PoolSpec;
+use ipool_server::cluster::pool::{NotSetAside, PoolSpec};
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
@@ -232,6 +232,7 @@ fn pins_on_etcd() {
 /// any node, conditioned on the pool as made; the pool is neither deleted nor loses the CIDR
 /// holding them while one is pinned; a pool made anew under the name voids the pin.
 fn set_aside_pins_on_the_store(store: Backend) {
+    let api = store.api();
     with_datastore(&store, |s| async move {
         let spec = PoolSpec {
             name: "fx".into(),
@@ -249,7 +250,10 @@ fn set_aside_pins_on_the_store(store: Backend) {
             .unwrap()
             .unwrap();
         assert_eq!(range, net("10.81.0.240/28"));
-        let why = |r: Result<(IpNet, i64), String>| r.unwrap_err();
+        let why = |r: Result<(IpNet, i64), NotSetAside>| match r {
+            Err(NotSetAside::Never(why)) => why,
+            other => panic!("{other:?}"),
+        };
         let e = why(s.set_aside_site("fx", ip("10.81.0.5")).await.unwrap());
         assert!(
             e.contains("not set aside") && e.contains("10.81.0.240/28"),
@@ -286,6 +290,21 @@ fn set_aside_pins_on_the_store(store: Backend) {
             other => panic!("{other:?}"),
         };
         assert!(s.pin_block_stands(&pin).await.unwrap());
+        assert!(s.set_aside_pinnable(&pin).await.unwrap());
+        if let Some(api) = api {
+            // Marked Deleting (a deletion under way, or one whose listing of the pins came
+            // before this pin's create): the pin stands, but is not served meanwhile.
+            let mut obj = api.get("ippools", "", "fx").expect("the pool");
+            obj["status"]["phase"] = "Deleting".into();
+            api.put_custom("ippools", obj.clone());
+            assert!(s.pin_block_stands(&pin).await.unwrap());
+            assert!(!s.set_aside_pinnable(&pin).await.unwrap());
+            let now = s.set_aside_site("fx", ip("10.81.0.242")).await.unwrap();
+            assert!(matches!(now, Err(NotSetAside::NotNow(_))), "{now:?}");
+            obj["status"]["phase"] = "Ready".into();
+            api.put_custom("ippools", obj);
+            assert!(s.set_aside_pinnable(&pin).await.unwrap());
+        }
         // Neither the pool nor the CIDR holding the pin goes; the other CIDR may.
         let e = s.delete_pool("fx").await.unwrap_err().to_string();
         assert!(e.contains("sets aside") && e.contains("unpin"), "{e}");

@@ -75,14 +75,11 @@ impl World {
                             let chosen = owner
                                 .as_ref()
                                 .and_then(|o| crate::fixed::chosen(o, self.opts.set_aside));
-                            if let Some(ip) = ips
-                                .iter()
-                                .find(|ip| {
-                                    self.opts.set_aside
-                                        && crate::fixed::set_aside(**ip)
-                                        && chosen != Some(**ip)
-                                })
-                            {
+                            if let Some(ip) = ips.iter().find(|ip| {
+                                self.opts.set_aside
+                                    && crate::fixed::set_aside(**ip)
+                                    && chosen != Some(**ip)
+                            }) {
                                 return Err(format!(
                                     "{ip}, which the pool sets aside, handed out to {container} on {node}, whose pod did not choose it"
                                 ));

@@ -41,14 +41,39 @@ impl World {
         Some([c.syncs_of(POOL, "4"), c.syncs_of(POOL, "6")])
     }
 
+    /// Syncs taken in so far by slot `i`'s daemon, per pool of the network and family: the
+    /// first pool's (IPv4, IPv6), then the second's (each pool's source syncs on its own).
+    pub(crate) fn pool_sync_counts(&self, i: usize) -> Option<[u64; 4]> {
+        let d = self.slots[i].daemon.as_ref()?;
+        let c = &d.node.metrics().cluster;
+        Some([
+            c.syncs_of(POOL, "4"),
+            c.syncs_of(POOL, "6"),
+            c.syncs_of(crate::SECOND_POOL, "4"),
+            c.syncs_of(crate::SECOND_POOL, "6"),
+        ])
+    }
+
+    /// Where `ip`'s source's count lies in [`World::pool_sync_counts`].
+    fn sync_index(&self, ip: IpAddr) -> usize {
+        let second = self.swarm.two_pools
+            && self
+                .opts
+                .second_pool()
+                .cidrs
+                .iter()
+                .any(|c| c.contains(&ip));
+        2 * usize::from(second) + family(ip)
+    }
+
     /// Why a hand-out of `ip` by slot `slot`, picked at `decided` (its daemon having taken in
-    /// `counts` syncs when the ADD was sent), from a block the store did not show as its own
-    /// is the operator's doing, if it is.
+    /// `counts` syncs when the ADD was sent, see [`World::pool_sync_counts`]), from a block the
+    /// store did not show as its own is the operator's doing, if it is.
     pub(crate) fn handout_excuse(
         &self,
         slot: usize,
         ip: IpAddr,
-        counts: [u64; 2],
+        counts: [u64; 4],
         decided: Instant,
     ) -> Option<String> {
         let s = &self.slots[slot];
@@ -58,8 +83,9 @@ impl World {
             );
         }
         let id = s.daemon.as_ref()?.id;
-        let f = family(ip);
-        // Until its next sync, or until its watch told it (see `crate::hearing`).
+        let f = self.sync_index(ip);
+        // Until its next sync (of the source of `ip`'s pool), or until its watch told it (see
+        // `crate::hearing`).
         let told = self.told_gone(slot, ip, decided);
         self.forced
             .iter()
@@ -269,8 +295,8 @@ impl World {
             if self.forced[k].until.is_some() {
                 continue;
             }
-            let counts = self.sync_counts(self.forced[k].slot).unwrap_or([0; 2]);
-            self.forced[k].until = Some([counts[0] + 2, counts[1] + 2]);
+            let counts = self.pool_sync_counts(self.forced[k].slot).unwrap_or([0; 4]);
+            self.forced[k].until = Some(counts.map(|c| c + 2));
         }
         let slots = &self.slots;
         self.forced.retain(|w| {

@@ -97,7 +97,9 @@ pub(crate) fn chosen(owner: &PinOwner, set_aside: bool) -> Option<IpAddr> {
         return None;
     }
     let range: ipnet::Ipv4Net = crate::SET_ASIDE.parse().expect("a CIDR");
-    Some(IpAddr::V4((u32::from(range.network()) + 1 + ordinal).into()))
+    Some(IpAddr::V4(
+        (u32::from(range.network()) + 1 + ordinal).into(),
+    ))
 }
 
 /// Whether `ip` lies in the range the pool sets aside (`crate::SET_ASIDE`).

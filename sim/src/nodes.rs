@@ -42,7 +42,7 @@ pub(crate) fn add_pod(
 ) {
     w.next_container += 1;
     let c = format!("c{}", w.next_container);
-    let syncs = w.sync_counts(i).unwrap_or([0; 2]);
+    let syncs = w.pool_sync_counts(i).unwrap_or([0; 4]);
     w.adding.insert(
         c.clone(),
         crate::world::Adding {

@@ -123,12 +123,12 @@ impl World {
     /// Slot `i`'s daemon, if it runs, may serve the blocks an operator's command just took
     /// from it until a sync started from now on has been taken in.
     fn serves_until_synced(&mut self, i: usize) {
-        if let (Some(d), Some(c)) = (&self.slots[i].daemon, self.sync_counts(i)) {
+        if let (Some(d), Some(c)) = (&self.slots[i].daemon, self.pool_sync_counts(i)) {
             let daemon = d.id;
             self.forced.push(Forced {
                 slot: i,
                 daemon,
-                until: Some([c[0] + 2, c[1] + 2]),
+                until: Some(c.map(|c| c + 2)),
             });
         }
     }

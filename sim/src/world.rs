@@ -105,8 +105,9 @@ pub(crate) struct Forced {
     pub slot: usize,
     /// The incarnation it applies to (a restarted daemon syncs before it serves).
     pub daemon: u64,
-    /// The sync counts (IPv4, IPv6) that close it; None while the release runs.
-    pub until: Option<[u64; 2]>,
+    /// The sync counts (per pool and family, `World::pool_sync_counts`) that close it; None
+    /// while the release runs.
+    pub until: Option<[u64; 4]>,
 }
 
 /// The store as it was from `at` on (until the next): its blocks and its names' holders.
@@ -129,8 +130,9 @@ const SNAPSHOTS: usize = 512;
 /// An ADD on its way.
 pub(crate) struct Adding {
     pub slot: usize,
-    /// Its node's syncs taken in when it was sent (IPv4, IPv6).
-    pub syncs: [u64; 2],
+    /// Its node's syncs taken in when it was sent (per pool and family,
+    /// `World::pool_sync_counts`).
+    pub syncs: [u64; 4],
     /// The owner of its fixed address, if it has one.
     pub owner: Option<ipool_server::cluster::pin::PinOwner>,
 }

@@ -24,7 +24,7 @@ use super::model::{
     Settled,
 };
 use super::pin::{Pin, PinCreated, PinOwner, PinRead};
-use super::pool::{PoolChange, PoolSpec};
+use super::pool::{NotSetAside, PoolChange, PoolSpec};
 
 /// A store shared by the calls of one node (or of one `ipoolctl` run).
 pub type Store = Arc<dyn Datastore>;
@@ -163,7 +163,14 @@ pub trait PinStore: Send + Sync {
         &self,
         pool: &str,
         ip: std::net::IpAddr,
-    ) -> Result<Result<(IpNet, i64), String>, ClusterError>;
+    ) -> Result<Result<(IpNet, i64), NotSetAside>, ClusterError>;
+    /// Whether a pin of an address set aside could be made now as `pin` is (its pool as made
+    /// then, setting it aside, and not being deleted nor losing the CIDR that holds it): a
+    /// pin is served only so (on the Kubernetes API a create's check may have gone unanswered;
+    /// a deletion or a removal that lists pins after it refuses then).
+    async fn set_aside_pinnable(&self, pin: &Pin) -> Result<bool, ClusterError> {
+        self.pin_block_stands(pin).await
+    }
 }
 
 /// A change a watch of a node's blocks and of the pools reports ([`WatchStore::watch`]). A

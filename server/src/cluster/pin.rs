@@ -7,7 +7,11 @@
 //! The rules that keep a pinned address on one pod (README "Fixed addresses"):
 //! - a pin is created only by the node that owns the block its address lies in, for an
 //!   address that node has just handed to the owner's pod, and records which block (by the
-//!   block's identity, [`KeyRevision::create`]) it was made in;
+//!   block's identity, [`KeyRevision::create`]) it was made in; or, for an address its owner
+//!   chose (`ipool.io/ips-by-ordinal`), which must lie in one of its pool's excluded ranges
+//!   (no block is ever claimed over one, so no node hands it out), by any node, in the pool
+//!   as it stands (`set_aside`; the pool is not deleted, nor loses the CIDR holding it, while
+//!   the pin stands, and a pin is served only while its pool would let it be made);
 //! - a pin counts only while that block stands as it was when the pin was made: a pin whose
 //!   block is gone or was claimed anew is void (a create that reached the store late, after
 //!   its node was fenced and its blocks released, pins nothing);

@@ -39,6 +39,23 @@ pub struct PoolSpec {
     pub node_selector: Option<String>,
 }
 
+/// Why an address cannot be pinned as one its pool sets aside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotSetAside {
+    /// Not as the pool is made (a configuration error).
+    Never(String),
+    /// Not while the pool changes (being created or deleted, a CIDR on its way): try again.
+    NotNow(String),
+}
+
+impl std::fmt::Display for NotSetAside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotSetAside::Never(why) | NotSetAside::NotNow(why) => f.write_str(why),
+        }
+    }
+}
+
 /// An address or range of a pool that no node hands out, and why.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reserved {
@@ -114,34 +131,38 @@ impl PoolSpec {
     /// The excluded range that sets `ip` aside for a fixed address chosen by its owner (no
     /// block is ever claimed over an excluded range, so no node hands it out), or why `ip`
     /// cannot be one.
-    pub fn set_aside_range(&self, ip: std::net::IpAddr) -> Result<IpNet, String> {
+    pub fn set_aside_range(&self, ip: std::net::IpAddr) -> Result<IpNet, NotSetAside> {
+        let never = NotSetAside::Never;
         let Some(cidr) = self.cidrs.iter().find(|c| c.contains(&ip)) else {
-            return Err(format!("{ip} lies in none of pool {:?}'s CIDRs", self.name));
+            return Err(never(format!(
+                "{ip} lies in none of pool {:?}'s CIDRs",
+                self.name
+            )));
         };
         if self.changing().any(|c| c.contains(&ip)) {
-            return Err(format!(
+            return Err(NotSetAside::NotNow(format!(
                 "{ip} lies in CIDR {cidr} of pool {:?}, which is on its way in or out",
                 self.name
-            ));
+            )));
         }
         let first_or_last = |c: &IpNet| {
             c.addr().is_ipv4() && c.prefix_len() < 31 && (ip == c.network() || ip == c.broadcast())
         };
         if first_or_last(cidr) {
-            return Err(format!(
+            return Err(never(format!(
                 "{ip} is the network or broadcast address of pool {:?}'s CIDR {cidr}",
                 self.name
-            ));
+            )));
         }
         self.exclude.iter().find(|x| x.contains(&ip)).copied().ok_or_else(|| {
-            format!(
+            never(format!(
                 "{ip} is not set aside in pool {:?}: an address a pod's owner chooses must lie in one of the pool's excluded ranges ({}), which no node claims a block over (create the pool with --exclude covering it)",
                 self.name,
                 match self.exclude.is_empty() {
                     true => "it has none".to_string(),
                     false => self.exclude.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "),
                 }
-            )
+            ))
         })
     }
 

@@ -141,9 +141,15 @@ pub async fn add(
             metrics.cluster.pin_add(&site.pool, "created");
             serve(ipam, holds, req, &owner, &uid, address, None).await
         }
-        (Before::Serve { address, .. }, Some(chose)) if address != chose => {
+        (Before::Serve { address, how, .. }, Some(chose)) if address != chose => {
+            // A hold taken for this ADD is given up again (one it had stays).
+            if how != "held" {
+                if let Err(undo) = holds.let_go(&owner, &uid).await {
+                    tracing::warn!(%owner, error = %undo, "giving up the pin's hold of an ADD that failed failed");
+                }
+            }
             Err(Error::InvalidConfig(format!(
-                "fixed address of {owner}: it is pinned to {address}, but annotation {} now gives it {chose}; the pin is kept (end it with `ipoolctl cluster unpin` while no pod holds it to take the new address)",
+                "fixed address of {owner}: it is pinned to {address}, but annotation {} now gives it {chose}; the pin is kept (end it with `ipoolctl cluster unpin {address}` once no pod holds it, and the next pod takes {chose})",
                 crate::k8s::fixed::IPS_BY_ORDINAL
             )))
         }

@@ -96,6 +96,12 @@ pub(crate) async fn unpin(
     }
     match out {
         Output::Json => outln!("{}", pin_json(&read.pin)),
+        _ if read.pin.set_aside => outln!(
+            "unpinned {address} of pool {} (owner {}); it stays set aside in {}: the next pod whose owner chooses it takes it",
+            read.pin.pool,
+            read.pin.owner,
+            read.pin.block
+        ),
         _ => outln!(
             "unpinned {address} of pool {} (owner {}); the node that owns block {} may hand it out again",
             read.pin.pool,

@@ -1,7 +1,8 @@
 //! Pins in etcd ([`crate::cluster::pin`]). Keys, under the prefix:
 //!
 //! - `pins/<pool>/<block>/<address>`: the pin ([`Pin`], JSON), under its block (`10.0.0.0-26`)
-//!   so that a block's pins are one prefix;
+//!   so that a block's pins are one prefix; `pins/<pool>/set-aside/<address>` for an address
+//!   the pool sets aside;
 //! - `pin-owners/<owner>` (`pin-owners/StatefulSet/ns/web/0`): the key of its owner's pin.
 //!
 //! A creation is one transaction: both keys absent, and the block's key the one the pin
@@ -19,6 +20,7 @@ use super::{block_key_part, ClusterStore};
 use crate::cluster::datastore::PinStore;
 use crate::cluster::model::ClusterError;
 use crate::cluster::pin::{Pin, PinCreated, PinOwner, PinRead};
+use crate::cluster::pool::NotSetAside;
 use ipool_proto::etcd::mvccpb::KeyValue;
 
 impl ClusterStore {
@@ -31,19 +33,22 @@ impl ClusterStore {
 
     /// The key of `pin`.
     pub fn pin_key(&self, pin: &Pin) -> String {
-        format!(
-            "{}{}/{}",
-            self.pins_prefix(Some(&pin.pool)),
-            block_key_part(&pin.block),
-            pin.address
-        )
+        match pin.set_aside {
+            true => format!("{}{}", self.set_aside_prefix(&pin.pool), pin.address),
+            false => format!(
+                "{}{}/{}",
+                self.pins_prefix(Some(&pin.pool)),
+                block_key_part(&pin.block),
+                pin.address
+            ),
+        }
     }
 
-    /// The prefix of the pins of the addresses that `pool`'s excluded range `range` sets
-    /// aside: a pool deletion, or a removal of the CIDR holding the range, is conditioned on
-    /// it holding no key.
-    pub(super) fn set_aside_prefix(&self, pool: &str, range: &ipnet::IpNet) -> String {
-        format!("{}{}/", self.pins_prefix(Some(pool)), block_key_part(range))
+    /// The prefix of the pins of the addresses `pool` sets aside (no block's part is
+    /// `set-aside`): a pool deletion, or a removal of a CIDR, is conditioned on what it
+    /// holds.
+    pub(super) fn set_aside_prefix(&self, pool: &str) -> String {
+        format!("{}set-aside/", self.pins_prefix(Some(pool)))
     }
 
     /// Pool `pin.pool` as it stands now, if it still sets `pin`'s address aside as the pin
@@ -228,11 +233,11 @@ impl PinStore for ClusterStore {
         &self,
         pool: &str,
         ip: std::net::IpAddr,
-    ) -> Result<Result<(ipnet::IpNet, i64), String>, ClusterError> {
+    ) -> Result<Result<(ipnet::IpNet, i64), NotSetAside>, ClusterError> {
         let key = self.pool_key(pool);
         let r = self.client().range(request::get(key.clone())).await?;
         let Some(kv) = r.kvs.first() else {
-            return Ok(Err(format!("no cluster pool {pool:?}")));
+            return Ok(Err(NotSetAside::Never(format!("no cluster pool {pool:?}"))));
         };
         let spec: crate::cluster::pool::PoolSpec =
             serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {

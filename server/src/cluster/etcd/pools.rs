@@ -149,14 +149,17 @@ impl PoolStore for ClusterStore {
                         return Err(ClusterError::Refused(why));
                     }
                     // The addresses it sets aside in the CIDR: none pinned (the removal takes
-                    // their exclusion along, and a block could be claimed over them later).
-                    let inside: Vec<_> = spec.exclude.iter().filter(|x| c.contains(*x)).collect();
-                    if let Some(why) = self.set_aside_pinned(name, &inside).await? {
+                    // their exclusion along, and a block could be claimed over them later),
+                    // conditioned on no such pin created since the listing.
+                    let (why, listed_at) = self.set_aside_pinned(name, Some(c)).await?;
+                    if let Some(why) = why {
                         return Err(ClusterError::Refused(why));
                     }
-                    for x in inside {
-                        when.push(no_pins(self.set_aside_prefix(name, x)));
-                    }
+                    when.push(cmp::with_prefix(cmp::create_revision(
+                        self.set_aside_prefix(name),
+                        cmp::Less,
+                        listed_at + 1,
+                    )));
                     // Every block key of the pool as old as the read: the listing saw them all.
                     when.push(cmp::with_prefix(cmp::create_revision(
                         self.blocks_prefix(name),
@@ -186,72 +189,88 @@ impl PoolStore for ClusterStore {
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
         let key = self.pool_key(name);
         let blocks = self.blocks_prefix(name);
-        let Some(pool) = self.get_pool(name).await? else {
-            return Err(ClusterError::NotFound(format!("no pool {name:?}")));
-        };
-        // No address it sets aside pinned (a pool made again under its name could hand
-        // them out).
-        let set_aside: Vec<_> = pool.spec.exclude.iter().collect();
-        if let Some(why) = self.set_aside_pinned(name, &set_aside).await? {
-            return Err(ClusterError::Refused(why));
+        for _ in 0..CREATE_ATTEMPTS {
+            let Some(pool) = self.get_pool(name).await? else {
+                return Err(ClusterError::NotFound(format!("no pool {name:?}")));
+            };
+            // No address it sets aside pinned (a pool made again under its name could hand
+            // them out).
+            if let (Some(why), _) = self.set_aside_pinned(name, None).await? {
+                return Err(ClusterError::Refused(why));
+            }
+            let txn = request::txn(
+                [
+                    cmp::mod_revision(key.clone(), cmp::Equal, pool.revision),
+                    cmp::with_prefix(cmp::version(blocks.clone(), cmp::Equal, 0)),
+                    cmp::with_prefix(cmp::version(self.set_aside_prefix(name), cmp::Equal, 0)),
+                ],
+                [op::delete(key.clone())],
+                [],
+            );
+            if self.client.txn(txn).await?.succeeded {
+                return Ok(());
+            }
+            let owned = self.list_blocks(Some(name), None).await?;
+            let count = owned.blocks.len() + owned.malformed.len();
+            if count > 0 {
+                return Err(ClusterError::Refused(format!(
+                    "pool {name:?} still has {count} owned block(s) (release them first: ipoolctl cluster release-node)"
+                )));
+            }
+            // The pool changed, or a pin came, since it was read: again.
         }
-        let mut when = vec![
-            cmp::mod_revision(key.clone(), cmp::Equal, pool.revision),
-            cmp::with_prefix(cmp::version(blocks, cmp::Equal, 0)),
-        ];
-        when.extend(
-            set_aside
-                .iter()
-                .map(|x| no_pins(self.set_aside_prefix(name, x))),
-        );
-        let txn = request::txn(when, [op::delete(key)], []);
-        if self.client.txn(txn).await?.succeeded {
-            return Ok(());
-        }
-        let Some(now) = self.get_pool(name).await? else {
-            return Err(ClusterError::NotFound(format!("no pool {name:?}")));
-        };
-        let set_aside: Vec<_> = now.spec.exclude.iter().collect();
-        if let Some(why) = self.set_aside_pinned(name, &set_aside).await? {
-            return Err(ClusterError::Refused(why));
-        }
-        let owned = self.list_blocks(Some(name), None).await?;
         Err(ClusterError::Refused(format!(
-            "pool {name:?} still has {} owned block(s) (release them first: ipoolctl cluster release-node)",
-            owned.blocks.len() + owned.malformed.len()
+            "pool {name:?}: it kept changing during {CREATE_ATTEMPTS} attempts; try again"
         )))
     }
 }
 
-/// No key under `prefix` (a prefix of pins of addresses set aside).
-fn no_pins(prefix: String) -> ipool_proto::etcd::etcdserverpb::Compare {
-    cmp::with_prefix(cmp::version(prefix, cmp::Equal, 0))
-}
-
 impl ClusterStore {
-    /// Why the excluded ranges `ranges` of pool `name` may not stop setting their addresses
-    /// aside: some are pinned. None: none is.
+    /// Why pool `name` may not stop setting aside its addresses (in `within`, else all): some
+    /// are pinned (None: none is); and the revision the pins were listed at.
     async fn set_aside_pinned(
         &self,
         name: &str,
-        ranges: &[&ipnet::IpNet],
-    ) -> Result<Option<String>, ClusterError> {
-        let mut pinned = Vec::new();
-        for x in ranges {
-            let r = self
-                .client
-                .range(request::count_prefix(self.set_aside_prefix(name, x)))
-                .await?;
-            if r.count > 0 {
-                pinned.push(format!("{} in {x}", r.count));
-            }
-        }
-        Ok((!pinned.is_empty()).then(|| {
+        within: Option<&ipnet::IpNet>,
+    ) -> Result<(Option<String>, i64), ClusterError> {
+        let r = self
+            .client
+            .range(request::get_prefix(self.set_aside_prefix(name)))
+            .await?;
+        let at = r.header.as_ref().map_or(0, |h| h.revision);
+        let pinned: Vec<String> = r
+            .kvs
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(&kv.key);
+                let address: std::net::IpAddr = key.rsplit('/').next()?.parse().ok()?;
+                within
+                    .is_none_or(|c| c.contains(&address))
+                    .then(|| address.to_string())
+            })
+            .collect();
+        // A key that names no address counts (malformed: what it pins cannot be told).
+        let malformed = r
+            .kvs
+            .iter()
+            .filter(|kv| {
+                String::from_utf8_lossy(&kv.key)
+                    .rsplit('/')
+                    .next()
+                    .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+                    .is_none()
+            })
+            .count();
+        let why = (!pinned.is_empty() || malformed > 0).then(|| {
             format!(
                 "pool {name:?} has pinned addresses among those it sets aside ({}): unpin them first (ipoolctl cluster pins --pool {name}; ipoolctl cluster unpin)",
-                pinned.join(", ")
+                match malformed {
+                    0 => pinned.join(", "),
+                    n => format!("{}; {n} malformed", pinned.join(", ")),
+                }
             )
-        }))
+        });
+        Ok((why, at))
     }
 }
 

@@ -35,14 +35,6 @@ pub fn get_prefix(prefix: impl Into<Vec<u8>>) -> pb::RangeRequest {
     }
 }
 
-/// How many keys lie under `prefix` (their count only).
-pub fn count_prefix(prefix: impl Into<Vec<u8>>) -> pb::RangeRequest {
-    pb::RangeRequest {
-        count_only: true,
-        ..get_prefix(prefix)
-    }
-}
-
 pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: i64) -> pb::PutRequest {
     pb::PutRequest {
         key: key.into(),

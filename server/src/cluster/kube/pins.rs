@@ -21,6 +21,7 @@ use super::{api_code, resource, KubeStore, PAGE, POOL_LABEL};
 use crate::cluster::datastore::PinStore;
 use crate::cluster::model::{ClusterError, PoolPhase};
 use crate::cluster::pin::{address_name, Pin, PinCreated, PinOwner, PinRead};
+use crate::cluster::pool::NotSetAside;
 
 /// The label that names a pin's block (its object name, `10-0-0-0-26`).
 pub const BLOCK_LABEL: &str = "ipool.io/block";
@@ -107,22 +108,24 @@ impl KubeStore {
     }
 
     /// Whether pool `pin.pool`, read now, still sets `pin`'s address aside as the pin says
-    /// (made as `pin.block_id` names, `pin.block` one of its excluded ranges). `creating`: and
-    /// is Ready, not losing the CIDR that holds the address (a deletion or a removal marks the
+    /// (made as `pin.block_id` names, `pin.block` one of its excluded ranges), and whether it
+    /// is Ready and keeps the CIDR that holds the address (a deletion or a removal marks the
     /// pool, then lists its pins: one that listed none before this pin's create is seen here).
-    async fn setting_aside(&self, pin: &Pin, creating: bool) -> Result<bool, ClusterError> {
+    async fn setting_aside(&self, pin: &Pin) -> Result<(bool, bool), ClusterError> {
         self.token().await;
         let Some(obj) = self.pools.get_opt(&pin.pool).await? else {
-            return Ok(false);
+            return Ok((false, false));
         };
-        let Ok((spec, phase)) = objects::parse_pool(&obj) else {
-            return Ok(false);
-        };
+        let (spec, phase) = objects::parse_pool(&obj).map_err(|why| ClusterError::Malformed {
+            what: "pool",
+            key: format!("ippools/{}", pin.pool),
+            why,
+        })?;
         let made = hash(obj.metadata.uid.as_deref().unwrap_or("")) == pin.block_id;
         let stands = made && spec.exclude.contains(&pin.block) && pin.block.contains(&pin.address);
         let changing =
             phase != PoolPhase::Ready || spec.removing.iter().any(|c| c.contains(&pin.address));
-        Ok(stands && !(creating && changing))
+        Ok((stands, stands && !changing))
     }
 
     /// Why pool `pool` may not stop setting aside its addresses (in `within`, else all): some
@@ -218,7 +221,7 @@ impl PinStore for KubeStore {
         // The block, read after the create: one gone or claimed anew pins nothing. (An
         // address set aside: the pool, likewise.)
         let stands = match pin.set_aside {
-            true => self.setting_aside(pin, true).await?,
+            true => self.setting_aside(pin).await?.1,
             false => self.pin_block_stands(pin).await?,
         };
         if !stands {
@@ -253,10 +256,10 @@ impl PinStore for KubeStore {
         &self,
         pool: &str,
         ip: std::net::IpAddr,
-    ) -> Result<Result<(ipnet::IpNet, i64), String>, ClusterError> {
+    ) -> Result<Result<(ipnet::IpNet, i64), NotSetAside>, ClusterError> {
         self.token().await;
         let Some(obj) = self.pools.get_opt(pool).await? else {
-            return Ok(Err(format!("no cluster pool {pool:?}")));
+            return Ok(Err(NotSetAside::Never(format!("no cluster pool {pool:?}"))));
         };
         let (spec, phase) = objects::parse_pool(&obj).map_err(|why| ClusterError::Malformed {
             what: "pool",
@@ -264,15 +267,21 @@ impl PinStore for KubeStore {
             why,
         })?;
         if phase != PoolPhase::Ready {
-            return Ok(Err(format!("cluster pool {pool:?} is {phase:?}")));
+            return Ok(Err(NotSetAside::NotNow(format!(
+                "cluster pool {pool:?} is {phase:?}"
+            ))));
         }
         let id = hash(obj.metadata.uid.as_deref().unwrap_or(""));
         Ok(spec.set_aside_range(ip).map(|x| (x, id)))
     }
 
+    async fn set_aside_pinnable(&self, pin: &Pin) -> Result<bool, ClusterError> {
+        Ok(self.setting_aside(pin).await?.1)
+    }
+
     async fn pin_block_stands(&self, pin: &Pin) -> Result<bool, ClusterError> {
         if pin.set_aside {
-            return self.setting_aside(pin, false).await;
+            return Ok(self.setting_aside(pin).await?.0);
         }
         self.token().await;
         let block = self

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use super::{verdict, Holder, Pin, PinCreated, PinOwner, PinRead, Verdict};
 use crate::cluster::model::{now_ms, ClusterError};
 use crate::cluster::node::ClusterNode;
+use crate::cluster::pool::NotSetAside;
 use crate::cluster::release::not_gone;
 
 /// Writes that find the pin changed since it was read, before the ADD or DEL gives up.
@@ -152,6 +153,9 @@ impl Holds {
             if !pools.contains(&read.pin.pool) {
                 return Ok(Before::Elsewhere);
             }
+            if read.pin.set_aside && self.set_aside_void(&read).await? {
+                return Ok(Before::First);
+            }
             let mut pin = read.pin.clone();
             let how = match verdict(&pin, &me, uid) {
                 Verdict::Held => {
@@ -214,7 +218,7 @@ impl Holds {
                     .call("delete_pin", |s| async move { s.delete_pin(&w).await })
                     .await?;
                 self.node.pin_gone(&written.pin);
-                tracing::warn!(owner = %owner, address = %written.pin.address, block = %written.pin.block, "a pin's block no longer stands as it was made in (released by force?): the pin was void, and is deleted; the pod gets a new address");
+                tracing::warn!(owner = %owner, address = %written.pin.address, block = %written.pin.block, set_aside = written.pin.set_aside, "a pin's block (or, an address set aside, its pool) no longer stands as it was made in (released by force? made anew?): the pin was void, and is deleted; the pod gets a new address");
                 return Ok(Before::First);
             }
             self.node.pin_known(&written.pin);
@@ -323,7 +327,13 @@ impl Holds {
                 }
                 Refused::Held {
                     pool: pool.to_string(),
-                    why: format!("{address} is pinned already, for {}", theirs.pin.owner),
+                    why: match pin.set_aside {
+                        true => format!(
+                            "{address} is pinned already, for {} (two owners chose it? it is free once that owner is gone, pin_ttl_secs after, or by ipoolctl cluster unpin)",
+                            theirs.pin.owner
+                        ),
+                        false => format!("{address} is pinned already, for {}", theirs.pin.owner),
+                    },
                 }
             }
             Ok(PinCreated::BlockChanged) => {
@@ -350,7 +360,7 @@ impl Holds {
     /// Where a pin of `ip`, chosen by its owner, is made: the excluded range of the one pool
     /// of `pools` (the ADD's network's) that sets it aside. Refused::Invalid: none does.
     pub async fn set_aside_site(&self, pools: &[String], ip: IpAddr) -> Result<PinSite, Refused> {
-        let mut why = Vec::new();
+        let (mut why, mut not_now) = (Vec::new(), None);
         for pool in pools {
             let (p, at) = (pool.clone(), ip);
             let site = self
@@ -369,13 +379,58 @@ impl Holds {
                         set_aside: true,
                     })
                 }
-                Err(w) => why.push(w),
+                Err(NotSetAside::NotNow(w)) => not_now = Some((pool.clone(), w)),
+                Err(NotSetAside::Never(w)) => why.push(w),
             }
+        }
+        if let Some((pool, why)) = not_now {
+            return Err(Refused::Held {
+                pool,
+                why: format!("{why}: try again"),
+            });
         }
         Err(Refused::Invalid(match why.is_empty() {
             true => format!("the network takes no cluster pool that could set {ip} aside"),
             false => why.join("; "),
         }))
+    }
+
+    /// Before `read`, a pin of an address set aside, is served: false, it may be (its pool
+    /// would let it be made now); true, it was void (its pool no longer sets the address
+    /// aside as it was made) and is deleted, the ADD goes on as for no pin; refused while its
+    /// pool is being deleted or loses the CIDR holding it.
+    async fn set_aside_void(&self, read: &PinRead) -> Result<bool, Refused> {
+        let p = read.pin.clone();
+        let pinnable = self
+            .node
+            .call("set_aside_pinnable", |s| async move {
+                s.set_aside_pinnable(&p).await
+            })
+            .await?;
+        if pinnable {
+            return Ok(false);
+        }
+        let p = read.pin.clone();
+        let stands = self
+            .node
+            .call("pin_block", |s| async move { s.pin_block_stands(&p).await })
+            .await?;
+        if stands {
+            return Err(Refused::Held {
+                pool: read.pin.pool.clone(),
+                why: format!(
+                    "cluster pool {:?} is being deleted, or losing the CIDR that holds {}: try again",
+                    read.pin.pool, read.pin.address
+                ),
+            });
+        }
+        let r = read.clone();
+        self.node
+            .call("delete_pin", |s| async move { s.delete_pin(&r).await })
+            .await?;
+        self.node.pin_gone(&read.pin);
+        tracing::warn!(owner = %read.pin.owner, address = %read.pin.address, pool = %read.pin.pool, "a pin of an address set aside whose pool no longer sets it aside as it did (made anew, or its CIDR removed) was void, and is deleted");
+        Ok(true)
     }
 
     /// Undoes a pin this node just made for the pod of uid `uid` whose ADD then failed: deleted
