@@ -150,16 +150,19 @@ impl PoolStore for ClusterStore {
                     }
                     // The addresses it sets aside in the CIDR: none pinned (the removal takes
                     // their exclusion along, and a block could be claimed over them later),
-                    // conditioned on no such pin created since the listing.
-                    let (why, listed_at) = self.set_aside_pinned(name, Some(c)).await?;
-                    if let Some(why) = why {
-                        return Err(ClusterError::Refused(why));
+                    // conditioned on no such pin created since the listing. (None can be
+                    // where no excluded range meets the CIDR.)
+                    if spec.exclude.iter().any(|x| x.contains(c) || c.contains(x)) {
+                        let (why, listed_at) = self.set_aside_pinned(name, Some(c)).await?;
+                        if let Some(why) = why {
+                            return Err(ClusterError::Refused(why));
+                        }
+                        when.push(cmp::with_prefix(cmp::create_revision(
+                            self.set_aside_prefix(name),
+                            cmp::Less,
+                            listed_at + 1,
+                        )));
                     }
-                    when.push(cmp::with_prefix(cmp::create_revision(
-                        self.set_aside_prefix(name),
-                        cmp::Less,
-                        listed_at + 1,
-                    )));
                     // Every block key of the pool as old as the read: the listing saw them all.
                     when.push(cmp::with_prefix(cmp::create_revision(
                         self.blocks_prefix(name),
@@ -189,38 +192,32 @@ impl PoolStore for ClusterStore {
     async fn delete_pool(&self, name: &str) -> Result<(), ClusterError> {
         let key = self.pool_key(name);
         let blocks = self.blocks_prefix(name);
-        for _ in 0..CREATE_ATTEMPTS {
-            let Some(pool) = self.get_pool(name).await? else {
-                return Err(ClusterError::NotFound(format!("no pool {name:?}")));
-            };
-            // No address it sets aside pinned (a pool made again under its name could hand
-            // them out).
+        // Nor while an address it sets aside is pinned (a pool made again under its name
+        // could hand it out).
+        let txn = request::txn(
+            [
+                cmp::version(key.clone(), cmp::Greater, 0),
+                cmp::with_prefix(cmp::version(blocks, cmp::Equal, 0)),
+                cmp::with_prefix(cmp::version(self.set_aside_prefix(name), cmp::Equal, 0)),
+            ],
+            [op::delete(key)],
+            [],
+        );
+        if self.client.txn(txn).await?.succeeded {
+            return Ok(());
+        }
+        let Some(pool) = self.get_pool(name).await? else {
+            return Err(ClusterError::NotFound(format!("no pool {name:?}")));
+        };
+        if !pool.spec.exclude.is_empty() {
             if let (Some(why), _) = self.set_aside_pinned(name, None).await? {
                 return Err(ClusterError::Refused(why));
             }
-            let txn = request::txn(
-                [
-                    cmp::mod_revision(key.clone(), cmp::Equal, pool.revision),
-                    cmp::with_prefix(cmp::version(blocks.clone(), cmp::Equal, 0)),
-                    cmp::with_prefix(cmp::version(self.set_aside_prefix(name), cmp::Equal, 0)),
-                ],
-                [op::delete(key.clone())],
-                [],
-            );
-            if self.client.txn(txn).await?.succeeded {
-                return Ok(());
-            }
-            let owned = self.list_blocks(Some(name), None).await?;
-            let count = owned.blocks.len() + owned.malformed.len();
-            if count > 0 {
-                return Err(ClusterError::Refused(format!(
-                    "pool {name:?} still has {count} owned block(s) (release them first: ipoolctl cluster release-node)"
-                )));
-            }
-            // The pool changed, or a pin came, since it was read: again.
         }
+        let owned = self.list_blocks(Some(name), None).await?;
         Err(ClusterError::Refused(format!(
-            "pool {name:?}: it kept changing during {CREATE_ATTEMPTS} attempts; try again"
+            "pool {name:?} still has {} owned block(s) (release them first: ipoolctl cluster release-node)",
+            owned.blocks.len() + owned.malformed.len()
         )))
     }
 }

@@ -225,9 +225,15 @@ impl KubeStore {
             Err(e) => Some(e),
             Ok(listed) => listed.owned_in(name, cidr).map(ClusterError::Refused),
         };
-        // Nor a pinned address it sets aside there (the removal takes the exclusion along).
+        // Nor a pinned address it sets aside there (the removal takes the exclusion along;
+        // none can be where no excluded range meets the CIDR).
+        let excludes = spec
+            .exclude
+            .iter()
+            .any(|x| x.contains(cidr) || cidr.contains(x));
         let clash = match clash {
             Some(c) => Some(c),
+            None if !excludes => None,
             None => match self.set_aside_pinned(name, Some(cidr)).await {
                 Ok(why) => why.map(ClusterError::Refused),
                 Err(e) => Some(e),

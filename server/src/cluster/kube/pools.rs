@@ -272,11 +272,16 @@ impl PoolStore for KubeStore {
             return Err(self.undelete(&marked, refused).await);
         }
         // Nor a pinned address it sets aside (a pool made again under its name could hand it
-        // out).
-        match self.set_aside_pinned(name, None).await {
-            Ok(None) => {}
-            Ok(Some(why)) => return Err(self.undelete(&marked, ClusterError::Refused(why)).await),
-            Err(e) => return Err(self.undelete(&marked, e).await),
+        // out; none can be where it excludes nothing).
+        let excludes = parse_pool(&marked).is_ok_and(|(spec, _)| !spec.exclude.is_empty());
+        if excludes {
+            match self.set_aside_pinned(name, None).await {
+                Ok(None) => {}
+                Ok(Some(why)) => {
+                    return Err(self.undelete(&marked, ClusterError::Refused(why)).await)
+                }
+                Err(e) => return Err(self.undelete(&marked, e).await),
+            }
         }
         match self.delete_written(&marked).await {
             Ok(()) => Ok(()),
