@@ -13,6 +13,12 @@ use serde_json::json;
 use super::fake_api::FakeApi;
 
 pub const NAMESPACE: &str = "db";
+/// The range the nemesis pool sets aside (`--exclude`): StatefulSet `kv`'s ordinals choose
+/// their addresses there (`ipool.io/ips-by-ordinal`), from its second address on.
+pub const SET_ASIDE: &str = "10.80.1.240/28";
+const CHOSEN: &str = "10.80.1.241,10.80.1.242,10.80.1.243,10.80.1.244";
+/// Ordinals 0 and 1 are StatefulSet `web`'s (an address as any pod's, then pinned), 2 and 3
+/// `kv`'s (chosen).
 const ORDINALS: u64 = 4;
 const VMS: u64 = 2;
 /// How many owners a pick chooses from.
@@ -44,6 +50,8 @@ pub struct FixedCounts {
     pub added: usize,
     pub moved: usize,
     pub migrated: usize,
+    /// Of those added, served the address their owner chose.
+    pub chosen: usize,
 }
 
 impl FixedPods {
@@ -53,11 +61,13 @@ impl FixedPods {
             api.put("nodes", json!({"metadata": {"name": n}}));
         }
         api.put("namespaces", json!({"metadata": {"name": NAMESPACE}}));
-        api.put(
-            "statefulsets",
-            json!({"apiVersion": "apps/v1", "metadata": {"namespace": NAMESPACE, "name": "web", "uid": "s1"},
-                   "spec": {"replicas": ORDINALS}}),
-        );
+        for (name, uid) in [("web", "s1"), ("kv", "s2")] {
+            api.put(
+                "statefulsets",
+                json!({"apiVersion": "apps/v1", "metadata": {"namespace": NAMESPACE, "name": name, "uid": uid},
+                       "spec": {"replicas": ORDINALS}}),
+            );
+        }
         for v in 0..VMS {
             api.put(
                 "virtualmachines",
@@ -79,8 +89,9 @@ impl FixedPods {
         c: &str,
     ) -> Option<FixedAdd> {
         let vm = pick >= ORDINALS;
+        let set = if pick < 2 { "web" } else { "kv" };
         let owner = match vm {
-            false => format!("StatefulSet/{NAMESPACE}/web/{pick}"),
+            false => format!("StatefulSet/{NAMESPACE}/{set}/{pick}"),
             true => format!("VirtualMachine/{NAMESPACE}/vm{}", pick - ORDINALS),
         };
         let node = {
@@ -101,10 +112,15 @@ impl FixedPods {
         };
         let uid = format!("uid-{c}");
         let (name, meta) = match vm {
-            false => (
+            false if set == "web" => (
                 format!("web-{pick}"),
                 json!({"annotations": {"ipool.io/fixed": "true"},
                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s1", "controller": true}]}),
+            ),
+            false => (
+                format!("kv-{pick}"),
+                json!({"annotations": {"ipool.io/fixed": "true", "ipool.io/ips-by-ordinal": CHOSEN},
+                       "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "kv", "uid": "s2", "controller": true}]}),
             ),
             true => {
                 let vm = format!("vm{}", pick - ORDINALS);
@@ -128,6 +144,15 @@ impl FixedPods {
             node,
             args: format!("K8S_POD_NAMESPACE={NAMESPACE};K8S_POD_NAME={name};K8S_POD_UID={uid}"),
         })
+    }
+
+    /// The address `owner` chose, if it chose one (StatefulSet `kv`'s ordinals).
+    pub fn chosen_for(owner: &str) -> Option<std::net::IpAddr> {
+        let ordinal: usize = owner
+            .strip_prefix(&format!("StatefulSet/{NAMESPACE}/kv/"))?
+            .parse()
+            .ok()?;
+        CHOSEN.split(',').nth(ordinal)?.parse().ok()
     }
 
     /// The ADD of `owner`'s pod `c` on `node` was answered (`ok`: it runs).

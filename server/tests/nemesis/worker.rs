@@ -35,6 +35,15 @@ pub(super) fn fixed_add(run: &Run, rng: &mut Rng, c: &str) -> Option<(usize, boo
     match r.ok {
         true => {
             let ips: Vec<IpAddr> = r.addresses().iter().map(|a| addr(a)).collect();
+            if let Some(want) = fixed_pods::FixedPods::chosen_for(&add.owner) {
+                assert!(
+                    ips.contains(&want),
+                    "ADD {c} of {} on {} answered with {ips:?}, though its pod chose {want}",
+                    add.owner,
+                    node.name
+                );
+                fixed.counts.lock().unwrap().chosen += 1;
+            }
             run.history
                 .lock()
                 .unwrap()
