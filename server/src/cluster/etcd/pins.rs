@@ -55,21 +55,31 @@ impl ClusterStore {
     /// says (the pool made at `pin.block_id`, `pin.block` one of its excluded ranges): its
     /// key's mod revision.
     async fn setting_aside(&self, pin: &Pin) -> Result<Option<i64>, ClusterError> {
-        let key = self.pool_key(&pin.pool);
+        let Some((spec, created, modified)) = self.pool_now(&pin.pool).await? else {
+            return Ok(None);
+        };
+        let stands = created == pin.block_id
+            && spec.exclude.contains(&pin.block)
+            && pin.block.contains(&pin.address);
+        Ok(stands.then_some(modified))
+    }
+
+    /// Pool `pool` as its key holds it now: its spec, and the key's create and mod revisions.
+    async fn pool_now(
+        &self,
+        pool: &str,
+    ) -> Result<Option<(crate::cluster::pool::PoolSpec, i64, i64)>, ClusterError> {
+        let key = self.pool_key(pool);
         let r = self.client().range(request::get(key.clone())).await?;
         let Some(kv) = r.kvs.first() else {
             return Ok(None);
         };
-        let spec: crate::cluster::pool::PoolSpec =
-            serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
-                what: "pool",
-                key,
-                why: e.to_string(),
-            })?;
-        let stands = kv.create_revision == pin.block_id
-            && spec.exclude.contains(&pin.block)
-            && pin.block.contains(&pin.address);
-        Ok(stands.then_some(kv.mod_revision))
+        let spec = serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
+            what: "pool",
+            key,
+            why: e.to_string(),
+        })?;
+        Ok(Some((spec, kv.create_revision, kv.mod_revision)))
     }
 
     fn pin_owner_key(&self, owner: &PinOwner) -> String {
@@ -234,18 +244,10 @@ impl PinStore for ClusterStore {
         pool: &str,
         ip: std::net::IpAddr,
     ) -> Result<Result<(ipnet::IpNet, i64), NotSetAside>, ClusterError> {
-        let key = self.pool_key(pool);
-        let r = self.client().range(request::get(key.clone())).await?;
-        let Some(kv) = r.kvs.first() else {
+        let Some((spec, created, _)) = self.pool_now(pool).await? else {
             return Ok(Err(NotSetAside::Never(format!("no cluster pool {pool:?}"))));
         };
-        let spec: crate::cluster::pool::PoolSpec =
-            serde_json::from_slice(&kv.value).map_err(|e| ClusterError::Malformed {
-                what: "pool",
-                key,
-                why: e.to_string(),
-            })?;
-        Ok(spec.set_aside_range(ip).map(|x| (x, kv.create_revision)))
+        Ok(spec.set_aside_range(ip).map(|x| (x, created)))
     }
 
     async fn pin_block_stands(&self, pin: &Pin) -> Result<bool, ClusterError> {

@@ -119,6 +119,19 @@ impl Holds {
         }
     }
 
+    /// Deletes the pin as read (false: it changed or went since), and forgets it if deleted.
+    async fn delete(&self, read: &PinRead) -> Result<bool, ClusterError> {
+        let r = read.clone();
+        let deleted = self
+            .node
+            .call("delete_pin", |s| async move { s.delete_pin(&r).await })
+            .await?;
+        if deleted {
+            self.node.pin_gone(&read.pin);
+        }
+        Ok(deleted)
+    }
+
     async fn pin_of(&self, owner: &PinOwner) -> Result<Option<PinRead>, ClusterError> {
         let o = owner.clone();
         self.node
@@ -424,11 +437,7 @@ impl Holds {
                 ),
             });
         }
-        let r = read.clone();
-        self.node
-            .call("delete_pin", |s| async move { s.delete_pin(&r).await })
-            .await?;
-        self.node.pin_gone(&read.pin);
+        self.delete(read).await?;
         tracing::warn!(owner = %read.pin.owner, address = %read.pin.address, pool = %read.pin.pool, "a pin of an address set aside whose pool no longer sets it aside as it did (made anew, or its CIDR removed) was void, and is deleted");
         Ok(true)
     }
@@ -439,16 +448,8 @@ impl Holds {
         let me = self.node.name().to_string();
         if let Some(read) = self.pin_of(owner).await? {
             if let [only] = read.pin.holders.as_slice() {
-                if only.node == me && only.uid == uid {
-                    let r = read.clone();
-                    let deleted = self
-                        .node
-                        .call("delete_pin", |s| async move { s.delete_pin(&r).await })
-                        .await?;
-                    if deleted {
-                        self.node.pin_gone(&read.pin);
-                        return Ok(());
-                    }
+                if only.node == me && only.uid == uid && self.delete(&read).await? {
+                    return Ok(());
                 }
             }
         }
@@ -492,14 +493,6 @@ impl Holds {
             self.node.pin_known(&read.pin);
             return Ok(false);
         }
-        let r = read.clone();
-        let deleted = self
-            .node
-            .call("delete_pin", |s| async move { s.delete_pin(&r).await })
-            .await?;
-        if deleted {
-            self.node.pin_gone(&read.pin);
-        }
-        Ok(deleted)
+        Ok(self.delete(&read).await?)
     }
 }
