@@ -10,6 +10,8 @@
 //!   heartbeats and release-node);
 //! - [`kube`]: the same on the Kubernetes API (custom resources, a Lease per node);
 //! - [`release`]: release-node's judgement of a node's absence, over either store;
+//! - [`departed`]: that release done by itself, by the daemon that leads it, for nodes whose
+//!   Node is gone;
 //! - [`node`]: this node, as `config::cluster` (the `[cluster]` table) says: its etcd
 //!   connection, token bucket, etcd up or down, heartbeat;
 //! - [`source`]: `ClusterSource`, a range set's addresses from the blocks this node owns, and
@@ -57,6 +59,7 @@ pub mod cidrset;
 pub mod claim;
 pub mod connect;
 pub mod datastore;
+pub mod departed;
 pub mod etcd;
 pub mod heard;
 pub mod kube;

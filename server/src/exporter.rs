@@ -269,6 +269,16 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             c.pin_adds.clone(),
         );
         r.register(
+            "ipool_cluster_nodes_released",
+            "Departed nodes whose blocks this daemon gave back ([cluster] release_departed_after_secs: Node gone from the apiserver, name away past the fence and that long).",
+            c.nodes_released.clone(),
+        );
+        r.register(
+            "ipool_cluster_departed_leader",
+            "1 while this daemon leads the release of departed nodes (one daemon of the cluster at a time).",
+            c.departed_leader.clone(),
+        );
+        r.register(
             "ipool_cluster_block_give_backs",
             "Empty blocks given back after their hold-down.",
             c.give_backs.clone(),

@@ -6,6 +6,7 @@ mod client;
 pub mod fixed;
 pub mod gc;
 pub mod meta;
+pub mod nodes;
 pub mod pin_keeper;
 pub mod pods;
 pub mod selection;

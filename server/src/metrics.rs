@@ -115,6 +115,10 @@ pub struct ClusterMetrics {
     /// ADDs of pods with a fixed address, by pool and result (created, held, moved,
     /// migration, taken_over, refused).
     pub pin_adds: Family<PoolResultLabels, Counter>,
+    /// Departed nodes whose blocks this daemon released (`[cluster]
+    /// release_departed_after_secs`), and 1 while it leads that work.
+    pub nodes_released: Counter,
+    pub departed_leader: Gauge,
 }
 
 impl Default for ClusterMetrics {
@@ -140,6 +144,8 @@ impl Default for ClusterMetrics {
             pins_known: Family::default(),
             pins_held: Family::default(),
             pin_adds: Family::default(),
+            nodes_released: Counter::default(),
+            departed_leader: Gauge::default(),
         }
     }
 }

@@ -431,7 +431,16 @@ fn answer(
     wake: &tokio::sync::watch::Sender<u64>,
 ) -> Option<Response<Body>> {
     let path = req.uri.path().to_string();
-    let q = url_pairs(req.uri.query().unwrap_or(""));
+    let mut q = url_pairs(req.uri.query().unwrap_or(""));
+    // A list of metadata only (`Accept: application/json;as=PartialObjectMetadataList;...`):
+    // carried to `respond` as a query key no client sends.
+    let accept = req.headers.get(hyper::header::ACCEPT);
+    if accept
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadataList"))
+    {
+        q.insert(METADATA_ONLY.into(), "1".into());
+    }
     let v = {
         let mut w = world.lock().unwrap();
         w.requests.push(format!("{} {}", req.method, req.uri));
@@ -501,6 +510,9 @@ fn answer(
     };
     v
 }
+
+/// The key [`answer`] marks a list of metadata only with.
+const METADATA_ONLY: &str = " as=PartialObjectMetadataList";
 
 fn respond(
     w: &mut World,
@@ -577,10 +589,23 @@ fn respond(
             .filter(|(k, o)| in_scope(k, o))
             .map(|(_, o)| o.clone())
             .collect();
+        let rv = w.store.rv.to_string();
+        if q.contains_key(METADATA_ONLY) {
+            // As the apiserver converts a list for that Accept: each item's metadata alone.
+            let items: Vec<Value> = items
+                .iter()
+                .map(|o| json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}))
+                .collect();
+            return full(
+                StatusCode::OK,
+                json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                       "metadata": {"resourceVersion": rv}, "items": items}),
+            );
+        }
         return full(
             StatusCode::OK,
             json!({"kind": list_kind, "apiVersion": "v1",
-                   "metadata": {"resourceVersion": w.store.rv.to_string()}, "items": items}),
+                   "metadata": {"resourceVersion": rv}, "items": items}),
         );
     }
     let (resource, ns) = (resource.to_string(), ns.map(str::to_string));

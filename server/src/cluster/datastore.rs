@@ -20,8 +20,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use super::model::{
-    Acquired, Alive, Block, Claimed, ClusterError, Heartbeat, Listing, NodeState, Pool, Pools,
-    Settled,
+    Acquired, Alive, Block, Claimed, ClusterError, Heartbeat, Listing, NodeSeen, NodeState, Pool,
+    Pools, Settled,
 };
 use super::pin::{Pin, PinCreated, PinOwner, PinRead};
 use super::pool::{NotSetAside, PoolChange, PoolSpec};
@@ -30,9 +30,15 @@ use super::pool::{NotSetAside, PoolChange, PoolSpec};
 pub type Store = Arc<dyn Datastore>;
 
 /// A store of pools, blocks and node names: what cluster mode runs on.
-pub trait Datastore: PoolStore + BlockStore + NameStore + WatchStore + PinStore {
+pub trait Datastore:
+    PoolStore + BlockStore + NameStore + WatchStore + PinStore + LeadStore
+{
     /// The same store, whose requests never wait for its rate limit (the heartbeat's).
     fn urgent(&self) -> Store;
+    /// The same store, whose writes are release-node's, not a daemon's: on the Kubernetes
+    /// API, a field manager of its own, so that the write that measures a node's absence is
+    /// not taken for the node's daemon's own (a daemon releasing a departed node).
+    fn releasing(&self) -> Store;
     /// How many times the store was found reset (restored from an older backup, made anew),
     /// and why the last time.
     fn resets(&self) -> (u64, Option<String>);
@@ -123,6 +129,8 @@ pub trait NameStore: Send + Sync {
     async fn node_away(&self, node: &str, _me: &str) -> Result<NodeState, ClusterError> {
         self.node_state(node).await
     }
+    /// Every node name the store keeps a heartbeat of, each as last heard (reads only).
+    async fn nodes_seen(&self) -> Result<Vec<NodeSeen>, ClusterError>;
     /// Every block of `node`.
     async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError>;
     /// Gives back `blocks` of a node that is gone (unless `force`: only while its name is not
@@ -133,6 +141,20 @@ pub trait NameStore: Send + Sync {
         blocks: &[Block],
         force: bool,
     ) -> Result<Vec<Block>, ClusterError>;
+}
+
+/// Leads of the cluster's chores that one daemon at a time does (the release of departed
+/// nodes): a lease a daemon takes, renews and loses as a node's name is held. A lead saves
+/// work, it decides nothing: what the leader writes is conditioned as anyone's would be.
+#[async_trait::async_trait]
+pub trait LeadStore: Send + Sync {
+    /// Takes or keeps the lead of `role` for `me` (a node's name) for `ttl_secs` from now;
+    /// true while `me` leads. Taken when no one holds it, or when its holder let it lapse
+    /// (etcd: its lease expired; the apiserver: its Lease unchanged, as this process saw it,
+    /// for its duration). A call by the leader renews it; by another, one read when it is held.
+    async fn lead(&self, role: &str, me: &str, ttl_secs: u64) -> Result<bool, ClusterError>;
+    /// Who leads `role`, as the store says now (none: no one, or a lapsed lead).
+    async fn leader(&self, role: &str) -> Result<Option<String>, ClusterError>;
 }
 
 /// A store's pins: fixed addresses kept for their owners ([`super::pin`]). One pin per

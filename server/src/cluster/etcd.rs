@@ -66,6 +66,8 @@ impl Tls {
 pub struct ClusterStore {
     client: EtcdClient,
     prefix: String,
+    /// The leads this process holds: role -> the etcd lease its key is on (`etcd::leader`).
+    leads: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
 }
 
 /// `10.0.0.0/26` as a key part: `10.0.0.0-26`.
@@ -114,6 +116,7 @@ impl ClusterStore {
         let store = ClusterStore {
             client,
             prefix: prefix.trim_end_matches('/').to_string(),
+            leads: Arc::default(),
         };
         store
             .client
@@ -153,6 +156,16 @@ impl Datastore for ClusterStore {
         Arc::new(ClusterStore {
             client: self.client.urgent(),
             prefix: self.prefix.clone(),
+            leads: self.leads.clone(),
+        })
+    }
+
+    /// etcd's writes name no writer: the same store.
+    fn releasing(&self) -> Store {
+        Arc::new(ClusterStore {
+            client: self.client.clone(),
+            prefix: self.prefix.clone(),
+            leads: self.leads.clone(),
         })
     }
 
@@ -164,6 +177,7 @@ impl Datastore for ClusterStore {
 
 mod blocks;
 pub mod client;
+mod leader;
 pub mod nodes;
 mod pins;
 mod pools;

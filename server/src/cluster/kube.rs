@@ -68,6 +68,9 @@ pub const POOL_LABEL: &str = "ipool.io/pool";
 /// The field manager of ipool's writes (their times, in `metadata.managedFields`, are the
 /// apiserver's clock).
 pub const FIELD_MANAGER: &str = "ipoold";
+/// The field manager of a daemon's release of a departed node (`cluster::departed`): not
+/// [`FIELD_MANAGER`], whose writes are the daemons' own heartbeats.
+pub const RELEASE_MANAGER: &str = "ipoold-release-departed";
 /// Objects per page of a listing.
 const PAGE: u32 = 500;
 /// How long a watch may stay silent before its client gives up on it: the apiserver ends each

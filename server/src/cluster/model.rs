@@ -266,6 +266,20 @@ pub struct NodeState {
     pub unproven: Option<String>,
 }
 
+/// A node's name as a listing of every node's shows it (`ipoolctl cluster nodes`): for
+/// people, never for a decision (release-node judges one node with [`NodeState`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeSeen {
+    pub node: String,
+    /// The daemon holding its name (its instance), if one does.
+    pub alive: Option<String>,
+    /// Seconds since its daemon was last heard, where the store can say (etcd: its `seen`
+    /// lease; the apiserver: its Lease's last renewal as the apiserver stamped it, against
+    /// this machine's clock).
+    pub away_secs: Option<i64>,
+    pub fence_secs: u64,
+}
+
 /// Wall time in Unix milliseconds (0 before the epoch): the machine's, or the one this thread
 /// was given ([`set_wall_clock`]). Cluster mode writes it for people (claim times, heartbeat
 /// times) and never decides by it.

@@ -80,6 +80,14 @@ pub struct ClusterSettings {
     /// addresses until it has renewed and synced again; default: the heartbeat TTL (at most
     /// that: by the time the lease is gone and another may act on it, this node is fenced).
     pub fence_secs: Option<u64>,
+    /// Nodes gone this long are released by themselves: a node whose Node object the
+    /// apiserver no longer has (404, not merely NotReady) and whose name the store shows away
+    /// past its fence and this many seconds gets its blocks given back exactly as `ipoolctl
+    /// cluster release-node` (without --force) gives them. One daemon of the cluster does it
+    /// at a time (it leads by a Lease, or an etcd lease). 0: off (an operator runs
+    /// release-node). Needs `[kubernetes]` (the Nodes are asked); without it it stays off.
+    #[serde(default)]
+    pub release_departed_after_secs: u64,
 }
 
 /// The store of cluster mode.
@@ -231,6 +239,12 @@ impl ClusterSettings {
             return Err(format!(
                 "[cluster] pin_ttl_secs is at most a year (it is {})",
                 self.pin_ttl_secs
+            ));
+        }
+        if self.release_departed_after_secs > crate::model::MAX_SECS {
+            return Err(format!(
+                "[cluster] release_departed_after_secs is at most a year (it is {})",
+                self.release_departed_after_secs
             ));
         }
         if self.block_hold_down_secs > crate::model::MAX_SECS {

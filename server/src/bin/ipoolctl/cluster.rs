@@ -61,6 +61,9 @@ pub(super) enum ClusterCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Every node the store knows (a heartbeat, or a block it owns): alive, or away for how
+    /// long; its blocks and the addresses they hold; who leads the release of departed nodes.
+    Nodes,
     /// Give back every block of a node that is gone. Refused while its daemon's heartbeat
     /// lease lives, or while etcd has seen it within --absent-for seconds (and its fence);
     /// each give-back holds only while the node stays away. --force gives them back anyway
@@ -340,6 +343,7 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
                 warn_malformed(place, &listed.malformed);
                 print_blocks(&listed.blocks, out)
             }),
+        ClusterCommand::Nodes => crate::nodes::list(store, place, out).await,
         ClusterCommand::Pins { pool } => crate::pins::list(store, pool.as_deref(), out).await,
         ClusterCommand::Unpin {
             address,

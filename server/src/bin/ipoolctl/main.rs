@@ -31,6 +31,7 @@ macro_rules! outln {
 mod cluster;
 mod cluster_store;
 mod connect;
+mod nodes;
 mod pins;
 mod print;
 mod release;

@@ -79,3 +79,20 @@ pub(crate) fn start(cluster: &Cluster, ipam: &Ipam) {
     tracing::info!(node = %node.name(), instance = %node.instance(), store = node.store_name(), networks = cluster.networks(), "cluster mode");
     cluster.start(ipam);
 }
+
+/// Departed nodes released by themselves (`[cluster] release_departed_after_secs`), where
+/// the Nodes can be asked (`client`: `[kubernetes]`); said at start when it stays off.
+pub(crate) fn release_departed(cluster: &Cluster, client: Option<&kube::Client>) {
+    let node = cluster.node();
+    let after = node.settings().release_departed_after_secs;
+    match (after, client) {
+        (0, _) => {}
+        (_, None) => {
+            tracing::warn!(after_secs = after, "[cluster] release_departed_after_secs is set but there is no [kubernetes] table: whether a node is gone is its Node's absence from the apiserver, which cannot be asked, so departed nodes are not released by themselves (ipoolctl cluster release-node does it)");
+        }
+        (_, Some(c)) => {
+            let nodes = std::sync::Arc::new(ipool_server::k8s::nodes::Nodes::new(c.clone()));
+            tokio::spawn(ipool_server::cluster::departed::run(node.clone(), nodes));
+        }
+    }
+}

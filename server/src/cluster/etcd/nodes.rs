@@ -18,7 +18,7 @@ use super::request::{self, cmp, op};
 use super::ClusterStore;
 use crate::cluster::datastore::{BlockStore, NameStore};
 use crate::cluster::model::{
-    now_ms, Acquired, Alive, Block, ClusterError, Heartbeat, Listing, NodeState, Seen,
+    now_ms, Acquired, Alive, Block, ClusterError, Heartbeat, Listing, NodeSeen, NodeState, Seen,
 };
 
 /// The `seen` lease's TTL: absences up to this long are measured; past it, the key is gone and
@@ -204,6 +204,61 @@ impl NameStore for ClusterStore {
             blocks,
             unproven: None,
         })
+    }
+
+    /// Every node with an `alive` or a `seen` key (read in pages with the rest of `nodes/`),
+    /// and, for one not alive, how long etcd says it has been away.
+    async fn nodes_seen(&self) -> Result<Vec<NodeSeen>, ClusterError> {
+        let prefix = self.key("nodes/");
+        let kvs = self
+            .client()
+            .range_paged(request::get_prefix(prefix.clone()), 1000)
+            .await?;
+        let mut nodes: std::collections::BTreeMap<String, NodeSeen> = Default::default();
+        let mut seen_leases = Vec::new();
+        for kv in &kvs {
+            let key = String::from_utf8_lossy(&kv.key);
+            let Some((node, what)) = key[prefix.len().min(key.len())..].split_once('/') else {
+                continue;
+            };
+            if what != "alive" && what != "seen" {
+                continue;
+            }
+            let entry = nodes.entry(node.to_string()).or_insert_with(|| NodeSeen {
+                node: node.to_string(),
+                alive: None,
+                away_secs: None,
+                fence_secs: 0,
+            });
+            if what == "alive" {
+                let a = serde_json::from_slice::<Alive>(&kv.value);
+                entry.alive = Some(
+                    a.as_ref()
+                        .map_or_else(|e| format!("unreadable ({e})"), |a| a.instance.clone()),
+                );
+                entry.fence_secs = a.map_or(entry.fence_secs, |a| a.fence_secs);
+            } else {
+                if let Ok(seen) = serde_json::from_slice::<Seen>(&kv.value) {
+                    entry.fence_secs = entry.fence_secs.max(seen.fence_secs);
+                }
+                if kv.lease != 0 {
+                    seen_leases.push((node.to_string(), kv.lease));
+                }
+            }
+        }
+        for (node, lease) in seen_leases {
+            if nodes.get(&node).is_some_and(|n| n.alive.is_none()) {
+                let ttl = self.client().lease_time_to_live(lease).await?;
+                let away = match ttl.ttl {
+                    t if t < 0 => SEEN_TTL_SECS,
+                    t => ttl.granted_ttl - t,
+                };
+                if let Some(n) = nodes.get_mut(&node) {
+                    n.away_secs = Some(away);
+                }
+            }
+        }
+        Ok(nodes.into_values().collect())
     }
 
     /// Every block of `node`: its index, or, for a node that never ran an ipoold with the index

@@ -28,7 +28,7 @@ use kube::api::{DeleteParams, Preconditions};
 use super::{api_code, KubeStore, FIELD_MANAGER};
 use crate::cluster::datastore::{BlockStore, NameStore};
 use crate::cluster::model::{
-    Acquired, Alive, Block, ClusterError, Heartbeat, Listing, NodeState, Seen,
+    Acquired, Alive, Block, ClusterError, Heartbeat, Listing, NodeSeen, NodeState, Seen,
 };
 
 const FENCE: &str = "ipool.io/fence-secs";
@@ -332,6 +332,10 @@ impl NameStore for KubeStore {
         self.away_by_reads(node, me).await
     }
 
+    async fn nodes_seen(&self) -> Result<Vec<NodeSeen>, ClusterError> {
+        self.leases_seen().await
+    }
+
     /// Every block of `node` (its label).
     async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError> {
         self.list_blocks(None, Some(node)).await
@@ -449,3 +453,4 @@ fn alive_of(l: &Lease) -> Alive {
 }
 
 mod away;
+mod leader;

@@ -12,6 +12,12 @@ impl Datastore for KubeStore {
             ..self.clone()
         })
     }
+    fn releasing(&self) -> Store {
+        Arc::new(KubeStore {
+            field_manager: super::RELEASE_MANAGER.into(),
+            ..self.clone()
+        })
+    }
     /// A reset apiserver (etcd restored under it) is not detected: see README "Cluster mode".
     fn resets(&self) -> (u64, Option<String>) {
         (0, None)

@@ -6,7 +6,7 @@
 
 use super::{alive_of, annotation, duration_secs, holder, written_at, FENCE, RENEW};
 use crate::cluster::kube::{KubeStore, FIELD_MANAGER};
-use crate::cluster::model::{ClusterError, Listing, NodeState, Seen};
+use crate::cluster::model::{ClusterError, Listing, NodeSeen, NodeState, Seen};
 
 impl KubeStore {
     pub(super) async fn away_by_reads(
@@ -53,5 +53,30 @@ impl KubeStore {
             blocks: Listing::default(),
             unproven: None,
         })
+    }
+
+    /// Every node's Lease (`ipool-<node>`, listed once), as last renewed: how long ago by the
+    /// time the apiserver stamped on its daemon's last write, against this machine's clock.
+    pub(super) async fn leases_seen(&self) -> Result<Vec<NodeSeen>, ClusterError> {
+        self.token().await;
+        let listed = self.leases.list(&kube::api::ListParams::default()).await?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        Ok(listed
+            .items
+            .iter()
+            .filter_map(|l| {
+                let node = l.metadata.name.as_deref()?.strip_prefix("ipool-")?;
+                let away = written_at(l, FIELD_MANAGER).map(|t| (now - t).max(0));
+                let lapsed = away.is_none_or(|a| a > duration_secs(l));
+                Some(NodeSeen {
+                    node: node.to_string(),
+                    alive: holder(l).filter(|_| !lapsed),
+                    away_secs: away.filter(|_| lapsed || holder(l).is_none()),
+                    fence_secs: annotation(l, FENCE),
+                })
+            })
+            .collect())
     }
 }

@@ -1,0 +1,101 @@
+//! `ipoolctl cluster nodes`: every node the store knows (a heartbeat, or a block it owns):
+//! alive (the daemon instance holding its name) or away for how long, its blocks and the
+//! addresses they hold, and which daemon leads the release of departed nodes.
+
+use std::collections::BTreeMap;
+
+use ipool_server::cluster::datastore::Datastore;
+use ipool_server::cluster::departed::ROLE;
+use ipool_server::cluster::model::{ClusterError, NodeSeen};
+
+use crate::cluster::warn_malformed;
+use crate::Output;
+
+/// A node as listed: as last heard, and its blocks.
+struct Row {
+    seen: NodeSeen,
+    blocks: Vec<String>,
+    addresses: u128,
+}
+
+fn state(s: &NodeSeen) -> String {
+    match (&s.alive, s.away_secs) {
+        (Some(i), _) => format!("alive ({i})"),
+        (None, Some(a)) => format!("away {a} s"),
+        // Its blocks remain, but no heartbeat: away longer than etcd keeps one (30 days),
+        // released, or never run.
+        (None, None) => "no heartbeat".into(),
+    }
+}
+
+pub(crate) async fn list(
+    store: &dyn Datastore,
+    place: &str,
+    out: Output,
+) -> Result<(), ClusterError> {
+    let seen = store.nodes_seen().await?;
+    let blocks = store.list_blocks(None, None).await?;
+    warn_malformed(place, &blocks.malformed);
+    let leader = store.leader(ROLE).await?;
+    let mut rows: BTreeMap<String, Row> = seen
+        .into_iter()
+        .map(|s| {
+            let row = Row {
+                seen: s.clone(),
+                blocks: Vec::new(),
+                addresses: 0,
+            };
+            (s.node, row)
+        })
+        .collect();
+    for b in &blocks.blocks {
+        let row = rows.entry(b.owner.node.clone()).or_insert_with(|| Row {
+            seen: NodeSeen {
+                node: b.owner.node.clone(),
+                alive: None,
+                away_secs: None,
+                fence_secs: 0,
+            },
+            blocks: Vec::new(),
+            addresses: 0,
+        });
+        row.blocks.push(b.block.to_string());
+        let bits = b.block.max_prefix_len() - b.block.prefix_len();
+        row.addresses += 1u128 << bits.min(127);
+    }
+    if out == Output::Json {
+        let v: Vec<serde_json::Value> = rows
+            .values()
+            .map(|r| {
+                serde_json::json!({
+                    "node": r.seen.node, "alive": r.seen.alive.is_some(),
+                    "instance": r.seen.alive, "awaySecs": r.seen.away_secs,
+                    "fenceSecs": r.seen.fence_secs, "blocks": r.blocks,
+                    "addresses": r.addresses.to_string(),
+                })
+            })
+            .collect();
+        outln!(
+            "{}",
+            serde_json::json!({"nodes": v, "releaseDepartedLeader": leader})
+        );
+        return Ok(());
+    }
+    let table = rows
+        .values()
+        .map(|r| {
+            vec![
+                r.seen.node.clone(),
+                state(&r.seen),
+                r.blocks.len().to_string(),
+                r.addresses.to_string(),
+            ]
+        })
+        .collect();
+    crate::print::table(&["NODE", "STATE", "BLOCKS", "ADDRESSES"], table);
+    match leader {
+        Some(l) => outln!("departed nodes are released by {l} (it leads; [cluster] release_departed_after_secs)"),
+        None => outln!("no daemon leads the release of departed nodes ([cluster] release_departed_after_secs is 0 everywhere, or no daemon runs)"),
+    }
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! Departed nodes released by themselves (issue 41, item 1), with the real daemons and plugin
+//! on either store (the fake apiserver always; a real etcd where installed) and the Nodes on
+//! the fake apiserver: a node whose daemon stopped keeps its blocks while its Node is there;
+//! once the Node is gone and the daemon has been away past its fence and
+//! `release_departed_after_secs`, exactly one of the daemons racing to lead gives them back;
+//! a daemon that comes back first keeps them; `ipoolctl cluster nodes` shows what each node
+//! is and who leads; without `[kubernetes]` it stays off, and says so.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::backend::Backend;
+use common::fake_api::FakeApi;
+use common::*;
+use serde_json::json;
+
+const TUNING: &str =
+    "heartbeat_ttl_secs = 6\nresync_secs = 1\nclaim_ahead = 1\nrelease_departed_after_secs = 3\n";
+
+/// A daemon of node `n` on `store`, its Nodes read from `api`, its metrics at the address
+/// returned.
+fn daemon(store: &Backend, api: &FakeApi, n: &str) -> (Daemon, String) {
+    let extra = format!("{TUNING}[kubernetes]\ngc_grace_secs = 600\n");
+    let mut d = Daemon::prepare_with_config(&store.daemon_config(n, "p", &extra, &store.addr()));
+    let kubeconfig = api.kubeconfig(d.dir.path());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    d.add_args(&["--kubeconfig", &kubeconfig.display().to_string()]);
+    d.add_args(&["--node-name", n, "--metrics-listen", &metrics]);
+    d.spawn();
+    (d, metrics)
+}
+
+/// An ADD on `d` (node `node`) of pod test/`name`, put on the apiserver first.
+fn add(api: &FakeApi, d: &Daemon, node: &str, name: &str) {
+    api.put(
+        "pods",
+        json!({"metadata": {"namespace": "test", "name": name, "uid": format!("uid-{name}")},
+               "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}),
+    );
+    add_within(
+        30,
+        &format!("ADD {name} on {node}"),
+        name,
+        &d.conf("1.0.0", "pods", ""),
+    );
+}
+
+/// What the daemons logged of the release of departed nodes (for a failure's message).
+fn departed_lines(daemons: &[(Daemon, String)]) -> Vec<String> {
+    daemons
+        .iter()
+        .flat_map(|(d, _)| {
+            d.log()
+                .lines()
+                .filter(|l| l.contains("departed") || l.contains("lead"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn metric(addr: &str, name: &str) -> f64 {
+    let (_, body) = http_get(addr, "/metrics");
+    samples(&body).get(name).copied().unwrap_or(0.0)
+}
+
+fn nodes_owning(store: &Backend) -> BTreeSet<String> {
+    store.owners().into_values().collect()
+}
+
+fn departed_nodes_are_released(store: Backend) {
+    store.create_pool(&["p", "--cidr", "10.59.0.0/24", "--block-size", "28"]);
+    let own_api;
+    let api = match store.api() {
+        Some(api) => api,
+        None => {
+            own_api = FakeApi::start();
+            &own_api
+        }
+    };
+    for n in ["n1", "n2", "n3"] {
+        api.put("nodes", json!({"metadata": {"name": n}}));
+    }
+    let mut daemons: Vec<(Daemon, String)> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| daemon(&store, api, n))
+        .collect();
+    for (k, (d, _)) in daemons.iter().enumerate() {
+        add(api, d, &format!("n{}", k + 1), &format!("c{k}"));
+    }
+    assert_eq!(
+        nodes_owning(&store),
+        BTreeSet::from(["n1".into(), "n2".into(), "n3".into()])
+    );
+
+    // n3's daemon stops (a clean stop gives its name up: away from now on). Its Node is still
+    // there: past the threshold and its fence, nothing is given back.
+    assert!(daemons[2].0.terminate().success());
+    std::thread::sleep(Duration::from_secs(14));
+    assert!(
+        nodes_owning(&store).contains("n3"),
+        "a node whose Node is there was released"
+    );
+
+    // Its Node deleted: released, once, by the one daemon that leads.
+    assert!(api.delete("nodes", "", "n3"));
+    eventually(60, "n3's blocks given back", || {
+        let owners = nodes_owning(&store);
+        match owners.contains("n3") {
+            false => Ok(()),
+            true => Err((owners, departed_lines(&daemons[..2]))),
+        }
+    });
+    let metrics: Vec<String> = daemons[..2].iter().map(|(_, m)| m.clone()).collect();
+    let released_total = || -> f64 {
+        metrics
+            .iter()
+            .map(|m| metric(m, "ipool_cluster_nodes_released_total"))
+            .sum()
+    };
+    let released = released_total();
+    assert_eq!(released, 1.0, "two daemons raced to lead: one released n3");
+    let leaders: Vec<usize> = (0..2)
+        .filter(|&k| metric(&metrics[k], "ipool_cluster_departed_leader") == 1.0)
+        .collect();
+    assert_eq!(leaders.len(), 1, "one leader: {leaders:?}");
+    let leader = leaders[0];
+    let log = daemons[leader].0.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("released a departed node") && l.contains("n3")),
+        "{log}"
+    );
+    assert!(!daemons[1 - leader]
+        .0
+        .log()
+        .contains("released a departed node"));
+
+    // ipoolctl cluster nodes: who leads; n3 owns nothing; the others alive with a block.
+    let o = store.ctl(&["-o", "json", "nodes"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = json(&o);
+    let lead_name = format!("n{}", leader + 1);
+    assert_eq!(v["releaseDepartedLeader"], lead_name.as_str(), "{v}");
+    let nodes = v["nodes"].as_array().expect("nodes");
+    for n in ["n1", "n2"] {
+        let row = nodes.iter().find(|r| r["node"] == n).expect("listed");
+        assert_eq!(row["alive"], true, "{row}");
+        assert!(!row["blocks"].as_array().unwrap().is_empty(), "{row}");
+    }
+    assert!(nodes
+        .iter()
+        .filter(|r| r["node"] == "n3")
+        .all(|r| r["blocks"].as_array().unwrap().is_empty() && r["alive"] == false));
+    let table = store.ctl(&["nodes"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains(&format!("released by {lead_name}")));
+
+    // The follower stops, its Node is deleted, and it comes back before its blocks are
+    // given back (on the Kubernetes API, while the leader watches its Lease before the
+    // give-back; on etcd, before the threshold): it keeps them, and serves.
+    let follower = 1 - leader;
+    let follower_name = format!("n{}", follower + 1);
+    assert!(daemons[follower].0.terminate().success());
+    assert!(api.delete("nodes", "", &follower_name));
+    if store.api().is_some() {
+        eventually(60, "the leader watching the follower's Lease", || {
+            let log = daemons[leader].0.log();
+            match log
+                .lines()
+                .any(|l| l.contains("watching the node's Lease") && l.contains(&follower_name))
+            {
+                true => Ok(()),
+                false => Err(()),
+            }
+        });
+    }
+    api.put("nodes", json!({"metadata": {"name": follower_name}}));
+    daemons[follower].0.spawn();
+    std::thread::sleep(Duration::from_secs(12));
+    assert!(
+        nodes_owning(&store).contains(&follower_name),
+        "a node that came back was released"
+    );
+    assert_eq!(released_total(), 1.0);
+    add(api, &daemons[follower].0, &follower_name, "back");
+    if store.api().is_some() {
+        let log = daemons[leader].0.log();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("release was refused") && l.contains(&follower_name)),
+            "{log}"
+        );
+    }
+}
+
+#[test]
+fn departed_nodes_are_released_by_one_daemon_on_the_kubernetes_api() {
+    departed_nodes_are_released(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn departed_nodes_are_released_by_one_daemon_on_etcd() {
+    departed_nodes_are_released(Backend::etcd());
+}
+
+/// Without `[kubernetes]` there are no Nodes to ask: the release stays off, said at start.
+#[test]
+fn without_kubernetes_departed_nodes_are_not_released_and_the_daemon_says_so() {
+    let store = Backend::kube();
+    store.create_pool(&["p", "--cidr", "10.60.0.0/24", "--block-size", "28"]);
+    let d = Daemon::with_config(&store.daemon_config("n1", "p", TUNING, &store.addr()));
+    d.wait_log(&["release_departed_after_secs is set but there is no [kubernetes] table"]);
+}
