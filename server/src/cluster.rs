@@ -55,6 +55,7 @@ pub fn seed_jitter(seed: u64) {
     JITTER.with(|s| s.set(Some(seed)));
 }
 
+pub mod check;
 pub mod cidrset;
 pub mod claim;
 pub mod connect;

@@ -45,3 +45,46 @@ impl NodeDirectory for Nodes {
         }
     }
 }
+
+/// Every pod bound to a node, not finished and not on the host's network, with its
+/// `status.podIPs` (listed in pages of 500): what `ipoolctl cluster check` sets against the
+/// blocks.
+pub async fn pod_ips(client: kube::Client) -> Result<Vec<crate::cluster::check::PodIps>, String> {
+    use k8s_openapi::api::core::v1::Pod;
+    let api: Api<Pod> = Api::all(client);
+    let mut found = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut lp = ListParams::default().limit(500);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = api.list(&lp).await.map_err(|e| e.to_string())?;
+        for p in &page.items {
+            let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                continue;
+            };
+            let ips = super::meta::pod_ips(p);
+            if ips.is_empty() {
+                continue;
+            }
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
+            let vm = p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("vm.kubevirt.io/name"))
+                .map(|vm| format!("{ns}/{vm}"));
+            found.push(crate::cluster::check::PodIps {
+                pod: format!("{ns}/{}", p.metadata.name.clone().unwrap_or_default()),
+                node,
+                ips,
+                vm,
+            });
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(t) => token = Some(t),
+            None => return Ok(found),
+        }
+    }
+}

@@ -197,6 +197,55 @@ routes = [{{ dst = "0.0.0.0/0" }}]
         }
     }
 
+    /// Deletes pool `pool` behind ipool's back (its blocks stay): on the apiserver the
+    /// IPPool object, on etcd its key.
+    pub fn drop_pool(&self, pool: &str) {
+        match self {
+            Backend::Kube { api, .. } => assert!(api.delete("ippools", "", pool)),
+            Backend::Etcd(e) => {
+                use ipool_server::cluster::etcd::request;
+                let url = e.lock().unwrap().client_url.clone();
+                let key = format!(
+                    "{}/pools/{pool}",
+                    ipool_server::cluster::etcd::DEFAULT_PREFIX
+                );
+                super::etcd::with_store(&url, |s| async move {
+                    s.client()
+                        .delete_range(request::delete(key))
+                        .await
+                        .expect("delete the pool's key");
+                });
+            }
+        }
+    }
+
+    /// Writes an entry among the blocks that names no owner (its CIDR is not the one its
+    /// name says, on the apiserver; not JSON, on etcd).
+    pub fn put_malformed_block(&self, pool: &str) {
+        match self {
+            Backend::Kube { api, .. } => api.put_custom(
+                "ipblocks",
+                serde_json::json!({"apiVersion": "ipool.io/v1", "kind": "IPBlock",
+                    "metadata": {"name": "10-250-0-0-28", "labels": {"ipool.io/node": "n1", "ipool.io/pool": pool}},
+                    "spec": {"cidr": "10.250.0.16/28", "pool": pool, "node": "n1", "claimedAtMs": 1}}),
+            ),
+            Backend::Etcd(e) => {
+                use ipool_server::cluster::etcd::request;
+                let url = e.lock().unwrap().client_url.clone();
+                let key = format!(
+                    "{}/blocks/{pool}/10.250.0.0-28",
+                    ipool_server::cluster::etcd::DEFAULT_PREFIX
+                );
+                super::etcd::with_store(&url, |s| async move {
+                    s.client()
+                        .put(request::put(key, "not json", 0))
+                        .await
+                        .expect("put");
+                });
+            }
+        }
+    }
+
     /// Forgets the store's history up to now: a watch resumed from before gets 410 Gone (the
     /// apiserver; its open watches cut too) or is cancelled as compacted (etcd).
     pub fn compact(&self) {

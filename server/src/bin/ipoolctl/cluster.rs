@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use ipnet::IpNet;
 use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::model::{
-    ClusterError, Listing, MalformedKey, Pool, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
+    ClusterError, MalformedKey, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
 };
 use ipool_server::cluster::pool::{PoolChange, PoolSpec, Reserved};
 use ipool_server::selector::NodeSelector;
@@ -61,6 +61,12 @@ pub(super) enum ClusterCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Check the cluster, reading only: blocks of nodes that do not exist, nodes away past
+    /// their fence, pods whose addresses lie in another node's block or in no block, an
+    /// address on two pods, blocks outside their pool, malformed entries; each with what to
+    /// do. The Nodes and pods are read from the apiserver (the store's, or --kubeconfig's).
+    /// Exit 0 when clean, 1 with findings.
+    Check,
     /// Every node the store knows (a heartbeat, or a block it owns): alive, or away for how
     /// long; its blocks and the addresses they hold; who leads the release of departed nodes.
     Nodes,
@@ -70,7 +76,13 @@ pub(super) enum ClusterCommand {
     /// (and reports what it dropped). A block a pin was made in stays; the node's holds on
     /// pins end.
     ReleaseNode {
-        node: String,
+        #[arg(required_unless_present = "from_check")]
+        node: Option<String>,
+        /// Release the nodes a check found gone or away (the output of `cluster check -o
+        /// json`), each checked again first (its Node still gone, and away as --absent-for
+        /// says); not with --force.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["node", "force"])]
+        from_check: Option<std::path::PathBuf>,
         /// Seconds the node's daemon must have been away, as etcd counts (its `seen` lease).
         #[arg(long, default_value_t = 3600)]
         absent_for: u64,
@@ -215,6 +227,24 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
     };
     let store = store.as_ref();
     let result = match cmd {
+        ClusterCommand::Check => {
+            return match crate::cluster_store::apiserver(args).await {
+                Ok(client) => crate::check::run(store, place, client, out).await,
+                Err(code) => code,
+            };
+        }
+        ClusterCommand::ReleaseNode {
+            from_check: Some(file),
+            absent_for,
+            ..
+        } => {
+            return match crate::cluster_store::apiserver(args).await {
+                Ok(client) => {
+                    crate::check::release_from(store, place, client, file, *absent_for, out).await
+                }
+                Err(code) => code,
+            };
+        }
         ClusterCommand::Pool(PoolCommand::Create {
             name,
             cidrs,
@@ -255,7 +285,7 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
             Ok(listed) => store.list_blocks(None, None).await.map(|blocks| {
                 warn_malformed(place, &listed.malformed);
                 warn_malformed(place, &blocks.malformed);
-                print_pools(&listed.pools, &blocks, out);
+                crate::pools::print_pools(&listed.pools, &blocks, out);
             }),
         },
         ClusterCommand::Pool(
@@ -291,7 +321,7 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
             };
             store.change_pool(name, &change).await.map(|now| {
                 if out == Output::Json {
-                    outln!("{}", pool_json(&now, PoolPhase::Ready, None));
+                    outln!("{}", crate::pools::pool_json(&now, PoolPhase::Ready, None));
                     return;
                 }
                 outln!("pool {name}: {change} done");
@@ -354,7 +384,11 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
             node,
             absent_for,
             force,
-        } => crate::release::release_node(store, place, node, *absent_for, *force, out).await,
+            ..
+        } => {
+            let node = node.as_deref().unwrap_or_default();
+            crate::release::release_node(store, place, node, *absent_for, *force, out).await
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -363,119 +397,6 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
             ExitCode::from(exit_for(&e))
         }
     }
-}
-
-/// A pool's counts from a listing of every block: blocks owned, and free addresses (in the
-/// blocks still free to claim).
-struct Counts {
-    owned: usize,
-    free_addresses: u128,
-}
-
-fn counts(p: &PoolSpec, blocks: &Listing) -> Counts {
-    let mine: Vec<IpNet> = blocks
-        .blocks
-        .iter()
-        .filter(|b| b.pool == p.name)
-        .map(|b| b.block)
-        .collect();
-    let mut free_addresses = 0u128;
-    if let Ok(mut sets) = p.carve() {
-        for s in sets.iter_mut() {
-            for b in mine
-                .iter()
-                .chain(blocks.malformed.iter().filter_map(|m| m.block.as_ref()))
-            {
-                s.occupy(*b);
-            }
-            let block = p.block_for(&s.cidr());
-            let per = 1u128 << (s.cidr().max_prefix_len() - block).min(127);
-            free_addresses += per * (s.len() - s.used()) as u128;
-        }
-    }
-    Counts {
-        owned: mine.len(),
-        free_addresses,
-    }
-}
-
-/// What a pool's state says: enabled or disabled, and CIDRs on their way in or out.
-fn state(p: &PoolSpec) -> String {
-    let mut s = match p.disabled {
-        true => "disabled".to_string(),
-        false => "enabled".to_string(),
-    };
-    for c in &p.adding {
-        s.push_str(&format!(", adding {c}"));
-    }
-    for c in &p.removing {
-        s.push_str(&format!(", removing {c}"));
-    }
-    s
-}
-
-fn pool_json(p: &PoolSpec, phase: PoolPhase, counts: Option<&Counts>) -> serde_json::Value {
-    let mut v = serde_json::json!({
-        "name": p.name, "cidrs": p.cidrs, "blockSize": p.block_v4,
-        "blockSizeV6": p.block_v6, "exclude": p.exclude, "phase": phase.as_str(),
-        "disabled": p.disabled, "adding": p.adding, "removing": p.removing,
-        "nodeSelector": p.node_selector,
-    });
-    if let Some(c) = counts {
-        v["blocksOwned"] = c.owned.into();
-        v["freeAddresses"] = c.free_addresses.to_string().into();
-    }
-    v
-}
-
-fn print_pools(pools: &[Pool], blocks: &Listing, out: Output) {
-    if out == Output::Json {
-        let v: Vec<serde_json::Value> = pools
-            .iter()
-            .map(|Pool { spec: p, phase, .. }| pool_json(p, *phase, Some(&counts(p, blocks))))
-            .collect();
-        outln!("{}", serde_json::Value::Array(v));
-        return;
-    }
-    let rows = pools
-        .iter()
-        .map(|Pool { spec: p, phase, .. }| {
-            let join = |v: &[IpNet]| {
-                let s: Vec<String> = v.iter().map(|n| n.to_string()).collect();
-                if s.is_empty() {
-                    "-".to_string()
-                } else {
-                    s.join(",")
-                }
-            };
-            let c = counts(p, blocks);
-            vec![
-                p.name.clone(),
-                join(&p.cidrs),
-                format!("/{} /{}", p.block_v4, p.block_v6),
-                join(&p.exclude),
-                phase.as_str().to_string(),
-                p.node_selector.clone().unwrap_or_else(|| "all".into()),
-                state(p),
-                c.owned.to_string(),
-                c.free_addresses.to_string(),
-            ]
-        })
-        .collect();
-    crate::print::table(
-        &[
-            "POOL",
-            "CIDRS",
-            "BLOCKS (v4 v6)",
-            "EXCLUDED",
-            "PHASE",
-            "NODES",
-            "STATE",
-            "OWNED",
-            "FREE",
-        ],
-        rows,
-    );
 }
 
 pub(crate) fn print_blocks(blocks: &[ipool_server::cluster::model::Block], out: Output) {

@@ -39,8 +39,9 @@ pub(crate) struct StoreArgs {
     /// Where pools and blocks live: etcd, or the Kubernetes API (ipool.io custom resources).
     #[arg(long, global = true, env = "IPOOL_DATASTORE", value_enum)]
     datastore: Option<DatastoreArg>,
-    /// --datastore kubernetes: the kubeconfig (default: KUBECONFIG, ~/.kube/config, or the
-    /// pod's service account).
+    /// The apiserver: --datastore kubernetes's store (default: KUBECONFIG, ~/.kube/config,
+    /// or the pod's service account); with etcd, where `check` and `release-node
+    /// --from-check` read the Nodes and pods (without it they are not read).
     #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
     /// --datastore kubernetes: the namespace of the nodes' Leases.
@@ -79,6 +80,8 @@ enum Target {
         prefix: String,
         cacert: Option<PathBuf>,
         cert_key: Option<(PathBuf, PathBuf)>,
+        /// Where the Nodes and pods are read, if anywhere.
+        kubeconfig: Option<PathBuf>,
     },
     Kube {
         kubeconfig: Option<PathBuf>,
@@ -98,9 +101,6 @@ impl StoreArgs {
                     lease_namespace: self.lease_namespace.clone(),
                 });
             }
-            if self.kubeconfig.is_some() {
-                return Err("--kubeconfig is for --datastore kubernetes".into());
-            }
             return Ok(Target::Etcd {
                 endpoints: match self.etcd_endpoints.is_empty() {
                     true => vec!["http://127.0.0.1:2379".to_string()],
@@ -112,6 +112,7 @@ impl StoreArgs {
                     .unwrap_or_else(|| ipool_server::cluster::etcd::DEFAULT_PREFIX.to_string()),
                 cacert: self.etcd_cacert.clone(),
                 cert_key: self.etcd_cert.clone().zip(self.etcd_key.clone()),
+                kubeconfig: self.kubeconfig.clone(),
             });
         };
         let text = std::fs::read_to_string(path)
@@ -127,6 +128,7 @@ impl StoreArgs {
                 prefix: c.prefix,
                 cacert: c.ca_file,
                 cert_key: c.cert_file.zip(c.key_file),
+                kubeconfig: self.kubeconfig.clone(),
             },
             DatastoreKind::Kubernetes => Target::Kube {
                 kubeconfig: c.kubeconfig.or_else(|| self.kubeconfig.clone()),
@@ -150,6 +152,7 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<(Store, &'static str), E
             prefix,
             cacert,
             cert_key,
+            ..
         } => {
             for e in &endpoints {
                 ipool_server::config::cluster::check_endpoint(e)
@@ -185,6 +188,31 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<(Store, &'static str), E
                     fail(format!("the Kubernetes API: {e}"), code)
                 })?;
             Ok((Arc::new(store), "the Kubernetes API"))
+        }
+    }
+}
+
+/// The apiserver the flags name, for what `cluster check` reads of it (Nodes, pods): the
+/// store's own on the Kubernetes API, `--kubeconfig`'s with etcd, else none.
+pub(crate) async fn apiserver(args: &StoreArgs) -> Result<Option<kube::Client>, ExitCode> {
+    let kubeconfig = match args.resolve() {
+        Ok(Target::Kube { kubeconfig, .. }) => kubeconfig,
+        Ok(Target::Etcd {
+            kubeconfig: Some(k),
+            ..
+        }) => Some(k),
+        Ok(Target::Etcd { .. }) => return Ok(None),
+        Err(e) => {
+            eprintln!("ipoolctl: {e}");
+            return Err(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let timeout = Duration::from_secs(args.etcd_timeout.max(1) * 6);
+    match ipool_server::k8s::client(kubeconfig.as_deref(), timeout).await {
+        Ok(c) => Ok(Some(c)),
+        Err(e) => {
+            eprintln!("ipoolctl: the apiserver: {e:#}");
+            Err(ExitCode::from(EXIT_USAGE))
         }
     }
 }

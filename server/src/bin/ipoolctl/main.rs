@@ -28,11 +28,13 @@ macro_rules! outln {
     }};
 }
 
+mod check;
 mod cluster;
 mod cluster_store;
 mod connect;
 mod nodes;
 mod pins;
+mod pools;
 mod print;
 mod release;
 mod reservations;
