@@ -114,11 +114,14 @@ fn never_in_subnet(ip: IpAddr) -> bool {
 fn node_config(store: &Backend, name: &str, via: &str, subnet: bool) -> String {
     let toml = store.daemon_config(name, POOL, TUNING, via);
     match subnet {
+        // With the Nodes on the apiserver: departed nodes released by the daemon that leads.
         true => {
             toml.replace(
                 &format!("cluster_pool = \"{POOL}\"\n"),
                 &format!("cluster_pool = \"{POOL}\"\n{SUBNET}"),
-            ) + "\n[kubernetes]\ngc_grace_secs = 86400\n"
+            )
+            .replacen("[cluster]\n", "[cluster]\nrelease_departed_after_secs = 2\n", 1)
+                + "\n[kubernetes]\ngc_grace_secs = 86400\n"
         }
         false => toml,
     }

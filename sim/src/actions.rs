@@ -54,6 +54,8 @@ pub enum Kind {
     WatchFault,
     /// A VM's live migration: a second launcher pod on another node (runs with pins).
     Migrate,
+    /// The release of departed nodes, by the daemon that leads it (runs with departures).
+    Departed,
 }
 
 /// Each kind of step with its weight out of 1000 in a run that allows everything: deliveries
@@ -171,13 +173,27 @@ impl Swarm {
         // addresses set aside (the setup's 20 picks are all taken when the daemons watch): a
         // run kept before replays 0 to 7 there (none set aside), 0 to 3 (no pins), or 0 or 1
         // (no renames either).
-        let bits = c.pick(16);
+        // Its fifth bit the departures': a run kept before replays 0 to 15 there (none).
+        let bits = c.pick(32);
         let subnet = bits & 1 == 1;
         let renames = bits >> 1 & 1 == 1;
         let pins = subnet && bits >> 2 & 1 == 1;
-        let set_aside = pins && bits >> 3 == 1;
+        let set_aside = pins && bits >> 3 & 1 == 1;
+        // The daemon that leads it releases departed nodes now and then (`[cluster]
+        // release_departed_after_secs`), and nodes are wiped four times as often. Not in the
+        // runs with pins, which stay as they were (release-node's part with pins is the
+        // operator's release's, simulated there).
+        let departures = !pins && bits >> 4 & 1 == 1;
         if pins {
             weights.push((Kind::Migrate, 20));
+        }
+        if departures {
+            weights.push((Kind::Departed, 4));
+            for (k, w) in weights.iter_mut() {
+                if *k == Kind::Wipe {
+                    *w = (*w).max(2) * 4;
+                }
+            }
         }
         Swarm {
             faults,
@@ -300,6 +316,10 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
         }
         Kind::Release => {
             release(w);
+            Ok(tick)
+        }
+        Kind::Departed => {
+            crate::departed::departed(w);
             Ok(tick)
         }
         Kind::Pool => {

@@ -31,6 +31,7 @@ pub mod watch;
 
 mod actions;
 mod deliver;
+mod departed;
 mod drain;
 mod excuses;
 mod fixed;

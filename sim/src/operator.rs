@@ -23,16 +23,31 @@ impl World {
     /// A store connection of the operator's own, looking for the nodes' names where the
     /// daemons keep them or (`elsewhere`) where they do not (another Lease namespace, another
     /// etcd prefix: an operator's slip).
+    /// A store connection as the daemon that leads the release of departed nodes makes one:
+    /// ipoold's field manager on the Kubernetes API (its reads of its own Lease measure the
+    /// others' absence; its release writes as its own manager, `releasing`).
+    pub(crate) fn leader_store(&self) -> futures::future::BoxFuture<'static, Result<Store, String>> {
+        self.store_as(false, ipool_server::cluster::kube::FIELD_MANAGER)
+    }
+
     pub(crate) fn operator_store_elsewhere(
         &self,
         elsewhere: bool,
+    ) -> futures::future::BoxFuture<'static, Result<Store, String>> {
+        self.store_as(elsewhere, "ipoolctl")
+    }
+
+    fn store_as(
+        &self,
+        elsewhere: bool,
+        manager: &'static str,
     ) -> futures::future::BoxFuture<'static, Result<Store, String>> {
         let conn = crate::daemon::connector(
             self.opts.store,
             self.net.clone(),
             crate::net::operator(self.op_seq),
             Arc::new(AtomicBool::new(true)),
-            "ipoolctl",
+            manager,
         );
         let mut settings = self
             .setting
@@ -118,6 +133,7 @@ pub(crate) fn pool_op(w: &mut World) {
     w.command(crate::world::Op {
         forced,
         release_of: None,
+        departed: false,
     });
     let place = match w.opts.store {
         StoreKind::Etcd => "etcd",
@@ -300,6 +316,7 @@ fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for:
     w.command(crate::world::Op {
         forced: force,
         release_of: Some(name.clone()),
+        departed: false,
     });
     let (store, ops, kind, pins) = (
         w.operator_store_elsewhere(elsewhere),

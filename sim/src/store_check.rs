@@ -41,7 +41,7 @@ impl World {
         for node in &from {
             match &op {
                 Some(o) if o.forced => self.forced_gave_back(node),
-                Some(o) if o.release_of.as_ref() == Some(node) => {
+                Some(o) if o.release_of.as_ref() == Some(node) || o.departed => {
                     let taken: Vec<IpNet> = self
                         .blocks
                         .iter()

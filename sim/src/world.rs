@@ -144,6 +144,9 @@ pub(crate) struct Op {
     pub forced: bool,
     /// The node it releases, if it is release-node.
     pub release_of: Option<String>,
+    /// The release of departed nodes, as the daemon that leads it runs it: without
+    /// `--force`, of any node whose Node is gone.
+    pub departed: bool,
 }
 
 /// What an operator's command came to.

@@ -1,7 +1,8 @@
 //! The randomized fault test's faults of nodes and of the store: the store stopped; a node's
 //! store connection delayed, answered into the void, cut, or held past its timeout and
-//! delivered late; daemons killed, wiped (with or without release-node), doubled; and, through
-//! `operator`, what an operator does.
+//! delivered late; daemons killed, wiped (with or without release-node), doubled; a node gone
+//! with its Node, released by the daemon that leads that; and, through `operator`, what an
+//! operator does.
 
 use super::*;
 
@@ -110,6 +111,7 @@ pub(super) fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHa
                 d.spawn();
                 log_fault(&run, format!("{name}: restarted with a wiped store"));
             }
+            91..=95 if run.subnet => departed(&run, i, pause),
             100..=107 => pool_deletion(&run, i, pause),
             108..=111 => failing_pool_deletion(&run),
             112..=115 => spare_pool(&run, kind),
@@ -163,4 +165,41 @@ fn wipe(run: &Run, i: usize, d: &mut Daemon) {
         f.wiped(i);
     }
     std::fs::remove_dir_all(&d.state).expect("wipe the store");
+}
+
+/// Node `i` departs: its daemon killed, its store wiped (its pods gone with it) and its Node
+/// deleted. The daemon that leads the release of departed nodes gives its blocks back once it
+/// has been away past its fence and the threshold (2 s); then it comes back, Node and all.
+fn departed(run: &Run, i: usize, pause: Duration) {
+    let Some(api) = run.api() else {
+        return;
+    };
+    let name = run.nodes[i].name.clone();
+    let node = &run.nodes[i];
+    let mut d = node.daemon.lock().unwrap();
+    wipe(run, i, &mut d);
+    api.delete("nodes", "", &name);
+    log_fault(run, format!("{name}: departed (killed, store wiped, Node deleted)"));
+    let owns = |run: &Run| {
+        let o = run.store.ctl(&["-o", "json", "blocks", "--node", &name]);
+        !o.status.success() || json(&o).as_array().is_some_and(|a| !a.is_empty())
+    };
+    // The fence (5 s), a renewal and the threshold; on the Kubernetes API the release's own
+    // watch of the Lease as long again; a leader that was this node handed over (15 s).
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while owns(run) && Instant::now() < deadline && !run.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let released = !owns(run);
+    log_fault(
+        run,
+        format!(
+            "{name}: {} by the daemon that leads, back in {pause:?}",
+            if released { "released" } else { "not released within 45 s" }
+        ),
+    );
+    std::thread::sleep(pause.min(Duration::from_secs(3)));
+    api.put("nodes", serde_json::json!({"metadata": {"name": name}}));
+    d.spawn();
+    log_fault(run, format!("{name}: back with an empty store"));
 }

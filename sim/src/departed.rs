@@ -1,0 +1,86 @@
+//! The release of departed nodes (`[cluster] release_departed_after_secs`) as the daemon that
+//! leads it runs it: ipool's own `departed::sweep`, by a node whose daemon runs, through the
+//! net (its requests delivered, failed, lost or held as any others), its Nodes those of the
+//! slots whose node is not gone, as the apiserver lists them when it starts. A node that
+//! comes back meanwhile is what its conditioned writes are for; the checker judges what it
+//! gave back as it judges release-node without `--force` (docs/simulation.md, rule 8).
+
+use std::collections::BTreeSet;
+
+use ipool_server::cluster::departed::{sweep, NodeDirectory, Outcome};
+
+use crate::world::{OpDone, World};
+use crate::StoreKind;
+
+/// The Nodes as listed when the look began.
+struct Listed(BTreeSet<String>);
+
+#[async_trait::async_trait]
+impl NodeDirectory for Listed {
+    async fn names(&self) -> Result<BTreeSet<String>, String> {
+        Ok(self.0.clone())
+    }
+
+    async fn exists(&self, name: &str) -> Result<bool, String> {
+        Ok(self.0.contains(name))
+    }
+}
+
+/// One look of the leader's, one command at a time with the operator's.
+pub(crate) fn departed(w: &mut World) {
+    if w.op.is_some() {
+        return;
+    }
+    let live: Vec<usize> = (0..w.slots.len())
+        .filter(|&i| w.slots[i].daemon.is_some())
+        .collect();
+    if live.is_empty() {
+        return;
+    }
+    let me = w.slots[live[w.choices.pick(live.len() as u32) as usize]]
+        .name
+        .clone();
+    // The threshold: none past the fence, or half a minute.
+    let after = [0u64, 30][w.choices.pick(2) as usize];
+    let nodes: BTreeSet<String> = w
+        .slots
+        .iter()
+        .filter(|s| !(s.gone && s.daemon.is_none()))
+        .map(|s| s.name.clone())
+        .collect();
+    let what = format!("{me} releases departed nodes (after {after} s; Nodes {nodes:?})");
+    w.note(format!("leader: {what}"));
+    w.command(crate::world::Op {
+        forced: false,
+        release_of: None,
+        departed: true,
+    });
+    let (store, ops, kind) = (w.leader_store(), w.ops.clone(), w.opts.store);
+    tokio::spawn(async move {
+        let place = match kind {
+            StoreKind::Etcd => "etcd",
+            StoreKind::Kube => "the Kubernetes API",
+        };
+        let result = match store.await {
+            Err(e) => Err(e),
+            Ok(s) => sweep(&*s, place, &me, after, &Listed(nodes))
+                .await
+                .map(|found| {
+                    let said: Vec<String> = found
+                        .iter()
+                        .map(|(n, o)| match o {
+                            Outcome::Released(r) => {
+                                format!("{n}: {} block(s) given back", r.blocks.len())
+                            }
+                            Outcome::Waiting(why) => format!("{n}: waits ({why})"),
+                            Outcome::Refused(why) => format!("{n}: refused ({why})"),
+                            Outcome::Failed(why) => format!("{n}: failed ({why})"),
+                        })
+                        .collect();
+                    said.join("; ")
+                })
+                .map_err(|e| e.to_string()),
+        };
+        ops.lock().expect("ops").push(OpDone { what, result });
+    });
+}
