@@ -120,8 +120,11 @@ fn node_config(store: &Backend, name: &str, via: &str, subnet: bool) -> String {
                 &format!("cluster_pool = \"{POOL}\"\n"),
                 &format!("cluster_pool = \"{POOL}\"\n{SUBNET}"),
             )
-            .replacen("[cluster]\n", "[cluster]\nrelease_departed_after_secs = 2\n", 1)
-                + "\n[kubernetes]\ngc_grace_secs = 86400\n"
+            .replacen(
+                "[cluster]\n",
+                "[cluster]\nrelease_departed_after_secs = 2\n",
+                1,
+            ) + "\n[kubernetes]\ngc_grace_secs = 86400\n"
         }
         false => toml,
     }

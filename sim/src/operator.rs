@@ -26,7 +26,9 @@ impl World {
     /// A store connection as the daemon that leads the release of departed nodes makes one:
     /// ipoold's field manager on the Kubernetes API (its reads of its own Lease measure the
     /// others' absence; its release writes as its own manager, `releasing`).
-    pub(crate) fn leader_store(&self) -> futures::future::BoxFuture<'static, Result<Store, String>> {
+    pub(crate) fn leader_store(
+        &self,
+    ) -> futures::future::BoxFuture<'static, Result<Store, String>> {
         self.store_as(false, ipool_server::cluster::kube::FIELD_MANAGER)
     }
 

@@ -179,10 +179,27 @@ fn departed(run: &Run, i: usize, pause: Duration) {
     let mut d = node.daemon.lock().unwrap();
     wipe(run, i, &mut d);
     api.delete("nodes", "", &name);
-    log_fault(run, format!("{name}: departed (killed, store wiped, Node deleted)"));
+    log_fault(
+        run,
+        format!("{name}: departed (killed, store wiped, Node deleted)"),
+    );
+    // Blocks of its a pin was made in stay (release-node keeps them for the pins' owners).
     let owns = |run: &Run| {
         let o = run.store.ctl(&["-o", "json", "blocks", "--node", &name]);
-        !o.status.success() || json(&o).as_array().is_some_and(|a| !a.is_empty())
+        let p = run.store.ctl(&["-o", "json", "pins"]);
+        if !o.status.success() || !p.status.success() {
+            return true;
+        }
+        let pinned: BTreeSet<String> = json(&p)
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|pin| pin["block"].as_str().map(str::to_string))
+            .collect();
+        json(&o).as_array().is_some_and(|a| {
+            a.iter()
+                .any(|b| !b["block"].as_str().is_some_and(|b| pinned.contains(b)))
+        })
     };
     // The fence (5 s), a renewal and the threshold; on the Kubernetes API the release's own
     // watch of the Lease as long again; a leader that was this node handed over (15 s).
@@ -195,7 +212,11 @@ fn departed(run: &Run, i: usize, pause: Duration) {
         run,
         format!(
             "{name}: {} by the daemon that leads, back in {pause:?}",
-            if released { "released" } else { "not released within 45 s" }
+            if released {
+                "released"
+            } else {
+                "not released within 45 s"
+            }
         ),
     );
     std::thread::sleep(pause.min(Duration::from_secs(3)));
