@@ -2,13 +2,16 @@
 //! tonic/prost code:
 //! - `ipool/v1/*.proto`: ipool's API, servers and clients; the file descriptor set is also
 //!   written to OUT_DIR for server reflection;
-//! - `etcd/*.proto`: the part of etcd's v3 API that cluster mode calls, clients only.
+//! - `etcd/*.proto`: the part of etcd's v3 API that cluster mode calls, clients only;
+//! - `cri/runtime.proto`: the part of the Kubernetes CRI (runtime.v1) ipoold asks the node's
+//!   runtime, client and server (the tests' fake runtime).
 use std::{env, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = ["ipool/v1/cni.proto", "ipool/v1/ops.proto"];
     let etcd = ["etcd/kv.proto", "etcd/rpc.proto"];
-    for p in protos.iter().chain(&etcd) {
+    let cri = ["cri/runtime.proto"];
+    for p in protos.iter().chain(&etcd).chain(&cri) {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(protos, ["."])?;
@@ -23,5 +26,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(false)
         .compile_fds(etcd_fds)?;
+    tonic_prost_build::configure().compile_fds(protox::compile(cri, ["."])?)?;
     Ok(())
 }

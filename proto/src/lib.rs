@@ -1,5 +1,6 @@
 //! Generated code of the `ipool.v1` gRPC API (see `ipool/v1/*.proto`), and of the part of
-//! etcd's v3 API that cluster mode calls (see `etcd/*.proto`; clients only).
+//! etcd's v3 API that cluster mode calls (see `etcd/*.proto`; clients only), and of the CRI
+//! calls ipoold makes to the node's container runtime (`cri/runtime.proto`).
 #![allow(clippy::all, missing_docs)]
 
 pub mod names;
@@ -20,4 +21,10 @@ pub mod etcd {
     pub mod etcdserverpb {
         tonic::include_proto!("etcdserverpb");
     }
+}
+
+/// The part of the Kubernetes CRI (`runtime.v1`) ipoold asks the node's runtime (see
+/// `cri/runtime.proto`).
+pub mod cri {
+    tonic::include_proto!("runtime.v1");
 }

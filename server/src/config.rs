@@ -180,6 +180,13 @@ pub struct KubernetesSettings {
     /// is ended by the apiserver before it (every `read_timeout_secs - 5`) and made again.
     #[serde(default = "default_read_timeout")]
     pub read_timeout_secs: u64,
+    /// The node's container runtime's CRI socket: the pod GC lets an address go, and a
+    /// quarantine ends, only when the runtime has no ready sandbox of its pod (a runtime that
+    /// does not answer keeps it). Unset: the first of containerd's
+    /// (/run/containerd/containerd.sock) and CRI-O's (/var/run/crio/crio.sock) that exists;
+    /// "": never asked.
+    #[serde(default)]
+    pub cri_socket: Option<String>,
 }
 
 fn default_pod_get_ms() -> u64 {
@@ -201,6 +208,7 @@ impl Default for KubernetesSettings {
             sticky_kinds: Vec::new(),
             pod_get_timeout_ms: default_pod_get_ms(),
             read_timeout_secs: default_read_timeout(),
+            cri_socket: None,
         }
     }
 }

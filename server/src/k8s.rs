@@ -3,6 +3,7 @@
 //! Nothing below the engine knows of it: these drive [`crate::ipam::Ipam`] through its API.
 
 mod client;
+pub mod cri;
 pub mod fixed;
 pub mod gc;
 pub mod meta;

@@ -43,13 +43,14 @@ fn daemon(api: &FakeApi, subnet: &str, extra: &[&str]) -> Daemon {
 }
 
 /// ipoold with `[kubernetes]` and network "k8s" whose ranges are `ranges` (a TOML line), as
-/// node n1 (put in the apiserver if it is not there: ipoold checks it exists).
+/// node n1 (put in the apiserver if it is not there: ipoold checks it exists); no container
+/// runtime asked (whatever this machine runs: `cri.rs` has the runtime's part).
 fn daemon_with(api: &FakeApi, ranges: &str, extra: &[&str]) -> Daemon {
     if !api.has("nodes", "", "n1") {
         api.put("nodes", json!({"metadata": {"name": "n1"}}));
     }
     let mut d = Daemon::prepare_with_config(&format!(
-        "[cni]\nadd_wait_ms = 300\n[kubernetes]\ngc_grace_secs = {GRACE_SECS}\n[[network]]\nname = \"k8s\"\n{ranges}\n"
+        "[cni]\nadd_wait_ms = 300\n[kubernetes]\ngc_grace_secs = {GRACE_SECS}\ncri_socket = \"\"\n[[network]]\nname = \"k8s\"\n{ranges}\n"
     ));
     let kubeconfig = api.kubeconfig(d.dir.path());
     d.add_args(&["--kubeconfig", &kubeconfig.display().to_string()]);

@@ -34,7 +34,7 @@ fn phase(mut p: Value, phase: &str, ip: &str) -> Value {
 /// ipoold as node `node_name`, with `[kubernetes]` (grace GRACE_SECS) and network "k8s".
 fn daemon(api: &FakeApi, node_name: &str, network: &str, extra_toml: &str) -> Daemon {
     let mut d = Daemon::prepare_with_config(&format!(
-        "[cni]\nadd_wait_ms = 300\n[kubernetes]\ngc_grace_secs = {GRACE_SECS}\n{extra_toml}\n[[network]]\nname = \"k8s\"\n{network}\n"
+        "[cni]\nadd_wait_ms = 300\n[kubernetes]\ngc_grace_secs = {GRACE_SECS}\ncri_socket = \"\"\n{extra_toml}\n[[network]]\nname = \"k8s\"\n{network}\n"
     ));
     let kubeconfig = api.kubeconfig(d.dir.path());
     d.add_args(&["--kubeconfig", &kubeconfig.display().to_string()]);

@@ -10,10 +10,16 @@
 //! Quarantines (see [`crate::ipam::Ipam::quarantine`]) are made after each full list and each
 //! change of the ranges, and end by the same rules (the pod gone as the apiserver sees it). The
 //! loop runs on those events and on the GC's timer, not on a poll.
+//!
+//! Where the node's container runtime can be asked ([`Runtime`], its CRI socket), an address
+//! is let go, and a quarantine ends, only when the runtime has no ready sandbox of the pod
+//! either: a pod force-deleted while its sandbox runs keeps its address; so does one the
+//! runtime does not answer about.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::cri::Runtime;
 use super::meta::{finished, node_of, pod_ips, runtime_uid, same_pod};
 use super::Pods;
 use crate::ipam::{netns_gone, Ipam, LivePod, Quarantine, Suspects};
@@ -41,6 +47,9 @@ pub fn period(grace_secs: u64) -> Duration {
     Duration::from_millis((grace_secs.saturating_mul(500)).clamp(200, 10_000))
 }
 
+/// How long the runtime has to answer.
+const RUNTIME_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long a quarantine that could not be made (the store failed, a cluster pool's blocks
 /// not listed yet) waits before the next try, besides the events that wake it.
 const QUARANTINE_RETRY: Duration = Duration::from_secs(1);
@@ -58,6 +67,11 @@ pub async fn run(ipam: Ipam, pods: Pods) {
     let mut gc = tokio::time::interval(every);
     gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     say_what_namespaces_are_seen(&ipam);
+    let runtime = Runtime::configured(pods.settings().cri_socket.as_deref(), RUNTIME_TIMEOUT);
+    match &runtime {
+        Some(r) => tracing::info!(socket = %r.path().display(), "the container runtime is asked before an address of a pod gone from the apiserver is let go"),
+        None => tracing::info!("no container runtime's CRI socket ([kubernetes] cri_socket): the pod GC judges by the apiserver and the network namespaces"),
+    }
     loop {
         let wake = async {
             match retry {
@@ -99,7 +113,7 @@ pub async fn run(ipam: Ipam, pods: Pods) {
         if std::mem::take(&mut paused) {
             tracing::info!("pod GC resumed");
         }
-        self::check(&ipam, &pods, &mut suspects).await;
+        self::check(&ipam, &pods, runtime.as_ref(), &mut suspects).await;
     }
 }
 
@@ -158,8 +172,35 @@ pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
     }
 }
 
+/// Whether `runtime` keeps `c`'s address: it runs a ready sandbox of the pod, or does not
+/// answer (logged and counted either way).
+async fn runtime_keeps(ipam: &Ipam, runtime: Option<&Runtime>, c: &Candidate) -> bool {
+    let Some(rt) = runtime else {
+        return false;
+    };
+    let pod = format!("{}/{}", c.pod.namespace, c.pod.name);
+    match rt.sandbox_ready(&c.pod).await {
+        Ok(false) => false,
+        Ok(true) => {
+            tracing::warn!(%pod, uid = %c.pod.uid, held = ?c.held, "the pod is gone from the apiserver but the container runtime still runs its sandbox: its address is kept until the sandbox is gone");
+            ipam.metrics().pod_gc("kept_sandbox_ready", 1);
+            true
+        }
+        Err(e) => {
+            tracing::warn!(%pod, uid = %c.pod.uid, held = ?c.held, error = %e, "the container runtime does not answer: the address of a pod gone from the apiserver is kept");
+            ipam.metrics().pod_gc("kept_runtime_unanswered", 1);
+            true
+        }
+    }
+}
+
 /// One GC check.
-pub async fn check(ipam: &Ipam, pods: &Pods, suspects: &mut Suspects<Held>) {
+pub async fn check(
+    ipam: &Ipam,
+    pods: &Pods,
+    runtime: Option<&Runtime>,
+    suspects: &mut Suspects<Held>,
+) {
     let grace = pods.settings().gc_grace_secs.saturating_mul(1000);
     let now = ipam.now();
     let attachments = ipam.pod_attachments().into_iter().map(|a| Candidate {
@@ -212,6 +253,7 @@ pub async fn check(ipam: &Ipam, pods: &Pods, suspects: &mut Suspects<Held>) {
             {
                 suspects.clear(&c.held);
             }
+            Ok(_) if runtime_keeps(ipam, runtime, &c).await => {}
             Ok(_) => match (c.held, c.quarantine) {
                 (Held::Attachment(key), _) => {
                     // A sandbox whose network namespace still exists keeps its address.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod backend;
+pub mod containerd;
 pub mod etcd;
 pub mod fake_api;
 pub mod fixed_pods;

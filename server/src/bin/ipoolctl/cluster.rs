@@ -221,6 +221,18 @@ pub(crate) fn warn_malformed(place: &str, found: &[MalformedKey]) {
 }
 
 pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> ExitCode {
+    let reads_apiserver = matches!(
+        cmd,
+        ClusterCommand::Check
+            | ClusterCommand::ReleaseNode {
+                from_check: Some(_),
+                ..
+            }
+    );
+    if !reads_apiserver && args.kubeconfig_beside_etcd() {
+        eprintln!("ipoolctl: --kubeconfig is for --datastore kubernetes (with etcd, only check and release-node --from-check read the apiserver)");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let (store, place) = match crate::cluster_store::connect(args).await {
         Ok(s) => s,
         Err(code) => return code,

@@ -192,6 +192,21 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<(Store, &'static str), E
     }
 }
 
+impl StoreArgs {
+    /// `--kubeconfig` given though the store is etcd: only for what reads the apiserver
+    /// besides the store (`check`, `release-node --from-check`); elsewhere a slip (a forgotten
+    /// `--datastore kubernetes`), refused rather than ignored.
+    pub(crate) fn kubeconfig_beside_etcd(&self) -> bool {
+        matches!(
+            self.resolve(),
+            Ok(Target::Etcd {
+                kubeconfig: Some(_),
+                ..
+            })
+        )
+    }
+}
+
 /// The apiserver the flags name, for what `cluster check` reads of it (Nodes, pods): the
 /// store's own on the Kubernetes API, `--kubeconfig`'s with etcd, else none.
 pub(crate) async fn apiserver(args: &StoreArgs) -> Result<Option<kube::Client>, ExitCode> {
