@@ -428,13 +428,20 @@ def check_daemonset(docs, bindir):
                  "reopening its store), and kubelet restarts a daemon that is fine")
 
 
+def job_pod_spec(d):
+    """The pod spec of a Job, a CronJob's jobs, or a DaemonSet."""
+    if d["kind"] == "CronJob":
+        return d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return d["spec"]["template"]["spec"]
+
+
 def check_jobs(docs, bindir):
     """Each Job's containers run an ipoolctl command that exists, and can read its files."""
     ipoolctl = os.path.join(bindir, "ipoolctl")
     cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     in_image = image_files()
-    for job in [d for d in docs if d["kind"] == "Job"]:
-        spec = job["spec"]["template"]["spec"]
+    for job in [d for d in docs if d["kind"] in ("Job", "CronJob")]:
+        spec = job_pod_spec(job)
         pod = Pod(spec, cms)
         pod.check_linux_and_seccomp(f"Job {job['metadata']['name']}")
         for c in spec["containers"]:

@@ -37,6 +37,9 @@ OPERATOR_NEEDS = [
     (GROUP, "ipblocks", ["get", "list", "delete"], False),
     (GROUP, "ippins", ["get", "list", "update", "delete"], False),
     ("coordination.k8s.io", "leases", ["get", "create", "update", "delete"], True),
+    # release-departed and check: the Nodes; check: the pods.
+    ("", "nodes", ["get", "list"], False),
+    ("", "pods", ["list"], False),
 ]
 # The daemon reads pools, never writes one.
 DAEMON_MUST_NOT = [(GROUP, "ippools", ["create", "update", "patch", "delete", "deletecollection"])]
@@ -181,9 +184,9 @@ def check_kubernetes_store(docs):
     cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     users = []
     for d in docs:
-        if d["kind"] not in ("DaemonSet", "Job"):
+        if d["kind"] not in ("DaemonSet", "Job", "CronJob"):
             continue
-        spec = d["spec"]["template"]["spec"]
+        spec = check.job_pod_spec(d)
         pod = check.Pod(spec, cms)
         for c in spec["containers"]:
             argv = list(c.get("command", [])) + list(c.get("args", []))

@@ -214,3 +214,74 @@ fn without_kubernetes_departed_nodes_are_not_released_and_the_daemon_says_so() {
     let d = Daemon::with_config(&store.daemon_config("n1", "p", TUNING, &store.addr()));
     d.wait_log(&["release_departed_after_secs is set but there is no [kubernetes] table"]);
 }
+
+/// `ipoolctl cluster release-departed`: one look, as the leader's, by the operator (or the
+/// Kubernetes API variant's CronJob): a node whose Node is gone is released once its daemon
+/// has been away long enough; one whose Node is there is not.
+fn release_departed_by_ipoolctl(store: Backend) {
+    store.create_pool(&["p", "--cidr", "10.63.0.0/24", "--block-size", "28"]);
+    let own_api;
+    let api = match store.api() {
+        Some(api) => api,
+        None => {
+            own_api = FakeApi::start();
+            &own_api
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(dir.path()).display().to_string();
+    let ctl = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        if store.api().is_none() {
+            all.extend(["--kubeconfig", kubeconfig.as_str()]);
+        }
+        store.ctl_within(20, &all)
+    };
+    api.put("nodes", json!({"metadata": {"name": "stays"}}));
+    let tuning = "heartbeat_ttl_secs = 6\nclaim_ahead = 1\n";
+    let mut daemons: Vec<Daemon> = ["stays", "goes"]
+        .iter()
+        .map(|n| Daemon::with_config(&store.daemon_config(n, "p", tuning, &store.addr())))
+        .collect();
+    for (k, d) in daemons.iter().enumerate() {
+        add_within(20, "an ADD", &format!("r{k}"), &d.conf("1.0.0", "pods", ""));
+    }
+    for d in daemons.iter_mut() {
+        assert!(d.terminate().success());
+    }
+    // Too soon: its fence (6 s) and a renewal not past yet.
+    let o = ctl(&["release-departed", "--after", "0"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("node goes: its Node is gone; not released"),
+        "{out}"
+    );
+    assert!(!out.contains("node stays"), "{out}");
+    std::thread::sleep(Duration::from_secs(9));
+    let o = ctl(&["release-departed", "--after", "0"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("node goes: its Node is gone; released 1 block(s)"),
+        "{out}"
+    );
+    assert_eq!(nodes_owning(&store), BTreeSet::from(["stays".to_string()]));
+    // With etcd and no apiserver named: a usage error saying what it needs.
+    if store.api().is_none() {
+        let o = store.ctl(&["release-departed"]);
+        assert_eq!(code(&o), 64, "{}", stderr(&o));
+        assert!(stderr(&o).contains("--kubeconfig"), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn ipoolctl_releases_departed_nodes_on_the_kubernetes_api() {
+    release_departed_by_ipoolctl(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn ipoolctl_releases_departed_nodes_on_etcd() {
+    release_departed_by_ipoolctl(Backend::etcd());
+}

@@ -63,7 +63,7 @@ pub(crate) fn departed(w: &mut World) {
         };
         let result = match store.await {
             Err(e) => Err(e),
-            Ok(s) => sweep(&*s, place, &me, after, &Listed(nodes))
+            Ok(s) => sweep(&*s, place, Some(&me), after, &Listed(nodes))
                 .await
                 .map(|found| {
                     let said: Vec<String> = found

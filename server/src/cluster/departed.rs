@@ -55,12 +55,13 @@ pub fn lead_ttl(every: Duration) -> u64 {
     (every.as_secs() * 3).max(15)
 }
 
-/// One look, by `me` (a node's name, never released by its own look): each node that owns a
-/// block and whose Node is gone, judged and, when gone long enough, released.
+/// One look, by `me` (a daemon's node, never released by its own look; None: `ipoolctl
+/// cluster release-departed`): each node that owns a block and whose Node is gone, judged
+/// and, when gone long enough, released.
 pub async fn sweep(
     store: &dyn Datastore,
     place: &str,
-    me: &str,
+    me: Option<&str>,
     after: u64,
     nodes: &dyn NodeDirectory,
 ) -> Result<Vec<(String, Outcome)>, ClusterError> {
@@ -69,7 +70,7 @@ pub async fn sweep(
         .blocks
         .iter()
         .map(|b| b.owner.node.clone())
-        .filter(|n| n != me)
+        .filter(|n| Some(n.as_str()) != me)
         .collect();
     if owners.is_empty() {
         return Ok(Vec::new());
@@ -92,16 +93,22 @@ pub async fn sweep(
                 continue;
             }
         }
-        // Reads only, first: a node away too briefly costs no write.
-        let outcome = match store.node_away(node, me).await {
+        // A daemon reads first (its own Lease is its clock on the apiserver): a node away too
+        // briefly costs no write. ipoolctl has no Lease: release-node's judgement alone.
+        let waiting = match me {
+            None => Ok(None),
+            Some(me) => store
+                .node_away(node, me)
+                .await
+                .map(|state| not_gone(&state, place, node, after)),
+        };
+        let outcome = match waiting {
             Err(e) => Outcome::Failed(e.to_string()),
-            Ok(state) => match not_gone(&state, place, node, after) {
-                Some(why) => Outcome::Waiting(why),
-                None => match release_node(&*store.releasing(), place, node, after, false).await {
-                    Ok(r) => Outcome::Released(r),
-                    Err(ClusterError::Refused(why)) => Outcome::Refused(why),
-                    Err(e) => Outcome::Failed(e.to_string()),
-                },
+            Ok(Some(why)) => Outcome::Waiting(why),
+            Ok(None) => match release_node(&*store.releasing(), place, node, after, false).await {
+                Ok(r) => Outcome::Released(r),
+                Err(ClusterError::Refused(why)) => Outcome::Refused(why),
+                Err(e) => Outcome::Failed(e.to_string()),
             },
         };
         found.push((node.clone(), outcome));
@@ -143,7 +150,7 @@ pub async fn run(node: Arc<ClusterNode>, nodes: Arc<dyn NodeDirectory>) {
         if !leads {
             continue;
         }
-        match sweep(&*store, place, node.name(), after, &*nodes).await {
+        match sweep(&*store, place, Some(node.name()), after, &*nodes).await {
             Err(e) => {
                 tracing::warn!(error = %e, "release of departed nodes: the look failed (tried again)")
             }

@@ -61,6 +61,16 @@ pub(super) enum ClusterCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Release departed nodes once, as the daemon that leads this work does (`[cluster]
+    /// release_departed_after_secs`): each node owning blocks whose Node the apiserver does not
+    /// have and whose daemon has been away past its fence and --after seconds, released as
+    /// release-node releases one. For a CronJob where the daemons may not (the Kubernetes API
+    /// store's admission policy).
+    ReleaseDeparted {
+        /// Seconds a departed node's daemon must have been away.
+        #[arg(long, default_value_t = 3600)]
+        after: u64,
+    },
     /// Check the cluster, reading only: blocks of nodes that do not exist, nodes away past
     /// their fence, pods whose addresses lie in another node's block or in no block, an
     /// address on two pods, blocks outside their pool, malformed entries; each with what to
@@ -224,13 +234,14 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
     let reads_apiserver = matches!(
         cmd,
         ClusterCommand::Check
+            | ClusterCommand::ReleaseDeparted { .. }
             | ClusterCommand::ReleaseNode {
                 from_check: Some(_),
                 ..
             }
     );
     if !reads_apiserver && args.kubeconfig_beside_etcd() {
-        eprintln!("ipoolctl: --kubeconfig is for --datastore kubernetes (with etcd, only check and release-node --from-check read the apiserver)");
+        eprintln!("ipoolctl: --kubeconfig is for --datastore kubernetes (with etcd, only check, release-departed and release-node --from-check read the apiserver)");
         return ExitCode::from(EXIT_USAGE);
     }
     let (store, place) = match crate::cluster_store::connect(args).await {
@@ -242,6 +253,12 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
         ClusterCommand::Check => {
             return match crate::cluster_store::apiserver(args).await {
                 Ok(client) => crate::check::run(store, place, client, out).await,
+                Err(code) => code,
+            };
+        }
+        ClusterCommand::ReleaseDeparted { after } => {
+            return match crate::cluster_store::apiserver(args).await {
+                Ok(client) => crate::release::release_departed(store, place, client, *after).await,
                 Err(code) => code,
             };
         }

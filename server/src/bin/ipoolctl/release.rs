@@ -60,3 +60,58 @@ pub(crate) async fn release_node(
     );
     Ok(())
 }
+
+/// `release-departed`: one look of the release of departed nodes, as the daemon that leads it
+/// looks (`cluster::departed::sweep`), by the operator or a CronJob where the daemons may not
+/// write other nodes' blocks (the Kubernetes API store's admission policy): each node that
+/// owns blocks, whose Node the apiserver does not have (`client`) and whose name has been away
+/// past its fence and `after` seconds, released as release-node releases one. Exit 0 unless a
+/// read or a write failed.
+pub(crate) async fn release_departed(
+    store: &dyn Datastore,
+    place: &str,
+    client: Option<kube::Client>,
+    after: u64,
+) -> std::process::ExitCode {
+    use ipool_server::cluster::departed::{sweep, Outcome};
+    let Some(client) = client else {
+        eprintln!("ipoolctl: release-departed asks the apiserver which Nodes are gone: give --kubeconfig (the store is etcd)");
+        return std::process::ExitCode::from(crate::EXIT_USAGE);
+    };
+    let nodes = ipool_server::k8s::nodes::Nodes::new(client);
+    let found = match sweep(store, place, None, after, &nodes).await {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("ipoolctl: {e}");
+            return std::process::ExitCode::from(crate::cluster::exit_for(&e));
+        }
+    };
+    let mut failed = false;
+    for (node, outcome) in &found {
+        match outcome {
+            Outcome::Released(r) => {
+                let blocks: Vec<String> = r.blocks.iter().map(|b| b.block.to_string()).collect();
+                outln!(
+                    "node {node}: its Node is gone; released {} block(s) [{}], kept {} a pin was made in",
+                    r.blocks.len(),
+                    blocks.join(", "),
+                    r.pinned.len()
+                );
+            }
+            Outcome::Waiting(why) | Outcome::Refused(why) => {
+                outln!("node {node}: its Node is gone; not released: {why}")
+            }
+            Outcome::Failed(why) => {
+                failed = true;
+                eprintln!("ipoolctl: node {node}: {why}");
+            }
+        }
+    }
+    if found.is_empty() {
+        outln!("no node that owns blocks is gone from the apiserver");
+    }
+    match failed {
+        false => std::process::ExitCode::SUCCESS,
+        true => std::process::ExitCode::from(crate::EXIT_REFUSED),
+    }
+}
