@@ -94,7 +94,7 @@ pub struct ClusterMetrics {
     pub conflicts: Family<PoolKindLabels, Counter>,
     pub give_backs: Family<PoolLabels, Counter>,
     /// Listings of this node's blocks taken in, per pool and family: one that stalls while
-    /// the store answers means blocks changed in the store are not seen (README: a sync is
+    /// the store answers means blocks changed in the store are not seen (docs/cluster-mode.md: a sync is
     /// never delayed by a claim's backoff).
     pub syncs: Family<PoolFamilyLabels, Counter>,
     pub etcd_seconds: HistogramFamily<OpLabels>,

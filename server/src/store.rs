@@ -129,7 +129,7 @@ pub enum StoreError {
     Open { path: PathBuf, msg: String },
     #[error("the store at {path} was written by schema version {found}; this ipoold reads version {SCHEMA_VERSION} (run the newer ipoold, or move the state dir away to start empty)")]
     NewerSchema { path: PathBuf, found: u32 },
-    #[error("the store at {path} is corrupt: {msg} (ipoold will not start over it; README, \"Damaged or missing state\", says how to recover)")]
+    #[error("the store at {path} is corrupt: {msg} (ipoold will not start over it; docs/operations.md, \"Damaged or missing state\", says how to recover)")]
     Corrupt { path: PathBuf, msg: String },
     #[error("store I/O at {path}: {msg}")]
     Io { path: PathBuf, msg: String },

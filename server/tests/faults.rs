@@ -423,7 +423,7 @@ fn damaged_or_missing_files_are_refused_naming_them() {
         );
         assert!(
             err.contains("Damaged or missing state"),
-            "the refusal points at the README's recovery section:\n{err}"
+            "the refusal points at the recovery section (docs/operations.md):\n{err}"
         );
     }
     let mut intact = daemon_on(&copy("intact"), toml);

@@ -16,8 +16,8 @@
 //! whose daemon runs, its pods of before are excused, and so is what it hands out from the
 //! released blocks until its next sync could have run (`resync_secs` and its jitter); after a
 //! release without `--force` on a node that was cut off past its fence while its pods ran,
-//! its pods of before are excused (README: release-node is for nodes that are gone); after etcd
-//! is restored from an older backup, the pods of before are excused (README: "What an
+//! its pods of before are excused (docs/cluster-mode.md: release-node is for nodes that are gone); after etcd
+//! is restored from an older backup, the pods of before are excused (docs/cluster-mode.md: "What an
 //! operator must never do"). Each excuse is in the trace.
 
 use std::collections::{BTreeMap, BTreeSet};

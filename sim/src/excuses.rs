@@ -2,12 +2,12 @@
 //! world as the run goes:
 //!
 //! - a node's hand-outs from blocks `release-node --force` took from it are the operator's
-//!   doing until a sync of that family, started after the release, has been taken in (README:
+//!   doing until a sync of that family, started after the release, has been taken in (docs/cluster-mode.md:
 //!   the node notices at its next sync), or until its watch told it (`crate::hearing`); so
 //!   are a node's hand-outs after etcd was restored from an older backup, until the node has
 //!   heard etcd since (every answer carries the store's cluster id and revision);
 //! - a node name taken by a second daemon (one name on two nodes) leaves the pods of the
-//!   daemon that held it before on addresses the new holder may hand out (README: what an
+//!   daemon that held it before on addresses the new holder may hand out (docs/cluster-mode.md: what an
 //!   operator must never do);
 //! - and what is no one's excuse: a node that serves, whose store requests all go through,
 //!   takes in a listing of its blocks of each family at least every `resync_secs` (jittered)

@@ -1,5 +1,5 @@
 //! The watches' steps in a run whose daemons watch the store, and what the checker keeps of
-//! them: a block a node's watch told it is no longer the node's stops serving at once (README:
+//! them: a block a node's watch told it is no longer the node's stops serving at once (docs/cluster-mode.md:
 //! a block deleted or re-owned stops serving within a second while connected). A hand-out from
 //! it, picked after the daemon was told, is no longer excused by `release-node --force`'s
 //! window (which otherwise lasts until the node's next sync).

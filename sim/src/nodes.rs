@@ -159,7 +159,7 @@ pub(crate) fn kill_or_restart(w: &mut World) -> Result<(), String> {
             ));
             match w.start(i) {
                 // The pool given to a network of another name while the old one holds
-                // addresses of it: refused (README), and started as before.
+                // addresses of it: refused (docs/cluster-mode.md), and started as before.
                 Err(e) if e.contains("is not in the config any more") => {
                     w.slots[i].renamed = !w.slots[i].renamed;
                     w.note(format!(

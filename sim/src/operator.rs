@@ -346,7 +346,7 @@ fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for:
 
 impl World {
     /// Why a release of slot `i`'s node without `--force` giving a block back now is the
-    /// operator's doing (README: release-node is for nodes that are gone): the store has not
+    /// operator's doing (docs/cluster-mode.md: release-node is for nodes that are gone): the store has not
     /// heard the node (a renewal of its name) for longer than its fence, so that no store could
     /// tell it from a node that is gone.
     pub(crate) fn release_excuse(&self, i: usize, at: u64) -> Option<&'static str> {

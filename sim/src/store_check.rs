@@ -1,7 +1,7 @@
 //! The checks made each time the store may have changed: every block's owner, deletes that
 //! must have failed (conditioned on a write made since they were sent), and what an
 //! operator's command took from a node (`--force`: its pods excused, its hand-outs until its
-//! next sync; release-node: judged as README says, see docs/simulation.md's rule 8).
+//! next sync; release-node: judged as docs/cluster-mode.md says, see docs/simulation.md's rule 8).
 
 use ipnet::IpNet;
 use tokio::time::Instant;

@@ -7,8 +7,8 @@
 //! `kube::blocks`, `kube::lease`); [`connect`](super::connect) makes the one `[cluster]`
 //! names. A node's claims (`claim::claim_next`) run on either through [`BlockStore`].
 //!
-//! What a store must guarantee, whatever the interleaving (the rules of README "Cluster
-//! mode"): a claim wins only a block no one owns, and only while the pool is as it was read;
+//! What a store must guarantee, whatever the interleaving (the rules of
+//! docs/cluster-mode.md): a claim wins only a block no one owns, and only while the pool is as it was read;
 //! a give-back deletes only the write of the block it names (created and last written at its
 //! [`KeyRevision`]), and a settle makes every give-back sent before it fail; a pool is deleted
 //! only while no block of it is owned; a node's name is held by one daemon at a time, on a

@@ -126,6 +126,7 @@ pub async fn run(node: Arc<ClusterNode>, nodes: Arc<dyn NodeDirectory>) {
     tracing::info!(after_secs = after, every_secs = every.as_secs(), "departed nodes are released by themselves: a node whose Node is gone and whose daemon has been away this long (and past its fence) gets its blocks given back by whichever daemon leads");
     let mut leading = false;
     let mut told: HashSet<String> = HashSet::new();
+    let mut lead_error: Option<String> = None;
     loop {
         tokio::time::sleep(super::jitter(every)).await;
         let store = match node.connection().await {
@@ -136,9 +137,17 @@ pub async fn run(node: Arc<ClusterNode>, nodes: Arc<dyn NodeDirectory>) {
             }
         };
         let leads = match store.lead(ROLE, node.name(), ttl).await {
-            Ok(l) => l,
+            Ok(l) => {
+                lead_error = None;
+                l
+            }
             Err(e) => {
-                tracing::debug!(error = %e, "release of departed nodes: the lead could not be asked");
+                // Said once per kind of failure (a store that refuses the lead's writes, say).
+                let e = e.to_string();
+                if lead_error.as_ref() != Some(&e) {
+                    tracing::warn!(error = %e, "release of departed nodes: the lead could not be taken or kept (tried again)");
+                    lead_error = Some(e);
+                }
                 false
             }
         };

@@ -4,7 +4,7 @@
 //! Shared by both stores ([`PinStore`](super::datastore::PinStore)) and `ipoolctl cluster
 //! pins`; neither store owns it.
 //!
-//! The rules that keep a pinned address on one pod (README "Fixed addresses"):
+//! The rules that keep a pinned address on one pod (docs/cluster-mode.md, "Fixed addresses"):
 //! - a pin is created only by the node that owns the block its address lies in, for an
 //!   address that node has just handed to the owner's pod, and records which block (by the
 //!   block's identity, [`KeyRevision::create`]) it was made in; or, for an address its owner

@@ -91,6 +91,9 @@ pub(crate) fn release_departed(cluster: &Cluster, client: Option<&kube::Client>)
             tracing::warn!(after_secs = after, "[cluster] release_departed_after_secs is set but there is no [kubernetes] table: whether a node is gone is its Node's absence from the apiserver, which cannot be asked, so departed nodes are not released by themselves (ipoolctl cluster release-node does it)");
         }
         (_, Some(c)) => {
+            if node.settings().datastore == DatastoreKind::Kubernetes {
+                tracing::warn!(after_secs = after, "[cluster] release_departed_after_secs on the Kubernetes API store: deploy/cluster-kubernetes's admission policy lets a daemon write only its own node's blocks and Lease, so there the releases are refused; that variant runs `ipoolctl cluster release-departed` as a CronJob instead");
+            }
             let nodes = std::sync::Arc::new(ipool_server::k8s::nodes::Nodes::new(c.clone()));
             tokio::spawn(ipool_server::cluster::departed::run(node.clone(), nodes));
         }

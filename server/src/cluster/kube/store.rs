@@ -18,7 +18,7 @@ impl Datastore for KubeStore {
             ..self.clone()
         })
     }
-    /// A reset apiserver (etcd restored under it) is not detected: see README "Cluster mode".
+    /// A reset apiserver (etcd restored under it) is not detected: see docs/cluster-mode.md.
     fn resets(&self) -> (u64, Option<String>) {
         (0, None)
     }
