@@ -45,6 +45,8 @@ def blocks(text):
         if m and lang is None:
             lang, start, body = m.group(1) or "plain", i + 1, []
         elif line.startswith("```") and lang is not None:
+            if line.strip() != "```":
+                fail(f"line {i}", f"a code block's closing fence with text after it: {line!r}")
             out.append((lang, start, body))
             lang = None
         elif lang is not None:

@@ -39,24 +39,11 @@ fn kinds(report: &serde_json::Value) -> BTreeSet<String> {
 
 fn check_and_release(store: Backend) {
     store.create_pool(&["p", "--cidr", "10.61.0.0/24", "--block-size", "28"]);
-    let own_api;
-    let api = match store.api() {
-        Some(api) => api,
-        None => {
-            own_api = FakeApi::start();
-            &own_api
-        }
-    };
+    let own = store.own_api();
+    let api = store.apiserver(&own);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = api.kubeconfig(dir.path()).display().to_string();
     // With etcd the apiserver is named apart; on the Kubernetes API it is the store's.
-    let ctl = |args: &[&str]| {
-        let mut all: Vec<&str> = args.to_vec();
-        if store.api().is_none() {
-            all.extend(["--kubeconfig", kubeconfig.as_str()]);
-        }
-        store.ctl_within(10, &all)
-    };
+    let ctl = |args: &[&str]| store.ctl_with_api(api, dir.path(), 10, args);
     for n in ["n1", "sleeper"] {
         api.put("nodes", json!({"metadata": {"name": n}}));
     }
@@ -168,25 +155,29 @@ fn check_and_release(store: Backend) {
         "{text}"
     );
 
-    // release-node --from-check: ghost (its Node still gone) and sleeper (away past the
-    // threshold, and past their fence and a renewal) are released; n1's blocks stay.
+    // release-node --from-check: ghost (its Node still gone, away past its fence and a
+    // renewal) is released; sleeper, whose Node is there (its daemon may be crashlooping
+    // while its pods run), is left alone (exit 1) until its Node is deleted; n1's blocks stay.
     std::thread::sleep(std::time::Duration::from_secs(3));
     let file = dir.path().join("report.json");
     std::fs::write(&file, serde_json::to_vec(&report).unwrap()).unwrap();
     let file = file.display().to_string();
     let o = ctl(&["release-node", "--from-check", &file, "--absent-for", "0"]);
-    assert_eq!(
-        code(&o),
-        0,
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        stderr(&o)
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(code(&o), 1, "{out}\n{}", stderr(&o));
+    assert!(
+        out.contains("node sleeper: its Node is there: left alone"),
+        "{out}"
     );
     let owners: BTreeSet<String> = store.owners().into_values().collect();
     assert!(
-        !owners.contains("ghost") && !owners.contains("sleeper"),
+        !owners.contains("ghost") && owners.contains("sleeper"),
         "{owners:?}"
     );
+    assert!(api.delete("nodes", "", "sleeper"));
+    let o = ctl(&["release-node", "--from-check", &file, "--absent-for", "0"]);
+    let owners: BTreeSet<String> = store.owners().into_values().collect();
+    assert!(!owners.contains("sleeper"), "{owners:?}\n{}", stderr(&o));
     assert!(owners.contains("n1"));
     // A report whose node came back (its Node made again) is left alone.
     api.put("nodes", json!({"metadata": {"name": "ghost"}}));
@@ -203,6 +194,12 @@ fn check_and_release(store: Backend) {
     let o = ctl(&["release-node", "--from-check", &bad]);
     assert_eq!(code(&o), 64, "{}", stderr(&o));
     assert!(stderr(&o).contains("bad.json"), "{}", stderr(&o));
+    // On etcd without an apiserver to read the Nodes from: usage, saying so.
+    if store.api().is_none() {
+        let o = store.ctl(&["release-node", "--from-check", &file]);
+        assert_eq!(code(&o), 64, "{}", stderr(&o));
+        assert!(stderr(&o).contains("--kubeconfig"), "{}", stderr(&o));
+    }
     drop(n1);
 }
 

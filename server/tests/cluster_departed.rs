@@ -72,14 +72,8 @@ fn nodes_owning(store: &Backend) -> BTreeSet<String> {
 
 fn departed_nodes_are_released(store: Backend) {
     store.create_pool(&["p", "--cidr", "10.59.0.0/24", "--block-size", "28"]);
-    let own_api;
-    let api = match store.api() {
-        Some(api) => api,
-        None => {
-            own_api = FakeApi::start();
-            &own_api
-        }
-    };
+    let own = store.own_api();
+    let api = store.apiserver(&own);
     for n in ["n1", "n2", "n3"] {
         api.put("nodes", json!({"metadata": {"name": n}}));
     }
@@ -220,23 +214,10 @@ fn without_kubernetes_departed_nodes_are_not_released_and_the_daemon_says_so() {
 /// has been away long enough; one whose Node is there is not.
 fn release_departed_by_ipoolctl(store: Backend) {
     store.create_pool(&["p", "--cidr", "10.63.0.0/24", "--block-size", "28"]);
-    let own_api;
-    let api = match store.api() {
-        Some(api) => api,
-        None => {
-            own_api = FakeApi::start();
-            &own_api
-        }
-    };
+    let own = store.own_api();
+    let api = store.apiserver(&own);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = api.kubeconfig(dir.path()).display().to_string();
-    let ctl = |args: &[&str]| {
-        let mut all: Vec<&str> = args.to_vec();
-        if store.api().is_none() {
-            all.extend(["--kubeconfig", kubeconfig.as_str()]);
-        }
-        store.ctl_within(20, &all)
-    };
+    let ctl = |args: &[&str]| store.ctl_with_api(api, dir.path(), 20, args);
     api.put("nodes", json!({"metadata": {"name": "stays"}}));
     let tuning = "heartbeat_ttl_secs = 6\nclaim_ahead = 1\n";
     let mut daemons: Vec<Daemon> = ["stays", "goes"]

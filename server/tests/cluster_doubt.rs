@@ -217,7 +217,13 @@ fn a_node_settling_its_block_while_its_pool_is_being_deleted_keeps_it() {
         listed_pool(&store, "p").map(|p| p["phase"].clone()),
         Some(serde_json::json!("Ready"))
     );
-    assert_eq!(store.owners(), blocks);
+    // Its block is still n1's (a node whose only block is in doubt may claim another once
+    // the pool is Ready again: a CI run under load met that).
+    let now = store.owners();
+    assert!(
+        blocks.iter().all(|(b, n)| now.get(b) == Some(n)),
+        "{now:?} lacks {blocks:?}"
+    );
     // n1's next sync confirms its block again; a node started now gets none of its pods'
     // addresses.
     eventually(10, "n1's block confirmed again", || {

@@ -50,6 +50,9 @@ pub fn every(after: u64) -> Duration {
     Duration::from_secs((after / 6).clamp(1, 300))
 }
 
+/// How often, at most, a daemon that does not lead asks for the lead.
+const CANDIDATE_EVERY: Duration = Duration::from_secs(30);
+
 /// The lead's TTL: three looks, at least 15 s.
 pub fn lead_ttl(every: Duration) -> u64 {
     (every.as_secs() * 3).max(15)
@@ -127,8 +130,16 @@ pub async fn run(node: Arc<ClusterNode>, nodes: Arc<dyn NodeDirectory>) {
     let mut leading = false;
     let mut told: HashSet<String> = HashSet::new();
     let mut lead_error: Option<String> = None;
+    // The first look comes soon: daemons started together settle who leads.
+    let mut first = true;
     loop {
-        tokio::time::sleep(super::jitter(every)).await;
+        // A daemon that does not lead asks for the lead at most every 30 s: with thousands of
+        // nodes and a short threshold, the store still sees few of these reads.
+        let wait = match leading || std::mem::take(&mut first) {
+            true => every,
+            false => every.max(CANDIDATE_EVERY),
+        };
+        tokio::time::sleep(super::jitter(wait)).await;
         let store = match node.connection().await {
             Ok(s) => s,
             Err(e) => {

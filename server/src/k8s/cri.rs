@@ -36,15 +36,59 @@ impl Runtime {
         }
     }
 
-    /// The runtime `[kubernetes] cri_socket` names: "" none; a path that one; unset the first
-    /// well-known socket that exists (none: none).
-    pub fn configured(setting: Option<&str>, timeout: Duration) -> Option<Runtime> {
-        let path = match setting {
-            Some("") => return None,
-            Some(p) => PathBuf::from(p),
-            None => PathBuf::from(WELL_KNOWN.iter().find(|p| Path::new(p).exists())?),
+    /// The runtime `[kubernetes] cri_socket` names: "" none; a path that one (said at start
+    /// when it does not answer: every address it is asked about is kept meanwhile); unset the
+    /// first well-known socket that answers the CRI (a containerd without its CRI plugin,
+    /// Docker Engine's, is passed over, and said).
+    pub async fn configured(setting: Option<&str>, timeout: Duration) -> Option<Runtime> {
+        match setting {
+            Some("") => None,
+            Some(p) => {
+                let r = Runtime::new(PathBuf::from(p), timeout);
+                if let Err(e) = r.answers().await {
+                    tracing::warn!(socket = p, error = %e, "[kubernetes] cri_socket does not answer the CRI now: the pod GC keeps every address it would ask about until it does");
+                }
+                Some(r)
+            }
+            None => {
+                for p in WELL_KNOWN.iter().filter(|p| Path::new(p).exists()) {
+                    let r = Runtime::new(PathBuf::from(p), timeout);
+                    match r.answers().await {
+                        Ok(_) => return Some(r),
+                        Err(e) => {
+                            tracing::warn!(socket = p, error = %e, "a container runtime's socket that does not answer the CRI (its CRI plugin off?): not asked; set [kubernetes] cri_socket to the kubelet's runtime")
+                        }
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// The runtime's name and version, if it answers the CRI.
+    pub async fn answers(&self) -> Result<String, String> {
+        let mut c = self.connect().await?;
+        let req = ipool_proto::cri::VersionRequest {
+            version: "v1".into(),
         };
-        Some(Runtime::new(path, timeout))
+        match tokio::time::timeout(self.timeout, c.version(req)).await {
+            Ok(Ok(v)) => {
+                let v = v.into_inner();
+                Ok(format!("{} {}", v.runtime_name, v.runtime_version))
+            }
+            Ok(Err(status)) => {
+                *self.client.lock().await = None;
+                Err(format!("{}: {}", self.path.display(), status.message()))
+            }
+            Err(_) => {
+                *self.client.lock().await = None;
+                Err(format!(
+                    "{}: no answer within {:?}",
+                    self.path.display(),
+                    self.timeout
+                ))
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -74,9 +118,9 @@ impl Runtime {
         Ok(c)
     }
 
-    /// Whether the runtime runs a ready sandbox of `pod` (its UID; by namespace and name where
-    /// the runtime gave no UID). Err: it did not answer (nothing may be let go on that).
-    pub async fn sandbox_ready(&self, pod: &crate::model::Pod) -> Result<bool, String> {
+    /// The pods whose sandboxes the runtime runs, ready (one list). Err: it did not answer
+    /// (nothing may be let go on that).
+    pub async fn ready_sandboxes(&self) -> Result<Vec<SandboxPod>, String> {
         let mut c = self.connect().await?;
         let req = ListPodSandboxRequest {
             filter: Some(PodSandboxFilter {
@@ -102,16 +146,37 @@ impl Runtime {
                 ));
             }
         };
-        let uid = pod.uid.as_str();
-        Ok(listed.items.iter().any(|s| {
-            let m = s.metadata.clone().unwrap_or_default();
-            let same = match uid {
-                "" => m.namespace == pod.namespace && m.name == pod.name,
-                _ => m.uid == uid || s.labels.get(UID_LABEL).is_some_and(|u| u == uid),
-            };
-            s.state == PodSandboxState::SandboxReady as i32 && same
-        }))
+        Ok(listed
+            .items
+            .into_iter()
+            .filter(|s| s.state == PodSandboxState::SandboxReady as i32)
+            .map(|s| {
+                let m = s.metadata.unwrap_or_default();
+                SandboxPod {
+                    uid: s.labels.get(UID_LABEL).cloned().unwrap_or(m.uid),
+                    namespace: m.namespace,
+                    name: m.name,
+                }
+            })
+            .collect())
     }
+}
+
+/// The pod of a ready sandbox, as the runtime names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// Whether `ready` has a sandbox of `pod`: by its UID, or by namespace and name where the pod
+/// is known without one.
+pub fn runs(ready: &[SandboxPod], pod: &crate::model::Pod) -> bool {
+    ready.iter().any(|s| match pod.uid.as_str() {
+        "" => s.namespace == pod.namespace && s.name == pod.name,
+        uid => s.uid == uid,
+    })
 }
 
 #[cfg(test)]
@@ -121,14 +186,19 @@ mod tests {
     #[test]
     fn the_socket_asked_is_the_configs_or_a_well_known_one_and_empty_turns_it_off() {
         let t = Duration::from_secs(1);
-        assert!(Runtime::configured(Some(""), t).is_none());
-        let r = Runtime::configured(Some("/x/cri.sock"), t).expect("named");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert!(rt.block_on(Runtime::configured(Some(""), t)).is_none());
+        let r = rt
+            .block_on(Runtime::configured(Some("/x/cri.sock"), t))
+            .expect("named, answering or not");
         assert_eq!(r.path(), Path::new("/x/cri.sock"));
-        let found = WELL_KNOWN.iter().find(|p| Path::new(p).exists());
-        match (Runtime::configured(None, t), found) {
-            (Some(r), Some(p)) => assert_eq!(r.path(), Path::new(p)),
-            (None, None) => {}
-            (r, f) => panic!("{:?} against {f:?}", r.map(|r| r.path().to_path_buf())),
+        // Unset: a well-known socket only if it answers the CRI (this machine's, if any).
+        if let Some(r) = rt.block_on(Runtime::configured(None, t)) {
+            assert!(WELL_KNOWN.iter().any(|p| r.path() == Path::new(p)));
+            assert!(rt.block_on(r.answers()).is_ok());
         }
     }
 
@@ -140,12 +210,26 @@ mod tests {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let r = Runtime::new(dir.path().join("none.sock"), Duration::from_millis(200));
-        let pod = crate::model::Pod {
+        let e = rt.block_on(r.ready_sandboxes()).expect_err("no answer");
+        assert!(e.contains("none.sock"), "{e}");
+    }
+
+    #[test]
+    fn a_pod_runs_by_its_uid_or_without_one_by_its_name() {
+        let ready = [SandboxPod {
             namespace: "app".into(),
             name: "a".into(),
-            uid: "u".into(),
+            uid: "u1".into(),
+        }];
+        let pod = |name: &str, uid: &str| crate::model::Pod {
+            namespace: "app".into(),
+            name: name.into(),
+            uid: uid.into(),
         };
-        let e = rt.block_on(r.sandbox_ready(&pod)).expect_err("no answer");
-        assert!(e.contains("none.sock"), "{e}");
+        assert!(runs(&ready, &pod("a", "u1")));
+        // The same name, another pod: its sandbox is gone.
+        assert!(!runs(&ready, &pod("a", "u2")));
+        assert!(runs(&ready, &pod("a", "")));
+        assert!(!runs(&ready, &pod("b", "")));
     }
 }

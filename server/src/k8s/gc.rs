@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::cri::Runtime;
+use super::cri::{runs, Runtime, SandboxPod};
 use super::meta::{finished, node_of, pod_ips, runtime_uid, same_pod};
 use super::Pods;
 use crate::ipam::{netns_gone, Ipam, LivePod, Quarantine, Suspects};
@@ -67,7 +67,7 @@ pub async fn run(ipam: Ipam, pods: Pods) {
     let mut gc = tokio::time::interval(every);
     gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     say_what_namespaces_are_seen(&ipam);
-    let runtime = Runtime::configured(pods.settings().cri_socket.as_deref(), RUNTIME_TIMEOUT);
+    let runtime = Runtime::configured(pods.settings().cri_socket.as_deref(), RUNTIME_TIMEOUT).await;
     match &runtime {
         Some(r) => tracing::info!(socket = %r.path().display(), "the container runtime is asked before an address of a pod gone from the apiserver is let go"),
         None => tracing::info!("no container runtime's CRI socket ([kubernetes] cri_socket): the pod GC judges by the apiserver and the network namespaces"),
@@ -173,15 +173,23 @@ pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
 }
 
 /// Whether `runtime` keeps `c`'s address: it runs a ready sandbox of the pod, or does not
-/// answer (logged and counted either way).
-async fn runtime_keeps(ipam: &Ipam, runtime: Option<&Runtime>, c: &Candidate) -> bool {
+/// answer (logged and counted either way). `ready`: its list, asked once per check.
+async fn runtime_keeps(
+    ipam: &Ipam,
+    runtime: Option<&Runtime>,
+    ready: &mut Option<Result<Vec<SandboxPod>, String>>,
+    c: &Candidate,
+) -> bool {
     let Some(rt) = runtime else {
         return false;
     };
+    if ready.is_none() {
+        *ready = Some(rt.ready_sandboxes().await);
+    }
     let pod = format!("{}/{}", c.pod.namespace, c.pod.name);
-    match rt.sandbox_ready(&c.pod).await {
-        Ok(false) => false,
-        Ok(true) => {
+    match ready.as_ref().expect("asked above") {
+        Ok(list) if !runs(list, &c.pod) => false,
+        Ok(_) => {
             tracing::warn!(%pod, uid = %c.pod.uid, held = ?c.held, "the pod is gone from the apiserver but the container runtime still runs its sandbox: its address is kept until the sandbox is gone");
             ipam.metrics().pod_gc("kept_sandbox_ready", 1);
             true
@@ -245,6 +253,7 @@ pub async fn check(
     }
     let mut released = Vec::new();
     let mut ended = Vec::new();
+    let mut ready = None;
     for c in due {
         match pods.get_live(&c.pod.namespace, &c.pod.name).await {
             // The same pod, running on this node (a pod bound elsewhere holds nothing here).
@@ -253,7 +262,7 @@ pub async fn check(
             {
                 suspects.clear(&c.held);
             }
-            Ok(_) if runtime_keeps(ipam, runtime, &c).await => {}
+            Ok(_) if runtime_keeps(ipam, runtime, &mut ready, &c).await => {}
             Ok(_) => match (c.held, c.quarantine) {
                 (Held::Attachment(key), _) => {
                     // A sandbox whose network namespace still exists keeps its address.

@@ -282,6 +282,38 @@ routes = [{{ dst = "0.0.0.0/0" }}]
         }
     }
 
+    /// A fake apiserver of the test's own for the Nodes and pods where the store is etcd
+    /// (None on the Kubernetes API: the store's serves them); [`Backend::apiserver`] then
+    /// names the one to use.
+    pub fn own_api(&self) -> Option<FakeApi> {
+        self.api().is_none().then(FakeApi::start)
+    }
+
+    /// The apiserver of the Nodes and pods: the store's, or `own` ([`Backend::own_api`]).
+    pub fn apiserver<'a>(&'a self, own: &'a Option<FakeApi>) -> &'a FakeApi {
+        self.api()
+            .or(own.as_ref())
+            .expect("the store's apiserver, or one of the test's own")
+    }
+
+    /// `ipoolctl cluster ARGS...` (bounded by `secs` a call) that also reads `api`'s Nodes and
+    /// pods: the store's own on the Kubernetes API, `--kubeconfig` in `dir` with etcd.
+    pub fn ctl_with_api(
+        &self,
+        api: &FakeApi,
+        dir: &std::path::Path,
+        secs: u64,
+        args: &[&str],
+    ) -> Output {
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        if self.api().is_none() {
+            all.push("--kubeconfig".into());
+            all.push(api.kubeconfig(dir).display().to_string());
+        }
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        self.ctl_within(secs, &all)
+    }
+
     /// The fake apiserver, when the store is the Kubernetes API.
     pub fn api(&self) -> Option<&FakeApi> {
         match self {

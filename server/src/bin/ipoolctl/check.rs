@@ -132,9 +132,9 @@ fn print(r: &Report, place: &str) {
 }
 
 /// `release-node --from-check FILE`: each node the report found gone or away, checked again
-/// (its Node still gone, where the apiserver can be asked; the store's judgement as
-/// release-node's, `absent_for`), then released. Exit 0 when every one was released, 1 when
-/// one was refused.
+/// (its Node gone now, read from the apiserver; the store's judgement as release-node's,
+/// `absent_for`), then released. Exit 0 when every one was released, 1 when one was left
+/// alone or refused.
 pub(crate) async fn release_from(
     store: &dyn Datastore,
     place: &str,
@@ -167,22 +167,28 @@ pub(crate) async fn release_from(
         outln!("the check found no node gone or away: nothing to release");
         return ExitCode::SUCCESS;
     }
-    let directory = client.map(Nodes::new);
+    // Departed is what the apiserver says: a Node that is there (a node away, its daemon
+    // crashlooping while its pods run) is never released from a report.
+    let Some(directory) = client.map(Nodes::new) else {
+        eprintln!("ipoolctl: --from-check reads each node's Node again before releasing it: give --kubeconfig (the store is etcd)");
+        return ExitCode::from(EXIT_USAGE);
+    };
     let mut refused = 0;
     for (node, kind) in nodes {
-        if let (Some(d), Kind::NodeGone) = (&directory, kind) {
-            match d.exists(&node).await {
-                Ok(false) => {}
-                Ok(true) => {
-                    outln!("node {node}: its Node is back: left alone");
-                    refused += 1;
-                    continue;
+        match directory.exists(&node).await {
+            Ok(false) => {}
+            Ok(true) => {
+                match kind {
+                    Kind::NodeGone => outln!("node {node}: its Node is back: left alone"),
+                    _ => outln!("node {node}: its Node is there: left alone (drain it and delete its Node first, if it is gone)"),
                 }
-                Err(e) => {
-                    eprintln!("ipoolctl: node {node}: reading its Node: {e}");
-                    refused += 1;
-                    continue;
-                }
+                refused += 1;
+                continue;
+            }
+            Err(e) => {
+                eprintln!("ipoolctl: node {node}: reading its Node: {e}");
+                refused += 1;
+                continue;
             }
         }
         match crate::release::release_node(store, place, &node, absent_for, false, out).await {

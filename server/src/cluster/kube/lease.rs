@@ -97,6 +97,48 @@ impl KubeStore {
         lease
     }
 
+    /// How long, as this process saw it, Lease `name` has stayed as `l` is (first seen so
+    /// now: 0).
+    fn unchanged_secs(&self, name: &str, l: &Lease) -> i64 {
+        let rv = l.metadata.resource_version.clone().unwrap_or_default();
+        let mut seen = self.observed.lock().expect("observed lock");
+        let since = match seen.get(name) {
+            Some((v, at)) if *v == rv => *at,
+            _ => {
+                seen.insert(name.to_string(), (rv, Instant::now()));
+                Instant::now()
+            }
+        };
+        since.elapsed().as_secs() as i64
+    }
+
+    /// Writes `lease` as this process's: created where `now` (as read) found none, else over
+    /// what was read; kept as held for the renewals. False: another wrote it first (409).
+    async fn take(
+        &self,
+        name: &str,
+        now: Option<&Lease>,
+        lease: &Lease,
+    ) -> Result<bool, ClusterError> {
+        self.token().await;
+        let written = match now {
+            None => self.leases.create(&self.post(), lease).await,
+            Some(_) => self.leases.replace(name, &self.post(), lease).await,
+        };
+        match written {
+            Ok(l) => {
+                self.observed.lock().expect("observed lock").remove(name);
+                self.held
+                    .lock()
+                    .expect("held lock")
+                    .insert(name.to_string(), l);
+                Ok(true)
+            }
+            Err(e) if api_code(&e) == Some(409) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Why a Lease not found proves nothing.
     fn no_lease(&self, name: &str) -> String {
         format!(
@@ -122,17 +164,7 @@ impl NameStore for KubeStore {
         if let Some(l) = &now {
             match holder(l) {
                 Some(h) if h != me.instance => {
-                    let rv = l.metadata.resource_version.clone().unwrap_or_default();
-                    let duration = duration_secs(l);
-                    let mut seen = self.observed.lock().expect("observed lock");
-                    let since = match seen.get(&name) {
-                        Some((v, at)) if *v == rv => *at,
-                        _ => {
-                            seen.insert(name.clone(), (rv, Instant::now()));
-                            Instant::now()
-                        }
-                    };
-                    let left = duration - since.elapsed().as_secs() as i64;
+                    let left = duration_secs(l) - self.unchanged_secs(&name, l);
                     // The old way: the name taken whoever held it.
                     if left > 0 && !crate::bugs::on(crate::bugs::Bug::NameNotExclusive) {
                         return Ok(Acquired::Taken {
@@ -146,28 +178,18 @@ impl NameStore for KubeStore {
             }
         }
         let lease = self.held_by(now.as_ref(), &name, me, ttl_secs, renew_secs);
-        self.token().await;
-        let written = match &now {
-            None => self.leases.create(&self.post(), &lease).await,
-            Some(_) => self.leases.replace(&name, &self.post(), &lease).await,
-        };
-        match written {
-            Ok(l) => {
-                self.observed.lock().expect("observed lock").remove(&name);
-                self.held.lock().expect("held lock").insert(name.clone(), l);
-                Ok(Acquired::Held(Heartbeat {
-                    alive_key: name,
-                    alive_lease: 0,
-                    seen_lease: 0,
-                    instance: me.instance.clone(),
-                }))
-            }
+        match self.take(&name, now.as_ref(), &lease).await? {
+            true => Ok(Acquired::Held(Heartbeat {
+                alive_key: name,
+                alive_lease: 0,
+                seen_lease: 0,
+                instance: me.instance.clone(),
+            })),
             // Written by someone else between the read and the write: look again next time.
-            Err(e) if api_code(&e) == Some(409) => Ok(Acquired::Taken {
+            false => Ok(Acquired::Taken {
                 instance: "(another daemon, just now)".into(),
                 ttl_left: 1,
             }),
-            Err(e) => Err(e.into()),
         }
     }
 

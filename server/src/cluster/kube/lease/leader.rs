@@ -7,7 +7,6 @@
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use tokio::time::Instant;
 
 use super::{duration_secs, holder};
 use crate::cluster::datastore::LeadStore;
@@ -48,16 +47,7 @@ impl KubeStore {
     /// Whether `l`, held by another, has stayed unchanged for its duration as this process
     /// saw it (first seen so now: not yet).
     fn lapsed(&self, name: &str, l: &Lease) -> bool {
-        let rv = l.metadata.resource_version.clone().unwrap_or_default();
-        let mut seen = self.observed.lock().expect("observed lock");
-        let since = match seen.get(name) {
-            Some((v, at)) if *v == rv => *at,
-            _ => {
-                seen.insert(name.to_string(), (rv, Instant::now()));
-                Instant::now()
-            }
-        };
-        since.elapsed().as_secs() as i64 >= duration_secs(l)
+        self.unchanged_secs(name, l) >= duration_secs(l)
     }
 }
 
@@ -86,21 +76,8 @@ impl LeadStore for KubeStore {
             fence_secs: 0,
         };
         let lease = self.held_by(now.as_ref(), &name, &me, ttl_secs.max(1), 0);
-        self.token().await;
-        let written = match &now {
-            None => self.leases.create(&self.post(), &lease).await,
-            Some(_) => self.leases.replace(&name, &self.post(), &lease).await,
-        };
-        match written {
-            Ok(l) => {
-                self.observed.lock().expect("observed lock").remove(&name);
-                self.held.lock().expect("held lock").insert(name, l);
-                Ok(true)
-            }
-            // Another candidate wrote it first.
-            Err(e) if api_code(&e) == Some(409) => Ok(false),
-            Err(e) => Err(e.into()),
-        }
+        // False: another candidate wrote it first.
+        self.take(&name, now.as_ref(), &lease).await
     }
 
     async fn leader(&self, role: &str) -> Result<Option<String>, ClusterError> {
