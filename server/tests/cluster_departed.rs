@@ -88,6 +88,21 @@ fn departed_nodes_are_released(store: Backend) {
         nodes_owning(&store),
         BTreeSet::from(["n1".into(), "n2".into(), "n3".into()])
     );
+    // Each daemon reports its addresses in use (resync_secs 1): `cluster nodes` shows them.
+    eventually(20, "each node's addresses in use reported", || {
+        let o = store.ctl(&["-o", "json", "nodes"]);
+        let v = json(&o);
+        let counts: Vec<serde_json::Value> = v["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| r["inUse"].clone())
+            .collect();
+        match counts == vec![json!(1), json!(1), json!(1)] {
+            true => Ok(()),
+            false => Err(v),
+        }
+    });
 
     // n3's daemon stops (a clean stop gives its name up: away from now on). Its Node is still
     // there: past the threshold and its fence, nothing is given back.

@@ -129,6 +129,15 @@ pub trait NameStore: Send + Sync {
     async fn node_away(&self, node: &str, _me: &str) -> Result<NodeState, ClusterError> {
         self.node_state(node).await
     }
+    /// Says how many addresses `beat`'s node has in use now, for `ipoolctl cluster nodes`
+    /// (etcd: a key on the heartbeat's `seen` lease; the apiserver: an annotation its next
+    /// renewal writes, no request of its own).
+    async fn report_in_use(
+        &self,
+        node: &str,
+        beat: &Heartbeat,
+        in_use: u64,
+    ) -> Result<(), ClusterError>;
     /// Every node name the store keeps a heartbeat of, each as last heard (reads only).
     async fn nodes_seen(&self) -> Result<Vec<NodeSeen>, ClusterError>;
     /// Every block of `node`.

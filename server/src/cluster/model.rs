@@ -278,6 +278,18 @@ pub struct NodeSeen {
     /// this machine's clock).
     pub away_secs: Option<i64>,
     pub fence_secs: u64,
+    /// Addresses in use on it as its daemon last reported them, and when (Unix ms, the
+    /// daemon's clock).
+    pub in_use: Option<InUse>,
+}
+
+/// What a daemon reports of its node's addresses in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InUse {
+    #[serde(rename = "inUse")]
+    pub in_use: u64,
+    #[serde(rename = "atMs")]
+    pub at_ms: u64,
 }
 
 /// Wall time in Unix milliseconds (0 before the epoch): the machine's, or the one this thread

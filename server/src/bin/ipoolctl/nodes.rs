@@ -1,6 +1,7 @@
 //! `ipoolctl cluster nodes`: every node the store knows (a heartbeat, or a block it owns):
 //! alive (the daemon instance holding its name) or away for how long, its blocks and the
-//! addresses they hold, and which daemon leads the release of departed nodes.
+//! addresses they hold, the addresses in use as its daemon last reported them, and which
+//! daemon leads the release of departed nodes.
 
 use std::collections::BTreeMap;
 
@@ -55,6 +56,7 @@ pub(crate) async fn list(
                 alive: None,
                 away_secs: None,
                 fence_secs: 0,
+                in_use: None,
             },
             blocks: Vec::new(),
             addresses: 0,
@@ -72,6 +74,8 @@ pub(crate) async fn list(
                     "instance": r.seen.alive, "awaySecs": r.seen.away_secs,
                     "fenceSecs": r.seen.fence_secs, "blocks": r.blocks,
                     "addresses": r.addresses.to_string(),
+                    "inUse": r.seen.in_use.map(|u| u.in_use),
+                    "inUseReportedAtMs": r.seen.in_use.map(|u| u.at_ms),
                 })
             })
             .collect();
@@ -89,10 +93,13 @@ pub(crate) async fn list(
                 state(&r.seen),
                 r.blocks.len().to_string(),
                 r.addresses.to_string(),
+                r.seen
+                    .in_use
+                    .map_or("-".to_string(), |u| u.in_use.to_string()),
             ]
         })
         .collect();
-    crate::print::table(&["NODE", "STATE", "BLOCKS", "ADDRESSES"], table);
+    crate::print::table(&["NODE", "STATE", "BLOCKS", "ADDRESSES", "IN-USE"], table);
     match leader {
         Some(l) => outln!("departed nodes are released by {l} (it leads; [cluster] release_departed_after_secs)"),
         None => outln!("no daemon leads the release of departed nodes ([cluster] release_departed_after_secs is 0 everywhere, or no daemon runs)"),

@@ -78,6 +78,29 @@ pub(crate) fn start(cluster: &Cluster, ipam: &Ipam) {
     let node = cluster.node();
     tracing::info!(node = %node.name(), instance = %node.instance(), store = node.store_name(), networks = cluster.networks(), "cluster mode");
     cluster.start(ipam);
+    tokio::spawn(report_in_use(node.clone(), ipam.clone()));
+}
+
+/// Reports the node's addresses in use to the store for `ipoolctl cluster nodes`: soon after
+/// start, then every `resync_secs` when the count changed (an idle node writes nothing).
+async fn report_in_use(node: Arc<ClusterNode>, ipam: Ipam) {
+    let every = std::time::Duration::from_secs(node.settings().resync_secs);
+    let mut wait = std::time::Duration::from_secs(5).min(every);
+    let mut last = None;
+    loop {
+        tokio::time::sleep(ipool_server::cluster::jitter(wait)).await;
+        wait = every;
+        let in_use: u64 = ipam.pool_status(None).iter().map(|p| p.in_use as u64).sum();
+        if last == Some(in_use) {
+            continue;
+        }
+        match node.report_in_use(in_use).await {
+            Ok(()) => last = Some(in_use),
+            Err(e) => {
+                tracing::debug!(error = %e, "reporting the addresses in use failed (tried again)")
+            }
+        }
+    }
 }
 
 /// Departed nodes released by themselves (`[cluster] release_departed_after_secs`), where

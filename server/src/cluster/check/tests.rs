@@ -45,6 +45,7 @@ fn alive(node: &str) -> NodeSeen {
         alive: Some("i".into()),
         away_secs: None,
         fence_secs: 30,
+        in_use: None,
     }
 }
 
@@ -120,6 +121,7 @@ fn each_kind_of_inconsistency_is_one_finding() {
             alive: None,
             away_secs: Some(600),
             fence_secs: 30,
+            in_use: None,
         },
     ];
     let holder = |node: &str| Holder {

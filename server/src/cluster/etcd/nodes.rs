@@ -18,12 +18,16 @@ use super::request::{self, cmp, op};
 use super::ClusterStore;
 use crate::cluster::datastore::{BlockStore, NameStore};
 use crate::cluster::model::{
-    now_ms, Acquired, Alive, Block, ClusterError, Heartbeat, Listing, NodeSeen, NodeState, Seen,
+    now_ms, Acquired, Alive, Block, ClusterError, Heartbeat, InUse, Listing, NodeSeen, NodeState,
+    Seen,
 };
 
 /// The `seen` lease's TTL: absences up to this long are measured; past it, the key is gone and
 /// the absence is at least this long.
 pub const SEEN_TTL_SECS: i64 = 30 * 24 * 3600;
+
+/// The key under a node's that holds its daemon's last report of its addresses in use.
+const IN_USE: &str = "in-use";
 
 impl ClusterStore {
     fn node_key(&self, node: &str, what: &str) -> String {
@@ -216,11 +220,18 @@ impl NameStore for ClusterStore {
             .await?;
         let mut nodes: std::collections::BTreeMap<String, NodeSeen> = Default::default();
         let mut seen_leases = Vec::new();
+        let mut reports = Vec::new();
         for kv in &kvs {
             let key = String::from_utf8_lossy(&kv.key);
             let Some((node, what)) = key[prefix.len().min(key.len())..].split_once('/') else {
                 continue;
             };
+            if what == IN_USE {
+                if let Ok(r) = serde_json::from_slice::<InUse>(&kv.value) {
+                    reports.push((node.to_string(), r));
+                }
+                continue;
+            }
             if what != "alive" && what != "seen" {
                 continue;
             }
@@ -229,6 +240,7 @@ impl NameStore for ClusterStore {
                 alive: None,
                 away_secs: None,
                 fence_secs: 0,
+                in_use: None,
             });
             if what == "alive" {
                 let a = serde_json::from_slice::<Alive>(&kv.value);
@@ -258,7 +270,34 @@ impl NameStore for ClusterStore {
                 }
             }
         }
+        // A report of a node with neither key (released) is left out with it.
+        for (node, r) in reports {
+            if let Some(n) = nodes.get_mut(&node) {
+                n.in_use = Some(r);
+            }
+        }
         Ok(nodes.into_values().collect())
+    }
+
+    /// `nodes/<node>/in-use` on the heartbeat's `seen` lease (gone with it).
+    async fn report_in_use(
+        &self,
+        node: &str,
+        beat: &Heartbeat,
+        in_use: u64,
+    ) -> Result<(), ClusterError> {
+        let r = InUse {
+            in_use,
+            at_ms: now_ms(),
+        };
+        self.client()
+            .put(request::put(
+                self.node_key(node, IN_USE),
+                serde_json::to_vec(&r).expect("serializes"),
+                beat.seen_lease,
+            ))
+            .await?;
+        Ok(())
     }
 
     /// Every block of `node`: its index, or, for a node that never ran an ipoold with the index

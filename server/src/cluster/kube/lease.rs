@@ -34,6 +34,8 @@ use crate::cluster::model::{
 const FENCE: &str = "ipool.io/fence-secs";
 const RENEW: &str = "ipool.io/renew-secs";
 const CHECKED: &str = "ipool.io/absence-checked-by";
+/// The daemon's last report of its node's addresses in use (`model::InUse` as JSON).
+const IN_USE: &str = "ipool.io/in-use";
 /// The holder release-node writes while it gives a node's blocks back.
 pub const RELEASER: &str = "ipoolctl release-node";
 
@@ -356,6 +358,30 @@ impl NameStore for KubeStore {
 
     async fn nodes_seen(&self) -> Result<Vec<NodeSeen>, ClusterError> {
         self.leases_seen().await
+    }
+
+    /// An annotation on the held Lease, written by its next renewal (no request of its own).
+    async fn report_in_use(
+        &self,
+        _node: &str,
+        beat: &Heartbeat,
+        in_use: u64,
+    ) -> Result<(), ClusterError> {
+        let mut held = self.held.lock().expect("held lock");
+        if let Some(l) = held.get_mut(&beat.alive_key) {
+            let r = crate::cluster::model::InUse {
+                in_use,
+                at_ms: crate::cluster::model::now_ms(),
+            };
+            l.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(
+                    IN_USE.into(),
+                    serde_json::to_string(&r).expect("serializes"),
+                );
+        }
+        Ok(())
     }
 
     /// Every block of `node` (its label).

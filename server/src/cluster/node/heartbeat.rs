@@ -72,6 +72,19 @@ impl ClusterNode {
         }
     }
 
+    /// Reports this node's addresses in use to the store (`ipoolctl cluster nodes`), while
+    /// it holds its name (else nothing is written).
+    pub async fn report_in_use(&self, in_use: u64) -> Result<(), ClusterError> {
+        let Some(beat) = self.held.lock().expect("held lock").clone() else {
+            return Ok(());
+        };
+        let name = self.name.clone();
+        self.call("report", |s| async move {
+            s.report_in_use(&name, &beat, in_use).await
+        })
+        .await
+    }
+
     /// Gives the node's name up at a clean stop (call it once the heartbeat task is stopped,
     /// and nothing is handed out any more): the node is away from now on, as release-node
     /// sees it, and another daemon may take the name at once. True if a name was held and

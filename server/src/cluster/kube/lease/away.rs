@@ -4,7 +4,7 @@
 //! Lease: the time of its own last renewal, as the apiserver stamped it, is at most now; the
 //! other node's away is measured up to then, never longer than it has been.
 
-use super::{alive_of, annotation, duration_secs, holder, written_at, FENCE, RENEW};
+use super::{alive_of, annotation, duration_secs, holder, written_at, FENCE, IN_USE, RENEW};
 use crate::cluster::kube::{KubeStore, FIELD_MANAGER};
 use crate::cluster::model::{ClusterError, Listing, NodeSeen, NodeState, Seen};
 
@@ -75,6 +75,12 @@ impl KubeStore {
                     alive: holder(l).filter(|_| !lapsed),
                     away_secs: away.filter(|_| lapsed || holder(l).is_none()),
                     fence_secs: annotation(l, FENCE),
+                    in_use: l
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(IN_USE))
+                        .and_then(|v| serde_json::from_str(v).ok()),
                 })
             })
             .collect())
