@@ -81,15 +81,14 @@ pub(crate) fn start(cluster: &Cluster, ipam: &Ipam) {
     tokio::spawn(report_in_use(node.clone(), ipam.clone()));
 }
 
-/// Reports the node's addresses in use to the store for `ipoolctl cluster nodes`: soon after
-/// start, then every `resync_secs` when the count changed (an idle node writes nothing).
+/// Reports the node's addresses in use to the store for `ipoolctl cluster nodes`: every
+/// `resync_secs`, when the count changed since the last report (an idle node writes nothing;
+/// on the Kubernetes API the next Lease renewal carries it).
 async fn report_in_use(node: Arc<ClusterNode>, ipam: Ipam) {
     let every = std::time::Duration::from_secs(node.settings().resync_secs);
-    let mut wait = std::time::Duration::from_secs(5).min(every);
     let mut last = None;
     loop {
-        tokio::time::sleep(ipool_server::cluster::jitter(wait)).await;
-        wait = every;
+        tokio::time::sleep(ipool_server::cluster::jitter(every)).await;
         let in_use: u64 = ipam.pool_status(None).iter().map(|p| p.in_use as u64).sum();
         if last == Some(in_use) {
             continue;
