@@ -1,8 +1,9 @@
 //! The pins of this node, kept (see [`crate::cluster::pin`]):
 //! - a hold of this node's that no attachment here uses any more (its pod released by the pod
 //!   GC, the CNI GC or a reboot, which do not run a DEL) is let go, so that the pod can take
-//!   its address on another node; only a hold older than [`HOLD_GRACE_MS`] (an ADD writes its
-//!   hold before its attachment);
+//!   its address on another node; only once this keeper has seen it unused for [`HOLD_GRACE`]
+//!   (a hold written by an ADD whose answer never came may still be used by its retry). The
+//!   hold's `since_ms` is its writer's wall clock: shown, never compared;
 //! - a pin made in a block of this node's, held by nobody, whose owner is gone (its
 //!   StatefulSet deleted or scaled below the ordinal, its VirtualMachine and instance deleted),
 //!   is deleted once the owner has been gone `[cluster] pin_ttl_secs`: the address is free.
@@ -13,15 +14,37 @@ use std::time::Duration;
 use kube::api::{Api, ApiResource, DynamicObject};
 use tokio::time::Instant;
 
-use crate::cluster::model::now_ms;
 use crate::cluster::pin::hold::Holds;
 use crate::cluster::pin::{Pin, PinOwner};
 use crate::ipam::Ipam;
 
 /// How often the pins are looked at (at most).
 const EVERY: Duration = Duration::from_secs(30);
-/// A hold younger than this is left alone: its ADD may not have made its attachment yet.
-pub const HOLD_GRACE_MS: u64 = 120_000;
+/// A hold is let go once it has been seen unused this long: its ADD may not have made its
+/// attachment yet.
+pub const HOLD_GRACE: Duration = Duration::from_secs(120);
+
+/// A hold of this node's: the pin's owner and the pod's UID.
+type HoldKey = (PinOwner, String);
+
+/// Since when this keeper has seen each of this node's holds unused, by its own monotonic
+/// clock.
+#[derive(Default)]
+pub struct Unused {
+    since: HashMap<HoldKey, Instant>,
+}
+
+impl Unused {
+    /// Takes in the holds seen unused `now` (any other is forgotten: used again, or gone);
+    /// those seen unused for `grace` or longer.
+    pub fn due(&mut self, now: Instant, unused: Vec<HoldKey>, grace: Duration) -> Vec<HoldKey> {
+        self.since.retain(|k, _| unused.contains(k));
+        unused
+            .into_iter()
+            .filter(|k| now.duration_since(*self.since.entry(k.clone()).or_insert(now)) >= grace)
+            .collect()
+    }
+}
 
 /// Runs until the daemon stops.
 pub async fn run(ipam: Ipam, holds: Holds, client: kube::Client) {
@@ -29,34 +52,49 @@ pub async fn run(ipam: Ipam, holds: Holds, client: kube::Client) {
     // A short pin_ttl_secs is looked at more often.
     let every = EVERY.min((ttl / 2).max(Duration::from_secs(1)));
     let mut gone_since: HashMap<PinOwner, Instant> = HashMap::new();
+    let mut unused = Unused::default();
     loop {
         tokio::time::sleep(crate::cluster::jitter(every)).await;
-        let_go_unused(&ipam, &holds).await;
+        let_go_unused(&ipam, &holds, &mut unused).await;
         end_gone_owners(&ipam, &holds, &client, ttl, &mut gone_since).await;
     }
 }
 
-/// This node's holds no attachment uses, past their grace: let go.
-pub async fn let_go_unused(ipam: &Ipam, holds: &Holds) {
+/// This node's holds no attachment uses, seen so for [`HOLD_GRACE`]: let go.
+pub async fn let_go_unused(ipam: &Ipam, holds: &Holds, unused: &mut Unused) {
     let me = holds.node().name().to_string();
-    for pin in holds.node().pins_held_here() {
-        // Not while an ADD or a DEL of this node's works on a pin.
+    let pins = holds.node().pins_held_here();
+    let seen: Vec<HoldKey> = pins
+        .iter()
+        .filter(|pin| !ipam.holds_anywhere(pin.address))
+        .flat_map(|pin| {
+            pin.holders
+                .iter()
+                .filter(|h| h.node == me)
+                .map(|h| (pin.owner.clone(), h.uid.clone()))
+        })
+        .collect();
+    for (owner, uid) in unused.due(Instant::now(), seen, HOLD_GRACE) {
+        let Some(pin) = pins.iter().find(|p| p.owner == owner) else {
+            continue;
+        };
+        // Not while an ADD or a DEL of this node's works on a pin; looked at again in the
+        // turn (an ADD may have taken the address meanwhile).
         let _turn = holds.turn().await;
         if ipam.holds_anywhere(pin.address) {
             continue;
         }
-        let old = pin
+        let pod = pin
             .holders
             .iter()
-            .filter(|h| h.node == me && now_ms().saturating_sub(h.since_ms) > HOLD_GRACE_MS);
-        for h in old {
-            match holds.let_go(&pin.owner, &h.uid).await {
-                Ok(()) => {
-                    tracing::info!(owner = %pin.owner, address = %pin.address, pod = %h.pod, "a pin held here for a pod whose address is no longer held here (released without a DEL): let go")
-                }
-                Err(e) => {
-                    tracing::warn!(owner = %pin.owner, address = %pin.address, error = %e, "letting go of an unused pin failed (tried again later)")
-                }
+            .find(|h| h.uid == uid)
+            .map(|h| h.pod.clone());
+        match holds.let_go(&owner, &uid).await {
+            Ok(()) => {
+                tracing::info!(owner = %owner, address = %pin.address, pod = ?pod, "a pin held here for a pod whose address is no longer held here (released without a DEL): let go")
+            }
+            Err(e) => {
+                tracing::warn!(owner = %owner, address = %pin.address, error = %e, "letting go of an unused pin failed (tried again later)")
             }
         }
     }
@@ -174,5 +212,45 @@ pub async fn owner_gone(client: &kube::Client, owner: &PinOwner) -> Result<Optio
             Ok((vm.is_none() && vmi.is_none())
                 .then(|| format!("VirtualMachine {namespace}/{name} and its instance are deleted")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(ordinal: u32, uid: &str) -> HoldKey {
+        let owner = PinOwner::StatefulSet {
+            namespace: "db".into(),
+            name: "web".into(),
+            ordinal,
+        };
+        (owner, uid.to_string())
+    }
+
+    /// A hold is let go once the keeper has seen it unused for the grace, by its own clock:
+    /// whatever the hold's writer stamped on it (a clock ahead stamps a time to come, which
+    /// a comparison with now never passes).
+    #[test]
+    fn an_unused_hold_is_due_after_the_grace_as_this_keeper_saw_it() {
+        let grace = Duration::from_secs(120);
+        let t0 = Instant::now();
+        let mut unused = Unused::default();
+        let (a, b) = (hold(0, "u0"), hold(1, "u1"));
+        assert!(unused.due(t0, vec![a.clone()], grace).is_empty());
+        let t1 = t0 + Duration::from_secs(60);
+        assert!(unused.due(t1, vec![a.clone(), b.clone()], grace).is_empty());
+        let t2 = t0 + grace;
+        assert_eq!(
+            unused.due(t2, vec![a.clone(), b.clone()], grace),
+            vec![a.clone()]
+        );
+        // Used again in between (not seen unused): its count starts over.
+        let t3 = t2 + Duration::from_secs(10);
+        assert!(unused.due(t3, vec![b.clone()], grace).is_empty());
+        let t4 = t1 + grace;
+        assert_eq!(unused.due(t4, vec![a.clone(), b.clone()], grace), vec![b]);
+        assert!(unused.due(t4, vec![a.clone()], grace).is_empty());
+        assert_eq!(unused.due(t4 + grace, vec![a.clone()], grace), vec![a]);
     }
 }
