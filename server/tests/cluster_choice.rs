@@ -126,6 +126,10 @@ fn pods_choose_among_the_networks_pools(store: Backend) {
     let a3 = pod("app", "a3", json!({}));
     let r = add("c3", &a3);
     assert!(inside("10.76.1.0/28", &r), "{:?}\n{}", r.json, d.log());
+    // CNI STATUS judges the network: its first pool full and gpu not this node's, it still
+    // serves an ADD, so it is ready.
+    let status = plugin(&[("CNI_COMMAND", "STATUS")], &conf);
+    assert!(status.ok, "{:?}\n{}", status.json, d.log());
 
     // A namespace's annotation; a pod's own over it.
     let t1 = pod("team-a", "t1", json!({}));

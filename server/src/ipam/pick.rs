@@ -124,7 +124,7 @@ pub(super) fn pick_addresses(
 /// The range sets an ADD takes one address from each of, each a list of sets tried in
 /// order: a set of no cluster pool alone; the sets of a network's cluster pools by family, in
 /// the order of `choice` (only those) or of the network.
-fn groups(net: &Network, choice: Option<&PoolChoice>) -> Vec<Vec<usize>> {
+pub(super) fn groups(net: &Network, choice: Option<&PoolChoice>) -> Vec<Vec<usize>> {
     // Each group's sets, with their rank in the choice.
     let mut groups: Vec<Vec<(usize, usize)>> = Vec::new();
     let mut of_family = Vec::new();

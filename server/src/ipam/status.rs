@@ -110,25 +110,23 @@ impl Ipam {
         if let Some(why) = net.no_ranges() {
             return Err(why);
         }
-        for p in &net.pools[..net.current] {
-            if let Some(Next::Pending(why) | Next::Unavailable(why)) = p.source.held_back() {
-                return Err(format!(
-                    "{} cannot serve an ADD: {why}",
-                    p.describe(network)
-                ));
-            }
-            let next = p.source.next();
-            let usable = |ip| p.source.withheld(ip).is_none();
-            if let Next::Unavailable(why) = &next {
-                if p.pool.fallback(usable).is_err() {
-                    return Err(format!(
-                        "{} cannot serve an ADD: {why}",
-                        p.describe(network)
-                    ));
+        // The network serves an ADD when each group of range sets it takes an address from
+        // (a set of no cluster pool alone; a family of its cluster pools, tried in order) has
+        // one that serves: a pool this node may not use, or one full while the next serves,
+        // does not make the network unready.
+        for sets in super::pick::groups(net, None) {
+            let mut why = Vec::new();
+            for set in sets {
+                match set_ready(&net.pools[set], network, now) {
+                    Ok(()) => {
+                        why.clear();
+                        break;
+                    }
+                    Err(w) => why.push(w),
                 }
             }
-            if let Err(e) = p.pool.plan(now, next == Next::Exhausted, usable) {
-                return Err(format!("{} cannot serve an ADD: {e}", p.describe(network)));
+            if !why.is_empty() {
+                return Err(why.join("; "));
             }
         }
         Ok(())
@@ -194,4 +192,34 @@ impl Ipam {
             })
             .collect()
     }
+}
+
+/// Ok when range set `p` of `network` could serve an ADD now; else why not.
+fn set_ready(p: &super::range_set::RangeSetPool, network: &str, now: Millis) -> Result<(), String> {
+    if let Some(why) = p.source.refused() {
+        return Err(format!(
+            "{} cannot serve an ADD: {why}",
+            p.describe(network)
+        ));
+    }
+    if let Some(Next::Pending(why) | Next::Unavailable(why)) = p.source.held_back() {
+        return Err(format!(
+            "{} cannot serve an ADD: {why}",
+            p.describe(network)
+        ));
+    }
+    let next = p.source.next();
+    let usable = |ip| p.source.withheld(ip).is_none();
+    if let Next::Unavailable(why) = &next {
+        if p.pool.fallback(usable).is_err() {
+            return Err(format!(
+                "{} cannot serve an ADD: {why}",
+                p.describe(network)
+            ));
+        }
+    }
+    p.pool
+        .plan(now, next == Next::Exhausted, usable)
+        .map(|_| ())
+        .map_err(|e| format!("{} cannot serve an ADD: {e}", p.describe(network)))
 }
