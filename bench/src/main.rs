@@ -2,7 +2,7 @@
 //! real binaries, on this machine. Prints markdown tables (progress goes to stderr).
 //!
 //! ```sh
-//! cargo build --release --bins && cargo build-plugin && ./target/release/ipool-bench [--quick] [--json out.json]
+//! cargo build --release --bins && cargo build --release -p ipool-sim && cargo build-plugin && ./target/release/ipool-bench [--quick] [--json out.json]
 //! ```
 //!
 //! Layout: the arguments and the run's order here; `setup` (plan, binaries, names), `phases`
@@ -45,7 +45,7 @@ use setup::{Bins, Names, Plan};
 #[derive(Parser, Debug)]
 #[command(
     about = "Benchmarks the ipool CNI plugin and ipoold against host-local, with the real binaries",
-    after_help = "Build first: cargo build --release --bins && cargo build-plugin (ipoold is looked for next to this executable; the plugin in target/plugin/, else next to it)."
+    after_help = "Build first: cargo build --release --bins && cargo build --release -p ipool-sim && cargo build-plugin (ipoold, ipoolctl and ipool-sim are looked for next to this executable; the plugin in target/plugin/, else next to it)."
 )]
 struct Args {
     /// Sequential samples per latency row [default: 200; 20 with --quick].

@@ -1,30 +1,20 @@
-//! The deterministic simulation's row (ipool-sim, issue 37): how fast it runs cluster mode's
-//! real code on one core (simulated store requests a minute; the goal is at least 1 000 000),
-//! and how far its exhaustive walk of the smallest cluster gets.
+//! The deterministic simulation's row (`ipool-sim bench`): how fast it runs cluster mode's real
+//! code on one core (simulated store requests a minute; the goal is at least 1 000 000), and
+//! how far its exhaustive walk of the smallest cluster gets. Run as the program built next to
+//! this one: the simulation turns on `ipool-server`'s switches (feature `sim`), which no binary
+//! this benchmark measures may carry, so ipool-bench does not link it.
 
 use std::fmt::Write;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use ipool_sim::search::{self, Budget};
-use ipool_sim::StoreKind;
-use serde_json::{json, Value};
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::Value;
 
-pub struct Sim {
-    pub runs: u64,
-    pub steps: u64,
-    pub requests: u64,
-    pub adds: u64,
-    pub elapsed: Duration,
-    /// The exhaustive walk: store, depth, schedules, time, every one walked.
-    pub walks: Vec<(StoreKind, usize, u64, Duration, bool)>,
-}
+pub struct Sim(Value);
 
 impl Sim {
-    fn per_minute(&self) -> f64 {
-        self.requests as f64 / self.elapsed.as_secs_f64().max(1e-9) * 60.0
-    }
-
     pub fn markdown(&self, o: &mut String) {
+        let v = &self.0;
         let _ = writeln!(
             o,
             "\n## Deterministic simulation of cluster mode (ipool-sim, one core)\n"
@@ -36,81 +26,67 @@ impl Sim {
         let _ = writeln!(
             o,
             "| {} | {} | {} | {} | {:.1} s | {:.0} |",
-            self.runs,
-            self.steps,
-            self.requests,
-            self.adds,
-            self.elapsed.as_secs_f64(),
-            self.per_minute()
+            v["runs"],
+            v["steps"],
+            v["requests"],
+            v["adds"],
+            v["seconds"].as_f64().unwrap_or(0.0),
+            v["requests_per_minute"].as_f64().unwrap_or(0.0)
         );
         let _ = writeln!(
             o,
             "\n| exhaustive walk | depth | schedules | time | every one |\n|---|---|---|---|---|"
         );
-        for (store, depth, n, t, all) in &self.walks {
+        for w in self.0["walks"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 o,
-                "| {store:?} | {depth} | {n} | {:.1} s | {} |",
-                t.as_secs_f64(),
-                if *all { "yes" } else { "no (out of time)" }
+                "| {} | {} | {} | {:.1} s | {} |",
+                w["store"].as_str().unwrap_or("?"),
+                w["depth"],
+                w["schedules"],
+                w["seconds"].as_f64().unwrap_or(0.0),
+                match w["complete"].as_bool() {
+                    Some(true) => "yes",
+                    _ => "no (out of time)",
+                }
             );
         }
     }
 
     pub fn json(&self) -> Value {
-        json!({
-            "runs": self.runs,
-            "steps": self.steps,
-            "requests": self.requests,
-            "adds": self.adds,
-            "seconds": self.elapsed.as_secs_f64(),
-            "requests_per_minute": self.per_minute(),
-            "walks": self.walks.iter().map(|(s, d, n, t, all)| json!({
-                "store": format!("{s:?}"), "depth": d, "schedules": n,
-                "seconds": t.as_secs_f64(), "complete": all,
-            })).collect::<Vec<_>>(),
-        })
+        self.0.clone()
     }
 }
 
-/// Searches seeds for `secs` seconds on this thread, then walks the smallest cluster to
-/// `depth` on both stores (each walk at most `secs` seconds). A failure is an error: the
-/// simulation found an address on two pods.
-pub fn run(secs: u64, depth: usize) -> anyhow::Result<Sim> {
-    progress!("the simulation: {secs} s of seeds on one core");
-    let r = search::search(
-        0,
-        5000,
-        &[],
-        Budget {
-            time: Duration::from_secs(secs),
-            steps: u64::MAX,
-        },
+/// Runs `ipool-sim bench` (next to this executable) for `secs` seconds of seeds and walks to
+/// `depth`. A failure is an error: the simulation found an address on two pods.
+pub fn run(secs: u64, depth: usize) -> Result<Sim> {
+    let exe = std::env::current_exe().context("cannot find this executable's path")?;
+    let sim = exe.with_file_name("ipool-sim");
+    ensure!(
+        sim.is_file(),
+        "{} is missing (ipool-bench runs the simulation's row with the ipool-sim built next to it): build it with `cargo build --release -p ipool-sim`",
+        sim.display()
     );
-    if let Some((seed, _)) = &r.failure {
-        anyhow::bail!(
-            "the simulation failed: {}",
-            search::explain(*seed, 5000, &[], 100)
-        );
+    progress!(
+        "the simulation ({}): {secs} s of seeds, walks to depth {depth}",
+        sim.display()
+    );
+    let out = Command::new(&sim)
+        .args([
+            "bench",
+            "--secs",
+            &secs.to_string(),
+            "--depth",
+            &depth.to_string(),
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", sim.display()))?;
+    if !out.status.success() {
+        bail!("{} bench failed ({})", sim.display(), out.status);
     }
-    let mut walks = Vec::new();
-    for store in [StoreKind::Etcd, StoreKind::Kube] {
-        progress!(
-            "the simulation: every schedule of the smallest cluster to depth {depth} ({store:?})"
-        );
-        let t = Instant::now();
-        let w = search::exhaustive(store, depth, &[], Duration::from_secs(secs.max(10)));
-        if let Some((picks, out)) = w.failure {
-            anyhow::bail!("the exhaustive walk failed at {picks:?}: {:?}", out.failure);
-        }
-        walks.push((store, depth, w.schedules, t.elapsed(), w.complete));
-    }
-    Ok(Sim {
-        runs: r.runs,
-        steps: r.steps,
-        requests: r.requests,
-        adds: r.adds,
-        elapsed: r.elapsed,
-        walks,
-    })
+    let row: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{} bench printed no JSON", sim.display()))?;
+    Ok(Sim(row))
 }

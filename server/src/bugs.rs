@@ -1,8 +1,15 @@
 //! Every path to an address on two pods that cluster mode's code closed, put back on demand:
-//! the simulation (`ipool-sim`) must find each one when its switch is on (issue 37,
-//! design.md's invariant 21). The switches exist only in a build with the `sim` feature, and
-//! only on the thread that turned them on; in every other build [`on`] is `false`, a constant
-//! the compiler folds away.
+//! the simulation (`ipool-sim`) must find each one when its switch is on (design.md's
+//! invariant 21). The switches exist only in a build with the `sim` feature, and only on the
+//! thread that turned them on; in every other build [`on`] is `false`, a constant the compiler
+//! folds away.
+//!
+//! Only `ipool-sim` turns the feature on, and the workspace's default members leave it out:
+//! `cargo build` and `cargo run` at the root, any build with `-p ipool-server`, the plugin's and
+//! the image's builds make binaries without the switches. A build that takes `ipool-sim` in
+//! (`cargo test --workspace`, `cargo build --workspace`) unifies the feature into
+//! `ipool-server`, so its ipoold and ipoolctl carry the switches too, each off: only the
+//! simulation's own thread turns one on.
 //!
 //! Each fix tests its switch where the fixed code and the code it replaced part: `if
 //! bugs::on(Bug::X) { the old way } else { the fix }`. docs/simulation.md lists them, with

@@ -98,3 +98,37 @@ fn the_readmes_worked_example_runs_as_written() {
     let want = error.replace("/tmp/ipool/ipool.sock", &socket);
     assert_eq!(out.trim(), want.trim());
 }
+
+/// Whether `cargo tree` at the workspace's root, with `args`, builds `ipool-server` with the
+/// simulation's switches (its feature `sim`).
+fn builds_with_sim(args: &[&str]) -> bool {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace's root");
+    let o = std::process::Command::new(env!("CARGO"))
+        .current_dir(root)
+        .args(["tree", "--offline", "-e", "features", "-i", "ipool-server"])
+        .args(["--prefix", "none"])
+        .args(args)
+        .output()
+        .expect("run cargo tree");
+    assert!(o.status.success(), "cargo tree {args:?}: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .any(|l| l.trim() == "ipool-server feature \"sim\"")
+}
+
+/// The binaries the README and docs/ build (`cargo build --release`, `cargo run -p
+/// ipool-server`, the benchmark's `cargo build --release --bins`) are the ones that ship: none
+/// carries the simulation's switches. A build of the whole workspace does (the check can see
+/// them).
+#[test]
+fn the_binaries_the_manual_builds_carry_no_simulation_switches() {
+    assert!(!builds_with_sim(&[]), "a plain build at the root");
+    assert!(!builds_with_sim(&["-p", "ipool-server"]));
+    assert!(!builds_with_sim(&["-p", "ipool-bench"]));
+    assert!(
+        builds_with_sim(&["--workspace"]),
+        "the check sees the feature"
+    );
+}

@@ -25,6 +25,7 @@ pub mod choice;
 pub mod daemon;
 pub mod etcd;
 pub mod net;
+pub mod row;
 pub mod search;
 pub mod store;
 pub mod watch;

@@ -8,7 +8,8 @@
 //!   seed 0 until found: the table of docs/simulation.md;
 //! - `walk`: every schedule of the smallest cluster to a depth;
 //! - `keep`: `hunt`, then each failing run shrunk and written to sim/tests/found/ (the
-//!   regression traces `cargo test` replays).
+//!   regression traces `cargo test` replays);
+//! - `bench`: the row of docs/performance.md, as JSON (`ipool-bench` runs it).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +73,14 @@ enum Command {
         #[arg(long = "bug", value_parser = bug)]
         bugs: Vec<Bug>,
     },
+    /// The simulation's row of the benchmark, as JSON on stdout: SECS seconds of seeds, then
+    /// every schedule of the smallest cluster to DEPTH on both stores.
+    Bench {
+        #[arg(long, default_value_t = 30)]
+        secs: u64,
+        #[arg(long, default_value_t = 4)]
+        depth: usize,
+    },
     /// Hunts each closed path, shrinks the failing run, writes it to DIR.
     Keep {
         #[arg(long, default_value = "sim/tests/found")]
@@ -122,6 +131,18 @@ fn main() -> ExitCode {
             .init();
     }
     match Args::parse().command {
+        Command::Bench { secs, depth } => {
+            match ipool_sim::row::run(secs, depth, |p| eprintln!("[ipool-sim] {p}")) {
+                Ok(row) => {
+                    println!("{row}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Search {
             first,
             secs,
