@@ -368,16 +368,24 @@ async fn serve(
                                 h.gate.subscribe()
                             })
                         };
-                        if let Some(mut gate) = held {
-                            let _ = gate.wait_for(|open| *open).await;
-                        }
                         let (parts, body) = req.into_parts();
                         let body = match body.collect().await {
                             Ok(b) => b.to_bytes(),
                             Err(e) => return Err(std::io::Error::other(e)),
                         };
-                        answer(parts, &body, &world, &wake)
-                            .ok_or_else(|| std::io::Error::other("the fake apiserver is down"))
+                        let answered = match held {
+                            None => answer(parts, &body, &world, &wake),
+                            // A request received whole is applied when let through, whether
+                            // or not its client is still there (it gave up: the write lands
+                            // late, as an apiserver's that was slow to reach etcd does).
+                            Some(mut gate) => tokio::spawn(async move {
+                                let _ = gate.wait_for(|open| *open).await;
+                                answer(parts, &body, &world, &wake)
+                            })
+                            .await
+                            .map_err(std::io::Error::other)?,
+                        };
+                        answered.ok_or_else(|| std::io::Error::other("the fake apiserver is down"))
                     }
                 });
             let io = hyper_util::rt::TokioIo::new(stream);

@@ -243,8 +243,8 @@ impl ClusterSource {
         self.blocks.values().filter(|b| b.confirmed())
     }
 
-    /// The block that `ip` belongs to here: the one holding it, else the one that can hand it
-    /// out, else any over it (blocks of different sizes overlap only after the pool was made
+    /// The block that `ip` belongs to here: the one holding it, else a confirmed one that can
+    /// hand it out, else any that can, else any over it (blocks of different sizes overlap only after the pool was made
     /// anew with other block sizes while a block of the old one still held addresses here:
     /// see `take_over`).
     fn key_of(&self, ip: IpAddr) -> Option<IpNet> {
@@ -270,6 +270,7 @@ impl ClusterSource {
         let all = || std::iter::once(first).chain(others.iter().copied());
         all()
             .find(|(_, b)| b.alloc.is_taken(ip))
+            .or_else(|| all().find(|(_, b)| b.confirmed() && b.alloc.contains(ip)))
             .or_else(|| all().find(|(_, b)| b.alloc.contains(ip)))
             .or(Some(first))
             .map(|(k, _)| *k)
@@ -402,6 +403,12 @@ impl ClusterSource {
             };
             for ip in moved {
                 old.alloc.release(ip);
+            }
+            if matches!(old.state, BlockState::Orphaned(_) | BlockState::Doubt(_)) {
+                // Still this node's in the store, and serving nothing already: a block of a
+                // pool gone goes back once empty, one in doubt waits for its pool's deletion.
+                // Dropped here, it would be found again at the next sync, for good.
+                continue;
             }
             if old.is_empty() {
                 self.drop_block(k);

@@ -191,3 +191,60 @@ fn a_block_dropped_and_claimed_again_before_the_engine_struck_it_is_not_struck()
     claim_lands(&mut s, "10.0.0.16/28");
     assert_eq!(s.forget(), Vec::<String>::new());
 }
+
+/// A sync's outcome: `mine` this node's, `orphaned` of a pool gone or made anew.
+fn synced_with_orphans(
+    s: &mut ClusterSource,
+    n: &ClusterNode,
+    mine: &[crate::cluster::model::Block],
+    orphaned: &[crate::cluster::model::Block],
+) {
+    let e = super::tests::epoch(n);
+    let trusted = super::tests::trusted(s);
+    land(
+        s,
+        Work::Sync {
+            epoch: e,
+            trusted,
+            pins: false,
+        },
+        Ok(Outcome::Synced(crate::cluster::work::Synced {
+            mine: mine.to_vec(),
+            orphaned: orphaned.to_vec(),
+            ..Default::default()
+        })),
+    )
+    .expect("synced");
+}
+
+/// A block of the old size, created late (its claim's answer never came) after the pool was
+/// made anew with bigger blocks, lies under this node's block of the new pool: it is given
+/// back, and the new block serves its addresses. Before, each sync's takeover by the new
+/// block dropped it from the source without a give-back, and the next sync found and
+/// settled it again, for good (issue 53, item 8).
+#[test]
+fn a_late_block_of_the_old_size_under_a_new_one_is_given_back() {
+    let (n, mut s) = serving(&["10.0.0.0/27"]);
+    s.occupy(ip("10.0.0.3")).expect("in use");
+    for _ in 0..2 {
+        synced_with_orphans(
+            &mut s,
+            &n,
+            &[block("10.0.0.0/27", 7)],
+            &[block("10.0.0.0/28", 11)],
+        );
+    }
+    assert_eq!(
+        s.blocks.get(&net("10.0.0.0/28")).map(|b| b.state.clone()),
+        Some(BlockState::Orphaned(super::tests::rev(11))),
+        "kept as orphaned until given back"
+    );
+    // Addresses in both are the new block's: handed out from it, never from the orphan.
+    let next = s.peek_next_n(8);
+    assert!(!next.contains(&ip("10.0.0.3")));
+    assert!(next.iter().all(|a| s.withheld(*a).is_none()), "{next:?}");
+    assert_eq!(
+        super::tests::next_work(&mut s),
+        Some(Work::GiveBack(net("10.0.0.0/28"), super::tests::rev(11)))
+    );
+}
