@@ -21,6 +21,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
+use crate::access::{Access, Attributes, UserInfo};
+
 /// An object's place: (resource, namespace, name); namespace "" when cluster-scoped.
 pub type Key = (String, String, String);
 
@@ -374,6 +376,31 @@ impl Objects {
         now: i64,
         crds: bool,
     ) -> Option<Answer> {
+        self.respond_as(None, method, path, query, body, now, crds)
+    }
+
+    /// [`Objects::respond`], each write admitted by `caller`'s access for its user (the
+    /// admission policies; RBAC is the caller's to ask first, [`Access::authorize`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn respond_as(
+        &mut self,
+        caller: Option<(&Access, &UserInfo)>,
+        method: &str,
+        path: &str,
+        query: &BTreeMap<String, String>,
+        body: &[u8],
+        now: i64,
+        crds: bool,
+    ) -> Option<Answer> {
+        let admit = |object: Option<&Value>, old: Option<&Value>| -> Result<(), Answer> {
+            let Some((access, user)) = caller else {
+                return Ok(());
+            };
+            match Attributes::of(method, path, query) {
+                Some(a) => access.admit(user, &a, object, old),
+                None => Ok(()),
+            }
+        };
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let (gv, resource, ns, name) = match parts.as_slice() {
             ["apis", g, v, r] => (format!("{g}/{v}"), *r, "", None),
@@ -482,6 +509,11 @@ impl Objects {
                     obj["metadata"]["namespace"] = json!(ns);
                 }
                 stamp(&mut obj, &manager, &now, &gv);
+                if let Err(denied) = admit(Some(&obj), None) {
+                    self.rv -= 1;
+                    self.uids -= 1;
+                    return Some(denied);
+                }
                 self.objects.insert(key(&n), obj.clone());
                 self.record(resource, "ADDED", &obj, None);
                 ok(201, obj)
@@ -509,6 +541,9 @@ impl Objects {
                 }
                 obj["apiVersion"] = json!(gv);
                 obj["kind"] = json!(kind);
+                if let Err(denied) = admit(Some(&obj), Some(&stored)) {
+                    return Some(denied);
+                }
                 if content(&obj) == content(&stored) {
                     return Some(ok(200, stored));
                 }
@@ -543,6 +578,9 @@ impl Objects {
                             ));
                         }
                     }
+                }
+                if let Err(denied) = admit(None, Some(&stored)) {
+                    return Some(denied);
                 }
                 self.objects.remove(&key(n));
                 self.rv += 1;

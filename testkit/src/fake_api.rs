@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::access::{Access, Attributes, UserInfo};
 use crate::apiserver::{url_pairs, Event, Objects};
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame};
@@ -54,6 +55,11 @@ struct World {
     lost: Vec<String>,
     /// The next request whose line contains the pattern waits until the hold is released.
     holds: Vec<Hold>,
+    /// Who may do what, for requests with a token ([`FakeApi::enforce`]); None: anyone
+    /// anything.
+    access: Option<Arc<Access>>,
+    /// Each bearer token's user ([`FakeApi::kubeconfig_as`]).
+    tokens: BTreeMap<String, UserInfo>,
 }
 
 /// A request held by [`FakeApi::hold`]: it waits, unanswered, until [`Hold::release`].
@@ -109,6 +115,8 @@ impl Default for World {
             targeted: Vec::new(),
             lost: Vec::new(),
             holds: Vec::new(),
+            access: None,
+            tokens: BTreeMap::new(),
         }
     }
 }
@@ -149,14 +157,42 @@ impl FakeApi {
             true => dir.join("kubeconfig"),
             false => dir.join(format!("kubeconfig-{}", via.replace(':', "-"))),
         };
+        self.write_kubeconfig(&path, via, None);
+        path
+    }
+
+    /// Who may do what from now on, for requests with a token (the tests' own, with none,
+    /// stay a cluster admin's): RBAC (403) and the admission policies (422) of `access`.
+    pub fn enforce(&self, access: Access) {
+        self.change(|w| w.access = Some(Arc::new(access)));
+    }
+
+    /// A kubeconfig in `dir` (named `name`) whose token is `user`'s, reaching this server at
+    /// `via` (host:port).
+    pub fn kubeconfig_as(&self, dir: &Path, name: &str, via: &str, user: UserInfo) -> PathBuf {
+        let token = {
+            let mut w = self.world.lock().unwrap();
+            let token = format!("token-{}", w.tokens.len() + 1);
+            w.tokens.insert(token.clone(), user);
+            token
+        };
+        let path = dir.join(name);
+        self.write_kubeconfig(&path, via, Some(&token));
+        path
+    }
+
+    fn write_kubeconfig(&self, path: &Path, via: &str, token: Option<&str>) {
+        let user = match token {
+            Some(t) => format!("\n    token: {t}"),
+            None => " {}".to_string(),
+        };
         let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{via}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{via}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user:{user}\n"
         );
         // Whole or not at all: a daemon may be reading it (each reconnection does).
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, text).expect("write kubeconfig");
-        std::fs::rename(&tmp, &path).expect("rename kubeconfig");
-        path
+        std::fs::rename(&tmp, path).expect("rename kubeconfig");
     }
 
     fn change(&self, f: impl FnOnce(&mut World)) {
@@ -455,6 +491,16 @@ fn answer(
         if w.down {
             return None;
         }
+        // Who asks, and whether they may (with enforcement on).
+        let caller = match access_of(&w, &req) {
+            Ok(c) => c,
+            Err(denied) => {
+                return Some(full(
+                    StatusCode::from_u16(denied.status).expect("status"),
+                    denied.body,
+                ))
+            }
+        };
         let line = format!("{} {}", req.method, req.uri);
         if let Some(i) = w
             .targeted
@@ -491,9 +537,10 @@ fn answer(
             .map_or(0, |d| d.as_secs() as i64);
         let now = unix + w.clock_skew;
         let crds = !w.no_crds;
+        let guard = caller.as_ref().map(|(a, u)| (&**a, u));
         if let Some(a) = w
             .store
-            .respond(req.method.as_str(), &path, &q, body, now, crds)
+            .respond_as(guard, req.method.as_str(), &path, &q, body, now, crds)
         {
             w.sent_bytes += a.body.to_string().len() as u64;
             let r = full(StatusCode::from_u16(a.status).expect("status"), a.body);
@@ -517,6 +564,40 @@ fn answer(
         Some(respond(&mut w, &path, &q, world, wake))
     };
     v
+}
+
+/// The caller of `req` and the access it is held to, with enforcement on (None: off); a 401
+/// for a token no one was given, a 403 for what RBAC does not grant.
+fn access_of(
+    w: &World,
+    req: &hyper::http::request::Parts,
+) -> Result<Option<(Arc<Access>, UserInfo)>, crate::apiserver::Answer> {
+    let Some(access) = w.access.clone() else {
+        return Ok(None);
+    };
+    let token = req
+        .headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let user = match token {
+        None => UserInfo::admin(),
+        Some(t) => match w.tokens.get(t) {
+            Some(u) => u.clone(),
+            None => {
+                return Err(crate::apiserver::status(
+                    401,
+                    "Unauthorized",
+                    "Unauthorized",
+                ))
+            }
+        },
+    };
+    let q = url_pairs(req.uri.query().unwrap_or(""));
+    if let Some(a) = Attributes::of(req.method.as_str(), req.uri.path(), &q) {
+        access.authorize(&user, &a)?;
+    }
+    Ok(Some((access, user)))
 }
 
 /// The key [`answer`] marks a list of metadata only with.

@@ -8,9 +8,15 @@
 //!   (`ipool-sim`);
 //! - [`fake_api`]: the same over real HTTP on loopback, with the failures a real apiserver
 //!   has, for the tests (`server/tests/common`) and `ipool-bench`'s store-load rows;
+//! - [`access`]: who may do what (RBAC), and [`admission`]: the ValidatingAdmissionPolicies,
+//!   both read from deploy/'s manifests ([`manifest`]) and enforced by the fake apiserver for
+//!   callers with a token;
 //! - [`load`]: what clients cost a store, counted at the store (the fake apiserver's
 //!   requests, a real etcd's own counters).
 
+pub mod access;
+pub mod admission;
 pub mod apiserver;
 pub mod fake_api;
 pub mod load;
+pub mod manifest;

@@ -1,0 +1,502 @@
+//! Who may do what on the apiserver, as a real one decides it: RBAC (Roles, ClusterRoles and
+//! their bindings) and the ValidatingAdmissionPolicies with their bindings ([`admission`]),
+//! read from a manifest (deploy/'s rendered files). A request is authorized before anything
+//! else (403 Forbidden), admitted after its object is checked and before it is stored (422
+//! Invalid). A caller in the group `system:masters` (the tests' own, with no token) passes RBAC,
+//! as a cluster admin does; the policies still see it, and match it or not by their own
+//! conditions.
+//!
+//! [`admission`]: crate::admission
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::admission::Policies;
+use crate::apiserver::{status, Answer};
+
+/// Who a request comes from, as the authenticator says (a token's user).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserInfo {
+    pub username: String,
+    pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl UserInfo {
+    /// A cluster admin (the tests' own calls).
+    pub fn admin() -> UserInfo {
+        UserInfo {
+            username: "kubernetes-admin".into(),
+            groups: vec!["system:masters".into(), "system:authenticated".into()],
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// ServiceAccount `namespace/name`, with a token of its own (not bound to a pod).
+    pub fn service_account(namespace: &str, name: &str) -> UserInfo {
+        UserInfo {
+            username: format!("system:serviceaccount:{namespace}:{name}"),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".into(),
+            ],
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// ServiceAccount `namespace/name` with a token bound to a pod on `node` (what a
+    /// DaemonSet's pod gets, Kubernetes 1.30+: the node's name in the user's extra).
+    pub fn pod_on_node(namespace: &str, name: &str, pod: &str, node: &str) -> UserInfo {
+        let mut u = UserInfo::service_account(namespace, name);
+        u.extra.insert(
+            "authentication.kubernetes.io/node-name".into(),
+            vec![node.to_string()],
+        );
+        u.extra.insert(
+            "authentication.kubernetes.io/pod-name".into(),
+            vec![pod.to_string()],
+        );
+        u
+    }
+
+    /// `request.userInfo` as admission sees it.
+    pub fn json(&self) -> Value {
+        json!({"username": self.username, "groups": self.groups, "extra": self.extra})
+    }
+
+    fn is_admin(&self) -> bool {
+        self.groups.iter().any(|g| g == "system:masters")
+    }
+}
+
+/// What a request asks for, as the authorizer sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attributes {
+    /// get, list, watch, create, update, patch, delete.
+    pub verb: String,
+    /// "" for the core group.
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub subresource: String,
+    /// "" for a cluster-scoped resource.
+    pub namespace: String,
+    /// "" for a collection.
+    pub name: String,
+}
+
+impl Attributes {
+    /// The attributes of `method path?query`; None for a path that names no resource
+    /// (discovery, `/version`: every authenticated caller may read those).
+    pub fn of(method: &str, path: &str, query: &BTreeMap<String, String>) -> Option<Attributes> {
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let (group, version, rest) = match parts.as_slice() {
+            ["api", v, rest @ ..] => ("", *v, rest),
+            ["apis", g, v, rest @ ..] => (*g, *v, rest),
+            _ => return None,
+        };
+        let (namespace, rest) = match rest {
+            ["namespaces", ns, rest @ ..] if !rest.is_empty() => (*ns, rest),
+            _ => ("", rest),
+        };
+        let (resource, name, subresource) = match rest {
+            [r] => (*r, "", ""),
+            [r, n] => (*r, *n, ""),
+            [r, n, s] => (*r, *n, *s),
+            // `namespaces/<ns>` itself.
+            [] if !namespace.is_empty() => ("namespaces", namespace, ""),
+            _ => return None,
+        };
+        let namespace = match resource == "namespaces" {
+            true => "",
+            false => namespace,
+        };
+        let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+        let verb = match (method, name.is_empty()) {
+            ("GET", _) if watch => "watch",
+            ("GET", true) => "list",
+            ("GET", false) => "get",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", true) => "deletecollection",
+            ("DELETE", false) => "delete",
+            _ => return None,
+        };
+        Some(Attributes {
+            verb: verb.into(),
+            group: group.into(),
+            version: version.into(),
+            resource: resource.into(),
+            subresource: subresource.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+    }
+
+    /// `leases.coordination.k8s.io`, as messages name a resource.
+    fn qualified(&self) -> String {
+        match self.group.as_str() {
+            "" => self.resource.clone(),
+            g => format!("{}.{g}", self.resource),
+        }
+    }
+}
+
+/// One rule of a Role or ClusterRole.
+#[derive(Clone, Debug)]
+struct Rule {
+    groups: Vec<String>,
+    resources: Vec<String>,
+    verbs: Vec<String>,
+    names: Vec<String>,
+}
+
+impl Rule {
+    fn of(v: &Value) -> Rule {
+        let list = |k: &str| -> Vec<String> {
+            v[k].as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        };
+        Rule {
+            groups: list("apiGroups"),
+            resources: list("resources"),
+            verbs: list("verbs"),
+            names: list("resourceNames"),
+        }
+    }
+
+    fn allows(&self, a: &Attributes) -> bool {
+        let any = |l: &[String], x: &str| l.iter().any(|y| y == "*" || y == x);
+        let resource = match a.subresource.as_str() {
+            "" => a.resource.clone(),
+            s => format!("{}/{s}", a.resource),
+        };
+        any(&self.verbs, &a.verb)
+            && any(&self.groups, &a.group)
+            && any(&self.resources, &resource)
+            // resourceNames never cover a create or a collection.
+            && (self.names.is_empty() || (!a.name.is_empty() && self.names.contains(&a.name)))
+    }
+}
+
+/// A RoleBinding or ClusterRoleBinding.
+#[derive(Clone, Debug)]
+struct Binding {
+    /// "" for a ClusterRoleBinding.
+    namespace: String,
+    role_kind: String,
+    role: String,
+    subjects: Vec<Value>,
+}
+
+impl Binding {
+    fn binds(&self, user: &UserInfo) -> bool {
+        self.subjects.iter().any(|s| {
+            let name = s["name"].as_str().unwrap_or_default();
+            match s["kind"].as_str().unwrap_or_default() {
+                "User" => user.username == name,
+                "Group" => user.groups.iter().any(|g| g == name),
+                "ServiceAccount" => {
+                    let ns = s["namespace"].as_str().unwrap_or(&self.namespace);
+                    user.username == format!("system:serviceaccount:{ns}:{name}")
+                }
+                _ => false,
+            }
+        })
+    }
+}
+
+/// The RBAC objects and admission policies of a manifest.
+pub struct Access {
+    /// Rules by (namespace, name); namespace "" for ClusterRoles.
+    roles: BTreeMap<(String, String), Vec<Rule>>,
+    bindings: Vec<Binding>,
+    policies: Policies,
+}
+
+impl Access {
+    /// The RBAC and admission objects of `docs` (a manifest's documents, as JSON); an error
+    /// names a policy whose CEL does not compile.
+    pub fn from_documents(docs: &[Value]) -> Result<Access, String> {
+        let mut roles = BTreeMap::new();
+        let mut bindings = Vec::new();
+        for d in docs {
+            let ns = d["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            let name = d["metadata"]["name"].as_str().unwrap_or("").to_string();
+            match d["kind"].as_str().unwrap_or_default() {
+                "Role" | "ClusterRole" => {
+                    let rules = d["rules"].as_array().into_iter().flatten();
+                    let key = match d["kind"] == "Role" {
+                        true => (ns, name),
+                        false => (String::new(), name),
+                    };
+                    roles.insert(key, rules.map(Rule::of).collect());
+                }
+                k @ ("RoleBinding" | "ClusterRoleBinding") => bindings.push(Binding {
+                    namespace: match k {
+                        "RoleBinding" => ns,
+                        _ => String::new(),
+                    },
+                    role_kind: d["roleRef"]["kind"].as_str().unwrap_or_default().into(),
+                    role: d["roleRef"]["name"].as_str().unwrap_or_default().into(),
+                    subjects: d["subjects"].as_array().cloned().unwrap_or_default(),
+                }),
+                _ => {}
+            }
+        }
+        Ok(Access {
+            roles,
+            bindings,
+            policies: Policies::from_documents(docs)?,
+        })
+    }
+
+    /// The access of a multi-document YAML manifest.
+    pub fn from_manifest(path: &Path) -> Result<Access, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let docs =
+            crate::manifest::documents(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Access::from_documents(&docs)
+    }
+
+    /// The access deploy/cluster-kubernetes ships (its rendered `ipool.yaml`).
+    pub fn cluster_kubernetes() -> Access {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/cluster-kubernetes/ipool.yaml");
+        Access::from_manifest(&path).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Whether `user` may do what `a` asks (RBAC); a 403 as the apiserver words it if not.
+    pub fn authorize(&self, user: &UserInfo, a: &Attributes) -> Result<(), Answer> {
+        if user.is_admin() {
+            return Ok(());
+        }
+        let allowed = self.bindings.iter().filter(|b| b.binds(user)).any(|b| {
+            // A RoleBinding grants in its namespace only; a ClusterRoleBinding everywhere.
+            if !b.namespace.is_empty() && b.namespace != a.namespace {
+                return false;
+            }
+            let key = match b.role_kind.as_str() {
+                "Role" => (b.namespace.clone(), b.role.clone()),
+                _ => (String::new(), b.role.clone()),
+            };
+            self.roles
+                .get(&key)
+                .is_some_and(|rules| rules.iter().any(|r| r.allows(a)))
+        });
+        if allowed {
+            return Ok(());
+        }
+        let named = match a.name.is_empty() {
+            true => String::new(),
+            false => format!(" \"{}\"", a.name),
+        };
+        let scope = match a.namespace.is_empty() {
+            true => "at the cluster scope".to_string(),
+            false => format!("in the namespace \"{}\"", a.namespace),
+        };
+        let mut answer = status(
+            403,
+            "Forbidden",
+            &format!(
+                "{}{named} is forbidden: User \"{}\" cannot {} resource \"{}\" in API group \"{}\" {scope}",
+                a.qualified(),
+                user.username,
+                a.verb,
+                a.resource,
+                a.group
+            ),
+        );
+        answer.body["details"] = json!({"name": a.name, "group": a.group, "kind": a.resource});
+        Err(answer)
+    }
+
+    /// Whether the policies admit `operation` (CREATE, UPDATE, DELETE) of `object` (None for
+    /// a DELETE) over `old` (None for a CREATE) by `user`; a 422 naming the policy if not.
+    pub fn admit(
+        &self,
+        user: &UserInfo,
+        a: &Attributes,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<(), Answer> {
+        self.policies.admit(user, a, object, old)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(method: &str, path: &str) -> Attributes {
+        Attributes::of(method, path, &BTreeMap::new()).expect("a resource path")
+    }
+
+    fn operator() -> UserInfo {
+        UserInfo::service_account("ipool-system", "ipool-operator")
+    }
+
+    fn daemon(node: &str) -> UserInfo {
+        UserInfo::pod_on_node("ipool-system", "ipool", "ipool-x", node)
+    }
+
+    #[test]
+    fn requests_are_read_as_the_authorizer_reads_them() {
+        let a = attrs(
+            "GET",
+            "/apis/coordination.k8s.io/v1/namespaces/ipool-system/leases",
+        );
+        assert_eq!(
+            (
+                a.verb.as_str(),
+                a.group.as_str(),
+                a.resource.as_str(),
+                a.namespace.as_str()
+            ),
+            ("list", "coordination.k8s.io", "leases", "ipool-system")
+        );
+        let a = attrs("DELETE", "/apis/ipool.io/v1/ipblocks/10-0-0-0-28");
+        assert_eq!(
+            (a.verb.as_str(), a.name.as_str()),
+            ("delete", "10-0-0-0-28")
+        );
+        let a = attrs("GET", "/api/v1/nodes/n1");
+        assert_eq!((a.verb.as_str(), a.group.as_str()), ("get", ""));
+        let mut q = BTreeMap::new();
+        q.insert("watch".to_string(), "true".to_string());
+        let a = Attributes::of("GET", "/api/v1/pods", &q).unwrap();
+        assert_eq!(a.verb, "watch");
+        assert!(Attributes::of("GET", "/version", &q).is_none());
+    }
+
+    /// The shipped operator role reads what `ipoolctl cluster nodes` and `check` read: the
+    /// Leases of its namespace listed (issue 53, item 10: "cannot list resource leases").
+    #[test]
+    fn the_shipped_operator_role_lists_the_leases_and_no_more() {
+        let access = Access::cluster_kubernetes();
+        let ops = operator();
+        for (m, p) in [
+            (
+                "GET",
+                "/apis/coordination.k8s.io/v1/namespaces/ipool-system/leases",
+            ),
+            (
+                "GET",
+                "/apis/coordination.k8s.io/v1/namespaces/ipool-system/leases/ipool-n1",
+            ),
+            ("GET", "/apis/ipool.io/v1/ippools"),
+            ("POST", "/apis/ipool.io/v1/ippools"),
+            ("GET", "/api/v1/nodes"),
+            ("GET", "/api/v1/pods"),
+        ] {
+            let r = access.authorize(&ops, &attrs(m, p));
+            assert!(r.is_ok(), "{m} {p}: {r:?}");
+        }
+        // Not in another namespace, nor blocks created by hand.
+        let e = access
+            .authorize(
+                &ops,
+                &attrs(
+                    "GET",
+                    "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+                ),
+            )
+            .unwrap_err();
+        assert_eq!(e.status, 403);
+        let msg = e.body["message"].as_str().unwrap();
+        assert!(
+            msg.contains("cannot list resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"default\""),
+            "{msg}"
+        );
+        let e = access
+            .authorize(&ops, &attrs("POST", "/apis/ipool.io/v1/ipblocks"))
+            .unwrap_err();
+        assert!(e.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("at the cluster scope"));
+        // An admin passes; another ServiceAccount has nothing.
+        assert!(access
+            .authorize(
+                &UserInfo::admin(),
+                &attrs("DELETE", "/apis/ipool.io/v1/ippools/p")
+            )
+            .is_ok());
+        let nobody = UserInfo::service_account("default", "app");
+        assert!(access
+            .authorize(&nobody, &attrs("GET", "/apis/ipool.io/v1/ippools"))
+            .is_err());
+    }
+
+    fn block(name: &str, node: &str) -> Value {
+        json!({"apiVersion": "ipool.io/v1", "kind": "IPBlock",
+               "metadata": {"name": name, "labels": {"ipool.io/node": node, "ipool.io/pool": "p"}},
+               "spec": {"node": node, "pool": "p", "cidr": "10.0.0.0/28"}})
+    }
+
+    /// The shipped admission policies keep each daemon to its own node's blocks and Lease.
+    #[test]
+    fn the_shipped_policies_keep_a_daemon_to_its_own_node() {
+        let access = Access::cluster_kubernetes();
+        let n1 = daemon("n1");
+        let create = attrs("POST", "/apis/ipool.io/v1/ipblocks");
+        assert!(access
+            .admit(&n1, &create, Some(&block("b", "n1")), None)
+            .is_ok());
+        let e = access
+            .admit(&n1, &create, Some(&block("b", "n2")), None)
+            .unwrap_err();
+        assert_eq!(e.status, 422);
+        let msg = e.body["message"].as_str().unwrap();
+        assert!(
+            msg.contains("ipool-own-node-blocks")
+                && msg.contains("writes only its own node's blocks"),
+            "{msg}"
+        );
+        let delete = attrs("DELETE", "/apis/ipool.io/v1/ipblocks/b");
+        assert!(access
+            .admit(&n1, &delete, None, Some(&block("b", "n2")))
+            .is_err());
+        // The operator is not held to a node.
+        assert!(access
+            .admit(&operator(), &delete, None, Some(&block("b", "n2")))
+            .is_ok());
+        let lease = |name: &str| json!({"metadata": {"name": name, "namespace": "ipool-system"}, "spec": {}});
+        let update = |name: &str| {
+            attrs(
+                "PUT",
+                &format!("/apis/coordination.k8s.io/v1/namespaces/ipool-system/leases/{name}"),
+            )
+        };
+        let own = lease("ipool-n1");
+        assert!(access
+            .admit(&n1, &update("ipool-n1"), Some(&own), Some(&own))
+            .is_ok());
+        let lead = lease("ipool.release-departed");
+        assert!(access
+            .admit(
+                &n1,
+                &update("ipool.release-departed"),
+                Some(&lead),
+                Some(&lead)
+            )
+            .is_err());
+        // A token that names no node.
+        let bare = UserInfo::service_account("ipool-system", "ipool");
+        let e = access
+            .admit(&bare, &create, Some(&block("b", "n1")), None)
+            .unwrap_err();
+        assert!(e.body["message"].as_str().unwrap().contains("names none"));
+    }
+}
