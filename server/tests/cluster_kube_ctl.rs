@@ -228,3 +228,115 @@ fn a_deletion_whose_mark_was_never_answered_leaves_the_pool_ready() {
     let pool = api.get("ippools", "", "p").expect("the pool stays");
     assert_eq!(pool["status"]["phase"], "Ready", "{pool}");
 }
+
+/// Every `ipoolctl cluster` command, run as the ServiceAccount ipool-operator against an
+/// apiserver that enforces deploy/cluster-kubernetes's RBAC and admission policies, with the
+/// daemons running as theirs (a pod-bound token naming their node): none is refused (issue 53,
+/// item 10: `nodes` and `check` exited 2, "cannot list resource leases").
+#[test]
+fn every_cluster_command_works_as_the_shipped_operator_role() {
+    use ipool_testkit::access::{Access, UserInfo};
+    use serde_json::json;
+    let api = FakeApi::start();
+    api.enforce(Access::cluster_kubernetes());
+    let dir = tempfile::tempdir().unwrap();
+    let addr = api.addr.to_string();
+    let operator = UserInfo::service_account("ipool-system", "ipool-operator");
+    let kc = api.kubeconfig_as(dir.path(), "operator", &addr, operator);
+    for n in ["n1", "n2"] {
+        api.put("nodes", json!({"metadata": {"name": n}}));
+    }
+    let ok = |args: &[&str]| -> String {
+        let o = ctl(&kc, args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    ok(&[
+        "pool",
+        "create",
+        "p",
+        "--cidr",
+        "10.41.0.0/24",
+        "--block-size",
+        "28",
+    ]);
+    // The daemons, each as the DaemonSet's pod on its node.
+    let mut daemons = Vec::new();
+    for n in ["n1", "n2"] {
+        let user = UserInfo::pod_on_node("ipool-system", "ipool", &format!("ipool-{n}"), n);
+        let dkc = api.kubeconfig_as(dir.path(), &format!("kubeconfig-{n}"), &addr, user);
+        let mut d = Daemon::prepare_with_config(&format!(
+            r#"
+[cluster]
+datastore = "kubernetes"
+kubeconfig = "{}"
+node_name = "{n}"
+etcd_timeout_ms = 1000
+heartbeat_ttl_secs = 6
+claim_ahead = 1
+[[network]]
+name = "pods"
+ranges_from = "cluster"
+cluster_pool = "p"
+"#,
+            dkc.display()
+        ));
+        d.spawn();
+        add_within(
+            20,
+            &format!("an ADD on {n}"),
+            "c1",
+            &d.conf("1.0.0", "pods", ""),
+        );
+        daemons.push(d);
+    }
+    for args in [
+        &["pool", "list"][..],
+        &["pool", "add-cidr", "p", "10.41.1.0/24"],
+        &["pool", "remove-cidr", "p", "10.41.1.0/24"],
+        &["pool", "disable", "p"],
+        &["pool", "enable", "p"],
+        &["pool", "set-node-selector", "p", "zone=a"],
+        &["pool", "set-node-selector", "p", "--all-nodes"],
+        &["blocks"],
+        &["reserve", "p", "10.41.0.250"],
+        &["reservations"],
+        &["unreserve", "p", "10.41.0.250"],
+        &["pins"],
+        &["-o", "json", "nodes"],
+        &["release-departed", "--after", "3600"],
+    ] {
+        ok(args);
+    }
+    // Who releases departed nodes here: the CronJob, no daemon (issue 53, item 11).
+    let nodes = ok(&["nodes"]);
+    assert!(nodes.contains("CronJob ipool-release-departed"), "{nodes}");
+    // No pin there: not found (3), not forbidden (2).
+    let o = ctl(&kc, &["unpin", "10.41.0.7"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    // n2 departs: check finds it (exit 1, a finding), release-node gives its blocks back.
+    daemons[1].kill9();
+    assert!(api.delete("nodes", "", "n2"));
+    // Away, by the apiserver's clock, past its Lease's duration.
+    api.advance_clock(120);
+    let o = ctl(&kc, &["-o", "json", "check"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("n2"));
+    let out = ok(&["release-node", "n2", "--absent-for", "0"]);
+    assert!(out.contains("given back"), "{out}");
+    let o = ctl(&kc, &["check"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    ok(&["pool", "create", "q", "--cidr", "10.42.0.0/24"]);
+    ok(&["pool", "delete", "q"]);
+    // n1's block is in use: the deletion is refused as such (1), not forbidden.
+    let o = ctl(&kc, &["pool", "delete", "p"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    // Nor was anything the daemons asked refused by the roles or the policies.
+    for d in &daemons {
+        let log = d.log();
+        assert!(
+            !log.contains("forbidden") && !log.contains("denied request"),
+            "{log}"
+        );
+    }
+}

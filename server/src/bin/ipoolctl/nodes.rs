@@ -65,6 +65,7 @@ pub(crate) async fn list(
         let bits = b.block.max_prefix_len() - b.block.prefix_len();
         row.addresses += 1u128 << bits.min(127);
     }
+    let who = who_releases(place, leader.as_deref());
     if out == Output::Json {
         let v: Vec<serde_json::Value> = rows
             .values()
@@ -81,7 +82,7 @@ pub(crate) async fn list(
             .collect();
         outln!(
             "{}",
-            serde_json::json!({"nodes": v, "releaseDepartedLeader": leader})
+            serde_json::json!({"nodes": v, "releaseDepartedLeader": leader, "releaseDeparted": who})
         );
         return Ok(());
     }
@@ -100,9 +101,19 @@ pub(crate) async fn list(
         })
         .collect();
     crate::print::table(&["NODE", "STATE", "BLOCKS", "ADDRESSES", "IN-USE"], table);
-    match leader {
-        Some(l) => outln!("departed nodes are released by {l} (it leads; [cluster] release_departed_after_secs)"),
-        None => outln!("no daemon leads the release of departed nodes ([cluster] release_departed_after_secs is 0 everywhere, or no daemon runs)"),
-    }
+    outln!("{who}");
     Ok(())
+}
+
+/// Who releases departed nodes on the store `place` names, `leader` leading that work.
+fn who_releases(place: &str, leader: Option<&str>) -> String {
+    match (leader, place) {
+        (Some(l), _) => format!(
+            "departed nodes are released by {l} (it leads; [cluster] release_departed_after_secs)"
+        ),
+        // deploy/cluster-kubernetes's admission policy keeps each daemon to its own Lease: no
+        // daemon can take the lead there.
+        (None, "etcd") => "no daemon leads the release of departed nodes: [cluster] release_departed_after_secs is 0, or [kubernetes] missing, on every daemon that runs (or none runs); `ipoolctl cluster release-departed` releases them once".into(),
+        (None, _) => "no daemon leads the release of departed nodes: on the Kubernetes API store deploy/cluster-kubernetes's CronJob ipool-release-departed does it every 10 minutes (kubectl -n ipool-system get cronjob ipool-release-departed; its jobs' logs say what each run released)".into(),
+    }
 }
