@@ -270,8 +270,13 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
         );
         r.register(
             "ipool_cluster_nodes_released",
-            "Departed nodes whose blocks this daemon gave back ([cluster] release_departed_after_secs: Node gone from the apiserver, name away past the fence and that long).",
+            "Releases of departed nodes by this daemon that gave blocks back or ended holds ([cluster] release_departed_after_secs: Node gone from the apiserver, name away past the fence and that long; a release that frees nothing is not counted).",
             c.nodes_released.clone(),
+        );
+        r.register(
+            "ipool_cluster_departed_pins_ended",
+            "Pins nobody held in departed nodes' blocks that this daemon ended, their owner gone for [cluster] pin_ttl_secs (the blocks then go back).",
+            c.pins_ended.clone(),
         );
         r.register(
             "ipool_cluster_departed_leader",

@@ -118,6 +118,7 @@ pub struct ClusterMetrics {
     /// Departed nodes whose blocks this daemon released (`[cluster]
     /// release_departed_after_secs`), and 1 while it leads that work.
     pub nodes_released: Counter,
+    pub pins_ended: Counter,
     pub departed_leader: Gauge,
 }
 
@@ -145,6 +146,7 @@ impl Default for ClusterMetrics {
             pins_held: Family::default(),
             pin_adds: Family::default(),
             nodes_released: Counter::default(),
+            pins_ended: Counter::default(),
             departed_leader: Gauge::default(),
         }
     }

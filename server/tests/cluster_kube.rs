@@ -12,7 +12,7 @@ use common::fake_api::FakeApi;
 use common::*;
 use ipnet::IpNet;
 use ipool_server::cluster::claim::{claim_next, Views};
-use ipool_server::cluster::datastore::{BlockStore, NameStore, PoolStore};
+use ipool_server::cluster::datastore::{BlockStore, NameStore, PinStore, PoolStore, Release};
 use ipool_server::cluster::kube::KubeStore;
 use ipool_server::cluster::model::{Acquired, Alive};
 use ipool_server::cluster::model::{Block, Claimed, ClusterError, PoolPhase, Settled};
@@ -26,6 +26,29 @@ fn pool(name: &str, cidrs: &[&str]) -> PoolSpec {
         block_v6: 122,
         exclude: vec![],
         ..PoolSpec::default()
+    }
+}
+
+/// A pin in block `b` of its first address but one, held by node "n".
+fn held_pin(b: &ipool_server::cluster::model::Block) -> ipool_server::cluster::pin::Pin {
+    use ipool_server::cluster::pin::{Holder, Pin, PinOwner};
+    Pin {
+        pool: b.pool.clone(),
+        address: b.block.hosts().nth(1).expect("an address"),
+        owner: PinOwner::StatefulSet {
+            namespace: "db".into(),
+            name: "web".into(),
+            ordinal: 0,
+        },
+        block: b.block,
+        block_id: b.revision.create,
+        set_aside: false,
+        holders: vec![Holder {
+            node: "n".into(),
+            pod: "db/web-0".into(),
+            uid: "u1".into(),
+            since_ms: 1,
+        }],
     }
 }
 
@@ -238,6 +261,7 @@ fn alive(instance: &str) -> Alive {
         instance: instance.into(),
         at_ms: 0,
         fence_secs: 5,
+        ..Alive::default()
     }
 }
 
@@ -356,13 +380,24 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
         let b = claim_next(&s, &Views::default(), &spec, rev, true, "n1")
             .await
             .unwrap();
-        (b.block.expect("a block"), beat)
+        let b = b.block.expect("a block");
+        // A pod of n1's holds a pin in it.
+        let mut pin = held_pin(&b);
+        pin.holders[0].node = "n1".into();
+        assert!(matches!(
+            s.create_pin(&pin).await.unwrap(),
+            ipool_server::cluster::pin::PinCreated::Created(_)
+        ));
+        (b, beat)
     });
     let (state, _) = with_kube(&api, "ipoolctl", |s| async move {
         let state = s.node_state("n1").await.unwrap();
         assert!(state.alive.is_some(), "just renewed: alive");
         let e = s
-            .release_node("n1", &state.blocks.blocks, false)
+            .release_node(
+                "n1",
+                &Release::of_blocks(&state, &state.blocks.blocks, false),
+            )
             .await
             .unwrap_err();
         (state, e)
@@ -389,17 +424,24 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
                 daemon.renew_heartbeat(&renewing, true).await.unwrap();
             }
         });
-        let e = s
-            .release_node("n1", &state.blocks.blocks, false)
-            .await
-            .unwrap_err();
+        // Its hold on the pin ends only with its blocks (issue 53, item 6).
+        let read = s.pins(None).await.unwrap().remove(0);
+        let unheld = ipool_server::cluster::pin::Pin {
+            holders: Vec::new(),
+            ..read.pin.clone()
+        };
+        let holds = [(read.clone(), unheld)];
+        let plan = Release {
+            holds: &holds,
+            ..Release::of_blocks(&state, &state.blocks.blocks, false)
+        };
+        let e = s.release_node("n1", &plan).await.unwrap_err();
         assert!(e.to_string().contains("changed within 3 s"), "{e}");
         renewals.abort();
-        let released = s
-            .release_node("n1", &state.blocks.blocks, false)
-            .await
-            .unwrap();
-        assert_eq!(released.len(), 1);
+        assert_eq!(s.pins(None).await.unwrap()[0].pin.holders, read.pin.holders);
+        let released = s.release_node("n1", &plan).await.unwrap();
+        assert_eq!((released.blocks.len(), released.unheld.len()), (1, 1));
+        assert!(s.pins(None).await.unwrap()[0].pin.holders.is_empty());
     });
     assert!(api.objects("ipblocks").is_empty());
     // The Lease is gone with the blocks: the daemon, back, renews nothing it had.
@@ -534,17 +576,23 @@ fn release_node_of_a_node_with_no_lease_is_refused_without_force() {
         let why = state.unproven.clone().expect("absence not proven");
         assert!(why.contains("ipool-system"), "{why}");
         let e = s
-            .release_node("n2", &state.blocks.blocks, false)
+            .release_node(
+                "n2",
+                &Release::of_blocks(&state, &state.blocks.blocks, false),
+            )
             .await
             .unwrap_err();
         assert!(e.to_string().contains("namespace ipool-system"), "{e}");
         assert_eq!(s.blocks_of_node("n2").await.unwrap().blocks.len(), 1);
         // --force gives them back.
         let released = s
-            .release_node("n2", &state.blocks.blocks, true)
+            .release_node(
+                "n2",
+                &Release::of_blocks(&state, &state.blocks.blocks, true),
+            )
             .await
             .unwrap();
-        assert_eq!(released.len(), 1);
+        assert_eq!(released.blocks.len(), 1);
         assert!(s.blocks_of_node("n2").await.unwrap().blocks.is_empty());
     });
 }

@@ -151,6 +151,7 @@ fn pins_on_the_store(store: Backend) {
             instance: "i2".into(),
             at_ms: 0,
             fence_secs: 10,
+            ..Alive::default()
         };
         assert!(matches!(
             s.start_heartbeat("n2", &me, 60, 5).await.unwrap(),

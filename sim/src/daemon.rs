@@ -276,6 +276,8 @@ impl Daemon {
             metrics.clone(),
             conn,
         )?;
+        // Its Node is named as it is (ipoold's --node-name).
+        node.set_k8s_node(name);
         let (cluster, sources) = ClusterNetworks::new(node.clone(), &config);
         let clock = Arc::new(EngineClock {
             start: Instant::now(),

@@ -7,7 +7,8 @@
 
 use std::collections::BTreeSet;
 
-use ipool_server::cluster::departed::{sweep, NodeDirectory, Outcome};
+use ipool_server::cluster::departed::{sweep, Directory, Outcome, Thresholds};
+use ipool_server::cluster::pin::PinOwner;
 
 use crate::world::{OpDone, World};
 use crate::StoreKind;
@@ -16,13 +17,20 @@ use crate::StoreKind;
 struct Listed(BTreeSet<String>);
 
 #[async_trait::async_trait]
-impl NodeDirectory for Listed {
+impl Directory for Listed {
     async fn names(&self) -> Result<BTreeSet<String>, String> {
         Ok(self.0.clone())
     }
 
     async fn exists(&self, name: &str) -> Result<bool, String> {
         Ok(self.0.contains(name))
+    }
+
+    /// The runs with departures make no pins: no owner is ever asked.
+    async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
+        Err(format!(
+            "the simulation's departures make no pins (asked of {owner})"
+        ))
     }
 }
 
@@ -63,23 +71,34 @@ pub(crate) fn departed(w: &mut World) {
         };
         let result = match store.await {
             Err(e) => Err(e),
-            Ok(s) => sweep(&*s, place, Some(&me), after, &Listed(nodes))
-                .await
-                .map(|found| {
-                    let said: Vec<String> = found
-                        .iter()
-                        .map(|(n, o)| match o {
-                            Outcome::Released(r) => {
-                                format!("{n}: {} block(s) given back", r.blocks.len())
-                            }
-                            Outcome::Waiting(why) => format!("{n}: waits ({why})"),
-                            Outcome::Refused(why) => format!("{n}: refused ({why})"),
-                            Outcome::Failed(why) => format!("{n}: failed ({why})"),
-                        })
-                        .collect();
-                    said.join("; ")
-                })
-                .map_err(|e| e.to_string()),
+            Ok(s) => {
+                let limits = Thresholds {
+                    after,
+                    pin_ttl: 600,
+                };
+                sweep(&*s, place, Some(&me), limits, &Listed(nodes))
+                    .await
+                    .map(|look| {
+                        let said: Vec<String> = look
+                            .nodes
+                            .iter()
+                            .map(|(n, o)| match o {
+                                Outcome::Released(r) => {
+                                    format!("{n}: {} block(s) given back", r.blocks.len())
+                                }
+                                Outcome::Kept(r) => {
+                                    format!("{n}: {} pinned block(s) kept", r.pinned.len())
+                                }
+                                Outcome::Waiting(why) => format!("{n}: waits ({why})"),
+                                Outcome::Refused(why) => format!("{n}: refused ({why})"),
+                                Outcome::Failed(why) => format!("{n}: failed ({why})"),
+                                Outcome::Unknown(why) => format!("{n}: unknown ({why})"),
+                            })
+                            .collect();
+                        said.join("; ")
+                    })
+                    .map_err(|e| e.to_string())
+            }
         };
         ops.lock().expect("ops").push(OpDone { what, result });
     });

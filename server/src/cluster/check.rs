@@ -46,6 +46,9 @@ pub struct Stored<'a> {
 pub enum Kind {
     /// Blocks owned by a node the apiserver has no Node for.
     NodeGone,
+    /// The same, every one of them kept by a pin made in it (a release frees none of them:
+    /// they go back once the pins end).
+    NodeGonePinned,
     /// A node owning blocks whose daemon has been away past its fence.
     NodeAway,
     /// A pod's address in a block another node owns.
@@ -95,12 +98,55 @@ pub fn check(s: &Stored, api: Option<&Apiserver>) -> Report {
     let seen: BTreeMap<&str, &NodeSeen> = s.nodes.iter().map(|n| (n.node.as_str(), n)).collect();
     for (node, blocks) in &by_node {
         let subjects: Vec<String> = blocks.iter().map(|b| b.block.to_string()).collect();
-        if api.is_some_and(|a| !a.nodes.contains(*node)) {
+        // Its Node's name as its daemon recorded it (the names may differ), else its own.
+        let k8s = seen
+            .get(node)
+            .and_then(|n| n.k8s_node.as_deref())
+            .unwrap_or(node);
+        if api.is_some_and(|a| !a.nodes.contains(k8s)) {
+            let named = match k8s == *node {
+                true => "of that name".to_string(),
+                false => format!("{k8s:?}, as its daemon recorded it"),
+            };
+            let pins: Vec<&PinRead> = s
+                .pins
+                .iter()
+                .filter(|p| {
+                    blocks
+                        .iter()
+                        .any(|b| b.pool == p.pin.pool && p.pin.made_in(&b.block, &b.revision))
+                })
+                .collect();
+            let all_pinned = blocks.iter().all(|b| {
+                pins.iter()
+                    .any(|p| b.pool == p.pin.pool && p.pin.made_in(&b.block, &b.revision))
+            });
+            if all_pinned {
+                let held: Vec<String> = pins
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{} for {} (held by {})",
+                            p.pin.address,
+                            p.pin.owner,
+                            p.pin.holders_shown()
+                        )
+                    })
+                    .collect();
+                findings.push(Finding {
+                    kind: Kind::NodeGonePinned,
+                    node: Some(node.to_string()),
+                    subjects: subjects.clone(),
+                    what: format!("node {node:?} owns {} block(s) and the apiserver has no Node {named}; every one of them is kept by a pin made in it: {}", blocks.len(), held.join(", ")),
+                    fix: "nothing to release now: each goes back once its pins end (the release of departed nodes ends a pin nobody holds once its owner has been gone pin_ttl_secs; ipoolctl cluster unpin ADDRESS ends one now, once no pod uses it)".into(),
+                });
+                continue;
+            }
             findings.push(Finding {
                 kind: Kind::NodeGone,
                 node: Some(node.to_string()),
                 subjects: subjects.clone(),
-                what: format!("node {node:?} owns {} block(s) but the apiserver has no Node of that name", blocks.len()),
+                what: format!("node {node:?} owns {} block(s) but the apiserver has no Node {named}", blocks.len()),
                 fix: format!("if the machine is gone for good: ipoolctl cluster release-node {node} (or release-node --from-check with this report); if it is to come back, nothing: its daemon keeps its blocks"),
             });
             continue;

@@ -142,14 +142,49 @@ pub trait NameStore: Send + Sync {
     async fn nodes_seen(&self) -> Result<Vec<NodeSeen>, ClusterError>;
     /// Every block of `node`.
     async fn blocks_of_node(&self, node: &str) -> Result<Listing, ClusterError>;
-    /// Gives back `blocks` of a node that is gone (unless `force`: only while its name is not
-    /// held); the blocks given back.
-    async fn release_node(
-        &self,
-        node: &str,
-        blocks: &[Block],
-        force: bool,
-    ) -> Result<Vec<Block>, ClusterError>;
+    /// Carries out `plan`, the release of `node` (see [`Release`]): unless forced, every
+    /// write is conditioned on the node still being away (its name not held, its record as
+    /// judged), so that a daemon back meanwhile keeps its blocks, its holds and its record.
+    /// Stops with [`ClusterError::Refused`] when it came back.
+    async fn release_node(&self, node: &str, plan: &Release<'_>) -> Result<Freed, ClusterError>;
+}
+
+/// What a release of a node that is gone writes ([`NameStore::release_node`]).
+pub struct Release<'a> {
+    /// The node as the release judged it (its record's write: [`NodeState::judged`]).
+    pub state: &'a NodeState,
+    /// Its blocks to give back.
+    pub blocks: &'a [Block],
+    /// The pins it holds, each as read and as it is to be written: without its holds.
+    pub holds: &'a [(PinRead, Pin)],
+    /// Given back whatever the store says of the node (`--force`).
+    pub force: bool,
+    /// The node keeps blocks (a pin was made in them): its record stays, so that a later
+    /// release still measures how long it has been away.
+    pub keeps_blocks: bool,
+}
+
+impl<'a> Release<'a> {
+    /// The release of `blocks` alone, judged on `state` (no hold to end; the node's record
+    /// dropped after).
+    pub fn of_blocks(state: &'a NodeState, blocks: &'a [Block], force: bool) -> Release<'a> {
+        Release {
+            state,
+            blocks,
+            holds: &[],
+            force,
+            keeps_blocks: false,
+        }
+    }
+}
+
+/// What a release freed.
+#[derive(Clone, Debug, Default)]
+pub struct Freed {
+    /// The blocks given back.
+    pub blocks: Vec<Block>,
+    /// The pins whose holds of the node ended, as written.
+    pub unheld: Vec<Pin>,
 }
 
 /// Leads of the cluster's chores that one daemon at a time does (the release of departed
@@ -184,6 +219,12 @@ pub trait PinStore: Send + Sync {
     async fn write_pin(&self, read: &PinRead, pin: &Pin) -> Result<Option<PinRead>, ClusterError>;
     /// Deletes the pin as read; false: it changed or went since.
     async fn delete_pin(&self, read: &PinRead) -> Result<bool, ClusterError>;
+    /// Notes that the owner of `read`, a pin nobody holds, is gone: how long (seconds, by the
+    /// store's clock) since a look first noted it so, the pin unwritten since (0: noted now);
+    /// and the pin as it stands after (what a deletion is conditioned on).
+    async fn owner_gone_for(&self, read: &PinRead) -> Result<(i64, PinRead), ClusterError>;
+    /// The owner of `read` is back, or the pin held: the note that it was gone goes.
+    async fn owner_back(&self, read: &PinRead) -> Result<(), ClusterError>;
     /// Whether `pin`'s block stands as the pin was made in (the pin counts only then); for an
     /// address set aside, whether its pool, as made then, still sets it aside.
     async fn pin_block_stands(&self, pin: &Pin) -> Result<bool, ClusterError>;

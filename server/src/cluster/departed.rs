@@ -1,47 +1,83 @@
 //! Departed nodes released by themselves (`[cluster] release_departed_after_secs`): one daemon
-//! of the cluster at a time (the lead of [`ROLE`], [`LeadStore`](super::datastore::LeadStore)) looks now and then at the
-//! nodes that own blocks. A node whose Node object the apiserver no longer has (a 404 on a
-//! read of it, not merely missing from a list, and never NotReady) and whose name the store
-//! shows away past its fence and `release_departed_after_secs` gets its blocks given back by
-//! [`release_node`] without `force`: the same judgement, the same conditioned writes as
-//! `ipoolctl cluster release-node`, so a node that comes back meanwhile keeps its blocks. The
-//! lead saves work; it is not what keeps a release safe.
+//! of the cluster at a time (the lead of [`ROLE`], [`LeadStore`](super::datastore::LeadStore))
+//! looks now and then at the nodes that own blocks. A node whose Node object the apiserver no
+//! longer has (a 404 on a read of it, not merely missing from a list, and never NotReady) and
+//! whose name the store shows away past its fence and `release_departed_after_secs` gets its
+//! blocks given back by [`release_node`] without `force`: the same judgement, the same
+//! conditioned writes as `ipoolctl cluster release-node`, so a node that comes back meanwhile
+//! keeps its blocks. The lead saves work; it is not what keeps a release safe.
 //!
-//! The Nodes come from a [`NodeDirectory`] (ipoold's: the apiserver, `k8s::nodes`): cluster
-//! mode knows nothing of Kubernetes' client.
+//! A node is judged by the Node its daemon recorded with its name in the store
+//! ([`NodeSeen::k8s_node`]: the names may differ); one whose daemon recorded none is left to
+//! the operator. The blocks a release keeps because pins were made in them go back once those
+//! pins end: [`pins`] ends the pins nobody holds whose owner has been gone `pin_ttl_secs`, in
+//! the blocks of every node whose daemon does not hold its name (a live node's own keeper
+//! ends those of its blocks).
+//!
+//! The Nodes and the pins' owners come from a [`Directory`] (ipoold's: the apiserver,
+//! `k8s::nodes`): cluster mode knows nothing of Kubernetes' client.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::datastore::Datastore;
-use super::model::ClusterError;
+use super::model::{ClusterError, NodeSeen};
 use super::node::ClusterNode;
+use super::pin::PinOwner;
 use super::release::{not_gone, release_node, Released};
+
+pub mod pins;
 
 /// The lead's role: `leaders/release-departed` in etcd, Lease `ipool.release-departed`.
 pub const ROLE: &str = "release-departed";
 
-/// Where the cluster's Nodes are (the apiserver).
+/// Where the cluster's Nodes and the pins' owners are (the apiserver).
 #[async_trait::async_trait]
-pub trait NodeDirectory: Send + Sync {
+pub trait Directory: Send + Sync {
     /// The Nodes' names now (one list).
     async fn names(&self) -> Result<BTreeSet<String>, String>;
     /// Whether Node `name` exists now (a read of it: false only when it is not found).
     async fn exists(&self, name: &str) -> Result<bool, String>;
+    /// Why `owner` (a StatefulSet's ordinal, a VM) is gone, if it is; None: it is there.
+    async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, String>;
+}
+
+/// How a look judges: the release's threshold, and how long a pin's owner stays gone before
+/// the pin ends.
+#[derive(Clone, Copy, Debug)]
+pub struct Thresholds {
+    /// `release_departed_after_secs`.
+    pub after: u64,
+    /// `pin_ttl_secs`.
+    pub pin_ttl: u64,
 }
 
 /// What a look found of one node that owns blocks and whose Node is gone.
 #[derive(Debug)]
 pub enum Outcome {
-    /// Its blocks were given back.
+    /// Blocks were given back, or holds ended.
     Released(Released),
+    /// Nothing was freed: every block it owns holds a pin (they go back once their pins
+    /// end: see what the look said of the pins).
+    Kept(Released),
     /// Not yet: the store does not show it away long enough (why).
     Waiting(String),
     /// release-node refused (it came back, the store cannot tell): why.
     Refused(String),
     /// A read or write failed: tried again at the next look.
     Failed(String),
+    /// Its daemon recorded no Node name: whether it is gone cannot be told (why).
+    Unknown(String),
+}
+
+/// What one look did.
+#[derive(Debug, Default)]
+pub struct Look {
+    /// Each node that owns blocks and is not alive, judged.
+    pub nodes: Vec<(String, Outcome)>,
+    /// Each pin nobody holds in the blocks of a node that is not alive.
+    pub pins: Vec<pins::PinOutcome>,
 }
 
 /// How often the leader looks, for a threshold of `after` seconds: a sixth of it, between a
@@ -59,15 +95,16 @@ pub fn lead_ttl(every: Duration) -> u64 {
 }
 
 /// One look, by `me` (a daemon's node, never released by its own look; None: `ipoolctl
-/// cluster release-departed`): each node that owns a block and whose Node is gone, judged
-/// and, when gone long enough, released.
+/// cluster release-departed`): the pins nobody holds in the blocks of nodes not alive, ended
+/// once their owners are gone long enough; then each node that owns a block and whose Node is
+/// gone, judged and, when gone long enough, released.
 pub async fn sweep(
     store: &dyn Datastore,
     place: &str,
     me: Option<&str>,
-    after: u64,
-    nodes: &dyn NodeDirectory,
-) -> Result<Vec<(String, Outcome)>, ClusterError> {
+    limits: Thresholds,
+    dir: &dyn Directory,
+) -> Result<Look, ClusterError> {
     let listing = store.list_blocks(None, None).await?;
     let owners: BTreeSet<String> = listing
         .blocks
@@ -75,23 +112,50 @@ pub async fn sweep(
         .map(|b| b.owner.node.clone())
         .filter(|n| Some(n.as_str()) != me)
         .collect();
+    let mut look = Look::default();
     if owners.is_empty() {
-        return Ok(Vec::new());
+        return Ok(look);
     }
-    let known = nodes
+    let seen: BTreeMap<String, NodeSeen> = store
+        .nodes_seen()
+        .await?
+        .into_iter()
+        .map(|s| (s.node.clone(), s))
+        .collect();
+    // Nodes whose daemon holds their name are not looked at (their keepers keep their pins).
+    let away: BTreeSet<&String> = owners
+        .iter()
+        .filter(|n| seen.get(*n).is_none_or(|s| s.alive.is_none()))
+        .collect();
+    if away.is_empty() {
+        return Ok(look);
+    }
+    look.pins = pins::end_gone(store, &listing.blocks, &away, limits.pin_ttl, dir).await?;
+    let known = dir
         .names()
         .await
         .map_err(|e| ClusterError::Refused(format!("the Nodes could not be listed: {e}")))?;
-    let mut found = Vec::new();
-    for node in owners.difference(&known) {
+    for node in away {
+        let Some(k8s) = seen.get(node).and_then(|s| s.k8s_node.clone()) else {
+            look.nodes.push((
+                node.clone(),
+                Outcome::Unknown(format!(
+                    "node {node:?}'s daemon recorded no Node name in {place} (an ipoold without --node-name, or one older than the record; or away longer than the store keeps its record): whether it is gone is not judged here; ipoolctl cluster release-node releases it"
+                )),
+            ));
+            continue;
+        };
+        if known.contains(&k8s) {
+            continue;
+        }
         // Listed before the blocks were, say: a read of it decides.
-        match nodes.exists(node).await {
+        match dir.exists(&k8s).await {
             Ok(false) => {}
             Ok(true) => continue,
             Err(e) => {
-                found.push((
+                look.nodes.push((
                     node.clone(),
-                    Outcome::Failed(format!("reading its Node: {e}")),
+                    Outcome::Failed(format!("reading its Node {k8s:?}: {e}")),
                 ));
                 continue;
             }
@@ -103,30 +167,39 @@ pub async fn sweep(
             Some(me) => store
                 .node_away(node, me)
                 .await
-                .map(|state| not_gone(&state, place, node, after)),
+                .map(|state| not_gone(&state, place, node, limits.after)),
         };
         let outcome = match waiting {
             Err(e) => Outcome::Failed(e.to_string()),
             Ok(Some(why)) => Outcome::Waiting(why),
-            Ok(None) => match release_node(&*store.releasing(), place, node, after, false).await {
-                Ok(r) => Outcome::Released(r),
-                Err(ClusterError::Refused(why)) => Outcome::Refused(why),
-                Err(e) => Outcome::Failed(e.to_string()),
-            },
+            Ok(None) => {
+                let released =
+                    release_node(&*store.releasing(), place, node, limits.after, false).await;
+                match released {
+                    Ok(r) if r.blocks.is_empty() && r.unheld.is_empty() => Outcome::Kept(r),
+                    Ok(r) => Outcome::Released(r),
+                    Err(ClusterError::Refused(why)) => Outcome::Refused(why),
+                    Err(e) => Outcome::Failed(e.to_string()),
+                }
+            }
         };
-        found.push((node.clone(), outcome));
+        look.nodes.push((node.clone(), outcome));
     }
-    Ok(found)
+    Ok(look)
 }
 
 /// ipoold's part: leads when it can, looks every [`every`] (jittered), until the daemon
-/// stops. Each node released is logged and counted (`ipool_cluster_nodes_released_total`).
-pub async fn run(node: Arc<ClusterNode>, nodes: Arc<dyn NodeDirectory>) {
-    let after = node.settings().release_departed_after_secs;
-    let every = every(after);
+/// stops. Each node released is logged and counted (`ipool_cluster_nodes_released_total`),
+/// as is each pin ended for want of its owner.
+pub async fn run(node: Arc<ClusterNode>, dir: Arc<dyn Directory>) {
+    let limits = Thresholds {
+        after: node.settings().release_departed_after_secs,
+        pin_ttl: node.settings().pin_ttl_secs,
+    };
+    let every = every(limits.after);
     let ttl = lead_ttl(every);
     let place = node.store_name();
-    tracing::info!(after_secs = after, every_secs = every.as_secs(), "departed nodes are released by themselves: a node whose Node is gone and whose daemon has been away this long (and past its fence) gets its blocks given back by whichever daemon leads");
+    tracing::info!(after_secs = limits.after, every_secs = every.as_secs(), "departed nodes are released by themselves: a node whose Node is gone and whose daemon has been away this long (and past its fence) gets its blocks given back by whichever daemon leads");
     let mut leading = false;
     let mut told: HashSet<String> = HashSet::new();
     let mut lead_error: Option<String> = None;
@@ -170,19 +243,42 @@ pub async fn run(node: Arc<ClusterNode>, nodes: Arc<dyn NodeDirectory>) {
         if !leads {
             continue;
         }
-        match sweep(&*store, place, Some(node.name()), after, &*nodes).await {
+        match sweep(&*store, place, Some(node.name()), limits, &*dir).await {
             Err(e) => {
                 tracing::warn!(error = %e, "release of departed nodes: the look failed (tried again)")
             }
-            Ok(found) => report(&node, found, &mut told),
+            Ok(look) => report(&node, look, &mut told),
         }
     }
 }
 
-fn report(node: &ClusterNode, found: Vec<(String, Outcome)>, told: &mut HashSet<String>) {
-    let now: HashSet<&String> = found.iter().map(|(n, _)| n).collect();
+/// Logs what a look did (each wait and each kept node once, until it changes) and counts
+/// the releases.
+fn report(node: &ClusterNode, look: Look, told: &mut HashSet<String>) {
+    let now: HashSet<String> = look
+        .nodes
+        .iter()
+        .map(|(n, _)| n.clone())
+        .chain(look.pins.iter().map(|p| p.pin().address.to_string()))
+        .collect();
     told.retain(|n| now.contains(n));
-    for (departed, outcome) in &found {
+    for p in &look.pins {
+        let pin = p.pin();
+        match p {
+            pins::PinOutcome::Ended { why, .. } => {
+                node.metrics().cluster.pins_ended.inc();
+                tracing::info!(owner = %pin.owner, address = %pin.address, block = %pin.block, why = %why, "a pin in a departed node's block ended: its owner is gone");
+            }
+            pins::PinOutcome::Waiting { why, .. } if told.insert(pin.address.to_string()) => {
+                tracing::info!(owner = %pin.owner, address = %pin.address, block = %pin.block, why = %why, "a pin keeps a departed node's block");
+            }
+            pins::PinOutcome::Waiting { .. } => {}
+            pins::PinOutcome::Failed { why, .. } => {
+                tracing::warn!(owner = %pin.owner, address = %pin.address, error = %why, "a pin in a departed node's block: its owner could not be judged (tried again at the next look)");
+            }
+        }
+    }
+    for (departed, outcome) in &look.nodes {
         match outcome {
             Outcome::Released(r) => {
                 node.metrics().cluster.nodes_released.inc();
@@ -190,10 +286,14 @@ fn report(node: &ClusterNode, found: Vec<(String, Outcome)>, told: &mut HashSet<
                 let blocks: Vec<String> = r.blocks.iter().map(|b| b.block.to_string()).collect();
                 tracing::info!(departed = %departed, given_back = ?blocks, kept_pinned = r.pinned.len(), holds_ended = r.unheld.len(), "released a departed node: its Node is gone and its daemon away past the threshold");
             }
-            Outcome::Waiting(why) if told.insert(departed.clone()) => {
-                tracing::info!(departed = %departed, why = %why, "a node's Node is gone: its blocks are released once its daemon has been away long enough");
+            Outcome::Kept(r) if told.insert(departed.clone()) => {
+                let blocks: Vec<String> = r.pinned.iter().map(|b| b.block.to_string()).collect();
+                tracing::info!(departed = %departed, kept = ?blocks, "a departed node keeps only blocks pins were made in: they go back once those pins end (their owners gone for pin_ttl_secs, or ipoolctl cluster unpin)");
             }
-            Outcome::Waiting(_) => {}
+            Outcome::Waiting(why) | Outcome::Unknown(why) if told.insert(departed.clone()) => {
+                tracing::info!(departed = %departed, why = %why, "a node that owns blocks is not released yet");
+            }
+            Outcome::Kept(_) | Outcome::Waiting(_) | Outcome::Unknown(_) => {}
             Outcome::Refused(why) => {
                 tracing::info!(departed = %departed, why = %why, "a departed node's release was refused (tried again at the next look)");
             }

@@ -179,6 +179,7 @@ mod blocks;
 pub mod client;
 mod leader;
 pub mod nodes;
+mod pin_marks;
 mod pins;
 mod pools;
 pub mod request;

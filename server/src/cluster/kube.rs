@@ -50,6 +50,7 @@ mod lease;
 mod objects;
 /// The revision a block records of its pool (`spec.poolRevision`): from the pool's uid.
 pub use objects::hash as pool_revision_of_uid;
+mod pin_marks;
 mod pins;
 pub use pins::{BLOCK_LABEL, OWNER_LABEL};
 mod pool_change;

@@ -209,7 +209,7 @@ pub struct Pools {
 }
 
 /// What a daemon writes in its node's `alive` key.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Alive {
     /// The daemon's instance: its state dir's id.
     pub instance: String,
@@ -217,6 +217,12 @@ pub struct Alive {
     pub at_ms: u64,
     /// The daemon stops handing out addresses this long after its last renewal.
     pub fence_secs: u64,
+    /// The name of the node's Node object, where the daemon knows it (`--node-name`, from the
+    /// downward API): whether the node is gone is whether that Node is. Recorded with the
+    /// node's name in the store, as long as its absence is measured (etcd: its `seen` key;
+    /// the apiserver: its Lease).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_node: Option<String>,
 }
 
 /// What a daemon writes in its node's `seen` key (an older ipoold wrote `at_ms` alone, on no
@@ -231,6 +237,9 @@ pub struct Seen {
     #[serde(default)]
     pub renew_secs: u64,
     pub at_ms: u64,
+    /// [`Alive::k8s_node`], kept with the node's absence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_node: Option<String>,
 }
 
 /// What a start of the heartbeat found.
@@ -252,8 +261,8 @@ pub struct Heartbeat {
     pub seen_lease: i64,
 }
 
-/// What etcd says about a node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What the store says about a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeState {
     /// Its daemon's `alive` key, if it holds one.
     pub alive: Option<Alive>,
@@ -264,11 +273,17 @@ pub struct NodeState {
     /// Why the store cannot tell whether the node is away (no Lease where one was looked
     /// for: that proves nothing); None when `alive` and `seen` say it.
     pub unproven: Option<String>,
+    /// The write of the node's record that `seen` was read from (opaque: etcd's `seen` key's
+    /// mod revision, the Lease's resourceVersion): a release's last writes are conditioned on
+    /// it, so that a daemon back meanwhile keeps its record.
+    pub judged: Option<String>,
+    /// Its Node's name, as its daemon recorded it ([`Alive::k8s_node`]); None: not recorded.
+    pub k8s_node: Option<String>,
 }
 
 /// A node's name as a listing of every node's shows it (`ipoolctl cluster nodes`): for
 /// people, never for a decision (release-node judges one node with [`NodeState`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct NodeSeen {
     pub node: String,
     /// The daemon holding its name (its instance), if one does.
@@ -281,6 +296,8 @@ pub struct NodeSeen {
     /// Addresses in use on it as its daemon last reported them, and when (Unix ms, the
     /// daemon's clock).
     pub in_use: Option<InUse>,
+    /// Its Node's name, as its daemon recorded it ([`Alive::k8s_node`]); None: not recorded.
+    pub k8s_node: Option<String>,
 }
 
 /// What a daemon reports of its node's addresses in use.

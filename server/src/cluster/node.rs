@@ -108,6 +108,9 @@ pub struct ClusterNode {
     heard: Heard,
     /// The pins this node knows (see `pins`).
     pins: Mutex<pins::PinBook>,
+    /// The name of this node's Node object, where the daemon knows it: recorded with its name
+    /// in the store ([`super::model::Alive::k8s_node`]).
+    k8s_node: std::sync::OnceLock<String>,
     metrics: Arc<Metrics>,
 }
 
@@ -186,6 +189,7 @@ impl ClusterNode {
             identity_changes: tokio::sync::watch::Sender::new(Identity::Starting(None)),
             renew_now: tokio::sync::Notify::new(),
             heard: Heard::default(),
+            k8s_node: std::sync::OnceLock::new(),
             metrics,
         }))
     }
@@ -196,6 +200,18 @@ impl ClusterNode {
 
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// Names this node's Node object (set once, before the heartbeat starts): the store
+    /// records it with the node's name, and the release of departed nodes asks whether that
+    /// Node is gone.
+    pub fn set_k8s_node(&self, name: &str) {
+        let _ = self.k8s_node.set(name.to_string());
+    }
+
+    /// This node's Node object's name, where it was given.
+    pub fn k8s_node(&self) -> Option<&str> {
+        self.k8s_node.get().map(String::as_str)
     }
 
     /// The store, as messages name it.

@@ -2,11 +2,15 @@
 //! must show the node away, by its own clock, past `absent_for` and past the node's fence (plus
 //! a renewal's slack), and its name not held; a store that cannot tell (no Lease where one was
 //! looked for) refuses. `force` gives the blocks back anyway, and says what it overrode.
-//! Each give-back is the store's own ([`NameStore::release_node`]): conditioned on the block as
-//! listed and, unless forced, on the node still being away. A block a pin was made in stays
-//! (its pinned addresses are kept there for their owners); the node's holds on pins end.
+//! The writes are the store's own ([`NameStore::release_node`]): each give-back conditioned on
+//! the block as listed and, unless forced, on the node still being away; the node's holds on
+//! pins end, each conditioned the same way; its record goes last, only while it is the one
+//! judged. A block a pin was made in stays (its pinned addresses are kept there for their
+//! owners), and with it the node's record.
+//!
+//! [`NameStore::release_node`]: super::datastore::NameStore::release_node
 
-use super::datastore::Datastore;
+use super::datastore::{Datastore, Release};
 use super::model::{Block, ClusterError, MalformedKey, NodeState};
 use super::pin::{Pin, PinRead};
 
@@ -59,10 +63,8 @@ pub async fn release_node_pinned(
             forced.push(e.to_string());
             let blocks = store.blocks_of_node(node).await?;
             NodeState {
-                alive: None,
-                seen: None,
                 blocks,
-                unproven: None,
+                ..NodeState::default()
             }
         }
         r => r?,
@@ -94,23 +96,28 @@ pub async fn release_node_pinned(
         pins.iter()
             .any(|p| p.pin.pool == b.pool && p.pin.made_in(&b.block, &b.revision))
     });
-    let released = store.release_node(node, &free, force).await?;
     // Its holds on pins end with it: their owners' pods may take them elsewhere.
-    let mut unheld = Vec::new();
-    for read in pins
+    let holds: Vec<(PinRead, Pin)> = pins
         .iter()
         .filter(|p| p.pin.holders.iter().any(|h| h.node == node))
-    {
-        let mut pin = read.pin.clone();
-        pin.holders.retain(|h| h.node != node);
-        if store.write_pin(read, &pin).await?.is_some() {
-            unheld.push(pin);
-        }
-    }
+        .map(|read| {
+            let mut pin = read.pin.clone();
+            pin.holders.retain(|h| h.node != node);
+            (read.clone(), pin)
+        })
+        .collect();
+    let plan = Release {
+        state: &state,
+        blocks: &free,
+        holds: &holds,
+        force,
+        keeps_blocks: !pinned.is_empty(),
+    };
+    let freed = store.release_node(node, &plan).await?;
     Ok(Released {
-        blocks: released,
+        blocks: freed.blocks,
         pinned,
-        unheld,
+        unheld: freed.unheld,
         listed: blocks.len(),
         forced,
         malformed: state.blocks.malformed,

@@ -44,7 +44,8 @@ pub struct ClusterSettings {
     pub block_hold_down_secs: u64,
     /// A pin held by nobody whose owner is gone (its StatefulSet deleted or scaled below the
     /// ordinal, its VirtualMachine deleted) is deleted after this long, by the node whose block
-    /// holds its address (with `[kubernetes]`, which reads the owners).
+    /// holds its address, or by the release of departed nodes where that node's daemon is gone
+    /// (with `[kubernetes]`, which reads the owners).
     #[serde(default = "default_pin_ttl")]
     pub pin_ttl_secs: u64,
     /// How often this node's blocks (and its pools) are listed again, jittered: the safety net

@@ -1,30 +1,34 @@
-//! The cluster's Nodes as cluster mode's release of departed nodes asks them
-//! ([`NodeDirectory`]): their names from one list of their metadata (served from the
-//! apiserver's cache: `resourceVersion=0`), and a read of one Node that decides whether it is
-//! gone (a 404; a Node that is merely NotReady is there).
+//! The cluster's Nodes and pins' owners as cluster mode's release of departed nodes asks them
+//! ([`Directory`]): the Nodes' names from one list of their metadata (served from the
+//! apiserver's cache: `resourceVersion=0`), a read of one Node that decides whether it is
+//! gone (a 404; a Node that is merely NotReady is there), and whether a pin's owner is gone
+//! (as the pin keeper asks it).
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 
-use crate::cluster::departed::NodeDirectory;
+use crate::cluster::departed::Directory;
+use crate::cluster::pin::PinOwner;
 
 /// The Nodes of the cluster `client` reaches.
 pub struct Nodes {
     api: Api<Node>,
+    client: kube::Client,
 }
 
 impl Nodes {
     pub fn new(client: kube::Client) -> Nodes {
         Nodes {
-            api: Api::all(client),
+            api: Api::all(client.clone()),
+            client,
         }
     }
 }
 
 #[async_trait::async_trait]
-impl NodeDirectory for Nodes {
+impl Directory for Nodes {
     async fn names(&self) -> Result<BTreeSet<String>, String> {
         let listed = self
             .api
@@ -43,6 +47,10 @@ impl NodeDirectory for Nodes {
             Ok(n) => Ok(n.is_some()),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
+        super::pin_keeper::owner_gone(&self.client, owner).await
     }
 }
 

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use ipool_server::cluster::check::{self, Apiserver, Kind, Report, Stored};
 use ipool_server::cluster::datastore::Datastore;
-use ipool_server::cluster::departed::NodeDirectory;
+use ipool_server::cluster::departed::Directory;
 use ipool_server::cluster::model::ClusterError;
 use ipool_server::k8s::nodes::Nodes;
 
@@ -173,9 +173,21 @@ pub(crate) async fn release_from(
         eprintln!("ipoolctl: --from-check reads each node's Node again before releasing it: give --kubeconfig (the store is etcd)");
         return ExitCode::from(EXIT_USAGE);
     };
+    // Each node's Node, as its daemon recorded it (the names may differ).
+    let recorded: std::collections::BTreeMap<String, String> = match store.nodes_seen().await {
+        Ok(seen) => seen
+            .into_iter()
+            .filter_map(|n| n.k8s_node.map(|k| (n.node, k)))
+            .collect(),
+        Err(e) => {
+            eprintln!("ipoolctl: {e}");
+            return ExitCode::from(exit_for(&e));
+        }
+    };
     let mut refused = 0;
     for (node, kind) in nodes {
-        match directory.exists(&node).await {
+        let k8s = recorded.get(&node).unwrap_or(&node);
+        match directory.exists(k8s).await {
             Ok(false) => {}
             Ok(true) => {
                 match kind {

@@ -70,6 +70,11 @@ pub(super) enum ClusterCommand {
         /// Seconds a departed node's daemon must have been away.
         #[arg(long, default_value_t = 3600)]
         after: u64,
+        /// Seconds a pin's owner must have been gone (as the store measures it, from the look
+        /// that first found it gone) before a pin nobody holds in a departed node's block ends
+        /// [default: --config's [cluster] pin_ttl_secs, else 600].
+        #[arg(long)]
+        pin_ttl: Option<u64>,
     },
     /// Check the cluster, reading only: blocks of nodes that do not exist, nodes away past
     /// their fence, pods whose addresses lie in another node's block or in no block, an
@@ -256,9 +261,24 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
                 Err(code) => code,
             };
         }
-        ClusterCommand::ReleaseDeparted { after } => {
+        ClusterCommand::ReleaseDeparted { after, pin_ttl } => {
+            let pin_ttl = match pin_ttl
+                .map(Ok)
+                .or_else(|| args.config_pin_ttl().transpose())
+            {
+                None => 600,
+                Some(Ok(t)) => t,
+                Some(Err(e)) => {
+                    eprintln!("ipoolctl: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            let limits = ipool_server::cluster::departed::Thresholds {
+                after: *after,
+                pin_ttl,
+            };
             return match crate::cluster_store::apiserver(args).await {
-                Ok(client) => crate::release::release_departed(store, place, client, *after).await,
+                Ok(client) => crate::release::release_departed(store, place, client, limits).await,
                 Err(code) => code,
             };
         }

@@ -90,6 +90,19 @@ enum Target {
 }
 
 impl StoreArgs {
+    /// `[cluster] pin_ttl_secs` of the --config given, if one is (its default where the
+    /// table leaves it out).
+    pub(crate) fn config_pin_ttl(&self) -> Result<Option<u64>, String> {
+        let Some(path) = &self.config else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--config {}: {e}", path.display()))?;
+        let config = ipool_server::config::DaemonConfig::parse(&text)
+            .map_err(|e| format!("--config {}: {e}", path.display()))?;
+        Ok(config.cluster.map(|c| c.pin_ttl_secs))
+    }
+
     fn resolve(&self) -> Result<Target, String> {
         let Some(path) = &self.config else {
             if self.datastore == Some(DatastoreArg::Kubernetes) {

@@ -53,10 +53,7 @@ pub(crate) async fn list(
         let row = rows.entry(b.owner.node.clone()).or_insert_with(|| Row {
             seen: NodeSeen {
                 node: b.owner.node.clone(),
-                alive: None,
-                away_secs: None,
-                fence_secs: 0,
-                in_use: None,
+                ..NodeSeen::default()
             },
             blocks: Vec::new(),
             addresses: 0,

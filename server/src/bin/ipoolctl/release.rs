@@ -63,23 +63,25 @@ pub(crate) async fn release_node(
 
 /// `release-departed`: one look of the release of departed nodes, as the daemon that leads it
 /// looks (`cluster::departed::sweep`), by the operator or a CronJob where the daemons may not
-/// write other nodes' blocks (the Kubernetes API store's admission policy): each node that
-/// owns blocks, whose Node the apiserver does not have (`client`) and whose name has been away
-/// past its fence and `after` seconds, released as release-node releases one. Exit 0 unless a
-/// read or a write failed.
+/// write other nodes' blocks (the Kubernetes API store's admission policy): the pins nobody
+/// holds in the blocks of nodes not alive, ended once their owners have been gone long enough,
+/// then each node that owns blocks, whose Node the apiserver does not have (`client`) and
+/// whose name has been away past its fence and the threshold, released as release-node
+/// releases one. Exit 0 unless a read or a write failed.
 pub(crate) async fn release_departed(
     store: &dyn Datastore,
     place: &str,
     client: Option<kube::Client>,
-    after: u64,
+    limits: ipool_server::cluster::departed::Thresholds,
 ) -> std::process::ExitCode {
+    use ipool_server::cluster::departed::pins::PinOutcome;
     use ipool_server::cluster::departed::{sweep, Outcome};
     let Some(client) = client else {
         eprintln!("ipoolctl: release-departed asks the apiserver which Nodes are gone: give --kubeconfig (the store is etcd)");
         return std::process::ExitCode::from(crate::EXIT_USAGE);
     };
-    let nodes = ipool_server::k8s::nodes::Nodes::new(client);
-    let found = match sweep(store, place, None, after, &nodes).await {
+    let dir = ipool_server::k8s::nodes::Nodes::new(client);
+    let look = match sweep(store, place, None, limits, &dir).await {
         Ok(f) => f,
         Err(e) => {
             eprintln!("ipoolctl: {e}");
@@ -87,7 +89,19 @@ pub(crate) async fn release_departed(
         }
     };
     let mut failed = false;
-    for (node, outcome) in &found {
+    for p in &look.pins {
+        let pin = p.pin();
+        let what = format!("pin {} of {} (block {})", pin.address, pin.owner, pin.block);
+        match p {
+            PinOutcome::Ended { why, .. } => outln!("{what}: ended ({why})"),
+            PinOutcome::Waiting { why, .. } => outln!("{what}: kept ({why})"),
+            PinOutcome::Failed { why, .. } => {
+                failed = true;
+                eprintln!("ipoolctl: {what}: {why}");
+            }
+        }
+    }
+    for (node, outcome) in &look.nodes {
         match outcome {
             Outcome::Released(r) => {
                 let blocks: Vec<String> = r.blocks.iter().map(|b| b.block.to_string()).collect();
@@ -98,16 +112,25 @@ pub(crate) async fn release_departed(
                     r.pinned.len()
                 );
             }
+            Outcome::Kept(r) => {
+                let blocks: Vec<String> = r.pinned.iter().map(|b| b.block.to_string()).collect();
+                outln!(
+                    "node {node}: its Node is gone; nothing to release: its {} block(s) [{}] hold pins, and go back once those end",
+                    r.pinned.len(),
+                    blocks.join(", ")
+                );
+            }
             Outcome::Waiting(why) | Outcome::Refused(why) => {
                 outln!("node {node}: its Node is gone; not released: {why}")
             }
+            Outcome::Unknown(why) => outln!("node {node}: not judged: {why}"),
             Outcome::Failed(why) => {
                 failed = true;
                 eprintln!("ipoolctl: node {node}: {why}");
             }
         }
     }
-    if found.is_empty() {
+    if look.nodes.is_empty() && look.pins.is_empty() {
         outln!("no node that owns blocks is gone from the apiserver");
     }
     match failed {

@@ -45,6 +45,11 @@ pub(crate) fn setup(
     let node = ClusterNode::new(settings, name, instance, metrics.clone())
         .map_err(anyhow::Error::msg)
         .context("[cluster]")?;
+    // The Node's name (the downward API's spec.nodeName), recorded with the node's name in the
+    // store: whether the node is gone is whether that Node is, whatever its name in the store.
+    if let Some(n) = &args.node_name {
+        node.set_k8s_node(n);
+    }
     let (cluster, sources) = ClusterNetworks::new(node, config);
     Ok((Some(cluster), sources))
 }
@@ -104,20 +109,11 @@ async fn report_in_use(node: Arc<ClusterNode>, ipam: Ipam) {
 
 /// Departed nodes released by themselves (`[cluster] release_departed_after_secs`), where
 /// the Nodes can be asked (`client`: `[kubernetes]`); said at start when it stays off.
-pub(crate) fn release_departed(
-    cluster: &Cluster,
-    client: Option<&kube::Client>,
-    node_name: Option<&str>,
-) {
+pub(crate) fn release_departed(cluster: &Cluster, client: Option<&kube::Client>) {
     let node = cluster.node();
     let after = node.settings().release_departed_after_secs;
     match (after, client) {
         (0, _) => {}
-        // Whether a node is gone is whether the Node of its name is: only where every
-        // daemon's name in the store is its Node's.
-        (_, Some(_)) if node_name != Some(node.name()) => {
-            tracing::warn!(after_secs = after, node = %node.name(), node_name = ?node_name, "[cluster] release_departed_after_secs is set but this node's name in the store is not its Node's (--node-name / NODE_NAME): a Node's absence would say nothing of a name, so departed nodes are not released by themselves here");
-        }
         (_, None) => {
             tracing::warn!(after_secs = after, "[cluster] release_departed_after_secs is set but there is no [kubernetes] table: whether a node is gone is its Node's absence from the apiserver, which cannot be asked, so departed nodes are not released by themselves (ipoolctl cluster release-node does it)");
         }

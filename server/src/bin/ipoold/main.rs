@@ -364,7 +364,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
                 // Pins: holds no pod uses let go, pins of gone owners ended.
                 let holds = ipool_server::cluster::pin::hold::Holds::new(cl.node().clone());
                 tokio::spawn(k8s::pin_keeper::run(ipam.clone(), holds, c.clone()));
-                cluster::release_departed(cl, Some(&c), Some(node.as_str()));
+                cluster::release_departed(cl, Some(&c));
             }
             Some(pods)
         }
@@ -375,7 +375,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             if let Some(cl) = &cluster {
                 let labels = config.cluster.as_ref().map(|c| c.node_labels.clone());
                 cl.node().set_labels(labels.unwrap_or_default());
-                cluster::release_departed(cl, None, args.node_name.as_deref());
+                cluster::release_departed(cl, None);
             }
             let kept = ipam.quarantines();
             if !kept.is_empty() {

@@ -46,6 +46,7 @@ fn alive(node: &str) -> NodeSeen {
         away_secs: None,
         fence_secs: 30,
         in_use: None,
+        k8s_node: Some(node.into()),
     }
 }
 
@@ -122,6 +123,7 @@ fn each_kind_of_inconsistency_is_one_finding() {
             away_secs: Some(600),
             fence_secs: 30,
             in_use: None,
+            k8s_node: Some("sleeper".into()),
         },
     ];
     let holder = |node: &str| Holder {
@@ -225,4 +227,66 @@ fn each_kind_of_inconsistency_is_one_finding() {
     let text = serde_json::to_string(&r).unwrap();
     let back: Report = serde_json::from_str(&text).unwrap();
     assert_eq!(back.findings, r.findings);
+}
+
+/// A node is judged by the Node its daemon recorded (issue 53, item 7): "n3-store", whose
+/// Node is "n3", is not gone while n3 is there, and is once it is not; a gone node whose every
+/// block holds a pin is told as such (a release frees nothing there).
+#[test]
+fn nodes_are_judged_by_their_recorded_node_and_pinned_ones_said_so() {
+    let pools = pools();
+    let blocks = Listing {
+        blocks: vec![
+            block("p", "10.1.0.0/28", "n3-store"),
+            block("p", "10.1.0.16/28", "pinned"),
+        ],
+        malformed: Vec::new(),
+    };
+    let away = |node: &str, k8s: &str| NodeSeen {
+        node: node.into(),
+        alive: None,
+        away_secs: Some(5),
+        fence_secs: 30,
+        in_use: None,
+        k8s_node: Some(k8s.into()),
+    };
+    let nodes = [away("n3-store", "n3"), away("pinned", "pinned")];
+    let pin = PinRead {
+        pin: Pin {
+            pool: "p".into(),
+            address: "10.1.0.20".parse().unwrap(),
+            owner: PinOwner::StatefulSet {
+                namespace: "ns".into(),
+                name: "web".into(),
+                ordinal: 1,
+            },
+            block: "10.1.0.16/28".parse().unwrap(),
+            block_id: 1,
+            set_aside: false,
+            holders: Vec::new(),
+        },
+        version: "1".into(),
+    };
+    let pins = [pin];
+    let s = Stored {
+        pools: &pools,
+        blocks: &blocks,
+        nodes: &nodes,
+        pins: &pins,
+    };
+    let with = |names: &[&str]| Apiserver {
+        nodes: names.iter().map(|n| n.to_string()).collect(),
+        pods: Vec::new(),
+    };
+    let r = check(&s, Some(&with(&["n3"])));
+    assert_eq!(kinds(&r), vec![Kind::NodeGonePinned], "{:#?}", r.findings);
+    assert!(r.findings[0].fix.contains("unpin"), "{}", r.findings[0].fix);
+    let r = check(&s, Some(&with(&[])));
+    assert_eq!(kinds(&r), vec![Kind::NodeGone, Kind::NodeGonePinned]);
+    assert_eq!(r.findings[0].node.as_deref(), Some("n3-store"));
+    assert!(
+        r.findings[0].what.contains("\"n3\""),
+        "{}",
+        r.findings[0].what
+    );
 }

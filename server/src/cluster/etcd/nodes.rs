@@ -10,16 +10,19 @@
 //!   it, as etcd counts (no wall clock of any machine is compared). Gone after
 //!   [`SEEN_TTL_SECS`] of absence, or when the node is released.
 //!
-//! release-node gives back each block in one transaction conditioned on the block being the
-//! key its owner created and on the node's `alive` key being absent: a daemon that comes back
-//! meanwhile keeps its blocks.
+//! Both say the name of the node's Node object, where its daemon knows it
+//! ([`Alive::k8s_node`](crate::cluster::model::Alive::k8s_node)).
+//!
+//! release-node gives back each block, and ends each of the node's holds on pins, in one
+//! transaction each conditioned on the node's `alive` key being absent: a daemon that comes
+//! back meanwhile keeps its blocks and its holds. Its `seen` key goes last, only while it is
+//! still the one judged, and only when no block is left to it.
 
 use super::request::{self, cmp, op};
 use super::ClusterStore;
-use crate::cluster::datastore::{BlockStore, NameStore};
+use crate::cluster::datastore::{BlockStore, Freed, NameStore, Release};
 use crate::cluster::model::{
-    now_ms, Acquired, Alive, Block, ClusterError, Heartbeat, InUse, Listing, NodeSeen, NodeState,
-    Seen,
+    now_ms, Acquired, Alive, ClusterError, Heartbeat, InUse, Listing, NodeSeen, NodeState, Seen,
 };
 
 /// The `seen` lease's TTL: absences up to this long are measured; past it, the key is gone and
@@ -110,6 +113,7 @@ impl NameStore for ClusterStore {
             fence_secs: me.fence_secs,
             renew_secs,
             at_ms: now_ms(),
+            k8s_node: me.k8s_node.clone(),
         };
         self.client()
             .put(request::put(
@@ -170,12 +174,12 @@ impl NameStore for ClusterStore {
         let alive = alive.kvs.first().map(|kv| {
             serde_json::from_slice::<Alive>(&kv.value).unwrap_or(Alive {
                 instance: format!("unreadable: {}", String::from_utf8_lossy(&kv.value)),
-                at_ms: 0,
-                fence_secs: 0,
+                ..Alive::default()
             })
         });
         let seen_key = self.node_key(node, "seen");
         let seen = self.client().range(request::get(seen_key.clone())).await?;
+        let judged = seen.kvs.first().map(|kv| kv.mod_revision.to_string());
         let seen = match seen.kvs.first() {
             None => None,
             Some(kv) => {
@@ -201,12 +205,18 @@ impl NameStore for ClusterStore {
                 Some((value, away))
             }
         };
+        let k8s_node = seen
+            .as_ref()
+            .and_then(|(s, _)| s.k8s_node.clone())
+            .or_else(|| alive.as_ref().and_then(|a| a.k8s_node.clone()));
         let blocks = self.blocks_of_node(node).await?;
         Ok(NodeState {
             alive,
             seen,
             blocks,
             unproven: None,
+            judged,
+            k8s_node,
         })
     }
 
@@ -237,10 +247,7 @@ impl NameStore for ClusterStore {
             }
             let entry = nodes.entry(node.to_string()).or_insert_with(|| NodeSeen {
                 node: node.to_string(),
-                alive: None,
-                away_secs: None,
-                fence_secs: 0,
-                in_use: None,
+                ..NodeSeen::default()
             });
             if what == "alive" {
                 let a = serde_json::from_slice::<Alive>(&kv.value);
@@ -248,10 +255,14 @@ impl NameStore for ClusterStore {
                     a.as_ref()
                         .map_or_else(|e| format!("unreadable ({e})"), |a| a.instance.clone()),
                 );
-                entry.fence_secs = a.map_or(entry.fence_secs, |a| a.fence_secs);
+                if let Ok(a) = a {
+                    entry.fence_secs = a.fence_secs;
+                    entry.k8s_node = entry.k8s_node.take().or(a.k8s_node);
+                }
             } else {
                 if let Ok(seen) = serde_json::from_slice::<Seen>(&kv.value) {
                     entry.fence_secs = entry.fence_secs.max(seen.fence_secs);
+                    entry.k8s_node = seen.k8s_node.or(entry.k8s_node.take());
                 }
                 if kv.lease != 0 {
                     seen_leases.push((node.to_string(), kv.lease));
@@ -319,34 +330,63 @@ impl NameStore for ClusterStore {
         }
     }
 
-    /// Gives back every block in `blocks`, each conditioned on its create revision and (unless
-    /// `force`) on the node's `alive` key being absent; then drops the node's `seen` key.
-    /// Returns the blocks given back; stops with an error when the node came back.
-    async fn release_node(
-        &self,
-        node: &str,
-        blocks: &[Block],
-        force: bool,
-    ) -> Result<Vec<Block>, ClusterError> {
+    /// Gives back the plan's blocks, each conditioned on its create revision and (unless
+    /// forced) on the node's `alive` key being absent, then ends the node's holds on pins
+    /// (each conditioned on the pin as read and the same absence), then, when no block is left
+    /// to it, drops its record while its `seen` key is the one judged. Stops with an error when
+    /// the node came back.
+    async fn release_node(&self, node: &str, plan: &Release<'_>) -> Result<Freed, ClusterError> {
         let alive = self.alive_key(node);
-        let mut released = Vec::new();
-        for b in blocks {
-            let unless = (!force).then_some(alive.as_str());
+        let unless = (!plan.force).then_some(alive.as_str());
+        let absent = || match unless {
+            Some(k) if !crate::bugs::on(crate::bugs::Bug::ReleaseUnconditioned) => {
+                vec![cmp::version(k, cmp::Equal, 0)]
+            }
+            _ => Vec::new(),
+        };
+        let came_back = |freed: &Freed| {
+            ClusterError::Refused(format!(
+                "node {node:?} came back while its blocks were given back ({} given back, {} kept)",
+                freed.blocks.len(),
+                plan.blocks.len() - freed.blocks.len()
+            ))
+        };
+        let mut freed = Freed::default();
+        for b in plan.blocks {
             if self.give_back_unless(b, unless).await? {
-                released.push(b.clone());
+                freed.blocks.push(b.clone());
                 continue;
             }
-            if !force && self.node_state(node).await?.alive.is_some() {
-                return Err(ClusterError::Refused(format!(
-                    "node {node:?} came back while its blocks were given back ({} given back, {} kept)",
-                    released.len(),
-                    blocks.len() - released.len()
-                )));
+            if !plan.force && self.node_state(node).await?.alive.is_some() {
+                return Err(came_back(&freed));
             }
         }
-        self.client()
-            .delete_range(request::delete(self.node_key(node, "seen")))
-            .await?;
-        Ok(released)
+        for (read, pin) in plan.holds {
+            match self.write_pin_if(read, pin, absent()).await? {
+                Some(_) => freed.unheld.push(pin.clone()),
+                None if !plan.force && self.node_state(node).await?.alive.is_some() => {
+                    return Err(came_back(&freed));
+                }
+                // The pin changed since it was read: its holders are no longer as judged.
+                None => {}
+            }
+        }
+        if plan.keeps_blocks {
+            return Ok(freed);
+        }
+        let seen = self.node_key(node, "seen");
+        let mut when = absent();
+        if let Some(rev) = plan.state.judged.as_deref().filter(|_| !plan.force) {
+            let rev: i64 = rev.parse().map_err(|_| ClusterError::Malformed {
+                what: "judged record",
+                key: seen.clone(),
+                why: format!("{rev:?} is not a revision"),
+            })?;
+            when.push(cmp::mod_revision(seen.clone(), cmp::Equal, rev));
+        }
+        let drop = [op::delete(seen), op::delete(self.node_key(node, IN_USE))];
+        // Not dropped: the daemon came back (its own record stays).
+        self.client().txn(request::txn(when, drop, [])).await?;
+        Ok(freed)
     }
 }

@@ -116,8 +116,35 @@ impl ClusterStore {
     }
 }
 
+impl ClusterStore {
+    /// Writes `pin` over the write `read` names, and only while `also` holds (a release: the
+    /// node's name not held); None when either changed.
+    pub(super) async fn write_pin_if(
+        &self,
+        read: &PinRead,
+        pin: &Pin,
+        also: Vec<ipool_proto::etcd::etcdserverpb::Compare>,
+    ) -> Result<Option<PinRead>, ClusterError> {
+        read.pin.check_change(pin).map_err(ClusterError::Refused)?;
+        let key = self.pin_key(pin);
+        let value = serde_json::to_vec(pin).expect("serializes");
+        let mut when = vec![cmp::mod_revision(
+            key.clone(),
+            cmp::Equal,
+            revision_of(read)?,
+        )];
+        when.extend(also);
+        let txn = request::txn(when, [op::put(key, value, 0)], []);
+        let r = self.client().txn(txn).await?;
+        Ok(r.succeeded.then(|| PinRead {
+            pin: pin.clone(),
+            version: r.header.as_ref().map_or(0, |h| h.revision).to_string(),
+        }))
+    }
+}
+
 /// A version this store wrote: etcd's mod revision.
-fn revision_of(read: &PinRead) -> Result<i64, ClusterError> {
+pub(super) fn revision_of(read: &PinRead) -> Result<i64, ClusterError> {
     read.version.parse().map_err(|_| {
         ClusterError::Refused(format!(
             "pin version {:?} is not an etcd revision (read from another store?)",
@@ -203,23 +230,7 @@ impl PinStore for ClusterStore {
     }
 
     async fn write_pin(&self, read: &PinRead, pin: &Pin) -> Result<Option<PinRead>, ClusterError> {
-        read.pin.check_change(pin).map_err(ClusterError::Refused)?;
-        let key = self.pin_key(pin);
-        let value = serde_json::to_vec(pin).expect("serializes");
-        let txn = request::txn(
-            [cmp::mod_revision(
-                key.clone(),
-                cmp::Equal,
-                revision_of(read)?,
-            )],
-            [op::put(key, value, 0)],
-            [],
-        );
-        let r = self.client().txn(txn).await?;
-        Ok(r.succeeded.then(|| PinRead {
-            pin: pin.clone(),
-            version: r.header.as_ref().map_or(0, |h| h.revision).to_string(),
-        }))
+        self.write_pin_if(read, pin, Vec::new()).await
     }
 
     async fn delete_pin(&self, read: &PinRead) -> Result<bool, ClusterError> {
@@ -233,10 +244,19 @@ impl PinStore for ClusterStore {
             [
                 op::delete(key),
                 op::delete(self.pin_owner_key(&read.pin.owner)),
+                op::delete(self.owner_gone_key(&read.pin)),
             ],
             [],
         );
         Ok(self.client().txn(txn).await?.succeeded)
+    }
+
+    async fn owner_gone_for(&self, read: &PinRead) -> Result<(i64, PinRead), ClusterError> {
+        Ok((self.mark_gone(read).await?, read.clone()))
+    }
+
+    async fn owner_back(&self, read: &PinRead) -> Result<(), ClusterError> {
+        self.unmark_gone(read).await
     }
 
     async fn set_aside_site(

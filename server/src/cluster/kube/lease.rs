@@ -26,9 +26,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Preconditions};
 
 use super::{api_code, KubeStore, FIELD_MANAGER};
-use crate::cluster::datastore::{BlockStore, NameStore};
+use crate::cluster::datastore::{BlockStore, Freed, NameStore, PinStore, Release};
 use crate::cluster::model::{
-    Acquired, Alive, Block, ClusterError, Heartbeat, Listing, NodeSeen, NodeState, Seen,
+    Acquired, Alive, ClusterError, Heartbeat, Listing, NodeSeen, NodeState, Seen,
 };
 
 const FENCE: &str = "ipool.io/fence-secs";
@@ -36,8 +36,15 @@ const RENEW: &str = "ipool.io/renew-secs";
 const CHECKED: &str = "ipool.io/absence-checked-by";
 /// The daemon's last report of its node's addresses in use (`model::InUse` as JSON).
 const IN_USE: &str = "ipool.io/in-use";
+/// The name of the node's Node object, as its daemon knows it ([`Alive::k8s_node`]).
+const NODE_NAME: &str = "ipool.io/k8s-node";
 /// The holder release-node writes while it gives a node's blocks back.
 pub const RELEASER: &str = "ipoolctl release-node";
+
+/// The Node name `l`'s daemon recorded, if it did.
+pub(super) fn node_name(l: &Lease) -> Option<String> {
+    l.metadata.annotations.as_ref()?.get(NODE_NAME).cloned()
+}
 
 fn holder(l: &Lease) -> Option<String> {
     l.spec
@@ -64,8 +71,15 @@ fn annotation(l: &Lease, key: &str) -> u64 {
 
 /// The time the apiserver stamped on `manager`'s last write of `l`, Unix seconds.
 fn written_at(l: &Lease, manager: &str) -> Option<i64> {
-    l.metadata
-        .managed_fields
+    written_by(&l.metadata, manager)
+}
+
+/// The time the apiserver stamped on `manager`'s last write of an object, Unix seconds.
+pub(super) fn written_by(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    manager: &str,
+) -> Option<i64> {
+    meta.managed_fields
         .as_ref()?
         .iter()
         .filter(|m| m.manager.as_deref() == Some(manager))
@@ -96,6 +110,13 @@ impl KubeStore {
         let notes = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
         notes.insert(FENCE.into(), me.fence_secs.to_string());
         notes.insert(RENEW.into(), renew.to_string());
+        // A daemon's own: the release-node holding the Lease leaves the daemon's record.
+        if me.instance != RELEASER {
+            match &me.k8s_node {
+                Some(n) => notes.insert(NODE_NAME.into(), n.clone()),
+                None => notes.remove(NODE_NAME),
+            };
+        }
         lease
     }
 
@@ -291,12 +312,11 @@ impl NameStore for KubeStore {
         self.token().await;
         let Some(mut l) = self.leases.get_opt(&name).await? else {
             return Ok(NodeState {
-                alive: None,
-                seen: None,
                 blocks,
                 // The old way: no Lease here taken for absence.
                 unproven: (!crate::bugs::on(crate::bugs::Bug::NoLeaseIsAbsence))
                     .then(|| self.no_lease(&name)),
+                ..NodeState::default()
             });
         };
         l.metadata
@@ -319,9 +339,9 @@ impl NameStore for KubeStore {
                 // Renewed while it was being checked: alive.
                 return Ok(NodeState {
                     alive: Some(alive_of(&l)),
-                    seen: None,
                     blocks,
-                    unproven: None,
+                    k8s_node: node_name(&l),
+                    ..NodeState::default()
                 });
             }
             Err(e) => return Err(e.into()),
@@ -343,12 +363,15 @@ impl NameStore for KubeStore {
             fence_secs: annotation(&checked, FENCE),
             renew_secs: annotation(&checked, RENEW),
             at_ms: u64::try_from(theirs).unwrap_or(0) * 1000,
+            k8s_node: node_name(&checked),
         };
         Ok(NodeState {
             alive: (holder(&checked).is_some() && !lapsed).then(|| alive_of(&checked)),
             seen: Some((seen, away)),
             blocks,
             unproven: None,
+            judged: checked.metadata.resource_version.clone(),
+            k8s_node: node_name(&checked),
         })
     }
 
@@ -389,15 +412,14 @@ impl NameStore for KubeStore {
         self.list_blocks(None, Some(node)).await
     }
 
-    /// Gives back `blocks` of a node that is gone. Unless `force`, its Lease is held by
-    /// [`RELEASER`] meanwhile (taken only if it still is as [`Self::node_state`] left it: not
-    /// renewed since), then deleted: a daemon that comes back waits, then finds no block.
-    async fn release_node(
-        &self,
-        node: &str,
-        blocks: &[Block],
-        force: bool,
-    ) -> Result<Vec<Block>, ClusterError> {
+    /// Gives back the plan's blocks and ends the node's holds on pins. Unless forced, its
+    /// Lease is held by [`RELEASER`] meanwhile (taken only if it still is as
+    /// [`Self::node_state`] left it: not renewed since), so that a daemon that comes back
+    /// waits, then finds no block and no hold; then deleted, or, while the node keeps blocks
+    /// (a pin was made in them), released (no holder): a later release measures its absence
+    /// from the daemon's last write, as before.
+    async fn release_node(&self, node: &str, plan: &Release<'_>) -> Result<Freed, ClusterError> {
+        let (blocks, force) = (plan.blocks, plan.force);
         let name = Self::lease_name(node);
         self.token().await;
         let mut lease = self.leases.get_opt(&name).await?;
@@ -436,8 +458,7 @@ impl NameStore for KubeStore {
                 }
                 let me = Alive {
                     instance: RELEASER.into(),
-                    at_ms: 0,
-                    fence_secs: 0,
+                    ..Alive::default()
                 };
                 let ttl = u64::try_from(duration_secs(l).max(1)).unwrap_or(1);
                 let taken = self.held_by(Some(l), &name, &me, ttl, 0);
@@ -463,33 +484,55 @@ impl NameStore for KubeStore {
             }
             (_, true) => None,
         };
-        let mut released = Vec::new();
+        let mut freed = Freed::default();
         for b in blocks {
             if self.give_back(b).await? {
-                released.push(b.clone());
+                freed.blocks.push(b.clone());
             }
         }
-        if let Some(t) = held {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: t.metadata.uid.clone(),
-                    resource_version: t.metadata.resource_version.clone(),
-                }),
-                ..DeleteParams::default()
-            };
-            self.token().await;
-            match self.leases.delete(&name, &params).await {
-                Ok(_) => {}
-                Err(e) if matches!(api_code(&e), Some(404 | 409)) => {}
-                Err(e) => return Err(e.into()),
+        // While the Lease is held here: a daemon back meanwhile has waited.
+        for (read, pin) in plan.holds {
+            if self.write_pin(read, pin).await?.is_some() {
+                freed.unheld.push(pin.clone());
             }
         }
-        Ok(released)
+        let Some(t) = held else {
+            return Ok(freed);
+        };
+        self.token().await;
+        let done = match plan.keeps_blocks {
+            true => {
+                let mut released = t.clone();
+                if let Some(s) = released.spec.as_mut() {
+                    s.holder_identity = None;
+                }
+                self.leases
+                    .replace(&name, &self.post(), &released)
+                    .await
+                    .map(|_| ())
+            }
+            false => {
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: t.metadata.uid.clone(),
+                        resource_version: t.metadata.resource_version.clone(),
+                    }),
+                    ..DeleteParams::default()
+                };
+                self.leases.delete(&name, &params).await.map(|_| ())
+            }
+        };
+        match done {
+            Ok(()) => Ok(freed),
+            Err(e) if matches!(api_code(&e), Some(404 | 409)) => Ok(freed),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
 fn alive_of(l: &Lease) -> Alive {
     Alive {
+        k8s_node: node_name(l),
         instance: holder(l).unwrap_or_default(),
         at_ms: l
             .spec

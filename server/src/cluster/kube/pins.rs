@@ -252,6 +252,14 @@ impl PinStore for KubeStore {
             .await
     }
 
+    async fn owner_gone_for(&self, read: &PinRead) -> Result<(i64, PinRead), ClusterError> {
+        self.mark_gone(read).await
+    }
+
+    async fn owner_back(&self, read: &PinRead) -> Result<(), ClusterError> {
+        self.unmark_gone(read).await
+    }
+
     async fn set_aside_site(
         &self,
         pool: &str,

@@ -28,6 +28,7 @@ impl ClusterNode {
             instance: self.instance.clone(),
             at_ms: 0,
             fence_secs: self.settings.fence(),
+            k8s_node: self.k8s_node.get().cloned(),
         };
         let mut wait = Duration::from_secs(1);
         loop {

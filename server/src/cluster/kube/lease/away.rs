@@ -4,7 +4,9 @@
 //! Lease: the time of its own last renewal, as the apiserver stamped it, is at most now; the
 //! other node's away is measured up to then, never longer than it has been.
 
-use super::{alive_of, annotation, duration_secs, holder, written_at, FENCE, IN_USE, RENEW};
+use super::{
+    alive_of, annotation, duration_secs, holder, node_name, written_at, FENCE, IN_USE, RENEW,
+};
 use crate::cluster::kube::{KubeStore, FIELD_MANAGER};
 use crate::cluster::model::{ClusterError, Listing, NodeSeen, NodeState, Seen};
 
@@ -18,10 +20,8 @@ impl KubeStore {
         self.token().await;
         let Some(theirs) = self.leases.get_opt(&name).await? else {
             return Ok(NodeState {
-                alive: None,
-                seen: None,
-                blocks: Listing::default(),
                 unproven: Some(self.no_lease(&name)),
+                ..NodeState::default()
             });
         };
         self.token().await;
@@ -29,12 +29,10 @@ impl KubeStore {
         let now = mine.as_ref().and_then(|l| written_at(l, FIELD_MANAGER));
         let (Some(then), Some(now)) = (written_at(&theirs, FIELD_MANAGER), now) else {
             return Ok(NodeState {
-                alive: None,
-                seen: None,
-                blocks: Listing::default(),
                 unproven: Some(format!(
                     "Lease {name}, or this node's own, carries no time of a daemon's write (metadata.managedFields): how long node {node:?} has been away cannot be measured"
                 )),
+                ..NodeState::default()
             });
         };
         let away = (now - then).max(0);
@@ -47,11 +45,14 @@ impl KubeStore {
                     fence_secs: annotation(&theirs, FENCE),
                     renew_secs: annotation(&theirs, RENEW),
                     at_ms: u64::try_from(then).unwrap_or(0) * 1000,
+                    k8s_node: node_name(&theirs),
                 },
                 away,
             )),
             blocks: Listing::default(),
             unproven: None,
+            judged: theirs.metadata.resource_version.clone(),
+            k8s_node: node_name(&theirs),
         })
     }
 
@@ -81,6 +82,7 @@ impl KubeStore {
                         .as_ref()
                         .and_then(|a| a.get(IN_USE))
                         .and_then(|v| serde_json::from_str(v).ok()),
+                    k8s_node: node_name(l),
                 })
             })
             .collect())

@@ -72,8 +72,7 @@ impl LeadStore for KubeStore {
         }
         let me = Alive {
             instance: me.to_string(),
-            at_ms: 0,
-            fence_secs: 0,
+            ..Alive::default()
         };
         let lease = self.held_by(now.as_ref(), &name, &me, ttl_secs.max(1), 0);
         // False: another candidate wrote it first.

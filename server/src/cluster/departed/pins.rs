@@ -1,0 +1,105 @@
+//! The pins that keep a departed node's blocks: a release keeps every block a pin was made in
+//! (its pinned addresses are kept there for their owners), and no node's keeper looks after
+//! the pins of a node whose daemon is gone. So the look of the release of departed nodes
+//! does, for the blocks of every node whose daemon does not hold its name: a pin nobody holds
+//! whose owner (a StatefulSet's ordinal, a VM) has been gone `pin_ttl_secs`, as the store
+//! measures the time ([`PinStore::owner_gone_for`]), is deleted, conditioned on the pin as
+//! read; its block then goes back at the node's release. A pin someone holds is its holder's
+//! to let go of, at its pod's DEL or by its keeper.
+//!
+//! [`PinStore::owner_gone_for`]: crate::cluster::datastore::PinStore::owner_gone_for
+
+use std::collections::BTreeSet;
+
+use super::Directory;
+use crate::cluster::datastore::Datastore;
+use crate::cluster::model::{Block, ClusterError};
+use crate::cluster::pin::{Pin, PinRead};
+
+/// What a look did with a pin nobody holds in a departed node's block.
+#[derive(Debug)]
+pub enum PinOutcome {
+    /// Deleted: its owner has been gone long enough (why it is gone).
+    Ended { pin: Pin, why: String },
+    /// Kept: its owner is there, or not gone long enough yet (why).
+    Waiting { pin: Pin, why: String },
+    /// Its owner could not be asked, or a write failed: tried again at the next look.
+    Failed { pin: Pin, why: String },
+}
+
+impl PinOutcome {
+    pub fn pin(&self) -> &Pin {
+        match self {
+            PinOutcome::Ended { pin, .. }
+            | PinOutcome::Waiting { pin, .. }
+            | PinOutcome::Failed { pin, .. } => pin,
+        }
+    }
+}
+
+/// The pins nobody holds made in `blocks` of the nodes in `away`, each ended once its owner
+/// has been gone `ttl` seconds.
+pub async fn end_gone(
+    store: &dyn Datastore,
+    blocks: &[Block],
+    away: &BTreeSet<&String>,
+    ttl: u64,
+    dir: &dyn Directory,
+) -> Result<Vec<PinOutcome>, ClusterError> {
+    let theirs: Vec<&Block> = blocks
+        .iter()
+        .filter(|b| away.contains(&b.owner.node))
+        .collect();
+    let mut out = Vec::new();
+    for read in store.pins(None).await? {
+        let p = &read.pin;
+        let kept = theirs
+            .iter()
+            .any(|b| b.pool == p.pool && p.made_in(&b.block, &b.revision));
+        if !kept || !p.holders.is_empty() {
+            continue;
+        }
+        out.push(judge(store, read, ttl, dir).await);
+    }
+    Ok(out)
+}
+
+/// One pin nobody holds: ended, kept, or not judged.
+async fn judge(store: &dyn Datastore, read: PinRead, ttl: u64, dir: &dyn Directory) -> PinOutcome {
+    let pin = read.pin.clone();
+    let failed = |why: String| PinOutcome::Failed {
+        pin: pin.clone(),
+        why,
+    };
+    let gone = match dir.owner_gone(&pin.owner).await {
+        Ok(g) => g,
+        Err(e) => return failed(format!("asking whether {} is gone: {e}", pin.owner)),
+    };
+    let Some(why) = gone else {
+        if let Err(e) = store.owner_back(&read).await {
+            return failed(e.to_string());
+        }
+        return PinOutcome::Waiting {
+            pin: pin.clone(),
+            why: format!("kept for {}, which is there", pin.owner),
+        };
+    };
+    let (for_secs, now) = match store.owner_gone_for(&read).await {
+        Ok(r) => r,
+        Err(e) => return failed(e.to_string()),
+    };
+    if for_secs < ttl as i64 {
+        return PinOutcome::Waiting {
+            pin: pin.clone(),
+            why: format!("{why} for {for_secs} s (pin_ttl_secs {ttl})"),
+        };
+    }
+    match store.delete_pin(&now).await {
+        Ok(true) => PinOutcome::Ended { pin, why },
+        Ok(false) => PinOutcome::Waiting {
+            pin: pin.clone(),
+            why: "the pin changed while it was being ended".into(),
+        },
+        Err(e) => failed(e.to_string()),
+    }
+}
