@@ -457,6 +457,7 @@ fn the_last_writes_of_a_release_hold_only_while_the_node_stays_away() {
                 pod: "db/web-0".into(),
                 uid: "u1".into(),
                 since_ms: 1,
+                instance: None,
             }],
         };
         let PinCreated::Created(read) = s.create_pin(&pin).await.unwrap() else {

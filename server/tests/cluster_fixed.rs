@@ -109,8 +109,23 @@ fn statefulset(ordinal: u32) -> (String, serde_json::Value) {
 }
 
 fn launcher(vm: &str) -> serde_json::Value {
+    launcher_of(vm, &format!("vmi-{vm}"))
+}
+
+/// A launcher pod of VM `vm`'s instance of uid `instance`.
+fn launcher_of(vm: &str, instance: &str) -> serde_json::Value {
     json!({"annotations": {"ipool.io/fixed": "macvlan-a"}, "labels": {"vm.kubevirt.io/name": vm},
-           "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vm, "uid": format!("vmi-{vm}"), "controller": true}]})
+           "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vm, "uid": instance, "controller": true}]})
+}
+
+/// VM `vm`'s instance, of uid `uid`, as KubeVirt shows it: migrating to `target`, or not.
+fn instance(vm: &str, uid: &str, target: Option<&str>) -> serde_json::Value {
+    let state = match target {
+        Some(t) => json!({"sourceNode": "n1", "targetNode": t}),
+        None => serde_json::Value::Null,
+    };
+    json!({"apiVersion": "kubevirt.io/v1", "metadata": {"namespace": "db", "name": vm, "uid": uid},
+           "status": {"migrationState": state}})
 }
 
 fn fixed_addresses_follow_their_pods(store: Backend) {
@@ -292,7 +307,29 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     let vm_a = c.pod(0, "virt-launcher-vm1-a", "v1", launcher("vm1"));
     let first = c.add(0, "v1", &vm_a);
     let b = ip_of(&first);
+    // An instance made again under the VM's name (the first one's launcher force-deleted,
+    // its node cut off) is another: it waits, as a StatefulSet's pod does (issue 53, item 5).
+    api.put(
+        "virtualmachineinstances",
+        instance("vm1", "vmi-vm1-again", None),
+    );
+    let again = c.pod(
+        1,
+        "virt-launcher-vm1-z",
+        "v9",
+        launcher_of("vm1", "vmi-vm1-again"),
+    );
+    let waits = c.refused(1, "v9", &again, 11);
+    assert!(waits.stdout.contains("held by"), "{}", waits.stdout);
+    // A second launcher of the same instance, but no migration KubeVirt shows: it waits too.
+    api.put("virtualmachineinstances", instance("vm1", "vmi-vm1", None));
     let vm_b = c.pod(1, "virt-launcher-vm1-b", "v2", launcher("vm1"));
+    c.refused(1, "v2", &vm_b, 11);
+    // Its migration to n2, as the instance's status shows it: both hold the pin.
+    api.put(
+        "virtualmachineinstances",
+        instance("vm1", "vmi-vm1", Some("n2")),
+    );
     let target = c.add(1, "v2", &vm_b);
     assert_eq!(ip_of(&target), b);
     let mut both = holders_of(&store, &b);

@@ -48,6 +48,7 @@ fn held_pin(b: &ipool_server::cluster::model::Block) -> ipool_server::cluster::p
             pod: "db/web-0".into(),
             uid: "u1".into(),
             since_ms: 1,
+            instance: None,
         }],
     }
 }

@@ -30,6 +30,7 @@ fn holder(node: &str, pod: &str) -> Holder {
         pod: format!("db/{pod}"),
         uid: format!("uid-{pod}"),
         since_ms: 1,
+        instance: None,
     }
 }
 

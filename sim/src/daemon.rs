@@ -297,7 +297,9 @@ impl Daemon {
         )
         .map_err(|e| format!("the engine does not start: {e}"))?;
         cluster.start(&ipam);
-        let holds = setting.pins.then(|| Holds::new(node.clone()));
+        let holds = setting
+            .pins
+            .then(|| Holds::new(node.clone()).with_migrations(Arc::new(crate::fixed::Migrating)));
         let maintenance = ipool_server::ipam::spawn_maintenance(ipam.clone());
         Ok(Daemon {
             id,
@@ -359,6 +361,7 @@ impl Daemon {
                 (Some((owner, _)), Some(holds)) => {
                     let fixed = ipool_server::service::fixed::FixedFor {
                         chosen: crate::fixed::chosen(&owner, set_aside),
+                        instance: crate::fixed::instance(&owner),
                         owner,
                     };
                     ipool_server::service::fixed::add(&ipam, holds, req, fixed).await

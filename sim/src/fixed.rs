@@ -136,3 +136,27 @@ pub(crate) fn may_share(a: Option<&str>, b: Option<&str>) -> bool {
         _ => false,
     }
 }
+
+/// A VM's instance (one per VM: the simulation never makes one again under its name).
+pub(crate) fn instance(owner: &PinOwner) -> Option<String> {
+    match owner {
+        PinOwner::VirtualMachine { name, .. } => Some(format!("vmi-{name}")),
+        PinOwner::StatefulSet { .. } => None,
+    }
+}
+
+/// KubeVirt as the simulation plays it: a second launcher pod of a VM is made only by
+/// [`migrate`], so each is a migration KubeVirt shows.
+pub(crate) struct Migrating;
+
+#[async_trait::async_trait]
+impl ipool_server::cluster::pin::hold::Migrations for Migrating {
+    async fn migrating_to(
+        &self,
+        _owner: &PinOwner,
+        _instance: &str,
+        _node: &str,
+    ) -> Result<bool, String> {
+        Ok(true)
+    }
+}

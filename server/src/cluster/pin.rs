@@ -130,6 +130,11 @@ pub struct Holder {
     /// When the node took it, Unix milliseconds (its clock; shown, never compared).
     #[serde(rename = "sinceMs")]
     pub since_ms: u64,
+    /// A VM's: the uid of the VirtualMachineInstance its pod runs (its launcher's controller).
+    /// Two launchers share the pin only as two of one instance, during a migration KubeVirt
+    /// shows; an instance made again under the VM's name is another, and waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 /// A pin, as stored.
@@ -225,22 +230,31 @@ pub enum Verdict {
     Held,
     /// Nobody holds it: take it.
     Free,
-    /// A VM's second launcher pod while the first runs elsewhere: hold it with that one.
+    /// A VM's second launcher pod, of the same instance as the first, which runs elsewhere:
+    /// hold it with that one if KubeVirt shows the instance migrating to this node.
     Migration,
     /// Held by these, on other nodes or by other pods: not until they release it or their
     /// nodes are judged gone.
     HeldBy(Vec<Holder>),
 }
 
-/// The verdict on `pin` for the owner's pod `uid` on `node`. At most two hold a VM's pin, one
-/// a StatefulSet ordinal's.
-pub fn verdict(pin: &Pin, node: &str, uid: &str) -> Verdict {
+/// The verdict on `pin` for the owner's pod `uid` on `node`, a VM's running `instance` (its
+/// VirtualMachineInstance's uid). At most two hold a VM's pin, both of one instance; one a
+/// StatefulSet ordinal's.
+pub fn verdict(pin: &Pin, node: &str, uid: &str, instance: Option<&str>) -> Verdict {
     if pin.holders.iter().any(|h| h.node == node && h.uid == uid) {
         return Verdict::Held;
     }
     match pin.holders.as_slice() {
         [] => Verdict::Free,
-        [one] if pin.owner.is_vm() && one.node != node => Verdict::Migration,
+        [one]
+            if pin.owner.is_vm()
+                && one.node != node
+                && instance.is_some()
+                && one.instance.as_deref() == instance =>
+        {
+            Verdict::Migration
+        }
         held => Verdict::HeldBy(held.to_vec()),
     }
 }

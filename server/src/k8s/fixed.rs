@@ -8,6 +8,7 @@
 use ipool_proto::names::{check_name, shown};
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::cluster::pin::hold::Migrations;
 use crate::cluster::pin::PinOwner;
 
 pub const FIXED: &str = "ipool.io/fixed";
@@ -26,6 +27,8 @@ pub struct Fixed {
     pub networks: Option<Vec<String>>,
     /// The address its owner chose ([`IPS_BY_ORDINAL`]); None: the first ADD's.
     pub address: Option<std::net::IpAddr>,
+    /// A VM launcher's: the uid of the VirtualMachineInstance that controls it.
+    pub instance: Option<String>,
 }
 
 impl Fixed {
@@ -109,11 +112,65 @@ pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, String> {
         None => None,
         Some(list) => Some(by_ordinal(&owner, list, who)?),
     };
+    let instance = match owner.is_vm() {
+        true => controller.map(|o| o.uid.clone()).filter(|u| !u.is_empty()),
+        false => None,
+    };
     Ok(Some(Fixed {
         owner,
         networks,
         address,
+        instance,
     }))
+}
+
+/// KubeVirt's word on a VM's live migration: its instance's `status.migrationState` (the
+/// target node, not yet completed nor failed), read by name when a second launcher pod of the
+/// same instance asks for the VM's pin.
+pub struct KubeVirt {
+    client: kube::Client,
+}
+
+impl KubeVirt {
+    pub fn new(client: kube::Client) -> KubeVirt {
+        KubeVirt { client }
+    }
+}
+
+#[async_trait::async_trait]
+impl Migrations for KubeVirt {
+    async fn migrating_to(
+        &self,
+        owner: &PinOwner,
+        instance: &str,
+        node: &str,
+    ) -> Result<bool, String> {
+        let PinOwner::VirtualMachine { namespace, name } = owner else {
+            return Ok(false);
+        };
+        let ar = kube::api::ApiResource {
+            group: "kubevirt.io".into(),
+            version: "v1".into(),
+            api_version: "kubevirt.io/v1".into(),
+            kind: "VirtualMachineInstance".into(),
+            plural: "virtualmachineinstances".into(),
+        };
+        let api: kube::Api<kube::api::DynamicObject> =
+            kube::Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let Some(vmi) = api.get_opt(name).await.map_err(|e| e.to_string())? else {
+            return Ok(false);
+        };
+        Ok(migrating(&vmi, instance, node))
+    }
+}
+
+/// Whether `vmi`, the instance of uid `instance`, shows a migration to `node` under way.
+fn migrating(vmi: &kube::api::DynamicObject, instance: &str, node: &str) -> bool {
+    let state = &vmi.data["status"]["migrationState"];
+    vmi.metadata.uid.as_deref() == Some(instance)
+        && state["targetNode"].as_str() == Some(node)
+        && state["completed"].as_bool() != Some(true)
+        && state["failed"].as_bool() != Some(true)
 }
 
 /// The address `list` ([`IPS_BY_ORDINAL`]) gives `owner`'s ordinal.
@@ -182,6 +239,49 @@ mod tests {
         assert!(fixed(&spoof, "p").is_err());
         let none = pod(json!({"metadata": {"namespace": "vms", "name": "x"}}));
         assert_eq!(fixed(&none, "p"), Ok(None));
+    }
+
+    /// A launcher's instance is its controller's uid; a migration is what the instance's
+    /// status shows, for that instance, to that node, under way (issue 53, item 5).
+    #[test]
+    fn a_migration_is_the_instances_own_under_way_to_this_node() {
+        let vmi = json!([{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "name": "a", "uid": "i1", "controller": true}]);
+        let launcher = pod(
+            json!({"metadata": {"namespace": "vms", "name": "virt-launcher-a-x1",
+            "annotations": {FIXED: "true"}, "labels": {VM_LABEL: "a"}, "ownerReferences": vmi}}),
+        );
+        let f = fixed(&launcher, "p").unwrap().unwrap();
+        assert_eq!(f.instance.as_deref(), Some("i1"));
+        assert_eq!(
+            fixed(&sts_pod("web-0", "true"), "p")
+                .unwrap()
+                .unwrap()
+                .instance,
+            None
+        );
+        let obj = |uid: &str, state: serde_json::Value| -> kube::api::DynamicObject {
+            serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "metadata": {"namespace": "vms", "name": "a", "uid": uid},
+                "status": {"migrationState": state}}))
+            .unwrap()
+        };
+        let under_way = json!({"sourceNode": "n1", "targetNode": "n2"});
+        assert!(migrating(&obj("i1", under_way.clone()), "i1", "n2"));
+        assert!(
+            !migrating(&obj("i1", under_way.clone()), "i1", "n3"),
+            "another node"
+        );
+        assert!(
+            !migrating(&obj("i2", under_way), "i1", "n2"),
+            "another instance"
+        );
+        let done = json!({"targetNode": "n2", "completed": true});
+        assert!(!migrating(&obj("i1", done), "i1", "n2"));
+        let failed = json!({"targetNode": "n2", "failed": true});
+        assert!(!migrating(&obj("i1", failed), "i1", "n2"));
+        assert!(!migrating(&obj("i1", serde_json::Value::Null), "i1", "n2"));
     }
 
     #[test]

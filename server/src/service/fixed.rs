@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use crate::cluster::pin::hold::{Before, Holds, PinSite, Refused};
+use crate::cluster::pin::hold::{Before, Holds, PinSite, Pod, Refused};
 use crate::cluster::pin::PinOwner;
 use crate::config::IpamSection;
 use crate::error::Error;
@@ -18,6 +18,8 @@ use crate::model::AttachmentKey;
 pub struct FixedFor {
     pub owner: PinOwner,
     pub chosen: Option<IpAddr>,
+    /// A VM launcher's: its VirtualMachineInstance's uid.
+    pub instance: Option<String>,
 }
 
 /// The fixed address the ADD of `info`'s pod on `network` serves, if its address there is
@@ -62,6 +64,7 @@ pub(super) fn fixed_for(
     Ok(Some(FixedFor {
         owner: fixed.owner.clone(),
         chosen: fixed.address,
+        instance: fixed.instance.clone(),
     }))
 }
 
@@ -95,12 +98,21 @@ pub async fn add(
     mut req: AddRequest,
     fixed: FixedFor,
 ) -> Result<AddReply, Error> {
-    let FixedFor { owner, chosen } = fixed;
+    let FixedFor {
+        owner,
+        chosen,
+        instance,
+    } = fixed;
     if let Some(m) = req.k8s.as_mut() {
         m.fixed = Some(owner.to_string());
     }
-    let pod = format!("{}/{}", req.pod.namespace, req.pod.name);
+    let name = format!("{}/{}", req.pod.namespace, req.pod.name);
     let uid = req.pod.uid.clone();
+    let pod = Pod {
+        name: &name,
+        uid: &uid,
+        instance: instance.as_deref(),
+    };
     let network = req.key.network.clone();
     let key = req.key.clone();
     let metrics = holds.node().metrics();
@@ -108,9 +120,7 @@ pub async fn add(
     // One pin operation of this node's at a time, through the engine's ADD.
     let _turn = holds.turn().await;
     let before = holds
-        .before_add(&owner, &pod, &uid, &pools, |_, ip| {
-            ipam.in_use(&network, ip)
-        })
+        .before_add(&owner, &pod, &pools, |_, ip| ipam.in_use(&network, ip))
         .await;
     let before = match before {
         Ok(b) => b,
@@ -135,7 +145,7 @@ pub async fn add(
                 .await
                 .map_err(|e| refused(&owner, e))?;
             holds
-                .pin(&owner, &site, &pod, &uid)
+                .pin(&owner, &site, &pod)
                 .await
                 .map_err(|e| refused(&owner, e))?;
             metrics.cluster.pin_add(&site.pool, "created");
@@ -163,10 +173,7 @@ pub async fn add(
                 ))),
             };
             let pinned = match site {
-                Ok(site) => holds
-                    .pin(&owner, &site, &pod, &uid)
-                    .await
-                    .map(|()| site.pool),
+                Ok(site) => holds.pin(&owner, &site, &pod).await.map(|()| site.pool),
                 Err(e) => Err(e),
             };
             match pinned {

@@ -94,7 +94,7 @@ impl FixedPods {
             false => format!("StatefulSet/{NAMESPACE}/{set}/{pick}"),
             true => format!("VirtualMachine/{NAMESPACE}/vm{}", pick - ORDINALS),
         };
-        let node = {
+        let (node, migration) = {
             let mut owners = self.owners.lock().unwrap();
             let (pods, adding) = owners.entry(owner.clone()).or_default();
             let allowed: Vec<usize> = match (vm, pods.as_slice()) {
@@ -108,7 +108,10 @@ impl FixedPods {
                 return None;
             }
             *adding = true;
-            allowed[(spot % allowed.len() as u64) as usize]
+            (
+                allowed[(spot % allowed.len() as u64) as usize],
+                !pods.is_empty(),
+            )
         };
         let uid = format!("uid-{c}");
         let (name, meta) = match vm {
@@ -124,6 +127,17 @@ impl FixedPods {
             ),
             true => {
                 let vm = format!("vm{}", pick - ORDINALS);
+                // KubeVirt shows the instance migrating to the second launcher's node.
+                let state = match migration {
+                    true => json!({"targetNode": nodes[node]}),
+                    false => serde_json::Value::Null,
+                };
+                api.put(
+                    "virtualmachineinstances",
+                    json!({"apiVersion": "kubevirt.io/v1",
+                           "metadata": {"namespace": NAMESPACE, "name": vm, "uid": format!("vmi-{vm}")},
+                           "status": {"migrationState": state}}),
+                );
                 (
                     format!("virt-launcher-{vm}-{c}"),
                     json!({"annotations": {"ipool.io/fixed": "true"}, "labels": {"vm.kubevirt.io/name": vm},

@@ -335,6 +335,10 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
     if let Some(c) = &cluster {
         cluster::start(c, &ipam);
     }
+    // One for the node: the service's ADDs and DELs and the keeper take turns on it.
+    let mut holds = cluster
+        .as_ref()
+        .map(|c| ipool_server::cluster::pin::hold::Holds::new(c.node().clone()));
     let pods = match kubernetes {
         Some(settings) => {
             let node = node_name(&args, "[kubernetes] watches the pods of this node")?;
@@ -362,8 +366,11 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             tokio::spawn(k8s::gc::run(ipam.clone(), pods.clone()));
             if let Some(cl) = &cluster {
                 // Pins: holds no pod uses let go, pins of gone owners ended.
-                let holds = ipool_server::cluster::pin::hold::Holds::new(cl.node().clone());
-                tokio::spawn(k8s::pin_keeper::run(ipam.clone(), holds, c.clone()));
+                // A VM's two launchers share its pin during a migration KubeVirt shows.
+                let kubevirt = std::sync::Arc::new(k8s::fixed::KubeVirt::new(c.clone()));
+                holds = holds.map(|h| h.with_migrations(kubevirt));
+                let keeper = holds.clone().expect("cluster mode's holds");
+                tokio::spawn(k8s::pin_keeper::run(ipam.clone(), keeper, c.clone()));
                 cluster::release_departed(cl, Some(&c));
             }
             Some(pods)
@@ -427,9 +434,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
         metrics,
         pods,
         cluster: cluster.is_some(),
-        holds: cluster
-            .as_ref()
-            .map(|c| ipool_server::cluster::pin::hold::Holds::new(c.node().clone())),
+        holds,
     };
     let served = serve(listeners, ipam, shutdown).await;
     let _ = std::fs::remove_file(&args.socket);

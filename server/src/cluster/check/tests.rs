@@ -131,6 +131,7 @@ fn each_kind_of_inconsistency_is_one_finding() {
         pod: "ns/x".into(),
         uid: "u".into(),
         since_ms: 0,
+        instance: None,
     };
     let vm = PinRead {
         pin: Pin {

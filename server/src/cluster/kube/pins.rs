@@ -321,6 +321,7 @@ mod tests {
                 pod: "ns/virt-launcher-vm-x".into(),
                 uid: "u".into(),
                 since_ms: 1,
+                instance: Some("vmi-1".into()),
             }],
         }
     }

@@ -5,10 +5,11 @@
 //! - None: the ADD takes an address as any other pod would, from this node's blocks, and
 //!   [`Holds::pin`] then pins it, holder this node (refused, the engine's ADD is undone).
 //! - Held here by this pod: served.
-//! - Held by nobody, or by one node only while the owner is a VM (its live migration): this
-//!   node is added to the holders by a write conditioned on the pin as read, then the pin's
-//!   block is read (a pin counts only while its block stands as it was made in: one that does
-//!   not is deleted, and the ADD goes on as for no pin).
+//! - Held by nobody, or by one node only while the owner is a VM whose live migration of the
+//!   same instance to this node KubeVirt shows ([`Migrations`]): this node is added to the
+//!   holders by a write conditioned on the pin as read, then the pin's block is read (a pin
+//!   counts only while its block stands as it was made in: one that does not is deleted, and
+//!   the ADD goes on as for no pin).
 //! - Held elsewhere: each holder that is gone as `release-node` would judge it (fenced and
 //!   away, its name not held), or that is this node holding it for a pod whose address this
 //!   node no longer holds, is dropped; any other holder refuses the ADD (retry later).
@@ -29,6 +30,19 @@ use crate::cluster::release::not_gone;
 /// Writes that find the pin changed since it was read, before the ADD or DEL gives up.
 const ATTEMPTS: usize = 4;
 
+/// Whether KubeVirt shows a VM's live migration (the apiserver: its instance's
+/// `status.migrationState`).
+#[async_trait::async_trait]
+pub trait Migrations: Send + Sync {
+    /// Whether `owner`'s VirtualMachineInstance, of uid `instance`, is migrating to `node` now.
+    async fn migrating_to(
+        &self,
+        owner: &PinOwner,
+        instance: &str,
+        node: &str,
+    ) -> Result<bool, String>;
+}
+
 /// The pins of this node's pods.
 #[derive(Clone)]
 pub struct Holds {
@@ -36,6 +50,8 @@ pub struct Holds {
     /// One pin operation of this node's at a time (an ADD's, a DEL's, the keeper's): a hold
     /// let go for want of an attachment is not one an ADD is about to use.
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// KubeVirt's word on migrations; None: no VM's pin is ever shared.
+    migrations: Option<Arc<dyn Migrations>>,
 }
 
 /// What an ADD of a pod with a fixed address does.
@@ -53,6 +69,16 @@ pub enum Before {
         /// How it came to be held here, for the metrics: held, moved, migration, taken_over.
         how: &'static str,
     },
+}
+
+/// The pod of an ADD with a fixed address.
+#[derive(Clone, Copy, Debug)]
+pub struct Pod<'a> {
+    /// `namespace/name`.
+    pub name: &'a str,
+    pub uid: &'a str,
+    /// A VM launcher's: its VirtualMachineInstance's uid ([`Holder::instance`]).
+    pub instance: Option<&'a str>,
 }
 
 /// Where a pin is made: the address, and what it lies in (see [`Pin::block`]).
@@ -97,7 +123,35 @@ impl Holds {
         Holds {
             node,
             turn: Arc::default(),
+            migrations: None,
         }
+    }
+
+    /// These holds, a VM's pin shared by its two launchers when `migrations` shows the
+    /// migration.
+    pub fn with_migrations(self, migrations: Arc<dyn Migrations>) -> Holds {
+        Holds {
+            migrations: Some(migrations),
+            ..self
+        }
+    }
+
+    /// Whether `owner`'s instance `instance` migrates to this node, as KubeVirt shows it.
+    async fn migrating_here(
+        &self,
+        owner: &PinOwner,
+        instance: Option<&str>,
+    ) -> Result<bool, Refused> {
+        let (Some(m), Some(i)) = (&self.migrations, instance) else {
+            return Ok(false);
+        };
+        m.migrating_to(owner, i, self.node.name())
+            .await
+            .map_err(|e| {
+                Refused::Store(format!(
+                    "asking KubeVirt whether {owner} migrates here: {e}"
+                ))
+            })
     }
 
     /// This node's turn for a pin operation (held for its whole course: the store's part and
@@ -110,12 +164,13 @@ impl Holds {
         &self.node
     }
 
-    fn holder(&self, pod: &str, uid: &str) -> Holder {
+    fn holder(&self, pod: &Pod<'_>) -> Holder {
         Holder {
             node: self.node.name().to_string(),
-            pod: pod.to_string(),
-            uid: uid.to_string(),
+            pod: pod.name.to_string(),
+            uid: pod.uid.to_string(),
             since_ms: now_ms(),
+            instance: pod.instance.map(str::to_string),
         }
     }
 
@@ -146,19 +201,19 @@ impl Holds {
             .await
     }
 
-    /// What the ADD of `pod` (uid `uid`), whose fixed address belongs to `owner`, serves.
+    /// What the ADD of `pod`, whose fixed address belongs to `owner`, serves.
     /// `holds_here(pool, address)`: whether this node's engine holds that address now (a hold
     /// of this node's for another pod whose address it no longer holds is stale).
     /// `pools`: the cluster pools of the ADD's network.
     pub async fn before_add(
         &self,
         owner: &PinOwner,
-        pod: &str,
-        uid: &str,
+        pod: &Pod<'_>,
         pools: &[String],
         holds_here: impl Fn(&str, IpAddr) -> bool,
     ) -> Result<Before, Refused> {
         let me = self.node.name().to_string();
+        let (uid, instance) = (pod.uid, pod.instance);
         for _ in 0..ATTEMPTS {
             let Some(read) = self.pin_of(owner).await? else {
                 return Ok(Before::First);
@@ -170,7 +225,13 @@ impl Holds {
                 return Ok(Before::First);
             }
             let mut pin = read.pin.clone();
-            let how = match verdict(&pin, &me, uid) {
+            let mut judged = verdict(&pin, &me, uid, instance);
+            if judged == Verdict::Migration && !self.migrating_here(owner, instance).await? {
+                // Not a migration KubeVirt shows: the other launcher holds it, as a
+                // StatefulSet's pod would.
+                judged = Verdict::HeldBy(pin.holders.clone());
+            }
+            let how = match judged {
                 Verdict::Held => {
                     self.node.pin_known(&pin);
                     return Ok(Before::Serve {
@@ -199,9 +260,11 @@ impl Holds {
                         });
                     }
                     pin.holders = kept;
-                    match verdict(&pin, &me, uid) {
+                    match verdict(&pin, &me, uid, instance) {
                         Verdict::Free => "taken_over",
-                        Verdict::Migration => "migration",
+                        Verdict::Migration if self.migrating_here(owner, instance).await? => {
+                            "migration"
+                        }
                         _ => {
                             let why = self.held_why(&pin, &pin.holders).await?;
                             return Err(Refused::Held {
@@ -212,7 +275,7 @@ impl Holds {
                     }
                 }
             };
-            pin.holders.push(self.holder(pod, uid));
+            pin.holders.push(self.holder(pod));
             // Known as held here before it is written: unanswered, it may still land, and the
             // keeper lets go of what no attachment uses.
             self.node.pin_writing(&pin);
@@ -284,8 +347,7 @@ impl Holds {
         &self,
         owner: &PinOwner,
         site: &PinSite,
-        pod: &str,
-        uid: &str,
+        pod: &Pod<'_>,
     ) -> Result<(), Refused> {
         let (pool, address) = (site.pool.as_str(), site.address);
         let pin = Pin {
@@ -295,7 +357,7 @@ impl Holds {
             block: site.block,
             block_id: site.block_id,
             set_aside: site.set_aside,
-            holders: vec![self.holder(pod, uid)],
+            holders: vec![self.holder(pod)],
         };
         // Known before it is written: the address stays out of every other path meanwhile,
         // and after, whatever listings say, if the answer never comes (the pin may land late).

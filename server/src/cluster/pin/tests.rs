@@ -6,6 +6,7 @@ fn holder(node: &str, uid: &str) -> Holder {
         pod: format!("ns/{uid}"),
         uid: uid.into(),
         since_ms: 1,
+        instance: Some("vmi-1".into()),
     }
 }
 
@@ -83,34 +84,61 @@ fn owners_round_trip_through_their_keys_and_bad_keys_are_named() {
 #[test]
 fn a_pin_is_taken_only_when_free_and_a_vm_may_have_two_holders() {
     // Free: anyone takes it.
-    assert_eq!(verdict(&pin(sts(0), vec![]), "n2", "u2"), Verdict::Free);
+    assert_eq!(
+        verdict(&pin(sts(0), vec![]), "n2", "u2", None),
+        Verdict::Free
+    );
     // Its own holder, again.
     assert_eq!(
-        verdict(&pin(sts(0), vec![holder("n1", "u1")]), "n1", "u1"),
+        verdict(&pin(sts(0), vec![holder("n1", "u1")]), "n1", "u1", None),
         Verdict::Held
     );
     // A StatefulSet's: another pod, here or elsewhere, waits.
     for (node, uid) in [("n2", "u2"), ("n1", "u2")] {
         assert_eq!(
-            verdict(&pin(sts(0), vec![holder("n1", "u1")]), node, uid),
+            verdict(&pin(sts(0), vec![holder("n1", "u1")]), node, uid, None),
             Verdict::HeldBy(vec![holder("n1", "u1")])
         );
     }
-    // A VM's second launcher pod on another node: a migration.
+    // A VM's second launcher pod on another node, of the same instance: a migration (if
+    // KubeVirt shows one).
+    let vmi = Some("vmi-1");
     assert_eq!(
-        verdict(&pin(vm(), vec![holder("n1", "u1")]), "n2", "u2"),
+        verdict(&pin(vm(), vec![holder("n1", "u1")]), "n2", "u2", vmi),
         Verdict::Migration
     );
     // ... but not on the same node, nor a third.
     assert!(matches!(
-        verdict(&pin(vm(), vec![holder("n1", "u1")]), "n1", "u2"),
+        verdict(&pin(vm(), vec![holder("n1", "u1")]), "n1", "u2", vmi),
         Verdict::HeldBy(_)
     ));
     let two = pin(vm(), vec![holder("n1", "u1"), holder("n2", "u2")]);
-    assert_eq!(verdict(&two, "n2", "u2"), Verdict::Held);
-    assert!(matches!(verdict(&two, "n3", "u3"), Verdict::HeldBy(h) if h.len() == 2));
+    assert_eq!(verdict(&two, "n2", "u2", vmi), Verdict::Held);
+    assert!(matches!(verdict(&two, "n3", "u3", vmi), Verdict::HeldBy(h) if h.len() == 2));
     assert_eq!(two.holders_shown(), "n1 (ns/u1), n2 (ns/u2)");
     assert_eq!(pin(vm(), vec![]).holders_shown(), "nobody");
+}
+
+/// A VM's instance made again under its name (a force-deleted launcher on a cut-off node,
+/// remediation) is another instance: its launcher waits for the old holder's DEL or fence, as
+/// a StatefulSet's pod does (issue 53, item 5: it shared the address at once); so does one
+/// whose instance is not known.
+#[test]
+fn a_vm_instance_made_again_does_not_share_its_pin() {
+    let held = pin(vm(), vec![holder("n1", "u1")]);
+    for other in [Some("vmi-2"), None] {
+        assert_eq!(
+            verdict(&held, "n2", "u2", other),
+            Verdict::HeldBy(vec![holder("n1", "u1")]),
+            "{other:?}"
+        );
+    }
+    let mut unknown = holder("n1", "u1");
+    unknown.instance = None;
+    assert!(matches!(
+        verdict(&pin(vm(), vec![unknown]), "n2", "u2", Some("vmi-1")),
+        Verdict::HeldBy(_)
+    ));
 }
 
 #[test]

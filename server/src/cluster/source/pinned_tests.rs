@@ -34,6 +34,7 @@ fn pin(address: &str, block: &str, id: i64, holder: Option<&str>) -> Pin {
                 pod: "db/web-0".into(),
                 uid: "u1".into(),
                 since_ms: 1,
+                instance: None,
             })
             .into_iter()
             .collect(),
