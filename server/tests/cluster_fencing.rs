@@ -484,10 +484,26 @@ fn the_last_writes_of_a_release_hold_only_while_the_node_stays_away() {
         assert!(e.to_string().contains("came back"), "{e}");
         let now = s.pin_of(&owner).await.unwrap().expect("the pin");
         assert_eq!(now.pin.holders, pin.holders, "the running pod's hold stays");
-        // It stops again: a new absence, recorded anew. The release, judged on the old one,
-        // drops nothing of it.
+        // It stops again (cleanly: its alive key gone at once): a new absence, recorded anew.
+        // The release, judged on the old one, gives back none of its blocks and drops nothing
+        // of its record.
         s.stop_heartbeat(&beat).await.unwrap();
-        let plan = Release { holds: &[], ..plan };
+        let blocks = [block.clone()];
+        let plan = Release {
+            blocks: &blocks,
+            ..plan
+        };
+        let e = s.release_node("node-b", &plan).await.unwrap_err();
+        assert!(e.to_string().contains("came back"), "{e}");
+        assert_eq!(
+            s.list_blocks(None, Some("node-b")).await.unwrap().blocks,
+            vec![block.clone()]
+        );
+        let plan = Release {
+            blocks: &[],
+            holds: &[],
+            ..plan
+        };
         s.release_node("node-b", &plan).await.unwrap();
         let after = s.node_state("node-b").await.unwrap();
         assert!(after.seen.is_some(), "its record of its last absence stays");

@@ -118,14 +118,19 @@ fn launcher_of(vm: &str, instance: &str) -> serde_json::Value {
            "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vm, "uid": instance, "controller": true}]})
 }
 
-/// VM `vm`'s instance, of uid `uid`, as KubeVirt shows it: migrating to `target`, or not.
-fn instance(vm: &str, uid: &str, target: Option<&str>) -> serde_json::Value {
-    let state = match target {
-        Some(t) => json!({"sourceNode": "n1", "targetNode": t}),
-        None => serde_json::Value::Null,
-    };
-    json!({"apiVersion": "kubevirt.io/v1", "metadata": {"namespace": "db", "name": vm, "uid": uid},
-           "status": {"migrationState": state}})
+/// A migration's target launcher pod of VM `vm`'s instance `instance`: labelled by KubeVirt
+/// with the migration's uid.
+fn target_launcher(vm: &str, instance: &str, migration: &str) -> serde_json::Value {
+    let mut meta = launcher_of(vm, instance);
+    meta["labels"]["kubevirt.io/migrationJobUID"] = json!(migration);
+    meta
+}
+
+/// A VirtualMachineInstanceMigration of VM `vm`, of uid `uid`, in `phase`.
+fn migration(vm: &str, uid: &str, phase: &str) -> serde_json::Value {
+    json!({"apiVersion": "kubevirt.io/v1",
+           "metadata": {"namespace": "db", "name": format!("{vm}-{uid}"), "uid": uid},
+           "spec": {"vmiName": vm}, "status": {"phase": phase}})
 }
 
 fn fixed_addresses_follow_their_pods(store: Backend) {
@@ -308,28 +313,35 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     let first = c.add(0, "v1", &vm_a);
     let b = ip_of(&first);
     // An instance made again under the VM's name (the first one's launcher force-deleted,
-    // its node cut off) is another: it waits, as a StatefulSet's pod does (issue 53, item 5).
+    // its node cut off) is another: it waits, as a StatefulSet's pod does, even labelled as
+    // a migration's target (issue 53, item 5).
     api.put(
-        "virtualmachineinstances",
-        instance("vm1", "vmi-vm1-again", None),
+        "virtualmachineinstancemigrations",
+        migration("vm1", "m1", "Scheduling"),
     );
     let again = c.pod(
         1,
         "virt-launcher-vm1-z",
         "v9",
-        launcher_of("vm1", "vmi-vm1-again"),
+        target_launcher("vm1", "vmi-vm1-again", "m1"),
     );
     let waits = c.refused(1, "v9", &again, 11);
     assert!(waits.stdout.contains("held by"), "{}", waits.stdout);
-    // A second launcher of the same instance, but no migration KubeVirt shows: it waits too.
-    api.put("virtualmachineinstances", instance("vm1", "vmi-vm1", None));
-    let vm_b = c.pod(1, "virt-launcher-vm1-b", "v2", launcher("vm1"));
-    c.refused(1, "v2", &vm_b, 11);
-    // Its migration to n2, as the instance's status shows it: both hold the pin.
+    // A second launcher of the same instance that is no migration's target, or the target of
+    // one that is over: it waits too.
+    let plain = c.pod(1, "virt-launcher-vm1-y", "v8", launcher("vm1"));
+    c.refused(1, "v8", &plain, 11);
     api.put(
-        "virtualmachineinstances",
-        instance("vm1", "vmi-vm1", Some("n2")),
+        "virtualmachineinstancemigrations",
+        migration("vm1", "m0", "Failed"),
     );
+    let done = target_launcher("vm1", "vmi-vm1", "m0");
+    let over = c.pod(1, "virt-launcher-vm1-x", "v7", done);
+    c.refused(1, "v7", &over, 11);
+    // The target of its migration under way (KubeVirt shows it in the instance's status only
+    // once this pod is ready, after its ADD): both hold the pin.
+    let meta = target_launcher("vm1", "vmi-vm1", "m1");
+    let vm_b = c.pod(1, "virt-launcher-vm1-b", "v2", meta);
     let target = c.add(1, "v2", &vm_b);
     assert_eq!(ip_of(&target), b);
     let mut both = holders_of(&store, &b);

@@ -362,6 +362,7 @@ impl Daemon {
                     let fixed = ipool_server::service::fixed::FixedFor {
                         chosen: crate::fixed::chosen(&owner, set_aside),
                         instance: crate::fixed::instance(&owner),
+                        migration: crate::fixed::instance(&owner).map(|_| "m".to_string()),
                         owner,
                     };
                     ipool_server::service::fixed::add(&ipam, holds, req, fixed).await

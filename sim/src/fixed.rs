@@ -146,17 +146,13 @@ pub(crate) fn instance(owner: &PinOwner) -> Option<String> {
 }
 
 /// KubeVirt as the simulation plays it: a second launcher pod of a VM is made only by
-/// [`migrate`], so each is a migration KubeVirt shows.
+/// [`migrate`], so each is the target of a migration KubeVirt shows (every launcher carries
+/// the label; the first one's ADD never asks).
 pub(crate) struct Migrating;
 
 #[async_trait::async_trait]
 impl ipool_server::cluster::pin::hold::Migrations for Migrating {
-    async fn migrating_to(
-        &self,
-        _owner: &PinOwner,
-        _instance: &str,
-        _node: &str,
-    ) -> Result<bool, String> {
+    async fn under_way(&self, _owner: &PinOwner, _migration: &str) -> Result<bool, String> {
         Ok(true)
     }
 }

@@ -206,7 +206,7 @@ impl FakeApi {
 
     /// Creates or replaces an object (`resource`: "nodes", "pods", "namespaces", or the owners
     /// of pins, read by name only: "statefulsets", "virtualmachines",
-    /// "virtualmachineinstances").
+    /// "virtualmachineinstances", and KubeVirt's "virtualmachineinstancemigrations", listed).
     pub fn put(&self, resource: &str, obj: Value) {
         let (kind, _) = kind_of(resource);
         self.change(|w| w.store.put(resource, kind, obj));
@@ -353,6 +353,10 @@ fn kind_of(resource: &str) -> (&'static str, &'static str) {
         "statefulsets" => ("StatefulSet", "StatefulSetList"),
         "virtualmachines" => ("VirtualMachine", "VirtualMachineList"),
         "virtualmachineinstances" => ("VirtualMachineInstance", "VirtualMachineInstanceList"),
+        "virtualmachineinstancemigrations" => (
+            "VirtualMachineInstanceMigration",
+            "VirtualMachineInstanceMigrationList",
+        ),
         other => panic!("the fake apiserver has no {other}"),
     }
 }
@@ -629,13 +633,17 @@ fn respond(
         ["api", "v1", r, n] => (*r, None, Some(*n)),
         ["api", "v1", "namespaces", ns, r] => (*r, Some(*ns), None),
         ["api", "v1", "namespaces", ns, r, n] => (*r, Some(*ns), Some(*n)),
-        // The owners of pins ipoold reads: a StatefulSet, KubeVirt's VMs and instances.
+        // The owners of pins ipoold reads: a StatefulSet, KubeVirt's VMs and instances; and
+        // KubeVirt's migrations, listed in a namespace.
         ["apis", "apps" | "kubevirt.io", "v1", "namespaces", ns, r, n] => (*r, Some(*ns), Some(*n)),
+        ["apis", "kubevirt.io", "v1", "namespaces", ns, r] => (*r, Some(*ns), None),
         _ => return status(404, "NotFound", &format!("no route {path}")),
     };
     let group_ok = match resource {
         "statefulsets" => parts.get(1) == Some(&"apps"),
-        "virtualmachines" | "virtualmachineinstances" => parts.get(1) == Some(&"kubevirt.io"),
+        "virtualmachines" | "virtualmachineinstances" | "virtualmachineinstancemigrations" => {
+            parts.get(1) == Some(&"kubevirt.io")
+        }
         _ => parts.first() == Some(&"api"),
     };
     if !group_ok {
@@ -648,6 +656,7 @@ fn respond(
         "statefulsets",
         "virtualmachines",
         "virtualmachineinstances",
+        "virtualmachineinstancemigrations",
     ]
     .contains(&resource)
     {

@@ -368,6 +368,7 @@ impl ClusterNode {
             }
             self.identity_changes.send_modify(|_| {});
             self.forget_pools();
+            self.pins_reset();
             self.metrics.cluster.etcd_resets.inc();
             tracing::error!(node = %self.name, why = why.as_deref().unwrap_or_default(), "etcd was reset: every block is synced again before anything more is handed out");
         }

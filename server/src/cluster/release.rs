@@ -106,6 +106,17 @@ pub async fn release_node_pinned(
             (read.clone(), pin)
         })
         .collect();
+    if free.is_empty() && holds.is_empty() && !pinned.is_empty() {
+        // Only blocks pins keep: nothing to free, no Lease taken, no wait, no write.
+        return Ok(Released {
+            blocks: Vec::new(),
+            pinned,
+            unheld: Vec::new(),
+            listed: blocks.len(),
+            forced,
+            malformed: state.blocks.malformed,
+        });
+    }
     let plan = Release {
         state: &state,
         blocks: &free,

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use super::model::{Block, Claimed, ClusterError, KeyRevision, Owner, Pool, PoolPhase, Settled};
+use super::node::pins::holds_kept;
 use super::node::ClusterNode;
+use super::pin::{Pin, PinCreated};
 use crate::metrics::ClusterMetrics;
 use crate::range::Family;
 use crate::source::{Claim, Landed};
@@ -317,7 +319,83 @@ async fn sync(
         }
         out.mine.push(b);
     }
+    if pins {
+        // Pins known here from before the store was reset (restored from an older backup)
+        // that it lacks now, or lacks this node's holds in: made again, as they were, before
+        // the blocks serve (a pin in a block of this node's claimed anew since, in it as it
+        // stands).
+        for pin in node.pins_to_assert(pool) {
+            assert_pin(node, pin, &out.mine).await?;
+        }
+    }
     Ok(Outcome::Synced(out))
+}
+
+/// Makes `pin`, known here from before the store was reset, again as it was (its holders; in
+/// the block of `mine`, this node's as listed, that holds its address, else in the block it
+/// names); one the store has again since, for the same owner, gets this node's holds back.
+/// A pin this node cannot make (the store has another there, or its block is no longer the
+/// one it names and not this node's) is left to the listings, which show what the node
+/// whose block it is made.
+async fn assert_pin(node: &ClusterNode, pin: Pin, mine: &[Block]) -> Result<(), ClusterError> {
+    let site = mine
+        .iter()
+        .find(|b| !pin.set_aside && b.block.contains(&pin.address));
+    let want = match site {
+        Some(b) => Pin {
+            block: b.block,
+            block_id: b.revision.create,
+            ..pin.clone()
+        },
+        None => pin.clone(),
+    };
+    let w = want.clone();
+    let created = node
+        .call("create_pin", |s| async move { s.create_pin(&w).await })
+        .await?;
+    match created {
+        PinCreated::Created(read) => {
+            tracing::warn!(owner = %pin.owner, address = %pin.address, holders = %pin.holders_shown(), "a pin the store lost (reset) made again");
+            node.pin_known(&read.pin);
+        }
+        PinCreated::OwnerHas(read) | PinCreated::AddressTaken(read)
+            if read.pin.owner == pin.owner && read.pin.address == pin.address =>
+        {
+            if holds_kept(&pin, &read.pin, node.name()) {
+                node.pin_known(&read.pin);
+                return Ok(());
+            }
+            // Made again by another node, from what it knew: this node's holds put back.
+            let mut held = read.pin.clone();
+            for h in pin.holders.iter().filter(|h| h.node == node.name()) {
+                if !held
+                    .holders
+                    .iter()
+                    .any(|x| x.node == h.node && x.uid == h.uid)
+                {
+                    held.holders.push(h.clone());
+                }
+            }
+            let (r, p) = (read.clone(), held);
+            let written = node
+                .call("write_pin", |s| async move { s.write_pin(&r, &p).await })
+                .await?;
+            // Not written (changed since): the next sync tries again.
+            if let Some(written) = written {
+                tracing::warn!(owner = %pin.owner, address = %pin.address, "a pin the store lost (reset), made again elsewhere, holds this node's pod again");
+                node.pin_known(&written.pin);
+            }
+        }
+        PinCreated::OwnerHas(read) | PinCreated::AddressTaken(read) => {
+            tracing::warn!(owner = %pin.owner, address = %pin.address, theirs = %read.pin.owner, their_address = %read.pin.address, "a pin known from before the store's reset conflicts with one the store has now: the store's stands");
+            node.pin_unasserted(&pin);
+        }
+        PinCreated::BlockChanged => {
+            tracing::warn!(owner = %pin.owner, address = %pin.address, block = %pin.block, "a pin known from before the store's reset names a block that is no longer the one it was made in, nor this node's: left to the node whose block it is");
+            node.pin_unasserted(&pin);
+        }
+    }
+    Ok(())
 }
 
 /// Why nothing is claimed from pool `pool` in `phase`.

@@ -18,6 +18,8 @@ pub const FIXED: &str = "ipool.io/fixed";
 pub const IPS_BY_ORDINAL: &str = "ipool.io/ips-by-ordinal";
 /// KubeVirt's label on a VM's launcher pods: the VirtualMachine (instance) they run.
 pub const VM_LABEL: &str = "vm.kubevirt.io/name";
+/// KubeVirt's label on a migration's target launcher pod: the migration's uid.
+pub const MIGRATION_LABEL: &str = "kubevirt.io/migrationJobUID";
 
 /// A pod's fixed address, as its annotation asks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +31,9 @@ pub struct Fixed {
     pub address: Option<std::net::IpAddr>,
     /// A VM launcher's: the uid of the VirtualMachineInstance that controls it.
     pub instance: Option<String>,
+    /// A VM launcher's that is a migration's target: the uid of that
+    /// VirtualMachineInstanceMigration ([`MIGRATION_LABEL`], set by KubeVirt).
+    pub migration: Option<String>,
 }
 
 impl Fixed {
@@ -112,21 +117,31 @@ pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, String> {
         None => None,
         Some(list) => Some(by_ordinal(&owner, list, who)?),
     };
-    let instance = match owner.is_vm() {
-        true => controller.map(|o| o.uid.clone()).filter(|u| !u.is_empty()),
-        false => None,
+    let (instance, migration) = match owner.is_vm() {
+        true => (
+            controller.map(|o| o.uid.clone()).filter(|u| !u.is_empty()),
+            md.labels
+                .as_ref()
+                .and_then(|l| l.get(MIGRATION_LABEL))
+                .filter(|u| !u.is_empty())
+                .cloned(),
+        ),
+        false => (None, None),
     };
     Ok(Some(Fixed {
         owner,
         networks,
         address,
         instance,
+        migration,
     }))
 }
 
-/// KubeVirt's word on a VM's live migration: its instance's `status.migrationState` (the
-/// target node, not yet completed nor failed), read by name when a second launcher pod of the
-/// same instance asks for the VM's pin.
+/// KubeVirt's word on a VM's live migration: the VirtualMachineInstanceMigration the target
+/// launcher pod is labelled with ([`MIGRATION_LABEL`]), listed in the VM's namespace and found
+/// by its uid, names the VM's instance and is not over (neither Succeeded nor Failed).
+/// KubeVirt writes the instance's `status.migrationState` only once the target pod is ready,
+/// after its network was set up: too late for the pod's ADD.
 pub struct KubeVirt {
     client: kube::Client,
 }
@@ -139,12 +154,7 @@ impl KubeVirt {
 
 #[async_trait::async_trait]
 impl Migrations for KubeVirt {
-    async fn migrating_to(
-        &self,
-        owner: &PinOwner,
-        instance: &str,
-        node: &str,
-    ) -> Result<bool, String> {
+    async fn under_way(&self, owner: &PinOwner, migration: &str) -> Result<bool, String> {
         let PinOwner::VirtualMachine { namespace, name } = owner else {
             return Ok(false);
         };
@@ -152,25 +162,25 @@ impl Migrations for KubeVirt {
             group: "kubevirt.io".into(),
             version: "v1".into(),
             api_version: "kubevirt.io/v1".into(),
-            kind: "VirtualMachineInstance".into(),
-            plural: "virtualmachineinstances".into(),
+            kind: "VirtualMachineInstanceMigration".into(),
+            plural: "virtualmachineinstancemigrations".into(),
         };
         let api: kube::Api<kube::api::DynamicObject> =
             kube::Api::namespaced_with(self.client.clone(), namespace, &ar);
-        let Some(vmi) = api.get_opt(name).await.map_err(|e| e.to_string())? else {
-            return Ok(false);
-        };
-        Ok(migrating(&vmi, instance, node))
+        let listed = api
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(listed.items.iter().any(|m| under_way(m, migration, name)))
     }
 }
 
-/// Whether `vmi`, the instance of uid `instance`, shows a migration to `node` under way.
-fn migrating(vmi: &kube::api::DynamicObject, instance: &str, node: &str) -> bool {
-    let state = &vmi.data["status"]["migrationState"];
-    vmi.metadata.uid.as_deref() == Some(instance)
-        && state["targetNode"].as_str() == Some(node)
-        && state["completed"].as_bool() != Some(true)
-        && state["failed"].as_bool() != Some(true)
+/// Whether `m` is the migration of uid `migration`, of VM `vm`'s instance, not over.
+fn under_way(m: &kube::api::DynamicObject, migration: &str, vm: &str) -> bool {
+    let phase = m.data["status"]["phase"].as_str().unwrap_or("");
+    m.metadata.uid.as_deref() == Some(migration)
+        && m.data["spec"]["vmiName"].as_str() == Some(vm)
+        && !matches!(phase, "Succeeded" | "Failed")
 }
 
 /// The address `list` ([`IPS_BY_ORDINAL`]) gives `owner`'s ordinal.
@@ -241,47 +251,44 @@ mod tests {
         assert_eq!(fixed(&none, "p"), Ok(None));
     }
 
-    /// A launcher's instance is its controller's uid; a migration is what the instance's
-    /// status shows, for that instance, to that node, under way (issue 53, item 5).
+    /// A launcher's instance is its controller's uid, a target's migration KubeVirt's label;
+    /// a migration is under way while its object, found by that uid, names the VM and is not
+    /// over (issue 53, item 5).
     #[test]
-    fn a_migration_is_the_instances_own_under_way_to_this_node() {
+    fn a_migration_is_the_vms_own_and_not_over() {
         let vmi = json!([{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "name": "a", "uid": "i1", "controller": true}]);
         let launcher = pod(
             json!({"metadata": {"namespace": "vms", "name": "virt-launcher-a-x1",
-            "annotations": {FIXED: "true"}, "labels": {VM_LABEL: "a"}, "ownerReferences": vmi}}),
+            "annotations": {FIXED: "true"}, "labels": {VM_LABEL: "a", MIGRATION_LABEL: "m1"},
+            "ownerReferences": vmi}}),
         );
         let f = fixed(&launcher, "p").unwrap().unwrap();
-        assert_eq!(f.instance.as_deref(), Some("i1"));
         assert_eq!(
-            fixed(&sts_pod("web-0", "true"), "p")
-                .unwrap()
-                .unwrap()
-                .instance,
-            None
+            (f.instance.as_deref(), f.migration.as_deref()),
+            (Some("i1"), Some("m1"))
         );
-        let obj = |uid: &str, state: serde_json::Value| -> kube::api::DynamicObject {
+        let sts = fixed(&sts_pod("web-0", "true"), "p").unwrap().unwrap();
+        assert_eq!((sts.instance, sts.migration), (None, None));
+        let obj = |uid: &str, vmi: &str, phase: &str| -> kube::api::DynamicObject {
             serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1",
-                "kind": "VirtualMachineInstance",
-                "metadata": {"namespace": "vms", "name": "a", "uid": uid},
-                "status": {"migrationState": state}}))
+                "kind": "VirtualMachineInstanceMigration",
+                "metadata": {"namespace": "vms", "name": "mig", "uid": uid},
+                "spec": {"vmiName": vmi}, "status": {"phase": phase}}))
             .unwrap()
         };
-        let under_way = json!({"sourceNode": "n1", "targetNode": "n2"});
-        assert!(migrating(&obj("i1", under_way.clone()), "i1", "n2"));
+        assert!(under_way(&obj("m1", "a", "Scheduling"), "m1", "a"));
+        assert!(under_way(&obj("m1", "a", ""), "m1", "a"), "no phase yet");
         assert!(
-            !migrating(&obj("i1", under_way.clone()), "i1", "n3"),
-            "another node"
+            !under_way(&obj("m2", "a", "Running"), "m1", "a"),
+            "another migration"
         );
         assert!(
-            !migrating(&obj("i2", under_way), "i1", "n2"),
-            "another instance"
+            !under_way(&obj("m1", "b", "Running"), "m1", "a"),
+            "another VM's"
         );
-        let done = json!({"targetNode": "n2", "completed": true});
-        assert!(!migrating(&obj("i1", done), "i1", "n2"));
-        let failed = json!({"targetNode": "n2", "failed": true});
-        assert!(!migrating(&obj("i1", failed), "i1", "n2"));
-        assert!(!migrating(&obj("i1", serde_json::Value::Null), "i1", "n2"));
+        assert!(!under_way(&obj("m1", "a", "Succeeded"), "m1", "a"));
+        assert!(!under_way(&obj("m1", "a", "Failed"), "m1", "a"));
     }
 
     #[test]

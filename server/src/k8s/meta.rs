@@ -157,13 +157,14 @@ pub fn finished(pod: &Pod) -> bool {
 pub fn strip(pod: &mut Pod) {
     let md = &mut pod.metadata;
     md.managed_fields = None;
-    // Of the labels, only KubeVirt's that names a launcher pod's VM (its fixed address).
+    // Of the labels, only KubeVirt's that name a launcher pod's VM (its fixed address) and
+    // the migration a target launcher is for.
     md.labels = md
         .labels
         .take()
         .map(|l| {
             l.into_iter()
-                .filter(|(k, _)| k == super::fixed::VM_LABEL)
+                .filter(|(k, _)| k == super::fixed::VM_LABEL || k == super::fixed::MIGRATION_LABEL)
                 .collect::<std::collections::BTreeMap<_, _>>()
         })
         .filter(|l| !l.is_empty());

@@ -20,6 +20,8 @@ pub struct FixedFor {
     pub chosen: Option<IpAddr>,
     /// A VM launcher's: its VirtualMachineInstance's uid.
     pub instance: Option<String>,
+    /// A migration target's: the migration's uid.
+    pub migration: Option<String>,
 }
 
 /// The fixed address the ADD of `info`'s pod on `network` serves, if its address there is
@@ -65,6 +67,7 @@ pub(super) fn fixed_for(
         owner: fixed.owner.clone(),
         chosen: fixed.address,
         instance: fixed.instance.clone(),
+        migration: fixed.migration.clone(),
     }))
 }
 
@@ -102,6 +105,7 @@ pub async fn add(
         owner,
         chosen,
         instance,
+        migration,
     } = fixed;
     if let Some(m) = req.k8s.as_mut() {
         m.fixed = Some(owner.to_string());
@@ -112,6 +116,7 @@ pub async fn add(
         name: &name,
         uid: &uid,
         instance: instance.as_deref(),
+        migration: migration.as_deref(),
     };
     let network = req.key.network.clone();
     let key = req.key.clone();

@@ -127,16 +127,22 @@ impl FixedPods {
             ),
             true => {
                 let vm = format!("vm{}", pick - ORDINALS);
-                // KubeVirt shows the instance migrating to the second launcher's node.
-                let state = match migration {
-                    true => json!({"targetNode": nodes[node]}),
-                    false => serde_json::Value::Null,
-                };
-                api.put(
-                    "virtualmachineinstances",
-                    json!({"apiVersion": "kubevirt.io/v1",
-                           "metadata": {"namespace": NAMESPACE, "name": vm, "uid": format!("vmi-{vm}")},
-                           "status": {"migrationState": state}}),
+                let mut labels = json!({"vm.kubevirt.io/name": vm});
+                if migration {
+                    // KubeVirt's migration, and its target pod labelled with it.
+                    let uid = format!("mig-{vm}-{c}");
+                    api.put(
+                        "virtualmachineinstancemigrations",
+                        json!({"apiVersion": "kubevirt.io/v1",
+                               "metadata": {"namespace": NAMESPACE, "name": format!("{vm}-{c}"), "uid": uid},
+                               "spec": {"vmiName": vm}, "status": {"phase": "Scheduling"}}),
+                    );
+                    labels["kubevirt.io/migrationJobUID"] = json!(uid);
+                }
+                (
+                    format!("virt-launcher-{vm}-{c}"),
+                    json!({"annotations": {"ipool.io/fixed": "true"}, "labels": labels,
+                           "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vm, "uid": format!("vmi-{vm}"), "controller": true}]}),
                 );
                 (
                     format!("virt-launcher-{vm}-{c}"),

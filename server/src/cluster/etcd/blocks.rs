@@ -148,12 +148,12 @@ impl ClusterStore {
     }
 
     /// Gives `b` back (and its owner's index entry), only if its key is still the write that
-    /// was read (created and last written at `b.revision`) and, with `while_absent`, only while
-    /// that key (a node's `alive`, say) does not exist. False: it was not given back.
-    pub(super) async fn give_back_unless(
+    /// was read (created and last written at `b.revision`) and while `also` holds (a release:
+    /// the node still away as judged). False: it was not given back.
+    pub(super) async fn give_back_if(
         &self,
         b: &Block,
-        while_absent: Option<&str>,
+        also: Vec<ipool_proto::etcd::etcdserverpb::Compare>,
     ) -> Result<bool, ClusterError> {
         let key = self.block_key(&b.pool, &b.block);
         let mut when = vec![cmp::create_revision(
@@ -180,11 +180,7 @@ impl ClusterStore {
                 write_mark(w).into_bytes(),
             ));
         }
-        if let Some(k) =
-            while_absent.filter(|_| !crate::bugs::on(crate::bugs::Bug::ReleaseUnconditioned))
-        {
-            when.push(cmp::version(k, cmp::Equal, 0));
-        }
+        when.extend(also);
         let txn = request::txn(when, [op::delete(key), op::delete(index)], []);
         Ok(self.client.txn(txn).await?.succeeded)
     }
@@ -193,7 +189,7 @@ impl ClusterStore {
 #[async_trait::async_trait]
 impl BlockStore for ClusterStore {
     async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
-        self.give_back_unless(b, None).await
+        self.give_back_if(b, Vec::new()).await
     }
 
     /// Owned blocks, of one pool and/or one node (a node's: its index, read in pages; all of a

@@ -13,10 +13,14 @@
 //! Both say the name of the node's Node object, where its daemon knows it
 //! ([`Alive::k8s_node`](crate::cluster::model::Alive::k8s_node)).
 //!
+//! - `nodes/<node>/k8s-node`: its Node's name, on no lease, while a release left it blocks
+//!   that pins keep (its `seen` key lapses after 30 days; this outlives it).
+//!
 //! release-node gives back each block, and ends each of the node's holds on pins, in one
-//! transaction each conditioned on the node's `alive` key being absent: a daemon that comes
-//! back meanwhile keeps its blocks and its holds. Its `seen` key goes last, only while it is
-//! still the one judged, and only when no block is left to it.
+//! transaction each conditioned on the node's `alive` key being absent and its `seen` key the
+//! one judged: a daemon that comes back meanwhile (or comes and goes) keeps its blocks and its
+//! holds. Its record goes last, on the same conditions, and only when no block nor hold is
+//! left to it.
 
 use super::request::{self, cmp, op};
 use super::ClusterStore;
@@ -31,6 +35,9 @@ pub const SEEN_TTL_SECS: i64 = 30 * 24 * 3600;
 
 /// The key under a node's that holds its daemon's last report of its addresses in use.
 const IN_USE: &str = "in-use";
+/// The key under a node's, on no lease, that keeps its Node's name while a release leaves it
+/// blocks (or holds): its `seen` key, which says it too, lapses after [`SEEN_TTL_SECS`].
+const K8S_NODE: &str = "k8s-node";
 
 impl ClusterStore {
     fn node_key(&self, node: &str, what: &str) -> String {
@@ -205,10 +212,20 @@ impl NameStore for ClusterStore {
                 Some((value, away))
             }
         };
-        let k8s_node = seen
+        let mut k8s_node = seen
             .as_ref()
             .and_then(|(s, _)| s.k8s_node.clone())
             .or_else(|| alive.as_ref().and_then(|a| a.k8s_node.clone()));
+        if k8s_node.is_none() {
+            let kept = self
+                .client()
+                .range(request::get(self.node_key(node, K8S_NODE)))
+                .await?;
+            k8s_node = kept
+                .kvs
+                .first()
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+        }
         let blocks = self.blocks_of_node(node).await?;
         Ok(NodeState {
             alive,
@@ -242,14 +259,17 @@ impl NameStore for ClusterStore {
                 }
                 continue;
             }
-            if what != "alive" && what != "seen" {
+            if what != "alive" && what != "seen" && what != K8S_NODE {
                 continue;
             }
             let entry = nodes.entry(node.to_string()).or_insert_with(|| NodeSeen {
                 node: node.to_string(),
                 ..NodeSeen::default()
             });
-            if what == "alive" {
+            if what == K8S_NODE {
+                let kept = String::from_utf8_lossy(&kv.value).into_owned();
+                entry.k8s_node = entry.k8s_node.take().or(Some(kept));
+            } else if what == "alive" {
                 let a = serde_json::from_slice::<Alive>(&kv.value);
                 entry.alive = Some(
                     a.as_ref()
@@ -331,18 +351,30 @@ impl NameStore for ClusterStore {
     }
 
     /// Gives back the plan's blocks, each conditioned on its create revision and (unless
-    /// forced) on the node's `alive` key being absent, then ends the node's holds on pins
-    /// (each conditioned on the pin as read and the same absence), then, when no block is left
-    /// to it, drops its record while its `seen` key is the one judged. Stops with an error when
-    /// the node came back.
+    /// forced) on the node still being away as judged (its `alive` key absent, its `seen` key
+    /// the one judged), then ends the node's holds on pins (each conditioned on the pin as
+    /// read and the same absence), then, when no block nor hold is left to it, drops its
+    /// record; while it keeps some, its Node's name is kept in a key of no lease
+    /// (`k8s-node`), which outlives its `seen` key. Stops with an error when the node came
+    /// back.
     async fn release_node(&self, node: &str, plan: &Release<'_>) -> Result<Freed, ClusterError> {
-        let alive = self.alive_key(node);
-        let unless = (!plan.force).then_some(alive.as_str());
-        let absent = || match unless {
-            Some(k) if !crate::bugs::on(crate::bugs::Bug::ReleaseUnconditioned) => {
-                vec![cmp::version(k, cmp::Equal, 0)]
+        let seen = self.node_key(node, "seen");
+        let away = match plan.force || crate::bugs::on(crate::bugs::Bug::ReleaseUnconditioned) {
+            true => Vec::new(),
+            false => {
+                let judged = match plan.state.judged.as_deref() {
+                    None => cmp::version(seen.clone(), cmp::Equal, 0),
+                    Some(rev) => {
+                        let rev: i64 = rev.parse().map_err(|_| ClusterError::Malformed {
+                            what: "judged record",
+                            key: seen.clone(),
+                            why: format!("{rev:?} is not a revision"),
+                        })?;
+                        cmp::mod_revision(seen.clone(), cmp::Equal, rev)
+                    }
+                };
+                vec![cmp::version(self.alive_key(node), cmp::Equal, 0), judged]
             }
-            _ => Vec::new(),
         };
         let came_back = |freed: &Freed| {
             ClusterError::Refused(format!(
@@ -351,42 +383,44 @@ impl NameStore for ClusterStore {
                 plan.blocks.len() - freed.blocks.len()
             ))
         };
+        // Whether it is no longer away as judged (back, or back and gone again).
+        let moved = || async {
+            let now = self.node_state(node).await?;
+            Ok::<bool, ClusterError>(now.alive.is_some() || now.judged != plan.state.judged)
+        };
         let mut freed = Freed::default();
         for b in plan.blocks {
-            if self.give_back_unless(b, unless).await? {
+            if self.give_back_if(b, away.clone()).await? {
                 freed.blocks.push(b.clone());
                 continue;
             }
-            if !plan.force && self.node_state(node).await?.alive.is_some() {
+            if !plan.force && moved().await? {
                 return Err(came_back(&freed));
             }
         }
         for (read, pin) in plan.holds {
-            match self.write_pin_if(read, pin, absent()).await? {
+            match self.write_pin_if(read, pin, away.clone()).await? {
                 Some(_) => freed.unheld.push(pin.clone()),
-                None if !plan.force && self.node_state(node).await?.alive.is_some() => {
-                    return Err(came_back(&freed));
-                }
+                None if !plan.force && moved().await? => return Err(came_back(&freed)),
                 // The pin changed since it was read: its holders are no longer as judged.
                 None => {}
             }
         }
-        if plan.keeps_blocks {
-            return Ok(freed);
+        let k8s_node = self.node_key(node, K8S_NODE);
+        let kept = plan.keeps_blocks || freed.unheld.len() < plan.holds.len();
+        let ops = match (kept, &plan.state.k8s_node) {
+            (true, Some(n)) => vec![op::put(k8s_node, n.clone(), 0)],
+            (true, None) => Vec::new(),
+            (false, _) => vec![
+                op::delete(seen),
+                op::delete(k8s_node),
+                op::delete(self.node_key(node, IN_USE)),
+            ],
+        };
+        if !ops.is_empty() {
+            // Not written: the daemon came back (its own record stays).
+            self.client().txn(request::txn(away, ops, [])).await?;
         }
-        let seen = self.node_key(node, "seen");
-        let mut when = absent();
-        if let Some(rev) = plan.state.judged.as_deref().filter(|_| !plan.force) {
-            let rev: i64 = rev.parse().map_err(|_| ClusterError::Malformed {
-                what: "judged record",
-                key: seen.clone(),
-                why: format!("{rev:?} is not a revision"),
-            })?;
-            when.push(cmp::mod_revision(seen.clone(), cmp::Equal, rev));
-        }
-        let drop = [op::delete(seen), op::delete(self.node_key(node, IN_USE))];
-        // Not dropped: the daemon came back (its own record stays).
-        self.client().txn(request::txn(when, drop, [])).await?;
         Ok(freed)
     }
 }

@@ -108,10 +108,11 @@ impl KubeStore {
         spec.renew_time = Some(now);
         spec.lease_duration_seconds = Some(i32::try_from(ttl).unwrap_or(i32::MAX));
         let notes = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
-        notes.insert(FENCE.into(), me.fence_secs.to_string());
-        notes.insert(RENEW.into(), renew.to_string());
-        // A daemon's own: the release-node holding the Lease leaves the daemon's record.
+        // A daemon's own: release-node, holding the Lease for a while, leaves the daemon's
+        // record as it was (its fence, its renewals, its Node), which a later release judges.
         if me.instance != RELEASER {
+            notes.insert(FENCE.into(), me.fence_secs.to_string());
+            notes.insert(RENEW.into(), renew.to_string());
             match &me.k8s_node {
                 Some(n) => notes.insert(NODE_NAME.into(), n.clone()),
                 None => notes.remove(NODE_NAME),
@@ -500,7 +501,8 @@ impl NameStore for KubeStore {
             return Ok(freed);
         };
         self.token().await;
-        let done = match plan.keeps_blocks {
+        let keeps = plan.keeps_blocks || freed.unheld.len() < plan.holds.len();
+        let done = match keeps {
             true => {
                 let mut released = t.clone();
                 if let Some(s) = released.spec.as_mut() {

@@ -50,6 +50,10 @@ impl PoolPins {
 
 /// The stamp of a pin whose write is on its way or unanswered: no listing undoes it.
 const WRITING: u64 = u64::MAX;
+/// The stamp of a pin known before the store was found reset (restored from an older backup,
+/// which may have lost it): no listing undoes it; the next sync of its pool makes it again
+/// where the store lacks it ([`ClusterNode::pins_to_assert`]), before its blocks serve.
+const ASSERTING: u64 = u64::MAX - 1;
 
 /// A listing of a pool's pins, started: where this node's writes stood when it was sent.
 pub struct PinListing(u64);
@@ -69,11 +73,18 @@ impl ClusterNode {
             .filter(|pin| pin.pool == pool)
             .map(|pin| (pin.address, pin))
             .collect();
-        // Gone from the store, unless written here since the listing was sent.
+        // Gone from the store, unless written here since the listing was sent (or known from
+        // before a reset: made again by the sync that listed it).
         p.by_address
             .retain(|ip, (_, stamp)| listed.contains_key(ip) || *stamp > listing.0);
         for (ip, pin) in listed {
             match p.by_address.get(&ip) {
+                // The store has it again, with this node's holds: as it says from now on.
+                Some((known, ASSERTING))
+                    if known.owner == pin.owner && holds_kept(known, &pin, self.name()) =>
+                {
+                    p.by_address.insert(ip, (pin, 0));
+                }
                 Some((_, stamp)) if *stamp > listing.0 => {}
                 _ => {
                     p.by_address.insert(ip, (pin, 0));
@@ -82,6 +93,53 @@ impl ClusterNode {
         }
         p.rebuild();
         self.count_pins(pool, &book);
+    }
+
+    /// The store was found reset: every pin known here is kept whatever listings say, until
+    /// the sync of its pool has made it again where the store lacks it.
+    pub fn pins_reset(&self) {
+        let mut book = self.pins.lock().expect("pins lock");
+        let mut kept = 0;
+        for p in book.pools.values_mut() {
+            for (_, stamp) in p.by_address.values_mut() {
+                if *stamp != WRITING {
+                    *stamp = ASSERTING;
+                    kept += 1;
+                }
+            }
+        }
+        if kept > 0 {
+            tracing::warn!(node = %self.name(), pins = kept, "the store was reset: the pins known here are made again where it lacks them before their blocks serve");
+        }
+    }
+
+    /// A pin known from before a reset that this node cannot make again (the store has
+    /// another there, or its block is not this node's as it was made in): known as listings
+    /// say from now on.
+    pub fn pin_unasserted(&self, pin: &Pin) {
+        let mut book = self.pins.lock().expect("pins lock");
+        if let Some(p) = book.pools.get_mut(&pin.pool) {
+            if let Some((known, stamp)) = p.by_address.get_mut(&pin.address) {
+                if known.owner == pin.owner && *stamp == ASSERTING {
+                    *stamp = 0;
+                }
+            }
+        }
+    }
+
+    /// The pins of `pool` known from before a reset that no listing since has shown.
+    pub fn pins_to_assert(&self, pool: &str) -> Vec<Pin> {
+        let book = self.pins.lock().expect("pins lock");
+        book.pools
+            .get(pool)
+            .map(|p| {
+                p.by_address
+                    .values()
+                    .filter(|(_, stamp)| *stamp == ASSERTING)
+                    .map(|(pin, _)| pin.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// A pin as this node is about to write it (created, held): known as written until a
@@ -205,4 +263,14 @@ impl ClusterNode {
             .cloned()
             .collect()
     }
+}
+
+/// Whether `stored` keeps every hold of node `me`'s that `known` has.
+pub(crate) fn holds_kept(known: &Pin, stored: &Pin, me: &str) -> bool {
+    known.holders.iter().filter(|h| h.node == me).all(|h| {
+        stored
+            .holders
+            .iter()
+            .any(|s| s.node == h.node && s.uid == h.uid)
+    })
 }

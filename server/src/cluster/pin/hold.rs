@@ -5,8 +5,9 @@
 //! - None: the ADD takes an address as any other pod would, from this node's blocks, and
 //!   [`Holds::pin`] then pins it, holder this node (refused, the engine's ADD is undone).
 //! - Held here by this pod: served.
-//! - Held by nobody, or by one node only while the owner is a VM whose live migration of the
-//!   same instance to this node KubeVirt shows ([`Migrations`]): this node is added to the
+//! - Held by nobody, or by one node only while the owner is a VM, the pod a launcher of the
+//!   same instance and the target of its migration under way as KubeVirt shows it
+//!   ([`Migrations`]): this node is added to the
 //!   holders by a write conditioned on the pin as read, then the pin's block is read (a pin
 //!   counts only while its block stands as it was made in: one that does not is deleted, and
 //!   the ADD goes on as for no pin).
@@ -30,17 +31,13 @@ use crate::cluster::release::not_gone;
 /// Writes that find the pin changed since it was read, before the ADD or DEL gives up.
 const ATTEMPTS: usize = 4;
 
-/// Whether KubeVirt shows a VM's live migration (the apiserver: its instance's
-/// `status.migrationState`).
+/// Whether KubeVirt shows a VM's live migration (the apiserver: its
+/// VirtualMachineInstanceMigration).
 #[async_trait::async_trait]
 pub trait Migrations: Send + Sync {
-    /// Whether `owner`'s VirtualMachineInstance, of uid `instance`, is migrating to `node` now.
-    async fn migrating_to(
-        &self,
-        owner: &PinOwner,
-        instance: &str,
-        node: &str,
-    ) -> Result<bool, String>;
+    /// Whether the migration of uid `migration` (the one a target launcher pod is labelled
+    /// with) is of `owner`'s instance, and not over.
+    async fn under_way(&self, owner: &PinOwner, migration: &str) -> Result<bool, String>;
 }
 
 /// The pins of this node's pods.
@@ -79,6 +76,8 @@ pub struct Pod<'a> {
     pub uid: &'a str,
     /// A VM launcher's: its VirtualMachineInstance's uid ([`Holder::instance`]).
     pub instance: Option<&'a str>,
+    /// A migration target's: the migration's uid (KubeVirt's label on the pod).
+    pub migration: Option<&'a str>,
 }
 
 /// Where a pin is made: the address, and what it lies in (see [`Pin::block`]).
@@ -136,22 +135,15 @@ impl Holds {
         }
     }
 
-    /// Whether `owner`'s instance `instance` migrates to this node, as KubeVirt shows it.
-    async fn migrating_here(
-        &self,
-        owner: &PinOwner,
-        instance: Option<&str>,
-    ) -> Result<bool, Refused> {
-        let (Some(m), Some(i)) = (&self.migrations, instance) else {
+    /// Whether `pod`, a launcher of `owner`'s, is the target of its migration under way, as
+    /// KubeVirt shows it.
+    async fn migration_target(&self, owner: &PinOwner, pod: &Pod<'_>) -> Result<bool, Refused> {
+        let (Some(m), Some(migration)) = (&self.migrations, pod.migration) else {
             return Ok(false);
         };
-        m.migrating_to(owner, i, self.node.name())
+        m.under_way(owner, migration)
             .await
-            .map_err(|e| {
-                Refused::Store(format!(
-                    "asking KubeVirt whether {owner} migrates here: {e}"
-                ))
-            })
+            .map_err(|e| Refused::Store(format!("asking KubeVirt whether {owner} migrates: {e}")))
     }
 
     /// This node's turn for a pin operation (held for its whole course: the store's part and
@@ -226,7 +218,7 @@ impl Holds {
             }
             let mut pin = read.pin.clone();
             let mut judged = verdict(&pin, &me, uid, instance);
-            if judged == Verdict::Migration && !self.migrating_here(owner, instance).await? {
+            if judged == Verdict::Migration && !self.migration_target(owner, pod).await? {
                 // Not a migration KubeVirt shows: the other launcher holds it, as a
                 // StatefulSet's pod would.
                 judged = Verdict::HeldBy(pin.holders.clone());
@@ -262,7 +254,7 @@ impl Holds {
                     pin.holders = kept;
                     match verdict(&pin, &me, uid, instance) {
                         Verdict::Free => "taken_over",
-                        Verdict::Migration if self.migrating_here(owner, instance).await? => {
+                        Verdict::Migration if self.migration_target(owner, pod).await? => {
                             "migration"
                         }
                         _ => {
