@@ -129,6 +129,12 @@ fn departed_nodes_are_released(store: Backend) {
             .map(|m| metric(m, "ipool_cluster_nodes_released_total"))
             .sum()
     };
+    // (Counted once the look is done, after its release.)
+    eventually(10, "n3's release counted", || match released_total() {
+        1.0 => Ok(()),
+        n => Err(n),
+    });
+    std::thread::sleep(Duration::from_secs(2));
     let released = released_total();
     assert_eq!(released, 1.0, "two daemons raced to lead: one released n3");
     let leaders: Vec<usize> = (0..2)
@@ -341,16 +347,8 @@ fn departed_pinned_blocks_go_back(store: Backend) {
         start("n2", "n2"),
         start("n3-store", "n3"),
     ];
-    let pod = |node: &str, name: &str, uid: &str, meta: serde_json::Value| -> String {
-        let mut m = json!({"namespace": "db", "name": name, "uid": uid});
-        for (k, v) in meta.as_object().unwrap() {
-            m[k] = v.clone();
-        }
-        api.put(
-            "pods",
-            json!({"metadata": m, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}),
-        );
-        format!("K8S_POD_NAMESPACE=db;K8S_POD_NAME={name};K8S_POD_UID={uid}")
+    let pod = |node: &str, name: &str, uid: &str, meta: serde_json::Value| {
+        common::fake_api::put_pod(api, node, name, uid, meta)
     };
     let cni = |d: &Daemon, cmd: &str, container: &str, args: &str| -> Run {
         cni_with_args(cmd, container, args, &d.conf("1.1.0", "l2net", L2))

@@ -347,18 +347,7 @@ fn a_clean_stop_gives_the_node_name_up_on_etcd() {
 #[test]
 fn a_late_claim_of_the_old_block_size_is_given_back_on_the_kubernetes_api() {
     let store = Backend::kube();
-    // One block to claim: 10.58.0.0/28 (the rest of the /26 set aside).
-    store.create_pool(&[
-        "p",
-        "--cidr",
-        "10.58.0.0/26",
-        "--block-size",
-        "28",
-        "--exclude",
-        "10.58.0.16/28",
-        "--exclude",
-        "10.58.0.32/27",
-    ]);
+    old_size_pool(&store);
     // The node's first claim (ahead of need, at start) is held past its deadline.
     let held = api(&store).hold("POST /apis/ipool.io/v1/ipblocks");
     let tuning = "heartbeat_ttl_secs = 6\nresync_secs = 1\nclaim_ahead = 1\n";
@@ -395,18 +384,7 @@ fn a_late_claim_of_the_old_block_size_never_lands_on_etcd() {
     use ipool_server::cluster::datastore::{BlockStore, PoolStore};
     use ipool_server::cluster::model::Claimed;
     let store = Backend::etcd();
-    // One block to claim: 10.58.0.0/28 (the rest of the /26 set aside).
-    store.create_pool(&[
-        "p",
-        "--cidr",
-        "10.58.0.0/26",
-        "--block-size",
-        "28",
-        "--exclude",
-        "10.58.0.16/28",
-        "--exclude",
-        "10.58.0.32/27",
-    ]);
+    old_size_pool(&store);
     let url = format!("http://{}", store.addr());
     let old = common::etcd::with_store(&url, |s| async move {
         s.get_pool("p")
@@ -432,6 +410,21 @@ fn a_late_claim_of_the_old_block_size_never_lands_on_etcd() {
     });
     assert!(matches!(late, Claimed::PoolChanged), "{late:?}");
     only_the_27_in_the_end(&store, &n1);
+}
+
+/// Pool p with one block to claim, 10.58.0.0/28 (the rest of its /26 set aside).
+fn old_size_pool(store: &Backend) {
+    store.create_pool(&[
+        "p",
+        "--cidr",
+        "10.58.0.0/26",
+        "--block-size",
+        "28",
+        "--exclude",
+        "10.58.0.16/28",
+        "--exclude",
+        "10.58.0.32/27",
+    ]);
 }
 
 /// Pool p deleted (it owns no block yet) and made again with blocks of /27.

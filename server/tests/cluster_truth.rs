@@ -319,16 +319,8 @@ fn pins_lost_by_a_restored_etcd_are_made_again_before_their_blocks_serve() {
             d
         })
         .collect();
-    let pod = |node: &str, name: &str, uid: &str, meta: serde_json::Value| -> String {
-        let mut m = json!({"namespace": "db", "name": name, "uid": uid});
-        for (k, v) in meta.as_object().unwrap() {
-            m[k] = v.clone();
-        }
-        api.put(
-            "pods",
-            json!({"metadata": m, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}),
-        );
-        format!("K8S_POD_NAMESPACE=db;K8S_POD_NAME={name};K8S_POD_UID={uid}")
+    let pod = |node: &str, name: &str, uid: &str, meta: serde_json::Value| {
+        common::fake_api::put_pod(&api, node, name, uid, meta)
     };
     let run = |d: &Daemon, cmd: &str, c: &str, args: &str| {
         cni_with_args(cmd, c, args, &d.conf("1.1.0", "l2net", L2))
