@@ -123,6 +123,16 @@ pub enum Bug {
     /// not take the address over: it offered it again (found by the simulation, session 25;
     /// the engine refused it with an internal error).
     HostedNotTakenOver,
+    /// The release of departed nodes on the Kubernetes API judged which Leases had lapsed by
+    /// the leader's own wall clock against the apiserver's stamps: with the leader's clock
+    /// behind, no departed node was ever looked at, its blocks stranded for good (found by the
+    /// simulation's liveness rules, session 29).
+    DepartedByLocalClock,
+    /// A node's block of a pool that is gone (a claim that landed after the pool's deletion)
+    /// was kept: no source serves a pool that cannot be read, so nothing gave it back, and the
+    /// pool could never be made again in its CIDRs (found by the simulation's liveness rules,
+    /// session 29).
+    GonePoolBlockKept,
 }
 
 impl Bug {
@@ -158,6 +168,8 @@ impl Bug {
         Bug::PinnedBlockGivenBack,
         Bug::ReleaseIgnoresPins,
         Bug::HostedNotTakenOver,
+        Bug::DepartedByLocalClock,
+        Bug::GonePoolBlockKept,
     ];
 
     pub fn name(self) -> &'static str {
@@ -192,6 +204,8 @@ impl Bug {
             Bug::PinnedBlockGivenBack => "pinned-block-given-back",
             Bug::ReleaseIgnoresPins => "release-ignores-pins",
             Bug::HostedNotTakenOver => "hosted-not-taken-over",
+            Bug::DepartedByLocalClock => "departed-by-local-clock",
+            Bug::GonePoolBlockKept => "gone-pool-block-kept",
         }
     }
 

@@ -116,6 +116,9 @@ pub struct Swarm {
     /// In a run with pins: the pool sets [`crate::SET_ASIDE`] aside, and the StatefulSet's
     /// first ordinals choose their addresses there (`ipool.io/ips-by-ordinal`).
     pub set_aside: bool,
+    /// Departed nodes are released by the daemon that leads it, and nodes are wiped more
+    /// often; a node gone when the run winds down stays gone (it departed for good).
+    pub departures: bool,
 }
 
 impl Swarm {
@@ -134,6 +137,7 @@ impl Swarm {
             renames: false,
             pins: false,
             set_aside: false,
+            departures: false,
         }
     }
 
@@ -208,6 +212,7 @@ impl Swarm {
             renames,
             pins,
             set_aside,
+            departures,
         }
     }
 
@@ -464,15 +469,33 @@ pub(crate) fn describe_call(c: &Call) -> String {
     }
 }
 
-/// The end of a run: every fault healed, every request delivered, every daemon running, every
-/// DEL owed made; then each daemon must hold exactly its live pods.
+/// The end of a run: every fault healed, every request delivered, every daemon running (but
+/// those of nodes gone in a run with departures: they departed for good), every DEL owed
+/// made; then each daemon must hold exactly its live pods.
 pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
     w.note("winding down: faults healed".into());
+    // DELs never answered (their daemon killed meanwhile): the kubelet makes them again.
+    for (c, s) in std::mem::take(&mut w.dels) {
+        w.owed.entry(c).or_insert(s);
+    }
     w.net.release_all();
+    // A node gone in a run with departures departed for good; but one node stays (none left
+    // has nobody to release the others).
+    let nodes = w.opts.nodes;
+    let all_gone = (0..nodes).all(|i| w.slots[i].gone && w.slots[i].daemon.is_none());
     for i in 0..w.slots.len() {
         w.net.set_cut(i, false);
+        // The operator's error corrected: a second daemon under a node's name stopped.
+        if w.slots[i].twin_of.is_some() && w.slots[i].daemon.is_some() {
+            w.note(format!(
+                "{} (slot {i}), a second daemon of its name, stopped",
+                w.slots[i].name
+            ));
+            w.kill(i);
+        }
 
-        if w.slots[i].daemon.is_none() && w.slots[i].twin_of.is_none() {
+        let departed = w.swarm.departures && w.slots[i].gone && !(all_gone && i == 0);
+        if w.slots[i].daemon.is_none() && w.slots[i].twin_of.is_none() && !departed {
             w.start(i)?;
         }
     }

@@ -427,6 +427,40 @@ impl Daemon {
             .collect()
     }
 
+    /// The blocks its cluster sources serve, of every network (confirmed as this node's: in
+    /// `ipoolctl status`, "<block> (<n> used)").
+    pub fn confirmed_blocks(&self) -> Vec<ipnet::IpNet> {
+        self.detail_anywhere()
+            .iter()
+            .flat_map(|d| d.split([',', ';']).map(str::to_string).collect::<Vec<_>>())
+            .filter_map(|b| {
+                let b = b.rsplit_once("here: ").map_or(b.trim(), |(_, l)| l);
+                let (net, state) = b.split_once(' ')?;
+                let used = state.strip_prefix('(')?.strip_suffix(" used)")?;
+                used.parse::<u64>().ok()?;
+                net.parse().ok()
+            })
+            .collect()
+    }
+
+    /// Its cluster sources' blocks on every network, as `ipoolctl status` shows them.
+    pub fn detail_anywhere(&self) -> Vec<String> {
+        self.ipam
+            .pool_status(None)
+            .into_iter()
+            .filter_map(|p| p.detail)
+            .collect()
+    }
+
+    /// The attachments it holds on every network: container and addresses.
+    pub fn held_anywhere(&self) -> Vec<(String, Vec<IpAddr>)> {
+        self.ipam
+            .attachments(None)
+            .into_iter()
+            .map(|a| (a.key.container_id.clone(), a.addresses.clone()))
+            .collect()
+    }
+
     /// The attachments it holds: container and addresses.
     pub fn held(&self) -> Vec<(String, Vec<IpAddr>)> {
         self.ipam

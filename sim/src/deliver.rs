@@ -47,6 +47,9 @@ impl World {
                 )
             }
         ));
+        if let Some(writes) = self.idle_writes.as_mut().filter(|_| changes(&req.wire)) {
+            writes.push(format!("{what} from {who}"));
+        }
         let now = Instant::now();
         let wall = self.wall.now_ms();
         let (shared, limbo) = (&mut self.shared, &mut self.limbo);
@@ -89,5 +92,22 @@ impl World {
         let r = self.store_check(&who, command_of(from), Some(sent));
         self.doubtful_writer = false;
         r
+    }
+}
+
+/// `wire` may change the store, and is no renewal (of a lease, or of a node's Lease).
+fn changes(wire: &crate::net::Wire) -> bool {
+    use ipool_proto::etcd::etcdserverpb::request_op::Request;
+    use ipool_server::cluster::etcd::client::Call;
+    match wire {
+        crate::net::Wire::Etcd(Call::Txn(t)) => t.success.iter().chain(&t.failure).any(|op| {
+            matches!(
+                op.request,
+                Some(Request::RequestPut(_) | Request::RequestDeleteRange(_))
+            )
+        }),
+        crate::net::Wire::Etcd(Call::Put(_) | Call::DeleteRange(_)) => true,
+        crate::net::Wire::Etcd(_) | crate::net::Wire::EtcdWatch(_) => false,
+        crate::net::Wire::Api { method, path, .. } => method != "GET" && !path.contains("/leases/"),
     }
 }

@@ -45,15 +45,19 @@ pub(crate) fn departed(w: &mut World) {
     if live.is_empty() {
         return;
     }
-    let me = w.slots[live[w.choices.pick(live.len() as u32) as usize]]
-        .name
-        .clone();
+    let me = live[w.choices.pick(live.len() as u32) as usize];
     // The threshold: none past the fence, or half a minute.
     let after = [0u64, 30][w.choices.pick(2) as usize];
+    look(w, me, after);
+}
+
+/// A look by slot `me`'s daemon, with the threshold `after` (seconds).
+pub(crate) fn look(w: &mut World, me: usize, after: u64) {
+    let me = w.slots[me].name.clone();
     let nodes: BTreeSet<String> = w
         .slots
         .iter()
-        .filter(|s| !(s.gone && s.daemon.is_none()))
+        .filter(|s| s.twin_of.is_none() && !(s.gone && s.daemon.is_none()))
         .map(|s| s.name.clone())
         .collect();
     let what = format!("{me} releases departed nodes (after {after} s; Nodes {nodes:?})");

@@ -134,6 +134,7 @@ impl World {
                                 ));
                             }
                             self.note(format!("ADD {container} failed: {e}"));
+                            self.refused.push((container.clone(), e));
                             self.owed.insert(container, slot);
                         }
                         (Ok(_), false) => {
@@ -146,6 +147,7 @@ impl World {
                     container,
                     ok,
                 } => {
+                    self.dels.remove(&container);
                     if !ok {
                         if let Some(slot) = self.slot_of_daemon(daemon) {
                             self.owed.insert(container, slot);
@@ -161,6 +163,15 @@ impl World {
             }
             self.op = None;
             self.note(format!("operator: {} -> {:?}", o.what, o.result));
+            // Nodes a look of the departed could not judge (no Node name recorded): it says
+            // release-node releases them.
+            if let Ok(said) = &o.result {
+                self.unknown_nodes = said
+                    .split("; ")
+                    .filter_map(|s| s.split_once(": unknown ("))
+                    .map(|(n, _)| n.to_string())
+                    .collect();
+            }
         }
         Ok(())
     }

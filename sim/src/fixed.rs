@@ -32,6 +32,12 @@ fn owner(k: u32) -> PinOwner {
     }
 }
 
+/// Why `owner` is gone, if it is (its StatefulSet scaled down past its ordinal, its VM
+/// deleted), as the apiserver would say.
+pub(crate) fn owner_gone(w: &World, owner: &PinOwner) -> Option<String> {
+    w.owners_gone.get(&owner.to_string()).cloned()
+}
+
 /// The name of `owner`'s pod whose sandbox is `container`, as its controller names it.
 pub(crate) fn pod_name(owner: &PinOwner, container: &str) -> String {
     match owner {

@@ -18,7 +18,9 @@
 //!   and what a node was told;
 //! - [`daemon`]: a simulated node's daemon, wired as ipoold is, on a state dir that survives it;
 //! - `world`: the run; `actions` and `operator`: what a step can do;
-//! - [`check`]: the invariants, asked after every step.
+//! - [`check`]: the invariants, asked after every step;
+//! - `quiet`: the quiet period that ends each run, and [`settled`]: the liveness rules judged
+//!   after it (nothing stranded, no block of a gone node, no stuck ADD or pool, no idle writes).
 
 pub mod check;
 pub mod choice;
@@ -39,6 +41,8 @@ mod fixed;
 mod hearing;
 mod nodes;
 mod operator;
+mod quiet;
+pub mod settled;
 mod store_check;
 mod world;
 
@@ -153,7 +157,7 @@ impl Options {
     pub fn second_pool(&self) -> PoolSpec {
         let mut cidrs = vec!["10.71.0.0/27".parse().expect("a CIDR")];
         if self.dual_stack {
-            cidrs.push("fd00:71::/124".parse().expect("a CIDR"));
+            cidrs.push("fd00:71::/123".parse().expect("a CIDR"));
         }
         PoolSpec {
             name: SECOND_POOL.into(),

@@ -88,6 +88,7 @@ pub(crate) fn del_oldest(w: &mut World) {
 /// A DEL of `c` on slot `slot`: its addresses may go to others from now.
 fn del(w: &mut World, c: &str, slot: usize) {
     w.owed.remove(c);
+    w.dels.insert(c.to_string(), slot);
     w.checker.deleting(c);
     w.note(format!("DEL {c} on {}", w.slots[slot].name));
     let done = w.done.clone();
@@ -191,6 +192,7 @@ pub(crate) fn wipe(w: &mut World) -> Result<(), String> {
     w.slots[i].gone = true;
     w.checker.wiped(i);
     w.owed.retain(|_, s| *s != i);
+    w.dels.retain(|_, s| *s != i);
     Ok(())
 }
 

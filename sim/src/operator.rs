@@ -208,6 +208,38 @@ pub(crate) fn pool_op(w: &mut World) {
     });
 }
 
+/// A pool command run again on a pool it left half done, as its error told the operator to:
+/// `pool delete` again on one still marked Deleting (it finishes the deletion, or makes the
+/// pool Ready again), `pool create` again with its spec on one still Pending (made Ready).
+pub(crate) fn finish_pool(w: &mut World, name: String, deleting: bool) {
+    let what = match deleting {
+        true => format!("pool delete {name} again (it is still marked Deleting)"),
+        false => format!("pool create {name} again (it is still Pending)"),
+    };
+    w.note(format!("operator: {what}"));
+    w.command(crate::world::Op {
+        forced: false,
+        release_of: None,
+        departed: false,
+    });
+    let (store, ops) = (w.operator_store_elsewhere(false), w.ops.clone());
+    tokio::spawn(async move {
+        let result = match store.await {
+            Err(e) => Err(e),
+            Ok(s) => match deleting {
+                true => s.delete_pool(&name).await.map(|()| "deleted".to_string()),
+                false => match s.get_pool(&name).await {
+                    Ok(Some(p)) => s.create_pool(&p.spec).await.map(|()| "created".into()),
+                    Ok(None) => Ok("gone meanwhile".into()),
+                    Err(e) => Err(e),
+                },
+            }
+            .map_err(|e| e.to_string()),
+        };
+        ops.lock().expect("ops").push(OpDone { what, result });
+    });
+}
+
 /// The CIDR the pool grows by, and is shrunk by again (`Swarm::pool_changes`).
 const GROWTH: &str = "10.70.4.0/27";
 
@@ -293,6 +325,12 @@ pub(crate) fn release_one(w: &mut World, i: usize, force: bool) {
     }
 }
 
+/// `release-node` of slot `i`'s node as an operator runs it once told to: without `--force`,
+/// `--absent-for` a minute.
+pub(crate) fn release_absent(w: &mut World, i: usize) {
+    release_as(w, i, false, false, 60);
+}
+
 fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for: u64) {
     let name = w.slots[i].name.clone();
     if force {
@@ -372,6 +410,9 @@ pub(crate) fn jump_clock(w: &mut World) {
     if let Shared::Api { skew_secs, .. } = &mut w.shared {
         // The apiserver's replicas' clocks too (what stamps managedFields).
         *skew_secs += secs / 2;
+        if secs < 0 {
+            w.apiserver_stepped_back = true;
+        }
     }
     w.note(format!("the wall clock jumps {secs} s"));
 }

@@ -328,6 +328,64 @@ impl Shared {
         }
     }
 
+    /// Each pool as the store has it now (for the liveness rules, `crate::settled`).
+    pub fn pools(&self) -> Vec<PoolNow> {
+        match self {
+            Shared::Etcd(e) => e
+                .keys()
+                .filter_map(|(k, kv)| {
+                    let name = std::str::from_utf8(k)
+                        .ok()?
+                        .strip_prefix("/ipool/v1/pools/")?
+                        .to_string();
+                    let spec: ipool_server::cluster::pool::PoolSpec =
+                        serde_json::from_slice(&kv.value).ok()?;
+                    Some(PoolNow {
+                        kept_out: [
+                            spec.exclude.clone(),
+                            spec.reserved.iter().map(|r| r.cidr).collect(),
+                        ]
+                        .concat(),
+                        changing: !spec.adding.is_empty() || !spec.removing.is_empty(),
+                        name,
+                        cidrs: spec.cidrs,
+                        block_v4: spec.block_v4,
+                        disabled: spec.disabled,
+                        // A creation and a deletion are one transaction each on etcd.
+                        deleting: false,
+                        pending: false,
+                    })
+                })
+                .collect(),
+            Shared::Api { objects, .. } => objects
+                .objects
+                .iter()
+                .filter(|(k, _)| k.0 == "ippools")
+                .map(|(k, o)| {
+                    let spec = &o["spec"];
+                    let nets = |v: &serde_json::Value| -> Vec<IpNet> {
+                        v.as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|c| c.as_str().or(c["cidr"].as_str())?.parse().ok())
+                            .collect()
+                    };
+                    PoolNow {
+                        name: k.2.clone(),
+                        cidrs: nets(&spec["cidrs"]),
+                        block_v4: spec["blockSizeV4"].as_u64().unwrap_or(32) as u8,
+                        kept_out: [nets(&spec["exclude"]), nets(&spec["reserved"])].concat(),
+                        disabled: spec["disabled"].as_bool().unwrap_or(false),
+                        changing: !nets(&spec["cidrsAdding"]).is_empty()
+                            || !nets(&spec["cidrsRemoving"]).is_empty(),
+                        deleting: o["status"]["phase"].as_str() == Some("Deleting"),
+                        pending: o["status"]["phase"].as_str() == Some("Pending"),
+                    }
+                })
+                .collect(),
+        }
+    }
+
     /// Every block's revision (etcd: its key's mod revision; the Kubernetes API: its
     /// resourceVersion): it moves with every write of the block.
     pub fn block_revisions(&self) -> std::collections::BTreeMap<IpNet, u64> {
@@ -414,5 +472,28 @@ impl Shared {
             Shared::Etcd(e) => e.revision() as u64,
             Shared::Api { objects, .. } => objects.rv,
         }
+    }
+}
+
+/// A pool as the store has it (see [`Shared::pools`]).
+pub struct PoolNow {
+    pub name: String,
+    pub cidrs: Vec<IpNet>,
+    pub block_v4: u8,
+    /// Excluded and reserved ranges.
+    pub kept_out: Vec<IpNet>,
+    pub disabled: bool,
+    /// CIDRs on their way in or out (the Kubernetes API's two-step change).
+    pub changing: bool,
+    /// Marked Deleting (the Kubernetes API).
+    pub deleting: bool,
+    /// Pending: being created (the Kubernetes API).
+    pub pending: bool,
+}
+
+impl PoolNow {
+    /// Nodes may claim a block of it.
+    pub fn gives_blocks(&self) -> bool {
+        !self.disabled && !self.changing && !self.deleting && !self.pending
     }
 }

@@ -203,6 +203,19 @@ pub(crate) struct World {
     pub heard_gone: Vec<crate::hearing::HeardGone>,
     /// Events the watches heard.
     pub heard: u64,
+    /// ADDs refused: container, why.
+    pub refused: Vec<(String, String)>,
+    /// Owners of fixed addresses that are gone (deleted, scaled down), and why.
+    pub owners_gone: BTreeMap<String, String>,
+    /// DELs sent and not answered yet: container -> slot (a daemon killed meanwhile never
+    /// answers them; the kubelet makes them again).
+    pub dels: BTreeMap<String, usize>,
+    /// The nodes the last look of the departed could not judge (they recorded no Node name).
+    pub unknown_nodes: Vec<String>,
+    /// The apiserver's clock stepped back (its stamps of before lie ahead of it a while).
+    pub apiserver_stepped_back: bool,
+    /// While the quiet period watches for them: the writes delivered, renewals aside.
+    pub idle_writes: Option<Vec<String>>,
 }
 
 impl World {
@@ -275,6 +288,12 @@ impl World {
             holders: BTreeMap::new(),
             heard_gone: Vec::new(),
             heard: 0,
+            refused: Vec::new(),
+            apiserver_stepped_back: false,
+            unknown_nodes: Vec::new(),
+            dels: BTreeMap::new(),
+            owners_gone: BTreeMap::new(),
+            idle_writes: None,
         };
         w.blocks = w.shared.blocks();
         w.store_version = w.shared.version();
@@ -389,7 +408,7 @@ impl World {
     }
 
     /// With a trace: each daemon's blocks, as `ipoolctl status` shows them, when they change.
-    fn trace_blocks(&mut self) {
+    pub(crate) fn trace_blocks(&mut self) {
         for i in 0..self.slots.len() {
             let Some(d) = &self.slots[i].daemon else {
                 continue;
@@ -436,6 +455,7 @@ impl World {
         }
         while self.step < self.opts.steps {
             self.step += 1;
+            self.refused.clear();
             self.net.release_held(Instant::now());
             let wait = match self.opts.exhaustive {
                 true => crate::actions::act_small(self),
@@ -461,7 +481,11 @@ impl World {
         }
         crate::actions::wind_down(self)
             .await
-            .map_err(|e| self.failure(e))
+            .map_err(|e| self.failure(e))?;
+        if self.opts.exhaustive {
+            return Ok(());
+        }
+        crate::quiet::quiet(self).await.map_err(|e| self.failure(e))
     }
 
     pub fn failure(&self, what: String) -> Failure {

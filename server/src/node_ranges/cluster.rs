@@ -344,10 +344,14 @@ pub async fn give_back_unused(node: Arc<ClusterNode>, ipam: crate::ipam::Ipam, u
             let used = |pool: &String| used.contains(pool) || declared.contains(pool);
             // A block of a pool in use is its source's, unless it lies outside the pool's
             // CIDRs as read (a claim that landed as its CIDR was removed and whose give-back
-            // never came: never served, and no sync of the shrunk ranges lists it).
+            // never came: never served, and no sync of the shrunk ranges lists it), or its
+            // pool is gone (a claim that landed after the pool's deletion: no source serves a
+            // pool that cannot be read, and the block would keep the pool from being made
+            // again in its CIDRs for good).
             if used(&b.pool) {
                 match node.pool(&b.pool).await {
                     Ok(Some(p)) if !p.spec.cidrs.iter().any(|c| c.contains(&b.block)) => {}
+                    Ok(None) if !crate::bugs::on(crate::bugs::Bug::GonePoolBlockKept) => {}
                     _ => continue,
                 }
             }

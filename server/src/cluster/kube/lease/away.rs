@@ -57,13 +57,15 @@ impl KubeStore {
     }
 
     /// Every node's Lease (`ipool-<node>`, listed once), as last renewed: how long ago by the
-    /// time the apiserver stamped on its daemon's last write, against this machine's clock.
+    /// time the apiserver stamped on its daemon's last write, against the apiserver's clock as
+    /// the newest stamp in the list shows it (see [`apiserver_now`]).
     pub(super) async fn leases_seen(&self) -> Result<Vec<NodeSeen>, ClusterError> {
         self.token().await;
         let listed = self.leases.list(&kube::api::ListParams::default()).await?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
+        let now = match crate::bugs::on(crate::bugs::Bug::DepartedByLocalClock) {
+            true => (crate::cluster::model::now_ms() / 1000) as i64,
+            false => apiserver_now(&listed.items),
+        };
         Ok(listed
             .items
             .iter()
@@ -86,5 +88,44 @@ impl KubeStore {
                 })
             })
             .collect())
+    }
+}
+
+/// The apiserver's clock as the Leases `listed` show it: the newest time it stamped on any
+/// write of them, Unix seconds (at most now; the leader's own renewal, seconds ago, is among
+/// them). Never this machine's clock: a leader whose clock is behind the apiserver's would see
+/// no Lease lapse, and release no departed node at all. None listed: this machine's clock.
+pub(super) fn apiserver_now(listed: &[k8s_openapi::api::coordination::v1::Lease]) -> i64 {
+    listed
+        .iter()
+        .flat_map(|l| l.metadata.managed_fields.iter().flatten())
+        .filter_map(|m| m.time.as_ref().map(|t| t.0.as_second()))
+        .max()
+        .unwrap_or_else(|| (crate::cluster::model::now_ms() / 1000) as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+
+    fn written(at: i64) -> Lease {
+        let mut l = Lease::default();
+        l.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("ipoold".into()),
+            time: Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(at).expect("a time"),
+            )),
+            ..ManagedFieldsEntry::default()
+        }]);
+        l
+    }
+
+    #[test]
+    fn the_apiserver_clock_is_its_newest_stamp_whatever_this_machines_clock_says() {
+        // This machine's clock is the test's (2026 and on); the apiserver's is an hour ahead
+        // of the stamps' epoch: only the stamps count.
+        let listed = [written(4_000_000_000), written(4_000_000_120)];
+        assert_eq!(super::apiserver_now(&listed), 4_000_000_120);
     }
 }

@@ -1,0 +1,274 @@
+//! The liveness rules: what must hold once the faults have stopped and the cluster has been
+//! quiet for longer than every documented timer (see `crate::quiet`). Safety says no address
+//! is on two pods; these say no address is lost: one nobody uses comes back.
+//!
+//! Each rule is a function of a [`Picture`] of the settled cluster (or of what it did while
+//! idle), so that a hand-made picture that breaks it shows the rule fails (the tests below).
+//! docs/simulation.md numbers them L1 to L6:
+//! - L1 (stranded): every block the store holds is served by a daemon of its node (so its
+//!   free addresses go to that node's next pods), or holds addresses of that node's pods (it
+//!   goes back once they are gone), and every address a daemon holds is a pod's that runs;
+//! - L2 (a node gone): no block belongs to a node no daemon holds the name of;
+//! - L3 (a pin of a gone owner): no pin remains whose owner is gone;
+//! - L4 (a stuck ADD): an ADD on every live node succeeds while its pool has a free block;
+//! - L5 (a pool half made or half deleted): no pool stays Pending or marked Deleting once the
+//!   operator ran the command that left it so again, as its error says;
+//! - L6 (an idle cluster's writes): nothing but renewals is written while nothing happens.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use ipool_server::cluster::pin::Pin;
+
+use crate::check::StoreBlock;
+
+/// The cluster once settled.
+#[derive(Default)]
+pub struct Picture {
+    /// The store's blocks.
+    pub blocks: Vec<StoreBlock>,
+    /// Each node name a running daemon holds in the store, with the blocks its daemons serve
+    /// (confirmed as theirs).
+    pub serving: BTreeMap<String, BTreeSet<IpNet>>,
+    /// What the running daemons hold: node, container, addresses.
+    pub held: Vec<(String, String, Vec<IpAddr>)>,
+    /// The containers of the pods that run.
+    pub pods: BTreeSet<String>,
+    /// The store's pins, each with why its owner is gone, if it is.
+    pub pins: Vec<(Pin, Option<String>)>,
+    /// The pools the store shows Pending or marked Deleting.
+    pub deleting: Vec<String>,
+}
+
+/// L1 and L2: no block of a gone node, none its node does not serve, no address held for a
+/// pod that does not run.
+pub fn stranded(p: &Picture) -> Result<(), String> {
+    for (block, node, pool) in &p.blocks {
+        let Some(served) = p.serving.get(node) else {
+            return Err(format!(
+                "L2: block {block} of pool {pool:?} still belongs to {node}, which is gone (no daemon holds its name): its addresses are stranded"
+            ));
+        };
+        // A block it does not serve but holds addresses in (of a pool as it was, or of
+        // another size, another node's now) goes back once its pods are gone.
+        let holds_in = p
+            .held
+            .iter()
+            .any(|(n, _, ips)| n == node && ips.iter().any(|ip| block.contains(ip)));
+        if !served.contains(block) && !holds_in {
+            return Err(format!(
+                "L1: block {block} of pool {pool:?} is {node}'s in the store, but no daemon of {node} serves it (it serves {served:?}): its free addresses are stranded"
+            ));
+        }
+    }
+    for (node, container, ips) in &p.held {
+        if !p.pods.contains(container) {
+            return Err(format!(
+                "L1: {node} holds {ips:?} for {container}, which no pod runs (its DEL was made, or its node wiped): stranded"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The blocks whose node does not serve them but holds its pods' addresses in (retiring).
+pub fn retiring(p: &Picture) -> Vec<IpNet> {
+    p.blocks
+        .iter()
+        .filter(|(block, node, _)| {
+            !p.serving.get(node).is_some_and(|s| s.contains(block))
+                && p.held
+                    .iter()
+                    .any(|(n, _, ips)| n == node && ips.iter().any(|ip| block.contains(ip)))
+        })
+        .map(|(b, _, _)| *b)
+        .collect()
+}
+
+/// L3: no pin of an owner that is gone.
+pub fn pins_of_gone_owners(p: &Picture) -> Result<(), String> {
+    match p.pins.iter().find(|(_, gone)| gone.is_some()) {
+        Some((pin, Some(why))) => Err(format!(
+            "L3: the pin of {} for {} remains, though its owner is gone ({why}; holders {:?}): its address is stranded",
+            pin.address,
+            pin.owner,
+            pin.holders.iter().map(|h| &h.node).collect::<Vec<_>>()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// L4: an ADD on `node` refused (`why`) while its pool had a free block (`room`, if any).
+pub fn add_refused(node: &str, why: &str, room: Option<&IpNet>) -> Result<(), String> {
+    match room {
+        Some(free) => Err(format!(
+            "L4: an ADD on {node} failed ({why}) though block {free} of its pool is free"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// L5: no pool stuck Pending or marked Deleting.
+pub fn stuck_deleting(p: &Picture) -> Result<(), String> {
+    match p.deleting.first() {
+        Some(pool) => Err(format!(
+            "L5: pool {pool:?} is still Pending or marked Deleting once the operator ran its command again and the cluster was quiet: nodes claim nothing from it, and nothing finishes it"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// L6: what was written while the cluster was idle (each write in a few words), renewals
+/// aside.
+pub fn idle_writes(writes: &[String], quiet_ms: u64) -> Result<(), String> {
+    match writes {
+        [] => Ok(()),
+        [first, ..] => Err(format!(
+            "L6: an idle cluster wrote {} time(s) in {quiet_ms} ms besides its renewals, first: {first}",
+            writes.len()
+        )),
+    }
+}
+
+/// The free blocks of a pool: block-sized ranges of `cidrs` (at `prefix`) that no block of
+/// the store and nothing kept out (`kept_out`: excluded, reserved) overlaps.
+pub fn free_blocks(
+    cidrs: &[IpNet],
+    prefix: u8,
+    blocks: &[StoreBlock],
+    kept_out: &[IpNet],
+) -> Vec<IpNet> {
+    let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
+    cidrs
+        .iter()
+        .filter(|c| c.addr().is_ipv4() && c.prefix_len() <= prefix)
+        .flat_map(|c| c.subnets(prefix).into_iter().flatten())
+        .filter(|b| !blocks.iter().any(|(o, _, _)| overlaps(o, b)))
+        .filter(|b| !kept_out.iter().any(|k| overlaps(k, b)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ipool_server::cluster::pin::{Holder, PinOwner};
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("a CIDR")
+    }
+
+    fn settled() -> Picture {
+        Picture {
+            blocks: vec![(net("10.70.0.0/28"), "n0".into(), "p".into())],
+            serving: BTreeMap::from([
+                ("n0".into(), BTreeSet::from([net("10.70.0.0/28")])),
+                ("n1".into(), BTreeSet::new()),
+            ]),
+            held: vec![("n0".into(), "c1".into(), vec!["10.70.0.1".parse().unwrap()])],
+            pods: BTreeSet::from(["c1".to_string()]),
+            ..Picture::default()
+        }
+    }
+
+    #[test]
+    fn a_settled_cluster_keeps_every_rule() {
+        let p = settled();
+        stranded(&p).expect("nothing stranded");
+        pins_of_gone_owners(&p).expect("no pin");
+        stuck_deleting(&p).expect("no deletion");
+        idle_writes(&[], 20_000).expect("nothing written");
+        add_refused("n0", "exhausted", None).expect("no room, refused rightly");
+    }
+
+    #[test]
+    fn a_block_of_a_gone_node_is_stranded() {
+        let mut p = settled();
+        p.serving.remove("n0");
+        p.held.clear();
+        let e = stranded(&p).expect_err("n0 is gone");
+        assert!(e.starts_with("L2:") && e.contains("10.70.0.0/28"), "{e}");
+    }
+
+    #[test]
+    fn a_block_its_live_node_does_not_serve_is_stranded() {
+        let mut p = settled();
+        p.blocks
+            .push((net("10.70.0.16/28"), "n1".into(), "p".into()));
+        let e = stranded(&p).expect_err("n1 serves nothing");
+        assert!(e.starts_with("L1:") && e.contains("10.70.0.16/28"), "{e}");
+    }
+
+    #[test]
+    fn a_block_its_node_holds_pods_in_is_not_stranded() {
+        let mut p = settled();
+        p.serving.insert("n0".into(), BTreeSet::new());
+        stranded(&p).expect("c1 runs there: the block goes back once it is gone");
+        assert_eq!(retiring(&p), vec![net("10.70.0.0/28")]);
+        p.held.clear();
+        p.pods.clear();
+        let e = stranded(&p).expect_err("nothing holds it");
+        assert!(e.starts_with("L1:"), "{e}");
+    }
+
+    #[test]
+    fn an_address_held_for_a_pod_that_does_not_run_is_stranded() {
+        let mut p = settled();
+        p.pods.clear();
+        let e = stranded(&p).expect_err("c1 does not run");
+        assert!(e.starts_with("L1:") && e.contains("c1"), "{e}");
+    }
+
+    #[test]
+    fn a_pin_of_a_gone_owner_fails() {
+        let mut p = settled();
+        let pin = Pin {
+            pool: "p".into(),
+            address: "10.70.0.5".parse().unwrap(),
+            owner: PinOwner::StatefulSet {
+                namespace: "sim".into(),
+                name: "db".into(),
+                ordinal: 0,
+            },
+            block: net("10.70.0.0/28"),
+            block_id: 1,
+            set_aside: false,
+            holders: Vec::<Holder>::new(),
+        };
+        p.pins.push((pin.clone(), None));
+        pins_of_gone_owners(&p).expect("its owner is there");
+        p.pins
+            .push((pin, Some("StatefulSet sim/db is deleted".into())));
+        let e = pins_of_gone_owners(&p).expect_err("its owner is gone");
+        assert!(e.starts_with("L3:") && e.contains("10.70.0.5"), "{e}");
+    }
+
+    #[test]
+    fn a_refused_add_with_a_free_block_fails() {
+        let free = net("10.70.0.32/28");
+        let e = add_refused("n0", "exhausted", Some(&free)).expect_err("room");
+        assert!(e.starts_with("L4:") && e.contains("10.70.0.32/28"), "{e}");
+    }
+
+    #[test]
+    fn a_pool_left_deleting_fails() {
+        let mut p = settled();
+        p.deleting.push("p".into());
+        let e = stuck_deleting(&p).expect_err("stuck");
+        assert!(e.starts_with("L5:"), "{e}");
+    }
+
+    #[test]
+    fn an_idle_write_fails() {
+        let e =
+            idle_writes(&["txn [put blocks/p/10.70.0.0-28]".into()], 20_000).expect_err("a write");
+        assert!(e.starts_with("L6:") && e.contains("blocks/p"), "{e}");
+    }
+
+    #[test]
+    fn free_blocks_are_those_nothing_overlaps() {
+        let blocks = vec![(net("10.70.0.0/28"), "n0".to_string(), "p".to_string())];
+        let free = free_blocks(&[net("10.70.0.0/26")], 28, &blocks, &[net("10.70.0.40/32")]);
+        assert_eq!(free, vec![net("10.70.0.16/28"), net("10.70.0.48/28")]);
+    }
+}
