@@ -133,6 +133,15 @@ pub enum Bug {
     /// pool could never be made again in its CIDRs (found by the simulation's liveness rules,
     /// session 29).
     GonePoolBlockKept,
+    /// A block of a pool that is gone, kept by its node while its pods run, was settled
+    /// (written) again at every resync: all an idle node wrote (found by the simulation's
+    /// liveness rules, session 29).
+    OrphanedResettled,
+    /// The release of departed nodes looked only at nodes that own blocks: a departed node
+    /// that held a pin and owned no block (an address set aside, or in another node's block)
+    /// kept its hold for good, and the pin of an owner gone since never ended (found by the
+    /// simulation's liveness rules, session 29).
+    HoldersNotDeparted,
 }
 
 impl Bug {
@@ -170,6 +179,8 @@ impl Bug {
         Bug::HostedNotTakenOver,
         Bug::DepartedByLocalClock,
         Bug::GonePoolBlockKept,
+        Bug::OrphanedResettled,
+        Bug::HoldersNotDeparted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -206,6 +217,8 @@ impl Bug {
             Bug::HostedNotTakenOver => "hosted-not-taken-over",
             Bug::DepartedByLocalClock => "departed-by-local-clock",
             Bug::GonePoolBlockKept => "gone-pool-block-kept",
+            Bug::OrphanedResettled => "orphaned-resettled",
+            Bug::HoldersNotDeparted => "holders-not-departed",
         }
     }
 

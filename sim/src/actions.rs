@@ -56,6 +56,10 @@ pub enum Kind {
     Migrate,
     /// The release of departed nodes, by the daemon that leads it (runs with departures).
     Departed,
+    /// A pin's owner goes (its pods deleted) or comes back (runs with pins and departures).
+    Owner,
+    /// A turn of a daemon's pin keeper (runs with pins and departures).
+    Keeper,
 }
 
 /// Each kind of step with its weight out of 1000 in a run that allows everything: deliveries
@@ -184,12 +188,16 @@ impl Swarm {
         let pins = subnet && bits >> 2 & 1 == 1;
         let set_aside = pins && bits >> 3 & 1 == 1;
         // The daemon that leads it releases departed nodes now and then (`[cluster]
-        // release_departed_after_secs`), and nodes are wiped four times as often. Not in the
-        // runs with pins, which stay as they were (release-node's part with pins is the
-        // operator's release's, simulated there).
-        let departures = !pins && bits >> 4 & 1 == 1;
+        // release_departed_after_secs`), and nodes are wiped four times as often.
+        // With pins too (the fifth bit: every run with pins kept before replays without):
+        // owners going and coming back, and the pin keepers' turns.
+        let departures = bits >> 4 & 1 == 1;
         if pins {
             weights.push((Kind::Migrate, 20));
+        }
+        if pins && departures {
+            weights.push((Kind::Owner, 4));
+            weights.push((Kind::Keeper, 10));
         }
         if departures {
             weights.push((Kind::Departed, 4));
@@ -350,6 +358,14 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
             crate::fixed::migrate(w);
             Ok(tick)
         }
+        Kind::Owner => {
+            crate::fixed::owner_goes_or_comes(w);
+            Ok(tick)
+        }
+        Kind::Keeper => {
+            crate::fixed::keep_pins(w);
+            Ok(tick)
+        }
     }
 }
 
@@ -474,6 +490,22 @@ pub(crate) fn describe_call(c: &Call) -> String {
 /// made; then each daemon must hold exactly its live pods.
 pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
     w.note("winding down: faults healed".into());
+    // Pods of owners gone whose ADD was answered after the owner went: deleted too.
+    let doomed: Vec<(String, usize)> = w
+        .checker
+        .pods
+        .iter()
+        .filter(|(_, p)| {
+            p.owner
+                .as_ref()
+                .is_some_and(|o| w.owners_gone.contains_key(o))
+        })
+        .map(|(c, p)| (c.clone(), p.slot))
+        .collect();
+    for (c, slot) in doomed {
+        w.checker.deleting(&c);
+        w.owed.insert(c, slot);
+    }
     // DELs never answered (their daemon killed meanwhile): the kubelet makes them again.
     for (c, s) in std::mem::take(&mut w.dels) {
         w.owed.entry(c).or_insert(s);

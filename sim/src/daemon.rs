@@ -235,6 +235,9 @@ pub struct Daemon {
     cluster: ClusterNetworks,
     /// The pins' part of ADD and DEL, in the runs with fixed addresses.
     holds: Option<Holds>,
+    /// Its pin keeper's memory (`k8s::pin_keeper`): holds seen unused, owners seen gone,
+    /// since when; lost with the daemon, as ipoold's is.
+    keeper: Arc<tokio::sync::Mutex<Keeper>>,
     /// The pool sets addresses aside for the first ordinals (`Setting::set_aside`).
     set_aside: bool,
     maintenance: JoinHandle<()>,
@@ -307,12 +310,37 @@ impl Daemon {
             node,
             cluster,
             holds,
+            keeper: Arc::default(),
             set_aside: setting.set_aside,
             maintenance,
             calls: Vec::new(),
             alive,
             clock,
         })
+    }
+
+    /// A turn of its pin keeper, as ipoold's runs every 30 s (`k8s::pin_keeper`): a hold no
+    /// attachment here uses, seen so for its grace, let go; an unheld pin of its blocks whose
+    /// owner `owners` says is gone, seen so for `pin_ttl_secs`, ended.
+    pub(crate) fn keep_pins(&mut self, owners: crate::fixed::GoneOwners) {
+        let Some(holds) = self.holds.clone() else {
+            return;
+        };
+        let (ipam, keeper) = (self.ipam.clone(), self.keeper.clone());
+        self.calls.push(tokio::spawn(async move {
+            use ipool_server::k8s::pin_keeper;
+            let mut k = keeper.lock().await;
+            let Keeper { unused, gone_since } = &mut *k;
+            let ttl = Duration::from_secs(holds.node().settings().pin_ttl_secs);
+            pin_keeper::let_go_unused(&ipam, &holds, unused).await;
+            pin_keeper::end_gone_owners(&ipam, &holds, &owners, ttl, gone_since).await;
+        }));
+        self.calls.retain(|c| !c.is_finished());
+    }
+
+    /// Its pin keeper is in a turn now.
+    pub fn keeper_busy(&self) -> bool {
+        self.keeper.try_lock().is_err()
     }
 
     /// Kills it (-9): nothing more is sent, every task of its own ends.
@@ -482,4 +510,11 @@ fn key(container: &str) -> AttachmentKey {
 /// A state dir after a crash: what was durable.
 pub fn crashed(disk: &MemStore) -> Arc<MemStore> {
     Arc::new(disk.crashed())
+}
+
+/// A pin keeper's memory.
+#[derive(Default)]
+pub struct Keeper {
+    unused: ipool_server::k8s::pin_keeper::Unused,
+    gone_since: ipool_server::k8s::pin_keeper::GoneSince,
 }

@@ -13,8 +13,8 @@ use ipool_server::cluster::pin::PinOwner;
 use crate::world::{OpDone, World};
 use crate::StoreKind;
 
-/// The Nodes as listed when the look began.
-struct Listed(BTreeSet<String>);
+/// The Nodes as listed when the look began, and the pins' owners gone then.
+struct Listed(BTreeSet<String>, crate::fixed::GoneOwners);
 
 #[async_trait::async_trait]
 impl Directory for Listed {
@@ -26,11 +26,9 @@ impl Directory for Listed {
         Ok(self.0.contains(name))
     }
 
-    /// The runs with departures make no pins: no owner is ever asked.
     async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
-        Err(format!(
-            "the simulation's departures make no pins (asked of {owner})"
-        ))
+        use ipool_server::k8s::pin_keeper::Owners;
+        self.1.gone(owner).await
     }
 }
 
@@ -68,6 +66,7 @@ pub(crate) fn look(w: &mut World, me: usize, after: u64) {
         departed: true,
     });
     let (store, ops, kind) = (w.leader_store(), w.ops.clone(), w.opts.store);
+    let owners = crate::fixed::GoneOwners(w.owners_gone.clone());
     tokio::spawn(async move {
         let place = match kind {
             StoreKind::Etcd => "etcd",
@@ -78,9 +77,9 @@ pub(crate) fn look(w: &mut World, me: usize, after: u64) {
             Ok(s) => {
                 let limits = Thresholds {
                     after,
-                    pin_ttl: 600,
+                    pin_ttl: crate::PIN_TTL_SECS,
                 };
-                sweep(&*s, place, Some(&me), limits, &Listed(nodes))
+                sweep(&*s, place, Some(&me), limits, &Listed(nodes, owners))
                     .await
                     .map(|look| {
                         let said: Vec<String> = look

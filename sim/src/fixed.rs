@@ -38,6 +38,73 @@ pub(crate) fn owner_gone(w: &World, owner: &PinOwner) -> Option<String> {
     w.owners_gone.get(&owner.to_string()).cloned()
 }
 
+/// The owners gone as the apiserver shows them when a keeper's turn or a look begins.
+pub(crate) struct GoneOwners(pub std::collections::BTreeMap<String, String>);
+
+#[async_trait::async_trait]
+impl ipool_server::k8s::pin_keeper::Owners for GoneOwners {
+    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
+        Ok(self.0.get(&owner.to_string()).cloned())
+    }
+}
+
+/// The controllers' part: an owner goes (its StatefulSet scaled down below the ordinal, its
+/// VM deleted; its pods deleted, each DEL made as the kubelet makes it), or one gone comes
+/// back (scaled up, made again: its next pod takes the pinned address if its pin stands).
+pub(crate) fn owner_goes_or_comes(w: &mut World) {
+    let o = owner(w.choices.pick(ORDINALS + VMS));
+    let shown = o.to_string();
+    if w.owners_gone.remove(&shown).is_some() {
+        w.note(format!("{o} is back"));
+        return;
+    }
+    let why = match &o {
+        PinOwner::StatefulSet { ordinal, .. } => {
+            format!("StatefulSet sim/db scaled to {ordinal} replicas")
+        }
+        PinOwner::VirtualMachine { .. } => format!("{o} and its instance are deleted"),
+    };
+    w.note(format!("{o} is gone: {why}"));
+    w.owners_gone.insert(shown.clone(), why);
+    let pods: Vec<(String, usize)> = w
+        .checker
+        .pods
+        .iter()
+        .filter(|(_, p)| p.owner.as_deref() == Some(shown.as_str()))
+        .map(|(c, p)| (c.clone(), p.slot))
+        .collect();
+    for (c, slot) in pods {
+        match w.slots[slot].daemon.is_some() {
+            true => crate::nodes::del_pod(w, &c, slot),
+            // Its node's daemon is down: the kubelet makes the DEL once it is back.
+            false => {
+                w.checker.deleting(&c);
+                w.owed.insert(c, slot);
+            }
+        }
+    }
+}
+
+/// A turn of a running daemon's pin keeper.
+pub(crate) fn keep_pins(w: &mut World) {
+    let live: Vec<usize> = (0..w.slots.len())
+        .filter(|i| w.slots[*i].daemon.is_some())
+        .collect();
+    if live.is_empty() {
+        return;
+    }
+    let i = live[w.choices.pick(live.len() as u32) as usize];
+    keep_pins_on(w, i);
+}
+
+/// A turn of slot `i`'s pin keeper.
+pub(crate) fn keep_pins_on(w: &mut World, i: usize) {
+    let owners = GoneOwners(w.owners_gone.clone());
+    if let Some(d) = w.slots[i].daemon.as_mut() {
+        d.keep_pins(owners);
+    }
+}
+
 /// The name of `owner`'s pod whose sandbox is `container`, as its controller names it.
 pub(crate) fn pod_name(owner: &PinOwner, container: &str) -> String {
     match owner {
@@ -64,11 +131,14 @@ fn pods_of(w: &World, owner: &PinOwner) -> (Vec<usize>, usize) {
     (live, adding)
 }
 
-/// An ADD on slot `i` of a new pod of an owner (picked) that has none; a plain one if it has.
+/// An ADD on slot `i` of a new pod of an owner (picked) that has none and is not gone; a
+/// plain one else.
 pub(crate) fn add_fixed(w: &mut World, i: usize) {
     let o = owner(w.choices.pick(ORDINALS + VMS));
     match pods_of(w, &o) {
-        (live, 0) if live.is_empty() => add_pod(w, i, Vec::new(), Some(o)),
+        (live, 0) if live.is_empty() && owner_gone(w, &o).is_none() => {
+            add_pod(w, i, Vec::new(), Some(o))
+        }
         _ => add(w, i),
     }
 }
@@ -80,6 +150,9 @@ pub(crate) fn migrate(w: &mut World) {
     let ([from], 0) = (live.as_slice(), adding) else {
         return;
     };
+    if owner_gone(w, &o).is_some() {
+        return;
+    }
     let source = w.slots[*from].name.clone();
     let targets: Vec<usize> = (0..w.slots.len())
         .filter(|t| w.slots[*t].daemon.is_some() && w.slots[*t].name != source)

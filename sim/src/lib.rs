@@ -59,6 +59,13 @@ pub const NOT_YET: &[Bug] = &[
     Bug::FirstSyncTrusts,
     Bug::ResetNameTrusted,
     Bug::HostedNotTakenOver,
+    // Found by the hunt from seed 0, but after 4 750 000 and 5 680 000 steps: more than
+    // `cargo test`'s share allows; their kept runs are replayed by every `cargo test`.
+    Bug::DepartedByLocalClock,
+    Bug::OrphanedResettled,
+    // Not met by the hunt within 8 000 000 steps (seed 2 458 of a search; no kept run yet,
+    // docs/simulation.md says why).
+    Bug::HoldersNotDeparted,
 ];
 
 /// The simulation's pool.
@@ -76,6 +83,10 @@ pub const SUBNET_EXCLUDE: [&str; 3] = ["10.70.0.16/30", "10.71.0.5/32", "fd00:70
 /// second address (`ipool.io/ips-by-ordinal`).
 pub const SET_ASIDE: &str = "10.70.0.120/29";
 pub const CHOSEN: u32 = 2;
+
+/// The daemons' `pin_ttl_secs`, and the leader's: how long a pin's owner is gone before its
+/// pin ends.
+pub const PIN_TTL_SECS: u64 = 30;
 
 /// The daemons' fence (their heartbeat TTL), in simulated milliseconds.
 pub const FENCE_MS: u64 = 6_000;
@@ -144,7 +155,7 @@ impl Options {
     /// The daemons watch the store when `watch` (half of the swarm's runs that choose).
     pub fn tuning(&self, resync_secs: u64, claim_ahead: u64, watch: bool) -> String {
         format!(
-            "heartbeat_ttl_secs = 6\nresync_secs = {resync_secs}\nwatch = {watch}\nblock_hold_down_secs = 2\nclaim_ahead = {claim_ahead}\n"
+            "heartbeat_ttl_secs = 6\nresync_secs = {resync_secs}\nwatch = {watch}\nblock_hold_down_secs = 2\nclaim_ahead = {claim_ahead}\npin_ttl_secs = {PIN_TTL_SECS}\n"
         )
     }
 

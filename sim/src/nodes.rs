@@ -86,6 +86,11 @@ pub(crate) fn del_oldest(w: &mut World) {
 }
 
 /// A DEL of `c` on slot `slot`: its addresses may go to others from now.
+/// A DEL of pod `c` on `slot` (its pod deleted).
+pub(crate) fn del_pod(w: &mut World, c: &str, slot: usize) {
+    del(w, c, slot);
+}
+
 fn del(w: &mut World, c: &str, slot: usize) {
     w.owed.remove(c);
     w.dels.insert(c.to_string(), slot);

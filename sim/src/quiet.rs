@@ -19,8 +19,14 @@ use crate::world::World;
 /// threshold of the quiet's looks ([`DEPARTED_AFTER`]) twice over, several resyncs, and the
 /// pins' time to live of the runs with pins (`crate::fixed::PIN_TTL_SECS`).
 pub(crate) const QUIET_MS: u64 = 90_000;
+/// In runs with pins and departures: longer than a keeper's grace for an unused hold
+/// (`k8s::pin_keeper::HOLD_GRACE`, 120 s) and the pins' time to live after it (30 s), each
+/// measured from a keeper's turn (every 10 s), with room.
+pub(crate) const QUIET_PINS_MS: u64 = 260_000;
 /// Then how long it is watched for writes (each daemon syncs a few times meanwhile).
 pub(crate) const IDLE_MS: u64 = 15_000;
+/// At most this many more windows of quiet while writes go on.
+const SETTLING_ROUNDS: usize = 4;
 /// The release of departed nodes' threshold in the quiet (`release_departed_after_secs`).
 const DEPARTED_AFTER: u64 = 20;
 /// How often the leader looks at departed nodes in the quiet.
@@ -67,14 +73,17 @@ impl World {
                         crate::departed::look(self, me, DEPARTED_AFTER);
                     }
                 }
+                // Every running daemon's keeper takes a turn.
+                if self.swarm.pins {
+                    for i in 0..self.slots.len() {
+                        crate::fixed::keep_pins_on(self, i);
+                    }
+                }
             }
             tokio::time::sleep(Duration::from_millis(BEAT_MS)).await;
             self.drain()?;
             self.shared.expire(Instant::now());
             self.store_check("a lease's expiry", None, None)?;
-            if self.opts.trace {
-                self.trace_blocks();
-            }
         }
         Ok(())
     }
@@ -115,6 +124,7 @@ impl World {
                 .shared
                 .pins()
                 .into_iter()
+                .filter(|p| self.pin_counts(p))
                 .map(|p| {
                     let gone = crate::fixed::owner_gone(self, &p.owner);
                     (p, gone)
@@ -128,6 +138,35 @@ impl World {
                 .map(|p| p.name)
                 .collect(),
         }
+    }
+
+    /// Whether `pin` still keeps its address: set aside, or made in a block that stands as
+    /// made (one of a gone node's, which no daemon can say, counts; one of a live node's
+    /// whose engine holds the address in a block claimed anew since does not: the address
+    /// is free there, and the pin is left to the listings).
+    fn pin_counts(&self, pin: &ipool_server::cluster::pin::Pin) -> bool {
+        if pin.set_aside {
+            return true;
+        }
+        let owner = self
+            .shared
+            .blocks()
+            .into_iter()
+            .find(|(b, _, _)| *b == pin.block)
+            .map(|(_, n, _)| n);
+        let Some(owner) = owner else {
+            return false;
+        };
+        let live: Vec<&crate::daemon::Daemon> = self
+            .slots
+            .iter()
+            .filter(|s| s.name == owner)
+            .filter_map(|s| s.daemon.as_ref())
+            .collect();
+        live.is_empty()
+            || live.iter().any(|d| {
+                d.ipam.block_holding(pin.address) == Some((pin.block.to_string(), pin.block_id))
+            })
     }
 
     /// A free block of a pool the network takes its addresses from, if one is free and the
@@ -186,8 +225,28 @@ impl World {
 
 /// The quiet period and the liveness rules judged after it.
 pub(crate) async fn quiet(w: &mut World) -> Result<(), String> {
-    w.note(format!("quiet for {QUIET_MS} ms: no fault"));
-    w.settle(QUIET_MS).await?;
+    let quiet = match w.swarm.pins && w.swarm.departures {
+        true => QUIET_PINS_MS,
+        false => QUIET_MS,
+    };
+    w.note(format!("quiet for {quiet} ms: no fault"));
+    w.settle(quiet).await?;
+    // Work still under way (a release that waited for its pins' time, say) ends first: more
+    // quiet, a window at a time, until a window passes without a write, for at most a few
+    // windows; what still writes then is no work that ends.
+    // A window longer than every countdown that ends in a write (a pin's time to live and a
+    // look; with pins, a keeper's grace for an unused hold).
+    let window = match w.swarm.pins {
+        true => 135_000,
+        false => 40_000,
+    };
+    for _ in 0..SETTLING_ROUNDS {
+        w.idle_writes = Some(Vec::new());
+        w.settle(window).await?;
+        if w.idle_writes.take().is_some_and(|x| x.is_empty()) {
+            break;
+        }
+    }
     w.note(format!("quiet: watched for writes for {IDLE_MS} ms"));
     w.idle_writes = Some(Vec::new());
     w.settle(IDLE_MS).await?;
@@ -201,13 +260,81 @@ pub(crate) async fn quiet(w: &mut World) -> Result<(), String> {
             .blocks
             .iter()
             .map(|(_, n, _)| n.clone())
+            .chain(
+                picture
+                    .pins
+                    .iter()
+                    .flat_map(|(p, _)| p.holders.iter().map(|h| h.node.clone())),
+            )
             .filter(|n| !picture.serving.contains_key(n))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect();
         w.note(format!(
-            "quiet: the apiserver's clock stepped back: L2 not judged for {gone:?}"
+            "quiet: the apiserver's clock stepped back: L2 and L3 not judged for {gone:?}"
         ));
+        // Nor a pin held by a gone node or made in one of its blocks (its holds end with its
+        // release, and pins nobody holds there are the release's look's to end).
+        let theirs: Vec<ipnet::IpNet> = picture
+            .blocks
+            .iter()
+            .filter(|(_, n, _)| gone.contains(n))
+            .map(|(b, _, _)| *b)
+            .collect();
         picture.blocks.retain(|(_, n, _)| !gone.contains(n));
+        picture.pins.retain(|(p, _)| {
+            p.holders.iter().all(|h| !gone.contains(&h.node)) && !theirs.contains(&p.block)
+        });
     }
+    settled::pins_of_gone_owners(&picture).map_err(|e| {
+        let books: Vec<String> = w
+            .slots
+            .iter()
+            .filter_map(|s| {
+                let d = s.daemon.as_ref()?;
+                Some(format!(
+                    "{} (keeper busy {}): holding {:?} held here {:?}, unheld {:?}",
+                    s.name,
+                    d.keeper_busy(),
+                    w.shared
+                        .pins()
+                        .iter()
+                        .map(|p| (p.block, p.block_id, d.ipam.block_holding(p.address)))
+                        .collect::<Vec<_>>(),
+                    d.node
+                        .pins_held_here()
+                        .iter()
+                        .map(|p| (p.address, p.owner.to_string(), p.holders.len()))
+                        .collect::<Vec<_>>(),
+                    d.node
+                        .pins_unheld()
+                        .iter()
+                        .map(|p| (p.address, p.owner.to_string()))
+                        .collect::<Vec<_>>()
+                ))
+            })
+            .collect();
+        let store: Vec<String> = w
+            .shared
+            .pins()
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {} {:?}",
+                    p.address,
+                    p.owner,
+                    p.holders
+                        .iter()
+                        .map(|h| (&h.node, &h.uid))
+                        .collect::<Vec<_>>()
+                )
+            })
+            .collect();
+        format!(
+            "{e} (the books: {}; the store's pins: {store:?})",
+            books.join("; ")
+        )
+    })?;
     settled::stranded(&picture).map_err(|e| {
         let said: Vec<String> = w
             .slots
@@ -239,14 +366,16 @@ pub(crate) async fn quiet(w: &mut World) -> Result<(), String> {
             said.join("; ")
         )
     })?;
-    settled::pins_of_gone_owners(&picture)?;
     settled::stuck_deleting(&picture)?;
-    // A node re-settles a block it holds pods in but does not serve (of a pool as it was,
-    // another node's now) at every resync: a write each time, found by L6 and not fixed yet
-    // (docs/simulation.md); L6 is not judged while one stands.
-    match settled::retiring(&picture).first() {
-        Some(b) => w.note(format!("quiet: L6 not judged ({b} is retiring)")),
-        None => settled::idle_writes(&writes, IDLE_MS)?,
-    }
+    // The marks that time a gone owner's pin are written at each look until the apiserver's
+    // stamps show pin_ttl_secs passed: after its clock stepped back, for as long as the step.
+    let writes: Vec<String> = match w.apiserver_stepped_back {
+        true => writes
+            .into_iter()
+            .filter(|x| !x.contains("/ippins/"))
+            .collect(),
+        false => writes,
+    };
+    settled::idle_writes(&writes, IDLE_MS)?;
     w.trial_adds().await
 }

@@ -527,11 +527,23 @@ impl ClusterSource {
             };
             // One subnet's pins: listed at the first sync of an epoch (the node may have
             // been away, or restarted knowing none), and at each while the pool has any.
+            let orphaned: Vec<(IpNet, KeyRevision)> = match !first {
+                true => self
+                    .blocks
+                    .values()
+                    .filter_map(|b| match b.state {
+                        BlockState::Orphaned(r) => Some((b.net(), r)),
+                        _ => None,
+                    })
+                    .collect(),
+                false => Vec::new(),
+            };
             let pins = self.subnet.is_some() && (first || self.node.pool_has_pins(&self.pool));
             return Some(Work::Sync {
                 epoch,
                 trusted,
                 pins,
+                orphaned,
             });
         }
         if let Some(b) = self

@@ -25,6 +25,11 @@ pub enum Work {
         trusted: Vec<(IpNet, KeyRevision)>,
         /// List the pool's pins too (a pool addressed as one subnet).
         pins: bool,
+        /// The blocks the source holds as of a pool that is gone (or made anew), with their
+        /// keys as it last read or wrote them: listed so again, they are not settled again
+        /// (their settle found the pool gone, which it stays; a write at every resync for as
+        /// long as their pods run would be all an idle node writes).
+        orphaned: Vec<(IpNet, KeyRevision)>,
     },
     /// Claim the next free block, inside the source's ranges.
     Claim { cidrs: Vec<IpNet> },
@@ -103,7 +108,12 @@ async fn execute(
     let me = node.name().to_string();
     let metrics = &node.metrics().cluster;
     match work {
-        Work::Sync { trusted, pins, .. } => sync(node, pool, cidrs, trusted, *pins).await,
+        Work::Sync {
+            trusted,
+            pins,
+            orphaned,
+            ..
+        } => sync(node, pool, cidrs, trusted, orphaned, *pins).await,
         Work::Claim { cidrs } => {
             let Pool {
                 spec,
@@ -261,6 +271,7 @@ async fn sync(
     pool: &str,
     cidrs: &[IpNet],
     trusted: &[(IpNet, KeyRevision)],
+    orphaned: &[(IpNet, KeyRevision)],
     pins: bool,
 ) -> Result<Outcome, ClusterError> {
     node.ensure_index().await?;
@@ -291,6 +302,12 @@ async fn sync(
     let mut out = Synced::default();
     for mut b in listed.blocks {
         if !cidrs.iter().any(|c| c.contains(&b.block)) {
+            continue;
+        }
+        if orphaned.contains(&(b.block, b.revision))
+            && !crate::bugs::on(crate::bugs::Bug::OrphanedResettled)
+        {
+            out.orphaned.push(b);
             continue;
         }
         if !trusted.contains(&(b.block, b.revision)) && !crate::bugs::on(crate::bugs::Bug::NoSettle)

@@ -46,12 +46,31 @@ impl Unused {
     }
 }
 
+/// Who says whether a pin's owner is gone: the apiserver ([`owner_gone`]), or the
+/// simulation's controllers.
+#[async_trait::async_trait]
+pub trait Owners: Send + Sync {
+    /// Why `owner` is gone, if it is; an error when it cannot be told.
+    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, String>;
+}
+
+#[async_trait::async_trait]
+impl Owners for kube::Client {
+    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
+        owner_gone(self, owner).await
+    }
+}
+
+/// Since when (by this keeper's monotonic clock) each owner of an unheld pin here has been
+/// seen gone.
+pub type GoneSince = HashMap<PinOwner, Instant>;
+
 /// Runs until the daemon stops.
 pub async fn run(ipam: Ipam, holds: Holds, client: kube::Client) {
     let ttl = Duration::from_secs(holds.node().settings().pin_ttl_secs);
     // A short pin_ttl_secs is looked at more often.
     let every = EVERY.min((ttl / 2).max(Duration::from_secs(1)));
-    let mut gone_since: HashMap<PinOwner, Instant> = HashMap::new();
+    let mut gone_since = GoneSince::new();
     let mut unused = Unused::default();
     loop {
         tokio::time::sleep(crate::cluster::jitter(every)).await;
@@ -102,12 +121,12 @@ pub async fn let_go_unused(ipam: &Ipam, holds: &Holds, unused: &mut Unused) {
 
 /// Unheld pins of this node's blocks, and of addresses set aside that this node knows (it
 /// held them; no block is theirs), whose owner is gone: deleted after `ttl`.
-async fn end_gone_owners(
+pub async fn end_gone_owners(
     ipam: &Ipam,
     holds: &Holds,
-    client: &kube::Client,
+    owners: &dyn Owners,
     ttl: Duration,
-    gone_since: &mut HashMap<PinOwner, Instant>,
+    gone_since: &mut GoneSince,
 ) {
     let mine: Vec<Pin> = holds
         .node()
@@ -122,7 +141,7 @@ async fn end_gone_owners(
         .collect();
     gone_since.retain(|o, _| mine.iter().any(|p| &p.owner == o));
     for pin in mine {
-        let gone = match owner_gone(client, &pin.owner).await {
+        let gone = match owners.gone(&pin.owner).await {
             Ok(g) => g,
             Err(e) => {
                 tracing::warn!(owner = %pin.owner, error = %e, "cannot tell whether a pin's owner is gone");

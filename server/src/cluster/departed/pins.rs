@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use super::Directory;
 use crate::cluster::datastore::Datastore;
-use crate::cluster::model::{Block, ClusterError};
+use crate::cluster::model::Block;
 use crate::cluster::pin::{Pin, PinRead};
 
 /// What a look did with a pin nobody holds in a departed node's block.
@@ -37,31 +37,34 @@ impl PinOutcome {
     }
 }
 
-/// The pins nobody holds made in `blocks` of the nodes in `away`, each ended once its owner
-/// has been gone `ttl` seconds.
+/// The pins nobody holds (of `pins`, the store's as read) made in `blocks` of the nodes in
+/// `away`, or of addresses set aside (in no block: only a node that held one knows it, and
+/// it may be gone), each ended once its owner has been gone `ttl` seconds.
 pub async fn end_gone(
     store: &dyn Datastore,
+    pins: Vec<PinRead>,
     blocks: &[Block],
     away: &BTreeSet<&String>,
     ttl: u64,
     dir: &dyn Directory,
-) -> Result<Vec<PinOutcome>, ClusterError> {
+) -> Vec<PinOutcome> {
     let theirs: Vec<&Block> = blocks
         .iter()
         .filter(|b| away.contains(&b.owner.node))
         .collect();
     let mut out = Vec::new();
-    for read in store.pins(None).await? {
+    for read in pins {
         let p = &read.pin;
-        let kept = theirs
-            .iter()
-            .any(|b| b.pool == p.pool && p.made_in(&b.block, &b.revision));
+        let kept = p.set_aside
+            || theirs
+                .iter()
+                .any(|b| b.pool == p.pool && p.made_in(&b.block, &b.revision));
         if !kept || !p.holders.is_empty() {
             continue;
         }
         out.push(judge(store, read, ttl, dir).await);
     }
-    Ok(out)
+    out
 }
 
 /// One pin nobody holds: ended, kept, or not judged.

@@ -52,9 +52,14 @@ impl ClusterStore {
         Ok(0)
     }
 
-    /// Drops the mark of `read`'s owner gone, if there is one.
+    /// Drops the mark of `read`'s owner gone, if there is one: read first, so that a look
+    /// that finds the owner there, as every look does while it is, writes nothing.
     pub(super) async fn unmark_gone(&self, read: &PinRead) -> Result<(), ClusterError> {
         let key = self.owner_gone_key(&read.pin);
+        let marked = self.client().range(request::get(key.clone())).await?;
+        if marked.kvs.is_empty() {
+            return Ok(());
+        }
         self.client().delete_range(request::delete(key)).await?;
         Ok(())
     }

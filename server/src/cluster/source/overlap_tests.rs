@@ -207,6 +207,7 @@ fn synced_with_orphans(
             epoch: e,
             trusted,
             pins: false,
+            orphaned: Vec::new(),
         },
         Ok(Outcome::Synced(crate::cluster::work::Synced {
             mine: mine.to_vec(),

@@ -141,6 +141,7 @@ pub(super) fn synced(s: &mut ClusterSource, n: &ClusterNode, blocks: &[Block]) {
             epoch: e,
             trusted,
             pins: false,
+            orphaned: Vec::new(),
         },
         Ok(Outcome::Synced(mine(blocks.to_vec()))),
     )
@@ -331,6 +332,7 @@ fn a_block_in_doubt_serves_only_after_a_sync_settled_it() {
         epoch: e,
         trusted: vec![(doubt, rev(8))],
         pins: false,
+        orphaned: Vec::new(),
     };
     let listed = vec![block("10.0.0.0/28", 7), block("10.0.0.16/28", 8)];
     land(&mut s, sync, Ok(Outcome::Synced(mine(listed)))).expect("synced");
@@ -344,6 +346,7 @@ fn a_block_in_doubt_serves_only_after_a_sync_settled_it() {
         epoch: e,
         trusted: vec![(net("10.0.0.0/28"), rev(7))],
         pins: false,
+        orphaned: Vec::new(),
     };
     let listed = vec![block("10.0.0.0/28", 7), settled];
     land(&mut s, sync, Ok(Outcome::Synced(mine(listed)))).expect("synced");
@@ -482,6 +485,7 @@ fn a_block_whose_pool_is_being_deleted_is_neither_served_nor_given_back() {
             epoch: e,
             trusted: vec![],
             pins: false,
+            orphaned: Vec::new(),
         },
         Ok(Outcome::Synced(doubt)),
     )
@@ -544,6 +548,7 @@ fn a_block_of_a_pool_that_is_gone_is_given_back_once_empty() {
             epoch: e,
             trusted: vec![],
             pins: false,
+            orphaned: Vec::new(),
         },
         Ok(Outcome::Synced(gone)),
     )
@@ -559,4 +564,35 @@ fn a_block_of_a_pool_that_is_gone_is_given_back_once_empty() {
         next_work(&mut s),
         Some(Work::GiveBack(net("10.0.0.0/28"), rev(9)))
     );
+}
+
+/// A block of a pool that is gone, held here while its pods run, is not settled again by
+/// every later sync (a write at each resync, all an idle node would write): the sync lists it
+/// as it was, and only a block written since is settled.
+#[test]
+fn a_block_of_a_gone_pool_is_not_settled_again_at_every_sync() {
+    let n = node("");
+    n.pretend_renewed(Duration::ZERO);
+    let mut s = source(&n);
+    assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
+    let gone = block("10.0.0.16/28", 9);
+    let listed = Synced {
+        orphaned: vec![gone.clone()],
+        ..Synced::default()
+    };
+    let sync = Work::Sync {
+        epoch: epoch(&n),
+        trusted: Vec::new(),
+        pins: false,
+        orphaned: Vec::new(),
+    };
+    land(&mut s, sync, Ok(Outcome::Synced(listed))).expect("synced");
+    assert!(s.withheld(ip("10.0.0.17")).is_some(), "never served again");
+    s.next_sync = Some(Instant::now());
+    match next_work(&mut s) {
+        Some(Work::Sync { orphaned, .. }) => {
+            assert_eq!(orphaned, vec![(net("10.0.0.16/28"), rev(9))])
+        }
+        other => panic!("{other:?}"),
+    }
 }

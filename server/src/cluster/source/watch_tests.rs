@@ -55,6 +55,7 @@ fn a_block_the_watch_says_is_gone_stops_serving_at_once_and_a_sync_follows() {
             epoch: e,
             trusted: Vec::new(),
             pins: false,
+            orphaned: Vec::new(),
         },
         Ok(Outcome::Synced(mine(Vec::new()))),
     )
@@ -78,6 +79,7 @@ fn heard_while_a_sync_is_on_its_way_the_block_waits_for_the_next_one() {
             epoch,
             trusted,
             pins: false,
+            orphaned: Vec::new(),
         },
         Ok(Outcome::Synced(mine(vec![block("10.0.0.0/28", 5)]))),
     )
@@ -131,6 +133,7 @@ fn a_watch_that_started_over_makes_every_source_sync_once() {
                 epoch,
                 trusted,
                 pins: false,
+                orphaned: Vec::new(),
             },
             Ok(Outcome::Synced(mine(Vec::new()))),
         )
@@ -201,6 +204,7 @@ fn its_pool_written_makes_a_source_with_blocks_in_doubt_sync_at_once() {
             epoch,
             trusted,
             pins: false,
+            orphaned: Vec::new(),
         },
         Ok(Outcome::Synced(listed)),
     )
