@@ -245,19 +245,7 @@ mod tests {
     #[test]
     fn a_pin_of_a_gone_owner_fails() {
         let mut p = settled();
-        let pin = Pin {
-            pool: "p".into(),
-            address: "10.70.0.5".parse().unwrap(),
-            owner: PinOwner::StatefulSet {
-                namespace: "sim".into(),
-                name: "db".into(),
-                ordinal: 0,
-            },
-            block: net("10.70.0.0/28"),
-            block_id: 1,
-            set_aside: false,
-            holders: Vec::<Holder>::new(),
-        };
+        let pin = pin();
         p.pins.push((pin.clone(), None));
         pins_of_gone_owners(&p).expect("its owner is there");
         p.pins

@@ -514,30 +514,26 @@ impl ClusterSource {
             // else stops them).
             let first =
                 self.synced != Some(epoch) && !crate::bugs::on(crate::bugs::Bug::FirstSyncTrusts);
-            let trusted: Vec<(IpNet, KeyRevision)> = match !first {
-                true => self
+            // The blocks held in a state, with their keys as last read or written (none at
+            // the first sync of an epoch, which trusts nothing).
+            let held_as = |state: fn(&BlockState) -> Option<KeyRevision>| match first {
+                true => Vec::new(),
+                false => self
                     .blocks
                     .values()
-                    .filter_map(|b| match b.state {
-                        BlockState::Confirmed(r) => Some((b.net(), r)),
-                        _ => None,
-                    })
-                    .collect(),
-                false => Vec::new(),
+                    .filter_map(|b| state(&b.state).map(|r| (b.net(), r)))
+                    .collect::<Vec<(IpNet, KeyRevision)>>(),
             };
+            let trusted = held_as(|s| match s {
+                BlockState::Confirmed(r) => Some(*r),
+                _ => None,
+            });
+            let orphaned = held_as(|s| match s {
+                BlockState::Orphaned(r) => Some(*r),
+                _ => None,
+            });
             // One subnet's pins: listed at the first sync of an epoch (the node may have
             // been away, or restarted knowing none), and at each while the pool has any.
-            let orphaned: Vec<(IpNet, KeyRevision)> = match !first {
-                true => self
-                    .blocks
-                    .values()
-                    .filter_map(|b| match b.state {
-                        BlockState::Orphaned(r) => Some((b.net(), r)),
-                        _ => None,
-                    })
-                    .collect(),
-                false => Vec::new(),
-            };
             let pins = self.subnet.is_some() && (first || self.node.pool_has_pins(&self.pool));
             return Some(Work::Sync {
                 epoch,
