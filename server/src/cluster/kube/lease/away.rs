@@ -57,14 +57,20 @@ impl KubeStore {
     }
 
     /// Every node's Lease (`ipool-<node>`, listed once), as last renewed: how long ago by the
-    /// time the apiserver stamped on its daemon's last write, against the apiserver's clock as
-    /// the newest stamp in the list shows it (see [`apiserver_now`]).
+    /// time the apiserver stamped on its daemon's last write, against the later of this
+    /// machine's clock and the apiserver's as the newest stamp in the list shows it (see
+    /// [`apiserver_now`]).
     pub(super) async fn leases_seen(&self) -> Result<Vec<NodeSeen>, ClusterError> {
         self.token().await;
         let listed = self.leases.list(&kube::api::ListParams::default()).await?;
         let now = match crate::bugs::on(crate::bugs::Bug::DepartedByLocalClock) {
             true => (crate::cluster::model::now_ms() / 1000) as i64,
-            false => apiserver_now(&listed.items),
+            // Never behind the apiserver's clock as its stamps show it (a leader whose clock
+            // is behind would see no Lease lapse); this machine's when it is ahead (the
+            // newest stamp lags by up to a renewal).
+            false => {
+                apiserver_now(&listed.items).max((crate::cluster::model::now_ms() / 1000) as i64)
+            }
         };
         Ok(listed
             .items
