@@ -366,9 +366,17 @@ fn pins_lost_by_a_restored_etcd_are_made_again_before_their_blocks_serve() {
             "ADD {k} on n1 got the address web-0 holds on n2"
         );
     }
-    // The store has the pin again, held by n2.
-    let o = etcd.ctl(&["--output", "json", "pins"]);
-    let pins: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    // The store has the pin again, held by n2 once n2 has synced since the reset (n1 may
+    // make it first, held by nobody; n2's first sync after the reset puts its hold back).
+    let mut pins = serde_json::Value::Null;
+    for _ in 0..120 {
+        let o = etcd.ctl(&["--output", "json", "pins"]);
+        pins = serde_json::from_slice(&o.stdout).expect("json");
+        if pins[0]["holders"][0]["node"] == "n2" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
     let p = &pins[0];
     assert_eq!(p["address"], pinned.to_string(), "{pins}");
     assert_eq!(p["holders"][0]["node"], "n2", "{pins}");
