@@ -142,6 +142,16 @@ pub enum Bug {
     /// kept its hold for good, and the pin of an owner gone since never ended (found by the
     /// simulation's liveness rules, session 29).
     HoldersNotDeparted,
+    /// A node's writes left no witness in etcd: an etcd restored from an older backup, whose
+    /// revision the other nodes' writes since carried past every one this node had seen, went
+    /// unnoticed by it, which kept what it knew (a hold on a pin lost with the backup was never
+    /// made again: found by cluster_truth under CI's load, session 30).
+    WritesUnwitnessed,
+    /// A release's give-back was conditioned on the pins its plan read, not on the block
+    /// having none when it lands: a pin made after the plan (a forced release's give-back
+    /// landing late) went with the block, while a pod on another node used its address (found
+    /// by the simulation, session 30).
+    PinAfterReleasePlan,
 }
 
 impl Bug {
@@ -181,6 +191,8 @@ impl Bug {
         Bug::GonePoolBlockKept,
         Bug::OrphanedResettled,
         Bug::HoldersNotDeparted,
+        Bug::WritesUnwitnessed,
+        Bug::PinAfterReleasePlan,
     ];
 
     pub fn name(self) -> &'static str {
@@ -219,6 +231,8 @@ impl Bug {
             Bug::GonePoolBlockKept => "gone-pool-block-kept",
             Bug::OrphanedResettled => "orphaned-resettled",
             Bug::HoldersNotDeparted => "holders-not-departed",
+            Bug::WritesUnwitnessed => "writes-unwitnessed",
+            Bug::PinAfterReleasePlan => "pin-after-release-plan",
         }
     }
 

@@ -509,3 +509,64 @@ fn the_last_writes_of_a_release_hold_only_while_the_node_stays_away() {
         assert!(after.seen.is_some(), "its record of its last absence stays");
     });
 }
+
+/// A forced release's give-back lands only on a block with no pin (session 30, found by the
+/// simulation: a forced release, its give-back late, took a block in which the node, still
+/// running, had made a pin after the release read the pins; a pod on another node used its
+/// address).
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_forced_release_keeps_a_block_pinned_after_its_plan() {
+    use ipool_server::cluster::datastore::{PinStore, Release};
+    use ipool_server::cluster::pin::{Holder, Pin, PinCreated, PinOwner};
+    let etcd = Etcd::start();
+    etcd.create_pool(&["f9", "--cidr", "10.68.0.0/24"]);
+    claim_for(
+        &etcd.client_url,
+        "f9",
+        "10.68.0.0/26".parse().unwrap(),
+        "node-c",
+    );
+    with_store(&etcd.client_url, |s| async move {
+        let block = s.list_blocks(None, Some("node-c")).await.unwrap().blocks[0].clone();
+        // The plan: read while the block had no pin.
+        let state = s.node_state("node-c").await.unwrap();
+        let blocks = [block.clone()];
+        let plan = Release {
+            state: &state,
+            blocks: &blocks,
+            holds: &[],
+            force: true,
+            keeps_blocks: false,
+        };
+        // Then the node, still running, pins an address of it for a pod that moves on.
+        let pin = Pin {
+            pool: "f9".into(),
+            address: "10.68.0.5".parse().unwrap(),
+            owner: PinOwner::StatefulSet {
+                namespace: "db".into(),
+                name: "web".into(),
+                ordinal: 0,
+            },
+            block: block.block,
+            block_id: block.revision.create,
+            set_aside: false,
+            holders: vec![Holder {
+                node: "node-d".into(),
+                pod: "db/web-0".into(),
+                uid: "u1".into(),
+                since_ms: 1,
+                instance: None,
+            }],
+        };
+        let PinCreated::Created(_) = s.create_pin(&pin).await.unwrap() else {
+            panic!("pinned")
+        };
+        let freed = s.release_node("node-c", &plan).await.unwrap();
+        assert!(freed.blocks.is_empty(), "{:?}", freed.blocks);
+        assert_eq!(
+            s.list_blocks(None, Some("node-c")).await.unwrap().blocks,
+            vec![block]
+        );
+    });
+}

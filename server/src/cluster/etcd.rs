@@ -184,6 +184,7 @@ mod pins;
 mod pools;
 pub mod request;
 mod watch;
+mod witness;
 
 #[cfg(test)]
 mod tests;

@@ -12,7 +12,10 @@
 //! - TLS: the CA that signed etcd's certificate, and a client certificate when etcd asks.
 //! - Every answer's header is watched: an etcd whose cluster id changed, or whose revision is
 //!   below one seen before the request was sent (restored from an older backup), counts as
-//!   reset ([`EtcdClient::resets`]); what this node knew of it may no longer hold.
+//!   reset ([`EtcdClient::resets`]); what this node knew of it may no longer hold. So does
+//!   one whose witness of this node's last write is older than that write (see
+//!   [`super::witness`]: the other nodes' writes since the restore can hide it from the
+//!   revision).
 //! - Every request goes through the [`Limiter`] when one is set (`etcd_rate`, `etcd_burst`):
 //!   it waits for a token, except an urgent client's (the heartbeat), which takes one anyway.
 //! - Requests sent and bytes received are counted ([`EtcdClient::stats`]); reads that can grow
@@ -27,6 +30,8 @@ use pb::{kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClie
 use tokio::time::Instant;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use super::witness::{Shown, Witness};
+
 /// What a failed etcd call says.
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
@@ -39,6 +44,10 @@ pub enum EtcdError {
     /// No answer within the call's deadline.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// Not applied: etcd was found reset (restored from an older backup), and this node's
+    /// writes wait until it has read again what it knew.
+    #[error("etcd was reset: {0}")]
+    Reset(String),
 }
 
 fn describe_status(s: &tonic::Status) -> String {
@@ -57,7 +66,8 @@ impl EtcdError {
     pub fn is_unreachable(&self) -> bool {
         use tonic::Code;
         match self {
-            EtcdError::Connect(_) | EtcdError::Timeout(_) => true,
+            // Refused by this client until the node read again what it knew.
+            EtcdError::Connect(_) | EtcdError::Timeout(_) | EtcdError::Reset(_) => true,
             EtcdError::Status(s) => matches!(
                 s.code(),
                 Code::Unavailable
@@ -75,6 +85,7 @@ impl EtcdError {
         use tonic::Code;
         match self {
             EtcdError::Connect(_) | EtcdError::Timeout(_) => true,
+            EtcdError::Reset(_) => false,
             EtcdError::Status(s) => matches!(
                 s.code(),
                 Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
@@ -194,6 +205,7 @@ struct Inner {
     limiter: Option<Arc<Limiter>>,
     requests: AtomicU64,
     bytes: AtomicU64,
+    witness: Witness,
 }
 
 /// What the answers' headers said so far.
@@ -351,6 +363,7 @@ impl EtcdClient {
                 limiter,
                 requests: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
+                witness: Default::default(),
             }),
             urgent: false,
         }
@@ -421,10 +434,8 @@ impl EtcdClient {
         }
         match reset {
             Some(why) => {
-                tracing::error!(%why, "etcd was reset: what this node knew of it is read again");
-                h.resets += 1;
-                h.last_reset = Some(why);
-                h.revision = revision;
+                drop(h);
+                self.reset_seen(why, Some(revision));
             }
             None => h.revision = h.revision.max(revision),
         }
@@ -450,10 +461,14 @@ impl EtcdClient {
         r
     }
 
+    /// Reads `req`'s range (with the witness, once this node wrote: see [`Witness`]).
     pub async fn range(&self, req: pb::RangeRequest) -> Result<pb::RangeResponse, EtcdError> {
-        match self.run(Call::Range(req)).await? {
-            Reply::Range(r) => Ok(r),
-            other => Err(mismatch("range", &other)),
+        match self.inner.witness.range(req) {
+            Err(req) => match self.run(Call::Range(req)).await? {
+                Reply::Range(r) => Ok(r),
+                other => Err(mismatch("range", &other)),
+            },
+            Ok((t, marked)) => Ok(Witness::range_answer(self.witnessed(t, marked).await?)),
         }
     }
 
@@ -502,10 +517,59 @@ impl EtcdClient {
         }
     }
 
-    pub async fn txn(&self, req: pb::TxnRequest) -> Result<pb::TxnResponse, EtcdError> {
-        match self.run(Call::Txn(req)).await? {
-            Reply::Txn(r) => Ok(r),
-            other => Err(mismatch("txn", &other)),
+    /// Runs `req`; each branch that writes also puts the witness, once one is set.
+    /// Runs `req`, with the witness (see [`Witness`]): the answer is `req`'s.
+    pub async fn txn(&self, mut req: pb::TxnRequest) -> Result<pb::TxnResponse, EtcdError> {
+        let marked = self.inner.witness.mark(&mut req);
+        self.witnessed(req, marked).await
+    }
+
+    /// Runs `t`, sent with the witness as `marked` says; takes in what the witness shows.
+    async fn witnessed(
+        &self,
+        t: pb::TxnRequest,
+        marked: super::witness::Marked,
+    ) -> Result<pb::TxnResponse, EtcdError> {
+        let resets = self.resets().0;
+        let mut r = match self.run(Call::Txn(t)).await? {
+            Reply::Txn(r) => r,
+            other => return Err(mismatch("txn", &other)),
+        };
+        // Counted unless the answer's header already showed the reset.
+        let seen = |why: String| {
+            if self.resets().0 == resets {
+                self.reset_seen(why.clone(), None);
+            }
+            why
+        };
+        match Witness::answered(&marked, &mut r) {
+            Shown::Fine => {}
+            Shown::Reset(why) => {
+                seen(why);
+            }
+            Shown::Refused(why) => return Err(EtcdError::Reset(seen(why))),
+        }
+        self.inner.witness.wrote(&marked, &r);
+        Ok(r)
+    }
+
+    /// From now on every transaction that writes puts `key` too, with this daemon's
+    /// `instance`: this client's witness (see [`super::witness`]).
+    pub fn set_witness(&self, key: impl Into<Vec<u8>>, instance: &str) {
+        self.inner
+            .witness
+            .set(key.into(), instance.as_bytes().to_vec());
+    }
+
+    fn reset_seen(&self, why: String, revision: Option<i64>) {
+        let mut h = self.inner.history.lock().expect("history lock");
+        tracing::error!(%why, "etcd was reset: what this node knew of it is read again");
+        h.resets += 1;
+        h.last_reset = Some(why);
+        // Writes before the reset witness nothing now.
+        self.inner.witness.forget();
+        if let Some(r) = revision {
+            h.revision = r;
         }
     }
 

@@ -44,6 +44,11 @@ impl ClusterStore {
         self.key(&format!("nodes/{node}/{what}"))
     }
 
+    /// The witness of `node`'s writes (see [`super::witness`]).
+    fn witness_key(&self, node: &str) -> String {
+        self.key(&format!("witness/{node}"))
+    }
+
     /// The `alive` key of `node`.
     pub fn alive_key(&self, node: &str) -> String {
         self.node_key(node, "alive")
@@ -63,6 +68,8 @@ impl NameStore for ClusterStore {
         renew_secs: u64,
     ) -> Result<Acquired, ClusterError> {
         let alive_key = self.alive_key(node);
+        self.client()
+            .set_witness(self.witness_key(node), &me.instance);
         let alive_lease = self.client().lease_grant(ttl_secs as i64).await?.id;
         let value = serde_json::to_vec(me).expect("serializes");
         // Absent: create it. Present: read it (ours: take it over, on the new lease).
@@ -390,7 +397,14 @@ impl NameStore for ClusterStore {
         };
         let mut freed = Freed::default();
         for b in plan.blocks {
-            if self.give_back_if(b, away.clone()).await? {
+            // And no pin in it (one made after the plan read them: a forced release keeps a
+            // pinned block too).
+            let mut when = away.clone();
+            if !crate::bugs::on(crate::bugs::Bug::PinAfterReleasePlan) {
+                let pins = self.block_pins_prefix(&b.pool, &b.block);
+                when.push(cmp::with_prefix(cmp::version(pins, cmp::Equal, 0)));
+            }
+            if self.give_back_if(b, when).await? {
                 freed.blocks.push(b.clone());
                 continue;
             }
@@ -412,6 +426,7 @@ impl NameStore for ClusterStore {
             (true, Some(n)) => vec![op::put(k8s_node, n.clone(), 0)],
             (true, None) => Vec::new(),
             (false, _) => vec![
+                op::delete(self.witness_key(node)),
                 op::delete(seen),
                 op::delete(k8s_node),
                 op::delete(self.node_key(node, IN_USE)),

@@ -31,14 +31,18 @@ impl ClusterStore {
         }
     }
 
+    /// The prefix of the pins in `block` of `pool`.
+    pub(super) fn block_pins_prefix(&self, pool: &str, block: &ipnet::IpNet) -> String {
+        format!("{}{}/", self.pins_prefix(Some(pool)), block_key_part(block))
+    }
+
     /// The key of `pin`.
     pub fn pin_key(&self, pin: &Pin) -> String {
         match pin.set_aside {
             true => format!("{}{}", self.set_aside_prefix(&pin.pool), pin.address),
             false => format!(
-                "{}{}/{}",
-                self.pins_prefix(Some(&pin.pool)),
-                block_key_part(&pin.block),
+                "{}{}",
+                self.block_pins_prefix(&pin.pool, &pin.block),
                 pin.address
             ),
         }

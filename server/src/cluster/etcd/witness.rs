@@ -1,0 +1,405 @@
+//! A node's witness in etcd: `witness/<node>`, put in every transaction of the node's that
+//! writes, so that its revision there is that of the node's last write. An etcd restored from
+//! a backup taken before that write shows the key older, or not at all, whatever the other
+//! nodes wrote since: their writes move the revision past every one this node has seen (and
+//! `etcdutl snapshot restore --bump-revision`, as Kubernetes advises, moves it on at once),
+//! which hides the restore from the revision check of
+//! [`EtcdClient::resets`](super::client::EtcdClient::resets), but cannot bring this node's own
+//! write back.
+//!
+//! Once the node has written, every request of its that touches keys reads the witness too, in
+//! the same request: a range is sent as a transaction of two ranges, and each branch of a
+//! transaction reads it last (before putting it, in a branch that writes). So no answer from a
+//! restored etcd is taken for the truth, not even once, before the node sees the restore (a
+//! regular sync that trusted a listing without the pins made after the backup forgot them,
+//! and the first sync after the reset had nothing left to make again). And its writes are
+//! conditioned on the witness being its last write or a later one: none lands on a restored
+//! etcd, not even one whose answer is lost, which would bring the witness up to date unseen
+//! (found by the simulation). The node's first write comes before it serves (taking its
+//! name). The witness's value is the daemon's instance: a second daemon under the node's name
+//! (which an etcd restored without the first one's `alive` key lets take the name) writes its
+//! own, and the first, whose writes that hides, sees another's and counts a reset (found by
+//! the simulation). Writes outside transactions (a node's `seen` key, once per start) are not
+//! witnessed.
+
+use std::sync::Mutex;
+
+use ipool_proto::etcd::etcdserverpb as pb;
+use ipool_proto::etcd::mvccpb::KeyValue;
+use pb::request_op::Request;
+use pb::response_op::Response;
+
+use super::request::{cmp, op};
+
+/// etcd's default `--max-txn-ops`: a branch that would go past it is sent as it is.
+const MAX_TXN_OPS: usize = 128;
+
+/// The witness of one client (set once the node is known).
+#[derive(Default)]
+pub(crate) struct Witness {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    key: Option<Vec<u8>>,
+    /// This daemon's instance: the witness's value (a second daemon under the node's name,
+    /// which the restored etcd let take it, writes its own).
+    instance: Vec<u8>,
+    /// The revision of the last write that put the key (0: none yet).
+    written: i64,
+}
+
+/// What was added to a branch of a transaction.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct Added {
+    read: bool,
+    put: bool,
+}
+
+/// What a transaction was sent with, and the last witnessed write before it was.
+#[derive(Clone, Default, Debug)]
+pub(crate) struct Marked {
+    before: i64,
+    instance: Vec<u8>,
+    then: Added,
+    otherwise: Added,
+    /// Its writes were conditioned on the witness being that write or a later one.
+    guarded: bool,
+}
+
+/// What the witness showed a transaction.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Shown {
+    /// Nothing wrong.
+    Fine,
+    /// A reset (why); the answer stands (a read's, or one whose writes ran).
+    Reset(String),
+    /// A reset (why) that made the transaction's guard fail: its answer is not its caller's.
+    Refused(String),
+}
+
+/// The witness's read: its value too (the instance that wrote it; `keys_only` would leave it
+/// out).
+fn read(key: Vec<u8>) -> pb::RequestOp {
+    pb::RequestOp {
+        request: Some(Request::RequestRange(super::request::get(key))),
+    }
+}
+
+fn written_key(o: &pb::RequestOp) -> Option<&Vec<u8>> {
+    match &o.request {
+        Some(Request::RequestPut(p)) => Some(&p.key),
+        Some(Request::RequestDeleteRange(d)) => Some(&d.key),
+        _ => None,
+    }
+}
+
+fn writes(ops: &[pb::RequestOp]) -> bool {
+    ops.iter().any(|o| {
+        matches!(
+            o.request,
+            Some(Request::RequestPut(_)) | Some(Request::RequestDeleteRange(_))
+        )
+    })
+}
+
+impl Witness {
+    pub(crate) fn set(&self, key: Vec<u8>, instance: Vec<u8>) {
+        let mut s = self.state.lock().expect("witness lock");
+        if s.key.as_ref() != Some(&key) || s.instance != instance {
+            *s = State {
+                key: Some(key),
+                instance,
+                written: 0,
+            };
+        }
+    }
+
+    /// Forgets the writes witnessed so far (etcd was found reset: they are not its).
+    pub(crate) fn forget(&self) {
+        self.state.lock().expect("witness lock").written = 0;
+    }
+
+    /// The revision of the last witnessed write.
+    #[cfg(test)]
+    fn written(&self) -> i64 {
+        self.state.lock().expect("witness lock").written
+    }
+
+    /// The key, the instance and the last witnessed write.
+    fn now(&self) -> Option<(Vec<u8>, Vec<u8>, i64)> {
+        if crate::bugs::on(crate::bugs::Bug::WritesUnwitnessed) {
+            return None;
+        }
+        let s = self.state.lock().expect("witness lock");
+        s.key.clone().map(|k| (k, s.instance.clone(), s.written))
+    }
+
+    /// A range `r` as it is sent: a transaction that reads the witness too, once a write was
+    /// witnessed (else `r` as it is).
+    pub(crate) fn range(
+        &self,
+        r: pb::RangeRequest,
+    ) -> Result<(pb::TxnRequest, Marked), pb::RangeRequest> {
+        match self.now() {
+            Some((_, _, 0)) | None => Err(r),
+            Some(_) => {
+                let ops = [pb::RequestOp {
+                    request: Some(Request::RequestRange(r)),
+                }];
+                let mut t = super::request::txn([], ops, []);
+                let marked = self.mark(&mut t);
+                Ok((t, marked))
+            }
+        }
+    }
+
+    /// Each branch of `t` reads the witness last (once a write was witnessed), and puts it
+    /// after, if it writes.
+    pub(crate) fn mark(&self, t: &mut pb::TxnRequest) -> Marked {
+        let Some((key, instance, before)) = self.now() else {
+            return Marked::default();
+        };
+        let add = |ops: &mut Vec<pb::RequestOp>| {
+            // etcd refuses a key written twice in one transaction (this node's own witness
+            // deleted: its daemon released by its own client, as a test does).
+            let put = writes(ops) && !ops.iter().any(|o| written_key(o) == Some(&key));
+            let added = Added {
+                read: before > 0,
+                put,
+            };
+            if ops.len() + added.read as usize + added.put as usize > MAX_TXN_OPS {
+                return Added::default();
+            }
+            if added.read {
+                ops.push(read(key.clone()));
+            }
+            if added.put {
+                ops.push(op::put(key.clone(), instance.clone(), 0));
+            }
+            added
+        };
+        let then = add(&mut t.success);
+        let otherwise = add(&mut t.failure);
+        // Writes land only on the etcd this node wrote to: none applies to a restored one, not
+        // even one whose answer is lost (it would bring the witness up to date unseen). Not
+        // where the other branch writes (a guard that fails would run it).
+        let guarded = before > 0 && then.put && !otherwise.put;
+        if guarded {
+            t.compare
+                .push(cmp::mod_revision(key.clone(), cmp::Greater, before - 1));
+            t.compare
+                .push(cmp::value(key, cmp::Equal, instance.clone()));
+        }
+        Marked {
+            before,
+            instance,
+            then,
+            otherwise,
+            guarded,
+        }
+    }
+
+    /// Takes what `marked` added out of the answer `t`: what the witness showed the branch
+    /// that ran (its last witnessed write gone: a reset).
+    pub(crate) fn answered(marked: &Marked, t: &mut pb::TxnResponse) -> Shown {
+        match Witness::judged(marked, t) {
+            None => Shown::Fine,
+            Some(why) if marked.guarded && !t.succeeded => Shown::Refused(why),
+            Some(why) => Shown::Reset(why),
+        }
+    }
+
+    fn judged(marked: &Marked, t: &mut pb::TxnResponse) -> Option<String> {
+        let added = match t.succeeded {
+            true => marked.then,
+            false => marked.otherwise,
+        };
+        if added.put {
+            t.responses.pop();
+        }
+        if !added.read {
+            return None;
+        }
+        let kv = match t.responses.pop().and_then(|o| o.response) {
+            Some(Response::ResponseRange(g)) => g.kvs.into_iter().next(),
+            _ => None,
+        };
+        judge(marked.before, &marked.instance, kv.as_ref())
+    }
+
+    /// The branch that ran put the witness: the last witnessed write is at the answer's
+    /// revision.
+    pub(crate) fn wrote(&self, marked: &Marked, t: &pb::TxnResponse) {
+        let ran = match t.succeeded {
+            true => marked.then,
+            false => marked.otherwise,
+        };
+        if let (true, Some(h)) = (ran.put, &t.header) {
+            let mut s = self.state.lock().expect("witness lock");
+            s.written = s.written.max(h.revision);
+        }
+    }
+
+    /// The range's answer in the answer `t` to a range sent by [`Witness::range`] (the
+    /// witness taken out), with the transaction's header.
+    pub(crate) fn range_answer(mut t: pb::TxnResponse) -> pb::RangeResponse {
+        let mut g = match t.responses.pop().and_then(|o| o.response) {
+            Some(Response::ResponseRange(g)) => g,
+            _ => pb::RangeResponse::default(),
+        };
+        g.header = t.header.take();
+        g
+    }
+}
+
+/// What is wrong with the witness as `kv` (read from etcd) shows it, when the last write
+/// witnessed before the read was sent was at revision `before`: `None` if it is that write or
+/// a later one of this daemon's (`instance`).
+fn judge(before: i64, instance: &[u8], kv: Option<&KeyValue>) -> Option<String> {
+    match kv {
+        _ if before == 0 => None,
+        Some(kv) if kv.value != instance => Some(format!(
+            "this node's last write (revision {before}) is not the last in etcd under its name: another daemon's ({:?}) came after it at revision {} (etcd restored from an older backup, and a second daemon under the node's name took it?)",
+            String::from_utf8_lossy(&kv.value),
+            kv.mod_revision
+        )),
+        None => Some(format!(
+            "this node's last write (revision {before}) is gone from etcd (restored from an older backup, or the node released?)"
+        )),
+        Some(kv) if kv.mod_revision < before => Some(format!(
+            "this node's last write (revision {before}) is gone from etcd: its witness is from revision {} (restored from an older backup?)",
+            kv.mod_revision
+        )),
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::etcd::request;
+
+    fn kv(rev: i64) -> KeyValue {
+        KeyValue {
+            key: b"w".to_vec(),
+            mod_revision: rev,
+            value: b"i1".to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn range_answer(kvs: Vec<KeyValue>) -> pb::ResponseOp {
+        pb::ResponseOp {
+            response: Some(Response::ResponseRange(pb::RangeResponse {
+                kvs,
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn put_answer() -> pb::ResponseOp {
+        pb::ResponseOp {
+            response: Some(Response::ResponsePut(Default::default())),
+        }
+    }
+
+    fn answer(succeeded: bool, revision: i64, responses: Vec<pb::ResponseOp>) -> pb::TxnResponse {
+        pb::TxnResponse {
+            header: Some(pb::ResponseHeader {
+                revision,
+                ..Default::default()
+            }),
+            succeeded,
+            responses,
+        }
+    }
+
+    #[test]
+    fn writes_put_the_witness_and_reads_read_it_once_one_was_witnessed() {
+        let w = Witness::default();
+        let txn = || request::txn([], [op::put("k", "v", 0)], [op::get("k")]);
+        // No key yet: nothing added; a range goes as it is.
+        let mut t = txn();
+        w.mark(&mut t);
+        assert_eq!((t.success.len(), t.failure.len()), (1, 1));
+        w.set(b"/p/witness/n1".to_vec(), b"i1".to_vec());
+        assert!(w.range(request::get("k")).is_err());
+        // Nothing witnessed yet: the branch that writes puts it; nothing reads it.
+        let mut t = txn();
+        let m = w.mark(&mut t);
+        assert_eq!((t.success.len(), t.failure.len()), (2, 1));
+        // The read-only branch ran: nothing written.
+        let mut a = answer(false, 7, vec![range_answer(vec![])]);
+        assert_eq!(Witness::answered(&m, &mut a), Shown::Fine);
+        w.wrote(&m, &a);
+        assert_eq!(w.written(), 0);
+        let mut a = answer(true, 9, vec![put_answer(), put_answer()]);
+        assert_eq!(Witness::answered(&m, &mut a), Shown::Fine);
+        assert_eq!(a.responses.len(), 1, "the witness's answer taken out");
+        w.wrote(&m, &a);
+        assert_eq!(w.written(), 9);
+        // From now on every branch reads it, the writes are guarded on it, and a range is a
+        // transaction.
+        let mut t = txn();
+        let m = w.mark(&mut t);
+        assert_eq!((t.success.len(), t.failure.len()), (3, 2));
+        assert_eq!(t.compare.len(), 2);
+        assert_eq!(t.compare[0].key, b"/p/witness/n1");
+        assert_eq!(t.compare[0].result, cmp::Greater as i32);
+        assert_eq!(t.compare[1].result, cmp::Equal as i32);
+        let mut a = answer(
+            false,
+            12,
+            vec![range_answer(vec![]), range_answer(vec![kv(9)])],
+        );
+        assert_eq!(Witness::answered(&m, &mut a), Shown::Fine);
+        assert_eq!(a.responses.len(), 1);
+        // The guard failed: the witness is older than the last write; the answer is not the
+        // caller's.
+        let mut a = answer(
+            false,
+            12,
+            vec![range_answer(vec![]), range_answer(vec![kv(4)])],
+        );
+        assert!(matches!(Witness::answered(&m, &mut a), Shown::Refused(_)));
+        // Where the other branch writes, no guard.
+        let mut t = request::txn([], [op::put("k", "v", 0)], [op::delete("j")]);
+        assert!(!w.mark(&mut t).guarded);
+        assert!(t.compare.is_empty());
+        let (t, m) = w.range(request::get("k")).ok().unwrap();
+        assert_eq!(t.success.len(), 2);
+        // Its value read too: the instance that wrote it.
+        assert!(matches!(&t.success[1].request, Some(Request::RequestRange(r)) if !r.keys_only));
+        let mut a = answer(
+            true,
+            12,
+            vec![range_answer(vec![kv(3)]), range_answer(vec![kv(8)])],
+        );
+        let Shown::Reset(why) = Witness::answered(&m, &mut a) else {
+            panic!("a reset")
+        };
+        assert!(why.contains("from revision 8"), "{why}");
+        let g = Witness::range_answer(a);
+        assert_eq!(g.kvs[0].mod_revision, 3);
+        assert_eq!(g.header.unwrap().revision, 12);
+    }
+
+    #[test]
+    fn a_witness_older_than_the_last_write_or_another_daemons_is_a_reset() {
+        let i1 = b"i1".as_slice();
+        assert_eq!(judge(0, i1, None), None);
+        assert_eq!(judge(9, i1, Some(&kv(9))), None);
+        assert_eq!(judge(9, i1, Some(&kv(12))), None);
+        assert!(judge(9, i1, Some(&kv(8)))
+            .unwrap()
+            .contains("from revision 8"));
+        assert!(judge(9, i1, None).unwrap().contains("revision 9"));
+        let twin = KeyValue {
+            value: b"i2".to_vec(),
+            ..kv(12)
+        };
+        assert!(judge(9, i1, Some(&twin)).unwrap().contains("\"i2\""));
+    }
+}
