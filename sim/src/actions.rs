@@ -476,6 +476,18 @@ pub(crate) fn describe_call(c: &Call) -> String {
                     format!("{} {v}", key(&c.key))
                 })
                 .collect();
+            if writes.is_empty() && on.is_empty() {
+                // A read sent as a transaction (with the node's witness).
+                let reads: Vec<String> = t
+                    .success
+                    .iter()
+                    .filter_map(|op| match &op.request {
+                        Some(Request::RequestRange(r)) => Some(key(&r.key)),
+                        _ => None,
+                    })
+                    .collect();
+                return format!("read [{}]", reads.join(", "));
+            }
             format!("txn [{}] if [{}]", writes.join(", "), on.join(", "))
         }
         Call::LeaseGrant(g) => format!("lease grant {} s", g.ttl),

@@ -65,9 +65,11 @@ impl World {
                 s.renewals.push(ms);
             }
             match (fate, awaited) {
-                // An answer with the store's header shows a reset.
+                // An answer with the store's header shows a reset: any answer when the
+                // cluster id changed, else an answer that read the node's witness.
                 (Fate::Answer, true) => {
-                    if s.unaware && delivered.headed {
+                    let shows = delivered.keys || self.restore_shows_id;
+                    if s.unaware && delivered.headed && shows {
                         s.unaware = false;
                         s.aware_at = Some(ms);
                     }
@@ -97,17 +99,9 @@ impl World {
 
 /// `wire` may change the store, and is no renewal (of a lease, or of a node's Lease).
 fn changes(wire: &crate::net::Wire) -> bool {
-    use ipool_proto::etcd::etcdserverpb::request_op::Request;
-    use ipool_server::cluster::etcd::client::Call;
     match wire {
-        crate::net::Wire::Etcd(Call::Txn(t)) => t.success.iter().chain(&t.failure).any(|op| {
-            matches!(
-                op.request,
-                Some(Request::RequestPut(_) | Request::RequestDeleteRange(_))
-            )
-        }),
-        crate::net::Wire::Etcd(Call::Put(_) | Call::DeleteRange(_)) => true,
-        crate::net::Wire::Etcd(_) | crate::net::Wire::EtcdWatch(_) => false,
+        crate::net::Wire::Etcd(c) => crate::net::etcd_writes(c),
+        crate::net::Wire::EtcdWatch(_) => false,
         crate::net::Wire::Api { method, path, .. } => method != "GET" && !path.contains("/leases/"),
     }
 }

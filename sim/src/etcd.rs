@@ -4,7 +4,8 @@
 //! (a compare over a range holds for every key in it, or for the zero key when none is there,
 //! as etcd evaluates it), leases on simulated time (granted, renewed, revoked, expired: their
 //! keys deleted), the response header every answer carries (cluster id, revision), and a
-//! restore from an older backup (the revision goes back, the cluster id changes).
+//! restore from an older backup ([`Restore`]: as a new cluster, from a copy of the data
+//! directory, or with the revision bumped past every one seen).
 //!
 //! Reads at a past revision answer from the present: the simulation's listings fit in one page
 //! (a read pinned to a revision happens only between the pages of a longer one).
@@ -28,6 +29,19 @@ struct Lease {
     ttl: i64,
     expires: Instant,
     keys: BTreeSet<Vec<u8>>,
+}
+
+/// How a backup is restored.
+#[derive(Clone, Copy, Debug)]
+pub enum Restore {
+    /// `etcdctl snapshot restore` as a new cluster, with an id of its own.
+    NewCluster(u64),
+    /// The data directory copied back: the same cluster id, the revision of the backup.
+    DataCopied,
+    /// `etcdutl snapshot restore --bump-revision N --mark-compacted` into the same cluster, as
+    /// Kubernetes' documentation advises: the revision moved on past every one a client saw,
+    /// the history compacted away.
+    Bumped(i64),
 }
 
 /// A lease as a backup holds it: its id, TTL and keys.
@@ -199,10 +213,10 @@ impl Etcd {
         self.backup = Some((self.data.clone(), leases));
     }
 
-    /// Restores the last backup (if any) as a new cluster at `now`: the keys, the revision and
-    /// the leases as they were (each lease's TTL starting again, as etcd's lessor does when a
-    /// restored member leads), the cluster id `new_id`.
-    pub fn restore(&mut self, new_id: u64, now: Instant) -> bool {
+    /// Restores the last backup (if any) at `now`: the keys, the revision and the leases as
+    /// they were (each lease's TTL starting again, as etcd's lessor does when a restored member
+    /// leads). How: [`Restore`].
+    pub fn restore(&mut self, how: Restore, now: Instant) -> bool {
         let Some((data, leases)) = self.backup.clone() else {
             return false;
         };
@@ -211,7 +225,16 @@ impl Etcd {
         self.history
             .retain(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision <= rev));
         self.compacted = self.compacted.min(rev);
-        self.cluster_id = new_id;
+        match how {
+            Restore::NewCluster(id) => self.cluster_id = id,
+            Restore::DataCopied => {}
+            Restore::Bumped(by) => {
+                // `--mark-compacted`: every revision up to the bumped one is gone for watches.
+                self.data.revision += by;
+                self.compacted = self.data.revision;
+                self.history.clear();
+            }
+        }
         self.leases = leases
             .into_iter()
             .map(|(id, ttl, keys)| {
@@ -441,6 +464,23 @@ impl Etcd {
     }
 
     fn txn(&mut self, t: &pb::TxnRequest) -> Result<pb::TxnResponse, tonic::Status> {
+        // As etcd checks a request before it applies it: a key written twice in a branch.
+        for ops in [&t.success, &t.failure] {
+            let mut keys = BTreeSet::new();
+            for op in ops {
+                let key = match &op.request {
+                    Some(Request::RequestPut(p)) => &p.key,
+                    Some(Request::RequestDeleteRange(d)) => &d.key,
+                    _ => continue,
+                };
+                if !keys.insert(key.clone()) {
+                    return Err(status(
+                        tonic::Code::InvalidArgument,
+                        "etcdserver: duplicate key given in txn request",
+                    ));
+                }
+            }
+        }
         let succeeded = t.compare.iter().all(|c| self.holds(c));
         let ops = if succeeded { &t.success } else { &t.failure };
         let rev = self.data.revision + 1;

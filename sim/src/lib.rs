@@ -66,6 +66,9 @@ pub const NOT_YET: &[Bug] = &[
     // Not met by the hunt within 8 000 000 steps (seed 2 458 of a search; no kept run yet,
     // docs/simulation.md says why).
     Bug::HoldersNotDeparted,
+    // Found by a search of seeds from 1 000 000 000 (1 000 002 562), not by the hunt from 0
+    // within its budget; its kept run is replayed by every `cargo test`.
+    Bug::PinAfterReleasePlan,
 ];
 
 /// The simulation's pool.

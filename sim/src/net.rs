@@ -70,14 +70,29 @@ pub struct Request {
     reply: oneshot::Sender<Back>,
 }
 
+/// `c` may write: a put, a delete, a transaction with one in a branch (a read sent as a
+/// transaction, with the node's witness, writes nothing).
+pub fn etcd_writes(c: &Call) -> bool {
+    use pb::request_op::Request as Op;
+    match c {
+        Call::Txn(t) => t.success.iter().chain(&t.failure).any(|op| {
+            matches!(
+                op.request,
+                Some(Op::RequestPut(_) | Op::RequestDeleteRange(_))
+            )
+        }),
+        Call::Put(_) | Call::DeleteRange(_) => true,
+        _ => false,
+    }
+}
+
 impl Request {
     /// It writes (etcd's transactions with writes, puts and deletes; the apiserver's POST,
     /// PUT and DELETE).
     pub fn writes(&self) -> bool {
         match &self.wire {
-            Wire::Etcd(Call::Txn(t)) => !t.success.is_empty(),
-            Wire::Etcd(Call::Put(_) | Call::DeleteRange(_)) => true,
-            Wire::Etcd(_) | Wire::EtcdWatch(_) => false,
+            Wire::Etcd(c) => etcd_writes(c),
+            Wire::EtcdWatch(_) => false,
             Wire::Api { method, .. } => method != "GET",
         }
     }

@@ -14,6 +14,7 @@ use ipool_server::cluster::pool::{PoolChange, PoolSpec};
 
 use tokio::time::Instant;
 
+use crate::etcd::Restore;
 use crate::nodes::node_slot;
 use crate::store::Shared;
 use crate::world::{OpDone, World};
@@ -419,17 +420,27 @@ pub(crate) fn jump_clock(w: &mut World) {
 
 pub(crate) fn backup_or_restore(w: &mut World) -> Result<(), String> {
     let restore = w.choices.chance(1, 2);
-    // Each restore makes a new cluster (etcdutl snapshot restore), with an id of its own.
-    let id = 0xbac0_0000_0000 | w.step;
+    let how = match restore {
+        false => None,
+        // A new cluster (etcdutl snapshot restore), with an id of its own; the data directory
+        // copied back; the revision bumped past every one seen, as Kubernetes advises.
+        true => Some(match w.choices.pick(3) {
+            0 => Restore::NewCluster(0xbac0_0000_0000 | w.step),
+            1 => Restore::DataCopied,
+            _ => Restore::Bumped(1_000_000),
+        }),
+    };
     if let Shared::Etcd(e) = &mut w.shared {
-        match restore {
-            false => {
+        match how {
+            None => {
                 e.back_up();
                 w.note("etcd backed up".into());
             }
-            true => {
-                if e.restore(id, Instant::now()) {
-                    w.note("etcd restored from its backup (an operator's error)".into());
+            Some(how) => {
+                if e.restore(how, Instant::now()) {
+                    w.note(format!(
+                        "etcd restored from its backup (an operator's error): {how:?}"
+                    ));
                     // Its members restart: every watch breaks.
                     w.net.watches(|ws| ws.cut_from(None));
                     w.checker.excuse_all("etcd restored from an older backup");
@@ -437,6 +448,7 @@ pub(crate) fn backup_or_restore(w: &mut World) -> Result<(), String> {
                         s.unaware = true;
                     }
                     w.restored_at = Some(w.ms());
+                    w.restore_shows_id = matches!(how, Restore::NewCluster(_));
                     return w.store_check(crate::world::RESTORE, None, None);
                 }
             }

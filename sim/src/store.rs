@@ -36,6 +36,8 @@ pub struct Delivered {
     pub renewed: bool,
     /// Its answer carries the store's header (etcd: its cluster id and revision).
     pub headed: bool,
+    /// It is etcd's answer to a read or a transaction (which reads the node's witness).
+    pub keys: bool,
 }
 
 /// A node name's holder in the store.
@@ -187,8 +189,13 @@ impl Shared {
         };
         // An etcd error carries no header: nothing is learned of the store from it.
         let headed = matches!(&back, Back::Etcd(Ok(_)) | Back::Api(_));
+        let keys = matches!(&back, Back::Etcd(Ok(Reply::Range(_) | Reply::Txn(_))));
         req.answer(back);
-        Delivered { renewed, headed }
+        Delivered {
+            renewed,
+            headed,
+            keys,
+        }
     }
 
     /// What a request that makes a watch comes to (None: it makes none).

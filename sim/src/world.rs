@@ -195,6 +195,8 @@ pub(crate) struct World {
     pub doubtful_writer: bool,
     /// When (ms) etcd was last restored from a backup.
     pub restored_at: Option<u64>,
+    /// The last restore made etcd a new cluster (every answer shows its id).
+    pub restore_shows_id: bool,
     /// The names held, as the trace last said.
     pub last_names: Option<String>,
     /// The daemon instance that last held each node name in the store.
@@ -283,6 +285,7 @@ impl World {
             written: BTreeMap::new(),
             forced: Vec::new(),
             restored_at: None,
+            restore_shows_id: false,
             doubtful_writer: false,
             last_names: None,
             holders: BTreeMap::new(),
