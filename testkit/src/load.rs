@@ -6,12 +6,14 @@
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Load {
     pub requests: u64,
-    /// Creates, updates, deletes (apiserver); Put, Txn, DeleteRange, lease grants and revokes
-    /// (etcd).
+    /// Creates, updates, deletes (apiserver); Puts, Txns and DeleteRanges that changed a key
+    /// (by etcd's revision), lease grants and revokes (etcd).
     pub writes: u64,
     /// The writes of Leases (apiserver) or lease keep-alives (etcd): renewals.
     pub renewals: u64,
-    /// Lists of a collection (apiserver); etcd's ranges (a key or a prefix: it does not say).
+    /// Lists of a collection (apiserver); etcd's ranges (a key or a prefix: it does not say),
+    /// and its transactions that changed nothing (reads sent as transactions, compares
+    /// failed).
     pub reads: u64,
     /// GETs of one object (apiserver).
     pub gets: u64,
@@ -96,12 +98,19 @@ impl Load {
                 .map(|(_, v)| *v as u64)
                 .sum()
         };
-        let writes = ["Put", "Txn", "DeleteRange", "LeaseGrant", "LeaseRevoke"]
+        // A Put, Txn or DeleteRange that changes a key moves etcd's revision by one; one
+        // that changes nothing (a transaction that only reads, or whose compares failed) does
+        // not: those count as reads. The revision counts every write since etcd began (at 1),
+        // and a lease that lapses with keys on it moves it too: never more than the requests.
+        let kv = received("Put") + received("Txn") + received("DeleteRange");
+        let revision = m
             .iter()
-            .map(|w| received(w))
-            .sum();
+            .find(|(k, _)| k == "etcd_debugging_mvcc_current_revision")
+            .map(|(_, v)| *v as u64);
+        let landed = revision.map_or(kv, |r| r.saturating_sub(1).min(kv));
+        let writes = landed + received("LeaseGrant") + received("LeaseRevoke");
         let renewals = received("LeaseKeepAlive");
-        let (reads, watches) = (received("Range"), received("Watch"));
+        let (reads, watches) = (received("Range") + kv - landed, received("Watch"));
         Load {
             requests: writes + renewals + reads + watches + received("LeaseTimeToLive"),
             writes,
@@ -158,5 +167,24 @@ mod tests {
         let l = Load::of_etcd_metrics(body);
         assert_eq!((l.reads, l.writes, l.renewals, l.watches), (5, 2, 4, 2));
         assert_eq!((l.requests, l.bytes), (13, 1234));
+    }
+
+    /// A transaction that changes no key (a read sent as one, with the node's witness) is a
+    /// read: etcd's revision did not move.
+    #[test]
+    fn etcd_transactions_that_change_nothing_are_reads() {
+        let at = |txns: u64, revision: u64| {
+            Load::of_etcd_metrics(&format!(
+                "grpc_server_msg_received_total{{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"}} 5\n\
+                 grpc_server_msg_received_total{{grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"}} {txns}\n\
+                 etcd_debugging_mvcc_current_revision {revision}\n"
+            ))
+        };
+        // Ten transactions, four of them writes (the revision from 1 to 5); then six more
+        // that read only.
+        let (a, b) = (at(10, 5), at(16, 5));
+        assert_eq!((a.writes, a.reads), (4, 11));
+        assert_eq!((b.writes - a.writes, b.reads - a.reads), (0, 6));
+        assert_eq!(b.requests - a.requests, 6);
     }
 }
