@@ -152,6 +152,29 @@ pub enum Bug {
     /// landing late) went with the block, while a pod on another node used its address (found
     /// by the simulation, session 30).
     PinAfterReleasePlan,
+    /// The release of departed nodes ended no pin in a departed node's blocks: a block kept
+    /// for a pin (its node released, the pin's pod moved on) stayed that node's for good once
+    /// the pin's owner was gone, its addresses stranded (issue 53, item 1).
+    DepartedPinsKept,
+    /// On the Kubernetes API a release deleted the node's Lease even when it kept blocks for
+    /// pins: every later look found no Lease, took the node for unproven, and never released
+    /// it again (issue 53, item 2).
+    ReleasedLeaseDeleted,
+    /// The pin keeper let a hold no attachment uses go only once the hold's `since_ms` (its
+    /// writer's wall clock) lay the grace behind its own: a hold taken while the clock was
+    /// ahead was never let go (issue 53, item 3).
+    HoldByWallClock,
+    /// A node wrote a hold on a pin (made one for an address set aside) before it held its
+    /// name: with its heartbeat never answered, the store had no record of it, nothing could
+    /// show it away, and once it was gone its hold kept the pin of a gone owner for good
+    /// (found by the simulation's liveness rules, session 31).
+    HoldBeforeName,
+    /// A node's witness in etcd named the daemon only, not the write: an etcd restored from a
+    /// copy of its data, on which a write sent before the backup (its answer lost) landed late
+    /// at the revision of the node's last write (reused by the restore), looked unchanged, and
+    /// the node served a block the restored etcd no longer had (found by the simulation,
+    /// session 31).
+    WitnessUnnumbered,
 }
 
 impl Bug {
@@ -193,6 +216,11 @@ impl Bug {
         Bug::HoldersNotDeparted,
         Bug::WritesUnwitnessed,
         Bug::PinAfterReleasePlan,
+        Bug::DepartedPinsKept,
+        Bug::ReleasedLeaseDeleted,
+        Bug::HoldByWallClock,
+        Bug::HoldBeforeName,
+        Bug::WitnessUnnumbered,
     ];
 
     pub fn name(self) -> &'static str {
@@ -233,6 +261,11 @@ impl Bug {
             Bug::HoldersNotDeparted => "holders-not-departed",
             Bug::WritesUnwitnessed => "writes-unwitnessed",
             Bug::PinAfterReleasePlan => "pin-after-release-plan",
+            Bug::DepartedPinsKept => "departed-pins-kept",
+            Bug::ReleasedLeaseDeleted => "released-lease-deleted",
+            Bug::HoldByWallClock => "hold-by-wall-clock",
+            Bug::HoldBeforeName => "hold-before-name",
+            Bug::WitnessUnnumbered => "witness-unnumbered",
         }
     }
 

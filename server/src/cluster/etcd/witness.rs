@@ -16,11 +16,18 @@
 //! conditioned on the witness being its last write or a later one: none lands on a restored
 //! etcd, not even one whose answer is lost, which would bring the witness up to date unseen
 //! (found by the simulation). The node's first write comes before it serves (taking its
-//! name). The witness's value is the daemon's instance: a second daemon under the node's name
-//! (which an etcd restored without the first one's `alive` key lets take the name) writes its
-//! own, and the first, whose writes that hides, sees another's and counts a reset (found by
-//! the simulation). Writes outside transactions (a node's `seen` key, once per start) are not
-//! witnessed.
+//! name). The witness's value is the daemon's instance and the write's number
+//! (`<instance>/<16 hex digits>`, rising with each write the process sends): a second daemon
+//! under the node's name (which an etcd restored without the first one's `alive` key lets take
+//! the name) writes its own instance, and the first, whose writes that hides, sees another's
+//! and counts a reset (found by the simulation). A write is conditioned on the witness being
+//! this daemon's, from the last write known to have landed or one sent after it, and sent
+//! before this one: so the number only rises in etcd, and a witness whose number is below
+//! that of the last write known to have landed is a reset. That catches a write sent before a
+//! backup, its answer lost, that lands on the etcd restored from it at the revision of the
+//! node's last write, which the restore reused (found by the simulation: the revision and the
+//! instance alone looked right). Writes outside transactions (a node's `seen` key, once per
+//! start) are not witnessed.
 
 use std::sync::Mutex;
 
@@ -48,6 +55,53 @@ struct State {
     instance: Vec<u8>,
     /// The revision of the last write that put the key (0: none yet).
     written: i64,
+    /// The number of that write (see [`number`]).
+    number: u64,
+}
+
+/// The number of a write of this process's: the wall clock in nanoseconds when it sent its
+/// first, then one more for each.
+fn number() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
+    NEXT.get_or_init(|| {
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        AtomicU64::new(ns.max(1))
+    })
+    .fetch_add(1, Ordering::Relaxed)
+}
+
+/// The witness's value for write `number` of `instance` (fixed width: values of one instance
+/// sort as their numbers do).
+fn value_of(instance: &[u8], number: u64) -> Vec<u8> {
+    if unnumbered() {
+        return instance.to_vec();
+    }
+    let mut v = instance.to_vec();
+    v.extend_from_slice(format!("/{number:016x}").as_bytes());
+    v
+}
+
+/// The witness as it was: the instance alone, the writes conditioned on it being this
+/// daemon's (switch `witness-unnumbered`).
+fn unnumbered() -> bool {
+    crate::bugs::on(crate::bugs::Bug::WitnessUnnumbered)
+}
+
+/// The instance and the write's number in a witness's value.
+fn parse(value: &[u8]) -> Option<(&[u8], u64)> {
+    if unnumbered() {
+        return Some((value, u64::MAX));
+    }
+    let at = value.iter().rposition(|b| *b == b'/')?;
+    let digits = std::str::from_utf8(&value[at + 1..]).ok()?;
+    if digits.len() != 16 {
+        return None;
+    }
+    Some((&value[..at], u64::from_str_radix(digits, 16).ok()?))
 }
 
 /// What was added to a branch of a transaction.
@@ -61,6 +115,10 @@ struct Added {
 #[derive(Clone, Default, Debug)]
 pub(crate) struct Marked {
     before: i64,
+    /// The number of the last write known to have landed when this one was sent.
+    known: u64,
+    /// This transaction's number (what it puts).
+    number: u64,
     instance: Vec<u8>,
     then: Added,
     otherwise: Added,
@@ -104,6 +162,14 @@ fn writes(ops: &[pb::RequestOp]) -> bool {
     })
 }
 
+impl Marked {
+    /// The value this transaction puts in the witness.
+    #[cfg(test)]
+    fn value_put(&self) -> Vec<u8> {
+        value_of(&self.instance, self.number)
+    }
+}
+
 impl Witness {
     pub(crate) fn set(&self, key: Vec<u8>, instance: Vec<u8>) {
         let mut s = self.state.lock().expect("witness lock");
@@ -112,13 +178,16 @@ impl Witness {
                 key: Some(key),
                 instance,
                 written: 0,
+                number: 0,
             };
         }
     }
 
     /// Forgets the writes witnessed so far (etcd was found reset: they are not its).
     pub(crate) fn forget(&self) {
-        self.state.lock().expect("witness lock").written = 0;
+        let mut s = self.state.lock().expect("witness lock");
+        s.written = 0;
+        s.number = 0;
     }
 
     /// The revision of the last witnessed write.
@@ -127,13 +196,15 @@ impl Witness {
         self.state.lock().expect("witness lock").written
     }
 
-    /// The key, the instance and the last witnessed write.
-    fn now(&self) -> Option<(Vec<u8>, Vec<u8>, i64)> {
+    /// The key, the instance and the last witnessed write (its revision and number).
+    fn now(&self) -> Option<(Vec<u8>, Vec<u8>, i64, u64)> {
         if crate::bugs::on(crate::bugs::Bug::WritesUnwitnessed) {
             return None;
         }
         let s = self.state.lock().expect("witness lock");
-        s.key.clone().map(|k| (k, s.instance.clone(), s.written))
+        s.key
+            .clone()
+            .map(|k| (k, s.instance.clone(), s.written, s.number))
     }
 
     /// A range `r` as it is sent: a transaction that reads the witness too, once a write was
@@ -143,7 +214,7 @@ impl Witness {
         r: pb::RangeRequest,
     ) -> Result<(pb::TxnRequest, Marked), pb::RangeRequest> {
         match self.now() {
-            Some((_, _, 0)) | None => Err(r),
+            Some((_, _, 0, _)) | None => Err(r),
             Some(_) => {
                 let ops = [pb::RequestOp {
                     request: Some(Request::RequestRange(r)),
@@ -158,9 +229,11 @@ impl Witness {
     /// Each branch of `t` reads the witness last (once a write was witnessed), and puts it
     /// after, if it writes.
     pub(crate) fn mark(&self, t: &mut pb::TxnRequest) -> Marked {
-        let Some((key, instance, before)) = self.now() else {
+        let Some((key, instance, before, known)) = self.now() else {
             return Marked::default();
         };
+        let number = number();
+        let value = value_of(&instance, number);
         let add = |ops: &mut Vec<pb::RequestOp>| {
             // etcd refuses a key written twice in one transaction (this node's own witness
             // deleted: its daemon released by its own client, as a test does).
@@ -176,24 +249,37 @@ impl Witness {
                 ops.push(read(key.clone()));
             }
             if added.put {
-                ops.push(op::put(key.clone(), instance.clone(), 0));
+                ops.push(op::put(key.clone(), value.clone(), 0));
             }
             added
         };
         let then = add(&mut t.success);
         let otherwise = add(&mut t.failure);
         // Writes land only on the etcd this node wrote to: none applies to a restored one, not
-        // even one whose answer is lost (it would bring the witness up to date unseen). Not
-        // where the other branch writes (a guard that fails would run it).
+        // even one whose answer is lost (it would bring the witness up to date unseen); and
+        // only over the last write known to have landed, or one sent after it and before this
+        // one (whose answer is not in yet), so that the numbers only rise. Not where the
+        // other branch writes (a guard that fails would run it).
         let guarded = before > 0 && then.put && !otherwise.put;
         if guarded {
             t.compare
                 .push(cmp::mod_revision(key.clone(), cmp::Greater, before - 1));
-            t.compare
-                .push(cmp::value(key, cmp::Equal, instance.clone()));
+            if unnumbered() {
+                t.compare
+                    .push(cmp::value(key, cmp::Equal, instance.clone()));
+            } else {
+                t.compare.push(cmp::value(
+                    key.clone(),
+                    cmp::Greater,
+                    value_of(&instance, known.saturating_sub(1)),
+                ));
+                t.compare.push(cmp::value(key, cmp::Less, value));
+            }
         }
         Marked {
             before,
+            known,
+            number,
             instance,
             then,
             otherwise,
@@ -226,7 +312,7 @@ impl Witness {
             Some(Response::ResponseRange(g)) => g.kvs.into_iter().next(),
             _ => None,
         };
-        judge(marked.before, &marked.instance, kv.as_ref())
+        judge(marked.before, marked.known, &marked.instance, kv.as_ref())
     }
 
     /// The branch that ran put the witness: the last witnessed write is at the answer's
@@ -239,6 +325,7 @@ impl Witness {
         if let (true, Some(h)) = (ran.put, &t.header) {
             let mut s = self.state.lock().expect("witness lock");
             s.written = s.written.max(h.revision);
+            s.number = s.number.max(marked.number);
         }
     }
 
@@ -255,24 +342,40 @@ impl Witness {
 }
 
 /// What is wrong with the witness as `kv` (read from etcd) shows it, when the last write
-/// witnessed before the read was sent was at revision `before`: `None` if it is that write or
-/// a later one of this daemon's (`instance`).
-fn judge(before: i64, instance: &[u8], kv: Option<&KeyValue>) -> Option<String> {
-    match kv {
-        _ if before == 0 => None,
-        Some(kv) if kv.value != instance => Some(format!(
-            "this node's last write (revision {before}) is not the last in etcd under its name: another daemon's ({:?}) came after it at revision {} (etcd restored from an older backup, and a second daemon under the node's name took it?)",
-            String::from_utf8_lossy(&kv.value),
-            kv.mod_revision
-        )),
-        None => Some(format!(
-            "this node's last write (revision {before}) is gone from etcd (restored from an older backup, or the node released?)"
-        )),
-        Some(kv) if kv.mod_revision < before => Some(format!(
+/// witnessed before the read was sent was at revision `before`, numbered `known`: `None` if
+/// it is that write or a later one of this daemon's (`instance`).
+fn judge(before: i64, known: u64, instance: &[u8], kv: Option<&KeyValue>) -> Option<String> {
+    let kv = match kv {
+        _ if before == 0 => return None,
+        None => {
+            return Some(format!(
+                "this node's last write (revision {before}) is gone from etcd (restored from an older backup, or the node released?)"
+            ))
+        }
+        Some(kv) => kv,
+    };
+    let shown = parse(&kv.value);
+    match shown {
+        Some((i, _)) if i == instance => {}
+        _ => {
+            let theirs = shown.map_or(kv.value.as_slice(), |(i, _)| i);
+            return Some(format!(
+                "this node's last write (revision {before}) is not the last in etcd under its name: another daemon's ({:?}) came after it at revision {} (etcd restored from an older backup, and a second daemon under the node's name took it?)",
+                String::from_utf8_lossy(theirs),
+                kv.mod_revision
+            ));
+        }
+    }
+    match shown {
+        _ if kv.mod_revision < before => Some(format!(
             "this node's last write (revision {before}) is gone from etcd: its witness is from revision {} (restored from an older backup?)",
             kv.mod_revision
         )),
-        Some(_) => None,
+        Some((_, n)) if n < known => Some(format!(
+            "this node's last write (revision {before}) is gone from etcd: its witness is an earlier write of this node's, at revision {} (restored from an older backup, which a write sent before it landed on late?)",
+            kv.mod_revision
+        )),
+        _ => None,
     }
 }
 
@@ -281,11 +384,12 @@ mod tests {
     use super::*;
     use crate::cluster::etcd::request;
 
+    /// The witness at revision `rev`: daemon i1's, a write numbered past every one sent here.
     fn kv(rev: i64) -> KeyValue {
         KeyValue {
             key: b"w".to_vec(),
             mod_revision: rev,
-            value: b"i1".to_vec(),
+            value: value_of(b"i1", u64::MAX >> 1),
             ..Default::default()
         }
     }
@@ -345,10 +449,17 @@ mod tests {
         let mut t = txn();
         let m = w.mark(&mut t);
         assert_eq!((t.success.len(), t.failure.len()), (3, 2));
-        assert_eq!(t.compare.len(), 2);
+        assert_eq!(t.compare.len(), 3);
         assert_eq!(t.compare[0].key, b"/p/witness/n1");
         assert_eq!(t.compare[0].result, cmp::Greater as i32);
-        assert_eq!(t.compare[1].result, cmp::Equal as i32);
+        // The witness this daemon's, from the last write known to have landed on, and written
+        // before this one.
+        assert_eq!(t.compare[1].result, cmp::Greater as i32);
+        assert_eq!(t.compare[2].result, cmp::Less as i32);
+        assert_eq!(
+            t.compare[2].target_union,
+            Some(pb::compare::TargetUnion::Value(m.value_put()))
+        );
         let mut a = answer(
             false,
             12,
@@ -386,20 +497,92 @@ mod tests {
         assert_eq!(g.header.unwrap().revision, 12);
     }
 
+    /// The value a marked transaction puts in the witness.
+    fn put_value(t: &pb::TxnRequest) -> Vec<u8> {
+        t.success
+            .iter()
+            .find_map(|o| match &o.request {
+                Some(Request::RequestPut(p)) if p.key == b"/p/witness/n1" => Some(p.value.clone()),
+                _ => None,
+            })
+            .expect("the witness put")
+    }
+
+    /// etcd restored from a copy of its data (its revision back where the backup had it): a
+    /// write of this node's sent before the backup, whose answer was lost, lands on the
+    /// restored etcd at the very revision of the node's last write, which the restore lost.
+    /// The witness then shows that revision and this daemon's instance, but not that write:
+    /// a reset (found by the simulation, seed 1 000 009 634: the node served a block the
+    /// restored etcd did not have).
+    #[test]
+    fn an_older_write_at_the_revision_of_the_last_is_a_reset() {
+        let w = Witness::default();
+        w.set(b"/p/witness/n1".to_vec(), b"i1".to_vec());
+        let write = || request::txn([], [op::put("k", "v", 0)], []);
+        let landed = |w: &Witness, rev: i64| {
+            let mut t = write();
+            let m = w.mark(&mut t);
+            let reads = usize::from(m.then.read);
+            let mut responses = vec![put_answer()];
+            responses.extend((0..reads).map(|_| range_answer(vec![kv(rev - 1)])));
+            responses.push(put_answer());
+            let mut a = answer(true, rev, responses);
+            assert_eq!(Witness::answered(&m, &mut a), Shown::Fine);
+            w.wrote(&m, &a);
+        };
+        landed(&w, 37);
+        // Sent, its answer lost (the backup is taken meanwhile, without it).
+        let mut late = write();
+        w.mark(&mut late);
+        let late_value = put_value(&late);
+        // The next write lands at 47; etcd is then restored, and the late one lands there at
+        // 47 again.
+        landed(&w, 47);
+        let (_, m) = w.range(request::get("k")).expect("a read with the witness");
+        let shown = KeyValue {
+            key: b"/p/witness/n1".to_vec(),
+            mod_revision: 47,
+            value: late_value,
+            ..Default::default()
+        };
+        let mut a = answer(
+            true,
+            48,
+            vec![range_answer(vec![]), range_answer(vec![shown])],
+        );
+        assert!(
+            matches!(Witness::answered(&m, &mut a), Shown::Reset(_)),
+            "an older write where the last one was"
+        );
+    }
+
     #[test]
     fn a_witness_older_than_the_last_write_or_another_daemons_is_a_reset() {
         let i1 = b"i1".as_slice();
-        assert_eq!(judge(0, i1, None), None);
-        assert_eq!(judge(9, i1, Some(&kv(9))), None);
-        assert_eq!(judge(9, i1, Some(&kv(12))), None);
-        assert!(judge(9, i1, Some(&kv(8)))
+        assert_eq!(judge(0, 0, i1, None), None);
+        assert_eq!(judge(9, 5, i1, Some(&kv(9))), None);
+        assert_eq!(judge(9, 5, i1, Some(&kv(12))), None);
+        assert!(judge(9, 5, i1, Some(&kv(8)))
             .unwrap()
             .contains("from revision 8"));
-        assert!(judge(9, i1, None).unwrap().contains("revision 9"));
+        assert!(judge(9, 5, i1, None).unwrap().contains("revision 9"));
         let twin = KeyValue {
-            value: b"i2".to_vec(),
+            value: value_of(b"i2", 7),
             ..kv(12)
         };
-        assert!(judge(9, i1, Some(&twin)).unwrap().contains("\"i2\""));
+        assert!(judge(9, 5, i1, Some(&twin)).unwrap().contains("\"i2\""));
+        // An earlier write of this daemon's where its last one was, or past it.
+        let earlier = KeyValue {
+            value: value_of(b"i1", 4),
+            ..kv(9)
+        };
+        assert!(judge(9, 5, i1, Some(&earlier))
+            .unwrap()
+            .contains("earlier write"));
+        assert_eq!(
+            parse(&value_of(b"n1-i3", 0x2a)),
+            Some((b"n1-i3".as_slice(), 0x2a))
+        );
+        assert_eq!(parse(b"n1-i3"), None);
     }
 }

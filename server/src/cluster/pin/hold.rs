@@ -268,6 +268,7 @@ impl Holds {
                 }
             };
             pin.holders.push(self.holder(pod));
+            self.may_hold()?;
             // Known as held here before it is written: unanswered, it may still land, and the
             // keeper lets go of what no attachment uses.
             self.node.pin_writing(&pin);
@@ -299,6 +300,20 @@ impl Holds {
         Err(Refused::Store(format!(
             "the pin of {owner} kept changing while this node wrote it"
         )))
+    }
+
+    /// Whether this node may write a hold now: only while it holds its name (registered,
+    /// renewed). A hold written by a node the store has no record of (its heartbeat never
+    /// answered) could never be ended: nothing shows that node away, neither the release of
+    /// departed nodes nor release-node.
+    fn may_hold(&self) -> Result<(), Refused> {
+        if crate::bugs::on(crate::bugs::Bug::HoldBeforeName) {
+            return Ok(());
+        }
+        self.node
+            .serving()
+            .map(|_| ())
+            .map_err(|n| Refused::Store(n.why))
     }
 
     /// Why `node` is not gone (None: gone, its holds may be dropped).
@@ -351,6 +366,7 @@ impl Holds {
             set_aside: site.set_aside,
             holders: vec![self.holder(pod)],
         };
+        self.may_hold()?;
         // Known before it is written: the address stays out of every other path meanwhile,
         // and after, whatever listings say, if the answer never comes (the pin may land late).
         self.node.pin_writing(&pin);

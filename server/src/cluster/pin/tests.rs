@@ -189,3 +189,42 @@ fn address_names_are_valid_object_names() {
         "fd00-0-0-0-0-0-0-5"
     );
 }
+
+/// A node that does not hold its name (never registered: the store did not answer its
+/// heartbeat) writes no hold: nothing would ever show it away (no record of it, no Node name),
+/// so neither the release of departed nodes nor release-node could end the hold, and the pin's
+/// owner, once gone, would keep its address for good (found by the simulation's rule L3, seed
+/// 2 458 of a search: a pin of an address set aside, made by a node whose heartbeat had not
+/// been answered, then wiped).
+#[tokio::test]
+async fn a_node_that_does_not_hold_its_name_writes_no_hold() {
+    let settings: crate::config::ClusterSettings =
+        toml::from_str("etcd_endpoints = [\"http://127.0.0.1:1\"]\n").expect("settings");
+    let node = crate::cluster::node::ClusterNode::new(
+        settings,
+        "n1".into(),
+        "inst-1".into(),
+        std::sync::Arc::default(),
+    )
+    .expect("node");
+    let holds = crate::cluster::pin::hold::Holds::new(node.clone());
+    let site = crate::cluster::pin::hold::PinSite {
+        pool: "p".into(),
+        address: "10.0.0.122".parse().expect("address"),
+        block: "10.0.0.120/29".parse().expect("CIDR"),
+        block_id: 2,
+        set_aside: true,
+    };
+    let pod = crate::cluster::pin::hold::Pod {
+        name: "sim/db-1",
+        uid: "uid-1",
+        instance: None,
+        migration: None,
+    };
+    let e = holds
+        .pin(&sts(1), &site, &pod)
+        .await
+        .expect_err("not serving");
+    assert!(e.to_string().contains("node name \"n1\""), "{e}");
+    assert!(node.pins_held_here().is_empty(), "no hold known as written");
+}
