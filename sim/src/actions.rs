@@ -502,22 +502,7 @@ pub(crate) fn describe_call(c: &Call) -> String {
 /// made; then each daemon must hold exactly its live pods.
 pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
     w.note("winding down: faults healed".into());
-    // Pods of owners gone whose ADD was answered after the owner went: deleted too.
-    let doomed: Vec<(String, usize)> = w
-        .checker
-        .pods
-        .iter()
-        .filter(|(_, p)| {
-            p.owner
-                .as_ref()
-                .is_some_and(|o| w.owners_gone.contains_key(o))
-        })
-        .map(|(c, p)| (c.clone(), p.slot))
-        .collect();
-    for (c, slot) in doomed {
-        w.checker.deleting(&c);
-        w.owed.insert(c, slot);
-    }
+    doom_pods_of_gone_owners(w);
     // DELs never answered (their daemon killed meanwhile): the kubelet makes them again.
     for (c, s) in std::mem::take(&mut w.dels) {
         w.owed.entry(c).or_insert(s);
@@ -549,6 +534,8 @@ pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
             tokio::time::sleep(Duration::from_millis(1)).await;
             w.drain()?;
         }
+        // An ADD answered during the wind-down, of an owner gone meanwhile: its pod too.
+        doom_pods_of_gone_owners(w);
         if let Some((c, s)) = w
             .owed
             .iter()
@@ -574,6 +561,28 @@ pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Pods of owners gone whose ADD was answered after the owner went: deleted, as the
+/// StatefulSet's or the VM's controller deletes them, their DELs owed (made once their
+/// daemon runs).
+fn doom_pods_of_gone_owners(w: &mut World) {
+    let doomed: Vec<(String, usize)> = w
+        .checker
+        .pods
+        .iter()
+        .filter(|(_, p)| {
+            p.owner
+                .as_ref()
+                .is_some_and(|o| w.owners_gone.contains_key(o))
+        })
+        .map(|(c, p)| (c.clone(), p.slot))
+        .collect();
+    for (c, slot) in doomed {
+        w.note(format!("{c}, a pod of an owner gone, deleted"));
+        w.checker.deleting(&c);
+        w.owed.insert(c, slot);
+    }
 }
 
 /// The address an ADD on slot `i` asks for by name: anywhere in the pool (in a block of its

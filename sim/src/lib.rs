@@ -69,6 +69,21 @@ pub const NOT_YET: &[Bug] = &[
     // Found by a search of seeds from 1 000 000 000 (1 000 002 562), not by the hunt from 0
     // within its budget; its kept run is replayed by every `cargo test`.
     Bug::PinAfterReleasePlan,
+    // Found by the hunt from seed 0 after 2 005 000 steps (about 25 s of `cargo test`'s
+    // share); its kept run is replayed by every `cargo test`.
+    Bug::HoldByWallClock,
+    // Found by L3 in the run shrunk from seed 2 458 of a search, not by the hunt from 0 within
+    // 8 000 000 steps; its kept run is replayed by every `cargo test`.
+    Bug::HoldBeforeName,
+    // Found by a search of seeds from 1 000 002 563 (1 000 009 634), not by the hunt from 0
+    // within its budget; its kept run is replayed by every `cargo test`.
+    Bug::WitnessUnnumbered,
+    // Found by the hunt from seed 0 at first (seeds 10 and 32), since session 31's changes
+    // (the witness numbered, holds only under a held name, the wind-down deleting the pods of
+    // gone owners) after 3 523 843 and 8 735 000 steps: more than `cargo test`'s share; their
+    // kept runs are replayed by every `cargo test`.
+    Bug::ResetUndetected,
+    Bug::PinnedBlockGivenBack,
 ];
 
 /// The simulation's pool.
@@ -124,6 +139,10 @@ pub struct Options {
     /// The pool sets [`SET_ASIDE`] aside (from the run's swarm, in a pool of more than two
     /// blocks).
     pub set_aside: bool,
+    /// More nodes than the pool has blocks at first (its IPv4 blocks /27s: four), so that
+    /// claims meet a dry pool, nodes wait for give-backs, and a block stranded shows as ADDs
+    /// refused (issue 54, item 3).
+    pub crowded: bool,
 }
 
 impl Options {
@@ -139,6 +158,7 @@ impl Options {
             exhaustive: false,
             bugs: Vec::new(),
             set_aside: false,
+            crowded: false,
         }
     }
 
@@ -162,9 +182,13 @@ impl Options {
         )
     }
 
-    /// The IPv4 block size of the pool as first made.
+    /// The IPv4 block size of the pool as first made: /28s (eight), /27s (four) in a crowded
+    /// cluster.
     pub fn block_v4(&self) -> u8 {
-        28
+        match self.crowded {
+            true => 27,
+            false => 28,
+        }
     }
 
     /// The second pool (`Swarm::two_pools`): one small CIDR per family, blocks of /28.

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::etcd::Restore;
 use crate::nodes::node_slot;
-use crate::store::Shared;
+use crate::store::{HalfDone, Shared};
 use crate::world::{OpDone, World};
 use crate::{StoreKind, POOL};
 
@@ -211,11 +211,19 @@ pub(crate) fn pool_op(w: &mut World) {
 
 /// A pool command run again on a pool it left half done, as its error told the operator to:
 /// `pool delete` again on one still marked Deleting (it finishes the deletion, or makes the
-/// pool Ready again), `pool create` again with its spec on one still Pending (made Ready).
-pub(crate) fn finish_pool(w: &mut World, name: String, deleting: bool) {
-    let what = match deleting {
-        true => format!("pool delete {name} again (it is still marked Deleting)"),
-        false => format!("pool create {name} again (it is still Pending)"),
+/// pool Ready again), `pool create` again with its spec on one still Pending (made Ready),
+/// `pool add-cidr` or `remove-cidr` again on one whose CIDR is still marked on its way in or
+/// out (it finishes the change, or takes the mark off).
+pub(crate) fn finish_pool(w: &mut World, name: String, how: HalfDone) {
+    let what = match how {
+        HalfDone::Delete => format!("pool delete {name} again (it is still marked Deleting)"),
+        HalfDone::Create => format!("pool create {name} again (it is still Pending)"),
+        HalfDone::AddCidr(c) => {
+            format!("pool add-cidr {name} {c} again (it is still marked on its way in)")
+        }
+        HalfDone::RemoveCidr(c) => {
+            format!("pool remove-cidr {name} {c} again (it is still marked on its way out)")
+        }
     };
     w.note(format!("operator: {what}"));
     w.command(crate::world::Op {
@@ -227,13 +235,21 @@ pub(crate) fn finish_pool(w: &mut World, name: String, deleting: bool) {
     tokio::spawn(async move {
         let result = match store.await {
             Err(e) => Err(e),
-            Ok(s) => match deleting {
-                true => s.delete_pool(&name).await.map(|()| "deleted".to_string()),
-                false => match s.get_pool(&name).await {
+            Ok(s) => match how {
+                HalfDone::Delete => s.delete_pool(&name).await.map(|()| "deleted".to_string()),
+                HalfDone::Create => match s.get_pool(&name).await {
                     Ok(Some(p)) => s.create_pool(&p.spec).await.map(|()| "created".into()),
                     Ok(None) => Ok("gone meanwhile".into()),
                     Err(e) => Err(e),
                 },
+                HalfDone::AddCidr(c) => s
+                    .change_pool(&name, &PoolChange::AddCidr(c))
+                    .await
+                    .map(|_| "grown".to_string()),
+                HalfDone::RemoveCidr(c) => s
+                    .change_pool(&name, &PoolChange::RemoveCidr(c))
+                    .await
+                    .map(|_| "shrunk".to_string()),
             }
             .map_err(|e| e.to_string()),
         };

@@ -50,11 +50,11 @@ impl World {
                 .shared
                 .pools()
                 .into_iter()
-                .find(|p| p.deleting || p.pending);
-            if let Some(p) = half_done {
+                .find_map(|p| Some((p.half_done()?, p.name)));
+            if let Some((how, name)) = half_done {
                 if self.op.is_none() && self.ms() >= next_redo {
                     next_redo = self.ms() + LOOK_EVERY_MS;
-                    crate::operator::finish_pool(self, p.name, p.deleting);
+                    crate::operator::finish_pool(self, name, how);
                 }
             }
             // A node the look could not judge: the operator runs release-node, as it says.
@@ -134,7 +134,7 @@ impl World {
                 .shared
                 .pools()
                 .into_iter()
-                .filter(|p| p.deleting || p.pending)
+                .filter(|p| p.half_done().is_some())
                 .map(|p| p.name)
                 .collect(),
         }

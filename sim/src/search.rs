@@ -9,7 +9,9 @@ use crate::choice::{next_prefix, Choices};
 use crate::{run, Bug, Options, Outcome, StoreKind};
 
 /// A run's set-up from its seed: the store (even seeds etcd, odd ones the Kubernetes API), a
-/// dual-stack pool every other pair of seeds.
+/// dual-stack pool every other pair of seeds, and a crowded cluster in one group of four seeds
+/// in sixteen (28 to 31, 92 to 95, ...: none of the kept runs' seeds): five to eight nodes,
+/// by the group, over a pool of fewer blocks than nodes ([`Options::crowded`]).
 pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
     let store = match seed % 2 {
         0 => StoreKind::Etcd,
@@ -18,6 +20,10 @@ pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
     let mut o = Options::new(seed, store);
     o.steps = steps;
     o.dual_stack = (seed / 2) % 2 == 1;
+    if (seed / 4) % 16 == 7 {
+        o.crowded = true;
+        o.nodes = 5 + (seed / 64 % 4) as usize;
+    }
     o.bugs = bugs.to_vec();
     o
 }

@@ -12,8 +12,9 @@
 //!   of an owner that is not gone keeps;
 //! - L3 (a pin of a gone owner): no pin remains whose owner is gone;
 //! - L4 (a stuck ADD): an ADD on every live node succeeds while its pool has a free block;
-//! - L5 (a pool half made or half deleted): no pool stays Pending or marked Deleting once the
-//!   operator ran the command that left it so again, as its error says;
+//! - L5 (a pool half made, half deleted or half changed): no pool stays Pending, marked
+//!   Deleting or with a CIDR marked on its way in or out once the operator ran the command
+//!   that left it so again, as its error says;
 //! - L6 (an idle cluster's writes): nothing but renewals is written while nothing happens.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,7 +39,8 @@ pub struct Picture {
     pub pods: BTreeSet<String>,
     /// The store's pins, each with why its owner is gone, if it is.
     pub pins: Vec<(Pin, Option<String>)>,
-    /// The pools the store shows Pending or marked Deleting.
+    /// The pools the store shows Pending, marked Deleting, or with a CIDR marked on its way in
+    /// or out.
     pub deleting: Vec<String>,
 }
 
@@ -105,11 +107,11 @@ pub fn add_refused(node: &str, why: &str, room: Option<&IpNet>) -> Result<(), St
     }
 }
 
-/// L5: no pool stuck Pending or marked Deleting.
+/// L5: no pool stuck Pending, marked Deleting, or with a CIDR marked on its way in or out.
 pub fn stuck_deleting(p: &Picture) -> Result<(), String> {
     match p.deleting.first() {
         Some(pool) => Err(format!(
-            "L5: pool {pool:?} is still Pending or marked Deleting once the operator ran its command again and the cluster was quiet: nodes claim nothing from it, and nothing finishes it"
+            "L5: pool {pool:?} is still Pending, marked Deleting or changing a CIDR once the operator ran its command again and the cluster was quiet: nodes claim nothing from it, and nothing finishes it"
         )),
         None => Ok(()),
     }

@@ -353,7 +353,8 @@ impl Shared {
                             spec.reserved.iter().map(|r| r.cidr).collect(),
                         ]
                         .concat(),
-                        changing: !spec.adding.is_empty() || !spec.removing.is_empty(),
+                        adding: spec.adding.clone(),
+                        removing: spec.removing.clone(),
                         name,
                         cidrs: spec.cidrs,
                         block_v4: spec.block_v4,
@@ -383,8 +384,8 @@ impl Shared {
                         block_v4: spec["blockSizeV4"].as_u64().unwrap_or(32) as u8,
                         kept_out: [nets(&spec["exclude"]), nets(&spec["reserved"])].concat(),
                         disabled: spec["disabled"].as_bool().unwrap_or(false),
-                        changing: !nets(&spec["cidrsAdding"]).is_empty()
-                            || !nets(&spec["cidrsRemoving"]).is_empty(),
+                        adding: nets(&spec["cidrsAdding"]),
+                        removing: nets(&spec["cidrsRemoving"]),
                         deleting: o["status"]["phase"].as_str() == Some("Deleting"),
                         pending: o["status"]["phase"].as_str() == Some("Pending"),
                     }
@@ -490,8 +491,10 @@ pub struct PoolNow {
     /// Excluded and reserved ranges.
     pub kept_out: Vec<IpNet>,
     pub disabled: bool,
-    /// CIDRs on their way in or out (the Kubernetes API's two-step change).
-    pub changing: bool,
+    /// CIDRs on their way in, and on their way out (the Kubernetes API's two-step change:
+    /// marked, checked, unmarked).
+    pub adding: Vec<IpNet>,
+    pub removing: Vec<IpNet>,
     /// Marked Deleting (the Kubernetes API).
     pub deleting: bool,
     /// Pending: being created (the Kubernetes API).
@@ -501,6 +504,29 @@ pub struct PoolNow {
 impl PoolNow {
     /// Nodes may claim a block of it.
     pub fn gives_blocks(&self) -> bool {
-        !self.disabled && !self.changing && !self.deleting && !self.pending
+        !self.disabled && self.half_done().is_none()
     }
+
+    /// The command that left it half done, if one did (its error told the operator to run it
+    /// again): Pending, marked Deleting, or a CIDR marked on its way in or out.
+    pub fn half_done(&self) -> Option<HalfDone> {
+        if self.deleting {
+            Some(HalfDone::Delete)
+        } else if self.pending {
+            Some(HalfDone::Create)
+        } else if let Some(c) = self.adding.first() {
+            Some(HalfDone::AddCidr(*c))
+        } else {
+            self.removing.first().map(|c| HalfDone::RemoveCidr(*c))
+        }
+    }
+}
+
+/// A pool command left half done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfDone {
+    Delete,
+    Create,
+    AddCidr(IpNet),
+    RemoveCidr(IpNet),
 }

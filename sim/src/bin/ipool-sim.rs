@@ -3,7 +3,7 @@
 //!
 //! - `search`: runs seeds for a while; a failure is shrunk and its trace printed, with the
 //!   command that replays it;
-//! - `replay SEED`: one run, traced;
+//! - `replay SEED`: one run, traced (`--picks FILE`: a kept run's picks on its seed);
 //! - `hunt`: each closed path to a duplicate put back in turn (server::bugs), searched from
 //!   seed 0 until found: the table of docs/simulation.md;
 //! - `walk`: every schedule of the smallest cluster to a depth;
@@ -51,6 +51,10 @@ enum Command {
         /// Only the last lines of the trace.
         #[arg(long, default_value_t = 200)]
         tail: usize,
+        /// A kept run's file (sim/tests/found/NAME.picks): its picks replayed on its seed
+        /// (SEED is then taken from the file and may be 0).
+        #[arg(long)]
+        picks: Option<PathBuf>,
     },
     /// Puts back each closed path in turn and searches from seed 0 until it is found.
     Hunt {
@@ -168,8 +172,30 @@ fn main() -> ExitCode {
             steps,
             bugs,
             tail,
+            picks,
         } => {
-            let (o, out) = search::run_seed(seed, steps, &bugs, true);
+            let (seed, o, out) = match picks {
+                None => {
+                    let (o, out) = search::run_seed(seed, steps, &bugs, true);
+                    (seed, o, out)
+                }
+                Some(path) => {
+                    let kept = std::fs::read_to_string(&path)
+                        .map_err(|e| e.to_string())
+                        .and_then(|t| search::Kept::parse(&t));
+                    let k = match kept {
+                        Ok(k) => k,
+                        Err(e) => {
+                            eprintln!("{}: {e}", path.display());
+                            return ExitCode::from(64);
+                        }
+                    };
+                    let mut o = search::options(k.seed, steps, &bugs);
+                    o.trace = true;
+                    let out = ipool_sim::run(&o, Choices::replay(k.picks));
+                    (k.seed, o, out)
+                }
+            };
             println!("seed {seed}: {:?}, dual-stack {}", o.store, o.dual_stack);
             for l in out.trace.iter().skip(out.trace.len().saturating_sub(tail)) {
                 println!("{l}");
