@@ -964,6 +964,8 @@ impl ClusterSource {
 }
 
 #[cfg(test)]
+mod landing_tests;
+#[cfg(test)]
 mod overlap_tests;
 #[cfg(test)]
 mod pinned_tests;
