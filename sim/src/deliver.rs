@@ -61,8 +61,13 @@ impl World {
         let (ms, timeout) = (self.ms(), self.setting.timeout.as_millis() as u64);
         if let Some(s) = self.slots.get_mut(from) {
             if renewed {
+                // As far as the name's lease goes: a name taken on a lease granted earlier
+                // lapses a TTL after the grant, not after the put.
+                let heard = delivered.heard.map_or(ms, |t| {
+                    ms.saturating_sub(now.saturating_duration_since(t).as_millis() as u64)
+                });
                 s.renewed_at = Some(ms);
-                s.renewals.push(ms);
+                s.renewals.push(heard);
             }
             match (fate, awaited) {
                 // An answer with the store's header shows a reset: any answer when the

@@ -121,6 +121,13 @@ impl Etcd {
             .is_some_and(|l| l.keys.iter().any(|k| k.ends_with(b"/alive")))
     }
 
+    /// When lease `id` was granted or last renewed (None: no such lease).
+    pub fn lease_refreshed(&self, id: i64) -> Option<Instant> {
+        let l = self.leases.get(&id)?;
+        let ttl = std::time::Duration::from_secs(u64::try_from(l.ttl).unwrap_or(0));
+        l.expires.checked_sub(ttl)
+    }
+
     /// When lease `id` runs out unless renewed (None: no lease, the key stays).
     pub fn lease_expiry(&self, id: i64) -> Option<Instant> {
         match id {

@@ -409,8 +409,8 @@ impl World {
         let renewed = self.slots[i]
             .renewals
             .iter()
-            .rev()
-            .find(|t| **t <= at)
+            .filter(|t| **t <= at)
+            .max()
             .copied()
             .unwrap_or(0);
         if self.restored_at.is_some_and(|r| r >= renewed) {

@@ -34,6 +34,10 @@ pub enum Fate {
 pub struct Delivered {
     /// It renewed (or took) its sender's node name: the store heard the node.
     pub renewed: bool,
+    /// When the store heard the node, as far as its name's lease goes: now for a renewal; for
+    /// the name taken on etcd, when the lease it was put on was granted or last renewed (the
+    /// key lapses a TTL after that, not after the put).
+    pub heard: Option<Instant>,
     /// Its answer carries the store's header (etcd: its cluster id and revision).
     pub headed: bool,
     /// It is etcd's answer to a read or a transaction (which reads the node's witness).
@@ -121,6 +125,7 @@ impl Shared {
             return Delivered::default();
         }
         let mut renewed = false;
+        let mut heard = None;
         let back = match (&mut *self, &req.wire) {
             (Shared::Etcd(e), Wire::Etcd(call)) => match fate {
                 Fate::Fail => Back::Etcd(Err(EtcdError::Status(tonic::Status::unavailable(
@@ -134,11 +139,17 @@ impl Shared {
                         (Call::LeaseKeepAlive(_), Ok(Reply::LeaseKeepAlive(k))) => {
                             k.ttl > 0 && e.holds_a_name(k.id)
                         }
-                        (Call::Txn(t), Ok(Reply::Txn(a))) => {
-                            a.succeeded
-                                && t.success.iter().any(|op| {
-                                    matches!(&op.request, Some(RequestOp::RequestPut(p)) if p.key.ends_with(b"/alive"))
-                                })
+                        (Call::Txn(t), Ok(Reply::Txn(a))) if a.succeeded => {
+                            let lease = t.success.iter().find_map(|op| match &op.request {
+                                Some(RequestOp::RequestPut(p)) if p.key.ends_with(b"/alive") => {
+                                    Some(p.lease)
+                                }
+                                _ => None,
+                            });
+                            if let Some(id) = lease {
+                                heard = e.lease_refreshed(id);
+                            }
+                            lease.is_some()
                         }
                         _ => false,
                     };
@@ -193,6 +204,7 @@ impl Shared {
         req.answer(back);
         Delivered {
             renewed,
+            heard: renewed.then(|| heard.unwrap_or(now)),
             headed,
             keys,
         }
