@@ -55,7 +55,7 @@ impl World {
     }
 
     /// Where `ip`'s source's count lies in [`World::pool_sync_counts`].
-    fn sync_index(&self, ip: IpAddr) -> usize {
+    pub(crate) fn sync_index(&self, ip: IpAddr) -> usize {
         let second = self.swarm.two_pools
             && self
                 .opts
@@ -338,7 +338,7 @@ impl World {
         for i in 0..self.slots.len() {
             let now = holding.contains(&i);
             if now && !self.slots[i].holding {
-                self.slots[i].took_name = self.sync_counts(i);
+                self.slots[i].took_name = self.pool_sync_counts(i);
             }
             self.slots[i].holding = now;
         }

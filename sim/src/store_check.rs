@@ -175,8 +175,9 @@ impl World {
                     // that sync settled the block (or found it gone), so the delete could not
                     // have applied after it.
                     let synced = taken.iter().find(|b| {
-                        let f = usize::from(matches!(b, IpNet::V6(_)));
-                        match (self.slots[i].took_name, self.sync_counts(i)) {
+                        // The sync of the block's own pool (each pool's source syncs on its own).
+                        let f = self.sync_index(b.network());
+                        match (self.slots[i].took_name, self.pool_sync_counts(i)) {
                             (Some(then), Some(now)) => now[f] > then[f],
                             _ => false,
                         }

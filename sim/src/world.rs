@@ -38,9 +38,9 @@ pub(crate) struct Slot {
     /// Every renewal its daemons made that they heard of (simulated ms), oldest first.
     pub renewals: Vec<u64>,
     /// Its daemon holds its node name in the store (as last tracked), and the syncs it had
-    /// taken in (IPv4, IPv6) when it took the name.
+    /// taken in when it took the name (per pool and family, `World::pool_sync_counts`).
     pub holding: bool,
-    pub took_name: Option<[u64; 2]>,
+    pub took_name: Option<[u64; 4]>,
     /// Its blocks as the trace last showed them.
     pub blocks_seen: Option<String>,
     /// A release-node's excuse of its pods was noted (once).
