@@ -179,6 +179,7 @@ mod blocks;
 pub mod client;
 mod leader;
 pub mod nodes;
+mod numbers;
 mod pin_marks;
 mod pins;
 mod pools;

@@ -28,21 +28,8 @@ pub const PAGE: i64 = 4096;
 /// most 128 operations in one).
 const CHECKS_PER_TXN: usize = 100;
 
-/// An id unique to one write of a block (its claim, or a settle): the wall clock in
-/// nanoseconds when the process made its first, then one more for each (a restarted daemon
-/// starts past every id it made before).
-fn write_id() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
-    NEXT.get_or_init(|| {
-        let ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1);
-        AtomicU64::new(ns)
-    })
-    .fetch_add(1, Ordering::Relaxed)
-}
+/// The ids of block writes (a claim, or a settle): each unique to one write.
+static BLOCK_WRITES: super::numbers::Numbers = super::numbers::Numbers::new();
 
 /// The index entry's value for write `id`.
 fn write_mark(id: u64) -> String {
@@ -261,7 +248,7 @@ impl BlockStore for ClusterStore {
             claimed_at_ms: now_ms(),
         };
         let value = serde_json::to_vec(&owner).expect("an owner serializes");
-        let write = write_id();
+        let write = BLOCK_WRITES.next();
         let mut when = vec![
             cmp::version(key.clone(), cmp::Equal, 0),
             cmp::version(pool_key.clone(), cmp::Greater, 0),
@@ -359,7 +346,7 @@ impl BlockStore for ClusterStore {
         let key = self.block_key(&b.pool, &b.block);
         let index = self.index_key(&b.owner.node, &b.pool, &b.block);
         let value = serde_json::to_vec(&b.owner).expect("an owner serializes");
-        let write = write_id();
+        let write = BLOCK_WRITES.next();
         let txn = request::txn(
             [
                 cmp::create_revision(key.clone(), cmp::Equal, b.revision.create),

@@ -59,20 +59,8 @@ struct State {
     number: u64,
 }
 
-/// The number of a write of this process's: the wall clock in nanoseconds when it sent its
-/// first, then one more for each.
-fn number() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
-    NEXT.get_or_init(|| {
-        let ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1);
-        AtomicU64::new(ns.max(1))
-    })
-    .fetch_add(1, Ordering::Relaxed)
-}
+/// The numbers of this process's witnessed writes.
+static WRITES: super::numbers::Numbers = super::numbers::Numbers::new();
 
 /// The witness's value for write `number` of `instance` (fixed width: values of one instance
 /// sort as their numbers do).
@@ -232,7 +220,7 @@ impl Witness {
         let Some((key, instance, before, known)) = self.now() else {
             return Marked::default();
         };
-        let number = number();
+        let number = WRITES.next();
         let value = value_of(&instance, number);
         let add = |ops: &mut Vec<pb::RequestOp>| {
             // etcd refuses a key written twice in one transaction (this node's own witness
