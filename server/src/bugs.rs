@@ -175,6 +175,17 @@ pub enum Bug {
     /// the node served a block the restored etcd no longer had (found by the simulation,
     /// session 31).
     WitnessUnnumbered,
+    /// release-node called a node with no block, no heartbeat and no record unknown, though it
+    /// held a pin (an etcd restored from a backup older than the node, on which another node
+    /// re-made a pin it had held): the hold of a node gone since kept the pin of a gone owner
+    /// for good, the look of departed nodes advising a release that refused (found by the
+    /// simulation's liveness rules, session 32).
+    UnrecordedHolderUnknown,
+    /// A node judged the witness an answer showed by its writes known to have landed when the
+    /// request was sent: a read sent before a claim landed, answered by an etcd restored
+    /// (`--bump-revision`) without that claim, looked right, and the node handed out from the
+    /// block the restore had lost (found by the simulation, session 32).
+    WitnessJudgedWhenSent,
 }
 
 impl Bug {
@@ -221,6 +232,8 @@ impl Bug {
         Bug::HoldByWallClock,
         Bug::HoldBeforeName,
         Bug::WitnessUnnumbered,
+        Bug::UnrecordedHolderUnknown,
+        Bug::WitnessJudgedWhenSent,
     ];
 
     pub fn name(self) -> &'static str {
@@ -266,6 +279,8 @@ impl Bug {
             Bug::HoldByWallClock => "hold-by-wall-clock",
             Bug::HoldBeforeName => "hold-before-name",
             Bug::WitnessUnnumbered => "witness-unnumbered",
+            Bug::UnrecordedHolderUnknown => "unrecorded-holder-unknown",
+            Bug::WitnessJudgedWhenSent => "witness-judged-when-sent",
         }
     }
 

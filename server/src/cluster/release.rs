@@ -70,20 +70,24 @@ pub async fn release_node_pinned(
         r => r?,
     };
     let blocks = &state.blocks.blocks;
-    if blocks.is_empty() && state.alive.is_none() && state.seen.is_none() {
-        return Err(ClusterError::NotFound(format!(
-            "node {node:?} owns no block and has no heartbeat in {place}"
-        )));
+    // No block, no heartbeat, no record: a node the store does not know, unless it holds pins
+    // (an etcd restored from a backup older than the node, on which another node re-made a
+    // pin it had held). Its holds are what there is to release.
+    let unrecorded = blocks.is_empty() && state.alive.is_none() && state.seen.is_none();
+    let gone = || {
+        ClusterError::NotFound(format!(
+            "node {node:?} owns no block, holds no pin and has no heartbeat in {place}"
+        ))
+    };
+    if unrecorded && crate::bugs::on(crate::bugs::Bug::UnrecordedHolderUnknown) {
+        return Err(gone());
     }
     let refusal = not_gone(&state, place, node, absent_for);
-    if let Some(why) = refusal {
-        if !force {
-            return Err(ClusterError::Refused(format!(
-                "{why}; its {} block(s) stay (--force gives them back anyway)",
-                blocks.len()
-            )));
-        }
-        forced.push(why);
+    if let Some(why) = refusal.as_ref().filter(|_| !force && !unrecorded) {
+        return Err(ClusterError::Refused(format!(
+            "{why}; its {} block(s) stay (--force gives them back anyway)",
+            blocks.len()
+        )));
     }
     let pins: Vec<PinRead> = match known {
         Some(pins) => pins,
@@ -106,6 +110,18 @@ pub async fn release_node_pinned(
             (read.clone(), pin)
         })
         .collect();
+    if unrecorded && holds.is_empty() {
+        return Err(gone());
+    }
+    if let Some(why) = refusal {
+        if !force {
+            return Err(ClusterError::Refused(format!(
+                "{why}; its {} hold(s) on pins stay (--force ends them anyway)",
+                holds.len()
+            )));
+        }
+        forced.push(why);
+    }
     if free.is_empty() && holds.is_empty() && !pinned.is_empty() {
         // Only blocks pins keep: nothing to free, no Lease taken, no wait, no write.
         return Ok(Released {

@@ -542,7 +542,7 @@ impl EtcdClient {
             }
             why
         };
-        match Witness::answered(&marked, &mut r) {
+        match self.inner.witness.answered(&marked, &mut r) {
             Shown::Fine => {}
             Shown::Reset(why) => {
                 seen(why);
