@@ -60,6 +60,8 @@ pub enum Kind {
     Owner,
     /// A turn of a daemon's pin keeper (runs with pins and departures).
     Keeper,
+    /// A node's label changed, or the pool's nodeSelector set (runs with labels).
+    Labels,
 }
 
 /// Each kind of step with its weight out of 1000 in a run that allows everything: deliveries
@@ -364,6 +366,10 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
         }
         Kind::Keeper => {
             crate::fixed::keep_pins(w);
+            Ok(tick)
+        }
+        Kind::Labels => {
+            crate::labels::step(w);
             Ok(tick)
         }
     }

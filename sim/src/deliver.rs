@@ -52,10 +52,16 @@ impl World {
         }
         let now = Instant::now();
         let wall = self.wall.now_ms();
+        let user = self.user_of(from);
         let (shared, limbo) = (&mut self.shared, &mut self.limbo);
         let delivered = self
             .net
-            .watches(|ws| shared.deliver(req, fate, now, wall, limbo, ws));
+            .watches(|ws| shared.deliver(req, fate, now, wall, limbo, ws, &user));
+        if let Some(why) = &delivered.denied {
+            return Err(format!(
+                "the apiserver refused a request by deploy/cluster-kubernetes's RBAC or admission policies: {why}"
+            ));
+        }
         // A renewal whose caller gave up is one the daemon never learns of: it renews nothing.
         let renewed = delivered.renewed && awaited;
         let (ms, timeout) = (self.ms(), self.setting.timeout.as_millis() as u64);

@@ -1,7 +1,9 @@
 //! The release of departed nodes (`[cluster] release_departed_after_secs`) as the daemon that
-//! leads it runs it: ipool's own `departed::sweep`, by a node whose daemon runs, through the
-//! net (its requests delivered, failed, lost or held as any others), its Nodes those of the
-//! slots whose node is not gone, as the apiserver lists them when it starts. A node that
+//! leads it runs it, or (runs with [`Options::cronjob`](crate::Options::cronjob)) as
+//! deploy/cluster-kubernetes's CronJob does, `ipoolctl cluster release-departed` with no daemon
+//! of its own and the operator's identity: ipool's own `departed::sweep`, through the net
+//! (its requests delivered, failed, lost or held as any others), its Nodes those of the slots
+//! whose node is not gone, as the apiserver lists them when it starts. A node that
 //! comes back meanwhile is what its conditioned writes are for; the checker judges what it
 //! gave back as it judges release-node without `--force` (docs/simulation.md, rule 8).
 
@@ -37,6 +39,11 @@ pub(crate) fn departed(w: &mut World) {
     if w.op.is_some() {
         return;
     }
+    if w.opts.cronjob {
+        let after = [0u64, 30][w.choices.pick(2) as usize];
+        look(w, None, after);
+        return;
+    }
     let live: Vec<usize> = (0..w.slots.len())
         .filter(|&i| w.slots[i].daemon.is_some())
         .collect();
@@ -46,26 +53,45 @@ pub(crate) fn departed(w: &mut World) {
     let me = live[w.choices.pick(live.len() as u32) as usize];
     // The threshold: none past the fence, or half a minute.
     let after = [0u64, 30][w.choices.pick(2) as usize];
-    look(w, me, after);
+    look(w, cronjob_on_kube(w, me), after);
 }
 
-/// A look by slot `me`'s daemon, with the threshold `after` (seconds).
-pub(crate) fn look(w: &mut World, me: usize, after: u64) {
-    let me = w.slots[me].name.clone();
+/// Who looks where a daemon would lead (slot `me`'s): on the Kubernetes API the CronJob, as
+/// deploy/cluster-kubernetes has it (its admission policies keep each ipoold to its own
+/// node's blocks and Lease: no daemon may release another's).
+pub(crate) fn cronjob_on_kube(w: &World, me: usize) -> Option<usize> {
+    match w.opts.store {
+        StoreKind::Kube => None,
+        StoreKind::Etcd => Some(me),
+    }
+}
+
+/// A look by slot `me`'s daemon (None: the CronJob's), with the threshold `after` (seconds).
+pub(crate) fn look(w: &mut World, me: Option<usize>, after: u64) {
+    let me = me.map(|i| w.slots[i].name.clone());
     let nodes: BTreeSet<String> = w
         .slots
         .iter()
         .filter(|s| s.twin_of.is_none() && !(s.gone && s.daemon.is_none()))
         .map(|s| s.name.clone())
         .collect();
-    let what = format!("{me} releases departed nodes (after {after} s; Nodes {nodes:?})");
-    w.note(format!("leader: {what}"));
-    w.command(crate::world::Op {
+    let who = me.clone().unwrap_or_else(|| "the CronJob".into());
+    let what = format!("{who} releases departed nodes (after {after} s; Nodes {nodes:?})");
+    let role = if me.is_some() { "leader" } else { "cronjob" };
+    w.note(format!("{role}: {what}"));
+    let op = w.command(crate::world::Op {
         forced: false,
         release_of: None,
         departed: true,
     });
-    let (store, ops, kind) = (w.leader_store(), w.ops.clone(), w.opts.store);
+    if me.is_none() {
+        w.cronjob_ops.insert(op);
+    }
+    let store = match me {
+        Some(_) => w.leader_store(),
+        None => w.operator_store_elsewhere(false),
+    };
+    let (ops, kind) = (w.ops.clone(), w.opts.store);
     let owners = crate::fixed::GoneOwners(w.owners_gone.clone());
     tokio::spawn(async move {
         let place = match kind {
@@ -79,7 +105,7 @@ pub(crate) fn look(w: &mut World, me: usize, after: u64) {
                     after,
                     pin_ttl: crate::PIN_TTL_SECS,
                 };
-                sweep(&*s, place, Some(&me), limits, &Listed(nodes, owners))
+                sweep(&*s, place, me.as_deref(), limits, &Listed(nodes, owners))
                     .await
                     .map(|look| {
                         let said: Vec<String> = look

@@ -17,7 +17,10 @@
 //!   when the driver says (delayed, cut, replayed, compacted away); `hearing`: those steps,
 //!   and what a node was told;
 //! - [`daemon`]: a simulated node's daemon, wired as ipoold is, on a state dir that survives it;
-//! - `world`: the run; `actions` and `operator`: what a step can do;
+//! - `world`: the run; `actions` and `operator`: what a step can do; `departed`: the release
+//!   of departed nodes (a leading daemon's, or the CronJob's); `labels`: node labels and the
+//!   pool's nodeSelector; `identity`: who each request on the Kubernetes API is, held to
+//!   deploy/'s RBAC and admission policies;
 //! - [`check`]: the invariants, asked after every step;
 //! - `quiet`: the quiet period that ends each run, and [`settled`]: the liveness rules judged
 //!   after it (nothing stranded, no block of a gone node, no stuck ADD or pool, no idle writes).
@@ -39,6 +42,8 @@ mod drain;
 mod excuses;
 mod fixed;
 mod hearing;
+mod identity;
+mod labels;
 mod nodes;
 mod operator;
 mod quiet;
@@ -73,11 +78,21 @@ pub const NOT_YET: &[Bug] = &[
     // share); its kept run is replayed by every `cargo test`.
     Bug::HoldByWallClock,
     // Found by L3 in the run shrunk from seed 2 458 of a search, not by the hunt from 0 within
-    // 8 000 000 steps; its kept run is replayed by every `cargo test`.
+    // 8 000 000 steps. No kept run since session 32: release-node ends the holds of a node the
+    // store has no record of (`unrecorded-holder-unknown`), which ended this path's stranded
+    // pin on etcd; a search of 900 s from seed 2 000 with the switch did not meet it.
     Bug::HoldBeforeName,
     // Found by a search of seeds from 1 000 002 563 (1 000 009 634), not by the hunt from 0
     // within its budget; its kept run is replayed by every `cargo test`.
     Bug::WitnessUnnumbered,
+    // Found by L3 at seed 32 000 001 708 of a search (an etcd restored from a backup older than
+    // the node), not by the hunt from 0 within its budget; its kept run is replayed by every
+    // `cargo test`.
+    Bug::UnrecordedHolderUnknown,
+    // Found at seed 20 328 of a search of the CronJob's seeds (an etcd restored with
+    // `--bump-revision`), not by the hunt from 0 within its budget; its kept run is replayed
+    // by every `cargo test`.
+    Bug::WitnessJudgedWhenSent,
     // Found by the hunt from seed 0 at first (seeds 10 and 32), since session 31's changes
     // (the witness numbered, holds only under a held name, the wind-down deleting the pods of
     // gone owners) after 3 523 843 and 8 735 000 steps: more than `cargo test`'s share; their
@@ -143,6 +158,13 @@ pub struct Options {
     /// claims meet a dry pool, nodes wait for give-backs, and a block stranded shows as ADDs
     /// refused (issue 54, item 3).
     pub crowded: bool,
+    /// The release of departed nodes is looked at as deploy/cluster-kubernetes's CronJob looks
+    /// (`ipoolctl cluster release-departed`: no daemon of its own, `me = None`, the operator's
+    /// identity), not by a leading daemon (issue 54, item 1).
+    pub cronjob: bool,
+    /// Nodes are labelled (a zone each), labels change, and the operator sets the pool's
+    /// nodeSelector (`crate::labels`; issue 54, item 1).
+    pub labels: bool,
 }
 
 impl Options {
@@ -159,6 +181,8 @@ impl Options {
             bugs: Vec::new(),
             set_aside: false,
             crowded: false,
+            cronjob: false,
+            labels: false,
         }
     }
 

@@ -67,10 +67,17 @@ impl World {
             if self.ms() >= next_look && self.op.is_none() {
                 next_look = self.ms() + LOOK_EVERY_MS;
                 if self.swarm.departures {
-                    if let Some(me) =
-                        (0..self.slots.len()).find(|i| self.slots[*i].daemon.is_some())
-                    {
-                        crate::departed::look(self, me, DEPARTED_AFTER);
+                    let me = (0..self.slots.len()).find(|i| self.slots[*i].daemon.is_some());
+                    match (self.opts.cronjob, me) {
+                        (true, _) => crate::departed::look(self, None, DEPARTED_AFTER),
+                        (false, Some(me)) => {
+                            let who = crate::departed::cronjob_on_kube(self, me);
+                            crate::departed::look(self, who, DEPARTED_AFTER)
+                        }
+                        (false, None) if self.opts.store == crate::StoreKind::Kube => {
+                            crate::departed::look(self, None, DEPARTED_AFTER)
+                        }
+                        (false, None) => {}
                     }
                 }
                 // Every running daemon's keeper takes a turn.
@@ -170,8 +177,9 @@ impl World {
     }
 
     /// A free block of a pool the network takes its addresses from, if one is free and the
-    /// pool gives blocks (Ready, enabled, its CIDRs not changing).
-    fn free_block(&self) -> Option<ipnet::IpNet> {
+    /// pool gives blocks (Ready, enabled, its CIDRs not changing) to node `name` (its
+    /// nodeSelector admits it).
+    fn free_block(&self, name: &str) -> Option<ipnet::IpNet> {
         let blocks = self.shared.blocks();
         let mut names = vec![crate::POOL.to_string()];
         names.extend(self.setting.second_pool.clone());
@@ -179,6 +187,7 @@ impl World {
             .pools()
             .into_iter()
             .filter(|p| names.contains(&p.name) && p.gives_blocks())
+            .filter(|p| crate::labels::admits(self, p, name))
             .find_map(|p| {
                 settled::free_blocks(&p.cidrs, p.block_v4, &blocks, &p.kept_out)
                     .into_iter()
@@ -198,7 +207,7 @@ impl World {
             if s.daemon.is_none() || s.twin_of.is_some() || s.renamed {
                 continue;
             }
-            let room = self.free_block();
+            let room = self.free_block(&self.slots[i].name.clone());
             self.refused.clear();
             crate::nodes::add(self, i);
             let c = format!("c{}", self.next_container);

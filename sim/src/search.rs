@@ -11,7 +11,10 @@ use crate::{run, Bug, Options, Outcome, StoreKind};
 /// A run's set-up from its seed: the store (even seeds etcd, odd ones the Kubernetes API), a
 /// dual-stack pool every other pair of seeds, and a crowded cluster in one group of four seeds
 /// in sixteen (28 to 31, 92 to 95, ...: none of the kept runs' seeds): five to eight nodes,
-/// by the group, over a pool of fewer blocks than nodes ([`Options::crowded`]).
+/// by the group, over a pool of fewer blocks than nodes ([`Options::crowded`]); in another
+/// (40 to 43, 104 to 107, ...: none of the kept runs' seeds either) the release of departed
+/// nodes is the CronJob's ([`Options::cronjob`]), and in half of those (40 to 43, 168 to 171,
+/// ...) nodes are labelled and the pool gets a nodeSelector ([`Options::labels`]).
 pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
     let store = match seed % 2 {
         0 => StoreKind::Etcd,
@@ -24,6 +27,8 @@ pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
         o.crowded = true;
         o.nodes = 5 + (seed / 64 % 4) as usize;
     }
+    o.cronjob = (seed / 4) % 16 == 10;
+    o.labels = o.cronjob && (seed / 64).is_multiple_of(2);
     o.bugs = bugs.to_vec();
     o
 }

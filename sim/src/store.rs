@@ -7,6 +7,9 @@ use ipnet::IpNet;
 use ipool_proto::etcd::etcdserverpb::request_op::Request as RequestOp;
 use ipool_proto::etcd::mvccpb::KeyValue;
 use ipool_server::cluster::etcd::client::{Call, EtcdError, Reply};
+use std::sync::Arc;
+
+use ipool_testkit::access::{Access, Attributes, UserInfo};
 use ipool_testkit::apiserver::{url_pairs, Objects};
 use tokio::time::Instant;
 
@@ -30,7 +33,7 @@ pub enum Fate {
 }
 
 /// What a delivery did, for the checker.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Delivered {
     /// It renewed (or took) its sender's node name: the store heard the node.
     pub renewed: bool,
@@ -42,6 +45,8 @@ pub struct Delivered {
     pub headed: bool,
     /// It is etcd's answer to a read or a transaction (which reads the node's witness).
     pub keys: bool,
+    /// The apiserver refused it by deploy/'s RBAC or admission policies: what, as whom, why.
+    pub denied: Option<String>,
 }
 
 /// A node name's holder in the store.
@@ -74,6 +79,9 @@ pub enum Shared {
         objects: Objects,
         skew_secs: i64,
         oldest: u64,
+        /// The RBAC and admission policies of deploy/cluster-kubernetes, each request held
+        /// to them as its sender's identity (`crate::identity`).
+        access: Arc<Access>,
     },
 }
 
@@ -86,6 +94,7 @@ impl Shared {
                 objects: Objects::new(watched),
                 skew_secs: 0,
                 oldest: 0,
+                access: crate::identity::deployed(),
             },
         }
     }
@@ -106,7 +115,9 @@ impl Shared {
 
     /// Does to `req` what `fate` says, at `now` (`wall_ms`: the wall clock); what its sender
     /// learns and what the store heard (see [`Delivered`]). A watch made is one of `watches`
-    /// (a watch whose answer is lost is never made: it lives only on its connection).
+    /// (a watch whose answer is lost is never made: it lives only on its connection). On the
+    /// Kubernetes API the request is `user`'s, held to deploy/'s RBAC and admission policies.
+    #[allow(clippy::too_many_arguments)]
     pub fn deliver(
         &mut self,
         req: Request,
@@ -115,6 +126,7 @@ impl Shared {
         wall_ms: u64,
         limbo: &mut Vec<tokio::sync::oneshot::Sender<Back>>,
         watches: &mut Watches,
+        user: &UserInfo,
     ) -> Delivered {
         if fate == Fate::Drop {
             req.into_silence(limbo);
@@ -126,6 +138,7 @@ impl Shared {
         }
         let mut renewed = false;
         let mut heard = None;
+        let mut denied = None;
         let back = match (&mut *self, &req.wire) {
             (Shared::Etcd(e), Wire::Etcd(call)) => match fate {
                 Fate::Fail => Back::Etcd(Err(EtcdError::Status(tonic::Status::unavailable(
@@ -163,7 +176,10 @@ impl Shared {
             },
             (
                 Shared::Api {
-                    objects, skew_secs, ..
+                    objects,
+                    skew_secs,
+                    access,
+                    ..
                 },
                 Wire::Api {
                     method,
@@ -182,11 +198,26 @@ impl Shared {
                 ))),
                 _ => {
                     let secs = (wall_ms / 1000) as i64 + *skew_secs;
-                    let a = objects
-                        .respond(method, path, &url_pairs(query), body, secs, true)
-                        .unwrap_or_else(|| {
-                            ipool_testkit::apiserver::status(404, "NotFound", "no such path")
-                        });
+                    let q = url_pairs(query);
+                    // Authorized first (403), then admitted as it is written (422).
+                    let forbidden = Attributes::of(method, path, &q)
+                        .and_then(|at| access.authorize(user, &at).err());
+                    let a = forbidden.unwrap_or_else(|| {
+                        objects
+                            .respond_as(Some((access, user)), method, path, &q, body, secs, true)
+                            .unwrap_or_else(|| {
+                                ipool_testkit::apiserver::status(404, "NotFound", "no such path")
+                            })
+                    });
+                    let policy = a.body["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("ValidatingAdmissionPolicy"));
+                    if a.status == 403 || (a.status == 422 && policy) {
+                        denied = Some(format!(
+                            "{method} {path} as {}: {} {}",
+                            user.username, a.status, a.body["message"]
+                        ));
+                    }
                     renewed = matches!(method.as_str(), "PUT" | "POST")
                         && path.contains("/leases/")
                         && (200..300).contains(&a.status);
@@ -207,6 +238,7 @@ impl Shared {
             heard: renewed.then(|| heard.unwrap_or(now)),
             headed,
             keys,
+            denied,
         }
     }
 
@@ -371,6 +403,7 @@ impl Shared {
                         cidrs: spec.cidrs,
                         block_v4: spec.block_v4,
                         disabled: spec.disabled,
+                        node_selector: spec.node_selector,
                         // A creation and a deletion are one transaction each on etcd.
                         deleting: false,
                         pending: false,
@@ -396,6 +429,7 @@ impl Shared {
                         block_v4: spec["blockSizeV4"].as_u64().unwrap_or(32) as u8,
                         kept_out: [nets(&spec["exclude"]), nets(&spec["reserved"])].concat(),
                         disabled: spec["disabled"].as_bool().unwrap_or(false),
+                        node_selector: spec["nodeSelector"].as_str().map(str::to_string),
                         adding: nets(&spec["cidrsAdding"]),
                         removing: nets(&spec["cidrsRemoving"]),
                         deleting: o["status"]["phase"].as_str() == Some("Deleting"),
@@ -503,6 +537,8 @@ pub struct PoolNow {
     /// Excluded and reserved ranges.
     pub kept_out: Vec<IpNet>,
     pub disabled: bool,
+    /// The nodes that may claim from it (a label selector; None: every node).
+    pub node_selector: Option<String>,
     /// CIDRs on their way in, and on their way out (the Kubernetes API's two-step change:
     /// marked, checked, unmarked).
     pub adding: Vec<IpNet>,

@@ -380,6 +380,7 @@ mod tests {
             objects,
             skew_secs: 0,
             oldest: 0,
+            access: crate::identity::deployed(),
         };
         let mut ws = Watches::default();
         let q: BTreeMap<String, String> = [

@@ -214,6 +214,10 @@ pub(crate) struct World {
     pub dels: BTreeMap<String, usize>,
     /// The nodes the last look of the departed could not judge (they recorded no Node name).
     pub unknown_nodes: Vec<String>,
+    /// Each node's zone as the run changed it (`crate::labels`; the first zones otherwise).
+    pub zones: BTreeMap<String, &'static str>,
+    /// The operator's commands that are the CronJob's looks (`crate::identity`).
+    pub cronjob_ops: std::collections::BTreeSet<usize>,
     /// The apiserver's clock stepped back (its stamps of before lie ahead of it a while).
     pub apiserver_stepped_back: bool,
     /// While the quiet period watches for them: the writes delivered, renewals aside.
@@ -226,8 +230,11 @@ impl World {
             true => crate::actions::Swarm::all(),
             false => {
                 choices.frame();
-                let sw = crate::actions::Swarm::pick(&mut choices);
+                let mut sw = crate::actions::Swarm::pick(&mut choices);
                 choices.end_frame(crate::choice::SETUP);
+                if opts.labels {
+                    sw.weights.push((crate::actions::Kind::Labels, 6));
+                }
                 sw
             }
         };
@@ -294,6 +301,8 @@ impl World {
             refused: Vec::new(),
             apiserver_stepped_back: false,
             unknown_nodes: Vec::new(),
+            zones: BTreeMap::new(),
+            cronjob_ops: Default::default(),
             dels: BTreeMap::new(),
             owners_gone: BTreeMap::new(),
             idle_writes: None,
@@ -384,6 +393,7 @@ impl World {
         s.syncs = [(0, now); 2];
         s.trouble_at = now;
         s.streak = [0; 2];
+        crate::labels::tell(self, i);
         self.note(format!(
             "{} (slot {i}) started, instance {instance}",
             self.slots[i].name
