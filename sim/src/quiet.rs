@@ -178,29 +178,29 @@ impl World {
 
     /// A free block of a pool the network takes its addresses from, if one is free and the
     /// pool gives blocks (Ready, enabled, its CIDRs not changing) to node `name` (its
-    /// nodeSelector admits it).
+    /// nodeSelector admits it), of each family the network's ADDs ask for: one of them.
     fn free_block(&self, name: &str) -> Option<ipnet::IpNet> {
         let blocks = self.shared.blocks();
         let mut names = vec![crate::POOL.to_string()];
         names.extend(self.setting.second_pool.clone());
-        self.shared
+        let free: Vec<ipnet::IpNet> = self
+            .shared
             .pools()
             .into_iter()
             .filter(|p| names.contains(&p.name) && p.gives_blocks())
             .filter(|p| crate::labels::admits(self, p, name))
-            .find_map(|p| {
-                settled::free_blocks(&p.cidrs, p.block_v4, &blocks, &p.kept_out)
-                    .into_iter()
-                    .next()
+            .flat_map(|p| {
+                settled::free_blocks(&p.cidrs, (p.block_v4, p.block_v6), &blocks, &p.kept_out)
             })
+            .collect();
+        let v4 = free.iter().find(|b| b.addr().is_ipv4()).copied();
+        let v6 = free.iter().any(|b| b.addr().is_ipv6());
+        v4.filter(|_| v6 || !self.opts.dual_stack)
     }
 
-    /// An ADD on every live node: refused only when its pool has no free block (L4; IPv4
-    /// blocks are counted, so the rule is judged in single-stack runs only).
+    /// An ADD on every live node: refused only when its pools have no free block of a family
+    /// it asks for (L4).
     async fn trial_adds(&mut self) -> Result<(), String> {
-        if self.opts.dual_stack {
-            return Ok(());
-        }
         for i in 0..self.slots.len() {
             // A daemon whose config renamed the network has no network of the ADD's name.
             let s = &self.slots[i];

@@ -97,11 +97,12 @@ pub fn pins_of_gone_owners(p: &Picture) -> Result<(), String> {
     }
 }
 
-/// L4: an ADD on `node` refused (`why`) while its pool had a free block (`room`, if any).
+/// L4: an ADD on `node` refused (`why`) while its pools had a free block of each family it
+/// asks for (`room`: one of them, if any).
 pub fn add_refused(node: &str, why: &str, room: Option<&IpNet>) -> Result<(), String> {
     match room {
         Some(free) => Err(format!(
-            "L4: an ADD on {node} failed ({why}) though block {free} of its pool is free"
+            "L4: an ADD on {node} failed ({why}) though block {free} of its pool is free (and one of each family it asks for)"
         )),
         None => Ok(()),
     }
@@ -129,19 +130,24 @@ pub fn idle_writes(writes: &[String], quiet_ms: u64) -> Result<(), String> {
     }
 }
 
-/// The free blocks of a pool: block-sized ranges of `cidrs` (at `prefix`) that no block of
-/// the store and nothing kept out (`kept_out`: excluded, reserved) overlaps.
+/// The free blocks of a pool: block-sized ranges of `cidrs` (at its IPv4 or IPv6 block size,
+/// `prefixes`) that no block of the store and nothing kept out (`kept_out`: excluded,
+/// reserved) overlaps.
 pub fn free_blocks(
     cidrs: &[IpNet],
-    prefix: u8,
+    prefixes: (u8, u8),
     blocks: &[StoreBlock],
     kept_out: &[IpNet],
 ) -> Vec<IpNet> {
     let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
+    let prefix = |c: &IpNet| match c {
+        IpNet::V4(_) => prefixes.0,
+        IpNet::V6(_) => prefixes.1,
+    };
     cidrs
         .iter()
-        .filter(|c| c.addr().is_ipv4() && c.prefix_len() <= prefix)
-        .flat_map(|c| c.subnets(prefix).into_iter().flatten())
+        .filter(|c| c.prefix_len() <= prefix(c))
+        .flat_map(|c| c.subnets(prefix(c)).into_iter().flatten())
         .filter(|b| !blocks.iter().any(|(o, _, _)| overlaps(o, b)))
         .filter(|b| !kept_out.iter().any(|k| overlaps(k, b)))
         .collect()
@@ -281,7 +287,19 @@ mod tests {
     #[test]
     fn free_blocks_are_those_nothing_overlaps() {
         let blocks = vec![(net("10.70.0.0/28"), "n0".to_string(), "p".to_string())];
-        let free = free_blocks(&[net("10.70.0.0/26")], 28, &blocks, &[net("10.70.0.40/32")]);
-        assert_eq!(free, vec![net("10.70.0.16/28"), net("10.70.0.48/28")]);
+        let free = free_blocks(
+            &[net("10.70.0.0/26"), net("fd00:70::/123")],
+            (28, 124),
+            &blocks,
+            &[net("10.70.0.40/32"), net("fd00:70::5/128")],
+        );
+        assert_eq!(
+            free,
+            vec![
+                net("10.70.0.16/28"),
+                net("10.70.0.48/28"),
+                net("fd00:70::10/124")
+            ]
+        );
     }
 }

@@ -402,6 +402,7 @@ impl Shared {
                         name,
                         cidrs: spec.cidrs,
                         block_v4: spec.block_v4,
+                        block_v6: spec.block_v6,
                         disabled: spec.disabled,
                         node_selector: spec.node_selector,
                         // A creation and a deletion are one transaction each on etcd.
@@ -427,6 +428,7 @@ impl Shared {
                         name: k.2.clone(),
                         cidrs: nets(&spec["cidrs"]),
                         block_v4: spec["blockSizeV4"].as_u64().unwrap_or(32) as u8,
+                        block_v6: spec["blockSizeV6"].as_u64().unwrap_or(128) as u8,
                         kept_out: [nets(&spec["exclude"]), nets(&spec["reserved"])].concat(),
                         disabled: spec["disabled"].as_bool().unwrap_or(false),
                         node_selector: spec["nodeSelector"].as_str().map(str::to_string),
@@ -534,6 +536,7 @@ pub struct PoolNow {
     pub name: String,
     pub cidrs: Vec<IpNet>,
     pub block_v4: u8,
+    pub block_v6: u8,
     /// Excluded and reserved ranges.
     pub kept_out: Vec<IpNet>,
     pub disabled: bool,
