@@ -62,6 +62,9 @@ pub enum Kind {
     Keeper,
     /// A node's label changed, or the pool's nodeSelector set (runs with labels).
     Labels,
+    /// A node's Node object deleted while its machine runs, or made again under its name
+    /// (the CronJob's runs).
+    NodeObject,
 }
 
 /// Each kind of step with its weight out of 1000 in a run that allows everything: deliveries
@@ -372,6 +375,10 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
             crate::labels::step(w);
             Ok(tick)
         }
+        Kind::NodeObject => {
+            crate::nodes::delete_or_remake_node(w);
+            Ok(tick)
+        }
     }
 }
 
@@ -508,6 +515,10 @@ pub(crate) fn describe_call(c: &Call) -> String {
 /// made; then each daemon must hold exactly its live pods.
 pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
     w.note("winding down: faults healed".into());
+    // The kubelet of a machine that runs registers its Node again.
+    for name in std::mem::take(&mut w.nodes_deleted) {
+        w.note(format!("the Node of {name} made again by its kubelet"));
+    }
     doom_pods_of_gone_owners(w);
     // DELs never answered (their daemon killed meanwhile): the kubelet makes them again.
     for (c, s) in std::mem::take(&mut w.dels) {

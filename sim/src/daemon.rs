@@ -115,6 +115,9 @@ pub struct Setting {
     pub second_pool: Option<String>,
     /// The network addressed as one subnet (`crate::SUBNET_GATEWAYS`, `crate::SUBNET_EXCLUDE`).
     pub subnet: bool,
+    /// What the names of the nodes' Node objects start with (`--node-name`): "" where they are
+    /// the store's names, else a store name that is not the Node's.
+    pub node_prefix: &'static str,
     /// Pods with fixed addresses: the daemons run the pins' part of ADD and DEL
     /// (`ipool_server::service::fixed`), as ipoold does in cluster mode.
     pub pins: bool,
@@ -127,6 +130,11 @@ pub struct Setting {
 }
 
 impl Setting {
+    /// The name of node `name`'s Node object.
+    pub fn k8s_node(&self, name: &str) -> String {
+        format!("{}{name}", self.node_prefix)
+    }
+
     /// The daemon config of node `name`; `renamed`: its network named [`RENAMED`] instead of
     /// [`NETWORK`] (the ADDs and DELs still name [`NETWORK`]).
     pub(crate) fn config(&self, name: &str, renamed: bool) -> DaemonConfig {
@@ -279,8 +287,8 @@ impl Daemon {
             metrics.clone(),
             conn,
         )?;
-        // Its Node is named as it is (ipoold's --node-name).
-        node.set_k8s_node(name);
+        // Its Node's name (ipoold's --node-name), the store's or another.
+        node.set_k8s_node(&setting.k8s_node(name));
         let (cluster, sources) = ClusterNetworks::new(node.clone(), &config);
         let clock = Arc::new(EngineClock {
             start: Instant::now(),

@@ -73,7 +73,8 @@ pub(crate) fn look(w: &mut World, me: Option<usize>, after: u64) {
         .slots
         .iter()
         .filter(|s| s.twin_of.is_none() && !(s.gone && s.daemon.is_none()))
-        .map(|s| s.name.clone())
+        .filter(|s| !w.nodes_deleted.contains(&s.name))
+        .map(|s| w.setting.k8s_node(&s.name))
         .collect();
     let who = me.clone().unwrap_or_else(|| "the CronJob".into());
     let what = format!("{who} releases departed nodes (after {after} s; Nodes {nodes:?})");

@@ -22,6 +22,24 @@ pub(crate) fn node_slot(w: &mut World) -> usize {
     w.choices.pick(w.opts.nodes as u32) as usize
 }
 
+/// A node's Node object deleted while its machine runs (an operator's `kubectl delete node`,
+/// a cloud controller that thought the machine gone), or made again under its name: the
+/// release of departed nodes then finds the Node gone while the daemon may hold its name.
+pub(crate) fn delete_or_remake_node(w: &mut World) {
+    let i = node_slot(w);
+    let name = w.slots[i].name.clone();
+    let node = w.setting.k8s_node(&name);
+    match w.nodes_deleted.remove(&name) {
+        true => w.note(format!("the Node {node} of {name} made again")),
+        false => {
+            w.nodes_deleted.insert(name.clone());
+            w.note(format!(
+                "the Node {node} of {name} deleted while its machine runs"
+            ));
+        }
+    }
+}
+
 /// An ADD of a new pod on slot `i`.
 pub(crate) fn add(w: &mut World, i: usize) {
     add_asking(w, i, Vec::new());

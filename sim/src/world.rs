@@ -218,6 +218,8 @@ pub(crate) struct World {
     pub zones: BTreeMap<String, &'static str>,
     /// The operator's commands that are the CronJob's looks (`crate::identity`).
     pub cronjob_ops: std::collections::BTreeSet<usize>,
+    /// The nodes whose Node object is deleted while their machine runs (`crate::nodes`).
+    pub nodes_deleted: std::collections::BTreeSet<String>,
     /// The apiserver's clock stepped back (its stamps of before lie ahead of it a while).
     pub apiserver_stepped_back: bool,
     /// While the quiet period watches for them: the writes delivered, renewals aside.
@@ -235,6 +237,9 @@ impl World {
                 if opts.labels {
                     sw.weights.push((crate::actions::Kind::Labels, 6));
                 }
+                if opts.cronjob {
+                    sw.weights.push((crate::actions::Kind::NodeObject, 3));
+                }
                 sw
             }
         };
@@ -250,6 +255,10 @@ impl World {
             subnet: swarm.subnet,
             pins: swarm.pins,
             set_aside: opts.set_aside,
+            node_prefix: match opts.cronjob {
+                true => "k8s-",
+                false => "",
+            },
             tuning: opts.tuning(swarm.resync_secs, swarm.claim_ahead, swarm.watch),
             timeout: Duration::from_millis(500),
         };
@@ -303,6 +312,7 @@ impl World {
             unknown_nodes: Vec::new(),
             zones: BTreeMap::new(),
             cronjob_ops: Default::default(),
+            nodes_deleted: Default::default(),
             dels: BTreeMap::new(),
             owners_gone: BTreeMap::new(),
             idle_writes: None,
