@@ -12,5 +12,5 @@ pub mod pin_keeper;
 pub mod pods;
 pub mod selection;
 
-pub use client::{client, watch_config};
+pub use client::{client, kubectl_client, watch_config};
 pub use pods::Pods;

@@ -1,5 +1,8 @@
 //! `ipoolctl cluster --datastore kubernetes`: the same commands, outputs and exit codes as on
-//! etcd, against the fake apiserver over real HTTP.
+//! etcd, against the fake apiserver over real HTTP; and `kubectl ipool` (issue 57, item 3):
+//! ipoolctl installed as kubectl's plugin (kubectl-ipool on the PATH), run through Debian's
+//! kubectl, finding the cluster as kubectl does (KUBECONFIG's files merged, their current
+//! context, or `--context`).
 
 mod common;
 
@@ -339,4 +342,108 @@ cluster_pool = "p"
             "{log}"
         );
     }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `kubectl args...` with kubectl-ipool on the PATH and KUBECONFIG as given.
+fn kubectl(plugins: &std::path::Path, kubeconfig: &str, args: &[&str]) -> Output {
+    let path = format!(
+        "{}:{}",
+        plugins.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new("kubectl")
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig)
+        .env("HOME", plugins)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run kubectl (apt-get install kubernetes-client)")
+}
+
+#[test]
+#[ignore = "needs kubectl (apt-get install kubernetes-client); CI runs it with --include-ignored"]
+fn kubectl_ipool_lists_pools_through_kubectl() {
+    let api = FakeApi::start();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("bin");
+    std::fs::create_dir(&plugins).unwrap();
+    std::os::unix::fs::symlink(ipoolctl_bin(), plugins.join("kubectl-ipool")).unwrap();
+
+    // Two files, merged as kubectl merges KUBECONFIG's: the first names the current context
+    // (a cluster nobody answers on) and the fake apiserver's; the second holds the clusters
+    // and the user.
+    let contexts = dir.path().join("contexts");
+    std::fs::write(
+        &contexts,
+        "apiVersion: v1\nkind: Config\ncurrent-context: nowhere\ncontexts:\n- name: nowhere\n  context:\n    cluster: nowhere\n    user: me\n- name: fake\n  context:\n    cluster: fake\n    user: me\n",
+    )
+    .unwrap();
+    let clusters = dir.path().join("clusters");
+    std::fs::write(
+        &clusters,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\n- name: nowhere\n  cluster:\n    server: http://127.0.0.1:9\nusers:\n- name: me\n  user: {{}}\n",
+            api.addr
+        ),
+    )
+    .unwrap();
+    let kubeconfig = format!("{}:{}", contexts.display(), clusters.display());
+
+    // kubectl finds the plugin.
+    let o = kubectl(&plugins, &kubeconfig, &["plugin", "list"]);
+    assert!(
+        stdout(&o).contains("kubectl-ipool"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    let o = kubectl(
+        &plugins,
+        &kubeconfig,
+        &[
+            "ipool",
+            "--context",
+            "fake",
+            "pool",
+            "create",
+            "p",
+            "--cidr",
+            "10.42.0.0/24",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = kubectl(
+        &plugins,
+        &kubeconfig,
+        &["ipool", "--context", "fake", "pools"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("10.42.0.0/24"), "{}", stdout(&o));
+    let o = kubectl(
+        &plugins,
+        &kubeconfig,
+        &["ipool", "pools", "--context", "fake", "-o", "json"],
+    );
+    let pools: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(pools[0]["name"], "p", "{pools}");
+    // The current context's cluster does not answer: said, and not as the fake apiserver.
+    let o = kubectl(&plugins, &kubeconfig, &["ipool", "pools"]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(stderr(&o).contains("127.0.0.1:9"), "{}", stderr(&o));
+    // A context the files do not have: named in the error.
+    let o = kubectl(
+        &plugins,
+        &kubeconfig,
+        &["ipool", "--context", "elsewhere", "pools"],
+    );
+    assert_eq!(code(&o), 64, "{}", stderr(&o));
+    assert!(stderr(&o).contains("elsewhere"), "{}", stderr(&o));
+    // Its help names it as kubectl's plugin.
+    let o = kubectl(&plugins, &kubeconfig, &["ipool", "--help"]);
+    assert!(stdout(&o).contains("kubectl ipool"), "{}", stdout(&o));
 }

@@ -19,6 +19,8 @@ pub(super) enum ClusterCommand {
     /// Cluster pools: create, list, delete; grow, shrink, disable, enable.
     #[command(subcommand)]
     Pool(PoolCommand),
+    /// The pools, how full each is (as `pool list`).
+    Pools,
     /// Owned blocks (filters combine).
     Blocks {
         #[arg(long)]
@@ -329,14 +331,16 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
             };
             create_pool(store, &spec, *exists_ok, out).await
         }
-        ClusterCommand::Pool(PoolCommand::List) => match store.pools().await {
-            Err(e) => Err(e),
-            Ok(listed) => store.list_blocks(None, None).await.map(|blocks| {
-                warn_malformed(place, &listed.malformed);
-                warn_malformed(place, &blocks.malformed);
-                crate::pools::print_pools(&listed.pools, &blocks, out);
-            }),
-        },
+        ClusterCommand::Pool(PoolCommand::List) | ClusterCommand::Pools => {
+            match store.pools().await {
+                Err(e) => Err(e),
+                Ok(listed) => store.list_blocks(None, None).await.map(|blocks| {
+                    warn_malformed(place, &listed.malformed);
+                    warn_malformed(place, &blocks.malformed);
+                    crate::pools::print_pools(&listed.pools, &blocks, out);
+                }),
+            }
+        }
         ClusterCommand::Pool(
             c @ (PoolCommand::AddCidr { name, .. }
             | PoolCommand::RemoveCidr { name, .. }

@@ -44,6 +44,15 @@ pub(crate) struct StoreArgs {
     /// --from-check` read the Nodes and pods (without it they are not read).
     #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
+    /// The kubeconfig's context to use (default: its current-context); the kubeconfig is then
+    /// found as kubectl finds it (--kubeconfig, KUBECONFIG, ~/.kube/config), before the pod's
+    /// service account.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// Run as `kubectl ipool` (kubectl-ipool): the store is the Kubernetes API unless said
+    /// otherwise, its kubeconfig found as kubectl finds it.
+    #[arg(skip)]
+    pub(crate) kubectl: bool,
     /// --datastore kubernetes: the namespace of the nodes' Leases.
     #[arg(long, global = true, default_value = DEFAULT_LEASE_NAMESPACE)]
     lease_namespace: String,
@@ -105,7 +114,11 @@ impl StoreArgs {
 
     fn resolve(&self) -> Result<Target, String> {
         let Some(path) = &self.config else {
-            if self.datastore == Some(DatastoreArg::Kubernetes) {
+            let kube = match self.datastore {
+                Some(d) => d == DatastoreArg::Kubernetes,
+                None => self.kubectl,
+            };
+            if kube {
                 if !self.etcd_endpoints.is_empty() || self.etcd_cacert.is_some() {
                     return Err("--etcd-* flags are for --datastore etcd".into());
                 }
@@ -191,14 +204,18 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<(Store, &'static str), E
             kubeconfig,
             lease_namespace,
         } => {
-            let client = ipool_server::k8s::client(kubeconfig.as_deref(), timeout)
+            let (client, url) = args
+                .kube_client(kubeconfig.as_deref(), timeout)
                 .await
                 .map_err(|e| fail(format!("{e:#}"), EXIT_USAGE))?;
             let store = KubeStore::connect(client, &lease_namespace, None, FIELD_MANAGER)
                 .await
                 .map_err(|e| {
                     let code = crate::cluster::exit_for(&e);
-                    fail(format!("the Kubernetes API: {e}"), code)
+                    match &url {
+                        Some(url) => fail(format!("the apiserver at {url}: {e}"), code),
+                        None => fail(format!("the Kubernetes API: {e}"), code),
+                    }
                 })?;
             Ok((Arc::new(store), "the Kubernetes API"))
         }
@@ -206,6 +223,26 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<(Store, &'static str), E
 }
 
 impl StoreArgs {
+    /// A client of the apiserver `kubeconfig` names: found as kubectl finds it with
+    /// `--context` or as `kubectl ipool`, else as ipoold finds it (in a pod, its service
+    /// account first).
+    /// With the apiserver's URL where kubectl's way found it (for messages).
+    async fn kube_client(
+        &self,
+        kubeconfig: Option<&std::path::Path>,
+        timeout: Duration,
+    ) -> anyhow::Result<(kube::Client, Option<String>)> {
+        match self.kubectl || self.context.is_some() {
+            true => {
+                let (client, url) =
+                    ipool_server::k8s::kubectl_client(kubeconfig, self.context.as_deref(), timeout)
+                        .await?;
+                Ok((client, Some(url)))
+            }
+            false => Ok((ipool_server::k8s::client(kubeconfig, timeout).await?, None)),
+        }
+    }
+
     /// `--kubeconfig` given though the store is etcd: only for what reads the apiserver
     /// besides the store (`check`, `release-node --from-check`); elsewhere a slip (a forgotten
     /// `--datastore kubernetes`), refused rather than ignored.
@@ -236,8 +273,8 @@ pub(crate) async fn apiserver(args: &StoreArgs) -> Result<Option<kube::Client>, 
         }
     };
     let timeout = Duration::from_secs(args.etcd_timeout.max(1) * 6);
-    match ipool_server::k8s::client(kubeconfig.as_deref(), timeout).await {
-        Ok(c) => Ok(Some(c)),
+    match args.kube_client(kubeconfig.as_deref(), timeout).await {
+        Ok((c, _)) => Ok(Some(c)),
         Err(e) => {
             eprintln!("ipoolctl: the apiserver: {e:#}");
             Err(ExitCode::from(EXIT_USAGE))

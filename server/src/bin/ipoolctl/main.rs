@@ -178,7 +178,7 @@ enum Command {
     /// Cluster mode: pools and blocks in etcd (talks to etcd, not to ipoold).
     Cluster {
         #[command(flatten)]
-        etcd: cluster::StoreArgs,
+        etcd: Box<cluster::StoreArgs>,
         #[command(subcommand)]
         command: cluster::ClusterCommand,
     },
@@ -206,26 +206,73 @@ const EXIT_NOT_FOUND: u8 = 3;
 const EXIT_NOT_ALLOWED: u8 = 4;
 const EXIT_USAGE: u8 = 64;
 
+/// `kubectl ipool ...`: ipoolctl installed as kubectl's plugin (`kubectl-ipool` on the PATH),
+/// whose commands are `ipoolctl cluster`'s, on the Kubernetes API found as kubectl finds it
+/// unless said otherwise (`--datastore`, `--config`).
+#[derive(Parser, Debug)]
+#[command(
+    name = "kubectl-ipool",
+    bin_name = "kubectl ipool",
+    version,
+    about = "ipool's cluster pools, blocks and pins, as kubectl's plugin (ipoolctl cluster)"
+)]
+struct PluginArgs {
+    #[command(flatten)]
+    store: cluster::StoreArgs,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value = "table", global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: cluster::ClusterCommand,
+}
+
+/// Whether this process runs as kubectl's plugin: its name (`argv[0]`) is `kubectl-ipool`.
+fn as_kubectl_plugin() -> bool {
+    std::env::args_os()
+        .next()
+        .and_then(|a| {
+            Path::new(&a)
+                .file_name()
+                .map(|n| n.to_string_lossy().starts_with("kubectl-ipool"))
+        })
+        .unwrap_or(false)
+}
+
+fn usage(e: clap::Error) -> ExitCode {
+    let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+    let _ = e.print();
+    ExitCode::from(code)
+}
+
 fn main() -> ExitCode {
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                eprintln!("ipoolctl: cannot start the async runtime: {e}");
+                ExitCode::from(EXIT_REFUSED)
+            })
+    };
+    if as_kubectl_plugin() {
+        let mut args = match PluginArgs::try_parse() {
+            Ok(a) => a,
+            Err(e) => return usage(e),
+        };
+        args.store.kubectl = true;
+        return match rt() {
+            Ok(rt) => rt.block_on(cluster::run(&args.store, &args.command, args.output)),
+            Err(code) => code,
+        };
+    }
     let args = match Args::try_parse() {
         Ok(a) => a,
-        Err(e) => {
-            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
-        }
+        Err(e) => return usage(e),
     };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("ipoolctl: cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_REFUSED);
-        }
-    };
-    rt.block_on(run(args))
+    match rt() {
+        Ok(rt) => rt.block_on(run(args)),
+        Err(code) => code,
+    }
 }
 
 fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
