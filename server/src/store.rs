@@ -42,11 +42,12 @@ mod live;
 mod mem;
 mod open;
 mod sled_store;
+mod trees;
 mod wal;
 pub use commit::{CommitStats, Committer};
 pub use mem::MemStore;
-pub(crate) use sled_store::Trees;
 pub use sled_store::{SledStore, StoreOptions};
+pub(crate) use trees::Trees;
 
 /// 1: the first release. 2: reservations, boot ID, drains. 3: the write journal (an older
 /// ipoold would not finish a change set a crash interrupted, so it must refuse the store).

@@ -2,25 +2,21 @@
 //! at its own pace: the sources (a block of theirs no longer this node's stops serving at once
 //! and is synced; their pool written makes those with blocks in doubt sync; a watch that
 //! started over makes every source sync) and the pools' followers (a pool written is read
-//! again at once). [`keep_watching`] runs the watches.
+//! again at once). `node::watching::keep_watching` runs the watches.
 //!
 //! A watch is only ever a reason to look again sooner: what a node serves is decided by its
 //! syncs and their conditioned writes, which `resync_secs` still runs as a safety net.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use ipnet::IpNet;
 
 use super::datastore::Watched;
-use super::node::ClusterNode;
 
 /// Blocks gone kept for sources that have not looked yet; one that falls further behind
 /// syncs everything, as after a restart.
 const KEPT: usize = 4096;
-/// The longest wait before the watches are started again after they ended.
-const RETRY_MAX: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct Log {
@@ -148,27 +144,6 @@ impl Heard {
     /// Moves on when a pool was written or a watch started over.
     pub fn pool_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.pools.subscribe()
-    }
-}
-
-/// Runs the store's watches of `node`'s blocks and of the pools until aborted, what they say
-/// taken in by the node's [`Heard`]; started again after a wait whenever they end.
-pub async fn keep_watching(node: Arc<ClusterNode>) {
-    let mut wait = Duration::from_secs(1);
-    loop {
-        match node.connection().await {
-            Ok(store) => {
-                let seen = |w: Watched| node.hear(w);
-                if let Err(e) = store.watch(node.name(), &seen).await {
-                    tracing::debug!(node = %node.name(), error = %e, "the watches ended; starting them again");
-                }
-            }
-            Err(e) => {
-                tracing::debug!(node = %node.name(), error = %e, "cannot watch: no store connection")
-            }
-        }
-        tokio::time::sleep(super::jitter(wait)).await;
-        wait = (wait * 2).min(RETRY_MAX);
     }
 }
 

@@ -567,3 +567,4 @@ impl ClusterNode {
 mod heartbeat;
 pub mod pins;
 pub mod pools;
+pub mod watching;

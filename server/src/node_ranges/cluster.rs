@@ -478,7 +478,7 @@ impl ClusterNetworks {
             }
         }));
         if self.node.settings().watch {
-            tasks.push(tokio::spawn(crate::cluster::heard::keep_watching(
+            tasks.push(tokio::spawn(crate::cluster::node::watching::keep_watching(
                 self.node.clone(),
             )));
             // What the watches say is acted on at once, not at the next tick.

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::applier::{self, Applier};
 use super::codec::{self, Op, BOOT_ID, CLOCK, DRAIN_PREFIX};
-use super::sled_store::Trees;
+use super::trees::Trees;
 use super::wal::{self, HEADER_LEN};
 use super::{AttachmentRecord, Change, NetworkDef, Reservation, Seq, Snapshot, StoreError};
 

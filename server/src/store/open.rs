@@ -16,7 +16,8 @@ use std::sync::Mutex;
 use super::applier::{Applier, WAL_CHECKPOINT};
 use super::codec::{decode_entry, decode_record, Op};
 use super::live::{Failure, Live, Writer};
-use super::sled_store::{Resume, StoreOptions, Trees};
+use super::sled_store::{Resume, StoreOptions};
+use super::trees::Trees;
 use super::wal::{self, Header, Record, StoreId, HEADER_LEN};
 use super::{Seq, StoreError, SCHEMA_VERSION};
 

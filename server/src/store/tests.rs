@@ -263,7 +263,7 @@ fn sled_store_refuses_undecodable_records() {
 /// sled opened directly, as an older or a foreign writer would. No background flusher: its
 /// thread could still hold the file lock after the handle is dropped.
 pub(super) fn raw_sled(dir: &Path) -> sled::Result<sled::Db> {
-    sled_store::open_waiting(
+    trees::open_waiting(
         &sled::Config::new()
             .path(dir.join("db"))
             .flush_every_ms(None),
