@@ -13,7 +13,7 @@ use ipool_server::cluster::departed::Directory;
 use ipool_server::cluster::model::ClusterError;
 use ipool_server::k8s::nodes::Nodes;
 
-use crate::cluster::exit_for;
+use crate::cluster_out::exit_for;
 use crate::{Output, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
 
 /// Reads everything and prints the report; the exit code (0 clean, 1 findings).

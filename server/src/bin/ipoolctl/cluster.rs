@@ -5,14 +5,13 @@ use std::process::ExitCode;
 
 use ipnet::IpNet;
 use ipool_server::cluster::datastore::Datastore;
-use ipool_server::cluster::model::{
-    ClusterError, MalformedKey, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6,
-};
+use ipool_server::cluster::model::{ClusterError, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6};
 use ipool_server::cluster::pool::{PoolChange, PoolSpec, Reserved};
 use ipool_server::selector::NodeSelector;
 
+use crate::cluster_out::{exit_for, print_blocks, warn_malformed};
 pub(super) use crate::cluster_store::StoreArgs;
-use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
+use crate::{Output, EXIT_USAGE};
 
 #[derive(clap::Subcommand, Debug)]
 pub(super) enum ClusterCommand {
@@ -216,25 +215,6 @@ async fn create_pool(
         outln!("pool {name} created");
     }
     Ok(())
-}
-
-pub(crate) fn exit_for(e: &ClusterError) -> u8 {
-    match e {
-        ClusterError::Etcd(_) => EXIT_UNREACHABLE,
-        ClusterError::Kube(_) if e.is_unreachable() => EXIT_UNREACHABLE,
-        ClusterError::Kube(_) => EXIT_REFUSED,
-        ClusterError::NotFound(_) => EXIT_NOT_FOUND,
-        ClusterError::Refused(_) | ClusterError::Malformed { .. } => EXIT_REFUSED,
-        ClusterError::Undone { error, .. } => exit_for(error),
-    }
-}
-
-/// Says on stderr which keys under the prefix (objects) name no owner (they count as
-/// occupied).
-pub(crate) fn warn_malformed(place: &str, found: &[MalformedKey]) {
-    for m in found {
-        eprintln!("ipoolctl: warning: a malformed entry in {place}, counted as occupied: {m}");
-    }
 }
 
 pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> ExitCode {
@@ -450,25 +430,4 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
             ExitCode::from(exit_for(&e))
         }
     }
-}
-
-pub(crate) fn print_blocks(blocks: &[ipool_server::cluster::model::Block], out: Output) {
-    if out == Output::Json {
-        let v: Vec<serde_json::Value> = blocks
-            .iter()
-            .map(|b| {
-                serde_json::json!({
-                    "pool": b.pool, "block": b.block.to_string(), "node": b.owner.node,
-                    "claimedAtMs": b.owner.claimed_at_ms,
-                })
-            })
-            .collect();
-        outln!("{}", serde_json::Value::Array(v));
-        return;
-    }
-    let rows = blocks
-        .iter()
-        .map(|b| vec![b.pool.clone(), b.block.to_string(), b.owner.node.clone()])
-        .collect();
-    crate::print::table(&["POOL", "BLOCK", "NODE"], rows);
 }

@@ -211,7 +211,7 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<(Store, &'static str), E
             let store = KubeStore::connect(client, &lease_namespace, None, FIELD_MANAGER)
                 .await
                 .map_err(|e| {
-                    let code = crate::cluster::exit_for(&e);
+                    let code = crate::cluster_out::exit_for(&e);
                     match &url {
                         Some(url) => fail(format!("the apiserver at {url}: {e}"), code),
                         None => fail(format!("the Kubernetes API: {e}"), code),

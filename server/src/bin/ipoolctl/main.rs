@@ -30,6 +30,7 @@ macro_rules! outln {
 
 mod check;
 mod cluster;
+mod cluster_out;
 mod cluster_store;
 mod connect;
 mod nodes;

@@ -9,7 +9,7 @@ use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::departed::ROLE;
 use ipool_server::cluster::model::{ClusterError, NodeSeen};
 
-use crate::cluster::warn_malformed;
+use crate::cluster_out::warn_malformed;
 use crate::Output;
 
 /// A node as listed: as last heard, and its blocks.

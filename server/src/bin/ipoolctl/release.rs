@@ -3,7 +3,7 @@
 use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::model::ClusterError;
 
-use crate::cluster::{print_blocks, warn_malformed};
+use crate::cluster_out::{print_blocks, warn_malformed};
 use crate::Output;
 
 /// Gives back `node`'s blocks once the store says it has been away long enough (or with
@@ -85,7 +85,7 @@ pub(crate) async fn release_departed(
         Ok(f) => f,
         Err(e) => {
             eprintln!("ipoolctl: {e}");
-            return std::process::ExitCode::from(crate::cluster::exit_for(&e));
+            return std::process::ExitCode::from(crate::cluster_out::exit_for(&e));
         }
     };
     let mut failed = false;

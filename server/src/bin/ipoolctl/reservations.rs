@@ -58,7 +58,7 @@ pub(crate) async fn list(
     out: Output,
 ) -> Result<(), ClusterError> {
     let pools = store.pools().await?;
-    crate::cluster::warn_malformed(place, &pools.malformed);
+    crate::cluster_out::warn_malformed(place, &pools.malformed);
     if let Some(p) = only {
         if !pools.pools.iter().any(|x| x.spec.name == p) {
             return Err(ClusterError::NotFound(format!("no pool {p:?}")));
