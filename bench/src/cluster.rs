@@ -21,7 +21,6 @@ use crate::plugin::{Net, Op};
 use crate::setup::{Bins, Names, Plan};
 pub use claims::ClaimRun;
 use claims::Until;
-pub use scale::Scale;
 
 /// The key prefix the benchmark's pools live under.
 const PREFIX: &str = "/ipool-bench";

@@ -29,7 +29,7 @@ pub(crate) struct Plan {
     /// Simulated nodes claiming their first block together.
     pub(crate) cluster_first_nodes: usize,
     /// The pool nearly all owned by others, and how many nodes resync at once.
-    pub(crate) cluster_scale: crate::cluster::Scale,
+    pub(crate) cluster_scale: Scale,
 }
 
 impl Plan {
@@ -51,7 +51,7 @@ impl Plan {
                 cluster_claimers: vec![1, 10, 100],
                 cluster_duration: Duration::from_millis(500),
                 cluster_first_nodes: 100,
-                cluster_scale: crate::cluster::Scale {
+                cluster_scale: Scale {
                     owned: 2_000,
                     resyncing: 250,
                     claimers: 100,
@@ -74,7 +74,7 @@ impl Plan {
                 cluster_claimers: vec![1, 10, 100],
                 cluster_duration: Duration::from_secs(3),
                 cluster_first_nodes: 1_000,
-                cluster_scale: crate::cluster::Scale {
+                cluster_scale: Scale {
                     owned: 60_000,
                     resyncing: 5_000,
                     claimers: 100,
@@ -141,4 +141,15 @@ impl Names {
         self.0 += 1;
         format!("bench{}", self.0)
     }
+}
+
+/// How big the cluster store's scale run is (`cluster::scale`).
+#[derive(Clone, Copy, Debug)]
+pub struct Scale {
+    /// Blocks owned by other nodes.
+    pub owned: usize,
+    /// Nodes that resync once together.
+    pub resyncing: usize,
+    /// Claimers at 90 % fill.
+    pub claimers: usize,
 }

@@ -13,8 +13,8 @@ use cel::objects::{Key, Map as CelMap};
 use cel::{Context, Env, Program, Value as Cel};
 use serde_json::Value;
 
-use crate::access::{Attributes, UserInfo};
-use crate::apiserver::{status, Answer};
+use crate::answer::{status, Answer};
+use crate::caller::{Attributes, UserInfo};
 
 struct Validation {
     source: String,

@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use crate::access::{Access, Attributes, UserInfo};
+use crate::access::Access;
+pub use crate::answer::{status, Answer};
+use crate::caller::{Attributes, UserInfo};
 
 /// An object's place: (resource, namespace, name); namespace "" when cluster-scoped.
 pub type Key = (String, String, String);
@@ -29,13 +31,6 @@ pub type Key = (String, String, String);
 /// A change: (resourceVersion, resource, ADDED | MODIFIED | DELETED, the object, the object
 /// before: a label-selector watch needs both, see [`watch_event`]).
 pub type Event = (u64, String, &'static str, Value, Option<Value>);
-
-/// An answer: the HTTP status and the JSON body.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Answer {
-    pub status: u16,
-    pub body: Value,
-}
 
 /// The objects of one apiserver.
 #[derive(Default)]
@@ -50,15 +45,6 @@ pub struct Objects {
     uids: u64,
     /// Pages of lists answered by [`Objects::respond`].
     pub listed_pages: u64,
-}
-
-/// A status answer, as the apiserver writes one.
-pub fn status(code: u16, reason: &str, message: &str) -> Answer {
-    Answer {
-        status: code,
-        body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                     "message": message, "reason": reason, "code": code}),
-    }
 }
 
 fn ok(status: u16, body: Value) -> Answer {

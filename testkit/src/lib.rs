@@ -10,13 +10,16 @@
 //!   has, for the tests (`server/tests/common`) and `ipool-bench`'s store-load rows;
 //! - [`access`]: who may do what (RBAC), and [`admission`]: the ValidatingAdmissionPolicies,
 //!   both read from deploy/'s manifests ([`manifest`]) and enforced by the fake apiserver for
-//!   callers with a token;
+//!   callers with a token; [`caller`]: who asks and what for, as both judge it;
+//! - [`answer`]: an apiserver's answer and its `Status` of a failure;
 //! - [`load`]: what clients cost a store, counted at the store (the fake apiserver's
 //!   requests, a real etcd's own counters).
 
 pub mod access;
 pub mod admission;
+pub mod answer;
 pub mod apiserver;
+pub mod caller;
 pub mod fake_api;
 pub mod load;
 pub mod manifest;

@@ -19,21 +19,10 @@ use super::claims;
 use super::PREFIX;
 use crate::daemon::Daemon;
 use crate::plugin::{Net, Op};
-use crate::setup::Bins;
+use crate::setup::{Bins, Scale};
 
 /// Blocks per simulated node.
 pub const PER_NODE: usize = 8;
-
-/// How big the run is.
-#[derive(Clone, Copy, Debug)]
-pub struct Scale {
-    /// Blocks owned by other nodes.
-    pub owned: usize,
-    /// Nodes that resync once together.
-    pub resyncing: usize,
-    /// Claimers at 90 % fill.
-    pub claimers: usize,
-}
 
 pub struct ScaleReport {
     pub scale: Scale,
