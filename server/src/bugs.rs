@@ -186,6 +186,11 @@ pub enum Bug {
     /// (`--bump-revision`) without that claim, looked right, and the node handed out from the
     /// block the restore had lost (found by the simulation, session 32).
     WitnessJudgedWhenSent,
+    /// A node deleted a void pin (its block no longer standing as it was made in) that another
+    /// node held: deploy/'s admission policy refuses that on the Kubernetes API, and the
+    /// holder's pod may still use the address (found by the simulation holding the daemons
+    /// to deploy/'s policies, session 32).
+    VoidPinDeletedUnderOthers,
 }
 
 impl Bug {
@@ -234,6 +239,7 @@ impl Bug {
         Bug::WitnessUnnumbered,
         Bug::UnrecordedHolderUnknown,
         Bug::WitnessJudgedWhenSent,
+        Bug::VoidPinDeletedUnderOthers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -281,6 +287,7 @@ impl Bug {
             Bug::WitnessUnnumbered => "witness-unnumbered",
             Bug::UnrecordedHolderUnknown => "unrecorded-holder-unknown",
             Bug::WitnessJudgedWhenSent => "witness-judged-when-sent",
+            Bug::VoidPinDeletedUnderOthers => "void-pin-deleted-under-others",
         }
     }
 

@@ -282,6 +282,34 @@ impl Holds {
                 .call("pin_block", |s| async move { s.pin_block_stands(&p).await })
                 .await?;
             if !stands {
+                // Not this node's alone to delete while another holds it (deploy/'s admission
+                // policy refuses it, and the holder's pod may still use the address): its own
+                // hold taken back; the pin ends once its holders let go, and the pod is told.
+                let me = self.node.name();
+                let others: Vec<Holder> = written
+                    .pin
+                    .holders
+                    .iter()
+                    .filter(|h| h.node != me)
+                    .cloned()
+                    .collect();
+                let shared = !others.is_empty()
+                    && !crate::bugs::on(crate::bugs::Bug::VoidPinDeletedUnderOthers);
+                if shared {
+                    let mut back = written.pin.clone();
+                    back.holders.retain(|h| h.node != me);
+                    if let Some(w) = self.write(&written, &back).await? {
+                        self.node.pin_known(&w.pin);
+                    }
+                    let why = self.held_why(&back, &others).await?;
+                    return Err(Refused::Held {
+                        pool: written.pin.pool,
+                        why: format!(
+                            "the pin of {owner} is void (its block {} no longer stands as it was made in) and {why}: it ends once they let go, and the pod then gets a new address",
+                            written.pin.block
+                        ),
+                    });
+                }
                 let w = written.clone();
                 self.node
                     .call("delete_pin", |s| async move { s.delete_pin(&w).await })
@@ -396,6 +424,13 @@ impl Holds {
                 match void {
                     // Left from an earlier life of the block: deleted, so that the next ADD
                     // can pin the address.
+                    // Not while another node holds it (as where a takeover finds its pin void).
+                    true if theirs
+                        .pin
+                        .holders
+                        .iter()
+                        .any(|h| h.node != self.node.name())
+                        && !crate::bugs::on(crate::bugs::Bug::VoidPinDeletedUnderOthers) => {}
                     true => {
                         let t = theirs.clone();
                         let deleted = self
