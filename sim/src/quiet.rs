@@ -176,15 +176,14 @@ impl World {
             })
     }
 
-    /// A free block of a pool the network takes its addresses from, if one is free and the
-    /// pool gives blocks (Ready, enabled, its CIDRs not changing) to node `name` (its
-    /// nodeSelector admits it), of each family the network's ADDs ask for: one of them.
-    fn free_block(&self, name: &str) -> Option<ipnet::IpNet> {
+    /// The free blocks of the pools the network takes its addresses from that give blocks
+    /// (Ready, enabled, their CIDRs not changing) to node `name` (their nodeSelector admits
+    /// it).
+    fn free_blocks(&self, name: &str) -> Vec<ipnet::IpNet> {
         let blocks = self.shared.blocks();
         let mut names = vec![crate::POOL.to_string()];
         names.extend(self.setting.second_pool.clone());
-        let free: Vec<ipnet::IpNet> = self
-            .shared
+        self.shared
             .pools()
             .into_iter()
             .filter(|p| names.contains(&p.name) && p.gives_blocks())
@@ -192,8 +191,16 @@ impl World {
             .flat_map(|p| {
                 settled::free_blocks(&p.cidrs, (p.block_v4, p.block_v6), &blocks, &p.kept_out)
             })
-            .collect();
-        let v4 = free.iter().find(|b| b.addr().is_ipv4()).copied();
+            .collect()
+    }
+
+    /// A block free both `before` an ADD and after it was refused (another node's claim may
+    /// have taken the one free before), of each family the network's ADDs ask for: one of
+    /// them.
+    fn room(&self, before: &[ipnet::IpNet], name: &str) -> Option<ipnet::IpNet> {
+        let after = self.free_blocks(name);
+        let free: Vec<&ipnet::IpNet> = before.iter().filter(|b| after.contains(b)).collect();
+        let v4 = free.iter().find(|b| b.addr().is_ipv4()).map(|b| **b);
         let v6 = free.iter().any(|b| b.addr().is_ipv6());
         v4.filter(|_| v6 || !self.opts.dual_stack)
     }
@@ -207,7 +214,8 @@ impl World {
             if s.daemon.is_none() || s.twin_of.is_some() || s.renamed {
                 continue;
             }
-            let room = self.free_block(&self.slots[i].name.clone());
+            let name = self.slots[i].name.clone();
+            let before = self.free_blocks(&name);
             self.refused.clear();
             crate::nodes::add(self, i);
             let c = format!("c{}", self.next_container);
@@ -225,7 +233,8 @@ impl World {
                 self.drain()?;
             }
             if let Some((_, why)) = self.refused.iter().find(|(r, _)| *r == c) {
-                settled::add_refused(&self.slots[i].name, why, room.as_ref())?;
+                let room = self.room(&before, &name);
+                settled::add_refused(&name, why, room.as_ref())?;
             }
         }
         Ok(())
