@@ -14,7 +14,7 @@ use ipool_server::cluster::pool::PoolChange;
 use ipool_server::selector::NodeSelector;
 
 use crate::store::PoolNow;
-use crate::world::{OpDone, World};
+use crate::world::World;
 use crate::POOL;
 
 /// The label's name, and the selectors the operator sets (None: every node).
@@ -92,22 +92,9 @@ fn select(w: &mut World) {
         Some(s) => format!("pool set-node-selector {POOL} {s}"),
         None => format!("pool set-node-selector {POOL} (none)"),
     };
-    w.note(format!("operator: {what}"));
-    w.command(crate::world::Op {
-        forced: false,
-        release_of: None,
-        departed: false,
-    });
-    let (store, ops) = (w.operator_store_elsewhere(false), w.ops.clone());
-    tokio::spawn(async move {
-        let result = match store.await {
-            Err(e) => Err(e),
-            Ok(s) => s
-                .change_pool(POOL, &PoolChange::SetNodeSelector(sel))
-                .await
-                .map(|_| "set".to_string())
-                .map_err(|e| e.to_string()),
-        };
-        ops.lock().expect("ops").push(OpDone { what, result });
+    crate::operator::command(w, what, move |s| async move {
+        s.change_pool(POOL, &PoolChange::SetNodeSelector(sel))
+            .await
+            .map(|_| "set".to_string())
     });
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use ipool_server::cluster::datastore::Store;
 use ipool_server::cluster::etcd::client::{Call, Limiter};
+use ipool_server::cluster::model::ClusterError;
 use ipool_server::cluster::pool::{PoolChange, PoolSpec};
 
 use tokio::time::Instant;
@@ -225,6 +226,33 @@ pub(crate) fn finish_pool(w: &mut World, name: String, how: HalfDone) {
             format!("pool remove-cidr {name} {c} again (it is still marked on its way out)")
         }
     };
+    command(w, what, move |s| async move {
+        match how {
+            HalfDone::Delete => s.delete_pool(&name).await.map(|()| "deleted".to_string()),
+            HalfDone::Create => match s.get_pool(&name).await {
+                Ok(Some(p)) => s.create_pool(&p.spec).await.map(|()| "created".into()),
+                Ok(None) => Ok("gone meanwhile".into()),
+                Err(e) => Err(e),
+            },
+            HalfDone::AddCidr(c) => s
+                .change_pool(&name, &PoolChange::AddCidr(c))
+                .await
+                .map(|_| "grown".to_string()),
+            HalfDone::RemoveCidr(c) => s
+                .change_pool(&name, &PoolChange::RemoveCidr(c))
+                .await
+                .map(|_| "shrunk".to_string()),
+        }
+    });
+}
+
+/// An operator's command `what` (no release, nothing forced): noted, run through the
+/// operator's own store connection by `run`, and its outcome taken in when it ends.
+pub(crate) fn command<F, Fut>(w: &mut World, what: String, run: F)
+where
+    F: FnOnce(Store) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<String, ClusterError>> + Send + 'static,
+{
     w.note(format!("operator: {what}"));
     w.command(crate::world::Op {
         forced: false,
@@ -235,23 +263,7 @@ pub(crate) fn finish_pool(w: &mut World, name: String, how: HalfDone) {
     tokio::spawn(async move {
         let result = match store.await {
             Err(e) => Err(e),
-            Ok(s) => match how {
-                HalfDone::Delete => s.delete_pool(&name).await.map(|()| "deleted".to_string()),
-                HalfDone::Create => match s.get_pool(&name).await {
-                    Ok(Some(p)) => s.create_pool(&p.spec).await.map(|()| "created".into()),
-                    Ok(None) => Ok("gone meanwhile".into()),
-                    Err(e) => Err(e),
-                },
-                HalfDone::AddCidr(c) => s
-                    .change_pool(&name, &PoolChange::AddCidr(c))
-                    .await
-                    .map(|_| "grown".to_string()),
-                HalfDone::RemoveCidr(c) => s
-                    .change_pool(&name, &PoolChange::RemoveCidr(c))
-                    .await
-                    .map(|_| "shrunk".to_string()),
-            }
-            .map_err(|e| e.to_string()),
+            Ok(s) => run(s).await.map_err(|e| e.to_string()),
         };
         ops.lock().expect("ops").push(OpDone { what, result });
     });
