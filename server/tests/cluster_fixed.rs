@@ -429,6 +429,36 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
         }
     });
     assert_eq!(holders_of(&store, &x), vec!["n2".to_string()]);
+
+    c.daemons[0].spawn();
+    let args = c.pod(0, "plain-again", "p9", json!({}));
+    c.add(0, "plain-again", &args);
+    // n1 back. vm1's block made anew behind ipool's back (a forced release and a claim again):
+    // its pin is void. A migration back to n1 finds it so while n2 still holds it: n1 takes its own
+    // hold back and refuses the ADD, saying who holds it, rather than deleting what n2 holds
+    // (deploy/'s admission policy forbids that, and n2's pod may still use the address).
+    let block = ipnet::IpNet::new(b.parse().unwrap(), 28)
+        .unwrap()
+        .trunc()
+        .to_string();
+    store.remake_block("l2", &block);
+    api.put(
+        "virtualmachineinstancemigrations",
+        migration("vm1", "m2", "Scheduling"),
+    );
+    let back = c.pod(
+        0,
+        "virt-launcher-vm1-d",
+        "v4",
+        target_launcher("vm1", "vmi-vm1", "m2"),
+    );
+    let void = c.refused(0, "v4", &back, 11);
+    assert!(
+        void.stdout.contains("void") && void.stdout.contains("held by node"),
+        "{}",
+        void.stdout
+    );
+    assert_eq!(holders_of(&store, &b), vec!["n2".to_string()]);
 }
 
 #[test]

@@ -197,6 +197,44 @@ routes = [{{ dst = "0.0.0.0/0" }}]
         }
     }
 
+    /// Block `block` of pool `pool` deleted and made again for the same node behind ipool's
+    /// back (a forced release and a claim again, in short): the same owner, another identity
+    /// (the apiserver's uid, etcd's create revision), so that a pin made in it is void.
+    pub fn remake_block(&self, pool: &str, block: &str) {
+        match self {
+            Backend::Kube { api, .. } => {
+                let name = block.replace(['.', '/', ':'], "-");
+                let mut obj = api.get("ipblocks", "", &name).expect("the block's object");
+                assert!(api.delete("ipblocks", "", &name));
+                let uid = format!("{}-again", obj["metadata"]["uid"].as_str().unwrap_or("b"));
+                obj["metadata"]["uid"] = serde_json::json!(uid);
+                api.put_custom("ipblocks", obj);
+            }
+            Backend::Etcd(e) => {
+                use ipool_server::cluster::etcd::request::{get, op, txn};
+                let url = e.lock().unwrap().client_url.clone();
+                let net: ipnet::IpNet = block.parse().expect("a CIDR");
+                let part = ipool_server::cluster::etcd::block_key_part(&net);
+                let key = format!(
+                    "{}/blocks/{pool}/{part}",
+                    ipool_server::cluster::etcd::DEFAULT_PREFIX
+                );
+                super::etcd::with_store(&url, |s| async move {
+                    let now = s.client().range(get(key.clone())).await.expect("read");
+                    let value = now.kvs[0].value.clone();
+                    s.client()
+                        .txn(txn([], [op::delete(key.clone())], []))
+                        .await
+                        .expect("delete");
+                    s.client()
+                        .txn(txn([], [op::put(key, value, 0)], []))
+                        .await
+                        .expect("put again");
+                });
+            }
+        }
+    }
+
     /// Deletes pool `pool` behind ipool's back (its blocks stay): on the apiserver the
     /// IPPool object, on etcd its key.
     pub fn drop_pool(&self, pool: &str) {
