@@ -191,6 +191,12 @@ pub enum Bug {
     /// holder's pod may still use the address (found by the simulation holding the daemons
     /// to deploy/'s policies, session 32).
     VoidPinDeletedUnderOthers,
+    /// A node removed a stale entry of its index of blocks conditioned on the entry's revision
+    /// only: sent before an etcd restore, applied after it, it took the entry the node had
+    /// written again at the same revision for a block it claimed again, and the block stayed
+    /// the node's in no index, seen by no daemon and no release, for good (found by the
+    /// simulation's liveness rules, session 32).
+    IndexDroppedByRevision,
 }
 
 impl Bug {
@@ -240,6 +246,7 @@ impl Bug {
         Bug::UnrecordedHolderUnknown,
         Bug::WitnessJudgedWhenSent,
         Bug::VoidPinDeletedUnderOthers,
+        Bug::IndexDroppedByRevision,
     ];
 
     pub fn name(self) -> &'static str {
@@ -288,6 +295,7 @@ impl Bug {
             Bug::UnrecordedHolderUnknown => "unrecorded-holder-unknown",
             Bug::WitnessJudgedWhenSent => "witness-judged-when-sent",
             Bug::VoidPinDeletedUnderOthers => "void-pin-deleted-under-others",
+            Bug::IndexDroppedByRevision => "index-dropped-by-revision",
         }
     }
 

@@ -5,7 +5,8 @@
 //! Each node's blocks are indexed under `nodes/<node>/blocks/<pool>/<block>`, written and
 //! deleted in the same transactions as the block keys: a node's blocks are one range read of
 //! its own, whatever the pool's size ([`ClusterStore::node_blocks`]). Each index entry is
-//! checked against its block key when read; one that no longer matches is removed. The entry
+//! checked against its block key when read; one that no longer matches is removed, on the
+//! entry as read (its revision and the write id it holds). The entry
 //! holds the id of the write that last claimed or settled the block, and a give-back compares
 //! it as well as the key's revisions: revisions are not unique once etcd was restored from a
 //! backup (the revision goes back, and a later write of the key can land on a revision that an
@@ -78,8 +79,7 @@ impl ClusterStore {
                 Ok((p, b)) => listed.push((
                     p.to_string(),
                     b,
-                    e.key.clone(),
-                    e.mod_revision,
+                    (e.key.clone(), e.mod_revision, e.value.clone()),
                     parse_write(&e.value),
                 )),
                 Err(why) => out.malformed.push(MalformedKey {
@@ -93,12 +93,12 @@ impl ClusterStore {
         for chunk in listed.chunks(CHECKS_PER_TXN) {
             let gets = chunk
                 .iter()
-                .map(|(p, b, _, _, _)| op::get(self.block_key(p, b)));
+                .map(|(p, b, _, _)| op::get(self.block_key(p, b)));
             let r = self.client.txn(request::txn([], gets, [])).await?;
             let found: std::collections::HashMap<Vec<u8>, _> = request::txn_reads(&r)
                 .map(|kv| (kv.key.clone(), kv))
                 .collect();
-            for (p, b, index_key, index_rev, write) in chunk {
+            for (p, b, entry, write) in chunk {
                 let block_key = self.block_key(p, b);
                 match found.get(block_key.as_bytes()) {
                     Some(kv) => match serde_json::from_slice::<Owner>(&kv.value) {
@@ -112,26 +112,44 @@ impl ClusterStore {
                                 write: *write,
                             },
                         }),
-                        Ok(_) => stale.push((index_key.clone(), *index_rev)),
+                        Ok(_) => stale.push(entry.clone()),
                         Err(e) => out.malformed.push(MalformedKey {
                             why: format!("no owner in the value: {e}"),
                             key: block_key,
                             block: Some(*b),
                         }),
                     },
-                    None => stale.push((index_key.clone(), *index_rev)),
+                    None => stale.push(entry.clone()),
                 }
             }
         }
-        for (key, rev) in stale {
-            let txn = request::txn(
-                [cmp::mod_revision(key.clone(), cmp::Equal, rev)],
-                [op::delete(key)],
-                [],
-            );
-            self.client.txn(txn).await?;
+        for (key, rev, value) in stale {
+            self.drop_index_entry(key, rev, value).await?;
         }
         Ok(out)
+    }
+
+    /// Removes an index entry as it was read (its key, mod revision and value) because its
+    /// block is gone or another's; false when it changed since. The value names the write that
+    /// made the entry: its revision alone is not unique once etcd was restored from a backup,
+    /// and a removal sent before a restore, applied after it, would take an entry the node
+    /// wrote again at the same revision for a block it claimed again (found by the
+    /// simulation: the block stayed the node's, in no index, for good).
+    pub async fn drop_index_entry(
+        &self,
+        key: Vec<u8>,
+        revision: i64,
+        value: Vec<u8>,
+    ) -> Result<bool, ClusterError> {
+        let mut when = vec![cmp::mod_revision(key.clone(), cmp::Equal, revision)];
+        if !crate::bugs::on(crate::bugs::Bug::IndexDroppedByRevision) {
+            when.push(cmp::value(key.clone(), cmp::Equal, value));
+        }
+        let r = self
+            .client
+            .txn(request::txn(when, [op::delete(key)], []))
+            .await?;
+        Ok(r.succeeded)
     }
 
     /// Gives `b` back (and its owner's index entry), only if its key is still the write that
