@@ -197,6 +197,17 @@ pub enum Bug {
     /// the node's in no index, seen by no daemon and no release, for good (found by the
     /// simulation's liveness rules, session 32).
     IndexDroppedByRevision,
+    /// A node removed a stale entry of its index of blocks without checking that the block key
+    /// was still as it judged it (gone, or another's): an etcd restored meanwhile brought the
+    /// node's block back with the entry, the removal took the entry, and the block stayed the
+    /// node's in no index for good (found by the simulation's liveness rules, session 32).
+    IndexDroppedUnderItsBlock,
+    /// After a reset of the store, a node made again every pin it knew, also those it neither
+    /// hosted nor held (known from a subnet pool's listings): a pin of a pod gone with its
+    /// wiped node, made again in that node's block after the node, started afresh, had synced
+    /// it, and the block's owner handed the address to a pod while the pin's owner took it on
+    /// another node (found by the simulation, session 32).
+    OthersPinsReasserted,
 }
 
 impl Bug {
@@ -247,6 +258,8 @@ impl Bug {
         Bug::WitnessJudgedWhenSent,
         Bug::VoidPinDeletedUnderOthers,
         Bug::IndexDroppedByRevision,
+        Bug::IndexDroppedUnderItsBlock,
+        Bug::OthersPinsReasserted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -296,6 +309,8 @@ impl Bug {
             Bug::WitnessJudgedWhenSent => "witness-judged-when-sent",
             Bug::VoidPinDeletedUnderOthers => "void-pin-deleted-under-others",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",
+            Bug::IndexDroppedUnderItsBlock => "index-dropped-under-its-block",
+            Bug::OthersPinsReasserted => "others-pins-reasserted",
         }
     }
 

@@ -176,6 +176,7 @@ impl Datastore for ClusterStore {
 }
 
 mod blocks;
+pub use blocks::block_as_judged;
 pub mod client;
 mod leader;
 pub mod nodes;

@@ -32,6 +32,18 @@ const CHECKS_PER_TXN: usize = 100;
 /// The ids of block writes (a claim, or a settle): each unique to one write.
 static BLOCK_WRITES: super::numbers::Numbers = super::numbers::Numbers::new();
 
+/// The condition that a block key is as a removal of its index entry judged it: gone
+/// (`revision` 0), or another node's at `revision`.
+pub fn block_as_judged(
+    block_key: impl Into<Vec<u8>>,
+    revision: i64,
+) -> ipool_proto::etcd::etcdserverpb::Compare {
+    match revision {
+        0 => cmp::version(block_key, cmp::Equal, 0),
+        r => cmp::mod_revision(block_key, cmp::Equal, r),
+    }
+}
+
 /// The index entry's value for write `id`.
 fn write_mark(id: u64) -> String {
     format!("w{id:x}")
@@ -112,19 +124,23 @@ impl ClusterStore {
                                 write: *write,
                             },
                         }),
-                        Ok(_) => stale.push(entry.clone()),
+                        // Another's: removed while the block key is as read.
+                        Ok(_) => stale.push((entry.clone(), block_key.clone(), kv.mod_revision)),
                         Err(e) => out.malformed.push(MalformedKey {
                             why: format!("no owner in the value: {e}"),
                             key: block_key,
                             block: Some(*b),
                         }),
                     },
-                    None => stale.push(entry.clone()),
+                    // Gone: removed while it is still gone.
+                    None => stale.push((entry.clone(), block_key, 0)),
                 }
             }
         }
-        for (key, rev, value) in stale {
-            self.drop_index_entry(key, rev, value).await?;
+        for ((key, rev, value), block_key, block_rev) in stale {
+            let block = (!crate::bugs::on(crate::bugs::Bug::IndexDroppedUnderItsBlock))
+                .then(|| block_as_judged(block_key, block_rev));
+            self.drop_index_entry(key, rev, value, block).await?;
         }
         Ok(out)
     }
@@ -135,16 +151,21 @@ impl ClusterStore {
     /// and a removal sent before a restore, applied after it, would take an entry the node
     /// wrote again at the same revision for a block it claimed again (found by the
     /// simulation: the block stayed the node's, in no index, for good).
+    /// `block`: the block key as the removal judged it (gone, or another's at a revision),
+    /// checked too: an etcd restored meanwhile may have brought the node's block back with
+    /// the entry.
     pub async fn drop_index_entry(
         &self,
         key: Vec<u8>,
         revision: i64,
         value: Vec<u8>,
+        block: Option<ipool_proto::etcd::etcdserverpb::Compare>,
     ) -> Result<bool, ClusterError> {
         let mut when = vec![cmp::mod_revision(key.clone(), cmp::Equal, revision)];
         if !crate::bugs::on(crate::bugs::Bug::IndexDroppedByRevision) {
             when.push(cmp::value(key.clone(), cmp::Equal, value));
         }
+        when.extend(block);
         let r = self
             .client
             .txn(request::txn(when, [op::delete(key)], []))
