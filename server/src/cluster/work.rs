@@ -341,7 +341,8 @@ async fn sync(
         // that it lacks now, or lacks this node's holds in: made again, as they were, before
         // the blocks serve (a pin in a block of this node's claimed anew since, in it as it
         // stands).
-        for pin in node.pins_to_assert(pool) {
+        // Only those it hosts or holds (`ClusterNode::pins_to_assert_here`).
+        for pin in node.pins_to_assert_here(pool, &out.mine) {
             assert_pin(node, pin, &out.mine).await?;
         }
     }

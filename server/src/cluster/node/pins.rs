@@ -142,6 +142,27 @@ impl ClusterNode {
             .unwrap_or_default()
     }
 
+    /// The pins of `pool` to make again after a reset that this node hosts (their address in
+    /// one of `mine`, its blocks as listed) or holds. One known from a listing alone protects
+    /// nothing of this node's, and made again here it would race the hand-outs of the node
+    /// whose block it lies in, which knows nothing of it: known as listings say from now on.
+    pub fn pins_to_assert_here(
+        &self,
+        pool: &str,
+        mine: &[crate::cluster::model::Block],
+    ) -> Vec<Pin> {
+        let (ours, others): (Vec<Pin>, Vec<Pin>) =
+            self.pins_to_assert(pool).into_iter().partition(|pin| {
+                let hosted = !pin.set_aside && mine.iter().any(|b| b.block.contains(&pin.address));
+                let held = pin.holders.iter().any(|h| h.node == self.name());
+                hosted || held || crate::bugs::on(crate::bugs::Bug::OthersPinsReasserted)
+            });
+        for pin in &others {
+            self.pin_unasserted(pin);
+        }
+        ours
+    }
+
     /// A pin as this node is about to write it (created, held): known as written until a
     /// later word of this node's on it, whatever listings say meanwhile (the write may land
     /// after a listing read the store, or land though its answer was lost).
