@@ -86,8 +86,9 @@ pub const NOT_YET: &[Bug] = &[
     // within its budget; its kept run is replayed by every `cargo test`.
     Bug::WitnessUnnumbered,
     // Found by L3 at seed 32 000 001 708 of a search (an etcd restored from a backup older than
-    // the node), not by the hunt from 0 within its budget; its kept run is replayed by every
-    // `cargo test`.
+    // the node), not by the hunt from 0 within its budget. No kept run: the node that made the
+    // stranded pin again no longer makes again pins it neither hosts nor holds
+    // (`others-pins-reasserted`); the seed fails with both switches on.
     Bug::UnrecordedHolderUnknown,
     // Found at seed 20 328 of a search of the CronJob's seeds (an etcd restored with
     // `--bump-revision`), not by the hunt from 0 within its budget; its kept run is replayed
@@ -97,6 +98,16 @@ pub const NOT_YET: &[Bug] = &[
     // admission policies), not by the hunt from 0 within its budget; its kept run is replayed
     // by every `cargo test`.
     Bug::VoidPinDeletedUnderOthers,
+    // Found by L1 at seed 260 328 of a search of the CronJob's seeds (etcd restored twice from
+    // one backup, so that revisions repeat), not by the hunt from 0 within its budget. No kept
+    // run: the removal is conditioned on the block as judged too (`index-dropped-under-its-
+    // block`), which closes the same path; the seed fails with both switches on.
+    Bug::IndexDroppedByRevision,
+    // Found by L2 at seed 291 050 and by the checker at seed 34 000 006 924 of searches of
+    // session 32's final code (etcd restored more than once), not by the hunt from 0 within
+    // its budget; their kept runs are replayed by every `cargo test`.
+    Bug::IndexDroppedUnderItsBlock,
+    Bug::OthersPinsReasserted,
     // Found by the hunt from seed 0 at first (seeds 10 and 32), since session 31's changes
     // (the witness numbered, holds only under a held name, the wind-down deleting the pods of
     // gone owners) after 3 523 843 and 8 735 000 steps: more than `cargo test`'s share; their
