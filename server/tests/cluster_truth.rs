@@ -30,6 +30,28 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     assert!(ok.success());
 }
 
+/// A copy of etcd's data directory, taken while etcd is stopped (a backup); etcd runs again.
+fn back_up(etcd: &mut Etcd) -> tempfile::TempDir {
+    etcd.stop();
+    let backup = tempfile::tempdir().unwrap();
+    copy_dir(&etcd.dir.path().join("data"), backup.path());
+    etcd.spawn();
+    backup
+}
+
+/// etcd's data directory replaced by `backup` (etcd stopped).
+fn put_back(etcd: &Etcd, backup: &tempfile::TempDir) {
+    std::fs::remove_dir_all(etcd.dir.path().join("data")).unwrap();
+    copy_dir(&backup.path().join("data"), &etcd.dir.path().join("data"));
+}
+
+/// etcd restored from `backup`: stopped, its data put back, started again.
+fn restore(etcd: &mut Etcd, backup: &tempfile::TempDir) {
+    etcd.stop();
+    put_back(etcd, backup);
+    etcd.spawn();
+}
+
 /// etcd restored from a backup older than some of a node's claims: the node notices (the
 /// revision went back), hands nothing out before it synced again, and a block etcd no longer
 /// lists as its own (won by another node since) serves it nothing.
@@ -49,10 +71,7 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
     let conf = d.conf("1.0.0", "pods", "");
     assert!(add_within(10, "ADD", "r0", &conf).ok);
     // The backup.
-    etcd.stop();
-    let backup = tempfile::tempdir().unwrap();
-    copy_dir(&etcd.dir.path().join("data"), backup.path());
-    etcd.spawn();
+    let backup = back_up(&mut etcd);
     let before: Vec<IpNet> = etcd.owners().into_keys().collect();
     // Three more blocks claimed after it.
     for k in 1..40 {
@@ -66,10 +85,7 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
         .collect();
     assert!(newer.len() >= 2, "{before:?} {after:?}");
     // Restored: etcd knows nothing of the newer blocks, its revision is back where it was.
-    etcd.stop();
-    std::fs::remove_dir_all(etcd.dir.path().join("data")).unwrap();
-    copy_dir(&backup.path().join("data"), &etcd.dir.path().join("data"));
-    etcd.spawn();
+    restore(&mut etcd, &backup);
     // Another node wins, at once, one of the blocks etcd now says is free.
     let taken = newer[0];
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -141,10 +157,7 @@ fn a_give_back_from_before_a_restore_spares_a_later_write_on_the_same_revision()
         assert!(matches!(won, Claimed::Won(_)), "{won:?}");
     });
     // The backup.
-    etcd.stop();
-    let backup = tempfile::tempdir().unwrap();
-    copy_dir(&etcd.dir.path().join("data"), backup.path());
-    etcd.spawn();
+    let backup = back_up(&mut etcd);
     // The node settles the block; a give-back of that write is sent and held on its way.
     let held: Block = with_store(&url, |s| async move {
         let (s, b) = mine(s).await;
@@ -154,10 +167,7 @@ fn a_give_back_from_before_a_restore_spares_a_later_write_on_the_same_revision()
         Block { revision: at, ..b }
     });
     // Restored: etcd's revision is back where the backup had it.
-    etcd.stop();
-    std::fs::remove_dir_all(etcd.dir.path().join("data")).unwrap();
-    copy_dir(&backup.path().join("data"), &etcd.dir.path().join("data"));
-    etcd.spawn();
+    restore(&mut etcd, &backup);
     with_store(&url, |s| async move {
         // The node syncs and settles the block again: one write since the backup, as before,
         // so it lands on the revision the held give-back names.
@@ -202,10 +212,7 @@ fn a_stale_index_entry_removed_late_spares_the_entry_made_again_on_its_revision(
         ipool_server::cluster::etcd::DEFAULT_PREFIX
     );
     // The backup, before the claim.
-    etcd.stop();
-    let backup = tempfile::tempdir().unwrap();
-    copy_dir(&etcd.dir.path().join("data"), backup.path());
-    etcd.spawn();
+    let backup = back_up(&mut etcd);
     let claim_and_read = |url: String, prefix: String| {
         with_store(&url, |s| async move {
             let rev = s.get_pool("ix").await.unwrap().unwrap().revision;
@@ -224,10 +231,7 @@ fn a_stale_index_entry_removed_late_spares_the_entry_made_again_on_its_revision(
     let held = claim_and_read(url.clone(), prefix.clone());
     // Restored: the node claims the block again, one write since the backup as before, so
     // its entry lands on the revision the held removal names.
-    etcd.stop();
-    std::fs::remove_dir_all(etcd.dir.path().join("data")).unwrap();
-    copy_dir(&backup.path().join("data"), &etcd.dir.path().join("data"));
-    etcd.spawn();
+    restore(&mut etcd, &backup);
     let again = claim_and_read(url.clone(), prefix);
     assert_eq!(
         (&again.0, again.1),
@@ -276,10 +280,7 @@ fn a_stale_index_entry_removed_late_spares_the_entry_of_a_block_restored() {
         )
     });
     // The backup has the block and its entry.
-    etcd.stop();
-    let backup = tempfile::tempdir().unwrap();
-    copy_dir(&etcd.dir.path().join("data"), backup.path());
-    etcd.spawn();
+    let backup = back_up(&mut etcd);
     // The block key gone behind ipool's back: the entry is stale, and its removal, judged on
     // the block being gone, is held on its way.
     let key = block_key.clone();
@@ -290,10 +291,7 @@ fn a_stale_index_entry_removed_late_spares_the_entry_of_a_block_restored() {
             .unwrap();
     });
     // Restored: the block and its entry are back.
-    etcd.stop();
-    std::fs::remove_dir_all(etcd.dir.path().join("data")).unwrap();
-    copy_dir(&backup.path().join("data"), &etcd.dir.path().join("data"));
-    etcd.spawn();
+    restore(&mut etcd, &backup);
     with_store(&url, |s| async move {
         let judged = block_as_judged(block_key, 0);
         let dropped = s
@@ -465,10 +463,7 @@ fn pins_lost_by_a_restored_etcd_are_made_again_before_their_blocks_serve() {
     let plain = pod("n1", "plain", "p0", json!({}));
     add(&daemons[0], "p0", &plain);
     assert!(run(&daemons[0], "DEL", "p0", &plain).ok);
-    etcd.stop();
-    let backup = tempfile::tempdir().unwrap();
-    copy_dir(&etcd.dir.path().join("data"), backup.path());
-    etcd.spawn();
+    let backup = back_up(&mut etcd);
     // After it: web-0 pinned in n1's block, then moved to n2.
     let web0 = json!({"annotations": {"ipool.io/fixed": "true"},
         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s1", "controller": true}]});
@@ -481,8 +476,7 @@ fn pins_lost_by_a_restored_etcd_are_made_again_before_their_blocks_serve() {
     // hear it, other writes carry its revision past every one they have seen (as the other
     // nodes' would): only their witnesses show them the restore.
     etcd.stop();
-    std::fs::remove_dir_all(etcd.dir.path().join("data")).unwrap();
-    copy_dir(&backup.path().join("data"), &etcd.dir.path().join("data"));
+    put_back(&etcd, &backup);
     let signal = |sig: &str| {
         for d in &daemons {
             let pid = d.pid().to_string();
