@@ -208,6 +208,13 @@ pub enum Bug {
     /// it, and the block's owner handed the address to a pod while the pin's owner took it on
     /// another node (found by the simulation, session 32).
     OthersPinsReasserted,
+    /// On the Kubernetes API, release-node gave back the blocks its plan found unpinned, the
+    /// pins read before it had seen the node past its fence: a node whose Lease looked
+    /// lapsed by the apiserver's clock (stepped ahead) but which still served, cut off, pinned
+    /// an address in its block meanwhile, another node took the pin over for its owner's pod,
+    /// and the block went back under it (found by the simulation, session 32, seed
+    /// 35 000 007 899).
+    PinsReadBeforeFence,
 }
 
 impl Bug {
@@ -260,6 +267,7 @@ impl Bug {
         Bug::IndexDroppedByRevision,
         Bug::IndexDroppedUnderItsBlock,
         Bug::OthersPinsReasserted,
+        Bug::PinsReadBeforeFence,
     ];
 
     pub fn name(self) -> &'static str {
@@ -311,6 +319,7 @@ impl Bug {
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",
             Bug::IndexDroppedUnderItsBlock => "index-dropped-under-its-block",
             Bug::OthersPinsReasserted => "others-pins-reasserted",
+            Bug::PinsReadBeforeFence => "pins-read-before-fence",
         }
     }
 

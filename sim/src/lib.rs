@@ -108,6 +108,10 @@ pub const NOT_YET: &[Bug] = &[
     // its budget; their kept runs are replayed by every `cargo test`.
     Bug::IndexDroppedUnderItsBlock,
     Bug::OthersPinsReasserted,
+    // Found at seed 35 000 007 899 of session 32's last search (the apiserver's clock stepped
+    // an hour ahead just after a renewal, the node cut off), not by the hunt from 0 within its
+    // budget; its kept run is replayed by every `cargo test`.
+    Bug::PinsReadBeforeFence,
     // Found by the hunt from seed 0 at first (seeds 10 and 32), since session 31's changes
     // (the witness numbered, holds only under a held name, the wind-down deleting the pods of
     // gone owners) after 3 523 843 and 8 735 000 steps: more than `cargo test`'s share; their

@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::model::KeyRevision;
+use super::model::{Block, KeyRevision};
 
 /// Whose address a pin keeps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -257,6 +257,26 @@ pub fn verdict(pin: &Pin, node: &str, uid: &str, instance: Option<&str>) -> Verd
         }
         held => Verdict::HeldBy(held.to_vec()),
     }
+}
+
+/// Whether a pin of `pins` was made in block `b` (as listed): such a block is never given
+/// back, its pinned addresses kept there for their owners.
+pub fn keeps_block(pins: &[PinRead], b: &Block) -> bool {
+    pins.iter()
+        .any(|p| p.pin.pool == b.pool && p.pin.made_in(&b.block, &b.revision))
+}
+
+/// The pins `node` holds, each as read and as it is to be written without its hold (a
+/// release of the node ends them).
+pub fn holds_of(pins: &[PinRead], node: &str) -> Vec<(PinRead, Pin)> {
+    pins.iter()
+        .filter(|p| p.pin.holders.iter().any(|h| h.node == node))
+        .map(|read| {
+            let mut pin = read.pin.clone();
+            pin.holders.retain(|h| h.node != node);
+            (read.clone(), pin)
+        })
+        .collect()
 }
 
 /// `10.1.2.3` as an object name: `10-1-2-3`; `fd00::5`: every group in hex,

@@ -12,7 +12,7 @@
 
 use super::datastore::{Datastore, Release};
 use super::model::{Block, ClusterError, MalformedKey, NodeState};
-use super::pin::{Pin, PinRead};
+use super::pin::{holds_of, keeps_block, Pin, PinRead};
 
 /// What a release did.
 #[derive(Clone, Debug)]
@@ -96,20 +96,10 @@ pub async fn release_node_pinned(
     };
     // A block with a pin made in it stays: its pinned addresses are kept there for their
     // owners (and may be held on other nodes), and would be handed out by its next owner.
-    let (pinned, free): (Vec<Block>, Vec<Block>) = blocks.iter().cloned().partition(|b| {
-        pins.iter()
-            .any(|p| p.pin.pool == b.pool && p.pin.made_in(&b.block, &b.revision))
-    });
+    let (pinned, free): (Vec<Block>, Vec<Block>) =
+        blocks.iter().cloned().partition(|b| keeps_block(&pins, b));
     // Its holds on pins end with it: their owners' pods may take them elsewhere.
-    let holds: Vec<(PinRead, Pin)> = pins
-        .iter()
-        .filter(|p| p.pin.holders.iter().any(|h| h.node == node))
-        .map(|read| {
-            let mut pin = read.pin.clone();
-            pin.holders.retain(|h| h.node != node);
-            (read.clone(), pin)
-        })
-        .collect();
+    let holds = holds_of(&pins, node);
     if unrecorded && holds.is_empty() {
         return Err(gone());
     }

@@ -385,9 +385,19 @@ routes = [{{ dst = "0.0.0.0/0" }}]
     }
 }
 
-/// Runs `f` with a store client of `store`'s.
+/// Runs `f` with a store client of `store`'s, as ipoolctl.
 pub fn with_datastore<T, F: std::future::Future<Output = T>>(
     store: &Backend,
+    f: impl FnOnce(std::sync::Arc<dyn ipool_server::cluster::datastore::Datastore>) -> F,
+) -> T {
+    with_datastore_as(store, "ipoolctl", f)
+}
+
+/// Runs `f` with a store client of `store`'s whose writes the apiserver records as
+/// `manager`'s (`ipoold`: a daemon's, whose Lease renewals release-node measures).
+pub fn with_datastore_as<T, F: std::future::Future<Output = T>>(
+    store: &Backend,
+    manager: &str,
     f: impl FnOnce(std::sync::Arc<dyn ipool_server::cluster::datastore::Datastore>) -> F,
 ) -> T {
     match store {
@@ -409,7 +419,7 @@ pub fn with_datastore<T, F: std::future::Future<Output = T>>(
                     client,
                     "ipool-system",
                     None,
-                    "ipoolctl",
+                    manager,
                 )
                 .await
                 .expect("connect");

@@ -23,10 +23,9 @@ use tokio::time::Instant;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Preconditions};
 
 use super::{api_code, KubeStore, FIELD_MANAGER};
-use crate::cluster::datastore::{BlockStore, Freed, NameStore, PinStore, Release};
+use crate::cluster::datastore::{BlockStore, Freed, NameStore, Release};
 use crate::cluster::model::{
     Acquired, Alive, ClusterError, Heartbeat, Listing, NodeSeen, NodeState, Seen,
 };
@@ -413,123 +412,9 @@ impl NameStore for KubeStore {
         self.list_blocks(None, Some(node)).await
     }
 
-    /// Gives back the plan's blocks and ends the node's holds on pins. Unless forced, its
-    /// Lease is held by [`RELEASER`] meanwhile (taken only if it still is as
-    /// [`Self::node_state`] left it: not renewed since), so that a daemon that comes back
-    /// waits, then finds no block and no hold; then deleted, or, while the node keeps blocks
-    /// (a pin was made in them), released (no holder): a later release measures its absence
-    /// from the daemon's last write, as before.
+    /// See [`KubeStore::release`].
     async fn release_node(&self, node: &str, plan: &Release<'_>) -> Result<Freed, ClusterError> {
-        let (blocks, force) = (plan.blocks, plan.force);
-        let name = Self::lease_name(node);
-        self.token().await;
-        let mut lease = self.leases.get_opt(&name).await?;
-        let watch = !crate::bugs::on(crate::bugs::Bug::ReleaseByServerClocks);
-        if let (Some(l), false, true) = (&lease, force, watch) {
-            // The apiserver's clock said how long; its replicas' clocks may disagree. That the
-            // daemon is past its fence is seen here, by this process's own clock: the Lease
-            // left unchanged for its fence, a renewal's interval and a second.
-            let wait = annotation(l, FENCE) + annotation(l, RENEW).max(1) + 1;
-            tracing::info!(node, lease = %name, wait_secs = wait, "watching the node's Lease for a renewal before giving its blocks back");
-            tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
-            self.token().await;
-            let again = self.leases.get_opt(&name).await?;
-            let rv =
-                |l: &Option<Lease>| l.as_ref().and_then(|l| l.metadata.resource_version.clone());
-            if rv(&again) != rv(&lease) {
-                return Err(ClusterError::Refused(format!(
-                    "node {node:?} is alive or came back: its Lease changed within {wait} s"
-                )));
-            }
-            lease = again;
-        }
-        let held = match (&lease, force) {
-            // The old way: the blocks given back with nothing held.
-            (Some(_), false) if crate::bugs::on(crate::bugs::Bug::ReleaseUnconditioned) => None,
-            (Some(l), false) => {
-                // Still as node_state measured it: unrenewed for longer than its duration
-                // when ipoolctl last wrote it (by the apiserver's clock).
-                let lapsed = written_at(l, &self.field_manager)
-                    .zip(written_at(l, FIELD_MANAGER))
-                    .is_some_and(|(checked, renewed)| checked - renewed > duration_secs(l));
-                if holder(l).as_deref().is_some_and(|h| h != RELEASER) && !lapsed {
-                    return Err(ClusterError::Refused(format!(
-                        "node {node:?} is alive or came back: its Lease was renewed within its duration of the last check"
-                    )));
-                }
-                let me = Alive {
-                    instance: RELEASER.into(),
-                    ..Alive::default()
-                };
-                let ttl = u64::try_from(duration_secs(l).max(1)).unwrap_or(1);
-                let taken = self.held_by(Some(l), &name, &me, ttl, 0);
-                self.token().await;
-                match self.leases.replace(&name, &self.post(), &taken).await {
-                    Ok(t) => Some(t),
-                    Err(e) if api_code(&e) == Some(409) => {
-                        return Err(ClusterError::Refused(format!(
-                            "node {node:?} came back: its Lease changed while its blocks were about to be given back"
-                        )))
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            // No Lease here (never made, deleted, or in another namespace): nothing proves
-            // the node is away.
-            (None, false) if crate::bugs::on(crate::bugs::Bug::NoLeaseIsAbsence) => None,
-            (None, false) => {
-                return Err(ClusterError::Refused(format!(
-                    "node {node:?}: {}; its blocks stay (--force gives them back anyway)",
-                    self.no_lease(&name)
-                )))
-            }
-            (_, true) => None,
-        };
-        let mut freed = Freed::default();
-        for b in blocks {
-            if self.give_back(b).await? {
-                freed.blocks.push(b.clone());
-            }
-        }
-        // While the Lease is held here: a daemon back meanwhile has waited.
-        for (read, pin) in plan.holds {
-            if self.write_pin(read, pin).await?.is_some() {
-                freed.unheld.push(pin.clone());
-            }
-        }
-        let Some(t) = held else {
-            return Ok(freed);
-        };
-        self.token().await;
-        let keeps = (plan.keeps_blocks || freed.unheld.len() < plan.holds.len())
-            && !crate::bugs::on(crate::bugs::Bug::ReleasedLeaseDeleted);
-        let done = match keeps {
-            true => {
-                let mut released = t.clone();
-                if let Some(s) = released.spec.as_mut() {
-                    s.holder_identity = None;
-                }
-                self.leases
-                    .replace(&name, &self.post(), &released)
-                    .await
-                    .map(|_| ())
-            }
-            false => {
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: t.metadata.uid.clone(),
-                        resource_version: t.metadata.resource_version.clone(),
-                    }),
-                    ..DeleteParams::default()
-                };
-                self.leases.delete(&name, &params).await.map(|_| ())
-            }
-        };
-        match done {
-            Ok(()) => Ok(freed),
-            Err(e) if matches!(api_code(&e), Some(404 | 409)) => Ok(freed),
-            Err(e) => Err(e.into()),
-        }
+        self.release(node, plan).await
     }
 }
 
@@ -548,3 +433,4 @@ fn alive_of(l: &Lease) -> Alive {
 
 mod away;
 mod leader;
+mod release;
