@@ -184,6 +184,11 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
         "Group-commit flushes: sled flush plus fdatasync.",
         m.flush_seconds.clone(),
     );
+    r.register(
+        "ipool_host_local_allocations",
+        "host-local's allocations met when a network was first served: imported (its attachment now), unused (no live pod reported it), refused (see the log).",
+        m.host_local.clone(),
+    );
     if kubernetes {
         r.register(
             "ipool_apiserver_reachable",

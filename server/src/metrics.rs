@@ -251,6 +251,8 @@ pub struct Metrics {
     pub apiserver_reachable: Gauge,
     /// The pod GC's releases and quarantines, by action.
     pub pod_gc: Family<ActionLabels, Counter>,
+    /// host-local's allocations met when a network was first served, by what became of them.
+    pub host_local: Family<ActionLabels, Counter>,
     pub cluster: ClusterMetrics,
 }
 
@@ -264,6 +266,7 @@ impl Default for Metrics {
             flush_seconds: Histogram::new(exponential_buckets(10e-6, 2.0, 15)),
             apiserver_reachable: Gauge::default(),
             pod_gc: Family::default(),
+            host_local: Family::default(),
             cluster: ClusterMetrics::default(),
         }
     }
@@ -277,6 +280,16 @@ impl Metrics {
                 action: action.into(),
             })
             .inc_by(n as u64);
+    }
+
+    /// Counts one of host-local's allocations: `imported`, `unused` (no live pod reports it) or
+    /// `refused` (not in the network's ranges, say).
+    pub fn host_local(&self, action: &str) {
+        self.host_local
+            .get_or_create(&ActionLabels {
+                action: action.into(),
+            })
+            .inc();
     }
 
     /// Counts one CNI call; ADD also goes into the latency histogram.

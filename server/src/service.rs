@@ -17,6 +17,7 @@ use crate::store::AttachmentKey;
 mod access;
 mod cni;
 pub mod fixed;
+pub mod host_local;
 mod limits;
 mod ops;
 

@@ -30,6 +30,9 @@ pub struct IpamSection {
     /// With subnet addressing: addresses (or CIDRs) never handed out, one by one.
     #[serde(default)]
     pub exclude: Vec<String>,
+    /// host-local's `dataDir`: where ipoold finds the allocations host-local made for the
+    /// network, taken over when it first serves it (`service::host_local`).
+    pub data_dir: Option<String>,
 }
 
 impl IpamSection {

@@ -86,6 +86,11 @@ impl Ipam {
         v.into_iter().map(|r| r.to_record()).collect()
     }
 
+    /// Whether ipoold has network `name` (declared by a CNI config or its config file).
+    pub fn knows_network(&self, name: &str) -> bool {
+        self.lock().networks.contains_key(name)
+    }
+
     /// Every attachment (of `network`), in key order.
     pub fn attachments(&self, network: Option<&str>) -> Vec<AttachmentRecord> {
         self.find(&Filter {

@@ -21,6 +21,8 @@ pub struct CniService {
     pods: Option<Pods>,
     /// The pins of this node's pods (cluster mode): fixed addresses.
     holds: Option<Holds>,
+    /// host-local's allocations, taken over when a network is first served.
+    takeover: super::host_local::Takeover,
 }
 
 impl CniService {
@@ -35,6 +37,7 @@ impl CniService {
             own_uid,
             pods,
             holds,
+            takeover: Default::default(),
         }
     }
 
@@ -77,6 +80,9 @@ impl CniService {
         });
         let result = async {
             let ipam = IpamSection::parse(&r.ipam_json)?;
+            self.takeover
+                .network(&self.ipam, self.pods.as_ref(), &key.network, ipam.as_ref())
+                .await?;
             let mut requested = parse_ips(&r.requested_ips)?;
             // A pod's ADD (K8S_POD_NAME given) takes the pod's metadata from the apiserver;
             // any other (podman, `ctr run --cni`) is served as it comes.

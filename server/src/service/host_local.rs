@@ -1,0 +1,256 @@
+//! Taking over host-local's allocations in place (docs/configuration.md, "Switching from
+//! host-local"): when a CNI config declares a network ipoold does not know yet, the addresses
+//! host-local handed out for it (its `dataDir`, `/var/lib/cni/networks` unless the config says
+//! otherwise: one file per address, named by it, holding the container id and the interface)
+//! become ipoold's attachments before the ADD that declared it is served. The running pods keep
+//! their addresses, their DELs release them, and no new pod gets one. Once per network: a
+//! network ipoold knows is never taken over again (a restart imports nothing twice), and
+//! host-local's files are left as they are (going back to host-local stays possible).
+//!
+//! With `[kubernetes]`, an allocation is taken over for the pod on this node that reports its
+//! address (so the pod GC judges it as any other pod's attachment); one no live pod reports is
+//! left free: nothing uses it (a pod that comes to report it later is quarantined by the
+//! pods-as-truth rules, as any address the store did not hold).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use crate::config::IpamSection;
+use crate::error::Error;
+use crate::ipam::{AddRequest, Ipam};
+use crate::k8s::Pods;
+use crate::store::{AttachmentKey, Pod};
+
+/// host-local's `dataDir` when its config names none.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
+
+/// One container's interface as host-local recorded it: its addresses (one per range set).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub container_id: String,
+    pub ifname: String,
+    pub ips: Vec<IpAddr>,
+}
+
+/// host-local's allocations in `dir` (`<dataDir>/<network>`), by container and interface; none
+/// when the directory does not exist. Its own files (`lock`, `last_reserved_ip.<n>`) and any
+/// file not named by an address are passed over. A file written by a host-local older than
+/// v0.7 holds the container id alone: its interface is taken as `eth0`, the one kubelet names.
+pub fn read_allocations(dir: &Path) -> std::io::Result<Vec<Allocation>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut by_owner: BTreeMap<(String, String), Vec<IpAddr>> = BTreeMap::new();
+    for entry in entries {
+        let entry = entry?;
+        let Some(ip) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<IpAddr>().ok())
+        else {
+            continue;
+        };
+        if !entry.file_type()?.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path())?;
+        let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+        let Some(id) = lines.next() else {
+            tracing::warn!(file = %entry.path().display(), "host-local's file of an address names no container: not taken over");
+            continue;
+        };
+        let ifname = lines.next().unwrap_or("eth0");
+        by_owner
+            .entry((id.to_string(), ifname.to_string()))
+            .or_default()
+            .push(ip);
+    }
+    Ok(by_owner
+        .into_iter()
+        .map(|((container_id, ifname), mut ips)| {
+            // IPv4 first, as host-local's range sets usually come.
+            ips.sort_by_key(|ip| (ip.is_ipv6(), *ip));
+            Allocation {
+                container_id,
+                ifname,
+                ips,
+            }
+        })
+        .collect())
+}
+
+/// Where host-local kept the allocations of `network` declared by `section`.
+pub fn data_dir(section: &IpamSection, network: &str) -> PathBuf {
+    Path::new(section.data_dir.as_deref().unwrap_or(DEFAULT_DATA_DIR)).join(network)
+}
+
+/// Serialises take-overs: the first ADD of a network takes it over, those that come meanwhile
+/// wait and find the network known.
+#[derive(Debug, Default)]
+pub struct Takeover(tokio::sync::Mutex<()>);
+
+impl Takeover {
+    /// Takes over host-local's allocations of `network` if ipoold does not know the network
+    /// and `section` declares its ranges (see the module).
+    pub async fn network(
+        &self,
+        ipam: &Ipam,
+        pods: Option<&Pods>,
+        network: &str,
+        section: Option<&IpamSection>,
+    ) -> Result<(), Error> {
+        let Some(section) = section.filter(|s| s.cluster_pool.is_none()) else {
+            return Ok(());
+        };
+        if ipam.knows_network(network) || section.range_sets().is_empty() {
+            return Ok(());
+        }
+        let _one = self.0.lock().await;
+        if ipam.knows_network(network) {
+            return Ok(());
+        }
+        let dir = data_dir(section, network);
+        let found = read_allocations(&dir).map_err(|e| {
+            Error::InvalidConfig(format!(
+                "network {network:?}: host-local's allocations in {} cannot be read: {e} (ipoold takes them over when it first serves a network; mount host-local's dataDir into ipoold, or set ipam.dataDir to where they are)",
+                dir.display()
+            ))
+        })?;
+        if found.is_empty() {
+            return Ok(());
+        }
+        if let Some(p) = pods.filter(|p| !p.synced()) {
+            return Err(Error::Busy(format!(
+                "network {network:?}: waiting for the pods of node {:?} before taking over host-local's {} allocation(s) in {}",
+                p.node(),
+                found.len(),
+                dir.display()
+            )));
+        }
+        tracing::info!(network, dir = %dir.display(), allocations = found.len(), "taking over host-local's allocations of a network ipoold serves for the first time");
+        let metrics = ipam.metrics_handle();
+        for a in found {
+            let outcome = take_over(ipam, pods, network, section, &a).await;
+            let ips = a
+                .ips
+                .iter()
+                .map(IpAddr::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            match &outcome {
+                Ok(Some(pod)) => {
+                    tracing::info!(network, container = %a.container_id, ifname = %a.ifname, address = %ips, pod = %pod, "host-local's allocation taken over")
+                }
+                Ok(None) => {
+                    tracing::info!(network, container = %a.container_id, address = %ips, "host-local's allocation left free: no pod on this node reports its address")
+                }
+                Err(e) => {
+                    tracing::warn!(network, container = %a.container_id, address = %ips, error = %e, "host-local's allocation not taken over")
+                }
+            }
+            let action = match outcome {
+                Ok(Some(_)) => "imported",
+                Ok(None) => "unused",
+                Err(_) => "refused",
+            };
+            metrics.host_local(action);
+        }
+        Ok(())
+    }
+}
+
+/// Takes over one allocation: an ADD of its container's interface asking for its addresses.
+/// Ok(None): left free (no live pod reports it, with `[kubernetes]`); Ok(Some(pod)): taken
+/// over (for that pod, or "-" without `[kubernetes]`).
+async fn take_over(
+    ipam: &Ipam,
+    pods: Option<&Pods>,
+    network: &str,
+    section: &IpamSection,
+    a: &Allocation,
+) -> Result<Option<String>, Error> {
+    let (pod, k8s) = match pods {
+        None => (Pod::default(), None),
+        Some(pods) => {
+            let live = pods.all().into_iter().find(|p| {
+                crate::k8s::meta::pod_ips(p)
+                    .iter()
+                    .any(|ip| a.ips.contains(ip))
+            });
+            let Some(live) = live else {
+                return Ok(None);
+            };
+            let pod = Pod {
+                namespace: live.metadata.namespace.clone().unwrap_or_default(),
+                name: live.metadata.name.clone().unwrap_or_default(),
+                uid: live.metadata.uid.clone().unwrap_or_default(),
+            };
+            let info = pods.info_for(&pod).await?;
+            (pod, Some(info.meta))
+        }
+    };
+    let shown = match pod.name.is_empty() {
+        true => "-".to_string(),
+        false => format!("{}/{}", pod.namespace, pod.name),
+    };
+    ipam.add(AddRequest {
+        key: AttachmentKey {
+            network: network.to_string(),
+            container_id: a.container_id.clone(),
+            ifname: a.ifname.clone(),
+        },
+        pod,
+        netns: String::new(),
+        ipam: Some(section.clone()),
+        requested: a.ips.clone(),
+        k8s,
+        pools: None,
+        fixed: false,
+    })
+    .await?;
+    Ok(Some(shown))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_locals_files_are_read_by_container_and_interface() {
+        let d = tempfile::tempdir().unwrap();
+        let w = |name: &str, body: &str| std::fs::write(d.path().join(name), body).unwrap();
+        w("10.1.0.2", "abc\r\neth0");
+        w("fd00::2", "abc\r\neth0");
+        w("10.1.0.3", "abc\r\nnet1");
+        w("10.1.0.4", "old");
+        w("10.1.0.5", "");
+        w("lock", "");
+        w("last_reserved_ip.0", "10.1.0.4");
+        let got = read_allocations(d.path()).unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Allocation {
+                    container_id: "abc".into(),
+                    ifname: "eth0".into(),
+                    ips: vec![ip("10.1.0.2"), ip("fd00::2")],
+                },
+                Allocation {
+                    container_id: "abc".into(),
+                    ifname: "net1".into(),
+                    ips: vec![ip("10.1.0.3")],
+                },
+                Allocation {
+                    container_id: "old".into(),
+                    ifname: "eth0".into(),
+                    ips: vec![ip("10.1.0.4")],
+                },
+            ]
+        );
+        assert!(read_allocations(&d.path().join("none")).unwrap().is_empty());
+    }
+}
