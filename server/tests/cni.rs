@@ -261,41 +261,6 @@ fn host_local(cmd: &str, cid: &str, ipam: &Value, data_dir: &Path) -> Run {
     host_local_on("parity", cmd, cid, ipam, data_dir)
 }
 
-/// [`host_local`] on network `name`.
-fn host_local_on(name: &str, cmd: &str, cid: &str, ipam: &Value, data_dir: &Path) -> Run {
-    let mut ipam = ipam.clone();
-    ipam["type"] = json!("host-local");
-    ipam["dataDir"] = json!(data_dir);
-    let conf = json!({"cniVersion": "1.0.0", "name": name, "type": "bridge", "ipam": ipam});
-    let out = std::process::Command::new("/usr/lib/cni/host-local")
-        .env_clear()
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_NETNS", "/var/run/netns/x")
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin
-                .take()
-                .expect("stdin")
-                .write_all(conf.to_string().as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect("host-local");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    Run {
-        ok: out.status.success(),
-        json: serde_json::from_str(&stdout).unwrap_or(Value::Null),
-        stdout,
-        stderr: String::new(),
-        elapsed: std::time::Duration::ZERO,
-    }
-}
-
 #[test]
 #[ignore = "needs /usr/lib/cni/host-local (apt-get install containernetworking-plugins); CI runs it with --include-ignored"]
 fn same_address_sequence_as_host_local() {

@@ -91,7 +91,12 @@ fn holds(d: &Daemon, container: &str) -> bool {
 fn add_pod(container: &str, pod: (&str, &str, &str), conf: &str) -> Run {
     eventually(10, &format!("ADD {container}"), || {
         let r = pod_cni("ADD", container, pod, conf);
-        let waiting = ["not listed yet", "checking the addresses", "no ranges yet"];
+        let waiting = [
+            "not listed yet",
+            "checking the addresses",
+            "no ranges yet",
+            "waiting for the pods",
+        ];
         match r.ok {
             true => Ok(r),
             false if waiting.iter().any(|w| details(&r).contains(w)) => Err(r),
@@ -439,4 +444,69 @@ fn a_lost_store_with_ranges_from_the_node_hands_out_no_running_pods_address() {
     let b = add_pod("c-b", ("app", "b", "u-b"), &conf);
     assert_ne!(ip_of(&b), "10.246.10.2", "{b:?}");
     d.wait_log(&["quarantined", "10.246.10.2"]);
+}
+
+/// Switching from host-local with `[kubernetes]` (issue 56, item 1): each of host-local's
+/// allocations is taken over for the pod on the node that reports its address, and released by
+/// the pod GC once that pod is gone; one no pod reports is left free (nothing uses it).
+#[test]
+#[ignore = "needs /usr/lib/cni/host-local (apt-get install containernetworking-plugins); CI runs it with --include-ignored"]
+fn host_locals_allocations_are_taken_over_for_the_pods_that_report_them() {
+    require(
+        std::path::Path::new("/usr/lib/cni/host-local").exists(),
+        "needs /usr/lib/cni/host-local (apt-get install containernetworking-plugins)",
+    );
+    let data = tempfile::tempdir().expect("tempdir");
+    let range = json!({"subnet": "10.247.0.0/24"});
+    let mut ips = Vec::new();
+    for cid in ["c-run", "c-none", "c-later"] {
+        let r = host_local_on("moved", "ADD", cid, &range, data.path());
+        assert!(r.ok, "host-local ADD {cid}: {}", r.stdout);
+        ips.push(r.addresses()[0].split('/').next().unwrap().to_string());
+    }
+    let api = FakeApi::start();
+    api.put("nodes", json!({"metadata": {"name": "n1"}}));
+    api.put("pods", with_ips(pod("app", "run", "u-run"), &[&ips[0]]));
+    api.put("pods", with_ips(pod("app", "later", "u-later"), &[&ips[2]]));
+    api.put("pods", pod("app", "new", "u-new"));
+    let mut d = Daemon::prepare_with_config(&format!(
+        "[cni]\nadd_wait_ms = 300\n[kubernetes]\ngc_grace_secs = {GRACE_SECS}\ncri_socket = \"\"\n"
+    ));
+    let kubeconfig = api.kubeconfig(d.dir.path());
+    d.add_args(&["--kubeconfig", &kubeconfig.display().to_string()]);
+    d.add_args(&["--node-name", "n1"]);
+    d.spawn();
+    let mut ours = range.clone();
+    ours["type"] = json!("ipool");
+    ours["socket"] = json!(d.socket);
+    ours["dataDir"] = json!(data.path());
+    let conf =
+        json!({"cniVersion": "1.1.0", "name": "moved", "type": "bridge", "ipam": ours}).to_string();
+    let new = add_pod("c-new", ("app", "new", "u-new"), &conf);
+    let got = new.addresses()[0].split('/').next().unwrap().to_string();
+    assert!(got != ips[0] && got != ips[2], "{got}: a live pod's");
+    let by_container = |d: &Daemon| {
+        allocations(d)
+            .iter()
+            .map(|a| {
+                let c = a["containerID"].as_str().unwrap_or_default().to_string();
+                (c, a.to_string())
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let now = by_container(&d);
+    assert!(now["c-run"].contains("run"), "{now:?}");
+    assert!(now["c-later"].contains("later"), "{now:?}");
+    assert!(!now.contains_key("c-none"), "nobody reports it: {now:?}");
+    assert!(api.delete("pods", "app", "later"));
+    eventually(
+        20,
+        "c-later released once its pod is gone",
+        || match holds(&d, "c-later") {
+            false => Ok(()),
+            true => Err(()),
+        },
+    );
+    assert!(holds(&d, "c-run") && holds(&d, "c-new"));
+    d.wait_log(&["host-local's allocation left free"]);
 }

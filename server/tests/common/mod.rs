@@ -476,3 +476,40 @@ pub fn samples(body: &str) -> std::collections::HashMap<String, f64> {
         })
         .collect()
 }
+
+/// Runs Debian's host-local (/usr/lib/cni/host-local) on network `name` with `ipam` (its type
+/// and `dataDir` set here), for container `cid`'s eth0.
+pub fn host_local_on(name: &str, cmd: &str, cid: &str, ipam: &Value, data_dir: &Path) -> Run {
+    let mut ipam = ipam.clone();
+    ipam["type"] = serde_json::json!("host-local");
+    ipam["dataDir"] = serde_json::json!(data_dir);
+    let conf =
+        serde_json::json!({"cniVersion": "1.0.0", "name": name, "type": "bridge", "ipam": ipam});
+    let out = std::process::Command::new("/usr/lib/cni/host-local")
+        .env_clear()
+        .env("CNI_COMMAND", cmd)
+        .env("CNI_CONTAINERID", cid)
+        .env("CNI_NETNS", "/var/run/netns/x")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(conf.to_string().as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("host-local");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    Run {
+        ok: out.status.success(),
+        json: serde_json::from_str(&stdout).unwrap_or(Value::Null),
+        stdout,
+        stderr: String::new(),
+        elapsed: std::time::Duration::ZERO,
+    }
+}
