@@ -355,13 +355,22 @@ fn host_locals_allocations_are_taken_over_in_place() {
     let conf = json!({"cniVersion": "1.0.0", "name": "moving", "type": "bridge", "ipam": ours})
         .to_string();
     let taken: std::collections::BTreeSet<String> = old.values().flatten().cloned().collect();
-    for i in 0..200 {
-        let r = cni("ADD", &format!("new{i}"), &conf);
-        assert!(r.ok, "ADD new{i}: {}", r.stdout);
-        for a in r.addresses() {
-            assert!(!taken.contains(&a), "new{i} got {a}, host-local's");
+    // Eight runtimes' ADDs at once (as kubelet starts pods): those that come while the first
+    // takes host-local's allocations over wait for it to finish.
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (conf, taken) = (&conf, &taken);
+            s.spawn(move || {
+                for i in (t..200).step_by(8) {
+                    let r = cni("ADD", &format!("new{i}"), conf);
+                    assert!(r.ok, "ADD new{i}: {}", r.stdout);
+                    for a in r.addresses() {
+                        assert!(!taken.contains(&a), "new{i} got {a}, host-local's");
+                    }
+                }
+            });
         }
-    }
+    });
     let list = d.ctl(&["list", "--network", "moving"]);
     let listed = String::from_utf8_lossy(&list.stdout).into_owned();
     assert!(

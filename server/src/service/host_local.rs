@@ -15,12 +15,17 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
 
 use crate::config::IpamSection;
 use crate::error::Error;
 use crate::ipam::{AddRequest, Ipam};
 use crate::k8s::Pods;
 use crate::store::{AttachmentKey, Pod};
+
+/// Tries of an allocation whose take-over failed for a reason that passes, half a second apart.
+const RETRIES: usize = 60;
 
 /// host-local's `dataDir` when its config names none.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
@@ -88,9 +93,14 @@ pub fn data_dir(section: &IpamSection, network: &str) -> PathBuf {
 }
 
 /// Serialises take-overs: the first ADD of a network takes it over, those that come meanwhile
-/// wait and find the network known.
+/// wait and find the network known. The first take-over ADD declares the network; until the
+/// last allocation is taken over, an ADD that finds it known waits too (`running`), or it
+/// could be handed an address whose container is not taken over yet.
 #[derive(Debug, Default)]
-pub struct Takeover(tokio::sync::Mutex<()>);
+pub struct Takeover {
+    one: Arc<tokio::sync::Mutex<()>>,
+    running: Arc<AtomicBool>,
+}
 
 impl Takeover {
     /// Takes over host-local's allocations of `network` if ipoold does not know the network
@@ -105,60 +115,112 @@ impl Takeover {
         let Some(section) = section.filter(|s| s.cluster_pool.is_none()) else {
             return Ok(());
         };
-        if ipam.knows_network(network) || section.range_sets().is_empty() {
+        // Known, and no take-over under way (set before any network is declared by one): served.
+        if ipam.knows_network(network) && !self.running.load(SeqCst) {
             return Ok(());
         }
-        let _one = self.0.lock().await;
-        if ipam.knows_network(network) {
+        if section.range_sets().is_empty() {
             return Ok(());
         }
-        let dir = data_dir(section, network);
-        let found = read_allocations(&dir).map_err(|e| {
+        let (one, running) = (self.one.clone(), self.running.clone());
+        let (ipam, pods, network, section) = (
+            ipam.clone(),
+            pods.cloned(),
+            network.to_string(),
+            section.clone(),
+        );
+        // A task of its own: the ADD that started it may be given up (the plugin's deadline),
+        // the take-over must not be, or the network would be known with some of host-local's
+        // allocations not taken over.
+        let task = tokio::spawn(async move {
+            let _one = one.lock().await;
+            if ipam.knows_network(&network) {
+                return Ok(());
+            }
+            take_over_all(&ipam, pods.as_ref(), &network, &section, &running).await
+        });
+        task.await.map_err(|e| {
+            Error::Busy(format!(
+                "taking over host-local's allocations failed ({e}); the next ADD tries again"
+            ))
+        })?
+    }
+}
+
+/// Takes over host-local's allocations of `network`, under the take-over's lock.
+async fn take_over_all(
+    ipam: &Ipam,
+    pods: Option<&Pods>,
+    network: &str,
+    section: &IpamSection,
+    running: &AtomicBool,
+) -> Result<(), Error> {
+    let dir = data_dir(section, network);
+    let found = read_allocations(&dir).map_err(|e| {
             Error::InvalidConfig(format!(
                 "network {network:?}: host-local's allocations in {} cannot be read: {e} (ipoold takes them over when it first serves a network; mount host-local's dataDir into ipoold, or set ipam.dataDir to where they are)",
                 dir.display()
             ))
         })?;
-        if found.is_empty() {
-            return Ok(());
-        }
-        if let Some(p) = pods.filter(|p| !p.synced()) {
-            return Err(Error::Busy(format!(
+    if found.is_empty() {
+        return Ok(());
+    }
+    if let Some(p) = pods.filter(|p| !p.synced()) {
+        return Err(Error::Busy(format!(
                 "network {network:?}: waiting for the pods of node {:?} before taking over host-local's {} allocation(s) in {}",
                 p.node(),
                 found.len(),
                 dir.display()
             )));
-        }
-        tracing::info!(network, dir = %dir.display(), allocations = found.len(), "taking over host-local's allocations of a network ipoold serves for the first time");
-        let metrics = ipam.metrics_handle();
-        for a in found {
-            let outcome = take_over(ipam, pods, network, section, &a).await;
-            let ips = a
-                .ips
-                .iter()
-                .map(IpAddr::to_string)
-                .collect::<Vec<_>>()
-                .join(",");
-            match &outcome {
-                Ok(Some(pod)) => {
-                    tracing::info!(network, container = %a.container_id, ifname = %a.ifname, address = %ips, pod = %pod, "host-local's allocation taken over")
-                }
-                Ok(None) => {
-                    tracing::info!(network, container = %a.container_id, address = %ips, "host-local's allocation left free: no pod on this node reports its address")
-                }
-                Err(e) => {
-                    tracing::warn!(network, container = %a.container_id, address = %ips, error = %e, "host-local's allocation not taken over")
-                }
+    }
+    tracing::info!(network, dir = %dir.display(), allocations = found.len(), "taking over host-local's allocations of a network ipoold serves for the first time");
+    let metrics = ipam.metrics_handle();
+    running.store(true, SeqCst);
+    let _done = Finished(running);
+    for a in found {
+        // What would pass (the store, the apiserver, a gate still closing) is waited out: an
+        // allocation not taken over could go to a new pod while its container still runs.
+        let mut outcome = take_over(ipam, pods, network, section, &a).await;
+        for _ in 0..RETRIES {
+            if !matches!(outcome, Err(Error::Busy(_) | Error::Store(_))) {
+                break;
             }
-            let action = match outcome {
-                Ok(Some(_)) => "imported",
-                Ok(None) => "unused",
-                Err(_) => "refused",
-            };
-            metrics.host_local(action);
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            outcome = take_over(ipam, pods, network, section, &a).await;
         }
-        Ok(())
+        let ips = a
+            .ips
+            .iter()
+            .map(IpAddr::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        match &outcome {
+            Ok(Some(pod)) => {
+                tracing::info!(network, container = %a.container_id, ifname = %a.ifname, address = %ips, pod = %pod, "host-local's allocation taken over")
+            }
+            Ok(None) => {
+                tracing::info!(network, container = %a.container_id, address = %ips, "host-local's allocation left free: no pod on this node reports its address")
+            }
+            Err(e) => {
+                tracing::error!(network, container = %a.container_id, address = %ips, error = %e, "host-local's allocation not taken over: if its container still runs, keep its address out (ipoolctl reserve) until it is gone")
+            }
+        }
+        let action = match outcome {
+            Ok(Some(_)) => "imported",
+            Ok(None) => "unused",
+            Err(_) => "refused",
+        };
+        metrics.host_local(action);
+    }
+    Ok(())
+}
+
+/// Clears the take-over's mark however it ends (an ADD's future dropped with its caller).
+struct Finished<'a>(&'a AtomicBool);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, SeqCst);
     }
 }
 
