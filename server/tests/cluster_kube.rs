@@ -382,8 +382,13 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
             .await
             .unwrap();
         let b = b.block.expect("a block");
-        // A pod of n1's holds a pin in it.
-        let mut pin = held_pin(&b);
+        // A pod of n1's holds a pin made in n2's block (one made in n1's own would keep it).
+        let other = claim_next(&s, &Views::default(), &spec, rev, true, "n2")
+            .await
+            .unwrap()
+            .block
+            .expect("n2's block");
+        let mut pin = held_pin(&other);
         pin.holders[0].node = "n1".into();
         assert!(matches!(
             s.create_pin(&pin).await.unwrap(),
@@ -405,7 +410,7 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
     });
     assert_eq!(state.blocks.blocks.len(), 1);
     assert_eq!(blocks.block, state.blocks.blocks[0].block);
-    assert_eq!(api.objects("ipblocks").len(), 1, "kept while alive");
+    assert_eq!(api.objects("ipblocks").len(), 2, "kept while alive");
 
     // 100 s later by the apiserver's clock, with no renewal: away 100 s, gone.
     api.advance_clock(100);
@@ -444,7 +449,7 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
         assert_eq!((released.blocks.len(), released.unheld.len()), (1, 1));
         assert!(s.pins(None).await.unwrap()[0].pin.holders.is_empty());
     });
-    assert!(api.objects("ipblocks").is_empty());
+    assert_eq!(api.objects("ipblocks").len(), 1, "n2's, which the pin was made in");
     // The Lease is gone with the blocks: the daemon, back, renews nothing it had.
     assert!(api.get("leases", "ipool-system", "ipool-n1").is_none());
     with_kube(&api, "ipoold", |s| async move {
