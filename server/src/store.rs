@@ -17,7 +17,8 @@
 //! - `reservations`: network \0 namespace \0 pod name -> [`Reservation`] (JSON)
 //! - `meta`: `schema_version` (u32 big-endian), `store_id` (16 bytes, also in the log files'
 //!   headers), `boot_id` (the machine's boot ID at the last start, text), `clock` (the engine
-//!   clock's anchor, JSON), `drain\0<network>` (present while the network is drained; `*` =
+//!   clock's anchor, JSON), `host-local\0<network>` (host-local's allocations taken over),
+//!   `drain\0<network>` (present while the network is drained; `*` =
 //!   all), `wal_checkpoint` and `wal_epoch` (u64 big-endian: how far sled's trees are known
 //!   durable, and which log records may need replaying; see `sled_store`)
 //!
@@ -104,6 +105,9 @@ pub enum Change {
         network: String,
         drained: bool,
     },
+    /// host-local's allocations of a network were looked for and taken over (once per
+    /// network: `service::host_local`).
+    PutTakenOver(String),
 }
 
 /// Everything in a store, as loaded at start.
@@ -122,6 +126,8 @@ pub struct Snapshot {
     pub clock: Option<ClockAnchor>,
     /// Drained networks ("*": all).
     pub drained: Vec<String>,
+    /// Networks whose host-local allocations were taken over.
+    pub taken_over: Vec<String>,
 }
 
 #[derive(Clone, Debug, thiserror::Error)]

@@ -418,3 +418,58 @@ fn host_locals_allocations_are_taken_over_in_place() {
         "once each, the restart included: {log}"
     );
 }
+
+/// The same for a network of ipoold's config file (as deploy/ declares its network, the
+/// conflist naming no ranges): taken over at its first ADD, once, recorded in the store.
+#[test]
+#[ignore = "needs /usr/lib/cni/host-local (apt-get install containernetworking-plugins); CI runs it with --include-ignored"]
+fn host_locals_allocations_of_a_config_file_network_are_taken_over() {
+    require(
+        Path::new("/usr/lib/cni/host-local").exists(),
+        "needs /usr/lib/cni/host-local (apt-get install containernetworking-plugins)",
+    );
+    let data = tempfile::tempdir().expect("tempdir");
+    let range = json!({"subnet": "10.87.0.0/24"});
+    let old: Vec<String> = (0..10)
+        .map(|i| {
+            let r = host_local_on("cfgnet", "ADD", &format!("hl{i}"), &range, data.path());
+            assert!(r.ok, "host-local ADD hl{i}: {}", r.stdout);
+            r.addresses()[0].clone()
+        })
+        .collect();
+    let mut d = Daemon::with_config(
+        "[[network]]\nname = \"cfgnet\"\nranges = [[{ subnet = \"10.87.0.0/24\" }]]\n",
+    );
+    let ours = json!({"type": "ipool", "socket": d.socket, "dataDir": data.path()});
+    let conf = json!({"cniVersion": "1.0.0", "name": "cfgnet", "type": "bridge", "ipam": ours})
+        .to_string();
+    for i in 0..20 {
+        let r = cni("ADD", &format!("new{i}"), &conf);
+        assert!(r.ok, "ADD new{i}: {}", r.stdout);
+        assert!(
+            !old.contains(&r.addresses()[0]),
+            "new{i}: {:?}",
+            r.addresses()
+        );
+    }
+    // Their DELs come; restarted, ipoold takes nothing over again: every one is free.
+    for i in 0..10 {
+        assert!(cni("DEL", &format!("hl{i}"), &conf).ok);
+    }
+    d.terminate();
+    d.spawn();
+    let first = old[0].split('/').next().unwrap();
+    let again = cni_with_args(
+        "ADD",
+        "after",
+        &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME=after;IP={first}"),
+        &conf,
+    );
+    assert!(again.ok, "{first} is free: {}", again.stdout);
+    let log = d.log();
+    assert_eq!(
+        log.matches("host-local's allocation taken over").count(),
+        10,
+        "{log}"
+    );
+}

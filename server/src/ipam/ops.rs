@@ -91,6 +91,28 @@ impl Ipam {
         self.lock().networks.contains_key(name)
     }
 
+    /// Whether host-local's allocations of `network` are still to be looked for (not taken
+    /// over yet; a network an older ipoold served counts as taken over from its start).
+    pub fn host_local_due(&self, network: &str) -> bool {
+        !self.lock().taken_over.contains(network)
+    }
+
+    /// Records that host-local's allocations of `network` were taken over (never again).
+    pub async fn host_local_done(&self, network: &str) -> Result<(), Error> {
+        let seq = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            if st.taken_over.contains(network) {
+                return Ok(());
+            }
+            self.commit(st, &[Change::PutTakenOver(network.to_string())], |st| {
+                st.taken_over.insert(network.to_string());
+                Ok(())
+            })?
+        };
+        self.wait_durable(seq).await
+    }
+
     /// Every attachment (of `network`), in key order.
     pub fn attachments(&self, network: Option<&str>) -> Vec<AttachmentRecord> {
         self.find(&Filter {

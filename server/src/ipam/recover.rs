@@ -5,7 +5,7 @@
 //! every attachment of the old boot is released (sticky pods' addresses become reservations):
 //! their network namespaces died with the boot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{watch, Notify};
@@ -293,9 +293,22 @@ fn rebuild(
         attachments,
         reservations: BTreeMap::new(),
         drained: snap.drained.iter().cloned().collect(),
+        taken_over: snap.taken_over.iter().cloned().collect(),
         failed: None,
     };
     restore_attachments(&mut state)?;
+    // A network served by an ipoold from before host-local's take-over: what host-local left
+    // of it is history (its pods were served since), never to be taken over.
+    let served: BTreeSet<String> = state
+        .attachments
+        .iter()
+        .map(|a| a.network().to_string())
+        .filter(|n| !state.taken_over.contains(n))
+        .collect();
+    for network in served {
+        state.taken_over.insert(network.clone());
+        changes.push(Change::PutTakenOver(network));
+    }
     for r in snap.reservations {
         restore_reserved(&mut state.networks, &r)?;
         state.reservations.insert(r.key.clone(), r);

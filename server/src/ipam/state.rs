@@ -20,6 +20,8 @@ pub(super) struct State {
     pub(super) reservations: BTreeMap<ReservationKey, Reservation>,
     /// Networks that take no new ADDs ([`ALL_NETWORKS`]: every one).
     pub(super) drained: BTreeSet<String>,
+    /// Networks whose host-local allocations were taken over (`service::host_local`).
+    pub(super) taken_over: BTreeSet<String>,
     /// Set when the store failed: memory may hold changes that were not made durable, and no
     /// change is served until the state is rebuilt from the reopened store.
     pub(super) failed: Option<Failure>,

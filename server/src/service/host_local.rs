@@ -1,11 +1,13 @@
 //! Taking over host-local's allocations in place (docs/configuration.md, "Switching from
-//! host-local"): when a CNI config declares a network ipoold does not know yet, the addresses
-//! host-local handed out for it (its `dataDir`, `/var/lib/cni/networks` unless the config says
-//! otherwise: one file per address, named by it, holding the container id and the interface)
-//! become ipoold's attachments before the ADD that declared it is served. The running pods keep
-//! their addresses, their DELs release them, and no new pod gets one. Once per network: a
-//! network ipoold knows is never taken over again (a restart imports nothing twice), and
-//! host-local's files are left as they are (going back to host-local stays possible).
+//! host-local"): before the first ADD of a network is served (a network a CNI config declares,
+//! or one of ipoold's config file), the addresses host-local handed out for it (its `dataDir`,
+//! `/var/lib/cni/networks` unless the CNI config says otherwise: one file per address, named by
+//! it, holding the container id and the interface) become ipoold's attachments. The running
+//! pods keep their addresses, their DELs release them, and no new pod gets one. Once per
+//! network, recorded in the store (`Change::PutTakenOver`): a restart takes nothing over again,
+//! nor does ipoold for a network an older ipoold served (its pods were seen to since); one
+//! interrupted (the store, the apiserver) goes on at the next ADD, finding what it took as it
+//! left it. host-local's files are left as they are (going back to host-local stays possible).
 //!
 //! With `[kubernetes]`, an allocation is taken over for the pod on this node that reports its
 //! address (so the pod GC judges it as any other pod's attachment); one no live pod reports is
@@ -103,8 +105,7 @@ pub struct Takeover {
 }
 
 impl Takeover {
-    /// Takes over host-local's allocations of `network` if ipoold does not know the network
-    /// and `section` declares its ranges (see the module).
+    /// Takes over host-local's allocations of `network` unless that was done (see the module).
     pub async fn network(
         &self,
         ipam: &Ipam,
@@ -112,32 +113,34 @@ impl Takeover {
         network: &str,
         section: Option<&IpamSection>,
     ) -> Result<(), Error> {
-        let Some(section) = section.filter(|s| s.cluster_pool.is_none()) else {
-            return Ok(());
-        };
-        // Known, and no take-over under way (set before any network is declared by one): served.
-        if ipam.knows_network(network) && !self.running.load(SeqCst) {
+        // Done, and no take-over under way: served. (Read in this order: a take-over's first
+        // ADD makes the network known before it is done, with `running` set.)
+        if !ipam.host_local_due(network) && !self.running.load(SeqCst) {
             return Ok(());
         }
-        if section.range_sets().is_empty() {
+        let section = section.cloned().unwrap_or_default();
+        // A cluster pool's network: host-local never served it.
+        if section.cluster_pool.is_some() {
+            return ipam.host_local_done(network).await;
+        }
+        // Unknown, and declared by nothing: this ADD is refused as it is.
+        if !ipam.knows_network(network) && section.range_sets().is_empty() {
             return Ok(());
         }
         let (one, running) = (self.one.clone(), self.running.clone());
-        let (ipam, pods, network, section) = (
-            ipam.clone(),
-            pods.cloned(),
-            network.to_string(),
-            section.clone(),
-        );
+        let (ipam, pods, network) = (ipam.clone(), pods.cloned(), network.to_string());
         // A task of its own: the ADD that started it may be given up (the plugin's deadline),
-        // the take-over must not be, or the network would be known with some of host-local's
-        // allocations not taken over.
+        // the take-over must not be, or the network would be served with some of host-local's
+        // allocations not taken over yet.
         let task = tokio::spawn(async move {
             let _one = one.lock().await;
-            if ipam.knows_network(&network) {
+            if !ipam.host_local_due(&network) {
                 return Ok(());
             }
-            take_over_all(&ipam, pods.as_ref(), &network, &section, &running).await
+            running.store(true, SeqCst);
+            let _done = Finished(&running);
+            take_over_all(&ipam, pods.as_ref(), &network, &section).await?;
+            ipam.host_local_done(&network).await
         });
         task.await.map_err(|e| {
             Error::Busy(format!(
@@ -147,39 +150,38 @@ impl Takeover {
     }
 }
 
-/// Takes over host-local's allocations of `network`, under the take-over's lock.
+/// Takes over host-local's allocations of `network`, under the take-over's lock. An error:
+/// not done (the next ADD tries again; those taken over already are found as they are).
 async fn take_over_all(
     ipam: &Ipam,
     pods: Option<&Pods>,
     network: &str,
     section: &IpamSection,
-    running: &AtomicBool,
 ) -> Result<(), Error> {
     let dir = data_dir(section, network);
     let found = read_allocations(&dir).map_err(|e| {
-            Error::InvalidConfig(format!(
-                "network {network:?}: host-local's allocations in {} cannot be read: {e} (ipoold takes them over when it first serves a network; mount host-local's dataDir into ipoold, or set ipam.dataDir to where they are)",
-                dir.display()
-            ))
-        })?;
+        Error::InvalidConfig(format!(
+            "network {network:?}: host-local's allocations in {} cannot be read: {e} (ipoold takes them over when it first serves a network; mount host-local's dataDir into ipoold, or set ipam.dataDir to where they are)",
+            dir.display()
+        ))
+    })?;
     if found.is_empty() {
         return Ok(());
     }
     if let Some(p) = pods.filter(|p| !p.synced()) {
         return Err(Error::Busy(format!(
-                "network {network:?}: waiting for the pods of node {:?} before taking over host-local's {} allocation(s) in {}",
-                p.node(),
-                found.len(),
-                dir.display()
-            )));
+            "network {network:?}: waiting for the pods of node {:?} before taking over host-local's {} allocation(s) in {}",
+            p.node(),
+            found.len(),
+            dir.display()
+        )));
     }
     tracing::info!(network, dir = %dir.display(), allocations = found.len(), "taking over host-local's allocations of a network ipoold serves for the first time");
     let metrics = ipam.metrics_handle();
-    running.store(true, SeqCst);
-    let _done = Finished(running);
     for a in found {
-        // What would pass (the store, the apiserver, a gate still closing) is waited out: an
-        // allocation not taken over could go to a new pod while its container still runs.
+        // What would pass (the store, the apiserver, ranges still on their way) is waited out
+        // here, then left to the next ADD: an allocation not taken over could go to a new pod
+        // while its container still runs.
         let mut outcome = take_over(ipam, pods, network, section, &a).await;
         for _ in 0..RETRIES {
             if !matches!(outcome, Err(Error::Busy(_) | Error::Store(_))) {
@@ -200,6 +202,13 @@ async fn take_over_all(
             }
             Ok(None) => {
                 tracing::info!(network, container = %a.container_id, address = %ips, "host-local's allocation left free: no pod on this node reports its address")
+            }
+            Err(e @ (Error::Busy(_) | Error::Store(_))) => {
+                tracing::warn!(network, container = %a.container_id, address = %ips, error = %e, "host-local's allocation not taken over yet: the next ADD tries again");
+                return Err(Error::Busy(format!(
+                    "network {network:?}: taking over host-local's allocation of {ips} (container {}): {e}",
+                    a.container_id
+                )));
             }
             Err(e) => {
                 tracing::error!(network, container = %a.container_id, address = %ips, error = %e, "host-local's allocation not taken over: if its container still runs, keep its address out (ipoolctl reserve) until it is gone")

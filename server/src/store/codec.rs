@@ -36,6 +36,9 @@ pub(super) const BOOT_ID: &str = "boot_id";
 pub(super) const CLOCK: &str = "clock";
 /// In `meta`: `drain\0<network>` while the network is drained.
 pub(super) const DRAIN_PREFIX: &str = "drain\0";
+/// In `meta`: `host-local\0<network>` once host-local's allocations of the network were taken
+/// over.
+pub(super) const TAKEN_OVER_PREFIX: &str = "host-local\0";
 
 pub(super) fn ip_key(network: &str, ip: &IpAddr) -> Vec<u8> {
     format!("{network}\0{ip}").into_bytes()
@@ -102,6 +105,11 @@ pub(super) fn encode(changes: &[Change]) -> Result<Vec<Op>, String> {
                         Op::Del(META, k)
                     }
                 }
+                Change::PutTakenOver(network) => Op::Put(
+                    META,
+                    format!("{TAKEN_OVER_PREFIX}{network}").into_bytes(),
+                    b"1".to_vec(),
+                ),
             })
         })
         .collect()

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::applier::{self, Applier};
-use super::codec::{self, Op, BOOT_ID, CLOCK, DRAIN_PREFIX};
+use super::codec::{self, Op, BOOT_ID, CLOCK, DRAIN_PREFIX, TAKEN_OVER_PREFIX};
 use super::trees::Trees;
 use super::wal::{self, HEADER_LEN};
 use super::{AttachmentRecord, Change, NetworkDef, Reservation, Seq, Snapshot, StoreError};
@@ -347,6 +347,12 @@ pub(super) fn read_trees(
         let net =
             std::str::from_utf8(&k[DRAIN_PREFIX.len()..]).map_err(|e| corrupt("meta", &k, &e))?;
         snap.drained.push(net.to_string());
+    }
+    for kv in t.meta().scan_prefix(TAKEN_OVER_PREFIX) {
+        let (k, _) = kv.map_err(|e| t.io(e))?;
+        let net = std::str::from_utf8(&k[TAKEN_OVER_PREFIX.len()..])
+            .map_err(|e| corrupt("meta", &k, &e))?;
+        snap.taken_over.push(net.to_string());
     }
     Ok(snap)
 }

@@ -46,6 +46,7 @@ struct Tables {
     boot_id: Option<String>,
     clock: Option<ClockAnchor>,
     drained: BTreeSet<String>,
+    taken_over: BTreeSet<String>,
 }
 
 impl Tables {
@@ -112,6 +113,9 @@ impl Tables {
                     } else {
                         self.drained.remove(&network);
                     }
+                }
+                Change::PutTakenOver(network) => {
+                    self.taken_over.insert(network);
                 }
             }
         }
@@ -211,6 +215,7 @@ impl Store for MemStore {
             boot_id: t.boot_id.clone(),
             clock: t.clock.clone(),
             drained: t.drained.iter().cloned().collect(),
+            taken_over: t.taken_over.iter().cloned().collect(),
         })
     }
 

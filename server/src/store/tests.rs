@@ -79,6 +79,7 @@ pub(super) fn sample() -> Vec<Change> {
             network: "n".into(),
             drained: true,
         },
+        Change::PutTakenOver("n".into()),
     ]
 }
 
@@ -116,6 +117,7 @@ fn check_roundtrip(store: &dyn Store) {
     assert_eq!(snap.reservations, vec![reservation()]);
     assert_eq!(snap.boot_id.as_deref(), Some("b-1"));
     assert_eq!(snap.drained, vec!["n".to_string()]);
+    assert_eq!(snap.taken_over, vec!["n".to_string()]);
     // The streaming load hands out the same attachments and leaves them out of the snapshot.
     let mut streamed = Vec::new();
     let rest = store
@@ -155,6 +157,7 @@ fn check_roundtrip(store: &dyn Store) {
     assert!(snap.attachments.is_empty() && snap.idle.is_empty() && snap.cursors.is_empty());
     assert!(snap.reservations.is_empty() && snap.drained.is_empty());
     assert_eq!(snap.boot_id.as_deref(), Some("b-2"));
+    assert_eq!(snap.taken_over, vec!["n".to_string()], "for good");
 }
 
 #[test]

@@ -331,3 +331,23 @@ async fn a_fixed_pods_addresses_go_back_at_once() {
     let ipam = rig.reopen().expect("reopen");
     assert_eq!(counts(&ipam), vec![(0, 0, 0), (0, 0, 0)]);
 }
+
+/// A network an older ipoold served (attachments, and no record of host-local's take-over) is
+/// recorded as taken over when the store is opened: what host-local left of it is history,
+/// never taken over (the pods it addressed were served since). Others stay due.
+#[tokio::test]
+async fn a_network_an_older_ipoold_served_is_never_taken_over_from_host_local() {
+    let rig = Rig::new("");
+    rig.ipam.add(req("old", "c1", V4)).await.expect("add");
+    assert!(rig.ipam.host_local_due("old"), "no record yet");
+    assert!(rig.ipam.host_local_due("new"));
+    let ipam = rig.reopen().expect("reopen");
+    assert!(!ipam.host_local_due("old"));
+    assert!(ipam.host_local_due("new"));
+    ipam.del(&key("old", "c1")).await.expect("del");
+    drop(ipam);
+    let ipam = rig.reopen().expect("reopen");
+    assert!(!ipam.host_local_due("old"), "recorded in the store");
+    ipam.host_local_done("new").await.expect("done");
+    assert!(!rig.reopen().expect("reopen").host_local_due("new"));
+}
