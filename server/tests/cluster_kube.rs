@@ -449,7 +449,11 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
         assert_eq!((released.blocks.len(), released.unheld.len()), (1, 1));
         assert!(s.pins(None).await.unwrap()[0].pin.holders.is_empty());
     });
-    assert_eq!(api.objects("ipblocks").len(), 1, "n2's, which the pin was made in");
+    assert_eq!(
+        api.objects("ipblocks").len(),
+        1,
+        "n2's, which the pin was made in"
+    );
     // The Lease is gone with the blocks: the daemon, back, renews nothing it had.
     assert!(api.get("leases", "ipool-system", "ipool-n1").is_none());
     with_kube(&api, "ipoold", |s| async move {
