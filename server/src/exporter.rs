@@ -186,7 +186,7 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
     );
     r.register(
         "ipool_host_local_allocations",
-        "host-local's allocations met when a network was first served: imported (its attachment now), unused (no live pod reported it), refused (see the log).",
+        "host-local's allocations met when a network was first served: imported (its attachment now), unreported (taken over for no pod: none reported its address), stale (from before the node's last boot), refused (see the log).",
         m.host_local.clone(),
     );
     if kubernetes {

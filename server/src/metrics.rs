@@ -282,14 +282,14 @@ impl Metrics {
             .inc_by(n as u64);
     }
 
-    /// Counts one of host-local's allocations: `imported`, `unused` (no live pod reports it) or
-    /// `refused` (not in the network's ranges, say).
-    pub fn host_local(&self, action: &str) {
+    /// Counts `n` of host-local's allocations: `imported`, `unreported` (taken over for no pod:
+    /// none reports its address), `stale` (from before the node's last boot) or `refused`.
+    pub fn host_local(&self, action: &str, n: usize) {
         self.host_local
             .get_or_create(&ActionLabels {
                 action: action.into(),
             })
-            .inc();
+            .inc_by(n as u64);
     }
 
     /// Counts one CNI call; ADD also goes into the latency histogram.

@@ -300,6 +300,100 @@ fn a_pool_grows_and_retires_under_a_serving_node_on_etcd() {
     a_pool_grows_and_retires_under_a_serving_node(Backend::etcd());
 }
 
+/// A family added to a running cluster (issue 56, item 3): a single-stack pool gains an IPv6
+/// CIDR while its node serves; new pods get both families, the running ones keep the one they
+/// have (CHECK, a retried ADD, DEL), and so after a restart of the daemon.
+fn a_family_is_added_under_a_serving_node(store: Backend) {
+    store.create_pool(&[
+        "p",
+        "--cidr",
+        "10.76.0.0/27",
+        "--block-size",
+        "28",
+        "--block-size-v6",
+        "124",
+    ]);
+    let tuning = "heartbeat_ttl_secs = 6\nblock_hold_down_secs = 1\n";
+    let mut d = Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
+    d.spawn();
+    let conf = d.conf("1.0.0", "pods", "");
+    let old: Vec<Run> = (0..2)
+        .map(|i| add_within(20, "an IPv4 ADD", &format!("c{i}"), &conf))
+        .collect();
+    for r in &old {
+        assert_eq!(r.addresses().len(), 1, "{:?}", r.json);
+    }
+    ok(
+        &store.ctl(&["pool", "add-cidr", "p", "fd00:76::/120"]),
+        "add-cidr",
+    );
+    // Once the node has heard of it, an ADD gets an address of each family.
+    let mut n = 0;
+    let both = loop {
+        n += 1;
+        let r = add_within(20, "an ADD after the family came", &format!("n{n}"), &conf);
+        if r.addresses().len() == 2 {
+            break r;
+        }
+        assert!(
+            n < 100,
+            "no ADD got both families: {:?}\n{}",
+            r.json,
+            d.log()
+        );
+        assert!(cni("DEL", &format!("n{n}"), &conf).ok);
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        both.addresses()[0].starts_with("10.76.0."),
+        "{:?}",
+        both.json
+    );
+    assert!(
+        both.addresses()[1].starts_with("fd00:76::"),
+        "{:?}",
+        both.json
+    );
+    let kept = |d: &Daemon, i: usize| {
+        let check = cni("CHECK", &format!("c{i}"), &with_prev(&conf, &old[i].json));
+        assert!(
+            check.ok,
+            "c{i} keeps its one address: {:?}\n{}",
+            check.json,
+            d.log()
+        );
+        let again = cni("ADD", &format!("c{i}"), &conf);
+        assert_eq!(
+            again.addresses(),
+            old[i].addresses(),
+            "a retried ADD of c{i}"
+        );
+    };
+    kept(&d, 0);
+    kept(&d, 1);
+    assert!(cni("DEL", "c0", &conf).ok);
+    d.terminate();
+    d.spawn();
+    kept(&d, 1);
+    let after = add_within(20, "an ADD after the restart", "after", &conf);
+    assert_eq!(after.addresses().len(), 2, "{:?}", after.json);
+    // The node's blocks: one of each family at least.
+    let owners = store.owners();
+    assert!(owners.keys().any(|b| b.addr().is_ipv4()), "{owners:?}");
+    assert!(owners.keys().any(|b| b.addr().is_ipv6()), "{owners:?}");
+}
+
+#[test]
+fn a_family_is_added_under_a_serving_node_on_the_kubernetes_api() {
+    a_family_is_added_under_a_serving_node(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_family_is_added_under_a_serving_node_on_etcd() {
+    a_family_is_added_under_a_serving_node(Backend::etcd());
+}
+
 /// The block `ip` lies in, as the store lists it.
 fn block_of(store: &Backend, ip: &str) -> IpNet {
     let ip: std::net::IpAddr = ip.split('/').next().unwrap().parse().unwrap();

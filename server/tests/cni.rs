@@ -354,6 +354,10 @@ fn host_locals_allocations_are_taken_over_in_place() {
     ours["dataDir"] = json!(data.path());
     let conf = json!({"cniVersion": "1.0.0", "name": "moving", "type": "bridge", "ipam": ours})
         .to_string();
+    // The first call is a DEL of a container host-local addressed: it is taken over first, then
+    // released (not taken over after its DEL, and held for good).
+    assert!(cni("DEL", "hl9", &conf).ok);
+    old.remove("hl9");
     let taken: std::collections::BTreeSet<String> = old.values().flatten().cloned().collect();
     // Eight runtimes' ADDs at once (as kubelet starts pods): those that come while the first
     // takes host-local's allocations over wait for it to finish.
@@ -376,6 +380,16 @@ fn host_locals_allocations_are_taken_over_in_place() {
     assert!(
         listed.contains("hl7") && listed.contains("hl49"),
         "{listed}"
+    );
+    let held: Vec<String> = json(&d.ctl(&["-o", "json", "list", "--network", "moving"]))
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["containerID"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        !held.contains(&"hl9".to_string()),
+        "hl9's DEL came: {held:?}"
     );
     // The old container's DEL frees its addresses (the runtime's DEL now goes to ipool).
     assert!(cni("DEL", "hl7", &conf).ok);
@@ -415,7 +429,7 @@ fn host_locals_allocations_are_taken_over_in_place() {
     assert_eq!(
         log.matches("host-local's allocation taken over").count(),
         50,
-        "once each, the restart included: {log}"
+        "once each (hl9 too, before its DEL), the restart included: {log}"
     );
 }
 

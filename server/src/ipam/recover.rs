@@ -261,6 +261,24 @@ fn rebuild(
     now: Millis,
 ) -> Result<Rebuilt, Error> {
     let mut changes = Vec::new();
+    // The first open by an ipoold that takes host-local's allocations over (`*` not recorded):
+    // every network the store knows was served by an older one, and what host-local left of
+    // it is history. Once: a take-over stopped part-way later is gone on with, not marked.
+    let mut taken_over: BTreeSet<String> = snap.taken_over.iter().cloned().collect();
+    if !taken_over.contains(ALL_NETWORKS) {
+        let known = snap
+            .networks
+            .iter()
+            .map(|d| d.name.clone())
+            .chain(attachments.iter().map(|a| a.network().to_string()))
+            .chain([ALL_NETWORKS.to_string()])
+            .collect::<BTreeSet<_>>();
+        for network in known {
+            if taken_over.insert(network.clone()) {
+                changes.push(Change::PutTakenOver(network));
+            }
+        }
+    }
     let (defs, reset) = reconcile_defs(&snap, &attachments, config, &mut changes)?;
     let mut networks = BTreeMap::new();
     for (name, def) in defs {
@@ -293,22 +311,10 @@ fn rebuild(
         attachments,
         reservations: BTreeMap::new(),
         drained: snap.drained.iter().cloned().collect(),
-        taken_over: snap.taken_over.iter().cloned().collect(),
+        taken_over,
         failed: None,
     };
     restore_attachments(&mut state)?;
-    // A network served by an ipoold from before host-local's take-over: what host-local left
-    // of it is history (its pods were served since), never to be taken over.
-    let served: BTreeSet<String> = state
-        .attachments
-        .iter()
-        .map(|a| a.network().to_string())
-        .filter(|n| !state.taken_over.contains(n))
-        .collect();
-    for network in served {
-        state.taken_over.insert(network.clone());
-        changes.push(Change::PutTakenOver(network));
-    }
     for r in snap.reservations {
         restore_reserved(&mut state.networks, &r)?;
         state.reservations.insert(r.key.clone(), r);

@@ -178,8 +178,18 @@ impl CniService {
         req: Request<pb::DelRequest>,
     ) -> Result<Response<pb::DelResponse>, Status> {
         self.check_peer(&req)?;
-        let key = key_of(req.into_inner().key)?;
-        match super::fixed::del(&self.ipam, self.holds.as_ref(), &key).await {
+        let r = req.into_inner();
+        let key = key_of(r.key)?;
+        let result = async {
+            // A container host-local addressed: taken over first, so that its DEL finds it.
+            let ipam = IpamSection::parse(&r.ipam_json)?;
+            self.takeover
+                .network(&self.ipam, self.pods.as_ref(), &key.network, ipam.as_ref())
+                .await?;
+            super::fixed::del(&self.ipam, self.holds.as_ref(), &key).await
+        }
+        .await;
+        match result {
             Ok(released) => {
                 let ips: Vec<String> = released.iter().map(|i| i.to_string()).collect();
                 tracing::info!(op = "DEL", network = %key.network, container = %key.container_id, ifname = %key.ifname, address = %ips.join(","), outcome = if ips.is_empty() { "unknown key" } else { "released" });
