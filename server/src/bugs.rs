@@ -215,6 +215,13 @@ pub enum Bug {
     /// and the block went back under it (found by the simulation, session 32, seed
     /// 35 000 007 899).
     PinsReadBeforeFence,
+    /// A node read its witness in etcd only once a write of its process was known to have
+    /// landed: after a reset (which forgets them), two writes sent together, the first landing
+    /// before etcd was restored again (with `--bump-revision`) and the second on the restored
+    /// etcd, which put the witness unread; the node never saw the second restore, and served
+    /// from the block the first had claimed, which the restored etcd did not have (found by the
+    /// simulation's 30-minute search, session 33, seed 36 000 011 368).
+    WitnessUnreadAfterReset,
 }
 
 impl Bug {
@@ -268,6 +275,7 @@ impl Bug {
         Bug::IndexDroppedUnderItsBlock,
         Bug::OthersPinsReasserted,
         Bug::PinsReadBeforeFence,
+        Bug::WitnessUnreadAfterReset,
     ];
 
     pub fn name(self) -> &'static str {
@@ -320,6 +328,7 @@ impl Bug {
             Bug::IndexDroppedUnderItsBlock => "index-dropped-under-its-block",
             Bug::OthersPinsReasserted => "others-pins-reasserted",
             Bug::PinsReadBeforeFence => "pins-read-before-fence",
+            Bug::WitnessUnreadAfterReset => "witness-unread-after-reset",
         }
     }
 

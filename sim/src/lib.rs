@@ -112,6 +112,10 @@ pub const NOT_YET: &[Bug] = &[
     // an hour ahead just after a renewal, the node cut off), not by the hunt from 0 within its
     // budget; its kept run is replayed by every `cargo test`.
     Bug::PinsReadBeforeFence,
+    // Found at 1 652 s of session 33's 30-minute search (seed 36 000 011 368: etcd restored
+    // four times, the last with `--bump-revision`), not by the hunt from 0 within its budget;
+    // its kept run is replayed by every `cargo test`.
+    Bug::WitnessUnreadAfterReset,
     // Found by the hunt from seed 0 at first (seeds 10 and 32), since session 31's changes
     // (the witness numbered, holds only under a held name, the wind-down deleting the pods of
     // gone owners) after 3 523 843 and 8 735 000 steps: more than `cargo test`'s share; their
