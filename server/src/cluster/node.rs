@@ -353,6 +353,11 @@ impl ClusterNode {
     /// no source serves before it has synced in the new epoch.
     fn check_resets(&self, store: &Store) {
         let (resets, why) = store.resets();
+        self.resets_seen(resets, why);
+    }
+
+    /// The store's count of resets seen (and why the last), taken in.
+    fn resets_seen(&self, resets: u64, why: Option<String>) {
         let mut beat = self.beat.lock().expect("beat lock");
         if resets > beat.resets {
             beat.resets = resets;
@@ -563,6 +568,9 @@ impl ClusterNode {
         self.set_identity(identity);
     }
 }
+
+#[cfg(test)]
+mod tests;
 
 mod heartbeat;
 pub mod pins;
