@@ -222,6 +222,14 @@ pub enum Bug {
     /// from the block the first had claimed, which the restored etcd did not have (found by the
     /// simulation's 30-minute search, session 33, seed 36 000 011 368).
     WitnessUnreadAfterReset,
+    /// A write of this node's that landed while a request was on its way judged the answer
+    /// only where the answer's revision was past it: two claims sent together, the first
+    /// landed, etcd was restored from a backup taken just before it (its data copied, no
+    /// `--bump-revision`), and the second landed at the revision the restore reused; its
+    /// witness, read at the first's revision without it, looked right, and the node served
+    /// from the first claim's block, which etcd no longer had (found by the simulation's
+    /// search, session 33, seed 37 000 000 030).
+    WitnessJudgedPastOnly,
 }
 
 impl Bug {
@@ -276,6 +284,7 @@ impl Bug {
         Bug::OthersPinsReasserted,
         Bug::PinsReadBeforeFence,
         Bug::WitnessUnreadAfterReset,
+        Bug::WitnessJudgedPastOnly,
     ];
 
     pub fn name(self) -> &'static str {
@@ -329,6 +338,7 @@ impl Bug {
             Bug::OthersPinsReasserted => "others-pins-reasserted",
             Bug::PinsReadBeforeFence => "pins-read-before-fence",
             Bug::WitnessUnreadAfterReset => "witness-unread-after-reset",
+            Bug::WitnessJudgedPastOnly => "witness-judged-past-only",
         }
     }
 

@@ -116,6 +116,11 @@ pub const NOT_YET: &[Bug] = &[
     // four times, the last with `--bump-revision`), not by the hunt from 0 within its budget;
     // its kept run is replayed by every `cargo test`.
     Bug::WitnessUnreadAfterReset,
+    // Found at seed 37 000 000 030 of session 33's 10-minute search (two claims sent together,
+    // etcd restored between their landings from a backup taken just before the first, its data
+    // copied), not by the hunt from 0 within its budget; its kept run is replayed by every
+    // `cargo test`.
+    Bug::WitnessJudgedPastOnly,
     // Found by the hunt from seed 0 at first (seeds 10 and 32), since session 31's changes
     // (the witness numbered, holds only under a held name, the wind-down deleting the pods of
     // gone owners) after 3 523 843 and 8 735 000 steps: more than `cargo test`'s share; their
