@@ -20,6 +20,7 @@ use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::error::Refusal;
 use crate::model::NetworkDef;
 use crate::range::{OccupyError, Range, RangeAllocator};
 
@@ -61,6 +62,21 @@ pub enum Next {
     /// Nothing now, and the source cannot get more at the moment (say, its backend is
     /// unreachable). Says why.
     Unavailable(String),
+    /// Nothing now, for a reason an operator can act on (the pool disabled, the node fenced):
+    /// [`Next::Unavailable`], with the reason an ADD refused for it is recorded on the pod by.
+    Refused(Refusal, String),
+}
+
+impl Next {
+    /// Why nothing is handed out, and what an operator can act on in it: for
+    /// [`Next::Pending`], [`Next::Unavailable`] and [`Next::Refused`].
+    pub fn why_not(self) -> Option<(Option<Refusal>, String)> {
+        match self {
+            Next::Pending(why) | Next::Unavailable(why) => Some((None, why)),
+            Next::Refused(r, why) => Some((Some(r), why)),
+            Next::Ready(_) | Next::Exhausted => None,
+        }
+    }
 }
 
 /// Work a source needs done outside the engine's lock (claiming a block, say). Its output is
@@ -137,7 +153,8 @@ pub trait Source: Send {
     }
     /// Why nothing may be handed out now, not even an address the source handed out before
     /// (an idle one): a claiming source not yet sure its blocks are still its own, or one
-    /// whose node is fenced. The answer is [`Next::Pending`] or [`Next::Unavailable`]. None:
+    /// whose node is fenced. The answer is [`Next::Pending`], [`Next::Unavailable`] or
+    /// [`Next::Refused`]. None:
     /// the pool serves as usual.
     fn held_back(&self) -> Option<Next> {
         None

@@ -64,6 +64,8 @@ struct Beat {
 pub struct NotServing {
     pub why: String,
     pub pending: bool,
+    /// The node is fenced (it has not renewed its heartbeat within its fence).
+    pub fenced: bool,
 }
 
 pub struct ClusterNode {
@@ -408,7 +410,13 @@ impl ClusterNode {
         let beat = self.beat.lock().expect("beat lock");
         let name = &self.name;
         let store = self.store_name();
-        let not = |why: String, pending: bool| Err(NotServing { why, pending });
+        let not = |why: String, pending: bool| {
+            Err(NotServing {
+                why,
+                pending,
+                fenced: false,
+            })
+        };
         match &beat.identity {
             Identity::Starting(None) => not(
                 format!("registering node name {name:?} in {store} (its heartbeat)"),
@@ -437,13 +445,14 @@ impl ClusterNode {
                 Some(t) if t.elapsed() <= self.fence() => Ok(beat.epoch),
                 // The old way: no fence.
                 Some(_) if crate::bugs::on(crate::bugs::Bug::NoFence) => Ok(beat.epoch),
-                _ => not(
-                    format!(
+                _ => Err(NotServing {
+                    why: format!(
                         "fenced: node {name:?} could not renew its heartbeat in {store} for {} s or more (fence_secs); existing pods keep their addresses, new ones wait until it has renewed and synced its blocks again",
                         self.fence().as_secs()
                     ),
-                    false,
-                ),
+                    pending: false,
+                    fenced: true,
+                }),
             },
         }
     }

@@ -40,13 +40,14 @@ use tokio::time::Instant;
 
 use super::heard::Cursor;
 use super::model::KeyRevision;
-use super::node::ClusterNode;
+use super::node::{ClusterNode, NotServing};
 use super::work::{Done, Work};
 
 mod block;
 mod land;
 mod pinned;
 mod reserved;
+use crate::error::Refusal;
 use crate::metrics::BlockStateLabels;
 use crate::model::SubnetMode;
 use crate::range::{Family, OccupyError, Range};
@@ -185,6 +186,9 @@ impl ClusterSource {
         let epoch = match self.node.serving() {
             Ok(e) => e,
             Err(n) if n.pending => return Some(Next::Pending(n.why)),
+            Err(NotServing {
+                why, fenced: true, ..
+            }) => return Some(Next::Refused(Refusal::NodeFenced, why)),
             Err(n) => return Some(Next::Unavailable(n.why)),
         };
         let pool = &self.pool;
@@ -621,8 +625,8 @@ impl Source for ClusterSource {
         }
         // Nothing new from a disabled pool, nor one this node may not use (the background
         // loop fetches nothing into idle then, and its blocks empty).
-        if let Some(why) = self.node.pool_stopped(&self.pool) {
-            return Next::Unavailable(why);
+        if let Some((refusal, why)) = self.node.pool_stopped_for(&self.pool) {
+            return Next::Refused(refusal, why);
         }
         let reserved = self.kept_out();
         if let Some(ip) = self
@@ -862,7 +866,10 @@ impl Source for ClusterSource {
     }
     fn held_back(&self) -> Option<Next> {
         self.not_serving()
-            .or_else(|| self.disabled().map(Next::Unavailable))
+            .or_else(|| {
+                self.disabled()
+                    .map(|why| Next::Refused(Refusal::PoolDisabled, why))
+            })
             .or_else(|| self.node.pool_awaits_labels(&self.pool).map(Next::Pending))
     }
     fn pool_name(&self) -> Option<&str> {

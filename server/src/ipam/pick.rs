@@ -9,7 +9,7 @@ use super::attachments::Attachments;
 use super::range_set::{ClaimError, Pick, PickError};
 use super::state::Network;
 use super::{Claiming, Pending, Step};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::model::{AttachmentKey, Millis, PoolChoice, Reservation, ReservationKey};
 
 /// Picks the addresses of `key`: a requested address where one is given, else the
@@ -198,10 +198,13 @@ fn pick_in_group(
     if failed.is_empty() {
         // Every pool of the group refuses this node.
         let from = choice.map(|c| format!(" ({})", c.from)).unwrap_or_default();
-        return Err(Error::InvalidConfig(format!(
-            "this node may use none of the cluster pools it could take an address from{from}: {}",
-            refused.join("; ")
-        )));
+        return Err(Error::Refused {
+            refusal: Refusal::NoPoolForNode,
+            message: format!(
+                "this node may use none of the cluster pools it could take an address from{from}: {}",
+                refused.join("; ")
+            ),
+        });
     }
     let mut first = failed.remove(0);
     if !failed.is_empty() || !refused.is_empty() {
@@ -212,7 +215,9 @@ fn pick_in_group(
             .collect();
         let more = format!("; the network's next pools: {}", rest.join("; "));
         match &mut first {
-            Error::Busy(m) | Error::Exhausted(m) => m.push_str(&more),
+            Error::Busy(m) | Error::Exhausted(m) | Error::Refused { message: m, .. } => {
+                m.push_str(&more)
+            }
             _ => {}
         }
     }
@@ -223,7 +228,7 @@ fn pick_in_group(
 fn pick_error(net: &mut Network, set: usize, network: &str, e: PickError, now: Millis) -> Error {
     let p = &mut net.pools[set];
     match e {
-        PickError::Unavailable(why) => {
+        PickError::Unavailable(refusal, why) => {
             let msg = format!(
                 "{} has no address now: {why}; {} idle, {} reserved for sticky pods",
                 p.describe(network),
@@ -231,7 +236,13 @@ fn pick_error(net: &mut Network, set: usize, network: &str, e: PickError, now: M
                 p.pool.reserved()
             );
             p.last_error = Some((now, msg.clone()));
-            Error::Busy(msg)
+            match refusal {
+                Some(refusal) => Error::Refused {
+                    refusal,
+                    message: msg,
+                },
+                None => Error::Busy(msg),
+            }
         }
         PickError::Pool(e) => {
             let mut msg = format!(
@@ -246,7 +257,10 @@ fn pick_error(net: &mut Network, set: usize, network: &str, e: PickError, now: M
                 msg.push_str(&detail);
             }
             p.last_error = Some((now, msg.clone()));
-            Error::Exhausted(msg)
+            Error::Refused {
+                refusal: Refusal::PoolExhausted,
+                message: msg,
+            }
         }
     }
 }
@@ -316,9 +330,15 @@ fn claim_error(
         ClaimError::NotHandedOut(why) => Error::InvalidConfig(format!(
             "requested address {ip}: {why} (network, broadcast and gateway addresses are never handed out)"
         )),
-        ClaimError::Unavailable(why) => Error::Busy(format!(
-            "requested address {ip} of network {network:?} cannot be handed out now: {why}"
-        )),
+        ClaimError::Unavailable(refusal, why) => {
+            let message = format!(
+                "requested address {ip} of network {network:?} cannot be handed out now: {why}"
+            );
+            match refusal {
+                Some(refusal) => Error::Refused { refusal, message },
+                None => Error::Busy(message),
+            }
+        }
         ClaimError::Pool(e) => Error::Exhausted(format!(
             "requested address {ip} of network {network:?}: {e}"
         )),

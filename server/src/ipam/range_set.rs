@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 
 use super::{Lease, Pending, Step};
+use crate::error::Refusal;
 use crate::model::{Millis, Tuning};
 use crate::pool::{Plan, Pool, PoolConfig, PoolError, Since, TokenBucket};
 use crate::range::Family;
@@ -70,8 +71,9 @@ enum Hold {
 pub(super) enum PickError {
     /// Nothing idle, and the source has nothing left.
     Pool(PoolError),
-    /// Nothing idle, and the source cannot get more now: why.
-    Unavailable(String),
+    /// Nothing idle, and the source cannot get more now: why (and what an operator can act
+    /// on in it).
+    Unavailable(Option<Refusal>, String),
 }
 
 impl std::convert::From<PoolError> for PickError {
@@ -88,8 +90,9 @@ pub(super) enum ClaimError {
     /// Reserved for a pod identity.
     Reserved,
     NotHandedOut(String),
-    /// The source hands nothing out from where the address is, now: why.
-    Unavailable(String),
+    /// The source hands nothing out from where the address is, now: why (and what an
+    /// operator can act on in it).
+    Unavailable(Option<Refusal>, String),
     Pool(PoolError),
 }
 
@@ -139,10 +142,12 @@ impl RangeSetPool {
         };
         match self.source.held_back() {
             Some(Next::Pending(why)) if may_wait => return Ok(Step::Pending(Pending::new(why))),
-            Some(Next::Pending(why) | Next::Unavailable(why)) => {
-                return Err(PickError::Unavailable(why))
+            Some(n) => {
+                if let Some((refusal, why)) = n.why_not() {
+                    return Err(PickError::Unavailable(refusal, why));
+                }
             }
-            _ => {}
+            None => {}
         }
         let next = self.source.next();
         let source = &self.source;
@@ -158,8 +163,11 @@ impl RangeSetPool {
             Next::Ready(ip) if self.pool.holds(ip) => {
                 self.source_errors += 1;
                 tracing::error!(%ip, ranges = %self.source.describe(), "the source offered an address this pool holds: refused (a bug)");
-                Some(format!(
-                    "internal: its source offered {ip}, which is held here already; nothing was handed out"
+                Some((
+                    None,
+                    format!(
+                        "internal: its source offered {ip}, which is held here already; nothing was handed out"
+                    ),
                 ))
             }
             Next::Ready(ip) => match self.bucket.try_take(now) {
@@ -176,17 +184,24 @@ impl RangeSetPool {
                     if may_wait {
                         return Ok(Step::Wait(wait));
                     }
-                    Some(format!(
-                        "its source is rate-limited (source_rate {}/s, source_burst {}): the next call is allowed in {wait} ms",
-                        self.bucket.rate(),
-                        self.bucket.burst()
+                    Some((
+                        None,
+                        format!(
+                            "its source is rate-limited (source_rate {}/s, source_burst {}): the next call is allowed in {wait} ms",
+                            self.bucket.rate(),
+                            self.bucket.burst()
+                        ),
                     ))
                 }
             },
             Next::Pending(why) if may_wait => return Ok(Step::Pending(Pending::new(why))),
             Next::Pending(why) | Next::Unavailable(why) => {
                 self.source_errors += 1;
-                Some(why)
+                Some((None, why))
+            }
+            Next::Refused(refusal, why) => {
+                self.source_errors += 1;
+                Some((Some(refusal), why))
             }
             Next::Exhausted => None,
         };
@@ -198,7 +213,7 @@ impl RangeSetPool {
             why,
         ) {
             (Ok(ip), _) => Ok(Step::Done(idle(ip))),
-            (Err(_), Some(why)) => Err(PickError::Unavailable(why)),
+            (Err(_), Some((refusal, why))) => Err(PickError::Unavailable(refusal, why)),
             (Err(e), None) => Err(PickError::Pool(e)),
         }
     }
@@ -213,8 +228,8 @@ impl RangeSetPool {
         ip: IpAddr,
         fixed: bool,
     ) -> Result<Pick, ClaimError> {
-        if let Some(Next::Pending(why) | Next::Unavailable(why)) = self.source.held_back() {
-            return Err(ClaimError::Unavailable(why));
+        if let Some((refusal, why)) = self.source.held_back().and_then(Next::why_not) {
+            return Err(ClaimError::Unavailable(refusal, why));
         }
         self.pick_to_hold(set, ip, Hold::Requested { fixed })
     }
@@ -246,7 +261,7 @@ impl RangeSetPool {
         }
         if self.pool.idle_since(ip).is_some() {
             if let Some(why) = self.withheld(ip, fixed).filter(|_| !keep) {
-                return Err(ClaimError::Unavailable(why));
+                return Err(ClaimError::Unavailable(None, why));
             }
             return Ok(Pick {
                 set,
@@ -263,7 +278,7 @@ impl RangeSetPool {
         if let Err(e) = can {
             self.source_errors += 1;
             return Err(match e {
-                crate::range::OccupyError::Withheld(_, why) => ClaimError::Unavailable(why),
+                crate::range::OccupyError::Withheld(_, why) => ClaimError::Unavailable(None, why),
                 e => ClaimError::NotHandedOut(e.to_string()),
             });
         }

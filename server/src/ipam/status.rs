@@ -202,7 +202,7 @@ fn set_ready(p: &super::range_set::RangeSetPool, network: &str, now: Millis) -> 
             p.describe(network)
         ));
     }
-    if let Some(Next::Pending(why) | Next::Unavailable(why)) = p.source.held_back() {
+    if let Some((_, why)) = p.source.held_back().and_then(Next::why_not) {
         return Err(format!(
             "{} cannot serve an ADD: {why}",
             p.describe(network)
@@ -210,7 +210,7 @@ fn set_ready(p: &super::range_set::RangeSetPool, network: &str, now: Millis) -> 
     }
     let next = p.source.next();
     let usable = |ip| p.source.withheld(ip).is_none();
-    if let Next::Unavailable(why) = &next {
+    if let Next::Unavailable(why) | Next::Refused(_, why) = &next {
         if p.pool.fallback(usable).is_err() {
             return Err(format!(
                 "{} cannot serve an ADD: {why}",

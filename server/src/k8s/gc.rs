@@ -161,8 +161,8 @@ pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
             true
         }
         // Waiting (a cluster pool's blocks not listed yet): tried again shortly.
-        Err(crate::error::Error::Busy(why)) => {
-            tracing::debug!(%why, "the live pods' addresses are not quarantined yet");
+        Err(e) if e.is_busy() => {
+            tracing::debug!(why = %e, "the live pods' addresses are not quarantined yet");
             false
         }
         Err(e) => {

@@ -90,7 +90,11 @@ fn refused(owner: &PinOwner, e: Refused) -> Error {
     let why = format!("fixed address of {owner}: {e}");
     match e {
         Refused::Invalid(_) => Error::InvalidConfig(why),
-        _ => Error::Busy(why),
+        Refused::Held { .. } => Error::Refused {
+            refusal: crate::error::Refusal::FixedAddressElsewhere,
+            message: why,
+        },
+        Refused::Store(_) => Error::Busy(why),
     }
 }
 

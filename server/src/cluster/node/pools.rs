@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::ClusterNode;
 use crate::cluster::model::{ClusterError, Pool, PoolPhase};
 use crate::cluster::pool::Reserved;
+use crate::error::Refusal;
 use crate::selector::NodeSelector;
 
 /// What a pool, as last read, says of handing out.
@@ -149,11 +150,19 @@ impl ClusterNode {
     /// Why nothing new is taken from pool `name` now, as last read: it is disabled, or this
     /// node may not use it ([`ClusterNode::pool_refused`]); in one look (no I/O).
     pub fn pool_stopped(&self, name: &str) -> Option<String> {
+        self.pool_stopped_for(name).map(|(_, why)| why)
+    }
+
+    /// [`ClusterNode::pool_stopped`], with what an operator can act on in it (an ADD
+    /// refused for it is recorded on the pod).
+    pub fn pool_stopped_for(&self, name: &str) -> Option<(Refusal, String)> {
         let policy = self.policy.lock().expect("policy lock");
         let p = policy.get(name)?;
         match p.disabled {
-            true => Some(disabled_why(name)),
-            false => self.refused_by(name, p),
+            true => Some((Refusal::PoolDisabled, disabled_why(name))),
+            false => self
+                .refused_by(name, p)
+                .map(|why| (Refusal::NoPoolForNode, why)),
         }
     }
 

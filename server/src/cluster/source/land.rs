@@ -270,7 +270,7 @@ impl ClusterSource {
             if owned.is_empty() { "" } else { ": " },
             owned.join(", ")
         );
-        if let Some(Next::Pending(why) | Next::Unavailable(why)) = self.not_serving() {
+        if let Some((_, why)) = self.not_serving().and_then(Next::why_not) {
             s.push_str("; not serving: ");
             s.push_str(&why);
         }

@@ -74,7 +74,9 @@ fn a_disabled_pool_hands_nothing_new_out_and_claims_nothing() {
     off.spec.disabled = true;
     n.as_read("p", Some(&off));
     match s.held_back() {
-        Some(Next::Unavailable(why)) => assert!(why.contains("disabled"), "{why}"),
+        Some(Next::Refused(crate::error::Refusal::PoolDisabled, why)) => {
+            assert!(why.contains("disabled"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     assert!(s.withheld(ip("10.0.0.9")).is_some());
@@ -125,7 +127,10 @@ fn a_node_its_pools_selector_does_not_match_claims_nothing_and_gives_its_empty_b
     );
     assert_eq!(s.held_back(), None);
     assert!(s.withheld(ip("10.0.0.9")).is_some());
-    assert!(matches!(s.next(), Next::Unavailable(_)));
+    assert!(matches!(
+        s.next(),
+        Next::Refused(crate::error::Refusal::NoPoolForNode, _)
+    ));
     assert!(s.peek_next_n(2).is_empty(), "nothing fetched into idle");
     assert!(matches!(next_work(&mut s), Some(super::Work::GiveBack(..))));
     assert!(
@@ -137,7 +142,11 @@ fn a_node_its_pools_selector_does_not_match_claims_nothing_and_gives_its_empty_b
     n.set_labels([("gpu".to_string(), "true".to_string())].into());
     assert_eq!(s.refused(), None);
     // (Its block is on its way back: the source claims anew.)
-    assert!(!matches!(s.next(), Next::Unavailable(_)), "{:?}", s.next());
+    assert!(
+        !matches!(s.next(), Next::Unavailable(_) | Next::Refused(..)),
+        "{:?}",
+        s.next()
+    );
     assert!(
         selected(&n).contains("selected{pool=\"p\"} 1"),
         "{}",

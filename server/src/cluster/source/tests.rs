@@ -184,7 +184,9 @@ fn a_fenced_node_hands_out_nothing_until_it_renewed_and_synced_again() {
     // Not renewed for longer than the fence.
     n.pretend_renewed(Duration::from_secs(6));
     match s.held_back() {
-        Some(Next::Unavailable(why)) => assert!(why.contains("fenced"), "{why}"),
+        Some(Next::Refused(crate::error::Refusal::NodeFenced, why)) => {
+            assert!(why.contains("fenced"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(s.peek_next_n(3), Vec::<IpAddr>::new());

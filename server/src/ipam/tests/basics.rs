@@ -99,7 +99,16 @@ async fn dual_stack_is_all_or_nothing() {
         .await
         .expect_err("v6 exhausted");
     let msg = e.to_string();
-    assert!(matches!(e, Error::Exhausted(_)), "{msg}");
+    assert!(
+        matches!(
+            e,
+            Error::Refused {
+                refusal: crate::error::Refusal::PoolExhausted,
+                ..
+            }
+        ),
+        "{msg}"
+    );
     assert!(
         msg.contains("\"ds\" IPv6") && msg.contains("2 in use"),
         "{msg}"

@@ -51,7 +51,16 @@ async fn a_capacity_lowered_below_what_is_held_does_not_refuse_the_restart() {
         .add(req("n", "d", V4))
         .await
         .expect_err("over capacity");
-    assert!(matches!(full, Error::Exhausted(_)), "{full}");
+    assert!(
+        matches!(
+            full,
+            Error::Refused {
+                refusal: crate::error::Refusal::PoolExhausted,
+                ..
+            }
+        ),
+        "{full}"
+    );
     ipam.del(&key("n", "a")).await.expect("del");
     ipam.del(&key("n", "b")).await.expect("del");
     ipam.add(req("n", "d", V4))

@@ -168,7 +168,16 @@ async fn withheld_addresses_are_handed_out_by_no_path_and_leave_the_idle_set() {
         .add(sts("c2", "web-0"))
         .await
         .expect_err("nothing to hand out");
-    assert!(matches!(back, Error::Exhausted(_)), "{back}");
+    assert!(
+        matches!(
+            back,
+            Error::Refused {
+                refusal: crate::error::Refusal::PoolExhausted,
+                ..
+            }
+        ),
+        "{back}"
+    );
     // Asked for by name: refused, retryably, saying why.
     let asked = ipam
         .add(with_ips(sts("g", "g"), &[&cooled.to_string()]))
