@@ -200,6 +200,11 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             "What the pod GC did: released (pod gone), unquarantined, quarantined.",
             m.pod_gc.clone(),
         );
+        r.register(
+            "ipool_pod_events",
+            "Refused ADDs recorded as Events on their pods, by reason and write: created (a new Event), patched (its series), aggregated (counted, nothing written), dropped, failed.",
+            m.pod_events.clone(),
+        );
     }
     if cluster {
         let c = &m.cluster;

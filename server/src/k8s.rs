@@ -4,6 +4,7 @@
 
 mod client;
 pub mod cri;
+pub mod events;
 pub mod fixed;
 pub mod gc;
 pub mod meta;

@@ -48,6 +48,13 @@ pub struct ActionLabels {
     pub action: String,
 }
 
+/// An Event on a pod: its reason, and what was written for it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodEventLabels {
+    pub reason: String,
+    pub write: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
@@ -253,6 +260,8 @@ pub struct Metrics {
     pub pod_gc: Family<ActionLabels, Counter>,
     /// host-local's allocations met when a network was first served, by what became of them.
     pub host_local: Family<ActionLabels, Counter>,
+    /// Refused ADDs recorded on their pods, by reason and write.
+    pub pod_events: Family<PodEventLabels, Counter>,
     pub cluster: ClusterMetrics,
 }
 
@@ -267,6 +276,7 @@ impl Default for Metrics {
             apiserver_reachable: Gauge::default(),
             pod_gc: Family::default(),
             host_local: Family::default(),
+            pod_events: Family::default(),
             cluster: ClusterMetrics::default(),
         }
     }
@@ -290,6 +300,17 @@ impl Metrics {
                 action: action.into(),
             })
             .inc_by(n as u64);
+    }
+
+    /// Counts one refused ADD recorded on its pod (`reason`): `created` (a new Event),
+    /// `patched` (its series), `aggregated` (counted, nothing written), `dropped` or `failed`.
+    pub fn pod_event(&self, reason: &str, write: &str) {
+        self.pod_events
+            .get_or_create(&PodEventLabels {
+                reason: reason.into(),
+                write: write.into(),
+            })
+            .inc();
     }
 
     /// Counts one CNI call; ADD also goes into the latency histogram.

@@ -189,6 +189,21 @@ fn pods_choose_among_the_networks_pools(store: Backend) {
         msg.contains("nodeSelector") && msg.contains("gpu=true"),
         "{msg}"
     );
+    // Recorded on the pod (issue 57, item 1): what the node lacks, and what to do.
+    let event = eventually(10, "pod g's event", || {
+        api.objects("events")
+            .into_iter()
+            .find(|e| e["regarding"]["name"] == "g")
+            .ok_or(())
+    });
+    assert_eq!(event["reason"], "NoPoolForNode", "{event}");
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("label the node"),
+        "{event}"
+    );
     assert!(
         !blocks_by_pool(&store).contains_key("gpu"),
         "no block of gpu claimed"

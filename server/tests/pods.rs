@@ -526,3 +526,93 @@ fn host_locals_allocations_are_taken_over_for_the_pods_that_report_them() {
     assert!(gc.ok, "{gc:?}");
     assert!(!holds(&d, "c-none") && holds(&d, "c-run"));
 }
+
+/// Why an ADD was refused, on the pod (issue 57, item 1): the pool full, the pod gets an Event
+/// (events.k8s.io/v1, Warning, reason PoolExhausted) naming the pool and what to do; 200
+/// refused ADDs of one pod (a crash loop) cost two writes at the apiserver, a create and its
+/// series (client-go's aggregation), the rest counted by ipoold. The daemon runs as the
+/// DaemonSet's pod, held to deploy/'s RBAC.
+#[test]
+fn a_refused_add_is_recorded_on_its_pod_and_a_crash_loop_costs_two_writes() {
+    use ipool_testkit::access::{Access, UserInfo};
+    let api = FakeApi::start();
+    api.enforce(Access::cluster_kubernetes());
+    api.put("nodes", json!({"metadata": {"name": "n1"}}));
+    api.put("pods", pod("app", "a", "u-a"));
+    api.put("pods", pod("app", "loop", "u-l"));
+    let metrics = format!("127.0.0.1:{}", free_port());
+    // 10.246.9.0/29: five addresses (.1 is the gateway).
+    let mut d = Daemon::prepare_with_config(&format!(
+        "[cni]\nadd_wait_ms = 300\n[kubernetes]\ngc_grace_secs = {GRACE_SECS}\ncri_socket = \"\"\n[[network]]\nname = \"k8s\"\nranges = [[{{ subnet = \"10.246.9.0/29\" }}]]\n"
+    ));
+    let user = UserInfo::pod_on_node("ipool-system", "ipool", "ipool-n1", "n1");
+    let kc = api.kubeconfig_as(d.dir.path(), "ipoold", &api.addr.to_string(), user);
+    d.add_args(&["--kubeconfig", &kc.display().to_string()]);
+    d.add_args(&["--node-name", "n1", "--metrics-listen", &metrics]);
+    d.spawn();
+    let conf = d.conf("1.1.0", "k8s", "");
+    add_pod("c-a0", ("app", "a", "u-a"), &conf);
+    let mut filled = 1;
+    while pod_cni("ADD", &format!("c-a{filled}"), ("app", "a", "u-a"), &conf).ok {
+        filled += 1;
+        assert!(filled < 10, "a /29 holds fewer");
+    }
+    let writes = || {
+        api.requests()
+            .iter()
+            .filter(|r| {
+                r.contains("/apis/events.k8s.io/v1/")
+                    && (r.starts_with("POST") || r.starts_with("PATCH"))
+            })
+            .count()
+    };
+    // Pod a's own refusal made its event; pod loop's are counted from here.
+    let before = eventually(10, "pod a's event", || match writes() {
+        0 => Err(()),
+        n => Ok(n),
+    });
+    let refused = pod_cni("ADD", "c-l0", ("app", "loop", "u-l"), &conf);
+    assert!(!refused.ok, "{refused:?}");
+    let event = eventually(10, "pod loop's event", || {
+        api.objects("events")
+            .into_iter()
+            .find(|e| e["regarding"]["name"] == "loop")
+            .ok_or(())
+    });
+    assert_eq!(event["metadata"]["namespace"], "app", "{event}");
+    assert_eq!(event["type"], "Warning", "{event}");
+    assert_eq!(event["reason"], "PoolExhausted", "{event}");
+    assert_eq!(event["regarding"]["uid"], "u-l", "{event}");
+    assert_eq!(event["reportingController"], "ipool.io/ipoold", "{event}");
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("pool \"k8s\"") && note.contains("To fix: give the pool more addresses"),
+        "{note}"
+    );
+    for i in 1..200 {
+        let r = pod_cni("ADD", &format!("c-l{i}"), ("app", "loop", "u-l"), &conf);
+        assert!(!r.ok, "{r:?}");
+    }
+    let aggregated = |m: &str| {
+        let (_, body) = http_get(m, "/metrics");
+        samples(&body)
+            .get("ipool_pod_events_total{reason=\"PoolExhausted\",write=\"aggregated\"}")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    // Pod a's refusal (one) and pod loop's 200 are all in: 199 + 1 beyond the first of each.
+    eventually(10, "every refusal counted", || {
+        match aggregated(&metrics) >= 198.0 {
+            true => Ok(()),
+            false => Err(aggregated(&metrics)),
+        }
+    });
+    assert_eq!(writes() - before, 2, "{:?}", api.requests());
+    let event = api
+        .objects("events")
+        .into_iter()
+        .find(|e| e["regarding"]["name"] == "loop")
+        .expect("still there");
+    assert_eq!(event["series"]["count"], 2, "{event}");
+    assert!(!holds(&d, "c-l0"), "nothing was held for a refused ADD");
+}

@@ -12,10 +12,14 @@
 //!   `metadata.managedFields` (whole seconds);
 //! - every change kept as an event while `keep_events` is set (watches read them).
 //!
+//! - patch: JSON merge patch only (`application/merge-patch+json`; 415 for any other type), a
+//!   `metadata.resourceVersion` in it a precondition (409);
+//!
 //! The resources are those ipool reads and writes: core/v1 `nodes` and `pods` (put and deleted
 //! by the tests, [`Objects::put`], [`Objects::delete`]), `ipool.io/v1` `ippools`,
-//! `ipblocks` and `ippins` (cluster-scoped), and `coordination.k8s.io/v1` `leases`
-//! (namespaced), the last four served to clients by [`Objects::respond`].
+//! `ipblocks` and `ippins` (cluster-scoped), `coordination.k8s.io/v1` `leases` and
+//! `events.k8s.io/v1` `events` (namespaced, held to [`crate::events`]' rules), the last five
+//! served to clients by [`Objects::respond`].
 
 use std::collections::BTreeMap;
 
@@ -98,6 +102,10 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The query key [`Objects::respond`] finds a request's `Content-Type` under (no client sends
+/// it: the fake apiserver puts it there).
+pub const CONTENT_TYPE: &str = " content-type";
+
 /// (kind, list kind, namespaced) of a resource served under `/apis`.
 fn kind_of(group_version: &str, resource: &str) -> Option<(&'static str, &'static str, bool)> {
     match (group_version, resource) {
@@ -105,6 +113,7 @@ fn kind_of(group_version: &str, resource: &str) -> Option<(&'static str, &'stati
         ("ipool.io/v1", "ipblocks") => Some(("IPBlock", "IPBlockList", false)),
         ("ipool.io/v1", "ippins") => Some(("IPPin", "IPPinList", false)),
         ("coordination.k8s.io/v1", "leases") => Some(("Lease", "LeaseList", true)),
+        ("events.k8s.io/v1", "events") => Some(("Event", "EventList", true)),
         _ => None,
     }
 }
@@ -477,6 +486,12 @@ impl Objects {
                 if let Some(why) = invalid(&obj) {
                     return Some(status(422, "Invalid", &why));
                 }
+                if let Some(why) = (resource == "events")
+                    .then(|| crate::events::invalid(&obj, ns))
+                    .flatten()
+                {
+                    return Some(status(422, "Invalid", &why));
+                }
                 if self.objects.contains_key(&key(&n)) {
                     return Some(status(
                         409,
@@ -537,6 +552,68 @@ impl Objects {
                 for k in ["uid", "creationTimestamp", "managedFields"] {
                     obj["metadata"][k] = stored["metadata"][k].clone();
                 }
+                obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                stamp(&mut obj, &manager, &now, &gv);
+                self.objects.insert(key(n), obj.clone());
+                self.record(resource, "MODIFIED", &obj, Some(&stored));
+                ok(200, obj)
+            }
+            ("PATCH", Some(n)) => {
+                let merge = "application/merge-patch+json";
+                let given = query.get(CONTENT_TYPE).map(String::as_str).unwrap_or("");
+                if given.split(';').next() != Some(merge) {
+                    return Some(status(
+                        415,
+                        "UnsupportedMediaType",
+                        &format!("the body of the request was in an unknown format - accepted media types include: {merge} (this apiserver's; got {given:?})"),
+                    ));
+                }
+                let Some(patch) = parsed else {
+                    return Some(status(400, "BadRequest", "the body is not JSON"));
+                };
+                let Some(stored) = self.objects.get(&key(n)).cloned() else {
+                    return Some(status(
+                        404,
+                        "NotFound",
+                        &format!("{resource} \"{n}\" not found"),
+                    ));
+                };
+                if let Some(want) = patch["metadata"]["resourceVersion"].as_str() {
+                    let have = stored["metadata"]["resourceVersion"].as_str().unwrap_or("");
+                    if want != have {
+                        return Some(conflict(
+                            format!("Operation cannot be fulfilled on {resource} \"{n}\": the object has been modified; please apply your changes to the latest version and try again"),
+                        ));
+                    }
+                }
+                let mut obj = stored.clone();
+                crate::events::merge_patch(&mut obj, &patch);
+                for k in [
+                    "name",
+                    "namespace",
+                    "uid",
+                    "creationTimestamp",
+                    "managedFields",
+                ] {
+                    obj["metadata"][k] = stored["metadata"][k].clone();
+                }
+                obj["apiVersion"] = json!(gv);
+                obj["kind"] = json!(kind);
+                let why = invalid(&obj).or_else(|| {
+                    (resource == "events")
+                        .then(|| crate::events::invalid_update(&obj, &stored))
+                        .flatten()
+                });
+                if let Some(why) = why {
+                    return Some(status(422, "Invalid", &why));
+                }
+                if let Err(denied) = admit(Some(&obj), Some(&stored)) {
+                    return Some(denied);
+                }
+                if content(&obj) == content(&stored) {
+                    return Some(ok(200, stored));
+                }
+                self.rv += 1;
                 obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
                 stamp(&mut obj, &manager, &now, &gv);
                 self.objects.insert(key(n), obj.clone());

@@ -489,6 +489,10 @@ fn answer(
     {
         q.insert(METADATA_ONLY.into(), "1".into());
     }
+    if let Some(ct) = req.headers.get(hyper::header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or_default().to_string();
+        q.insert(crate::apiserver::CONTENT_TYPE.into(), ct);
+    }
     let v = {
         let mut w = world.lock().unwrap();
         w.requests.push(format!("{} {}", req.method, req.uri));

@@ -11,6 +11,7 @@
 //! - [`access`]: who may do what (RBAC), and [`admission`]: the ValidatingAdmissionPolicies,
 //!   both read from deploy/'s manifests ([`manifest`]) and enforced by the fake apiserver for
 //!   callers with a token; [`caller`]: who asks and what for, as both judge it;
+//! - [`events`]: the apiserver's rules for Events, and JSON merge patch;
 //! - [`answer`]: an apiserver's answer and its `Status` of a failure;
 //! - [`load`]: what clients cost a store, counted at the store (the fake apiserver's
 //!   requests, a real etcd's own counters).
@@ -20,6 +21,7 @@ pub mod admission;
 pub mod answer;
 pub mod apiserver;
 pub mod caller;
+pub mod events;
 pub mod fake_api;
 pub mod load;
 pub mod manifest;

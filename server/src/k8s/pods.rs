@@ -49,6 +49,8 @@ struct Inner {
     node_found: Mutex<Option<Result<(), String>>>,
     /// The namespaces' choices of cluster pools, once watched ([`Pods::watch_namespaces`]).
     namespaces: std::sync::OnceLock<super::selection::Namespaces>,
+    /// Refused ADDs, recorded on their pods.
+    events: super::events::Events,
 }
 
 impl Pods {
@@ -61,6 +63,7 @@ impl Pods {
     ) -> Pods {
         let (cache, writer) = reflector::store();
         let (lists, _) = tokio::sync::watch::channel(0);
+        let events = super::events::Events::start(client.clone(), node, metrics.clone());
         let pods = Pods(Arc::new(Inner {
             node: node.to_string(),
             client: client.clone(),
@@ -74,6 +77,7 @@ impl Pods {
             quarantined: Default::default(),
             node_found: Mutex::new(None),
             namespaces: std::sync::OnceLock::new(),
+            events,
         }));
         pods.0.metrics.apiserver_reachable.set(1);
         tokio::spawn(pods.clone().look_up_node());
@@ -117,6 +121,19 @@ impl Pods {
 
     pub fn node(&self) -> &str {
         &self.0.node
+    }
+
+    /// Records on `pod` that its ADD was refused for `refusal` (an Event, in the background).
+    pub fn refused(&self, pod: &model::Pod, refusal: crate::error::Refusal, message: &str) {
+        if pod.name.is_empty() || pod.namespace.is_empty() {
+            return;
+        }
+        let pod = super::events::PodRef {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+        };
+        self.0.events.refused(pod, refusal, message);
     }
 
     /// Watches the namespaces from now on: a pod that chooses no cluster pool gets its

@@ -168,6 +168,11 @@ impl CniService {
             }
             Err(e) => {
                 tracing::warn!(op = "ADD", network = %key.network, container = %key.container_id, ifname = %key.ifname, pod = %format!("{}/{}", pod.namespace, pod.name), outcome = "error", error = %e);
+                if let (Some(pods), crate::error::Error::Refused { refusal, message }) =
+                    (&self.pods, &e)
+                {
+                    pods.refused(&pod, *refusal, message);
+                }
                 Err(e.into())
             }
         }
