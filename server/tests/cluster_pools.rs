@@ -302,17 +302,10 @@ fn a_pool_grows_and_retires_under_a_serving_node_on_etcd() {
 
 /// A family added to a running cluster (issue 56, item 3): a single-stack pool gains an IPv6
 /// CIDR while its node serves; new pods get both families, the running ones keep the one they
-/// have (CHECK, a retried ADD, DEL), and so after a restart of the daemon.
+/// have (CHECK, a retried ADD, DEL), and so after a restart of the daemon. The new family's
+/// block size is given with its first CIDR (`add-cidr --block-size`), and fixed from then on.
 fn a_family_is_added_under_a_serving_node(store: Backend) {
-    store.create_pool(&[
-        "p",
-        "--cidr",
-        "10.76.0.0/27",
-        "--block-size",
-        "28",
-        "--block-size-v6",
-        "124",
-    ]);
+    store.create_pool(&["p", "--cidr", "10.76.0.0/27", "--block-size", "28"]);
     let tuning = "heartbeat_ttl_secs = 6\nblock_hold_down_secs = 1\n";
     let mut d = Daemon::prepare_with_config(&store.daemon_config("n1", "p", tuning, &store.addr()));
     d.spawn();
@@ -324,9 +317,28 @@ fn a_family_is_added_under_a_serving_node(store: Backend) {
         assert_eq!(r.addresses().len(), 1, "{:?}", r.json);
     }
     ok(
-        &store.ctl(&["pool", "add-cidr", "p", "fd00:76::/120"]),
+        &store.ctl(&[
+            "pool",
+            "add-cidr",
+            "p",
+            "fd00:76::/120",
+            "--block-size",
+            "124",
+        ]),
         "add-cidr",
     );
+    // Set with the family's first CIDR, the size stays.
+    let other = store.ctl(&[
+        "pool",
+        "add-cidr",
+        "p",
+        "fd00:77::/120",
+        "--block-size",
+        "126",
+    ]);
+    assert!(!other.status.success(), "another IPv6 block size");
+    let said = String::from_utf8_lossy(&other.stderr).to_string();
+    assert!(said.contains("IPv6 blocks are /124"), "{said}");
     // Once the node has heard of it, an ADD gets an address of each family.
     let mut n = 0;
     let both = loop {
@@ -353,6 +365,11 @@ fn a_family_is_added_under_a_serving_node(store: Backend) {
         both.addresses()[1].starts_with("fd00:76::"),
         "{:?}",
         both.json
+    );
+    assert_eq!(
+        block_of(&store, &both.addresses()[1]).prefix_len(),
+        124,
+        "claimed at the size add-cidr gave"
     );
     let kept = |d: &Daemon, i: usize| {
         let check = cni("CHECK", &format!("c{i}"), &with_prev(&conf, &old[i].json));

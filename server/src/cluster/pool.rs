@@ -6,6 +6,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::cidrset::CidrSet;
+use crate::range::Family;
 
 /// A cluster pool.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +87,12 @@ pub enum PoolChange {
     Unreserve(IpNet),
     /// The nodes that may claim from the pool from now on (None: every node).
     SetNodeSelector(Option<String>),
+    /// The prefix length of the blocks of a family the pool has no CIDR of yet (refused once
+    /// it has one: its blocks are claimed at the size they were carved at).
+    SetBlockSize {
+        family: Family,
+        prefix: u8,
+    },
 }
 
 impl std::fmt::Display for PoolChange {
@@ -99,6 +106,9 @@ impl std::fmt::Display for PoolChange {
             PoolChange::Unreserve(c) => write!(f, "unreserve {c}"),
             PoolChange::SetNodeSelector(Some(sel)) => write!(f, "node selector {sel}"),
             PoolChange::SetNodeSelector(None) => write!(f, "no node selector"),
+            PoolChange::SetBlockSize { family, prefix } => {
+                write!(f, "IPv{} blocks of /{prefix}", family.as_str())
+            }
         }
     }
 }
@@ -251,6 +261,21 @@ impl PoolSpec {
                     None => None,
                 };
             }
+            PoolChange::SetBlockSize { family, prefix } => {
+                let (now, of) = match family {
+                    Family::V4 => (&mut next.block_v4, "IPv4"),
+                    Family::V6 => (&mut next.block_v6, "IPv6"),
+                };
+                let has = self.cidrs.iter().find(|c| Family::of(&c.addr()) == *family);
+                match has {
+                    Some(c) if *now != *prefix => {
+                        return Err(format!(
+                            "pool {name:?}: its {of} blocks are /{now} and stay so while it has {of} CIDRs ({c}: blocks are claimed in it at that size); a block size is set for a family the pool has no CIDR of yet"
+                        ))
+                    }
+                    _ => *now = *prefix,
+                }
+            }
             PoolChange::Unreserve(c) => {
                 let before = next.reserved.len();
                 next.reserved.retain(|x| x.cidr != c.trunc());
@@ -345,6 +370,40 @@ mod tests {
             exclude: vec![net("10.1.0.0/28")],
             ..PoolSpec::default()
         }
+    }
+
+    #[test]
+    fn a_familys_block_size_is_set_only_while_the_pool_has_no_cidr_of_it() {
+        let v6 = |prefix| PoolChange::SetBlockSize {
+            family: Family::V6,
+            prefix,
+        };
+        let sized = pool().changed(&v6(116)).expect("no IPv6 CIDR yet");
+        assert_eq!(sized.block_v6, 116);
+        // A /100 in /116 blocks is 2^16 of them: the most a CIDR holds.
+        let dual = sized
+            .changed(&PoolChange::AddCidr(net("fd00::/100")))
+            .expect("carved at /116");
+        let e = dual.changed(&v6(120)).unwrap_err();
+        assert!(
+            e.contains("IPv6 blocks are /116") && e.contains("fd00::/100"),
+            "{e}"
+        );
+        assert_eq!(
+            dual.changed(&v6(116)).expect("the size it has").block_v6,
+            116
+        );
+        let e = pool()
+            .changed(&PoolChange::SetBlockSize {
+                family: Family::V4,
+                prefix: 28,
+            })
+            .unwrap_err();
+        assert!(e.contains("IPv4 blocks are /26"), "{e}");
+        assert!(pool()
+            .changed(&v6(127))
+            .unwrap_err()
+            .contains("at most /126"));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use ipnet::IpNet;
 use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::model::{ClusterError, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6};
 use ipool_server::cluster::pool::{PoolChange, PoolSpec, Reserved};
+use ipool_server::range::Family;
 use ipool_server::selector::NodeSelector;
 
 use crate::cluster_out::{exit_for, print_blocks, warn_malformed};
@@ -137,7 +138,15 @@ pub(super) enum PoolCommand {
     /// Delete a pool (refused while any of its blocks is owned).
     Delete { name: String },
     /// Grow a pool by a CIDR (checked for overlap with every pool, as a creation is).
-    AddCidr { name: String, cidr: String },
+    AddCidr {
+        name: String,
+        cidr: String,
+        /// The prefix length of the blocks of the CIDR's family, for a family the pool has no
+        /// CIDR of yet (a single-stack pool made dual-stack); else its blocks keep the size
+        /// they have (the pool's from its creation), and a different one is refused.
+        #[arg(long, value_name = "PREFIX")]
+        block_size: Option<u8>,
+    },
     /// Take a CIDR out of a pool (refused while a block of it is owned; nodes claim there no
     /// more). Excluded ranges inside it go with it.
     RemoveCidr { name: String, cidr: String },
@@ -352,7 +361,29 @@ pub(super) async fn run(args: &StoreArgs, cmd: &ClusterCommand, out: Output) -> 
                 PoolCommand::Disable { .. } => PoolChange::Disable,
                 _ => PoolChange::Enable,
             };
-            store.change_pool(name, &change).await.map(|now| {
+            // The new family's block size first: set while the pool has no CIDR of it (a
+            // second run finds it set, and adds the CIDR).
+            let sized = match (c, &change) {
+                (
+                    PoolCommand::AddCidr {
+                        block_size: Some(prefix),
+                        ..
+                    },
+                    PoolChange::AddCidr(net),
+                ) => {
+                    let size = PoolChange::SetBlockSize {
+                        family: Family::of(&net.addr()),
+                        prefix: *prefix,
+                    };
+                    store.change_pool(name, &size).await.map(|_| ())
+                }
+                _ => Ok(()),
+            };
+            let changed = match sized {
+                Ok(()) => store.change_pool(name, &change).await,
+                Err(e) => Err(e),
+            };
+            changed.map(|now| {
                 if out == Output::Json {
                     outln!("{}", crate::pools::pool_json(&now, PoolPhase::Ready, None));
                     return;

@@ -174,7 +174,8 @@ impl PoolStore for ClusterStore {
                 | PoolChange::Enable
                 | PoolChange::Reserve(_)
                 | PoolChange::Unreserve(_)
-                | PoolChange::SetNodeSelector(_) => {}
+                | PoolChange::SetNodeSelector(_)
+                | PoolChange::SetBlockSize { .. } => {}
             }
             let value = serde_json::to_vec(&next).expect("a pool serializes");
             let txn = request::txn(when, [op::put(key.clone(), value, 0)], []);

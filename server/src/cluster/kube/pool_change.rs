@@ -51,7 +51,8 @@ impl KubeStore {
                 | PoolChange::Enable
                 | PoolChange::Reserve(_)
                 | PoolChange::Unreserve(_)
-                | PoolChange::SetNodeSelector(_) => {
+                | PoolChange::SetNodeSelector(_)
+                | PoolChange::SetBlockSize { .. } => {
                     let next = spec.changed(change).map_err(ClusterError::Refused)?;
                     self.write_spec(&obj, &next).await?.map(|_| next)
                 }
