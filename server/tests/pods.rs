@@ -600,7 +600,8 @@ fn a_refused_add_is_recorded_on_its_pod_and_a_crash_loop_costs_two_writes() {
             .copied()
             .unwrap_or(0.0)
     };
-    // Pod a's refusal (one) and pod loop's 200 are all in: 199 + 1 beyond the first of each.
+    // Pod loop's 200 refusals are all in: the first created its event, the second made it a
+    // series, the 198 others are only counted.
     eventually(10, "every refusal counted", || {
         match aggregated(&metrics) >= 198.0 {
             true => Ok(()),

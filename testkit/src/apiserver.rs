@@ -568,8 +568,14 @@ impl Objects {
                         &format!("the body of the request was in an unknown format - accepted media types include: {merge} (this apiserver's; got {given:?})"),
                     ));
                 }
-                let Some(patch) = parsed else {
-                    return Some(status(400, "BadRequest", "the body is not JSON"));
+                let Some(patch) = parsed.filter(|p| {
+                    p.is_object() && (p["metadata"].is_null() || p["metadata"].is_object())
+                }) else {
+                    return Some(status(
+                        400,
+                        "BadRequest",
+                        "the body is not a JSON object (a merge patch), or its metadata is not one",
+                    ));
                 };
                 let Some(stored) = self.objects.get(&key(n)).cloned() else {
                     return Some(status(

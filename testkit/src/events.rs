@@ -45,6 +45,11 @@ pub fn invalid(event: &Value, ns: &str) -> Option<String> {
         return Some(format!("type: Invalid value: {:?}", s("type")));
     }
     let regarding_ns = event["regarding"]["namespace"].as_str().unwrap_or_default();
+    if regarding_ns.is_empty() && !matches!(ns, "default" | "kube-system") {
+        return Some(format!(
+            "regarding.namespace: Invalid value: \"\": does not match event.namespace ({ns:?}; an Event about a cluster-scoped object lives in default or kube-system)"
+        ));
+    }
     if !regarding_ns.is_empty() && regarding_ns != ns {
         return Some(format!(
             "regarding.namespace: Invalid value: {regarding_ns:?}: does not match event.namespace"
@@ -75,6 +80,10 @@ pub fn invalid_update(new: &Value, old: &Value) -> Option<String> {
         "type",
         "regarding",
         "related",
+        "deprecatedFirstTimestamp",
+        "deprecatedLastTimestamp",
+        "deprecatedCount",
+        "deprecatedSource",
     ] {
         if new[k] != old[k] {
             return Some(format!("{k}: Invalid value: field is immutable"));
@@ -184,6 +193,15 @@ mod tests {
             &json!({"series": {"count": 2, "lastObservedTime": "2026-11-28T10:01:00.000000Z"}}),
         );
         assert_eq!(invalid_update(&patched, &event()), None);
+        let mut counted = patched.clone();
+        merge_patch(&mut counted, &json!({"deprecatedCount": 3}));
+        assert!(invalid_update(&counted, &event())
+            .unwrap()
+            .contains("deprecatedCount"));
+        let mut about_a_node = event();
+        about_a_node["regarding"] = json!({"kind": "Node", "name": "n1"});
+        assert!(invalid(&about_a_node, "db").is_some());
+        assert_eq!(invalid(&about_a_node, "default"), None);
         merge_patch(&mut patched, &json!({"note": "changed", "series": null}));
         assert!(patched["series"].is_null());
         assert!(invalid_update(&patched, &event()).unwrap().contains("note"));

@@ -625,8 +625,12 @@ impl Source for ClusterSource {
         }
         // Nothing new from a disabled pool, nor one this node may not use (the background
         // loop fetches nothing into idle then, and its blocks empty).
-        if let Some((refusal, why)) = self.node.pool_stopped_for(&self.pool) {
-            return Next::Refused(refusal, why);
+        // (A node its pool's nodeSelector shuts out is refused before, by `refused`: one
+        // that comes to be between the two waits, as it did.)
+        match self.node.pool_stopped_for(&self.pool) {
+            Some((Refusal::NoPoolForNode, why)) => return Next::Unavailable(why),
+            Some((refusal, why)) => return Next::Refused(refusal, why),
+            None => {}
         }
         let reserved = self.kept_out();
         if let Some(ip) = self

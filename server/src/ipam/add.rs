@@ -48,7 +48,7 @@ impl Ipam {
             tokio::pin!(landed);
             landed.as_mut().enable();
             let tried = self.try_add(&req, declared.as_ref(), !left.is_zero());
-            if let Err(Error::Busy(_)) = &tried {
+            if tried.as_ref().err().is_some_and(Error::is_busy) {
                 // Nothing ready (a source without addresses, a rate limit): the background
                 // loop starts what the sources need now rather than at its next tick.
                 self.shared.changed.notify_one();

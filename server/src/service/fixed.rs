@@ -90,11 +90,11 @@ fn refused(owner: &PinOwner, e: Refused) -> Error {
     let why = format!("fixed address of {owner}: {e}");
     match e {
         Refused::Invalid(_) => Error::InvalidConfig(why),
-        Refused::Held { .. } => Error::Refused {
+        Refused::HeldElsewhere { .. } => Error::Refused {
             refusal: crate::error::Refusal::FixedAddressElsewhere,
             message: why,
         },
-        Refused::Store(_) => Error::Busy(why),
+        Refused::Held { .. } | Refused::Store(_) => Error::Busy(why),
     }
 }
 
@@ -134,7 +134,7 @@ pub async fn add(
     let before = match before {
         Ok(b) => b,
         Err(e) => {
-            if let Refused::Held { pool, .. } = &e {
+            if let Refused::Held { pool, .. } | Refused::HeldElsewhere { pool, .. } = &e {
                 metrics.cluster.pin_add(pool, "refused");
             }
             return Err(refused(&owner, e));

@@ -144,10 +144,11 @@ async fn take_over_all(
 /// passes (the store, the apiserver, a gate) and what no allocation can get past (the network's
 /// config).
 fn stops(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Busy(_) | Error::Store(_) | Error::InvalidConfig(_) | Error::NotFound(_)
-    )
+    e.is_busy()
+        || matches!(
+            e,
+            Error::Store(_) | Error::InvalidConfig(_) | Error::NotFound(_)
+        )
 }
 
 /// Takes over one allocation; what became of it (`imported`, `unreported`: for no pod, none
@@ -241,4 +242,31 @@ async fn reported_by(
     };
     let info = pods.info_for(&pod).await?;
     Ok((pod, Some(info.meta)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Refusal;
+
+    /// What passes (the node fenced, the pool disabled) ends the take-over for now, as any
+    /// wait does: the allocation is taken over at the next call, never dropped (the network
+    /// marked done without it, its address would go to a new pod while the old one runs).
+    #[test]
+    fn a_refusal_that_passes_stops_the_take_over_and_one_that_does_not_drops_the_allocation() {
+        let refused = |refusal| Error::Refused {
+            refusal,
+            message: String::new(),
+        };
+        for passes in [
+            Refusal::NodeFenced,
+            Refusal::PoolDisabled,
+            Refusal::FixedAddressElsewhere,
+        ] {
+            assert!(stops(&refused(passes)), "{passes:?}");
+        }
+        assert!(stops(&Error::Busy(String::new())));
+        assert!(!stops(&refused(Refusal::PoolExhausted)));
+        assert!(!stops(&Error::InUse(String::new())));
+    }
 }

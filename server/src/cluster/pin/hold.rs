@@ -93,8 +93,12 @@ pub struct PinSite {
 /// Why a pod's pin cannot be served here now.
 #[derive(Debug)]
 pub enum Refused {
-    /// Another node holds it (retry later): the pin's pool, and who holds it.
+    /// Not now (retry later): the pin's pool, and why (pinned for another owner, its block
+    /// changed meanwhile, its pool changing).
     Held { pool: String, why: String },
+    /// Live pods on other nodes hold the owner's pin (its previous instance, say): the pin's
+    /// pool, and who holds it. It is free once they let it go.
+    HeldElsewhere { pool: String, why: String },
     /// The ADD cannot have a fixed address: why.
     Invalid(String),
     /// The store failed or did not answer.
@@ -104,9 +108,10 @@ pub enum Refused {
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refused::Held { why, .. } | Refused::Store(why) | Refused::Invalid(why) => {
-                f.write_str(why)
-            }
+            Refused::Held { why, .. }
+            | Refused::HeldElsewhere { why, .. }
+            | Refused::Store(why)
+            | Refused::Invalid(why) => f.write_str(why),
         }
     }
 }
@@ -246,7 +251,7 @@ impl Holds {
                     }
                     if kept.len() == pin.holders.len() {
                         let why = self.held_why(&pin, &kept).await?;
-                        return Err(Refused::Held {
+                        return Err(Refused::HeldElsewhere {
                             pool: pin.pool,
                             why,
                         });
@@ -302,7 +307,7 @@ impl Holds {
                         self.node.pin_known(&w.pin);
                     }
                     let why = self.held_why(&back, &others).await?;
-                    return Err(Refused::Held {
+                    return Err(Refused::HeldElsewhere {
                         pool: written.pin.pool,
                         why: format!(
                             "the pin of {owner} is void (its block {} no longer stands as it was made in) and {why}: it ends once they let go, and the pod then gets a new address",
@@ -410,7 +415,7 @@ impl Holds {
             }
             Ok(PinCreated::OwnerHas(theirs)) => {
                 self.node.pin_gone(&pin);
-                Refused::Held {
+                Refused::HeldElsewhere {
                     pool: pool.to_string(),
                     why: format!(
                         "{owner} was pinned meanwhile elsewhere ({} held by {})",
