@@ -399,12 +399,24 @@ impl SubnetMode {
         out
     }
 
-    /// Whether a change from `self` to `other` moves what an address in use is (its gateway):
-    /// refused while the network holds addresses.
-    pub fn same_gateways(a: Option<&SubnetMode>, b: Option<&SubnetMode>) -> bool {
+    /// Whether a change from `a` to `b` leaves every address in use as it was given, while
+    /// the network holds addresses of the families `held`: the same addressing (one subnet, or
+    /// by block), and gateways added or dropped only in a family it holds no address of (a
+    /// family added to the pool: none of its addresses was given with or without one here,
+    /// and the new gateway is none of them).
+    pub fn keeps_gateways(
+        a: Option<&SubnetMode>,
+        b: Option<&SubnetMode>,
+        held: &std::collections::BTreeSet<crate::range::Family>,
+    ) -> bool {
         match (a, b) {
             (None, None) => true,
-            (Some(a), Some(b)) => a.gateways == b.gateways,
+            (Some(a), Some(b)) => a
+                .gateways
+                .iter()
+                .filter(|g| !b.gateways.contains(g))
+                .chain(b.gateways.iter().filter(|g| !a.gateways.contains(g)))
+                .all(|g| !held.contains(&crate::range::Family::of(g))),
             _ => false,
         }
     }

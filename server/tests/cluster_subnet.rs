@@ -385,3 +385,99 @@ fn a_cni_config_names_its_cluster_pool_on_the_kubernetes_api() {
 fn a_cni_config_names_its_cluster_pool_on_etcd() {
     a_cni_config_names_its_cluster_pool(Backend::etcd());
 }
+
+/// A family added to a network addressed as one subnet (issue 56, item 3): with IPv4 pods
+/// running, the config gains the IPv6 gateway (the network holds no IPv6 address: accepted at
+/// the restart, where a change of the IPv4 gateway is still refused), then the pool its IPv6
+/// CIDR; new pods get both families, the IPv6 address with its gateway, the running pods
+/// keep theirs.
+fn a_family_is_added_with_its_gateway(store: Backend) {
+    store.create_pool(&["l2", "--cidr", "10.83.0.0/24", "--block-size", "28"]);
+    let config = |gateways: &str| {
+        store
+            .daemon_config("n1", "l2", "heartbeat_ttl_secs = 6\n", &store.addr())
+            .replace(
+                "cluster_pool = \"l2\"\n",
+                &format!("cluster_pool = \"l2\"\naddressing = \"subnet\"\ngateway = {gateways}\n"),
+            )
+            .replace("routes = [{ dst = \"0.0.0.0/0\" }]\n", "")
+    };
+    let mut d = Daemon::prepare_with_config(&config("\"10.83.0.1\""));
+    d.spawn();
+    let conf = d.conf("1.1.0", "pods", "");
+    let add = |c: &str| {
+        eventually(30, &format!("ADD {c}"), || {
+            let r = cni("ADD", c, &conf);
+            match r.ok {
+                true => Ok(r),
+                false => Err(r),
+            }
+        })
+    };
+    let old = add("c0");
+    assert_eq!(old.json["ips"][0]["gateway"], "10.83.0.1", "{:?}", old.json);
+    d.terminate();
+    let path = d.dir.path().join("ipoold.toml");
+    // The IPv4 gateway moved while an IPv4 address is in use: refused.
+    std::fs::write(&path, config("\"10.83.0.254\"")).unwrap();
+    let said = d.run_expecting_failure();
+    assert!(said.contains("changes its addressing or gateway"), "{said}");
+    // The IPv6 one added: served.
+    std::fs::write(&path, config("[\"10.83.0.1\", \"fd00:83::1\"]")).unwrap();
+    d.spawn();
+    let grown = store.ctl(&[
+        "pool",
+        "add-cidr",
+        "l2",
+        "fd00:83::/120",
+        "--block-size",
+        "124",
+    ]);
+    assert!(grown.status.success(), "add-cidr: {}", stderr(&grown));
+    let mut n = 0;
+    let both = loop {
+        n += 1;
+        let r = add(&format!("n{n}"));
+        if r.json["ips"].as_array().map_or(0, Vec::len) == 2 {
+            break r;
+        }
+        assert!(
+            n < 100,
+            "no ADD got both families: {:?}\n{}",
+            r.json,
+            d.log()
+        );
+        assert!(cni("DEL", &format!("n{n}"), &conf).ok);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(
+        both.json["ips"][0]["gateway"], "10.83.0.1",
+        "{:?}",
+        both.json
+    );
+    assert_eq!(
+        both.json["ips"][1]["gateway"], "fd00:83::1",
+        "{:?}",
+        both.json
+    );
+    assert!(
+        both.json["ips"][1]["address"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("fd00:83::") && !a.starts_with("fd00:83::1/")),
+        "{:?}",
+        both.json
+    );
+    let check = cni("CHECK", "c0", &with_prev(&conf, &old.json));
+    assert!(check.ok, "c0 keeps its address: {:?}", check.json);
+}
+
+#[test]
+fn a_family_is_added_with_its_gateway_on_the_kubernetes_api() {
+    a_family_is_added_with_its_gateway(Backend::kube());
+}
+
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_family_is_added_with_its_gateway_on_etcd() {
+    a_family_is_added_with_its_gateway(Backend::etcd());
+}

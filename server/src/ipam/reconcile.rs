@@ -1,12 +1,13 @@
 //! The network definitions a start runs with: the stored ones brought to the config's, and
 //! none that would hand out what another network holds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::attachments::Attachments;
 use crate::config::DaemonConfig;
 use crate::error::Error;
 use crate::model::{NetworkDef, Origin, SubnetMode};
+use crate::range::Family;
 use crate::store::{Change, Snapshot};
 
 /// The network definitions to run with: the stored ones, brought to the config's. Networks
@@ -20,12 +21,19 @@ pub(super) fn reconcile_defs(
     changes: &mut Vec<Change>,
 ) -> Result<(BTreeMap<String, NetworkDef>, Vec<String>), Error> {
     let mut live: HashMap<&str, usize> = HashMap::new();
+    // The families each network holds addresses of.
+    let mut held: HashMap<&str, BTreeSet<Family>> = HashMap::new();
     for a in attachments.iter() {
         *live.entry(a.network()).or_default() += 1;
+        let families = held.entry(a.network()).or_default();
+        families.extend(a.addresses().iter().map(Family::of));
     }
     for r in &snap.reservations {
         *live.entry(r.key.network.as_str()).or_default() += 1;
+        let families = held.entry(r.key.network.as_str()).or_default();
+        families.extend(r.addresses.iter().map(Family::of));
     }
+    let none = BTreeSet::new();
     let mut defs: BTreeMap<String, NetworkDef> = snap
         .networks
         .iter()
@@ -56,14 +64,16 @@ pub(super) fn reconcile_defs(
         let live_here = live.get(def.name.as_str()).copied().unwrap_or(0);
         match defs.get(&def.name) {
             Some(old) if old == &def => continue,
-            // An address in use keeps the prefix and gateway it was given: the addressing and
-            // gateways change only while the network holds nothing (an address handed out by
-            // block may be the subnet's gateway now, and the other way round).
+            // An address in use keeps the prefix and gateway it was given: the addressing
+            // changes only while the network holds nothing (an address handed out by block
+            // may be the subnet's gateway now, and the other way round), a family's gateway
+            // only while it holds no address of that family (a family added to the pool).
             Some(old)
                 if live_here > 0
-                    && !SubnetMode::same_gateways(
+                    && !SubnetMode::keeps_gateways(
                         old.subnet_mode.as_ref(),
                         def.subnet_mode.as_ref(),
+                        held.get(def.name.as_str()).unwrap_or(&none),
                     ) =>
             {
                 return Err(Error::InvalidConfig(format!(
