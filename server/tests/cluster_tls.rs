@@ -72,7 +72,7 @@ fn an_https_etcd_with_client_certificates_serves_ipoolctl_and_the_daemon() {
         "{r:?}"
     );
     assert!(
-        bare.log().contains("etcd does not answer"),
+        bare.log().contains("the store does not answer"),
         "{}",
         bare.log()
     );

@@ -338,13 +338,13 @@ impl ClusterNode {
         match (&r, reached) {
             (Err(e), false) => {
                 if down.is_none() {
-                    tracing::warn!(node = %self.name, error = %e, "etcd does not answer: serving the blocks this node owns, claiming none until it does");
+                    tracing::warn!(node = %self.name, store = %self.store_name(), error = %e, "the store does not answer: serving the blocks this node owns, claiming none until it does");
                     *down = Some((Instant::now(), e.to_string()));
                 }
             }
             _ => {
                 if let Some((since, _)) = down.take() {
-                    tracing::info!(node = %self.name, after_secs = since.elapsed().as_secs(), "etcd answers again");
+                    tracing::info!(node = %self.name, store = %self.store_name(), after_secs = since.elapsed().as_secs(), "the store answers again");
                 }
             }
         }
@@ -377,7 +377,7 @@ impl ClusterNode {
             self.forget_pools();
             self.pins_reset();
             self.metrics.cluster.etcd_resets.inc();
-            tracing::error!(node = %self.name, why = why.as_deref().unwrap_or_default(), "etcd was reset: every block is synced again before anything more is handed out");
+            tracing::error!(node = %self.name, why = why.as_deref().unwrap_or_default(), "the store was reset: every block is synced again before anything more is handed out");
         }
     }
 
@@ -522,10 +522,10 @@ impl ClusterNode {
         match &identity {
             Identity::Held => {
                 beat.epoch += 1;
-                tracing::info!(node = %self.name, instance = %self.instance, "this daemon holds its node name in etcd");
+                tracing::info!(node = %self.name, instance = %self.instance, store = %self.store_name(), "this daemon holds its node name in the store");
             }
             Identity::Taken { instance } => {
-                tracing::error!(node = %self.name, instance = %self.instance, other = %instance, "another ipoold holds this node name in etcd: handing out nothing until its heartbeat lease is gone");
+                tracing::error!(node = %self.name, instance = %self.instance, other = %instance, store = %self.store_name(), "another ipoold holds this node name in the store: handing out nothing until its heartbeat lease is gone");
             }
             Identity::Starting(_) => {}
         }

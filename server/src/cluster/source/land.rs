@@ -82,7 +82,7 @@ impl ClusterSource {
                 Ok(format!("claimed back block {net} of cluster pool {pool:?}, which holds addresses in use here"))
             }
             (Work::Reclaim(net), Outcome::Taken(holder)) => {
-                let why = format!("block {net} of cluster pool {pool:?} holds addresses in use here, but etcd says {holder} owns it: nothing more is handed out from it (a forced release-node?)");
+                let why = format!("block {net} of cluster pool {pool:?} holds addresses in use here, but {} says {holder} owns it: nothing more is handed out from it (a forced release-node?)", self.node.store_name());
                 tracing::error!(%why, "block conflict");
                 ClusterMetrics::conflict(&metrics.conflicts, &pool, "ownership", 1);
                 if let Some(b) = self.blocks.get_mut(&net) {
@@ -105,7 +105,7 @@ impl ClusterSource {
                 self.drop_block(net);
                 Ok(match ours {
                     true => format!("gave back empty block {net} of cluster pool {pool:?}"),
-                    false => format!("block {net} of cluster pool {pool:?} was no longer this node's key in etcd; dropped"),
+                    false => format!("block {net} of cluster pool {pool:?} was no longer this node's in {}; dropped", self.node.store_name()),
                 })
             }
             (work, outcome) => Err(format!("{work:?} cannot end in {outcome:?}")),
@@ -178,13 +178,13 @@ impl ClusterSource {
                 (_, true) => dropped.push(b.net()),
                 (BlockState::Lost(_), false) => {}
                 (_, false) => {
-                    tracing::warn!(pool = %self.pool, block = %b.net(), "a block holding addresses here is not this node's in etcd: claiming it back; nothing is handed out from it meanwhile");
+                    tracing::warn!(pool = %self.pool, block = %b.net(), store = %self.node.store_name(), "a block holding addresses here is not this node's in the store: claiming it back; nothing is handed out from it meanwhile");
                     b.state = BlockState::Reclaiming;
                 }
             }
         }
         for net in dropped {
-            tracing::info!(pool = %self.pool, block = %net, "a block that is not this node's in etcd holds nothing here: dropped");
+            tracing::info!(pool = %self.pool, block = %net, store = %self.node.store_name(), "a block that is not this node's in the store holds nothing here: dropped");
             self.drop_block(net);
         }
         let first = self.synced.is_none();
@@ -222,19 +222,20 @@ impl ClusterSource {
     pub(super) fn why_withheld(&self, b: &Owned) -> String {
         let net = b.net();
         let pool = &self.pool;
+        let store = self.node.store_name();
         match &b.state {
             BlockState::Confirmed(_) => String::new(),
             BlockState::Unconfirmed => format!(
-                "block {net} of cluster pool {pool:?} is not yet confirmed as this node's by etcd"
+                "block {net} of cluster pool {pool:?} is not yet confirmed as this node's by {store}"
             ),
             BlockState::Reclaiming => format!(
-                "block {net} of cluster pool {pool:?} is not this node's in etcd and is being claimed back"
+                "block {net} of cluster pool {pool:?} is not this node's in {store} and is being claimed back"
             ),
             BlockState::Returning(_) => {
                 format!("block {net} of cluster pool {pool:?} is being given back")
             }
             BlockState::Unsettled(_) => format!(
-                "block {net} of cluster pool {pool:?} was being given back and etcd did not answer: the next sync says whose it is"
+                "block {net} of cluster pool {pool:?} was being given back and {store} did not answer: the next sync says whose it is"
             ),
             BlockState::Lost(why) => format!(
                 "block {net} of cluster pool {pool:?} is not this node's: {why}"
@@ -285,8 +286,9 @@ impl ClusterSource {
         let malformed = self.node.malformed();
         if !malformed.is_empty() {
             s.push_str(&format!(
-                "; {} malformed key(s) in etcd, counted as occupied: {}",
+                "; {} malformed key(s) in {}, counted as occupied: {}",
                 malformed.len(),
+                self.node.store_name(),
                 malformed.join(", ")
             ));
         }
