@@ -259,6 +259,11 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             c.pool_reservations.clone(),
         );
         r.register(
+            "ipool_cluster_pool_capacity_blocks",
+            "The blocks a cluster pool's CIDRs hold, by family (its excluded ranges and CIDRs on their way in or out left out), as this node last read the pool: with ipool_cluster_blocks summed over the nodes, how full the pool is.",
+            c.pool_capacity_blocks.clone(),
+        );
+        r.register(
             "ipool_cluster_pool_node_selected",
             "1 while this node's labels match a cluster pool's nodeSelector (or it has none), as the node last read the pool: 0, it claims nothing from the pool and gives its empty blocks back.",
             c.pool_node_selected.clone(),

@@ -113,6 +113,9 @@ pub struct ClusterMetrics {
     pub pool_disabled: Family<PoolLabels, Gauge>,
     /// A pool's reservations, as this node last read it.
     pub pool_reservations: Family<PoolLabels, Gauge>,
+    /// The blocks a pool's CIDRs hold per family (its excluded ranges and CIDRs on their way
+    /// in or out left out), as this node last read it.
+    pub pool_capacity_blocks: Family<PoolFamilyLabels, Gauge>,
     /// 1 while this node's labels match a pool's nodeSelector (or it has none), as last read.
     pub pool_node_selected: Family<PoolLabels, Gauge>,
     /// A pool's pins this node knows (kept from everyone but their owners), and those of them
@@ -148,6 +151,7 @@ impl Default for ClusterMetrics {
             etcd_resets: Counter::default(),
             pool_disabled: Family::default(),
             pool_reservations: Family::default(),
+            pool_capacity_blocks: Family::default(),
             pool_node_selected: Family::default(),
             pins_known: Family::default(),
             pins_held: Family::default(),
@@ -161,7 +165,21 @@ impl Default for ClusterMetrics {
 
 impl ClusterMetrics {
     /// Pool `pool` as this node read it: disabled or not, and how many reservations.
-    pub fn pool_read(&self, pool: &str, disabled: bool, reservations: usize) {
+    pub fn pool_read(
+        &self,
+        pool: &str,
+        disabled: bool,
+        reservations: usize,
+        capacity: [(&str, u64); 2],
+    ) {
+        for (family, blocks) in capacity {
+            self.pool_capacity_blocks
+                .get_or_create(&PoolFamilyLabels {
+                    pool: pool.into(),
+                    family: family.into(),
+                })
+                .set(i64::try_from(blocks).unwrap_or(i64::MAX));
+        }
         let labels = PoolLabels { pool: pool.into() };
         self.pool_disabled
             .get_or_create(&labels)

@@ -77,9 +77,13 @@ impl ClusterNode {
                 if *now.reserved != reserved {
                     now.reserved = Arc::new(reserved.to_vec());
                 }
-                self.metrics
-                    .cluster
-                    .pool_read(name, now.disabled, now.reserved.len());
+                let capacity = pool.map(|p| capacity(&p.spec)).unwrap_or_default();
+                self.metrics.cluster.pool_read(
+                    name,
+                    now.disabled,
+                    now.reserved.len(),
+                    [("4", capacity[0]), ("6", capacity[1])],
+                );
             }
         }
         self.count_selected();
@@ -226,6 +230,17 @@ impl ClusterNode {
             p.ready = None;
         }
     }
+}
+
+/// The blocks pool `spec`'s CIDRs hold, IPv4 and IPv6: those a node may claim (its excluded
+/// ranges and the CIDRs on their way in or out left out).
+fn capacity(spec: &crate::cluster::pool::PoolSpec) -> [u64; 2] {
+    let mut blocks = [0u64; 2];
+    for set in spec.carve().unwrap_or_default() {
+        let family = usize::from(set.cidr().addr().is_ipv6());
+        blocks[family] += (set.len() - set.used()) as u64;
+    }
+    blocks
 }
 
 /// What an ADD is told of pool `name`, disabled.

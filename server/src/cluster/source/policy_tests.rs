@@ -64,6 +64,50 @@ fn a_reserved_address_is_handed_out_by_no_path_and_an_older_read_never_undoes_it
     assert!(matches!(next_work(&mut s), Some(super::Work::Claim { .. })));
 }
 
+/// `ipool_cluster_pool_capacity_blocks`: the blocks of the pool's CIDRs by family, as read,
+/// its excluded ranges and CIDRs on their way in left out.
+#[test]
+fn a_pools_capacity_in_blocks_is_exported_as_read() {
+    let n = node("");
+    let capacity = |n: &ClusterNode| {
+        let mut text = String::new();
+        let mut r = prometheus_client::registry::Registry::default();
+        r.register(
+            "capacity",
+            "",
+            n.metrics().cluster.pool_capacity_blocks.clone(),
+        );
+        prometheus_client::encoding::text::encode(&mut text, &r).expect("encode");
+        text
+    };
+    let mut p = pool_p(&[]);
+    n.as_read("p", Some(&p));
+    // A /24 in /26 blocks: 4; no IPv6 CIDR.
+    let text = capacity(&n);
+    assert!(
+        text.contains("capacity{pool=\"p\",family=\"4\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("capacity{pool=\"p\",family=\"6\"} 0"),
+        "{text}"
+    );
+    p.spec.cidrs.push(net("fd00::/120"));
+    p.spec.cidrs.push(net("10.0.1.0/24"));
+    p.spec.adding.push(net("10.0.1.0/24"));
+    p.spec.exclude.push(net("10.0.0.0/28"));
+    n.as_read("p", Some(&p));
+    let text = capacity(&n);
+    assert!(
+        text.contains("capacity{pool=\"p\",family=\"4\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("capacity{pool=\"p\",family=\"6\"} 4"),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_disabled_pool_hands_nothing_new_out_and_claims_nothing() {
     let n = node("");
