@@ -163,7 +163,7 @@ impl Setting {
             false => String::new(),
         };
         let text = format!(
-            "[cni]\nadd_wait_ms = 1500\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n[cluster]\n{store}\nnode_name = \"{name}\"\netcd_timeout_ms = {}\n{}\n[[network]]\nname = \"{network}\"\nranges_from = \"cluster\"\n{pools}\n{addressing}",
+            "[cni]\nadd_wait_ms = 1500\n[defaults]\ncooldown_secs = 0\nmax_idle = 2\n[cluster]\n{store}\nnode_name = \"{name}\"\nstore_timeout_ms = {}\n{}\n[[network]]\nname = \"{network}\"\nranges_from = \"cluster\"\n{pools}\n{addressing}",
             self.timeout.as_millis(),
             self.tuning,
         );
@@ -183,7 +183,7 @@ pub fn connector(
 ) -> Connector {
     Arc::new(move |settings, _tls, limiter| {
         let (net, alive, limiter) = (net.clone(), alive.clone(), limiter.clone());
-        let timeout = Duration::from_millis(settings.etcd_timeout_ms);
+        let timeout = Duration::from_millis(settings.store_timeout_ms);
         let (prefix, lease_ns) = (settings.prefix.clone(), settings.lease_namespace.clone());
         Box::pin(async move {
             if !alive.load(Ordering::Relaxed) {

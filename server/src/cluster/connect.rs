@@ -13,13 +13,13 @@ use super::model::ClusterError;
 use crate::config::cluster::{ClusterSettings, DatastoreKind};
 
 /// The store `settings` name, its requests through `limiter`; each bounded by
-/// `etcd_timeout_ms`.
+/// `store_timeout_ms`.
 pub async fn connect(
     settings: &ClusterSettings,
     tls: Option<&Tls>,
     limiter: &Arc<Limiter>,
 ) -> Result<Store, ClusterError> {
-    let timeout = Duration::from_millis(settings.etcd_timeout_ms);
+    let timeout = Duration::from_millis(settings.store_timeout_ms);
     Ok(match settings.datastore {
         DatastoreKind::Etcd => Arc::new(
             ClusterStore::connect_limited(

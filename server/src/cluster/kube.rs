@@ -153,7 +153,7 @@ impl KubeStore {
 
     /// The same store, its watches over `client`: one whose read deadline
     /// (`read_timeout`) outlasts a watch, which the apiserver ends a few seconds before it (the
-    /// store's own client fails a request that is silent for `etcd_timeout_ms`).
+    /// store's own client fails a request that is silent for `store_timeout_ms`).
     pub fn with_watch_client(
         mut self,
         client: Client,

@@ -1,6 +1,6 @@
 //! This node in cluster mode: its name and the daemon instance that holds it, its etcd
 //! connection (made when first needed, again after a failure), the limiter every etcd request
-//! goes through (`etcd_rate`), whether etcd answers, the pools it read, its index of blocks
+//! goes through (`store_rate`), whether etcd answers, the pools it read, its index of blocks
 //! made complete once, and the heartbeat that holds its name and fences it.
 //!
 //! The node *serves* (its sources may hand out addresses) only while this daemon holds the
@@ -79,7 +79,7 @@ pub struct ClusterNode {
     conn: tokio::sync::Mutex<Option<Store>>,
     /// The connection in use, for the checks made without waiting (see `serving`).
     current: Mutex<Option<Store>>,
-    /// Every etcd request goes through it (`etcd_rate`, `etcd_burst`).
+    /// Every etcd request goes through it (`store_rate`, `store_burst`).
     limiter: Arc<Limiter>,
     /// The node's index of its blocks is complete (made so once, at start).
     index: tokio::sync::OnceCell<()>,
@@ -162,7 +162,7 @@ impl ClusterNode {
             .any(|e| e.starts_with("https://"))
             .then_some(tls);
         Ok(Arc::new(ClusterNode {
-            limiter: Arc::new(Limiter::new(settings.etcd_rate, settings.etcd_burst)),
+            limiter: Arc::new(Limiter::new(settings.store_rate, settings.store_burst)),
             index: tokio::sync::OnceCell::new(),
             name,
             instance,
@@ -242,13 +242,13 @@ impl ClusterNode {
         Duration::from_secs(self.settings.fence())
     }
 
-    /// When the etcd rate limit (`etcd_rate`) made a request wait within the last minute:
+    /// When the etcd rate limit (`store_rate`) made a request wait within the last minute:
     /// what status says about it.
     pub fn rate_note(&self) -> Option<String> {
         let (ago, took) = self.limiter.last_wait(Duration::from_secs(60))?;
         let (rate, burst) = self.limiter.rate();
         Some(format!(
-            "etcd_rate: a request waited {} ms for a token {} s ago (etcd_rate {rate}/s, etcd_burst {burst})",
+            "store_rate: a request waited {} ms for a token {} s ago (store_rate {rate}/s, store_burst {burst})",
             took.as_millis(),
             ago.as_secs()
         ))

@@ -23,7 +23,7 @@
 //!    when that would bring the free addresses below the threshold); nothing can be placed in
 //!    it meanwhile, and one found holding something when the give-back lands is claimed back.
 //!
-//! Each etcd request goes through the node's limiter (`etcd_rate`); a failure is retried with a
+//! Each etcd request goes through the node's limiter (`store_rate`); a failure is retried with a
 //! jittered backoff, and the resyncs are jittered too.
 //! By block (the default), each block is a host-local range: its first address is the gateway,
 //! the network (and for IPv4 the broadcast) address is never handed out. As one subnet

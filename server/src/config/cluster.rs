@@ -64,15 +64,17 @@ pub struct ClusterSettings {
     /// these are not used.
     #[serde(default)]
     pub node_labels: std::collections::BTreeMap<String, String>,
-    /// Each etcd call's deadline.
-    #[serde(default = "default_etcd_timeout")]
-    pub etcd_timeout_ms: u64,
-    /// etcd calls per second (claims, give-backs, syncs; heartbeats aside), and how many may
-    /// come at once.
-    #[serde(default = "default_etcd_rate")]
-    pub etcd_rate: f64,
-    #[serde(default = "default_etcd_burst")]
-    pub etcd_burst: u32,
+    /// Each call's deadline, to etcd or the apiserver (`etcd_timeout_ms`, its old name, is
+    /// still read: deprecated).
+    #[serde(default = "default_store_timeout", alias = "etcd_timeout_ms")]
+    pub store_timeout_ms: u64,
+    /// Calls to the store per second (claims, give-backs, syncs; heartbeats aside), and how
+    /// many may come at once (`etcd_rate` and `etcd_burst`, their old names, are still read:
+    /// deprecated).
+    #[serde(default = "default_store_rate", alias = "etcd_rate")]
+    pub store_rate: f64,
+    #[serde(default = "default_store_burst", alias = "etcd_burst")]
+    pub store_burst: u32,
     /// The heartbeat lease's TTL: while this node's daemon runs, its key
     /// `<prefix>/nodes/<node>/alive` lives (see `cluster::nodes`).
     #[serde(default = "default_heartbeat_ttl")]
@@ -128,13 +130,13 @@ fn default_resync() -> u64 {
 fn default_watch() -> bool {
     true
 }
-fn default_etcd_timeout() -> u64 {
+fn default_store_timeout() -> u64 {
     2000
 }
-fn default_etcd_rate() -> f64 {
+fn default_store_rate() -> f64 {
     50.0
 }
-fn default_etcd_burst() -> u32 {
+fn default_store_burst() -> u32 {
     20
 }
 fn default_heartbeat_ttl() -> u64 {
@@ -204,16 +206,16 @@ impl ClusterSettings {
             ipool_proto::names::check_name("node name", n)
                 .map_err(|e| format!("[cluster] node_name: {e}"))?;
         }
-        if !(self.etcd_timeout_ms >= 100 && self.etcd_timeout_ms <= 60_000) {
+        if !(self.store_timeout_ms >= 100 && self.store_timeout_ms <= 60_000) {
             return Err(format!(
-                "[cluster] etcd_timeout_ms must be within 100..=60000 (it is {})",
-                self.etcd_timeout_ms
+                "[cluster] store_timeout_ms must be within 100..=60000 (it is {})",
+                self.store_timeout_ms
             ));
         }
-        if !(self.etcd_rate.is_finite() && self.etcd_rate > 0.0) || self.etcd_burst == 0 {
+        if !(self.store_rate.is_finite() && self.store_rate > 0.0) || self.store_burst == 0 {
             return Err(format!(
-                "[cluster] etcd_rate must be above 0 and etcd_burst at least 1 (they are {} and {})",
-                self.etcd_rate, self.etcd_burst
+                "[cluster] store_rate must be above 0 and store_burst at least 1 (they are {} and {})",
+                self.store_rate, self.store_burst
             ));
         }
         if !(1..=86_400).contains(&self.resync_secs) {

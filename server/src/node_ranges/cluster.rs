@@ -524,7 +524,7 @@ impl ClusterNetworks {
             task.abort();
             let _ = task.await;
         }
-        let within = Duration::from_millis(self.node.settings().etcd_timeout_ms) * 2;
+        let within = Duration::from_millis(self.node.settings().store_timeout_ms) * 2;
         match tokio::time::timeout(within, self.node.give_up_name()).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {

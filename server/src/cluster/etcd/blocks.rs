@@ -23,7 +23,7 @@ use crate::cluster::model::{
 
 /// Keys per page of a listing that can grow with a pool: a page of blocks is ~450 KB, far
 /// under gRPC's 4 MiB, and the largest pool (2^16 blocks) is 16 pages, within the default
-/// `etcd_burst` (20), so a joining node's first view of a full /10 waits for no token.
+/// `store_burst` (20), so a joining node's first view of a full /10 waits for no token.
 pub const PAGE: i64 = 4096;
 /// Reads per transaction when index entries are checked against their blocks (etcd takes at
 /// most 128 operations in one).

@@ -16,7 +16,7 @@
 //!   one whose witness of this node's last write is older than that write (see
 //!   [`super::witness`]: the other nodes' writes since the restore can hide it from the
 //!   revision).
-//! - Every request goes through the [`Limiter`] when one is set (`etcd_rate`, `etcd_burst`):
+//! - Every request goes through the [`Limiter`] when one is set (`store_rate`, `store_burst`):
 //!   it waits for a token, except an urgent client's (the heartbeat), which takes one anyway.
 //! - Requests sent and bytes received are counted ([`EtcdClient::stats`]); reads that can grow
 //!   with a pool are paged ([`EtcdClient::range_paged`]).
@@ -123,7 +123,7 @@ pub struct EtcdClient {
     urgent: bool,
 }
 
-/// etcd requests per second for a node (`etcd_rate`, `etcd_burst`): a token bucket every
+/// etcd requests per second for a node (`store_rate`, `store_burst`): a token bucket every
 /// request goes through, and what it last made a request wait.
 pub struct Limiter {
     bucket: Mutex<crate::pool::TokenBucket>,
