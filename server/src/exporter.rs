@@ -209,8 +209,13 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
     if cluster {
         let c = &m.cluster;
         r.register(
+            "ipool_cluster_store_up",
+            "1 while the last call to the cluster store (etcd, or the apiserver) succeeded.",
+            c.etcd_up.clone(),
+        );
+        r.register(
             "ipool_cluster_etcd_up",
-            "1 while the last etcd call succeeded.",
+            "Deprecated: ipool_cluster_store_up, under its old name.",
             c.etcd_up.clone(),
         );
         r.register(
@@ -244,8 +249,13 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             c.malformed_keys.clone(),
         );
         r.register(
+            "ipool_cluster_store_resets",
+            "Times the cluster store was found restored from an older backup or made anew.",
+            c.etcd_resets.clone(),
+        );
+        r.register(
             "ipool_cluster_etcd_resets",
-            "Times etcd was found restored from an older backup or made anew.",
+            "Deprecated: ipool_cluster_store_resets, under its old name.",
             c.etcd_resets.clone(),
         );
         r.register(
@@ -309,8 +319,13 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
             c.syncs.clone(),
         );
         r.register(
+            "ipool_cluster_store_call_duration_seconds",
+            "Calls to the cluster store (etcd, or the apiserver) by operation.",
+            c.etcd_seconds.clone(),
+        );
+        r.register(
             "ipool_cluster_etcd_call_duration_seconds",
-            "etcd calls by operation.",
+            "Deprecated: ipool_cluster_store_call_duration_seconds, under its old name.",
             c.etcd_seconds.clone(),
         );
     }

@@ -17,17 +17,17 @@
 //! - with Kubernetes: `ipool_apiserver_reachable` (1 or 0) and
 //!   `ipool_pod_gc_total{action}`: what the pod GC did (`released`, `unquarantined`,
 //!   `quarantined`).
-//! - in cluster mode: `ipool_cluster_etcd_up` (1 or 0), `ipool_cluster_blocks{pool, family,
+//! - in cluster mode: `ipool_cluster_store_up` (1 or 0), `ipool_cluster_blocks{pool, family,
 //!   state}` (this node's blocks by state: `confirmed`, `unconfirmed`, `reclaiming`,
 //!   `returning`, `unsettled`, `lost`), `ipool_cluster_claims_total{pool, result}` (`won`,
 //!   `exhausted`, `pool_changed`, `error`), `ipool_cluster_claim_conflicts_total{pool, kind}`
 //!   (`candidate`: a free block another node won first, harmless; `ownership`: a block this
 //!   node held that etcd says another owns), `ipool_cluster_block_give_backs_total{pool}`,
 //!   `ipool_cluster_syncs_total{pool, family}` (listings of this node's blocks taken in),
-//!   `ipool_cluster_etcd_call_duration_seconds{op}`, `ipool_cluster_node_name_taken` (1 while
+//!   `ipool_cluster_store_call_duration_seconds{op}`, `ipool_cluster_node_name_taken` (1 while
 //!   another daemon holds this node's name), `ipool_cluster_fenced` (1 while the heartbeat
 //!   is not renewed within the fence), `ipool_cluster_malformed_keys` (keys under the prefix
-//!   that name no owner), `ipool_cluster_etcd_resets_total` (etcd found restored or made anew).
+//!   that name no owner), `ipool_cluster_store_resets_total` (the store found restored or made anew; the `ipool_cluster_etcd_*` names of these three are exported too, deprecated).
 
 use std::time::Duration;
 

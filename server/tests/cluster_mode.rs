@@ -315,7 +315,7 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
     let (_, body) = http_get(&metrics, "/metrics");
     let m = samples(&body);
     for (sample, want) in [
-        ("ipool_cluster_etcd_up", 1.0),
+        ("ipool_cluster_store_up", 1.0),
         (
             r#"ipool_cluster_blocks{pool="g",family="4",state="confirmed"}"#,
             1.0,
@@ -339,7 +339,7 @@ fn an_empty_block_is_given_back_after_its_hold_down_and_the_last_one_is_kept() {
         "{body}"
     );
     let calls = m
-        .get(r#"ipool_cluster_etcd_call_duration_seconds_count{op="claim"}"#)
+        .get(r#"ipool_cluster_store_call_duration_seconds_count{op="claim"}"#)
         .copied();
     assert!(calls >= Some(2.0), "claim calls timed:\n{body}");
     // The store no longer holds the block given back: nothing to drop at the next start.

@@ -111,9 +111,10 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
     d.wait_log(&["etcd was reset"]);
     let (_, body) = http_get(&metrics, "/metrics");
     assert_eq!(
-        samples(&body).get("ipool_cluster_etcd_resets_total"),
+        samples(&body).get("ipool_cluster_store_resets_total"),
         Some(&1.0),
-        "{body}"
+        "{body}\n{}",
+        d.log()
     );
     // The node synced again after the reset: the block node-z won serves it nothing more.
     for k in 0..20 {
