@@ -244,6 +244,11 @@ fn a_pool_grows_and_retires_under_a_serving_node(store: Backend) {
     let owned = p["blocksOwned"].as_u64().unwrap();
     assert!(owned >= 3, "{p}");
     assert_eq!(p["freeAddresses"], ((4 - owned) * 4).to_string(), "{p}");
+    assert_eq!(
+        (p["blocks"].as_u64(), p["blocksFree"].as_u64()),
+        (Some(4), Some(4 - owned)),
+        "{p}"
+    );
 
     let o = store.ctl(&["pool", "remove-cidr", "p", "10.75.1.0/29"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));

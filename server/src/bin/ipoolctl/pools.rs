@@ -10,7 +10,11 @@ use crate::Output;
 /// A pool's counts from a listing of every block: blocks owned, and free addresses (in the
 /// blocks still free to claim).
 pub(crate) struct Counts {
+    /// The blocks its CIDRs hold (excluded ranges and CIDRs on their way in or out left out).
+    blocks: usize,
     owned: usize,
+    /// Blocks still free to claim.
+    free_blocks: usize,
     free_addresses: u128,
 }
 
@@ -22,8 +26,10 @@ fn counts(p: &PoolSpec, blocks: &Listing) -> Counts {
         .map(|b| b.block)
         .collect();
     let mut free_addresses = 0u128;
+    let (mut blocks_total, mut free_blocks) = (0, 0);
     if let Ok(mut sets) = p.carve() {
         for s in sets.iter_mut() {
+            blocks_total += s.len() - s.used();
             for b in mine
                 .iter()
                 .chain(blocks.malformed.iter().filter_map(|m| m.block.as_ref()))
@@ -33,10 +39,13 @@ fn counts(p: &PoolSpec, blocks: &Listing) -> Counts {
             let block = p.block_for(&s.cidr());
             let per = 1u128 << (s.cidr().max_prefix_len() - block).min(127);
             free_addresses += per * (s.len() - s.used()) as u128;
+            free_blocks += s.len() - s.used();
         }
     }
     Counts {
+        blocks: blocks_total,
         owned: mine.len(),
+        free_blocks,
         free_addresses,
     }
 }
@@ -68,7 +77,9 @@ pub(crate) fn pool_json(
         "nodeSelector": p.node_selector,
     });
     if let Some(c) = counts {
+        v["blocks"] = c.blocks.into();
         v["blocksOwned"] = c.owned.into();
+        v["blocksFree"] = c.free_blocks.into();
         v["freeAddresses"] = c.free_addresses.to_string().into();
     }
     v
@@ -103,7 +114,9 @@ pub(crate) fn print_pools(pools: &[Pool], blocks: &Listing, out: Output) {
                 phase.as_str().to_string(),
                 p.node_selector.clone().unwrap_or_else(|| "all".into()),
                 state(p),
+                c.blocks.to_string(),
                 c.owned.to_string(),
+                c.free_blocks.to_string(),
                 c.free_addresses.to_string(),
             ]
         })
@@ -117,7 +130,9 @@ pub(crate) fn print_pools(pools: &[Pool], blocks: &Listing, out: Output) {
             "PHASE",
             "NODES",
             "STATE",
+            "BLOCKS",
             "OWNED",
+            "FREE BLOCKS",
             "FREE",
         ],
         rows,
