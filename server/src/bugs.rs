@@ -230,6 +230,12 @@ pub enum Bug {
     /// from the first claim's block, which etcd no longer had (found by the simulation's
     /// search, session 33, seed 37 000 000 030).
     WitnessJudgedPastOnly,
+    /// A block's claim was judged claimable whatever its size: once a family's block size
+    /// could be set (`add-cidr --block-size`, after the family's CIDR was taken out), a node
+    /// that read the pool before claimed a block of the old size in the new CIDR, on the
+    /// Kubernetes API (where a claim is conditioned on the pool's uid alone), over another
+    /// node's block of the new size (found by a review, session 34, before it landed).
+    ClaimOfAnySize,
 }
 
 impl Bug {
@@ -285,6 +291,7 @@ impl Bug {
         Bug::PinsReadBeforeFence,
         Bug::WitnessUnreadAfterReset,
         Bug::WitnessJudgedPastOnly,
+        Bug::ClaimOfAnySize,
     ];
 
     pub fn name(self) -> &'static str {
@@ -339,6 +346,7 @@ impl Bug {
             Bug::PinsReadBeforeFence => "pins-read-before-fence",
             Bug::WitnessUnreadAfterReset => "witness-unread-after-reset",
             Bug::WitnessJudgedPastOnly => "witness-judged-past-only",
+            Bug::ClaimOfAnySize => "claim-of-any-size",
         }
     }
 

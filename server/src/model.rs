@@ -404,19 +404,32 @@ impl SubnetMode {
     /// by block), and gateways added or dropped only in a family it holds no address of (a
     /// family added to the pool: none of its addresses was given with or without one here,
     /// and the new gateway is none of them).
+    /// The gateways of the held families must stay exactly as they were, in their order too
+    /// (of two in one CIDR the first is used, the second handed out).
     pub fn keeps_gateways(
         a: Option<&SubnetMode>,
         b: Option<&SubnetMode>,
         held: &std::collections::BTreeSet<crate::range::Family>,
     ) -> bool {
+        let of_held = |m: &SubnetMode| -> Vec<IpAddr> {
+            m.gateways
+                .iter()
+                .copied()
+                .filter(|g| held.contains(&crate::range::Family::of(g)))
+                .collect()
+        };
         match (a, b) {
             (None, None) => true,
-            (Some(a), Some(b)) => a
-                .gateways
-                .iter()
-                .filter(|g| !b.gateways.contains(g))
-                .chain(b.gateways.iter().filter(|g| !a.gateways.contains(g)))
-                .all(|g| !held.contains(&crate::range::Family::of(g))),
+            (Some(a), Some(b)) => of_held(a) == of_held(b),
+            _ => false,
+        }
+    }
+
+    /// Whether `a` and `b` give every address the same gateway, whatever it holds.
+    pub fn same_gateways(a: Option<&SubnetMode>, b: Option<&SubnetMode>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.gateways == b.gateways,
             _ => false,
         }
     }

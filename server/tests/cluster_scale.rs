@@ -195,12 +195,12 @@ fn the_etcd_rate_limit_counts_every_request_and_status_says_when_it_waits() {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        match detail.contains("etcd_rate: a request waited") {
+        match detail.contains("store_rate: a request waited") {
             true => Ok(detail),
             false => Err(detail),
         }
     });
-    assert!(detail.contains("etcd_rate 2/s"), "{detail}");
+    assert!(detail.contains("store_rate 2/s"), "{detail}");
     // The heartbeat never waits: the node was never fenced.
     assert!(!d.log().contains("fenced"), "{}", d.log());
 }

@@ -121,6 +121,10 @@ pub const NOT_YET: &[Bug] = &[
     // copied), not by the hunt from 0 within its budget; its kept run is replayed by every
     // `cargo test`.
     Bug::WitnessJudgedPastOnly,
+    // Found by a review (session 34) before it landed: the simulation's operator never sets a
+    // family's block size (docs/simulation.md, Limits), so no run can meet it; guarded by
+    // `cluster::pool::tests::nothing_is_claimed_in_a_cidr_on_its_way_in_or_out`.
+    Bug::ClaimOfAnySize,
     // Found by the hunt from seed 0 at first (seeds 10 and 32), since session 31's changes
     // (the witness numbered, holds only under a held name, the wind-down deleting the pods of
     // gone owners) after 3 523 843 and 8 735 000 steps: more than `cargo test`'s share; their

@@ -186,10 +186,16 @@ impl PoolSpec {
         self.adding.iter().chain(&self.removing)
     }
 
-    /// Whether a block may be claimed at `block` now: inside one of its CIDRs, none of them on
-    /// its way in or out.
+    /// Whether a block may be claimed at `block` now: of its family's block size, inside one
+    /// of its CIDRs, none of them on its way in or out. (The size: a family's is set with its
+    /// first CIDR, so a node that read the pool before a CIDR of another size replaced one
+    /// taken out may claim a block no longer carved so; on the Kubernetes API such a claim's
+    /// condition is the pool's uid alone.)
     pub fn claimable(&self, block: &IpNet) -> bool {
-        self.cidrs.iter().any(|c| c.contains(block))
+        let sized = block.prefix_len() == self.block_for(block)
+            || crate::bugs::on(crate::bugs::Bug::ClaimOfAnySize);
+        sized
+            && self.cidrs.iter().any(|c| c.contains(block))
             && !self
                 .changing()
                 .any(|c| c.contains(block) || block.contains(c))
@@ -483,6 +489,9 @@ mod tests {
         p.validate().unwrap();
         assert!(!p.claimable(&net("10.1.0.64/26")));
         assert!(p.claimable(&net("10.0.0.64/26")));
+        // Not of the pool's block size (claimed from a spec read before it changed).
+        assert!(!p.claimable(&net("10.0.0.64/27")));
+        assert!(!p.claimable(&net("10.0.0.0/25")));
         let free: usize = p
             .carve()
             .unwrap()

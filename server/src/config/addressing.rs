@@ -159,6 +159,38 @@ mod tests {
         assert!(e.contains("ipam.exclude \"x\""), "{e}");
     }
 
+    /// While a network holds addresses of a family, that family's gateways stay exactly as
+    /// they are (their order too: of two in one CIDR the first is used); a family it holds
+    /// none of takes or drops one.
+    #[test]
+    fn gateways_change_only_in_the_families_held_nowhere() {
+        use crate::range::Family;
+        let mode = |g: &[&str]| SubnetMode {
+            gateways: g.iter().map(|g| g.parse().unwrap()).collect(),
+            exclude: Vec::new(),
+        };
+        let v4: std::collections::BTreeSet<Family> = [Family::V4].into();
+        let keeps = |a: &[&str], b: &[&str]| {
+            SubnetMode::keeps_gateways(Some(&mode(a)), Some(&mode(b)), &v4)
+        };
+        assert!(keeps(&["10.0.0.1"], &["10.0.0.1", "fd00::1"]), "IPv6 added");
+        assert!(
+            keeps(&["10.0.0.1", "fd00::1"], &["10.0.0.1"]),
+            "IPv6 dropped"
+        );
+        assert!(!keeps(&["10.0.0.1"], &["10.0.0.254"]), "IPv4 moved");
+        assert!(
+            !keeps(&["10.0.0.1", "10.0.0.2"], &["10.0.0.2", "10.0.0.1"]),
+            "IPv4 reordered"
+        );
+        assert!(
+            !keeps(&["10.0.0.1"], &["10.0.0.1", "10.0.1.1"]),
+            "IPv4 added"
+        );
+        assert!(!SubnetMode::keeps_gateways(None, Some(&mode(&[])), &v4));
+        assert!(SubnetMode::keeps_gateways(None, None, &v4));
+    }
+
     #[test]
     fn block_addressing_takes_no_gateway_or_exclude() {
         assert_eq!(ok(None, None, &[]), Ok(None));

@@ -110,28 +110,15 @@ impl Ipam {
                 .filter(|a| a.network() == name)
                 .count()
                 + st.reservations.keys().filter(|k| k.network == name).count();
-            // Only the excluded addresses differ, or the gateways of families the network holds
-            // no address of (a NetworkAttachmentDefinition edited while its pods run): the
-            // declaration in force stays until the network holds nothing here, and its ADDs
-            // go on.
-            let held: std::collections::BTreeSet<crate::range::Family> = st
-                .attachments
-                .iter()
-                .filter(|a| a.network() == name)
-                .flat_map(|a| a.addresses().iter().map(crate::range::Family::of))
-                .chain(
-                    st.reservations
-                        .values()
-                        .filter(|r| r.key.network == name)
-                        .flat_map(|r| r.addresses.iter().map(crate::range::Family::of)),
-                )
-                .collect();
+            // Only the excluded addresses differ (a NetworkAttachmentDefinition edited while
+            // its pods run): the declaration in force stays until the network holds nothing
+            // here, and its ADDs go on. (A gateway added is refused while it holds addresses:
+            // kept, the declaration in force would serve the new family without it.)
             let same_addresses = known.def.cluster_pools == d.cluster_pools
                 && known.def.subnet_mode.is_some() == d.subnet_mode.is_some()
-                && SubnetMode::keeps_gateways(
+                && SubnetMode::same_gateways(
                     known.def.subnet_mode.as_ref(),
                     d.subnet_mode.as_ref(),
-                    &held,
                 );
             if live > 0 && same_addresses {
                 tracing::debug!(network = name, kept = %describe(&known.def), asked = %describe(d), "a CNI config declares other excluded addresses while the network holds addresses: the declaration in force stays until it holds none");
