@@ -345,22 +345,7 @@ fn a_family_is_added_under_a_serving_node(store: Backend) {
     let said = String::from_utf8_lossy(&other.stderr).to_string();
     assert!(said.contains("IPv6 blocks are /124"), "{said}");
     // Once the node has heard of it, an ADD gets an address of each family.
-    let mut n = 0;
-    let both = loop {
-        n += 1;
-        let r = add_within(20, "an ADD after the family came", &format!("n{n}"), &conf);
-        if r.addresses().len() == 2 {
-            break r;
-        }
-        assert!(
-            n < 100,
-            "no ADD got both families: {:?}\n{}",
-            r.json,
-            d.log()
-        );
-        assert!(cni("DEL", &format!("n{n}"), &conf).ok);
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let both = add_until_both_families(&d, &conf);
     assert!(
         both.addresses()[0].starts_with("10.76.0."),
         "{:?}",

@@ -405,16 +405,7 @@ fn a_family_is_added_with_its_gateway(store: Backend) {
     let mut d = Daemon::prepare_with_config(&config("\"10.83.0.1\""));
     d.spawn();
     let conf = d.conf("1.1.0", "pods", "");
-    let add = |c: &str| {
-        eventually(30, &format!("ADD {c}"), || {
-            let r = cni("ADD", c, &conf);
-            match r.ok {
-                true => Ok(r),
-                false => Err(r),
-            }
-        })
-    };
-    let old = add("c0");
+    let old = add_within(30, "ADD c0", "c0", &conf);
     assert_eq!(old.json["ips"][0]["gateway"], "10.83.0.1", "{:?}", old.json);
     d.terminate();
     let path = d.dir.path().join("ipoold.toml");
@@ -434,22 +425,7 @@ fn a_family_is_added_with_its_gateway(store: Backend) {
         "124",
     ]);
     assert!(grown.status.success(), "add-cidr: {}", stderr(&grown));
-    let mut n = 0;
-    let both = loop {
-        n += 1;
-        let r = add(&format!("n{n}"));
-        if r.json["ips"].as_array().map_or(0, Vec::len) == 2 {
-            break r;
-        }
-        assert!(
-            n < 100,
-            "no ADD got both families: {:?}\n{}",
-            r.json,
-            d.log()
-        );
-        assert!(cni("DEL", &format!("n{n}"), &conf).ok);
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
+    let both = add_until_both_families(&d, &conf);
     assert_eq!(
         both.json["ips"][0]["gateway"], "10.83.0.1",
         "{:?}",

@@ -409,6 +409,21 @@ pub fn add_within(secs: u64, what: &str, container: &str, conf: &str) -> Run {
     })
 }
 
+/// ADDs (containers `n1`, `n2`, ..., each DELeted again) until one gets an address of each
+/// family: a family added to a pool is served once `d`'s node has heard of it.
+#[allow(dead_code)]
+pub fn add_until_both_families(d: &Daemon, conf: &str) -> Run {
+    for n in 1..100 {
+        let r = add_within(20, "an ADD after the family came", &format!("n{n}"), conf);
+        if r.addresses().len() == 2 {
+            return r;
+        }
+        assert!(cni("DEL", &format!("n{n}"), conf).ok);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("no ADD got both families\n{}", d.log());
+}
+
 /// `ipoolctl status -o json`: one entry per pool (network and family).
 pub fn pool_status(d: &Daemon) -> Vec<Value> {
     let o = d.ctl(&["-o", "json", "status"]);
