@@ -15,6 +15,28 @@ pub(super) fn release(run: &Run, i: usize) {
     run.nodes[i].busy.store(false, Ordering::SeqCst);
 }
 
+/// How long a message sent under `mode` may be held after the mode ends, in seconds.
+fn held_for(mode: Mode) -> f64 {
+    match mode {
+        Mode::Delay(d) => d.as_secs_f64(),
+        _ => 0.0,
+    }
+}
+
+/// Says that `node` (None: every node) cannot hear the store from now on, until [`heard`]
+/// says otherwise; returns which entry of `run.unheard` that is.
+fn unheard(run: &Run, node: Option<&str>) -> usize {
+    let mut all = run.unheard.lock().unwrap();
+    all.push((node.map(str::to_string), run.now(), f64::INFINITY));
+    all.len() - 1
+}
+
+/// Says that what entry `which` of `run.unheard` said ends `held` seconds from now.
+fn heard(run: &Run, which: usize, held: f64) {
+    let until = run.now() + held;
+    run.unheard.lock().unwrap()[which].2 = until;
+}
+
 /// One fault, chosen by `rng`, run to its end (faults of different nodes overlap: each runs on
 /// a thread of its own).
 pub(super) fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHandle<()>> {
@@ -32,10 +54,12 @@ pub(super) fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHa
         let run = run.clone();
         return Some(std::thread::spawn(move || {
             log_fault(&run, format!("{} stopped for {pause:?}", run.store.name()));
+            let which = unheard(&run, None);
             run.store.stop();
             std::thread::sleep(pause);
             run.store.start();
             log_fault(&run, format!("{} started", run.store.name()));
+            heard(&run, which, 0.0);
             run.store_busy.store(false, Ordering::SeqCst);
         }));
     }
@@ -66,19 +90,23 @@ pub(super) fn fault(run: &Arc<Run>, rng: &mut Rng) -> Option<std::thread::JoinHa
                         "{name}: store requests held {mode:?} for {window:?}, then delivered late"
                     ),
                 );
+                let which = unheard(&run, Some(&name));
                 node.proxy.set(mode);
                 std::thread::sleep(window);
                 node.proxy.set(Mode::Pass);
+                heard(&run, which, held_for(mode));
             }
             12..=45 => {
                 log_fault(
                     &run,
                     format!("{name}: store connection {mode:?} for {pause:?}"),
                 );
+                let which = unheard(&run, Some(&name));
                 node.proxy.set(mode);
                 std::thread::sleep(pause);
                 node.proxy.set(Mode::Pass);
                 node.proxy.cut();
+                heard(&run, which, held_for(mode));
             }
             46..=70 => {
                 log_fault(&run, format!("{name}: killed (-9), back in {pause:?}"));

@@ -7,16 +7,37 @@ use super::*;
 
 /// How long after `reserve` returned every node has taken the reservation in: its watch
 /// hears the pool written within moments; without it, `resync_secs` (2) and a round trip.
+/// A node that cannot hear the store meanwhile (its connection faulted, the store stopped)
+/// has as long again from when it can.
 pub(super) const RESERVATION_HEARD_SECS: f64 = 3.0;
+
+/// By when `node` has heard what was written at `at`: [`RESERVATION_HEARD_SECS`] after, or
+/// after the end of each time it could not hear the store that began before then.
+pub(super) fn heard_by(unheard: &[(Option<String>, f64, f64)], node: &str, at: f64) -> f64 {
+    let mut by = at + RESERVATION_HEARD_SECS;
+    let mut times: Vec<(f64, f64)> = unheard
+        .iter()
+        .filter(|(who, _, until)| who.as_deref().is_none_or(|w| w == node) && *until > at)
+        .map(|(_, from, until)| (*from, *until))
+        .collect();
+    times.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (from, until) in times {
+        if from < by {
+            by = by.max(until + RESERVATION_HEARD_SECS);
+        }
+    }
+    by
+}
 
 /// Says (in the run's problems) which of `ips`, handed out to `c` on `node` by an ADD that
 /// began at `started`, were reserved long enough before for every node to know.
 pub(super) fn reserved_handed_out(run: &Run, node: &str, c: &str, ips: &[IpAddr], started: f64) {
     let reserved = run.reserved.lock().unwrap();
+    let unheard = run.unheard.lock().unwrap().clone();
     for ip in ips {
         let held = reserved.iter().find(|(net, from, until)| {
             net.contains(ip)
-                && from + RESERVATION_HEARD_SECS < started
+                && heard_by(&unheard, node, *from) < started
                 && until.is_none_or(|u| started < u)
         });
         if let Some((net, from, _)) = held {
