@@ -1,21 +1,27 @@
-//! Cluster mode (issue 19): nodes claim address blocks from pools shared through etcd.
+//! Cluster mode: nodes claim address blocks from pools kept in a shared store, etcd or the
+//! Kubernetes API.
 //!
-//! - [`pool`]: a pool's spec; [`cidrset`]: its CIDRs carved into blocks (nodeipam's cidrset);
+//! - [`ippool`]: an IPPool's spec and the changes an operator makes to it; [`cidrset`]: its
+//!   CIDRs carved into blocks (nodeipam's cidrset);
 //! - [`claim`]: a node's next block of a pool, found and claimed through either store;
-//! - [`model`]: the vocabulary (blocks, revisions, pools, listings, claims, errors, node
+//! - [`vocab`]: the vocabulary (blocks, revisions, pools, listings, claims, errors, node
 //!   names), shared by everything below and owned by neither store;
-//! - [`datastore`]: what cluster mode asks of the store that holds pools, blocks and node
-//!   names (`Datastore`: `PoolStore`, `BlockStore`, `NameStore`);
-//! - [`etcd`]: that store in etcd, each decision one transaction (`etcd::nodes`: the daemons'
-//!   heartbeats and release-node);
-//! - [`kube`]: the same on the Kubernetes API (custom resources, a Lease per node);
+//! - [`datastore`]: what cluster mode asks of the store that holds pools, blocks, pins and node
+//!   names (the `Datastore` trait: `PoolStore`, `BlockStore`, `NameStore`, ...), and
+//!   [`connect`]: the store a config names, made;
+//! - [`etcd`]: that store in etcd (`EtcdStore`), each decision one transaction;
+//! - [`kube`]: the same on the Kubernetes API (`KubeStore`: custom resources, a Lease per node);
+//! - [`limiter`]: the node's budget of store requests, shared by both stores;
+//! - [`heard`]: what the store's watches told this node, kept for those who act on it;
+//! - [`pin`]: fixed addresses (pins) kept for StatefulSet pods and VMs across nodes;
 //! - [`release`]: release-node's judgement of a node's absence, over either store;
 //! - [`departed`]: that release done by itself, by the daemon that leads it, for nodes whose
 //!   Node is gone;
-//! - [`node`]: this node, as `config::cluster` (the `[cluster]` table) says: its etcd
-//!   connection, token bucket, etcd up or down, heartbeat;
+//! - [`check`]: `ipoolctl cluster check`'s audit of the store;
+//! - [`node`]: this node, as `config::cluster` (the `[cluster]` table) says: its store
+//!   connection, token bucket, store up or down, heartbeat;
 //! - [`source`]: `ClusterSource`, a range set's addresses from the blocks this node owns, and
-//!   [`work`]: the etcd calls it hands the engine to run (sync, claim, claim back, give back).
+//!   [`work`]: the store calls it hands the engine to run (sync, claim, claim back, give back).
 //!
 //! `ipoolctl cluster` drives the pools and blocks; `node_ranges::cluster` gives a network the
 //! pool's CIDRs as its ranges.
@@ -63,11 +69,12 @@ pub mod datastore;
 pub mod departed;
 pub mod etcd;
 pub mod heard;
+pub mod ippool;
 pub mod kube;
-pub mod model;
+pub mod limiter;
 pub mod node;
 pub mod pin;
-pub mod pool;
 pub mod release;
 pub mod source;
+pub mod vocab;
 pub mod work;

@@ -10,9 +10,9 @@ use common::etcd::Etcd;
 use ipnet::IpNet;
 use ipool_server::cluster::claim::{self, ClaimOutcome, Views};
 use ipool_server::cluster::datastore::{BlockStore, PoolStore};
-use ipool_server::cluster::etcd::{ClusterStore, DEFAULT_PREFIX};
-use ipool_server::cluster::model::Claimed;
-use ipool_server::cluster::pool::PoolSpec;
+use ipool_server::cluster::etcd::{EtcdStore, DEFAULT_PREFIX};
+use ipool_server::cluster::ippool::PoolSpec;
+use ipool_server::cluster::vocab::Claimed;
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
@@ -26,8 +26,8 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-async fn store(e: &Etcd) -> ClusterStore {
-    ClusterStore::connect(
+async fn store(e: &Etcd) -> EtcdStore {
+    EtcdStore::connect(
         std::slice::from_ref(&e.client_url),
         DEFAULT_PREFIX,
         Duration::from_secs(5),
@@ -38,7 +38,7 @@ async fn store(e: &Etcd) -> ClusterStore {
 }
 
 /// Claims `block` of `pool` for `node`, conditioned on the pool as read now.
-async fn claim(s: &ClusterStore, pool: &str, block: &IpNet, node: &str) -> Claimed {
+async fn claim(s: &EtcdStore, pool: &str, block: &IpNet, node: &str) -> Claimed {
     let revision = s.get_pool(pool).await.unwrap().map_or(0, |p| p.revision);
     s.claim(pool, revision, block, node).await.unwrap()
 }
@@ -50,7 +50,7 @@ thread_local! {
 
 /// The next block of `p` for `node` (one family), conditioned on the pool as read now, from
 /// the node's kept view.
-async fn claim_next(s: &ClusterStore, p: &PoolSpec, v4: bool, node: &str) -> ClaimOutcome {
+async fn claim_next(s: &EtcdStore, p: &PoolSpec, v4: bool, node: &str) -> ClaimOutcome {
     let revision = s
         .get_pool(&p.name)
         .await
@@ -135,7 +135,7 @@ fn a_store_on_several_endpoints_fails_over_to_a_member_that_answers() {
     let mut urls = vec![dead];
     urls.extend(members.iter().map(|m| m.client_url.clone()));
     rt().block_on(async {
-        let s = ClusterStore::connect(&urls, DEFAULT_PREFIX, Duration::from_secs(2), None)
+        let s = EtcdStore::connect(&urls, DEFAULT_PREFIX, Duration::from_secs(2), None)
             .await
             .expect("connect past a dead endpoint");
         s.create_pool(&pool("f", &["10.50.0.0/16"], &[]))
@@ -171,7 +171,7 @@ fn a_store_on_several_endpoints_fails_over_to_a_member_that_answers() {
             started.elapsed()
         );
         // What was written is there, read through a member the first client did not use.
-        let other = ClusterStore::connect(
+        let other = EtcdStore::connect(
             std::slice::from_ref(&members[2].client_url),
             DEFAULT_PREFIX,
             Duration::from_secs(2),
@@ -505,7 +505,7 @@ fn ipoolctl_cluster_manages_pools_and_lists_blocks() {
             "cluster",
             "--etcd-endpoints",
             "http://127.0.0.1:1",
-            "--etcd-timeout",
+            "--store-timeout",
             "1",
         ])
         .args(["pool", "list"])

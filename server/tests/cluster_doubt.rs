@@ -356,7 +356,7 @@ fn a_late_claim_of_the_old_block_size_is_given_back_on_the_kubernetes_api() {
     n1.spawn();
     held.caught_within(20);
     made_again_with_27s(&store);
-    // Past the daemon's deadline (etcd_timeout_ms 500) it gave the claim up, and claims the
+    // Past the daemon's deadline (store_timeout_ms 500) it gave the claim up, and claims the
     // /27 of the pool made anew; the /28 lands after.
     eventually(20, "the /27 claimed", || {
         let owners = store.owners();
@@ -382,7 +382,7 @@ fn a_late_claim_of_the_old_block_size_is_given_back_on_the_kubernetes_api() {
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn a_late_claim_of_the_old_block_size_never_lands_on_etcd() {
     use ipool_server::cluster::datastore::{BlockStore, PoolStore};
-    use ipool_server::cluster::model::Claimed;
+    use ipool_server::cluster::vocab::Claimed;
     let store = Backend::etcd();
     old_size_pool(&store);
     let url = format!("http://{}", store.addr());

@@ -24,7 +24,7 @@ fn claim_for(url: &str, pool: &str, block: IpNet, node: &str) {
         let revision = s.get_pool(pool).await.unwrap().unwrap().revision;
         let won = s.claim(pool, revision, &block, node).await.unwrap();
         assert!(
-            matches!(won, ipool_server::cluster::model::Claimed::Won(_)),
+            matches!(won, ipool_server::cluster::vocab::Claimed::Won(_)),
             "{won:?}"
         );
     });
@@ -385,7 +385,7 @@ fn release_node_gives_back_nothing_of_a_node_that_came_back() {
         let blocks = s.list_blocks(None, Some("node-back")).await.unwrap().blocks;
         assert_eq!(blocks.len(), 1);
         // The operator decided on what it read; the node's daemon starts meanwhile.
-        let me = ipool_server::cluster::model::Alive {
+        let me = ipool_server::cluster::vocab::Alive {
             instance: "back".into(),
             at_ms: 0,
             fence_secs: 30,
@@ -394,9 +394,9 @@ fn release_node_gives_back_nothing_of_a_node_that_came_back() {
         let held = s.start_heartbeat("node-back", &me, 30, 10).await.unwrap();
         assert!(matches!(
             held,
-            ipool_server::cluster::model::Acquired::Held(_)
+            ipool_server::cluster::vocab::Acquired::Held(_)
         ));
-        let judged = ipool_server::cluster::model::NodeState::default();
+        let judged = ipool_server::cluster::vocab::NodeState::default();
         let plan = ipool_server::cluster::datastore::Release::of_blocks(&judged, &blocks, false);
         let refused = s
             .release_node("node-back", &plan)
@@ -418,8 +418,8 @@ fn release_node_gives_back_nothing_of_a_node_that_came_back() {
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn the_last_writes_of_a_release_hold_only_while_the_node_stays_away() {
     use ipool_server::cluster::datastore::{PinStore, Release};
-    use ipool_server::cluster::model::{Acquired, Alive};
     use ipool_server::cluster::pin::{Holder, Pin, PinCreated, PinOwner};
+    use ipool_server::cluster::vocab::{Acquired, Alive};
     let etcd = Etcd::start();
     etcd.create_pool(&["f8", "--cidr", "10.69.0.0/24"]);
     claim_for(

@@ -13,10 +13,10 @@ use common::*;
 use ipnet::IpNet;
 use ipool_server::cluster::claim::{claim_next, Views};
 use ipool_server::cluster::datastore::{BlockStore, NameStore, PinStore, PoolStore, Release};
+use ipool_server::cluster::ippool::PoolSpec;
 use ipool_server::cluster::kube::KubeStore;
-use ipool_server::cluster::model::{Acquired, Alive};
-use ipool_server::cluster::model::{Block, Claimed, ClusterError, PoolPhase, Settled};
-use ipool_server::cluster::pool::PoolSpec;
+use ipool_server::cluster::vocab::{Acquired, Alive};
+use ipool_server::cluster::vocab::{Block, Claimed, ClusterError, PoolPhase, Settled};
 
 fn pool(name: &str, cidrs: &[&str]) -> PoolSpec {
     PoolSpec {
@@ -30,7 +30,7 @@ fn pool(name: &str, cidrs: &[&str]) -> PoolSpec {
 }
 
 /// A pin in block `b` of its first address but one, held by node "n".
-fn held_pin(b: &ipool_server::cluster::model::Block) -> ipool_server::cluster::pin::Pin {
+fn held_pin(b: &ipool_server::cluster::vocab::Block) -> ipool_server::cluster::pin::Pin {
     use ipool_server::cluster::pin::{Holder, Pin, PinOwner};
     Pin {
         pool: b.pool.clone(),
@@ -126,7 +126,7 @@ fn a_block_has_one_owner_and_a_late_give_back_finds_it_settled() {
             panic!("settled")
         };
         assert!(!s.give_back(&mine).await.unwrap(), "settled since");
-        let current = ipool_server::cluster::model::Block {
+        let current = ipool_server::cluster::vocab::Block {
             revision: settled,
             ..mine
         };
@@ -145,7 +145,7 @@ fn concurrent_claims_of_three_nodes_never_share_a_block() {
     let api = FakeApi::start();
     let blocks = with_kube(&api, "ipoold", |s| async move {
         s.create_pool(&pool("p", &["10.1.0.0/22"])).await.unwrap();
-        let ipool_server::cluster::model::Pool {
+        let ipool_server::cluster::vocab::Pool {
             spec,
             revision: rev,
             ..
@@ -366,7 +366,7 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
     let api = FakeApi::start();
     let (blocks, beat) = with_kube(&api, "ipoold", |s| async move {
         s.create_pool(&pool("p", &["10.4.0.0/24"])).await.unwrap();
-        let ipool_server::cluster::model::Pool {
+        let ipool_server::cluster::vocab::Pool {
             spec,
             revision: rev,
             ..
@@ -475,7 +475,7 @@ add_wait_ms = 5000
 datastore = "kubernetes"
 kubeconfig = "{}"
 node_name = "{node}"
-etcd_timeout_ms = 1000
+store_timeout_ms = 1000
 heartbeat_ttl_secs = 6
 claim_ahead = 8
 [[network]]
@@ -573,7 +573,7 @@ fn release_node_of_a_node_with_no_lease_is_refused_without_force() {
     let api = FakeApi::start();
     with_kube(&api, "ipoolctl", |s| async move {
         s.create_pool(&pool("p", &["10.5.0.0/24"])).await.unwrap();
-        let ipool_server::cluster::model::Pool {
+        let ipool_server::cluster::vocab::Pool {
             spec,
             revision: rev,
             ..

@@ -59,7 +59,7 @@ fn pools_blocks_and_release_node_through_ipoolctl() {
 datastore = "kubernetes"
 kubeconfig = "{}"
 node_name = "node-x"
-etcd_timeout_ms = 1000
+store_timeout_ms = 1000
 heartbeat_ttl_secs = 6
 claim_ahead = 1
 [[network]]
@@ -120,7 +120,7 @@ fn an_apiserver_that_does_not_answer_or_lacks_the_crds_has_its_exit_code() {
     assert!(stderr(&o).contains("deploy/crds"), "{}", stderr(&o));
     api.set_crds(true);
     api.set_down(true);
-    let o = ctl(&kc, &["--etcd-timeout", "2", "pool", "list"]);
+    let o = ctl(&kc, &["--store-timeout", "2", "pool", "list"]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     let o = Command::new(ipoolctl_bin())
         .args(["cluster", "--kubeconfig"])
@@ -148,7 +148,7 @@ datastore = "kubernetes"
 kubeconfig = "{}"
 node_name = "node-a"
 lease_namespace = "kube-ipool"
-etcd_timeout_ms = 1000
+store_timeout_ms = 1000
 heartbeat_ttl_secs = 6
 claim_ahead = 1
 [[network]]
@@ -274,7 +274,7 @@ fn every_cluster_command_works_as_the_shipped_operator_role() {
 datastore = "kubernetes"
 kubeconfig = "{}"
 node_name = "{n}"
-etcd_timeout_ms = 1000
+store_timeout_ms = 1000
 heartbeat_ttl_secs = 6
 claim_ahead = 1
 [[network]]

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use common::etcd::{with_store, Etcd};
 use common::*;
 use ipool_server::cluster::datastore::BlockStore;
-use ipool_server::cluster::model::Block;
+use ipool_server::cluster::vocab::Block;
 
 fn addr(cidr: &str) -> IpAddr {
     cidr.split('/').next().unwrap().parse().unwrap()

@@ -485,7 +485,7 @@ fn a_block_taken_by_another_node_is_found_at_the_next_sync_and_no_longer_handed_
     assert!(o.status.success(), "{}", stderr(&o));
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let s = ipool_server::cluster::etcd::ClusterStore::connect(
+        let s = ipool_server::cluster::etcd::EtcdStore::connect(
             std::slice::from_ref(&etcd.client_url),
             ipool_server::cluster::etcd::DEFAULT_PREFIX,
             std::time::Duration::from_secs(5),
@@ -495,7 +495,7 @@ fn a_block_taken_by_another_node_is_found_at_the_next_sync_and_no_longer_handed_
         .unwrap();
         let revision = s.get_pool("t").await.unwrap().unwrap().revision;
         let won = s.claim("t", revision, &block, "node-z").await.unwrap();
-        assert!(matches!(won, ipool_server::cluster::model::Claimed::Won(_)));
+        assert!(matches!(won, ipool_server::cluster::vocab::Claimed::Won(_)));
     });
     let detail = eventually(20, "the conflict in status", || {
         let s = pool_status(&d);

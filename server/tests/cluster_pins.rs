@@ -8,10 +8,10 @@ mod common;
 
 use common::backend::{with_datastore, with_datastore_as, Backend};
 use ipnet::IpNet;
-use ipool_server::cluster::model::{Acquired, Alive, Block, Claimed};
+use ipool_server::cluster::ippool::{NotSetAside, PoolSpec};
 use ipool_server::cluster::pin::{Holder, Pin, PinCreated, PinOwner};
-use ipool_server::cluster::pool::{NotSetAside, PoolSpec};
 use ipool_server::cluster::release::release_node_pinned;
+use ipool_server::cluster::vocab::{Acquired, Alive, Block, Claimed};
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
@@ -311,7 +311,7 @@ fn set_aside_pins_on_the_store(store: Backend) {
         // Neither the pool nor the CIDR holding the pin goes; the other CIDR may.
         let e = s.delete_pool("fx").await.unwrap_err().to_string();
         assert!(e.contains("sets aside") && e.contains("unpin"), "{e}");
-        use ipool_server::cluster::pool::PoolChange;
+        use ipool_server::cluster::ippool::PoolChange;
         let e = s
             .change_pool("fx", &PoolChange::RemoveCidr(net("10.81.0.0/24")))
             .await

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use common::backend::{with_datastore, Backend};
 use common::*;
 use ipnet::IpNet;
-use ipool_server::cluster::model::{Claimed, ClusterError};
-use ipool_server::cluster::pool::{PoolChange, PoolSpec};
+use ipool_server::cluster::ippool::{PoolChange, PoolSpec};
+use ipool_server::cluster::vocab::{Claimed, ClusterError};
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
@@ -507,7 +507,7 @@ fn a_cidr_change_stopped_in_the_middle_never_makes_an_unchecked_cidr_claimable()
         let r = s
             .change_pool(
                 "a",
-                &PoolChange::Reserve(ipool_server::cluster::pool::Reserved {
+                &PoolChange::Reserve(ipool_server::cluster::ippool::Reserved {
                     cidr: net("10.93.1.5/32"),
                     reason: String::new(),
                 }),

@@ -1,7 +1,7 @@
 //! Cluster mode's cost follows a node's own blocks, not the pool's size: a node's blocks are
 //! its index, every listing that grows with a pool is paged (a pool past gRPC's 4 MiB reply
 //! serves and lists), blocks claimed before the index are found after an upgrade, and every
-//! etcd request goes through `etcd_rate`. A real etcd, real daemons.
+//! etcd request goes through `store_rate`. A real etcd, real daemons.
 
 mod common;
 
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::etcd::Etcd;
 use common::*;
-use ipool_server::cluster::etcd::{block_key_part, request, ClusterStore, DEFAULT_PREFIX};
+use ipool_server::cluster::etcd::{block_key_part, request, EtcdStore, DEFAULT_PREFIX};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -19,8 +19,8 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-async fn store(url: &str) -> ClusterStore {
-    ClusterStore::connect(
+async fn store(url: &str) -> EtcdStore {
+    EtcdStore::connect(
         &[url.to_string()],
         DEFAULT_PREFIX,
         Duration::from_secs(20),
@@ -33,7 +33,7 @@ async fn store(url: &str) -> ClusterStore {
 /// Writes `count` blocks of /26 from `first` (a pool's CIDR start) straight into etcd, 8 per
 /// node `n0`, `n1`..., as claims write them: the block's owner and, with `index`, the node's
 /// index entry. Quicker than claiming them one by one.
-async fn write_blocks(s: &ClusterStore, pool: &str, first: u32, count: u32, index: bool) {
+async fn write_blocks(s: &EtcdStore, pool: &str, first: u32, count: u32, index: bool) {
     let mut ops = Vec::new();
     for i in 0..count {
         let net: ipnet::IpNet = format!("{}/26", std::net::Ipv4Addr::from(first + i * 64))
@@ -166,7 +166,7 @@ fn blocks_claimed_before_the_index_are_found_after_an_upgrade() {
     );
 }
 
-/// `etcd_rate` counts etcd requests, every one of them; status says when it made a claim wait.
+/// `store_rate` counts etcd requests, every one of them; status says when it made a claim wait.
 #[test]
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn the_etcd_rate_limit_counts_every_request_and_status_says_when_it_waits() {
@@ -175,7 +175,7 @@ fn the_etcd_rate_limit_counts_every_request_and_status_says_when_it_waits() {
     let d = etcd.daemon(
         "n-rate",
         "rl",
-        "etcd_rate = 2.0\netcd_burst = 1\nclaim_ahead = 1",
+        "store_rate = 2.0\netcd_burst = 1\nclaim_ahead = 1",
     );
     let conf = d.conf("1.0.0", "pods", "");
     let started = std::time::Instant::now();

@@ -17,7 +17,7 @@ fn an_https_etcd_with_client_certificates_serves_ipoolctl_and_the_daemon() {
     let file = |f: &str| pki.path().join(f).display().to_string();
     let ctl = |tls: &[&str], args: &[&str]| -> Output {
         let mut all = tls.to_vec();
-        all.extend(["--etcd-timeout", "3"]);
+        all.extend(["--etcd-timeout", "3"]); // the deprecated name of --store-timeout, still accepted
         all.extend_from_slice(args);
         etcd.ctl(&all)
     };

@@ -93,7 +93,7 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let s = ipool_server::cluster::etcd::ClusterStore::connect(
+        let s = ipool_server::cluster::etcd::EtcdStore::connect(
             std::slice::from_ref(&etcd.client_url),
             ipool_server::cluster::etcd::DEFAULT_PREFIX,
             std::time::Duration::from_secs(5),
@@ -104,7 +104,7 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
         let revision = s.get_pool("r1").await.unwrap().unwrap().revision;
         let won = s.claim("r1", revision, &taken, "node-z").await.unwrap();
         assert!(
-            matches!(won, ipool_server::cluster::model::Claimed::Won(_)),
+            matches!(won, ipool_server::cluster::vocab::Claimed::Won(_)),
             "{won:?}"
         );
     });
@@ -142,12 +142,12 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
 #[test]
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn a_give_back_from_before_a_restore_spares_a_later_write_on_the_same_revision() {
-    use ipool_server::cluster::model::{Block, Claimed, Settled};
+    use ipool_server::cluster::vocab::{Block, Claimed, Settled};
     let mut etcd = Etcd::start();
     etcd.create_pool(&["g1", "--cidr", "10.71.0.0/24", "--block-size", "28"]);
     let url = etcd.client_url.clone();
     let block: IpNet = "10.71.0.0/28".parse().unwrap();
-    let mine = |s: ipool_server::cluster::etcd::ClusterStore| async move {
+    let mine = |s: ipool_server::cluster::etcd::EtcdStore| async move {
         let listed = s.list_blocks(Some("g1"), Some("node-g")).await.unwrap();
         assert_eq!(listed.blocks.len(), 1, "{listed:?}");
         (s, listed.blocks[0].clone())
@@ -203,7 +203,7 @@ fn a_give_back_from_before_a_restore_spares_a_later_write_on_the_same_revision()
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
 fn a_stale_index_entry_removed_late_spares_the_entry_made_again_on_its_revision() {
     use ipool_server::cluster::etcd::request::get_prefix;
-    use ipool_server::cluster::model::Claimed;
+    use ipool_server::cluster::vocab::Claimed;
     let mut etcd = Etcd::start();
     etcd.create_pool(&["ix", "--cidr", "10.72.0.0/24", "--block-size", "28"]);
     let url = etcd.client_url.clone();
@@ -261,7 +261,7 @@ fn a_stale_index_entry_removed_late_spares_the_entry_made_again_on_its_revision(
 fn a_stale_index_entry_removed_late_spares_the_entry_of_a_block_restored() {
     use ipool_server::cluster::etcd::block_as_judged;
     use ipool_server::cluster::etcd::request::{get_prefix, op, txn};
-    use ipool_server::cluster::model::Claimed;
+    use ipool_server::cluster::vocab::Claimed;
     let mut etcd = Etcd::start();
     etcd.create_pool(&["iy", "--cidr", "10.73.0.0/24", "--block-size", "28"]);
     let url = etcd.client_url.clone();
@@ -333,7 +333,7 @@ fn a_lost_store_quarantines_the_live_pods_addresses_against_the_synced_blocks() 
             "heartbeat_ttl_secs = 10\n[kubernetes]\ngc_grace_secs = 60",
         )
         .replace(&etcd.client_url, &proxy.url)
-        .replace("etcd_timeout_ms = 500", "etcd_timeout_ms = 10000");
+        .replace("store_timeout_ms = 500", "store_timeout_ms = 10000");
     let mut d = Daemon::prepare_with_config(&toml);
     let kubeconfig = api.kubeconfig(d.dir.path());
     d.add_args(&["--kubeconfig", &kubeconfig.display().to_string()]);

@@ -320,7 +320,7 @@ fn options_go_after_the_subcommand_and_help_names_each_command() {
             "n1",
             "--etcd-endpoints",
             &dead,
-            "--etcd-timeout",
+            "--store-timeout",
             "1",
             "--etcd-prefix",
             "/other",

@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use ipool_server::clock::Clock;
 use ipool_server::cluster::connect::Connector;
-use ipool_server::cluster::datastore::Store;
+use ipool_server::cluster::datastore::StoreHandle;
 use ipool_server::cluster::etcd::client::EtcdClient;
-use ipool_server::cluster::etcd::ClusterStore;
+use ipool_server::cluster::etcd::EtcdStore;
 use ipool_server::cluster::kube::KubeStore;
-use ipool_server::cluster::model::ClusterError;
 use ipool_server::cluster::node::ClusterNode;
 use ipool_server::cluster::pin::hold::Holds;
 use ipool_server::cluster::pin::PinOwner;
+use ipool_server::cluster::vocab::ClusterError;
 use ipool_server::config::DaemonConfig;
 use ipool_server::ipam::{AddRequest, Ipam, Setup};
 use ipool_server::model::PodMeta;
@@ -193,8 +193,8 @@ pub fn connector(
                 StoreKind::Etcd => {
                     let wire = Arc::new(EtcdWire { net, from, alive });
                     let client = EtcdClient::with_transport(wire, timeout, Some(limiter));
-                    let s = ClusterStore::with_client(client, &prefix).await?;
-                    Ok(Arc::new(s) as Store)
+                    let s = EtcdStore::with_client(client, &prefix).await?;
+                    Ok(Arc::new(s) as StoreHandle)
                 }
                 StoreKind::Kube => {
                     let wire = ApiWire {
@@ -205,7 +205,7 @@ pub fn connector(
                     };
                     let client = kube::Client::new(wire, "default");
                     let s = KubeStore::connect(client, &lease_ns, Some(limiter), manager).await?;
-                    Ok(Arc::new(s) as Store)
+                    Ok(Arc::new(s) as StoreHandle)
                 }
             }
         })
@@ -412,7 +412,7 @@ impl Daemon {
                 .get(&key(&container))
                 .map_or_else(Instant::now, |r| clock.instant_of(r.created_at_ms));
             let after = node.pool_reserved(crate::POOL);
-            let held = |v: &[ipool_server::cluster::pool::Reserved], ip: &IpAddr| {
+            let held = |v: &[ipool_server::cluster::ippool::Reserved], ip: &IpAddr| {
                 v.iter().any(|r| r.cidr.contains(ip))
             };
             let reserved = match &result {

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use ipool_server::cluster::pool::PoolChange;
+use ipool_server::cluster::ippool::PoolChange;
 use ipool_server::selector::NodeSelector;
 
 use crate::store::PoolNow;

@@ -52,7 +52,7 @@ mod store_check;
 mod world;
 
 pub use ipool_server::bugs::Bug;
-use ipool_server::cluster::pool::PoolSpec;
+use ipool_server::cluster::ippool::PoolSpec;
 
 pub use choice::Choices;
 
@@ -123,7 +123,7 @@ pub const NOT_YET: &[Bug] = &[
     Bug::WitnessJudgedPastOnly,
     // Found by a review (session 34) before it landed: the simulation's operator never sets a
     // family's block size (docs/simulation.md, Limits), so no run can meet it; guarded by
-    // `cluster::pool::tests::nothing_is_claimed_in_a_cidr_on_its_way_in_or_out`.
+    // `cluster::ippool::tests::nothing_is_claimed_in_a_cidr_on_its_way_in_or_out`.
     Bug::ClaimOfAnySize,
     // Found by the hunt from seed 0 at first (seeds 10 and 32), since session 31's changes
     // (the witness numbered, holds only under a held name, the wind-down deleting the pods of

@@ -8,10 +8,11 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use ipool_server::cluster::datastore::Store;
-use ipool_server::cluster::etcd::client::{Call, Limiter};
-use ipool_server::cluster::model::ClusterError;
-use ipool_server::cluster::pool::{PoolChange, PoolSpec};
+use ipool_server::cluster::datastore::StoreHandle;
+use ipool_server::cluster::etcd::client::Call;
+use ipool_server::cluster::ippool::{PoolChange, PoolSpec};
+use ipool_server::cluster::limiter::Limiter;
+use ipool_server::cluster::vocab::ClusterError;
 
 use tokio::time::Instant;
 
@@ -30,14 +31,14 @@ impl World {
     /// others' absence; its release writes as its own manager, `releasing`).
     pub(crate) fn leader_store(
         &self,
-    ) -> futures::future::BoxFuture<'static, Result<Store, String>> {
+    ) -> futures::future::BoxFuture<'static, Result<StoreHandle, String>> {
         self.store_as(false, ipool_server::cluster::kube::FIELD_MANAGER)
     }
 
     pub(crate) fn operator_store_elsewhere(
         &self,
         elsewhere: bool,
-    ) -> futures::future::BoxFuture<'static, Result<Store, String>> {
+    ) -> futures::future::BoxFuture<'static, Result<StoreHandle, String>> {
         self.store_as(elsewhere, "ipoolctl")
     }
 
@@ -45,7 +46,7 @@ impl World {
         &self,
         elsewhere: bool,
         manager: &'static str,
-    ) -> futures::future::BoxFuture<'static, Result<Store, String>> {
+    ) -> futures::future::BoxFuture<'static, Result<StoreHandle, String>> {
         let conn = crate::daemon::connector(
             self.opts.store,
             self.net.clone(),
@@ -169,7 +170,7 @@ pub(crate) fn pool_op(w: &mut World) {
                             Ok(_) => s
                                 .change_pool(
                                     POOL,
-                                    &PoolChange::Reserve(ipool_server::cluster::pool::Reserved {
+                                    &PoolChange::Reserve(ipool_server::cluster::ippool::Reserved {
                                         cidr,
                                         reason: "the simulation".into(),
                                     }),
@@ -250,7 +251,7 @@ pub(crate) fn finish_pool(w: &mut World, name: String, how: HalfDone) {
 /// operator's own store connection by `run`, and its outcome taken in when it ends.
 pub(crate) fn command<F, Fut>(w: &mut World, what: String, run: F)
 where
-    F: FnOnce(Store) -> Fut + Send + 'static,
+    F: FnOnce(StoreHandle) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<String, ClusterError>> + Send + 'static,
 {
     w.note(format!("operator: {what}"));
@@ -277,14 +278,14 @@ async fn move_pool(
     s: &dyn ipool_server::cluster::datastore::Datastore,
     place: &str,
     names: &[String],
-    spec: &ipool_server::cluster::pool::PoolSpec,
+    spec: &ipool_server::cluster::ippool::PoolSpec,
     pause: std::time::Duration,
     pins: Option<Vec<ipool_server::cluster::pin::PinRead>>,
-) -> Result<String, ipool_server::cluster::model::ClusterError> {
+) -> Result<String, ipool_server::cluster::vocab::ClusterError> {
     for n in names {
         let release = ipool_server::cluster::release::release_node_pinned;
         match release(s, place, n, 0, true, pins.clone()).await {
-            Ok(_) | Err(ipool_server::cluster::model::ClusterError::NotFound(_)) => {}
+            Ok(_) | Err(ipool_server::cluster::vocab::ClusterError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
     }

@@ -357,7 +357,7 @@ impl Shared {
                     let name = std::str::from_utf8(k)
                         .ok()?
                         .strip_prefix("/ipool/v1/pools/")?;
-                    let spec: ipool_server::cluster::pool::PoolSpec =
+                    let spec: ipool_server::cluster::ippool::PoolSpec =
                         serde_json::from_slice(&kv.value).ok()?;
                     Some((name.to_string(), spec.cidrs))
                 })
@@ -389,7 +389,7 @@ impl Shared {
                         .ok()?
                         .strip_prefix("/ipool/v1/pools/")?
                         .to_string();
-                    let spec: ipool_server::cluster::pool::PoolSpec =
+                    let spec: ipool_server::cluster::ippool::PoolSpec =
                         serde_json::from_slice(&kv.value).ok()?;
                     Some(PoolNow {
                         kept_out: [

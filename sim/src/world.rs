@@ -246,7 +246,7 @@ impl World {
         opts.set_aside = swarm.set_aside && !opts.small;
         let wall = Wall::new(1_800_000_000_000);
         let w2 = wall.clone();
-        ipool_server::cluster::model::set_wall_clock(Some(Box::new(move || w2.now_ms())));
+        ipool_server::cluster::vocab::set_wall_clock(Some(Box::new(move || w2.now_ms())));
         ipool_server::cluster::seed_jitter(opts.seed);
         let setting = Setting {
             store: opts.store,
@@ -555,7 +555,7 @@ pub fn run(opts: &Options, choices: Choices) -> Outcome {
         out
     });
     rt.shutdown_background();
-    ipool_server::cluster::model::set_wall_clock(None);
+    ipool_server::cluster::vocab::set_wall_clock(None);
     ipool_server::bugs::set(&[]);
     out
 }

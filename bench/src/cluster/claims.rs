@@ -9,8 +9,8 @@ use anyhow::{bail, Context, Result};
 use ipnet::IpNet;
 use ipool_server::cluster::claim::{self, Views};
 use ipool_server::cluster::datastore::{BlockStore, PoolStore};
-use ipool_server::cluster::etcd::ClusterStore;
-use ipool_server::cluster::pool::PoolSpec;
+use ipool_server::cluster::etcd::EtcdStore;
+use ipool_server::cluster::ippool::PoolSpec;
 
 /// Claims made by `claimers` simulated nodes.
 pub struct ClaimRun {
@@ -46,8 +46,8 @@ pub fn pool(name: &str, cidr: &str) -> Result<PoolSpec> {
     })
 }
 
-async fn connect(url: &str, prefix: &str) -> Result<ClusterStore> {
-    ClusterStore::connect(&[url.to_string()], prefix, Duration::from_secs(10), None)
+async fn connect(url: &str, prefix: &str) -> Result<EtcdStore> {
+    EtcdStore::connect(&[url.to_string()], prefix, Duration::from_secs(10), None)
         .await
         .with_context(|| format!("connecting to etcd at {url}"))
 }
@@ -71,7 +71,7 @@ pub async fn wait_ready(url: &str, prefix: &str) -> Result<()> {
 }
 
 /// Creates `spec` in etcd; the connection that did.
-pub async fn create(url: &str, prefix: &str, spec: &PoolSpec) -> Result<ClusterStore> {
+pub async fn create(url: &str, prefix: &str, spec: &PoolSpec) -> Result<EtcdStore> {
     let admin = connect(url, prefix).await?;
     admin
         .create_pool(spec)
@@ -93,7 +93,7 @@ pub async fn owned(url: &str, prefix: &str, pool: &str, node: &str) -> Result<us
 /// One claim by `node`, timed; the block it won (None: the pool is full, and `until` allows
 /// that).
 async fn claim_one(
-    store: &ClusterStore,
+    store: &EtcdStore,
     views: &Views,
     spec: &PoolSpec,
     revision: i64,
@@ -160,7 +160,7 @@ pub async fn drain(url: &str, prefix: &str, spec: &PoolSpec, claimers: usize) ->
 
 #[allow(clippy::too_many_arguments)]
 async fn claim_with(
-    admin: ClusterStore,
+    admin: EtcdStore,
     url: &str,
     prefix: &str,
     spec: &PoolSpec,
@@ -234,7 +234,7 @@ async fn claim_with(
 /// node, listed with that node as its owner, nothing else listed but blocks of nodes named
 /// `filler*` (when not empty). Returns the blocks checked.
 async fn verify(
-    store: &ClusterStore,
+    store: &EtcdStore,
     pool: &str,
     won: &[(IpNet, String)],
     filler: &str,

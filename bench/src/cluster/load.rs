@@ -138,7 +138,7 @@ impl Store {
             }
             Store::Etcd(e) => {
                 use ipool_server::cluster::etcd::request::{op, txn};
-                use ipool_server::cluster::etcd::{block_key_part, ClusterStore, DEFAULT_PREFIX};
+                use ipool_server::cluster::etcd::{block_key_part, EtcdStore, DEFAULT_PREFIX};
                 let net: ipnet::IpNet = block.parse().context("a block")?;
                 let part = block_key_part(&net);
                 let owner = format!(r#"{{"node":"{to}","claimed_at_ms":1}}"#);
@@ -156,7 +156,7 @@ impl Store {
                 let url = e.client_url.clone();
                 rt.block_on(async move {
                     let s =
-                        ClusterStore::connect(&[url], DEFAULT_PREFIX, Duration::from_secs(5), None)
+                        EtcdStore::connect(&[url], DEFAULT_PREFIX, Duration::from_secs(5), None)
                             .await?;
                     s.client().txn(txn([], ops, [])).await?;
                     Ok::<_, anyhow::Error>(())

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use ipnet::IpNet;
 use ipool_server::cluster::datastore::{BlockStore, PoolStore};
-use ipool_server::cluster::etcd::ClusterStore;
-use ipool_server::cluster::pool::PoolSpec;
+use ipool_server::cluster::etcd::EtcdStore;
+use ipool_server::cluster::ippool::PoolSpec;
 
 use super::claims;
 use super::PREFIX;
@@ -48,8 +48,8 @@ pub struct ScaleReport {
     pub fill90: claims::ClaimRun,
 }
 
-async fn connect(url: &str) -> Result<ClusterStore> {
-    ClusterStore::connect(&[url.to_string()], PREFIX, Duration::from_secs(30), None)
+async fn connect(url: &str) -> Result<EtcdStore> {
+    EtcdStore::connect(&[url.to_string()], PREFIX, Duration::from_secs(30), None)
         .await
         .with_context(|| format!("connecting to etcd at {url}"))
 }
@@ -85,7 +85,7 @@ async fn fill(url: &str, spec: &PoolSpec, count: usize, parallel: usize) -> Resu
                     return Ok::<_, anyhow::Error>(());
                 };
                 let won = store.claim(&name, revision, b, &node(i / PER_NODE)).await?;
-                if !matches!(won, ipool_server::cluster::model::Claimed::Won(_)) {
+                if !matches!(won, ipool_server::cluster::vocab::Claimed::Won(_)) {
                     bail!("filling pool {name}: block {b}: {won:?}");
                 }
             }

@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::model::{Block, Listing, NodeSeen, Pools};
 use super::pin::PinRead;
+use super::vocab::{Block, Listing, NodeSeen, Pools};
 
 /// A running pod's addresses, as the apiserver reports them.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 
 use super::cidrset::CidrSet;
 use super::datastore::BlockStore;
-use super::model::{Block, Claimed, ClusterError, MalformedKey};
-use super::pool::PoolSpec;
+use super::ippool::PoolSpec;
+use super::vocab::{Block, Claimed, ClusterError, MalformedKey};
 
 /// A view older than this is listed again before a claim.
 const VIEW_MAX_AGE: Duration = Duration::from_secs(60);

@@ -1,15 +1,15 @@
-//! The store `[cluster] datastore` names, connected: etcd's [`ClusterStore`] or the Kubernetes
-//! API's [`KubeStore`], as a [`Store`]; or whatever a [`Connector`] makes (the simulation's
+//! The store `[cluster] datastore` names, connected: etcd's [`EtcdStore`] or the Kubernetes
+//! API's [`KubeStore`], as a [`StoreHandle`]; or whatever a [`Connector`] makes (the simulation's
 //! stores on its in-memory etcd and apiserver).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::datastore::Store;
-use super::etcd::client::Limiter;
-use super::etcd::{ClusterStore, Tls};
+use super::datastore::StoreHandle;
+use super::etcd::{EtcdStore, Tls};
 use super::kube::KubeStore;
-use super::model::ClusterError;
+use super::limiter::Limiter;
+use super::vocab::ClusterError;
 use crate::config::cluster::{ClusterSettings, DatastoreKind};
 
 /// The store `settings` name, its requests through `limiter`; each bounded by
@@ -18,11 +18,11 @@ pub async fn connect(
     settings: &ClusterSettings,
     tls: Option<&Tls>,
     limiter: &Arc<Limiter>,
-) -> Result<Store, ClusterError> {
+) -> Result<StoreHandle, ClusterError> {
     let timeout = Duration::from_millis(settings.store_timeout_ms);
     Ok(match settings.datastore {
         DatastoreKind::Etcd => Arc::new(
-            ClusterStore::connect_limited(
+            EtcdStore::connect_limited(
                 &settings.etcd_endpoints,
                 &settings.prefix,
                 timeout,
@@ -62,7 +62,7 @@ pub type Connector = Arc<
             &ClusterSettings,
             Option<&Tls>,
             &Arc<Limiter>,
-        ) -> futures::future::BoxFuture<'static, Result<Store, ClusterError>>
+        ) -> futures::future::BoxFuture<'static, Result<StoreHandle, ClusterError>>
         + Send
         + Sync,
 >;

@@ -2,7 +2,7 @@
 //! nodes' names: everything [`ClusterNode`](super::node::ClusterNode), the sources' work and
 //! `ipoolctl cluster` ask of it, as [`Datastore`]: its pools ([`PoolStore`]), its blocks
 //! ([`BlockStore`]) and its nodes' names ([`NameStore`]). Two stores implement each part, in
-//! the file that owns it: etcd ([`ClusterStore`](super::etcd::ClusterStore): `etcd::pools`, `etcd::blocks`, `etcd::nodes`)
+//! the file that owns it: etcd ([`EtcdStore`](super::etcd::EtcdStore): `etcd::pools`, `etcd::blocks`, `etcd::nodes`)
 //! and the Kubernetes API ([`KubeStore`](super::kube::KubeStore): `kube::pools`,
 //! `kube::blocks`, `kube::lease`); [`connect`](super::connect) makes the one `[cluster]`
 //! names. A node's claims (`claim::claim_next`) run on either through [`BlockStore`].
@@ -19,26 +19,26 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::model::{
+use super::ippool::{NotSetAside, PoolChange, PoolSpec};
+use super::pin::{Pin, PinCreated, PinOwner, PinRead};
+use super::vocab::{
     Acquired, Alive, Block, Claimed, ClusterError, Heartbeat, Listing, NodeSeen, NodeState, Pool,
     Pools, Settled,
 };
-use super::pin::{Pin, PinCreated, PinOwner, PinRead};
-use super::pool::{NotSetAside, PoolChange, PoolSpec};
 
 /// A store shared by the calls of one node (or of one `ipoolctl` run).
-pub type Store = Arc<dyn Datastore>;
+pub type StoreHandle = Arc<dyn Datastore>;
 
 /// A store of pools, blocks and node names: what cluster mode runs on.
 pub trait Datastore:
     PoolStore + BlockStore + NameStore + WatchStore + PinStore + LeadStore
 {
     /// The same store, whose requests never wait for its rate limit (the heartbeat's).
-    fn urgent(&self) -> Store;
+    fn urgent(&self) -> StoreHandle;
     /// The same store, whose writes are release-node's, not a daemon's: on the Kubernetes
     /// API, a field manager of its own, so that the write that measures a node's absence is
     /// not taken for the node's daemon's own (a daemon releasing a departed node).
-    fn releasing(&self) -> Store;
+    fn releasing(&self) -> StoreHandle;
     /// How many times the store was found reset (restored from an older backup, made anew),
     /// and why the last time.
     fn resets(&self) -> (u64, Option<String>);

@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::datastore::Datastore;
-use super::model::{ClusterError, NodeSeen};
 use super::node::ClusterNode;
 use super::pin::PinOwner;
 use super::release::{not_gone, release_node, Released};
+use super::vocab::{ClusterError, NodeSeen};
 
 pub mod pins;
 

@@ -1,7 +1,7 @@
 //! Cluster pools and their blocks in etcd. Keys, under a prefix (default `/ipool/v1`):
 //!
-//! - `<prefix>/pools/<name>`: a pool ([`PoolSpec`](super::pool::PoolSpec), JSON);
-//! - `<prefix>/blocks/<pool>/<block>`: a block's owner ([`Owner`](super::model::Owner), JSON), the block written
+//! - `<prefix>/pools/<name>`: a pool ([`PoolSpec`](super::ippool::PoolSpec), JSON);
+//! - `<prefix>/blocks/<pool>/<block>`: a block's owner ([`Owner`](super::vocab::Owner), JSON), the block written
 //!   as Calico does, `10.0.0.0-26`;
 //! - `<prefix>/nodes/<node>/blocks/<pool>/<block>`: the node's index of its blocks, written and
 //!   deleted with them; `<prefix>/nodes/<node>/indexed`: its index is complete;
@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::datastore::{Datastore, Store};
-use super::model::ClusterError;
+use super::datastore::{Datastore, StoreHandle};
+use super::vocab::ClusterError;
 use client::EtcdClient;
 
 /// Default key prefix.
@@ -63,7 +63,7 @@ impl Tls {
 
 /// The pools and blocks in one etcd.
 #[derive(Clone)]
-pub struct ClusterStore {
+pub struct EtcdStore {
     client: EtcdClient,
     prefix: String,
     /// The leads this process holds: role -> the etcd lease its key is on (`etcd::leader`).
@@ -82,7 +82,7 @@ fn parse_block_part(s: &str) -> Option<IpNet> {
     (net.trunc() == net).then_some(net)
 }
 
-impl ClusterStore {
+impl EtcdStore {
     /// A store on the etcd at `endpoints` ("http://127.0.0.1:2379", or https with `tls`);
     /// each call is bounded by `timeout`. The connection is made by the first call, and
     /// checked here with a read.
@@ -91,29 +91,26 @@ impl ClusterStore {
         prefix: &str,
         timeout: Duration,
         tls: Option<&Tls>,
-    ) -> Result<ClusterStore, ClusterError> {
-        ClusterStore::connect_limited(endpoints, prefix, timeout, tls, None).await
+    ) -> Result<EtcdStore, ClusterError> {
+        EtcdStore::connect_limited(endpoints, prefix, timeout, tls, None).await
     }
 
-    /// [`ClusterStore::connect`], every request through `limiter`.
+    /// [`EtcdStore::connect`], every request through `limiter`.
     pub async fn connect_limited(
         endpoints: &[String],
         prefix: &str,
         timeout: Duration,
         tls: Option<&Tls>,
-        limiter: Option<Arc<client::Limiter>>,
-    ) -> Result<ClusterStore, ClusterError> {
+        limiter: Option<Arc<super::limiter::Limiter>>,
+    ) -> Result<EtcdStore, ClusterError> {
         let client = EtcdClient::new(endpoints, tls.map(|t| &t.0), timeout, limiter)?;
-        ClusterStore::with_client(client, prefix).await
+        EtcdStore::with_client(client, prefix).await
     }
 
     /// A store over `client` (its transport, deadline and limiter its own), its keys under
     /// `prefix`; checked with a read.
-    pub async fn with_client(
-        client: EtcdClient,
-        prefix: &str,
-    ) -> Result<ClusterStore, ClusterError> {
-        let store = ClusterStore {
+    pub async fn with_client(client: EtcdClient, prefix: &str) -> Result<EtcdStore, ClusterError> {
+        let store = EtcdStore {
             client,
             prefix: prefix.trim_end_matches('/').to_string(),
             leads: Arc::default(),
@@ -151,9 +148,9 @@ impl ClusterStore {
     }
 }
 
-impl Datastore for ClusterStore {
-    fn urgent(&self) -> Store {
-        Arc::new(ClusterStore {
+impl Datastore for EtcdStore {
+    fn urgent(&self) -> StoreHandle {
+        Arc::new(EtcdStore {
             client: self.client.urgent(),
             prefix: self.prefix.clone(),
             leads: self.leads.clone(),
@@ -161,8 +158,8 @@ impl Datastore for ClusterStore {
     }
 
     /// etcd's writes name no writer: the same store.
-    fn releasing(&self) -> Store {
-        Arc::new(ClusterStore {
+    fn releasing(&self) -> StoreHandle {
+        Arc::new(EtcdStore {
             client: self.client.clone(),
             prefix: self.prefix.clone(),
             leads: self.leads.clone(),

@@ -42,8 +42,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::Client;
 
-use super::etcd::client::Limiter;
-use super::model::ClusterError;
+use super::limiter::Limiter;
+use super::vocab::ClusterError;
 
 mod blocks;
 mod lease;

@@ -19,11 +19,11 @@ use tokio::time::Instant;
 
 use super::claim::Views;
 use super::connect::{connector, Connector};
-use super::datastore::{Store, Watched};
-use super::etcd::client::Limiter;
+use super::datastore::{StoreHandle, Watched};
 use super::etcd::Tls;
 use super::heard::Heard;
-use super::model::{ClusterError, Heartbeat};
+use super::limiter::Limiter;
+use super::vocab::{ClusterError, Heartbeat};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 
@@ -76,9 +76,9 @@ pub struct ClusterNode {
     tls: Option<Tls>,
     /// Makes the store connection.
     connector: Connector,
-    conn: tokio::sync::Mutex<Option<Store>>,
+    conn: tokio::sync::Mutex<Option<StoreHandle>>,
     /// The connection in use, for the checks made without waiting (see `serving`).
-    current: Mutex<Option<Store>>,
+    current: Mutex<Option<StoreHandle>>,
     /// Every etcd request goes through it (`store_rate`, `store_burst`).
     limiter: Arc<Limiter>,
     /// The node's index of its blocks is complete (made so once, at start).
@@ -111,7 +111,7 @@ pub struct ClusterNode {
     /// The pins this node knows (see `pins`).
     pins: Mutex<pins::PinBook>,
     /// The name of this node's Node object, where the daemon knows it: recorded with its name
-    /// in the store ([`super::model::Alive::k8s_node`]).
+    /// in the store ([`super::vocab::Alive::k8s_node`]).
     k8s_node: std::sync::OnceLock<String>,
     metrics: Arc<Metrics>,
 }
@@ -254,7 +254,7 @@ impl ClusterNode {
         ))
     }
 
-    /// Makes this node's index of its blocks complete, once (see `ClusterStore::ensure_index`).
+    /// Makes this node's index of its blocks complete, once (see `EtcdStore::ensure_index`).
     pub async fn ensure_index(&self) -> Result<(), ClusterError> {
         self.index
             .get_or_try_init(|| async {
@@ -303,11 +303,11 @@ impl ClusterNode {
     /// watches.
     ///
     /// [`call`]: ClusterNode::call
-    pub async fn connection(&self) -> Result<Store, ClusterError> {
+    pub async fn connection(&self) -> Result<StoreHandle, ClusterError> {
         self.store().await
     }
 
-    async fn store(&self) -> Result<Store, ClusterError> {
+    async fn store(&self) -> Result<StoreHandle, ClusterError> {
         let mut conn = self.conn.lock().await;
         if let Some(s) = conn.as_ref() {
             return Ok(s.clone());
@@ -321,7 +321,7 @@ impl ClusterNode {
     /// Runs `f` against etcd: timed (`op`), and etcd counted up or down by its outcome.
     pub async fn call<T, F, Fut>(&self, op: &str, f: F) -> Result<T, ClusterError>
     where
-        F: FnOnce(Store) -> Fut,
+        F: FnOnce(StoreHandle) -> Fut,
         Fut: Future<Output = Result<T, ClusterError>>,
     {
         let t = Instant::now();
@@ -353,7 +353,7 @@ impl ClusterNode {
 
     /// An etcd found reset (restored from a backup, made anew): the pools are read again, and
     /// no source serves before it has synced in the new epoch.
-    fn check_resets(&self, store: &Store) {
+    fn check_resets(&self, store: &StoreHandle) {
         let (resets, why) = store.resets();
         self.resets_seen(resets, why);
     }
@@ -479,7 +479,7 @@ impl ClusterNode {
     /// Reports malformed keys (objects) found by a listing of pool `pool`'s blocks (`whole`:
     /// all of them, for a claim; else this node's, for a sync): logged once each, counted, and
     /// shown in status, until the next listing of the same kind no longer finds them.
-    pub fn malformed_seen(&self, pool: &str, whole: bool, found: &[super::model::MalformedKey]) {
+    pub fn malformed_seen(&self, pool: &str, whole: bool, found: &[super::vocab::MalformedKey]) {
         let mut m = self.malformed.lock().expect("malformed lock");
         let known: std::collections::HashSet<String> =
             m.values().flat_map(|keys| keys.keys().cloned()).collect();

@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::model::{Block, KeyRevision};
+use super::vocab::{Block, KeyRevision};
 
 /// Whose address a pin keeps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

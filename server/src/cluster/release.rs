@@ -11,8 +11,8 @@
 //! [`NameStore::release_node`]: super::datastore::NameStore::release_node
 
 use super::datastore::{Datastore, Release};
-use super::model::{Block, ClusterError, MalformedKey, NodeState};
 use super::pin::{holds_of, keeps_block, Pin, PinRead};
+use super::vocab::{Block, ClusterError, MalformedKey, NodeState};
 
 /// What a release did.
 #[derive(Clone, Debug)]

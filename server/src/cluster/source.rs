@@ -39,8 +39,8 @@ use ipnet::IpNet;
 use tokio::time::Instant;
 
 use super::heard::Cursor;
-use super::model::KeyRevision;
 use super::node::{ClusterNode, NotServing};
+use super::vocab::KeyRevision;
 use super::work::{Done, Work};
 
 mod block;
@@ -78,11 +78,11 @@ pub struct ClusterSource {
     /// rebuilt) are not taken: their etcd call may have raced this source's own.
     id: u64,
     /// The pool's reservations as last looked at (each new one held here is reported once).
-    reserved_seen: Arc<Vec<crate::cluster::pool::Reserved>>,
+    reserved_seen: Arc<Vec<crate::cluster::ippool::Reserved>>,
     /// The network addressed as one subnet (`addressing = "subnet"`), else by block.
     subnet: Option<SubnetMode>,
     /// The network's excluded addresses (one subnet's `exclude`), never handed out.
-    excluded: Vec<crate::cluster::pool::Reserved>,
+    excluded: Vec<crate::cluster::ippool::Reserved>,
     node: Arc<ClusterNode>,
     pool: String,
     family: Family,
@@ -233,7 +233,7 @@ impl ClusterSource {
         self.excluded = mode
             .iter()
             .flat_map(|m| &m.exclude)
-            .map(|x| crate::cluster::pool::Reserved {
+            .map(|x| crate::cluster::ippool::Reserved {
                 cidr: *x,
                 reason: reserved::EXCLUDED.to_string(),
             })

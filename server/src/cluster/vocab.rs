@@ -6,7 +6,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::etcd::client::EtcdError;
-use super::pool::PoolSpec;
+use super::ippool::PoolSpec;
 
 /// Default block sizes, as Calico's.
 pub const DEFAULT_BLOCK_V4: u8 = 26;

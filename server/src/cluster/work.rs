@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::model::{Block, Claimed, ClusterError, KeyRevision, Owner, Pool, PoolPhase, Settled};
 use super::node::pins::holds_kept;
 use super::node::ClusterNode;
 use super::pin::{Pin, PinCreated};
+use super::vocab::{Block, Claimed, ClusterError, KeyRevision, Owner, Pool, PoolPhase, Settled};
 use crate::metrics::ClusterMetrics;
 use crate::range::Family;
 use crate::source::{Claim, Landed};

@@ -93,7 +93,7 @@ pub async fn let_go_unused(ipam: &Ipam, holds: &Holds, unused: &mut Unused) {
                 .filter(|h| {
                     !crate::bugs::on(crate::bugs::Bug::HoldByWallClock)
                         || h.since_ms + HOLD_GRACE.as_millis() as u64
-                            <= crate::cluster::model::now_ms()
+                            <= crate::cluster::vocab::now_ms()
                 })
                 .map(|h| (pin.owner.clone(), h.uid.clone()))
         })

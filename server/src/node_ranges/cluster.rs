@@ -14,10 +14,10 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use super::{Feed, Seen};
-use crate::cluster::model::{Pool, PoolPhase};
+use crate::cluster::ippool::PoolSpec;
 use crate::cluster::node::{ClusterNode, Identity};
-use crate::cluster::pool::PoolSpec;
 use crate::cluster::source::ClusterSource;
+use crate::cluster::vocab::{Pool, PoolPhase};
 use crate::config::DaemonConfig;
 use crate::ipam::Ipam;
 use crate::model::RouteSpec;

@@ -72,7 +72,7 @@ impl Backend {
                 .args(["--datastore", "kubernetes", "--kubeconfig"])
                 .arg(kubeconfig),
         };
-        c.args(["--etcd-timeout", &secs.to_string()])
+        c.args(["--store-timeout", &secs.to_string()])
             .args(args)
             .output()
             .expect("run ipoolctl")
@@ -122,7 +122,7 @@ add_wait_ms = 5000
 datastore = "kubernetes"
 kubeconfig = "{}"
 node_name = "{node}"
-etcd_timeout_ms = 500
+store_timeout_ms = 500
 {extra}
 [[network]]
 name = "pods"

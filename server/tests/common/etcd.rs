@@ -28,14 +28,14 @@ pub fn etcd_bin() -> Option<PathBuf> {
 /// lives on the runtime that made it).
 pub fn with_store<T, F: std::future::Future<Output = T>>(
     url: &str,
-    f: impl FnOnce(ipool_server::cluster::etcd::ClusterStore) -> F,
+    f: impl FnOnce(ipool_server::cluster::etcd::EtcdStore) -> F,
 ) -> T {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let s = ipool_server::cluster::etcd::ClusterStore::connect(
+        let s = ipool_server::cluster::etcd::EtcdStore::connect(
             &[url.to_string()],
             ipool_server::cluster::etcd::DEFAULT_PREFIX,
             Duration::from_secs(5),
@@ -215,7 +215,7 @@ add_wait_ms = 5000
 [cluster]
 etcd_endpoints = ["{}"]
 node_name = "{node}"
-etcd_timeout_ms = 500
+store_timeout_ms = 500
 {extra}
 [[network]]
 name = "pods"

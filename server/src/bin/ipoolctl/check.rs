@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use ipool_server::cluster::check::{self, Apiserver, Kind, Report, Stored};
 use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::departed::Directory;
-use ipool_server::cluster::model::ClusterError;
+use ipool_server::cluster::vocab::ClusterError;
 use ipool_server::k8s::nodes::Nodes;
 
 use crate::cluster_out::exit_for;

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use ipnet::IpNet;
 use ipool_server::cluster::datastore::Datastore;
-use ipool_server::cluster::model::{ClusterError, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6};
-use ipool_server::cluster::pool::{PoolChange, PoolSpec, Reserved};
+use ipool_server::cluster::ippool::{PoolChange, PoolSpec, Reserved};
+use ipool_server::cluster::vocab::{ClusterError, PoolPhase, DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6};
 use ipool_server::range::Family;
 use ipool_server::selector::NodeSelector;
 

@@ -1,7 +1,7 @@
 //! What `ipoolctl cluster`'s commands share in what they say: the exit code for a store's
 //! error, the warning for entries of the store that name no owner, the blocks' table.
 
-use ipool_server::cluster::model::{ClusterError, MalformedKey};
+use ipool_server::cluster::vocab::{ClusterError, MalformedKey};
 
 use crate::{Output, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE};
 
@@ -24,7 +24,7 @@ pub(crate) fn warn_malformed(place: &str, found: &[MalformedKey]) {
     }
 }
 
-pub(crate) fn print_blocks(blocks: &[ipool_server::cluster::model::Block], out: Output) {
+pub(crate) fn print_blocks(blocks: &[ipool_server::cluster::vocab::Block], out: Output) {
     if out == Output::Json {
         let v: Vec<serde_json::Value> = blocks
             .iter()

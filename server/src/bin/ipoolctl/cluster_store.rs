@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ipool_server::cluster::datastore::Store;
-use ipool_server::cluster::etcd::{ClusterStore, Tls};
+use ipool_server::cluster::datastore::StoreHandle;
+use ipool_server::cluster::etcd::{EtcdStore, Tls};
 use ipool_server::cluster::kube::KubeStore;
 use ipool_server::config::cluster::{DatastoreKind, DEFAULT_LEASE_NAMESPACE};
 
@@ -68,9 +68,10 @@ pub(crate) struct StoreArgs {
     /// Key prefix of ipool's data in etcd; default /ipool/v1.
     #[arg(long, global = true, env = "IPOOL_ETCD_PREFIX")]
     etcd_prefix: Option<String>,
-    /// Seconds a call to the store may take.
-    #[arg(long, global = true, default_value_t = 5)]
-    etcd_timeout: u64,
+    /// Seconds a call to the store (etcd or the Kubernetes API) may take. `--etcd-timeout`,
+    /// its old name, is still accepted (deprecated).
+    #[arg(long, global = true, default_value_t = 5, alias = "etcd-timeout")]
+    store_timeout: u64,
     /// The CA that signed etcd's server certificate (https endpoints).
     #[arg(long, global = true, env = "IPOOL_ETCD_CACERT")]
     etcd_cacert: Option<PathBuf>,
@@ -166,12 +167,12 @@ impl StoreArgs {
 
 /// The store the flags name, connected, and what to call it in messages; else the exit code
 /// (a bad flag: usage; no answer: unreachable).
-pub(crate) async fn connect(args: &StoreArgs) -> Result<(Store, &'static str), ExitCode> {
+pub(crate) async fn connect(args: &StoreArgs) -> Result<(StoreHandle, &'static str), ExitCode> {
     let fail = |msg: String, code: u8| {
         eprintln!("ipoolctl: {msg}");
         ExitCode::from(code)
     };
-    let timeout = Duration::from_secs(args.etcd_timeout.max(1));
+    let timeout = Duration::from_secs(args.store_timeout.max(1));
     match args.resolve().map_err(|e| fail(e, EXIT_USAGE))? {
         Target::Etcd {
             endpoints,
@@ -190,7 +191,7 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<(Store, &'static str), E
             )
             .map_err(|e| fail(e, EXIT_USAGE))?;
             let https = endpoints.iter().any(|e| e.starts_with("https://"));
-            let store = ClusterStore::connect(&endpoints, &prefix, timeout, https.then_some(&tls))
+            let store = EtcdStore::connect(&endpoints, &prefix, timeout, https.then_some(&tls))
                 .await
                 .map_err(|e| {
                     fail(
@@ -272,7 +273,7 @@ pub(crate) async fn apiserver(args: &StoreArgs) -> Result<Option<kube::Client>, 
             return Err(ExitCode::from(EXIT_USAGE));
         }
     };
-    let timeout = Duration::from_secs(args.etcd_timeout.max(1) * 6);
+    let timeout = Duration::from_secs(args.store_timeout.max(1) * 6);
     match args.kube_client(kubeconfig.as_deref(), timeout).await {
         Ok((c, _)) => Ok(Some(c)),
         Err(e) => {

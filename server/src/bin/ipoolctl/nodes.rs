@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use ipool_server::cluster::datastore::Datastore;
 use ipool_server::cluster::departed::ROLE;
-use ipool_server::cluster::model::{ClusterError, NodeSeen};
+use ipool_server::cluster::vocab::{ClusterError, NodeSeen};
 
 use crate::cluster_out::warn_malformed;
 use crate::Output;

@@ -3,9 +3,9 @@
 use std::net::IpAddr;
 
 use ipool_server::cluster::datastore::Datastore;
-use ipool_server::cluster::model::ClusterError;
 use ipool_server::cluster::pin::{Pin, PinRead};
 use ipool_server::cluster::release::not_gone;
+use ipool_server::cluster::vocab::ClusterError;
 
 use crate::Output;
 

@@ -2,8 +2,8 @@
 //! blocks owned in it and the addresses still free to claim.
 
 use ipnet::IpNet;
-use ipool_server::cluster::model::{Listing, Pool, PoolPhase};
-use ipool_server::cluster::pool::PoolSpec;
+use ipool_server::cluster::ippool::PoolSpec;
+use ipool_server::cluster::vocab::{Listing, Pool, PoolPhase};
 
 use crate::Output;
 

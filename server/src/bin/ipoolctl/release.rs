@@ -1,7 +1,7 @@
 //! `ipoolctl cluster release-node`: what release-node gave back, kept and released, printed.
 
 use ipool_server::cluster::datastore::Datastore;
-use ipool_server::cluster::model::ClusterError;
+use ipool_server::cluster::vocab::ClusterError;
 
 use crate::cluster_out::{print_blocks, warn_malformed};
 use crate::Output;

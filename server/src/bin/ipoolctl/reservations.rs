@@ -2,8 +2,8 @@
 //! which block (and node) holds each.
 
 use ipool_server::cluster::datastore::Datastore;
-use ipool_server::cluster::model::{Block, ClusterError};
-use ipool_server::cluster::pool::{PoolChange, Reserved};
+use ipool_server::cluster::ippool::{PoolChange, Reserved};
+use ipool_server::cluster::vocab::{Block, ClusterError};
 
 use crate::Output;
 

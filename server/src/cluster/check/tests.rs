@@ -1,9 +1,9 @@
 //! The check's judgement over a state of each kind, and over a clean one.
 
 use super::*;
-use crate::cluster::model::{KeyRevision, MalformedKey, Owner, Pool, PoolPhase};
+use crate::cluster::ippool::PoolSpec;
 use crate::cluster::pin::{Holder, Pin, PinOwner};
-use crate::cluster::pool::PoolSpec;
+use crate::cluster::vocab::{KeyRevision, MalformedKey, Owner, Pool, PoolPhase};
 
 fn block(pool: &str, cidr: &str, node: &str) -> Block {
     Block {

@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 
 use super::Directory;
 use crate::cluster::datastore::Datastore;
-use crate::cluster::model::Block;
 use crate::cluster::pin::{Pin, PinRead};
+use crate::cluster::vocab::Block;
 
 /// What a look did with a pin nobody holds in a departed node's block.
 #[derive(Debug)]

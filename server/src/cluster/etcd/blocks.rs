@@ -4,7 +4,7 @@
 //!
 //! Each node's blocks are indexed under `nodes/<node>/blocks/<pool>/<block>`, written and
 //! deleted in the same transactions as the block keys: a node's blocks are one range read of
-//! its own, whatever the pool's size ([`ClusterStore::node_blocks`]). Each index entry is
+//! its own, whatever the pool's size ([`EtcdStore::node_blocks`]). Each index entry is
 //! checked against its block key when read; one that no longer matches is removed, on the
 //! entry as read (its revision and the write id it holds). The entry
 //! holds the id of the write that last claimed or settled the block, and a give-back compares
@@ -15,9 +15,9 @@
 use ipnet::IpNet;
 
 use super::request::{self, cmp, op};
-use super::{parse_block_part, ClusterStore};
+use super::{parse_block_part, EtcdStore};
 use crate::cluster::datastore::BlockStore;
-use crate::cluster::model::{
+use crate::cluster::vocab::{
     now_ms, Block, Claimed, ClusterError, KeyRevision, Listing, MalformedKey, Owner, Settled,
 };
 
@@ -55,7 +55,7 @@ fn parse_write(value: &[u8]) -> Option<u64> {
     u64::from_str_radix(s, 16).ok()
 }
 
-impl ClusterStore {
+impl EtcdStore {
     pub(super) fn index_prefix(&self, node: &str, pool: Option<&str>) -> String {
         match pool {
             Some(p) => self.key(&format!("nodes/{node}/blocks/{p}/")),
@@ -213,7 +213,7 @@ impl ClusterStore {
 }
 
 #[async_trait::async_trait]
-impl BlockStore for ClusterStore {
+impl BlockStore for EtcdStore {
     async fn give_back(&self, b: &Block) -> Result<bool, ClusterError> {
         self.give_back_if(b, Vec::new()).await
     }

@@ -7,7 +7,7 @@
 //!   working connection (unavailable, deadline, transport) drops the connection, and the next
 //!   call starts from the next endpoint. A failed call is never sent again by the client: a
 //!   write whose answer was lost is ambiguous, and may still be applied later: the caller
-//!   settles it by a write it must come after (see `ClusterStore::settle`), not by a read.
+//!   settles it by a write it must come after (see `EtcdStore::settle`), not by a read.
 //! - Every call has a deadline (`timeout`), sent to etcd as `grpc-timeout` too.
 //! - TLS: the CA that signed etcd's certificate, and a client certificate when etcd asks.
 //! - Every answer's header is watched: an etcd whose cluster id changed, or whose revision is
@@ -16,19 +16,21 @@
 //!   one whose witness of this node's last write is older than that write (see
 //!   [`super::witness`]: the other nodes' writes since the restore can hide it from the
 //!   revision).
-//! - Every request goes through the [`Limiter`] when one is set (`store_rate`, `store_burst`):
+//! - Every request goes through the [`Limiter`](crate::cluster::limiter::Limiter) when one is set (`store_rate`, `store_burst`):
 //!   it waits for a token, except an urgent client's (the heartbeat), which takes one anyway.
 //! - Requests sent and bytes received are counted ([`EtcdClient::stats`]); reads that can grow
 //!   with a pool are paged ([`EtcdClient::range_paged`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipool_proto::etcd::etcdserverpb as pb;
 use pb::{kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClient};
 use tokio::time::Instant;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::cluster::limiter::Limiter;
 
 use super::witness::{Shown, Witness};
 
@@ -121,73 +123,6 @@ pub struct EtcdClient {
     inner: Arc<Inner>,
     /// This handle's requests never wait for the limiter (they take a token anyway).
     urgent: bool,
-}
-
-/// etcd requests per second for a node (`store_rate`, `store_burst`): a token bucket every
-/// request goes through, and what it last made a request wait.
-pub struct Limiter {
-    bucket: Mutex<crate::pool::TokenBucket>,
-    started: Instant,
-    /// The last wait: when, how long, and the total so far.
-    last_wait: Mutex<Option<(Instant, Duration)>>,
-    waited_ms: AtomicU64,
-}
-
-impl Limiter {
-    pub fn new(rate: f64, burst: u32) -> Limiter {
-        Limiter {
-            bucket: Mutex::new(crate::pool::TokenBucket::new(rate, burst, 0)),
-            started: Instant::now(),
-            last_wait: Mutex::new(None),
-            waited_ms: AtomicU64::new(0),
-        }
-    }
-
-    fn now(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
-    /// A token, waiting for it unless `urgent`.
-    pub(crate) async fn acquire(&self, urgent: bool) {
-        let started = Instant::now();
-        loop {
-            let wait = {
-                let mut b = self.bucket.lock().expect("bucket lock");
-                if urgent {
-                    b.take_now(self.now());
-                    return;
-                }
-                match b.try_take(self.now()) {
-                    Ok(()) => break,
-                    Err(ms) => ms,
-                }
-            };
-            tokio::time::sleep(Duration::from_millis(wait)).await;
-        }
-        let waited = started.elapsed();
-        if waited >= Duration::from_millis(1) {
-            self.waited_ms
-                .fetch_add(waited.as_millis() as u64, Ordering::Relaxed);
-            *self.last_wait.lock().expect("wait lock") = Some((Instant::now(), waited));
-        }
-    }
-
-    /// The last wait for a token, when it was within `recent`: how long ago, how long.
-    pub fn last_wait(&self, recent: Duration) -> Option<(Duration, Duration)> {
-        let w = *self.last_wait.lock().expect("wait lock");
-        w.filter(|(at, _)| at.elapsed() <= recent)
-            .map(|(at, took)| (at.elapsed(), took))
-    }
-
-    /// Milliseconds requests waited for tokens so far.
-    pub fn waited_ms(&self) -> u64 {
-        self.waited_ms.load(Ordering::Relaxed)
-    }
-
-    pub fn rate(&self) -> (f64, f64) {
-        let b = self.bucket.lock().expect("bucket lock");
-        (b.rate(), b.burst())
-    }
 }
 
 /// What a client has sent and received so far.
@@ -908,30 +843,5 @@ mod header_tests {
         // A lease answer's revision says nothing of the keys: no reset from it.
         c.range(get("k")).await.expect("range");
         assert_eq!(c.resets().0, 1);
-    }
-}
-
-#[cfg(test)]
-mod limiter_tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn requests_wait_for_tokens_and_urgent_ones_do_not() {
-        let l = Limiter::new(10.0, 2);
-        let t = tokio::time::Instant::now();
-        l.acquire(false).await;
-        l.acquire(false).await;
-        assert_eq!(l.waited_ms(), 0, "the burst");
-        // Urgent: at once, and in debt.
-        l.acquire(true).await;
-        assert_eq!(t.elapsed(), Duration::ZERO);
-        // The next one waits for the debt and its own token: 200 ms at 10/s.
-        l.acquire(false).await;
-        assert!(
-            t.elapsed() >= Duration::from_millis(200),
-            "{:?}",
-            t.elapsed()
-        );
-        assert!(l.last_wait(Duration::from_secs(1)).is_some());
     }
 }

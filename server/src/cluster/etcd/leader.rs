@@ -4,11 +4,11 @@
 //! still on that lease; gone within the TTL of its leader stopping or losing etcd.
 
 use super::request::{self, cmp, op};
-use super::ClusterStore;
+use super::EtcdStore;
 use crate::cluster::datastore::LeadStore;
-use crate::cluster::model::ClusterError;
+use crate::cluster::vocab::ClusterError;
 
-impl ClusterStore {
+impl EtcdStore {
     fn lead_key(&self, role: &str) -> String {
         self.key(&format!("leaders/{role}"))
     }
@@ -27,7 +27,7 @@ impl ClusterStore {
 }
 
 #[async_trait::async_trait]
-impl LeadStore for ClusterStore {
+impl LeadStore for EtcdStore {
     async fn lead(&self, role: &str, me: &str, ttl_secs: u64) -> Result<bool, ClusterError> {
         let key = self.lead_key(role);
         if let Some(lease) = self.lead_held(role) {

@@ -1,17 +1,17 @@
 //! Nodes in etcd: the heartbeat that holds a node's name for one daemon, and giving back the
 //! blocks of a node that is gone (`ipoolctl cluster release-node`). Keys, under the prefix:
 //!
-//! - `nodes/<node>/alive` ([`Alive`](crate::cluster::model::Alive)): on a lease of `heartbeat_ttl_secs` that the daemon
+//! - `nodes/<node>/alive` ([`Alive`](crate::cluster::vocab::Alive)): on a lease of `heartbeat_ttl_secs` that the daemon
 //!   renews. Created only when absent, or when it is this daemon's own (the same `instance`: the
 //!   node's state dir); a daemon that finds another instance there holds back until that one's
 //!   lease is gone. Gone within the TTL of the daemon stopping or losing etcd.
-//! - `nodes/<node>/seen` ([`Seen`](crate::cluster::model::Seen)): on a second lease of [`SEEN_TTL_SECS`], renewed with the
+//! - `nodes/<node>/seen` ([`Seen`](crate::cluster::vocab::Seen)): on a second lease of [`SEEN_TTL_SECS`], renewed with the
 //!   first: how long the node has been away is that lease's granted TTL minus what is left of
 //!   it, as etcd counts (no wall clock of any machine is compared). Gone after
 //!   [`SEEN_TTL_SECS`] of absence, or when the node is released.
 //!
 //! Both say the name of the node's Node object, where its daemon knows it
-//! ([`Alive::k8s_node`](crate::cluster::model::Alive::k8s_node)).
+//! ([`Alive::k8s_node`](crate::cluster::vocab::Alive::k8s_node)).
 //!
 //! - `nodes/<node>/k8s-node`: its Node's name, on no lease, while a release left it blocks
 //!   that pins keep (its `seen` key lapses after 30 days; this outlives it).
@@ -23,9 +23,9 @@
 //! left to it.
 
 use super::request::{self, cmp, op};
-use super::ClusterStore;
+use super::EtcdStore;
 use crate::cluster::datastore::{BlockStore, Freed, NameStore, Release};
-use crate::cluster::model::{
+use crate::cluster::vocab::{
     now_ms, Acquired, Alive, ClusterError, Heartbeat, InUse, Listing, NodeSeen, NodeState, Seen,
 };
 
@@ -39,7 +39,7 @@ const IN_USE: &str = "in-use";
 /// blocks (or holds): its `seen` key, which says it too, lapses after [`SEEN_TTL_SECS`].
 const K8S_NODE: &str = "k8s-node";
 
-impl ClusterStore {
+impl EtcdStore {
     fn node_key(&self, node: &str, what: &str) -> String {
         self.key(&format!("nodes/{node}/{what}"))
     }
@@ -56,7 +56,7 @@ impl ClusterStore {
 }
 
 #[async_trait::async_trait]
-impl NameStore for ClusterStore {
+impl NameStore for EtcdStore {
     /// Takes `node`'s name for `me` (an instance id): grants the leases and creates `alive`
     /// only if it is absent or `me`'s own. The leases of a start that found the name taken are
     /// revoked.

@@ -7,11 +7,11 @@
 use super::nodes::SEEN_TTL_SECS;
 use super::pins::revision_of;
 use super::request::{self, cmp, op};
-use super::ClusterStore;
-use crate::cluster::model::ClusterError;
+use super::EtcdStore;
 use crate::cluster::pin::{Pin, PinRead};
+use crate::cluster::vocab::ClusterError;
 
-impl ClusterStore {
+impl EtcdStore {
     /// The key of the mark of `pin`'s owner gone.
     pub(super) fn owner_gone_key(&self, pin: &Pin) -> String {
         self.key(&format!("pins-gone/{}/{}", pin.pool, pin.address))

@@ -16,14 +16,14 @@
 
 use super::blocks::PAGE;
 use super::request::{self, cmp, op};
-use super::{block_key_part, ClusterStore};
+use super::{block_key_part, EtcdStore};
 use crate::cluster::datastore::PinStore;
-use crate::cluster::model::ClusterError;
+use crate::cluster::ippool::NotSetAside;
 use crate::cluster::pin::{Pin, PinCreated, PinOwner, PinRead};
-use crate::cluster::pool::NotSetAside;
+use crate::cluster::vocab::ClusterError;
 use ipool_proto::etcd::mvccpb::KeyValue;
 
-impl ClusterStore {
+impl EtcdStore {
     fn pins_prefix(&self, pool: Option<&str>) -> String {
         match pool {
             Some(p) => self.key(&format!("pins/{p}/")),
@@ -72,7 +72,7 @@ impl ClusterStore {
     async fn pool_now(
         &self,
         pool: &str,
-    ) -> Result<Option<(crate::cluster::pool::PoolSpec, i64, i64)>, ClusterError> {
+    ) -> Result<Option<(crate::cluster::ippool::PoolSpec, i64, i64)>, ClusterError> {
         let key = self.pool_key(pool);
         let r = self.client().range(request::get(key.clone())).await?;
         let Some(kv) = r.kvs.first() else {
@@ -120,7 +120,7 @@ impl ClusterStore {
     }
 }
 
-impl ClusterStore {
+impl EtcdStore {
     /// Writes `pin` over the write `read` names, and only while `also` holds (a release: the
     /// node's name not held); None when either changed.
     pub(super) async fn write_pin_if(
@@ -158,7 +158,7 @@ pub(super) fn revision_of(read: &PinRead) -> Result<i64, ClusterError> {
 }
 
 #[async_trait::async_trait]
-impl PinStore for ClusterStore {
+impl PinStore for EtcdStore {
     async fn pins(&self, pool: Option<&str>) -> Result<Vec<PinRead>, ClusterError> {
         let kvs = self
             .client()

@@ -5,16 +5,16 @@
 //! when no block of theirs is owned.
 
 use super::request::{self, cmp, op};
-use super::ClusterStore;
+use super::EtcdStore;
 use crate::cluster::datastore::{BlockStore, PoolStore};
-use crate::cluster::model::{ClusterError, MalformedKey, Pool, PoolPhase, Pools};
-use crate::cluster::pool::{PoolChange, PoolSpec};
+use crate::cluster::ippool::{PoolChange, PoolSpec};
+use crate::cluster::vocab::{ClusterError, MalformedKey, Pool, PoolPhase, Pools};
 
 /// Listings a pool creation checks before it gives up on pools that keep changing.
 const CREATE_ATTEMPTS: usize = 5;
 
 #[async_trait::async_trait]
-impl PoolStore for ClusterStore {
+impl PoolStore for EtcdStore {
     /// Creates `spec`; refused when a pool of that name exists or its CIDRs overlap another
     /// pool's (or a malformed pool key stands there). The overlap check holds however
     /// creations interleave: the creation is conditioned on no pool having been written since
@@ -223,7 +223,7 @@ impl PoolStore for ClusterStore {
     }
 }
 
-impl ClusterStore {
+impl EtcdStore {
     /// Why pool `name` may not stop setting aside its addresses (in `within`, else all): some
     /// are pinned (None: none is); and the revision the pins were listed at.
     async fn set_aside_pinned(

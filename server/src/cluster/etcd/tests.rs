@@ -1,5 +1,5 @@
 use super::*;
-use crate::cluster::pool::PoolSpec;
+use crate::cluster::ippool::PoolSpec;
 
 #[test]
 fn block_keys_round_trip() {

@@ -1,4 +1,4 @@
-//! [`ClusterStore`]'s watches ([`WatchStore`]): the node's keys (`nodes/<node>/`: an index
+//! [`EtcdStore`]'s watches ([`WatchStore`]): the node's keys (`nodes/<node>/`: an index
 //! entry deleted is a block given back, released or found another's; the `alive` key written
 //! or deleted is the name to check, [`Watched::Name`]) and the pools (`pools/`). Each is made
 //! again after a break from the revision after the last it reported (etcd answers progress
@@ -16,15 +16,15 @@ use ipool_proto::etcd::mvccpb::event::EventType;
 
 use super::blocks::parse_block_key;
 use super::request::prefix_end;
-use super::ClusterStore;
+use super::EtcdStore;
 use crate::cluster::datastore::{WatchStore, Watched};
-use crate::cluster::model::ClusterError;
+use crate::cluster::vocab::ClusterError;
 
 /// The longest wait before a broken watch is made again: news are heard within a few seconds
 /// of etcd coming back (one small request per node meanwhile).
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
-impl ClusterStore {
+impl EtcdStore {
     /// Watches the keys under `prefix` for ever, each event `what` makes something of reported
     /// to `seen`.
     async fn watch_prefix(
@@ -116,7 +116,7 @@ impl ClusterStore {
 }
 
 #[async_trait::async_trait]
-impl WatchStore for ClusterStore {
+impl WatchStore for EtcdStore {
     async fn watch(
         &self,
         node: &str,

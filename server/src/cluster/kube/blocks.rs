@@ -9,7 +9,7 @@ use serde_json::json;
 use super::objects::{self, hash, new_block, parse_block};
 use super::{api_code, KubeStore, NODE_LABEL, PAGE, POOL_LABEL};
 use crate::cluster::datastore::BlockStore;
-use crate::cluster::model::{now_ms, Block, Claimed, ClusterError, Listing, PoolPhase, Settled};
+use crate::cluster::vocab::{now_ms, Block, Claimed, ClusterError, Listing, PoolPhase, Settled};
 
 /// A block's pool, read again.
 enum PoolNow {

@@ -26,7 +26,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::{api_code, KubeStore, FIELD_MANAGER};
 use crate::cluster::datastore::{BlockStore, Freed, NameStore, Release};
-use crate::cluster::model::{
+use crate::cluster::vocab::{
     Acquired, Alive, ClusterError, Heartbeat, Listing, NodeSeen, NodeState, Seen,
 };
 
@@ -329,7 +329,7 @@ impl NameStore for KubeStore {
                 format!(
                     "{} at {}",
                     self.field_manager,
-                    crate::cluster::model::now_ms()
+                    crate::cluster::vocab::now_ms()
                 ),
             );
         self.token().await;
@@ -392,9 +392,9 @@ impl NameStore for KubeStore {
     ) -> Result<(), ClusterError> {
         let mut held = self.held.lock().expect("held lock");
         if let Some(l) = held.get_mut(&beat.alive_key) {
-            let r = crate::cluster::model::InUse {
+            let r = crate::cluster::vocab::InUse {
                 in_use,
-                at_ms: crate::cluster::model::now_ms(),
+                at_ms: crate::cluster::vocab::now_ms(),
             };
             l.metadata
                 .annotations

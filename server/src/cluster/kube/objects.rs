@@ -6,8 +6,8 @@ use kube::api::{DynamicObject, ObjectMeta};
 use serde_json::{json, Value};
 
 use super::{resource, NODE_LABEL, POOL_LABEL};
-use crate::cluster::model::{Block, KeyRevision, MalformedKey, Owner, PoolPhase};
-use crate::cluster::pool::{PoolSpec, Reserved};
+use crate::cluster::ippool::{PoolSpec, Reserved};
+use crate::cluster::vocab::{Block, KeyRevision, MalformedKey, Owner, PoolPhase};
 
 /// `10.0.0.0/26` as an object name: `10-0-0-0-26`; `fd00::/122`: every group, in hex,
 /// `fd00-0-0-0-0-0-0-0-122` (a name has no `.`-free way to say `::`, and this one is one

@@ -7,8 +7,8 @@
 
 use super::lease::written_by;
 use super::{api_code, KubeStore};
-use crate::cluster::model::ClusterError;
 use crate::cluster::pin::{address_name, PinRead};
+use crate::cluster::vocab::ClusterError;
 
 const MARK: &str = "ipool.io/owner-gone";
 const CHECKED: &str = "ipool.io/owner-gone-checked";
@@ -37,7 +37,7 @@ impl KubeStore {
         let manager = match marked {
             // A value of its own each time: a write that changes nothing is no write.
             true => {
-                notes.insert(CHECKED.into(), crate::cluster::model::now_ms().to_string());
+                notes.insert(CHECKED.into(), crate::cluster::vocab::now_ms().to_string());
                 CHECK_MANAGER
             }
             false => {

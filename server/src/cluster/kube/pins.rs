@@ -19,9 +19,9 @@ use serde_json::json;
 use super::objects::{self, hash};
 use super::{api_code, resource, KubeStore, PAGE, POOL_LABEL};
 use crate::cluster::datastore::PinStore;
-use crate::cluster::model::{ClusterError, PoolPhase};
+use crate::cluster::ippool::NotSetAside;
 use crate::cluster::pin::{address_name, Pin, PinCreated, PinOwner, PinRead};
-use crate::cluster::pool::NotSetAside;
+use crate::cluster::vocab::{ClusterError, PoolPhase};
 
 /// The label that names a pin's block (its object name, `10-0-0-0-26`).
 pub const BLOCK_LABEL: &str = "ipool.io/block";

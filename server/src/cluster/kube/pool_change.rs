@@ -16,8 +16,8 @@ use super::objects::{parse_pool, with_spec};
 use super::pools::overlap;
 use super::{api_code, KubeStore};
 use crate::cluster::datastore::BlockStore;
-use crate::cluster::model::{ClusterError, PoolPhase};
-use crate::cluster::pool::{PoolChange, PoolSpec};
+use crate::cluster::ippool::{PoolChange, PoolSpec};
+use crate::cluster::vocab::{ClusterError, PoolPhase};
 
 /// Reads of a pool a change makes before it gives up on a pool that keeps changing.
 const CHANGE_ATTEMPTS: usize = 5;

@@ -7,8 +7,8 @@ use kube::api::{DeleteParams, ListParams, Preconditions};
 use super::objects::{hash, new_pool, parse_pool, with_phase};
 use super::{api_code, KubeStore, PAGE};
 use crate::cluster::datastore::{BlockStore, PoolStore};
-use crate::cluster::model::{ClusterError, MalformedKey, Pool, PoolPhase, Pools};
-use crate::cluster::pool::{PoolChange, PoolSpec};
+use crate::cluster::ippool::{PoolChange, PoolSpec};
+use crate::cluster::vocab::{ClusterError, MalformedKey, Pool, PoolPhase, Pools};
 
 impl KubeStore {
     /// Every pool object, parsed (of any phase), and those that say no pool.

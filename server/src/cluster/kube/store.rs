@@ -3,16 +3,16 @@
 use std::sync::Arc;
 
 use super::KubeStore;
-use crate::cluster::datastore::{Datastore, Store};
+use crate::cluster::datastore::{Datastore, StoreHandle};
 
 impl Datastore for KubeStore {
-    fn urgent(&self) -> Store {
+    fn urgent(&self) -> StoreHandle {
         Arc::new(KubeStore {
             urgent: true,
             ..self.clone()
         })
     }
-    fn releasing(&self) -> Store {
+    fn releasing(&self) -> StoreHandle {
         Arc::new(KubeStore {
             field_manager: super::RELEASE_MANAGER.into(),
             ..self.clone()
@@ -34,7 +34,7 @@ mod tests {
     /// Kubernetes API they never cleared).
     #[test]
     fn malformed_findings_clear_when_the_next_listing_no_longer_has_them() {
-        use crate::cluster::model::MalformedKey;
+        use crate::cluster::vocab::MalformedKey;
         let settings: ClusterSettings =
             toml::from_str("datastore = \"kubernetes\"").expect("settings");
         let n =

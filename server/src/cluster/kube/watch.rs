@@ -15,7 +15,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use super::objects::block_name;
 use super::{KubeStore, NODE_LABEL, POOL_LABEL};
 use crate::cluster::datastore::{WatchStore, Watched};
-use crate::cluster::model::ClusterError;
+use crate::cluster::vocab::ClusterError;
 
 /// What one event of either watch says, if anything: a block of the node's that is gone, or a
 /// pool written; a listing done.

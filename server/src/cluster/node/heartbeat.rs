@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{ClusterNode, Identity};
-use crate::cluster::model::{Acquired, Alive, ClusterError, Heartbeat};
+use crate::cluster::vocab::{Acquired, Alive, ClusterError, Heartbeat};
 
 impl ClusterNode {
     /// Keeps this node's heartbeat until aborted: takes the node's name (or waits for
@@ -36,7 +36,7 @@ impl ClusterNode {
             let (node, me) = (
                 self.name.clone(),
                 Alive {
-                    at_ms: crate::cluster::model::now_ms(),
+                    at_ms: crate::cluster::vocab::now_ms(),
                     ..me.clone()
                 },
             );

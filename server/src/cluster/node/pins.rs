@@ -15,8 +15,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use super::ClusterNode;
+use crate::cluster::ippool::Reserved;
 use crate::cluster::pin::Pin;
-use crate::cluster::pool::Reserved;
 
 /// The pins of every pool, as this node knows them.
 #[derive(Default)]
@@ -149,7 +149,7 @@ impl ClusterNode {
     pub fn pins_to_assert_here(
         &self,
         pool: &str,
-        mine: &[crate::cluster::model::Block],
+        mine: &[crate::cluster::vocab::Block],
     ) -> Vec<Pin> {
         let (ours, others): (Vec<Pin>, Vec<Pin>) =
             self.pins_to_assert(pool).into_iter().partition(|pin| {

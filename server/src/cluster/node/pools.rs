@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use super::ClusterNode;
-use crate::cluster::model::{ClusterError, Pool, PoolPhase};
-use crate::cluster::pool::Reserved;
+use crate::cluster::ippool::Reserved;
+use crate::cluster::vocab::{ClusterError, Pool, PoolPhase};
 use crate::error::Refusal;
 use crate::selector::NodeSelector;
 
@@ -234,7 +234,7 @@ impl ClusterNode {
 
 /// The blocks pool `spec`'s CIDRs hold, IPv4 and IPv6: those a node may claim (its excluded
 /// ranges and the CIDRs on their way in or out left out).
-fn capacity(spec: &crate::cluster::pool::PoolSpec) -> [u64; 2] {
+fn capacity(spec: &crate::cluster::ippool::PoolSpec) -> [u64; 2] {
     let mut blocks = [0u64; 2];
     for set in spec.carve().unwrap_or_default() {
         let family = usize::from(set.cidr().addr().is_ipv6());

@@ -23,10 +23,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::{verdict, Holder, Pin, PinCreated, PinOwner, PinRead, Verdict};
-use crate::cluster::model::{now_ms, ClusterError};
+use crate::cluster::ippool::NotSetAside;
 use crate::cluster::node::ClusterNode;
-use crate::cluster::pool::NotSetAside;
 use crate::cluster::release::not_gone;
+use crate::cluster::vocab::{now_ms, ClusterError};
 
 /// Writes that find the pin changed since it was read, before the ADD or DEL gives up.
 const ATTEMPTS: usize = 4;

@@ -172,7 +172,7 @@ fn pins_are_json_with_the_crds_field_names() {
     assert_eq!(v["setAside"], true);
     assert_eq!(serde_json::from_value::<Pin>(v).unwrap(), aside);
     // Never a block's: it lies in none.
-    let r = crate::cluster::model::KeyRevision {
+    let r = crate::cluster::vocab::KeyRevision {
         create: 7,
         modified: 7,
         write: None,

@@ -4,7 +4,7 @@ use tokio::time::Instant;
 
 use ipnet::IpNet;
 
-use crate::cluster::model::KeyRevision;
+use crate::cluster::vocab::KeyRevision;
 use crate::model::SubnetMode;
 use crate::range::{to_u128, Range, RangeAllocator, RangeSpec};
 

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use ipnet::IpNet;
 
-use super::super::model::KeyRevision;
+use super::super::vocab::KeyRevision;
 use super::super::work::{Done, Outcome, Synced, Work};
 use super::{BlockState, ClusterSource, Owned, DOUBT_FIRST, EXHAUSTED_RETRY};
 use crate::metrics::ClusterMetrics;

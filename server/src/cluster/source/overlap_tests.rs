@@ -196,8 +196,8 @@ fn a_block_dropped_and_claimed_again_before_the_engine_struck_it_is_not_struck()
 fn synced_with_orphans(
     s: &mut ClusterSource,
     n: &ClusterNode,
-    mine: &[crate::cluster::model::Block],
-    orphaned: &[crate::cluster::model::Block],
+    mine: &[crate::cluster::vocab::Block],
+    orphaned: &[crate::cluster::vocab::Block],
 ) {
     let e = super::tests::epoch(n);
     let trusted = super::tests::trusted(s);

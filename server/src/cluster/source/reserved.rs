@@ -10,7 +10,7 @@ use ipnet::IpNet;
 
 use super::block::Owned;
 use super::ClusterSource;
-use crate::cluster::pool::Reserved;
+use crate::cluster::ippool::Reserved;
 
 /// The largest reserved range whose addresses are counted one by one; a larger one counts
 /// every free address of the blocks it touches (claims come sooner, never later).

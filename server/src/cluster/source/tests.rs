@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::cluster::model::{Block, KeyRevision, Owner};
 use crate::cluster::node::Identity;
+use crate::cluster::vocab::{Block, KeyRevision, Owner};
 use crate::cluster::work::{Outcome, Synced};
 use crate::config::ClusterSettings;
 use crate::range::RangeSpec;
@@ -29,9 +29,9 @@ pub(super) fn node(extra: &str) -> Arc<ClusterNode> {
 }
 
 /// Pool "p" (10.0.0.0/24), with `reserved` reserved.
-pub(super) fn pool_p(reserved: &[&str]) -> crate::cluster::model::Pool {
-    use crate::cluster::pool::{PoolSpec, Reserved};
-    crate::cluster::model::Pool {
+pub(super) fn pool_p(reserved: &[&str]) -> crate::cluster::vocab::Pool {
+    use crate::cluster::ippool::{PoolSpec, Reserved};
+    crate::cluster::vocab::Pool {
         spec: PoolSpec {
             name: "p".into(),
             cidrs: vec![net("10.0.0.0/24")],
@@ -47,7 +47,7 @@ pub(super) fn pool_p(reserved: &[&str]) -> crate::cluster::model::Pool {
             ..PoolSpec::default()
         },
         revision: 1,
-        phase: crate::cluster::model::PoolPhase::Ready,
+        phase: crate::cluster::vocab::PoolPhase::Ready,
     }
 }
 

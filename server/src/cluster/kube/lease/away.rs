@@ -8,7 +8,7 @@ use super::{
     alive_of, annotation, duration_secs, holder, node_name, written_at, FENCE, IN_USE, RENEW,
 };
 use crate::cluster::kube::{KubeStore, FIELD_MANAGER};
-use crate::cluster::model::{ClusterError, Listing, NodeSeen, NodeState, Seen};
+use crate::cluster::vocab::{ClusterError, Listing, NodeSeen, NodeState, Seen};
 
 impl KubeStore {
     pub(super) async fn away_by_reads(
@@ -64,12 +64,12 @@ impl KubeStore {
         self.token().await;
         let listed = self.leases.list(&kube::api::ListParams::default()).await?;
         let now = match crate::bugs::on(crate::bugs::Bug::DepartedByLocalClock) {
-            true => (crate::cluster::model::now_ms() / 1000) as i64,
+            true => (crate::cluster::vocab::now_ms() / 1000) as i64,
             // Never behind the apiserver's clock as its stamps show it (a leader whose clock
             // is behind would see no Lease lapse); this machine's when it is ahead (the
             // newest stamp lags by up to a renewal).
             false => {
-                apiserver_now(&listed.items).max((crate::cluster::model::now_ms() / 1000) as i64)
+                apiserver_now(&listed.items).max((crate::cluster::vocab::now_ms() / 1000) as i64)
             }
         };
         Ok(listed
@@ -107,7 +107,7 @@ pub(super) fn apiserver_now(listed: &[k8s_openapi::api::coordination::v1::Lease]
         .flat_map(|l| l.metadata.managed_fields.iter().flatten())
         .filter_map(|m| m.time.as_ref().map(|t| t.0.as_second()))
         .max()
-        .unwrap_or_else(|| (crate::cluster::model::now_ms() / 1000) as i64)
+        .unwrap_or_else(|| (crate::cluster::vocab::now_ms() / 1000) as i64)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::{duration_secs, holder};
 use crate::cluster::datastore::LeadStore;
 use crate::cluster::kube::{api_code, KubeStore};
-use crate::cluster::model::{Alive, ClusterError};
+use crate::cluster::vocab::{Alive, ClusterError};
 
 /// The Lease of a lead: `ipool.` cannot begin a node's Lease (`ipool-<node>`).
 pub fn lead_lease(role: &str) -> String {

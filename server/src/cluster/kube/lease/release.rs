@@ -8,8 +8,8 @@ use super::{annotation, duration_secs, holder, written_at, FENCE, RELEASER, RENE
 use crate::bugs::{self, Bug};
 use crate::cluster::datastore::{BlockStore, Freed, PinStore, Release};
 use crate::cluster::kube::{api_code, KubeStore, FIELD_MANAGER};
-use crate::cluster::model::{Alive, Block, ClusterError};
 use crate::cluster::pin::{holds_of, keeps_block, Pin, PinRead};
+use crate::cluster::vocab::{Alive, Block, ClusterError};
 
 impl KubeStore {
     /// Gives back the plan's blocks and ends the node's holds on pins. Unless forced, its
