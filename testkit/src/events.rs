@@ -121,7 +121,7 @@ fn qualified_name(v: &str) -> bool {
         None => (None, v),
     };
     let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    prefix.is_none_or(crate::apiserver::valid_name)
+    prefix.is_none_or(crate::meta_rules::valid_name)
         && !name.is_empty()
         && name.len() <= 63
         && name

@@ -12,6 +12,7 @@
 //!   both read from deploy/'s manifests ([`manifest`]) and enforced by the fake apiserver for
 //!   callers with a token; [`caller`]: who asks and what for, as both judge it;
 //! - [`events`]: the apiserver's rules for Events, and JSON merge patch;
+//! - [`meta_rules`]: its rules for names, label values and label selectors, shared by both;
 //! - [`answer`]: an apiserver's answer and its `Status` of a failure;
 //! - [`load`]: what clients cost a store, counted at the store (the fake apiserver's
 //!   requests, a real etcd's own counters).
@@ -25,3 +26,4 @@ pub mod events;
 pub mod fake_api;
 pub mod load;
 pub mod manifest;
+pub mod meta_rules;
