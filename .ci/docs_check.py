@@ -11,7 +11,7 @@
    flags that exist.
 5. Every TOML block parses.
 
-The worked example of the README is run, command by command, by server/tests/docs.rs.
+The worked example of the README is run, command by command, by server/tests/node/docs.rs.
 
 Usage: python3 .ci/docs_check.py target/debug
 """
@@ -152,7 +152,8 @@ def check_command(where, argv, bindir):
             check_binary(where, os.path.join(bindir, binary), rest)
     elif argv[0] == "cargo" and argv[1:2] == ["test"] and "--test" in argv:
         test = argv[argv.index("--test") + 1]
-        if not glob.glob(os.path.join(ROOT, "*", "tests", f"{test}.rs")):
+        if not (glob.glob(os.path.join(ROOT, "*", "tests", f"{test}.rs"))
+                or glob.glob(os.path.join(ROOT, "*", "tests", test, "main.rs"))):
             fail(where, f"cargo test --test {test}: no such test file")
     elif argv[0].startswith("deploy/") or argv[0].startswith(".ci/"):
         if not os.path.exists(os.path.join(ROOT, argv[0])):

@@ -28,7 +28,7 @@ etcd; deploy/cluster-kubernetes/: cluster mode on the Kubernetes API):
 And deploy/monitoring/ renders; its PrometheusRule holds rules.yaml's groups, its PodMonitor
 scrapes the DaemonSet's pods on their metrics port, and its dashboard ConfigMap holds
 dashboard.json. (promtool and a real Prometheus check the rules themselves:
-server/tests/monitoring.rs.)
+server/tests/node/monitoring.rs.)
 
 Each failure is printed; the exit code is the number of failures (0: all good).
 """
