@@ -1,4 +1,4 @@
-//! ADD latency while operators' reads flood the daemon (issue 16, item 2): a daemon holding
+//! ADD latency while operators' reads flood the daemon: a daemon holding
 //! many attachments, its TCP Ops listener on loopback, and 8 clients that call
 //! `ListAllocations` back to back. The plugin's ADD p50 is measured quiet and then during the
 //! flood, on the same daemon; the target is a ratio of at most 1.5. A refused call

@@ -1,4 +1,4 @@
-//! Pods with fixed addresses (issue 40), in the runs whose swarm has pins: four ordinals of
+//! Pods with fixed addresses, in the runs whose swarm has pins: four ordinals of
 //! one StatefulSet and two VMs own them, and their ADDs and DELs take the pins' path as
 //! ipoold's do (`ipool_server::service::fixed`). Kubernetes' part is played as it runs them:
 //! a StatefulSet has at most one pod of an ordinal (a new one once the old one's DEL was

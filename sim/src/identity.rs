@@ -1,6 +1,6 @@
 //! Who sends each request on the Kubernetes API, as deploy/cluster-kubernetes makes them, and
 //! the RBAC and admission policies they are held to (ipool-testkit's, read from that
-//! manifest; issue 54, item 1): a daemon is ServiceAccount `ipool-system/ipool` with a token
+//! manifest): a daemon is ServiceAccount `ipool-system/ipool` with a token
 //! bound to its pod on its node (the node's name in the user's extra, as the policies that keep
 //! each ipoold to its own node's blocks, Lease and pins read it), the CronJob that releases
 //! departed nodes is `ipool-system/ipool-operator`, and the operator's own ipoolctl a cluster

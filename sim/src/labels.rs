@@ -1,5 +1,5 @@
-//! Node labels and a pool's nodeSelector (runs with [`Options::labels`](crate::Options::labels),
-//! issue 54, item 1): each node is in zone `a` or `b` (its Node's label `zone`), a node's
+//! Node labels and a pool's nodeSelector (runs with [`Options::labels`](crate::Options::labels)):
+//! each node is in zone `a` or `b` (its Node's label `zone`), a node's
 //! label changes now and then (its daemon told at once, as ipoold's watch of its Node tells
 //! `ClusterNode::set_labels`; a daemon that starts is told before it serves, as ipoold reads
 //! its Node first), and the operator sets the pool's nodeSelector (`ipoolctl cluster pool

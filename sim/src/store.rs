@@ -309,7 +309,7 @@ impl Shared {
             .filter_map(|(_, o)| Some((o["spec"]["cidr"].as_str()?.parse().ok()?, o)))
     }
 
-    /// Every pin the store holds (fixed addresses: issue 40).
+    /// Every pin the store holds (fixed addresses: ).
     pub fn pins(&self) -> Vec<ipool_server::cluster::pin::Pin> {
         match self {
             Shared::Etcd(e) => e

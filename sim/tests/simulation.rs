@@ -1,4 +1,4 @@
-//! Cluster mode's real code under deterministic simulation (issue 37), as `cargo test` runs it:
+//! Cluster mode's real code under deterministic simulation, as `cargo test` runs it:
 //!
 //! - a minute of seeds from one derived from today's date (printed): no failure;
 //!   `IPOOL_SIM_SECS` searches longer, `IPOOL_SIM_STEPS` makes runs longer, and

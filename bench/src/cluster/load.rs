@@ -1,4 +1,4 @@
-//! What cluster mode's nodes cost their store at steady state (issue 38), counted at the store:
+//! What cluster mode's nodes cost their store at steady state, counted at the store:
 //! real ipoold daemons against the fake apiserver over real HTTP (`ipool_testkit::fake_api`,
 //! its request lines and the bytes it sent) and against a real etcd (its own `/metrics`:
 //! gRPC messages by method, bytes sent), idle and with 10 pod ADD/DEL a minute, single- and

@@ -1,4 +1,4 @@
-//! The store-load row of pods with fixed addresses (issue 40, item 4): a network of one subnet
+//! The store-load row of pods with fixed addresses: a network of one subnet
 //! whose pods are a StatefulSet's, each moved to the next node at every churn tick (its DEL on
 //! one node, its ADD on the next: the pin let go, then taken over). The daemons read the pods
 //! from an apiserver of their own (`[kubernetes]`), so that the store's counts are the pins'

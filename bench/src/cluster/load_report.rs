@@ -47,7 +47,7 @@ impl LoadReport {
         };
         let _ = writeln!(
             o,
-            "\nWhat nodes at steady state cost their store (issue 38), counted at the store: the \
+            "\nWhat nodes at steady state cost their store, counted at the store: the \
              fake apiserver's requests and bytes sent (`ipool_testkit::fake_api`, real HTTP), a \
              real etcd's own counters (`/metrics`). {} real ipoold per row, each with a pod, \
              `heartbeat_ttl_secs` {} (a renewal every {} s; 30 by default), `resync_secs` at its \

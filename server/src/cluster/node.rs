@@ -364,7 +364,7 @@ impl ClusterNode {
         if resets > beat.resets {
             beat.resets = resets;
             beat.epoch += 1;
-            // The old way: the name trusted as held until the next renewal found otherwise.
+            // The bug, put back: the name trusted as held until the next renewal found otherwise.
             let doubt = !crate::bugs::on(crate::bugs::Bug::ResetNameTrusted);
             if doubt {
                 beat.doubt = Some(Instant::now());
@@ -443,7 +443,7 @@ impl ClusterNode {
             ),
             Identity::Held => match beat.renewed {
                 Some(t) if t.elapsed() <= self.fence() => Ok(beat.epoch),
-                // The old way: no fence.
+                // The bug, put back: no fence.
                 Some(_) if crate::bugs::on(crate::bugs::Bug::NoFence) => Ok(beat.epoch),
                 _ => Err(NotServing {
                     why: format!(

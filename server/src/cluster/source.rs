@@ -789,7 +789,7 @@ impl Source for ClusterSource {
         }
         let work = self.next_work()?;
         let wait = match work {
-            // The old way: a claim's wait held back every kind of work.
+            // The bug, put back: a claim's wait held back every kind of work.
             _ if crate::bugs::on(crate::bugs::Bug::ClaimWaitDelaysSync) => {
                 self.retry_at.max(self.claim_retry_at)
             }
@@ -907,7 +907,7 @@ impl ClusterSource {
     fn can_occupy_unpinned(&self, ip: IpAddr) -> Result<(), OccupyError> {
         match self.block_of(ip) {
             Some(b) if b.confirmed() => b.alloc.can_occupy(ip),
-            // The old way: an address asked for by name placed in a block being given back.
+            // The bug, put back: an address asked for by name placed in a block being given back.
             Some(b)
                 if matches!(b.state, BlockState::Returning(_))
                     && crate::bugs::on(crate::bugs::Bug::RequestedInReturning) =>

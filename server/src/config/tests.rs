@@ -449,7 +449,7 @@ fn kubernetes_names_follow_dns_1123_subdomains_within_the_limit() {
 }
 
 /// With datastore = "kubernetes" a network's cluster_pool names an object and a label value:
-/// a name the apiserver cannot take is refused at start, naming the rule (issue 36, 6).
+/// a name the apiserver cannot take is refused at start, naming the rule.
 #[test]
 fn a_cluster_pool_the_kubernetes_api_cannot_name_is_refused() {
     let net = |pool: &str, store: &str| {
@@ -468,7 +468,7 @@ fn a_cluster_pool_the_kubernetes_api_cannot_name_is_refused() {
     assert!(DaemonConfig::parse(&net("pods-b.v4", kube)).is_ok());
 }
 
-/// The store's settings, under their names (issue 55, item 3) and their old ones (etcd_*,
+/// The store's settings, under their names and their old ones (etcd_*,
 /// deprecated: read as before); both at once is an error naming the key.
 #[test]
 fn the_stores_settings_are_read_under_their_names_and_their_old_ones() {

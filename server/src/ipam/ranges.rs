@@ -505,8 +505,8 @@ fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String, Stri
             let current = same.filter(|i| net.is_current(*i));
             let target = match current {
                 Some(i) => Some(i),
-                // The old way: a block stayed with its set, retiring, while a new set covering
-                // it claimed it anew.
+                // The bug, put back: a block stayed with its set, retiring, while a new set
+                // covering it claimed it anew.
                 None if crate::bugs::on(crate::bugs::Bug::BlockStaysInOldSet) => same,
                 None => net.pools[..net.current].iter().position(covering).or(same),
             };

@@ -109,7 +109,7 @@ pub(super) fn reconcile_defs(
     let configured = config.cluster_networks();
     let mut dropped = Vec::new();
     for (name, def) in defs.iter_mut().filter(|(n, _)| !named.contains(n)) {
-        // The old way: left as stored, its sets served by sources over the whole pools.
+        // The bug, put back: left as stored, its sets served by sources over the whole pools.
         if !stale_cluster_network(def, cluster)
             || crate::bugs::on(crate::bugs::Bug::StaleNetworkServes)
         {

@@ -1,4 +1,4 @@
-//! `ipoolctl cluster check` and `release-node --from-check` (issue 41, item 2), with the real
+//! `ipoolctl cluster check` and `release-node --from-check`, with the real
 //! daemons, plugin and ipoolctl on either store (the fake apiserver always; a real etcd where
 //! installed), the Nodes and pods on the fake apiserver: a clean cluster passes (exit 0); a
 //! store seeded with each kind of inconsistency gives a finding of each kind (exit 1), each

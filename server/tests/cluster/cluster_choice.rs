@@ -1,4 +1,4 @@
-//! Pods and nodes choosing among a network's cluster pools (issue 39, 1 to 3), with the real
+//! Pods and nodes choosing among a network's cluster pools, with the real
 //! daemon and plugin on either store (the fake apiserver always; a real etcd where installed),
 //! and `[kubernetes]` for the pods, namespaces and the Node: the network's pools tried in
 //! order (a later one claimed from only once the earlier are full), a namespace's annotation,
@@ -187,7 +187,7 @@ fn pods_choose_among_the_networks_pools(store: Backend) {
         msg.contains("nodeSelector") && msg.contains("gpu=true"),
         "{msg}"
     );
-    // Recorded on the pod (issue 57, item 1): what the node lacks, and what to do.
+    // Recorded on the pod: what the node lacks, and what to do.
     let event = eventually(10, "pod g's event", || {
         api.objects("events")
             .into_iter()

@@ -1,4 +1,4 @@
-//! Departed nodes released by themselves (issue 41, item 1), with the real daemons and plugin
+//! Departed nodes released by themselves, with the real daemons and plugin
 //! on either store (the fake apiserver always; a real etcd where installed) and the Nodes on
 //! the fake apiserver: a node whose daemon stopped keeps its blocks while its Node is there;
 //! once the Node is gone and the daemon has been away past its fence and
@@ -298,7 +298,7 @@ fn ipoolctl_releases_departed_nodes_on_etcd() {
 /// The CNI config of the one-subnet network of pool l2 (fixed addresses need one).
 const L2: &str = r#""clusterPool":"l2","addressing":"subnet","gateway":"10.93.0.1""#;
 
-/// A departed node's blocks that hold a pin go back once the pin ends (issue 53, items 1, 2
+/// A departed node's blocks that hold a pin go back once the pin ends (items 1, 2
 /// and 7): web-0's address, pinned in n1's block, moves to n2; n1 departs and is released,
 /// its block kept for the pin (no release counted: nothing was freed); web-0's StatefulSet is
 /// deleted, n2 lets go, and once the owner has been gone pin_ttl_secs the leader ends the pin

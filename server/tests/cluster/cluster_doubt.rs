@@ -92,7 +92,7 @@ fn a_block_forced_away_while_the_pool_is_full_stops_serving_at_the_next_sync_on_
 }
 
 /// An idle dual-stack node writes no block at its resyncs: each family's sync settles only
-/// its own family's blocks (issue 36, 3: each family settled the other's every time, and moved
+/// its own family's blocks (each family settled the other's every time, and moved
 /// the revision the other held).
 fn idle_dual_stack_writes_nothing(store: Backend) {
     store.create_pool(&[
@@ -169,7 +169,7 @@ fn listed_pool(store: &Backend, name: &str) -> Option<serde_json::Value> {
 /// A pool whose deletion is under way (marked Deleting, its blocks being listed) is in doubt:
 /// a node that settles its block meanwhile (here: the first sync after a restart) neither
 /// serves it nor gives it back, so the deletion finds the block and is refused, and the block
-/// serves again once the pool is Ready (issue 36, 1: the node gave its block back, with three
+/// serves again once the pool is Ready (the node gave its block back, with three
 /// pods' addresses in it, and the pool was deleted under them).
 #[test]
 fn a_node_settling_its_block_while_its_pool_is_being_deleted_keeps_it() {
@@ -250,7 +250,7 @@ fn a_node_settling_its_block_while_its_pool_is_being_deleted_keeps_it() {
 }
 
 /// A deletion that cannot list the pool's blocks leaves the pool as it was: Ready, claimed
-/// from (issue 36, 2: it stayed Deleting, and no node could claim from it).
+/// from (it stayed Deleting, and no node could claim from it).
 #[test]
 fn a_pool_deletion_that_cannot_list_the_blocks_leaves_the_pool_ready() {
     let store = Backend::kube();
@@ -297,7 +297,7 @@ fn a_pool_deletion_that_cannot_list_the_blocks_leaves_the_pool_ready() {
 
 /// A clean stop (SIGTERM) gives the node's name up: release-node sees the node away from then
 /// on (not alive for a heartbeat TTL), and a replacement daemon with a new state dir serves at
-/// once instead of waiting the TTL out (issue 36, 7).
+/// once instead of waiting the TTL out.
 fn a_clean_stop_gives_the_name_up(store: Backend) {
     store.create_pool(&["p", "--cidr", "10.58.0.0/24", "--block-size", "28"]);
     // A TTL far longer than the test waits.
@@ -342,7 +342,7 @@ fn a_clean_stop_gives_the_node_name_up_on_etcd() {
 
 /// A node's first claim reaches the store late, after its pool was deleted and made again
 /// with bigger blocks (/27 instead of /28). On the Kubernetes API the late create lands: the
-/// /28 must be given back, not kept under the node's /27 for good (issue 53, item 8: it was
+/// /28 must be given back, not kept under the node's /27 for good (it was
 /// settled at every sync, and dropped from the node's books each time without a give-back).
 #[test]
 fn a_late_claim_of_the_old_block_size_is_given_back_on_the_kubernetes_api() {

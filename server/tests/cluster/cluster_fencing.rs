@@ -409,7 +409,7 @@ fn release_node_gives_back_nothing_of_a_node_that_came_back() {
 }
 
 /// A release decided while a node was away ends the node's holds on pins, and drops its
-/// `seen` key, only while the node stays away as judged (issue 53, item 6: both writes were
+/// `seen` key, only while the node stays away as judged (both writes were
 /// unconditioned): a daemon back meanwhile keeps its running pod's hold, and one that came and
 /// went keeps the record of its last absence (else it could later be judged gone at once).
 #[test]
@@ -508,7 +508,7 @@ fn the_last_writes_of_a_release_hold_only_while_the_node_stays_away() {
     });
 }
 
-/// A forced release's give-back lands only on a block with no pin (session 30, found by the
+/// A forced release's give-back lands only on a block with no pin (found by the
 /// simulation: a forced release, its give-back late, took a block in which the node, still
 /// running, had made a pin after the release read the pins; a pod on another node used its
 /// address).

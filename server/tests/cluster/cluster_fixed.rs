@@ -1,4 +1,4 @@
-//! Fixed addresses that follow their pod from node to node (issue 40, item 2), with the real
+//! Fixed addresses that follow their pod from node to node, with the real
 //! daemon and plugin on two nodes of one store (the fake apiserver always; a real etcd where
 //! installed), `[kubernetes]` for the pods: a StatefulSet pod keeps its address on another
 //! node, whose ADD fails with 11 while the first node still holds it; the node whose block
@@ -312,7 +312,7 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     let b = ip_of(&first);
     // An instance made again under the VM's name (the first one's launcher force-deleted,
     // its node cut off) is another: it waits, as a StatefulSet's pod does, even labelled as
-    // a migration's target (issue 53, item 5).
+    // a migration's target.
     api.put(
         "virtualmachineinstancemigrations",
         migration("vm1", "m1", "Scheduling"),

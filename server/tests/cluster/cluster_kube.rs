@@ -428,7 +428,7 @@ fn release_node_waits_for_the_apiservers_clock_and_fences_a_returning_daemon() {
                 daemon.renew_heartbeat(&renewing, true).await.unwrap();
             }
         });
-        // Its hold on the pin ends only with its blocks (issue 53, item 6).
+        // Its hold on the pin ends only with its blocks.
         let read = s.pins(None).await.unwrap().remove(0);
         let unheld = ipool_server::cluster::pin::Pin {
             holders: Vec::new(),

@@ -1,5 +1,5 @@
 //! `ipoolctl cluster --datastore kubernetes`: the same commands, outputs and exit codes as on
-//! etcd, against the fake apiserver over real HTTP; and `kubectl ipool` (issue 57, item 3):
+//! etcd, against the fake apiserver over real HTTP; and `kubectl ipool`:
 //! ipoolctl installed as kubectl's plugin (kubectl-ipool on the PATH), run through Debian's
 //! kubectl, finding the cluster as kubectl does (KUBECONFIG's files merged, their current
 //! context, or `--context`).
@@ -131,7 +131,7 @@ fn an_apiserver_that_does_not_answer_or_lacks_the_crds_has_its_exit_code() {
 
 /// The daemons hold their Leases in their `lease_namespace`; a release-node that looks in
 /// another finds no Lease, which proves nothing: refused without --force, naming the namespace
-/// it looked in, and the live node's blocks stay (issue 36, 4: it gave them back).
+/// it looked in, and the live node's blocks stay (it gave them back).
 #[test]
 fn release_node_looking_in_another_namespace_gives_nothing_back() {
     let api = FakeApi::start();
@@ -232,8 +232,8 @@ fn a_deletion_whose_mark_was_never_answered_leaves_the_pool_ready() {
 
 /// Every `ipoolctl cluster` command, run as the ServiceAccount ipool-operator against an
 /// apiserver that enforces deploy/cluster-kubernetes's RBAC and admission policies, with the
-/// daemons running as theirs (a pod-bound token naming their node): none is refused (issue 53,
-/// item 10: `nodes` and `check` exited 2, "cannot list resource leases").
+/// daemons running as theirs (a pod-bound token naming their node): none is refused
+/// (`nodes` and `check` once exited 2, "cannot list resource leases").
 #[test]
 fn every_cluster_command_works_as_the_shipped_operator_role() {
     use ipool_testkit::access::{Access, UserInfo};
@@ -309,7 +309,7 @@ cluster_pool = "p"
     ] {
         ok(args);
     }
-    // Who releases departed nodes here: the CronJob, no daemon (issue 53, item 11).
+    // Who releases departed nodes here: the CronJob, no daemon.
     let nodes = ok(&["nodes"]);
     assert!(nodes.contains("CronJob ipool-release-departed"), "{nodes}");
     // No pin there: not found (3), not forbidden (2).

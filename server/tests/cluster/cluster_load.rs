@@ -1,4 +1,4 @@
-//! What nodes at steady state cost their store (issue 38, 5: the budget), counted at the store
+//! What nodes at steady state cost their store (the budget), counted at the store
 //! (the fake apiserver's requests; a real etcd's own counters), with the real daemons: three
 //! nodes, heartbeats every 2 s (`heartbeat_ttl_secs = 6`), `resync_secs` at its default.
 //! Counts, not times: in a 12 s window each node renews its name at most 8 times (every

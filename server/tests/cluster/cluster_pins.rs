@@ -1,4 +1,4 @@
-//! Pins (issue 40 item 2, the store part) on either store (the fake apiserver always; a real
+//! Pins (the store part) on either store (the fake apiserver always; a real
 //! etcd where installed): a pin is created only in a block that stands as named, once per
 //! address and once per owner; taken over, released and deleted only on the write read;
 //! `ipoolctl cluster pins` lists them, `unpin` refuses one a live node holds and ends one

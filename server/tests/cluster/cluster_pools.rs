@@ -1,4 +1,4 @@
-//! Pools an operator changes while they run (issue 39, 4), on either store (the fake
+//! Pools an operator changes while they run, on either store (the fake
 //! apiserver always; a real etcd where installed): a CIDR added while a node serves, one
 //! removed only once no block of it is owned, a pool disabled with blocks in use; and, at the
 //! store, a claim decided on the pool as it was read never landing outside its CIDRs as they
@@ -303,7 +303,7 @@ fn a_pool_grows_and_retires_under_a_serving_node_on_etcd() {
     a_pool_grows_and_retires_under_a_serving_node(Backend::etcd());
 }
 
-/// A family added to a running cluster (issue 56, item 3): a single-stack pool gains an IPv6
+/// A family added to a running cluster: a single-stack pool gains an IPv6
 /// CIDR while its node serves; new pods get both families, the running ones keep the one they
 /// have (CHECK, a retried ADD, DEL), and so after a restart of the daemon. The new family's
 /// block size is given with its first CIDR (`add-cidr --block-size`), and fixed from then on.

@@ -1,4 +1,4 @@
-//! A cluster pool's network addressed as one subnet (`addressing = "subnet"`, issue 40 item 1),
+//! A cluster pool's network addressed as one subnet (`addressing = "subnet"`, ),
 //! with the real daemons and plugin on either store (the fake apiserver always; a real etcd
 //! where installed): three nodes share one /21, 1 000 concurrent ADDs across them give no
 //! address twice, each with the /21's prefix and the configured gateway, never an excluded
@@ -384,7 +384,7 @@ fn a_cni_config_names_its_cluster_pool_on_etcd() {
     a_cni_config_names_its_cluster_pool(Backend::etcd());
 }
 
-/// A family added to a network addressed as one subnet (issue 56, item 3): with IPv4 pods
+/// A family added to a network addressed as one subnet: with IPv4 pods
 /// running, the config gains the IPv6 gateway (the network holds no IPv6 address: accepted at
 /// the restart, where a change of the IPv4 gateway is still refused), then the pool its IPv6
 /// CIDR; new pods get both families, the IPv6 address with its gateway, the running pods

@@ -414,7 +414,7 @@ fn release_node_is_not_fooled_by_a_node_clock_that_is_wrong() {
 
 /// etcd restored from a backup taken before a pin was made (its block unchanged since): the
 /// pin's address, held by a pod on another node, is never handed out by the block's node; the
-/// nodes make the pin again before the block serves (issue 53, item 4: n1 forgot the pin at
+/// nodes make the pin again before the block serves (n1 forgot the pin at
 /// its first listing after the restore and its 14th ADD got the address).
 #[test]
 #[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]

@@ -1,4 +1,4 @@
-//! Cluster mode hears of its blocks instead of polling (issue 38, 1), on either store (the fake
+//! Cluster mode hears of its blocks instead of polling, on either store (the fake
 //! apiserver always; a real etcd where installed), with the real daemon and plugin and
 //! `resync_secs` at its default (ten minutes): a block of a node's taken by another node stops
 //! serving on the old owner within a second; a watch broken while the change happened, and

@@ -1,4 +1,4 @@
-//! Pods with fixed addresses for the randomized fault test (issue 40): four ordinals of a
+//! Pods with fixed addresses for the randomized fault test: four ordinals of a
 //! StatefulSet and two KubeVirt VMs, their objects on the fake apiserver, and Kubernetes' part
 //! as it runs them: at most one pod of an ordinal (a new one once the old one's DEL was called
 //! or its node is gone), one launcher pod of a VM, and two during a live migration, on two

@@ -315,7 +315,7 @@ fn same_address_sequence_as_host_local() {
     }
 }
 
-/// Switching a node from host-local in place (issue 56, item 1): 50 addresses handed out by the
+/// Switching a node from host-local in place: 50 addresses handed out by the
 /// real host-local, the conflist's type switched, ipoold started on the same range. Its 200
 /// ADDs get none of the 50; a DEL of an old container frees its address; a restart imports
 /// nothing twice; host-local's files are left as they were; `ipoolctl list` shows the

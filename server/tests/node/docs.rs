@@ -1,4 +1,4 @@
-//! The README's worked example, run as written (issue 41, item 4: no command shown goes
+//! The README's worked example, run as written (no command shown goes
 //! stale): its shell block, with the daemon of the quick start's step 1 (the real ipoold on a
 //! socket of the test's own), the real plugin and ipoolctl; each command's output compared
 //! with the comment lines the README shows under it. The other pages' commands are checked

@@ -1,4 +1,4 @@
-//! Hostile callers and careless operators (issue 16), through the real ipoold.
+//! Hostile callers and careless operators, through the real ipoold.
 
 use crate::common;
 

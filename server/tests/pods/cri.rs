@@ -1,4 +1,4 @@
-//! The container runtime asked before an address goes (issue 41, item 3), against the real
+//! The container runtime asked before an address goes, against the real
 //! containerd (Debian's, its CRI plugin on a socket of the test's own) and the real daemon and
 //! plugin, the pods on the fake apiserver: a pod force-deleted while its sandbox runs keeps its
 //! address, an attachment's and a quarantine's alike, for as long as the sandbox runs; once it

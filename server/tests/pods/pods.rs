@@ -1,4 +1,4 @@
-//! The node's pods as the source of truth (issue 17): the real ipoold with `[kubernetes]`,
+//! The node's pods as the source of truth: the real ipoold with `[kubernetes]`,
 //! reading a fake apiserver over real HTTP, driven through the real plugin.
 
 use std::time::{Duration, Instant};
@@ -444,7 +444,7 @@ fn a_lost_store_with_ranges_from_the_node_hands_out_no_running_pods_address() {
     d.wait_log(&["quarantined", "10.246.10.2"]);
 }
 
-/// Switching from host-local with `[kubernetes]` (issue 56, item 1): each of host-local's
+/// Switching from host-local with `[kubernetes]`: each of host-local's
 /// allocations is taken over for the pod on the node that reports its address, and released by
 /// the pod GC once that pod is gone; one no pod reports (a secondary network's, a pod whose
 /// status is not written yet) is taken over for no pod, and held until its DEL or the
@@ -525,7 +525,7 @@ fn host_locals_allocations_are_taken_over_for_the_pods_that_report_them() {
     assert!(!holds(&d, "c-none") && holds(&d, "c-run"));
 }
 
-/// Why an ADD was refused, on the pod (issue 57, item 1): the pool full, the pod gets an Event
+/// Why an ADD was refused, on the pod: the pool full, the pod gets an Event
 /// (events.k8s.io/v1, Warning, reason PoolExhausted) naming the pool and what to do; 200
 /// refused ADDs of one pod (a crash loop) cost two writes at the apiserver, a create and its
 /// series (client-go's aggregation), the rest counted by ipoold. The daemon runs as the

@@ -42,7 +42,7 @@ fn requests_are_read_as_the_authorizer_reads_them() {
 }
 
 /// The shipped operator role reads what `ipoolctl cluster nodes` and `check` read: the
-/// Leases of its namespace listed (issue 53, item 10: "cannot list resource leases").
+/// Leases of its namespace listed ("cannot list resource leases").
 #[test]
 fn the_shipped_operator_role_lists_the_leases_and_no_more() {
     let access = Access::cluster_kubernetes();

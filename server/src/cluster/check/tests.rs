@@ -230,7 +230,7 @@ fn each_kind_of_inconsistency_is_one_finding() {
     assert_eq!(back.findings, r.findings);
 }
 
-/// A node is judged by the Node its daemon recorded (issue 53, item 7): "n3-store", whose
+/// A node is judged by the Node its daemon recorded: "n3-store", whose
 /// Node is "n3", is not gone while n3 is there, and is once it is not; a gone node whose every
 /// block holds a pin is told as such (a release frees nothing there).
 #[test]

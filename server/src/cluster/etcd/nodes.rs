@@ -101,7 +101,7 @@ impl NameStore for EtcdStore {
                         false => Some((a.instance, 0)),
                     }
                 }
-                // The old way: the name taken whoever held it.
+                // The bug, put back: the name taken whoever held it.
                 (Some(_), Some(Ok(_))) if crate::bugs::on(crate::bugs::Bug::NameNotExclusive) => {
                     let put = op::put(alive_key.clone(), value, alive_lease);
                     self.client().txn(request::txn([], [put], [])).await?;

@@ -168,7 +168,7 @@ impl BlockStore for KubeStore {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: now.metadata.uid.clone(),
-                // The old way: the block's creation (its uid) alone.
+                // The bug, put back: the block's creation (its uid) alone.
                 resource_version: match crate::bugs::on(crate::bugs::Bug::GiveBackOnCreation) {
                     true => None,
                     false => now.metadata.resource_version.clone(),
@@ -215,7 +215,7 @@ impl BlockStore for KubeStore {
         let from = objects::pool_revision_of(&written).unwrap_or(0);
         Ok(match self.pool_verdict(&b.pool, from, &b.block).await? {
             PoolNow::Same => Settled::Mine(revision),
-            // The old way: a pool being deleted counted as gone, and the store gave the block
+            // The bug, put back: a pool being deleted counted as gone, and the store gave the block
             // back there and then.
             PoolNow::Deleting if crate::bugs::on(crate::bugs::Bug::DeletingIsGone) => {
                 self.give_back(&Block {

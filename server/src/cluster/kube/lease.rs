@@ -188,7 +188,7 @@ impl NameStore for KubeStore {
             match holder(l) {
                 Some(h) if h != me.instance => {
                     let left = duration_secs(l) - self.unchanged_secs(&name, l);
-                    // The old way: the name taken whoever held it.
+                    // The bug, put back: the name taken whoever held it.
                     if left > 0 && !crate::bugs::on(crate::bugs::Bug::NameNotExclusive) {
                         return Ok(Acquired::Taken {
                             instance: h,
@@ -313,7 +313,7 @@ impl NameStore for KubeStore {
         let Some(mut l) = self.leases.get_opt(&name).await? else {
             return Ok(NodeState {
                 blocks,
-                // The old way: no Lease here taken for absence.
+                // The bug, put back: no Lease here taken for absence.
                 unproven: (!crate::bugs::on(crate::bugs::Bug::NoLeaseIsAbsence))
                     .then(|| self.no_lease(&name)),
                 ..NodeState::default()

@@ -133,7 +133,7 @@ impl PoolStore for KubeStore {
         // node's next sync) may still stand in these CIDRs, under another block size.
         let clash = match clash {
             Some(why) => Some(why),
-            // The old way: blocks standing in the CIDRs not looked for.
+            // The bug, put back: blocks standing in the CIDRs not looked for.
             None if crate::bugs::on(crate::bugs::Bug::BlockOutlivesPool) => None,
             None => match self.list_blocks(None, None).await {
                 Err(e) => Some(format!("the blocks could not be listed ({e})")),

@@ -72,7 +72,7 @@ impl Backoff for RetryWait {
 }
 
 /// What the consumer of the two watches does with a failure: logs it (each watch waits on its
-/// own); with the old way put back, waits here too, holding back both.
+/// own); with the bug put back, waits here too, holding back both.
 async fn failed(node: &str, e: watcher::Error, failures: &mut u32) {
     if let watcher::Error::WatchError(s) = &e {
         if s.code == 410 {

@@ -121,7 +121,7 @@ fn a_pin_is_taken_only_when_free_and_a_vm_may_have_two_holders() {
 
 /// A VM's instance made again under its name (a force-deleted launcher on a cut-off node,
 /// remediation) is another instance: its launcher waits for the old holder's DEL or fence, as
-/// a StatefulSet's pod does (issue 53, item 5: it shared the address at once); so does one
+/// a StatefulSet's pod does (it shared the address at once); so does one
 /// whose instance is not known.
 #[test]
 fn a_vm_instance_made_again_does_not_share_its_pin() {

@@ -101,7 +101,7 @@ impl Owned {
     pub(super) fn confirmed(&self) -> bool {
         match self.state {
             BlockState::Confirmed(_) => true,
-            // The old way: a block being claimed back served on.
+            // The bug, put back: a block being claimed back served on.
             BlockState::Reclaiming => crate::bugs::on(crate::bugs::Bug::UnlistedServes),
             _ => false,
         }

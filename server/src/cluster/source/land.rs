@@ -24,7 +24,7 @@ impl ClusterSource {
                         if let Some(b) = self.blocks.get_mut(net) {
                             b.state =
                                 match crate::bugs::on(crate::bugs::Bug::UnansweredGiveBackServes) {
-                                    // The old way: back into service.
+                                    // The bug, put back: back into service.
                                     true => BlockState::Confirmed(*revision),
                                     false => BlockState::Unsettled(*revision),
                                 };

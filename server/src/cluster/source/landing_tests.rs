@@ -1,5 +1,5 @@
 //! What a sync's landing does, in the cases mutation testing found the simulation's short runs
-//! blind to (docs/simulation.md): a race made on purpose (issue 54, item 4: a block's state
+//! blind to (docs/simulation.md): a race made on purpose (a block's state
 //! changes between the moment a sync is sent, trusting the blocks confirmed then, and the
 //! moment its listing lands), and the pace of the looks at blocks in doubt.
 

@@ -1,4 +1,4 @@
-//! Blocks coming and going under held addresses, each found by the simulation (session 16):
+//! Blocks coming and going under held addresses, each found by the simulation:
 //! blocks of another size over addresses held here (a pool made anew with other block sizes
 //! while this node still held addresses in a block of the old pool: the new block's allocator
 //! knew nothing of the old block's addresses, so it could hand out an address a pod here held,
@@ -222,7 +222,7 @@ fn synced_with_orphans(
 /// made anew with bigger blocks, lies under this node's block of the new pool: it is given
 /// back, and the new block serves its addresses. Before, each sync's takeover by the new
 /// block dropped it from the source without a give-back, and the next sync found and
-/// settled it again, for good (issue 53, item 8).
+/// settled it again, for good.
 #[test]
 fn a_late_block_of_the_old_size_under_a_new_one_is_given_back() {
     let (n, mut s) = serving(&["10.0.0.0/27"]);

@@ -172,7 +172,7 @@ fn a_block_claimed_over_a_hosted_address_takes_it_over() {
 }
 
 /// After the store was found reset, the pins known here stay whatever listings say until the
-/// store has them again with this node's holds (issue 53, item 4: the first listing after an
+/// store has them again with this node's holds (the first listing after an
 /// etcd restored from a backup older than the pin dropped it, and the block's node handed its
 /// address out while the pin's holder served it); the address stays out meanwhile.
 #[test]

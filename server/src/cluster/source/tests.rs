@@ -428,7 +428,7 @@ fn the_first_sync_of_an_epoch_trusts_no_block_so_a_give_back_sent_while_fenced_c
 
 /// A claim that found the pool full, or failed, waits before the next claim; the syncs go on
 /// meanwhile (a block forced away from this node is found at the next sync, not after the
-/// claim's wait: issue 36, 5).
+/// claim's wait).
 #[test]
 fn a_full_pool_or_a_failed_claim_never_delays_a_sync() {
     let n = node("");
@@ -466,7 +466,7 @@ fn a_full_pool_or_a_failed_claim_never_delays_a_sync() {
 
 /// A block whose pool is being deleted (the settle read the pool Deleting) is in doubt: it
 /// serves nothing, is not given back, and the next sync (soon) looks again; once the pool is
-/// Ready again it serves as before (issue 36, 1).
+/// Ready again it serves as before.
 #[test]
 fn a_block_whose_pool_is_being_deleted_is_neither_served_nor_given_back() {
     let n = node("");

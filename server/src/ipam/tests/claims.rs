@@ -1,4 +1,4 @@
-//! Sources that get their addresses asynchronously (issue 15, item 4): claims run outside the
+//! Sources that get their addresses asynchronously: claims run outside the
 //! state lock, ADDs that wait for one are woken when it lands, a claimed block is written in the
 //! same change set as its first use, and the wait is bounded.
 //!

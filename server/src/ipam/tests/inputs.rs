@@ -1,4 +1,4 @@
-//! Inputs a careless operator or a hostile caller sends (issue 16, item 5): refused or named,
+//! Inputs a careless operator or a hostile caller sends: refused or named,
 //! and nothing allocated is lost.
 
 use super::*;

@@ -1,4 +1,4 @@
-//! Races and restarts found by reading the engine (issue 14, item 5): each was a way to lose
+//! Races and restarts found by reading the engine: each was a way to lose
 //! or leak an address.
 
 use super::*;

@@ -1,4 +1,4 @@
-//! A network's ranges changing at runtime (issue 15, item 4): new ranges serve at once, old
+//! A network's ranges changing at runtime: new ranges serve at once, old
 //! ones retire while attachments hold them, and all of it survives a restart.
 
 use super::*;
@@ -314,7 +314,7 @@ async fn a_retiring_set_keeps_no_idle_address() {
     assert!(snap.idle.is_empty(), "{:?}", snap.idle);
 }
 
-/// A network of the config file with `ranges_from` (issue 17): no ranges until its source
+/// A network of the config file with `ranges_from`: no ranges until its source
 /// gives some (ADD and STATUS say why), its tuning stays the config's, a CNI config naming
 /// other ranges is refused naming both, and a restart keeps the node's ranges: also when the
 /// config switched a network from fixed ranges to `ranges_from`.

@@ -40,7 +40,7 @@ fn a_statefulset_pod_is_keyed_by_its_ordinal_and_a_launcher_pod_by_its_vm() {
 
 /// A launcher's instance is its controller's uid, a target's migration KubeVirt's label;
 /// a migration is under way while its object, found by that uid, names the VM and is not
-/// over (issue 53, item 5).
+/// over.
 #[test]
 fn a_migration_is_the_vms_own_and_not_over() {
     let vmi = json!([{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",

@@ -53,7 +53,7 @@ impl KubeStore {
             lease = again;
         }
         let held = match (&lease, force) {
-            // The old way: the blocks given back with nothing held.
+            // The bug, put back: the blocks given back with nothing held.
             (Some(_), false) if bugs::on(Bug::ReleaseUnconditioned) => None,
             (Some(l), false) => {
                 // Still as node_state measured it: unrenewed for longer than its duration

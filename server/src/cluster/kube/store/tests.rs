@@ -2,7 +2,7 @@ use crate::cluster::node::ClusterNode;
 use crate::config::ClusterSettings;
 
 /// Malformed objects reported by a listing clear when the next listing of the same kind
-/// no longer finds them, whatever the store calls its keys (issue 36, 7: on the
+/// no longer finds them, whatever the store calls its keys (on the
 /// Kubernetes API they never cleared).
 #[test]
 fn malformed_findings_clear_when_the_next_listing_no_longer_has_them() {
