@@ -169,6 +169,11 @@ pub enum Bug {
     /// show it away, and once it was gone its hold kept the pin of a gone owner for good
     /// (found by the simulation's liveness rules, session 31).
     HoldBeforeName,
+    /// A node forgot, at a store reset, the pins it knew: its first listing of an etcd
+    /// restored from a backup older than a pin dropped it from its book, and the node handed
+    /// the pinned address to a new pod while the pin's pod used it on another node (issue 53,
+    /// item 4; found by review and a real etcd restored, `cluster_truth`).
+    PinsForgottenAtReset,
     /// A node's witness in etcd named the daemon only, not the write: an etcd restored from a
     /// copy of its data, on which a write sent before the backup (its answer lost) landed late
     /// at the revision of the node's last write (reused by the restore), looked unchanged, and
@@ -292,6 +297,7 @@ impl Bug {
         Bug::WitnessUnreadAfterReset,
         Bug::WitnessJudgedPastOnly,
         Bug::ClaimOfAnySize,
+        Bug::PinsForgottenAtReset,
     ];
 
     pub fn name(self) -> &'static str {
@@ -347,6 +353,7 @@ impl Bug {
             Bug::WitnessUnreadAfterReset => "witness-unread-after-reset",
             Bug::WitnessJudgedPastOnly => "witness-judged-past-only",
             Bug::ClaimOfAnySize => "claim-of-any-size",
+            Bug::PinsForgottenAtReset => "pins-forgotten-at-reset",
         }
     }
 

@@ -125,6 +125,12 @@ pub const NOT_YET: &[Bug] = &[
     // family's block size (docs/simulation.md, Limits), so no run can meet it; guarded by
     // `cluster::ippool::tests::nothing_is_claimed_in_a_cidr_on_its_way_in_or_out`.
     Bug::ClaimOfAnySize,
+    // Found by a review and a real etcd restored (issue 53, item 4), never by the simulation:
+    // a search of 600 s from 50 000 000 000 with the switch (8 682 runs) did not meet it (its
+    // runs rarely restore a backup older than a pin whose pod moved to another node since).
+    // Guarded by `cluster::source::pinned_tests::pins_known_before_a_reset_stay_until_the_
+    // store_has_them_with_this_nodes_holds` and `cluster_truth::pins_lost_by_a_restored_etcd_*`.
+    Bug::PinsForgottenAtReset,
     // Found by the hunt from seed 0 at first (seeds 10 and 32), since session 31's changes
     // (the witness numbered, holds only under a held name, the wind-down deleting the pods of
     // gone owners) after 3 523 843 and 8 735 000 steps: more than `cargo test`'s share; their
