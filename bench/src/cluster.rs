@@ -2,6 +2,15 @@
 //! plugin on a cluster pool's network against a local one of the same daemon, then simulated
 //! nodes running the daemon's claim code: claim latency, claims per second with 1, 10 and 100
 //! claimers, and 1 000 nodes' first blocks, each checked for blocks with two owners.
+//!
+//! # Layout
+//! - `claims`: simulated nodes claiming blocks of one pool, racing;
+//! - `etcd`: the benchmark's own etcd (Debian's `etcd-server`);
+//! - [`load`]: what cluster mode's nodes cost their store at steady state, counted at the store;
+//! - `load_pins`: the store-load row of pods with fixed addresses;
+//! - `load_report`: the store-load rows' table and JSON (see `load`);
+//! - `report`: cluster mode's tables and JSON;
+//! - `scale`: cluster mode at scale.
 
 mod claims;
 mod etcd;

@@ -8,6 +8,21 @@
 //! Layout: the arguments and the run's order here; `setup` (plan, binaries, names), `phases`
 //! (each measurement), `report` (the tables), `daemon`, `plugin` and `grpc` (driving ipoold, the
 //! plugins and the gRPC load), `live`, `machine`, `stats`.
+//!
+//! # Layout
+//! - `cluster`: cluster mode against a real etcd (Debian's `etcd-server`, started here);
+//! - `daemon`: an `ipoold` of the benchmark's own;
+//! - `flood`: ADD latency while operators' reads flood the daemon;
+//! - `grpc`: talking to ipoold directly over gRPC;
+//! - `kube`: the Kubernetes watch cache's memory;
+//! - `live`: the correctness check;
+//! - `machine`: what machine the numbers come from;
+//! - `phases`: the benchmark's phases against a running ipoold;
+//! - `plugin`: exec'ing the real plugins the way a container runtime does;
+//! - `report`: the measurements, printed as markdown tables and written as JSON;
+//! - `setup`: what a run works with;
+//! - `sim`: the deterministic simulation's row (`ipool-sim bench`);
+//! - `stats`: percentiles of a set of latency samples (nearest rank on the sorted samples).
 
 // Before the modules, so that every one of them can use it.
 macro_rules! progress {

@@ -16,6 +16,12 @@
 //! Layout: `frames` (the wire format: frame types, building frames and the request headers),
 //! `conn` (connecting, and the call's loop of frames), `reply` (the gRPC outcome of the
 //! stream), [`hpack`] (the reply's header blocks).
+//!
+//! # Layout
+//! - `conn`: the connection and the one call made on it;
+//! - `frames`: the HTTP/2 wire format this client needs;
+//! - `hpack`: an HPACK decoder (RFC 7541) for the reply's header blocks;
+//! - `reply`: what has arrived for the stream (`Response`), and the gRPC outcome made of it.
 
 use std::io;
 use std::path::Path;

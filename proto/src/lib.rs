@@ -1,6 +1,10 @@
 //! Generated code of the `ipool.v1` gRPC API (see `ipool/v1/*.proto`), and of the part of
 //! etcd's v3 API that cluster mode calls (see `etcd/*.proto`; clients only), and of the CRI
 //! calls ipoold makes to the node's container runtime (`cri/runtime.proto`).
+//!
+//! # Layout
+//! - [`names`]: the CNI spec's rules for the names that make up an attachment key, shared by the
+//!   plugin (which checks before it calls) and the daemon (which checks what it is sent).
 #![allow(clippy::all, missing_docs)]
 
 pub mod names;

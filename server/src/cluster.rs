@@ -1,6 +1,7 @@
 //! Cluster mode: nodes claim address blocks from pools kept in a shared store, etcd or the
 //! Kubernetes API.
 //!
+//! # Layout
 //! - [`ippool`]: an IPPool's spec and the changes an operator makes to it; [`cidrset`]: its
 //!   CIDRs carved into blocks (nodeipam's cidrset);
 //! - [`claim`]: a node's next block of a pool, found and claimed through either store;

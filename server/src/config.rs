@@ -5,6 +5,12 @@
 //! `rangeStart`, `rangeEnd`, `gateway`; `routes`), so that switching a conflist from
 //! `"type": "host-local"` to `"type": "ipool"` is the whole migration. Unknown keys are ignored,
 //! as host-local ignores them.
+//!
+//! # Layout
+//! - [`addressing`]: `addressing` of a cluster pool's network, as the daemon's `[[network]]` and
+//!   the CNI `ipam` section say it;
+//! - [`cluster`]: the `[cluster]` table of ipoold's config;
+//! - `ipam_section`: the CNI config's `ipam` section.
 
 use std::net::IpAddr;
 

@@ -8,6 +8,9 @@
 //! binary that is executing (a plain copy over it fails with "text file busy"), and a runtime
 //! sees either the old file or the new one, never half of one. Identical content is left as
 //! it is.
+//!
+//! # Layout
+//! - [`chain`]: the plugin chain a conflist names, against the CNI bin dir.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

@@ -8,6 +8,7 @@
 //! durable has failed: the engine serves no change until the store is reopened and its state
 //! rebuilt from what is durable ([`Ipam::recover_store`]).
 //!
+//! # Layout
 //! - [`state`] — the state behind the lock, networks, and the commit path
 //! - [`range_set`] — one range set's pool, source and bucket: picking an address, taking it
 //! - [`ranges`] — a network's ranges changing at runtime; claims of sources that get their
@@ -23,6 +24,13 @@
 //! - [`maintain`] — the background loop
 //! - [`recover`] — start-up, and rebuilding after a store failure
 //! - [`attachments`] — the live attachments, kept compact
+//! - `declare_pool` — a network a CNI config declares with `ipam.clusterPool`
+//! - `fixed` — what the layer above asks of the engine for pods with a fixed address
+//! - `pick` — which addresses an ADD gets, decided without taking anything
+//! - `pods` — the engine's side of Kubernetes: attachments for the pod GC to judge, released
+//!   once their pod is gone
+//! - `reconcile` — the network definitions a start runs with
+//! - `suspects` — released only when seen without what keeps it at two checks (Calico's rule)
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};

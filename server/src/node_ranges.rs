@@ -4,6 +4,11 @@
 //! its input and hands what it sees to a [`Feed`], which gives the engine the ranges
 //! (`Ipam::set_ranges_and_routes`), or the reason there are none yet (`Ipam::await_ranges`:
 //! ADD and STATUS say it), and logs every change once, and the wait every 30 s.
+//!
+//! # Layout
+//! - [`cluster`]: a network's ranges from a cluster pool (`ranges_from = "cluster"`);
+//! - [`flannel`]: `ranges_from = "flannel"`: flannel's subnet.env;
+//! - [`podcidrs`]: `ranges_from = "node"`: the Node's `spec.podCIDRs`, watched.
 
 pub mod cluster;
 pub mod flannel;

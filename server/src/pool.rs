@@ -19,6 +19,9 @@
 //! passed; else a fresh one from the source if a token is left and the source is not dry; else
 //! the idle address released longest ago even though it is still cooling (nothing else can be
 //! had); else the pool is exhausted.
+//!
+//! # Layout
+//! - `bucket`: a token bucket in front of an address source.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;

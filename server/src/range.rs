@@ -8,6 +8,9 @@
 //! The network address, the IPv4 broadcast address and the gateway are never handed out.
 //! A range set (one per address family) is a list of non-overlapping ranges walked in order;
 //! allocation continues after the last address handed out and wraps around, as host-local does.
+//!
+//! # Layout
+//! - `peek`: looking ahead without taking.
 
 use std::collections::BTreeMap;
 use std::fmt;

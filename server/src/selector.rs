@@ -11,7 +11,7 @@ use std::fmt;
 /// The longest selector kept in a pool.
 pub const MAX_SELECTOR: usize = 1024;
 
-/// A parsed selector; its text is [`NodeSelector::to_string`], in a normal form.
+/// A parsed selector; its text is `NodeSelector::to_string`, in a normal form.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeSelector(Vec<Requirement>);
 

@@ -2,10 +2,15 @@
 //! between protobuf and the engine, log one line per request, and map errors with
 //! `From<Error> for Status`.
 //!
-//! - `cni`: `CniService` and its peer-uid check.
-//! - `ops`: `OpsService`.
-//! - `access`: `Access`, who may call what on an Ops listener.
-//! - `limits`: how many Ops reads and watchers run at once, per listener and per TCP peer.
+//! # Layout
+//! - `access`: `Access`, who may call what on an Ops listener (the Unix socket, or TCP with a
+//!   token or mTLS);
+//! - `cni`: `CniService`, what the plugin calls, and its peer-uid check;
+//! - [`fixed`]: pods with a fixed address, decided around the engine's ADD and DEL;
+//! - [`host_local`]: host-local's allocations taken over in place;
+//! - `limits`: how many Ops reads and watchers run at once, per listener and per TCP peer, so
+//!   that operators' reads never starve the CNI path;
+//! - `ops`: `OpsService`, what operators call.
 
 use std::net::IpAddr;
 

@@ -27,6 +27,19 @@
 //! write-ahead log (`wal-0`, `wal-1`); 5 = the log files have a header with the store's id,
 //! records carry their flush's batch, and sled takes a change set only once it is durable.
 //! An older store opens and is migrated.
+//!
+//! # Layout
+//! - `applier`: the thread that writes durable change sets into sled's trees, and makes
+//!   checkpoints;
+//! - `codec`: change sets as bytes;
+//! - `commit`: group commit;
+//! - `live`: one open store;
+//! - `mem`: the in-memory twin of [`SledStore`], for tests of the engine;
+//! - `open`: opening a store;
+//! - `sled_store`: the sled implementation of [`Store`];
+//! - `trees`: sled's database and its trees, opened (waiting out another holder of its lock) and
+//!   shared by the store (opening, loading), its live state and its applier thread;
+//! - `wal`: the write-ahead log in front of sled.
 
 use std::net::IpAddr;
 use std::path::PathBuf;

@@ -10,7 +10,7 @@
 //! What a store must guarantee, whatever the interleaving (the rules of
 //! docs/cluster-mode.md): a claim wins only a block no one owns, and only while the pool is as it was read;
 //! a give-back deletes only the write of the block it names (created and last written at its
-//! [`KeyRevision`]), and a settle makes every give-back sent before it fail; a pool is deleted
+//! [`KeyRevision`](super::vocab::KeyRevision)), and a settle makes every give-back sent before it fail; a pool is deleted
 //! only while no block of it is owned; a node's name is held by one daemon at a time, on a
 //! lease that lapses when the daemon stops renewing it; how long a node has been away is
 //! measured by the store, not by anyone's wall clock.

@@ -16,6 +16,9 @@
 //!
 //! The Nodes and the pins' owners come from a [`Directory`] (ipoold's: the apiserver,
 //! `k8s::nodes`): cluster mode knows nothing of Kubernetes' client.
+//!
+//! # Layout
+//! - [`pins`]: the pins that keep a departed node's blocks.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;

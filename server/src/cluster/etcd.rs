@@ -21,6 +21,19 @@
 //! `blocks` its blocks ([`BlockStore`](super::datastore::BlockStore)), `nodes` its node names
 //! ([`NameStore`](super::datastore::NameStore)); `client` is etcd's API over tonic, `request`
 //! builds its requests.
+//!
+//! # Layout
+//! - `blocks`: blocks in etcd;
+//! - [`client`]: etcd's v3 API over tonic;
+//! - `leader`: who leads a role (the release of departed nodes), a key on a lease;
+//! - [`nodes`]: nodes in etcd;
+//! - `numbers`: numbers for this process's writes, rising with each;
+//! - `pin_marks`: how long a pin's owner has been gone, measured by etcd;
+//! - `pins`: pins in etcd ([`crate::cluster::pin`]);
+//! - `pools`: pools in etcd;
+//! - [`request`]: requests to etcd, built;
+//! - `watch`: [`EtcdStore`]'s watches;
+//! - `witness`: a node's witness in etcd of its last write (a reset seen whatever the revision says).
 
 use std::sync::Arc;
 use std::time::Duration;

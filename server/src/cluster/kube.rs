@@ -33,6 +33,18 @@
 //!   another machine is trusted). How long a node has been away, for release-node, is the
 //!   apiserver's clock: the time it stamped on the daemon's last renewal against the time it
 //!   stamps on ipoolctl's own write (`metadata.managedFields`).
+//!
+//! # Layout
+//! - `blocks`: blocks on the apiserver;
+//! - `lease`: node names on the apiserver;
+//! - `objects`: ipool's custom resources as JSON, and back;
+//! - `pin_marks`: how long a pin's owner has been gone, measured by the apiserver's clock;
+//! - `pins`: pins on the apiserver;
+//! - `pool_change`: pools on the apiserver changed while they run (`ipoolctl cluster pool
+//!   add-cidr|remove-cidr| disable|enable`, `ipoolctl cluster reserve|unreserve`);
+//! - `pools`: pools on the apiserver;
+//! - `store`: [`KubeStore`] as a [`Datastore`](super::datastore::Datastore);
+//! - `watch`: [`KubeStore`]'s watches.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

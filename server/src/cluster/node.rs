@@ -9,6 +9,13 @@
 //! and a source hands out nothing until it has synced its blocks within the new epoch.
 //!
 //! [`epoch`]: ClusterNode::serving
+//!
+//! # Layout
+//! - `heartbeat`: the heartbeat that holds this node's name;
+//! - [`pins`]: the pins this node knows (see [`crate::cluster::pin`]), by pool;
+//! - [`pools`]: the pools as this node read them;
+//! - [`watching`]: the store's watches of this node's blocks and of the pools, run for as long as
+//!   the node runs, what they say taken in by its [`Heard`](crate::cluster::heard::Heard).
 
 use std::collections::HashMap;
 use std::future::Future;

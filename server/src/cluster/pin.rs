@@ -19,6 +19,10 @@
 //!   address out;
 //! - a node takes a pin over only when no one holds it ([`Verdict`]), or when every holder is
 //!   gone as release-node judges a node gone, with a write conditioned on the pin as read.
+//!
+//! # Layout
+//! - [`hold`]: what a pod's ADD and DEL do with its pin (the service runs these around the
+//!   engine's ADD and DEL).
 
 use std::net::IpAddr;
 

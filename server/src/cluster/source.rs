@@ -29,6 +29,12 @@
 //! the network (and for IPv4 the broadcast) address is never handed out. As one subnet
 //! (`subnet_mode`), a block hands out every address but its pool CIDR's network, broadcast and
 //! gateway addresses and the network's excluded ones (`block::block_range`).
+//!
+//! # Layout
+//! - `block`: a block this node holds, and where it stands between this node and the store;
+//! - `land`: a store call's outcome taken in (claims, syncs, give-backs);
+//! - `pinned`: fixed addresses in a source of one subnet (see [`crate::cluster::pin`]);
+//! - `reserved`: a pool's reservations in a node's blocks (`ipoolctl cluster reserve`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

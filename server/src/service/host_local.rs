@@ -19,6 +19,9 @@
 //! its DEL or the runtime's GC, as without `[kubernetes]`: kept too long rather than given to
 //! a second pod. Files written before the node's last boot are history: their containers are
 //! gone.
+//!
+//! # Layout
+//! - [`files`]: host-local's files read (one per address: the container id and interface).
 
 pub mod files;
 

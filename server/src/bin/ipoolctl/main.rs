@@ -6,6 +6,20 @@
 //!
 //! Layout: the arguments and `main` here; `connect` (socket or TCP, TLS, token), `run` (one
 //! subcommand and its exit code), `print` (tables and JSON).
+//!
+//! # Layout
+//! - `check`: `ipoolctl cluster check`;
+//! - `cluster`: `ipoolctl cluster ...`;
+//! - `cluster_out`: what `ipoolctl cluster`'s commands share in what they say;
+//! - `cluster_store`: which store `ipoolctl cluster` works on, and the connection to it;
+//! - `connect`: reaching ipoold;
+//! - `nodes`: `ipoolctl cluster nodes`;
+//! - `pins`: `ipoolctl cluster pins` and `cluster unpin`;
+//! - `pools`: `ipoolctl cluster pool list` (and a pool changed);
+//! - `print`: tables and JSON as every command prints them;
+//! - `release`: `ipoolctl cluster release-node`;
+//! - `reservations`: `ipoolctl cluster reserve` and `cluster reservations`;
+//! - `run`: one subcommand run against the daemon's Ops API.
 
 // Standard output for every command: a reader that has gone (`ipoolctl list | head`) ends
 // ipoolctl quietly, with status 0, instead of the panic of `println!`. SIGPIPE stays ignored,

@@ -1,4 +1,9 @@
 //! ipoold: the per-node ipool daemon.
+//!
+//! # Layout
+//! - `cluster`: ipoold's cluster-mode wiring;
+//! - `host`: the node side of ipoold;
+//! - `kube`: ipoold's Kubernetes wiring.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

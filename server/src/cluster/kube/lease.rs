@@ -16,6 +16,12 @@
 //! the Lease must stay unchanged for the daemon's fence, a renewal interval and a second. Before it gives back a block it holds the Lease itself, so a
 //! daemon that comes back meanwhile waits (as for any other holder) and then finds its blocks
 //! gone.
+//!
+//! # Layout
+//! - `away`: how long a node has been away, as another node's daemon may measure it (a takeover of
+//!   the node's pins);
+//! - `leader`: who leads a role (the release of departed nodes), a Lease on the apiserver;
+//! - `release`: release-node's writes on the Kubernetes API.
 
 use std::collections::BTreeMap;
 use tokio::time::Instant;
