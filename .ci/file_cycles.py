@@ -61,12 +61,11 @@ def walk(root):
         path, f = stack.pop()
         base = os.path.dirname(f)
         stem = os.path.basename(f)[:-3]
-        if stem not in ("lib", "main", "mod") and path != ():
-            base = os.path.join(base, stem)
-        elif path == () and os.path.basename(os.path.dirname(f)) != "bin" and stem not in ("lib", "main"):
+        # A crate root's and a mod.rs's parts lie beside it; any other file's, in its folder.
+        if stem != "mod" and path != ():
             base = os.path.join(base, stem)
         text = strip(open(f).read())
-        for m in re.finditer(r'(?:#\[path\s*=\s*""\]\s*)?\b(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;', text):
+        for m in re.finditer(r'\b(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;', text):
             name = m.group(1)
             for cand in (os.path.join(base, name + ".rs"), os.path.join(base, name, "mod.rs")):
                 if os.path.exists(cand):
