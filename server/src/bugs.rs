@@ -241,6 +241,15 @@ pub enum Bug {
     /// Kubernetes API (where a claim is conditioned on the pool's uid alone), over another
     /// node's block of the new size (found by a review, session 34, before it landed).
     ClaimOfAnySize,
+    /// Two writes of a node's sent together: the first landed, etcd was restored from a
+    /// backup taken before it (its data copied: the revision back), and the second, numbered
+    /// after the first, landed on the restored etcd at a revision below the first's. Its
+    /// witness, read at that revision, was the one both were sent over and looked right; but
+    /// on one etcd a write numbered later never lands before an earlier one (its witness
+    /// compare refuses it), and the node, judging by the witness alone, served from the
+    /// first's block, which the restored etcd no longer had (found by the simulation's
+    /// search, session 36, seed 60 000 002 286).
+    CrossedWritesUnseen,
 }
 
 impl Bug {
@@ -298,6 +307,7 @@ impl Bug {
         Bug::WitnessJudgedPastOnly,
         Bug::ClaimOfAnySize,
         Bug::PinsForgottenAtReset,
+        Bug::CrossedWritesUnseen,
     ];
 
     pub fn name(self) -> &'static str {
@@ -354,6 +364,7 @@ impl Bug {
             Bug::WitnessJudgedPastOnly => "witness-judged-past-only",
             Bug::ClaimOfAnySize => "claim-of-any-size",
             Bug::PinsForgottenAtReset => "pins-forgotten-at-reset",
+            Bug::CrossedWritesUnseen => "crossed-writes-unseen",
         }
     }
 

@@ -137,6 +137,9 @@ pub const NOT_YET: &[Bug] = &[
     // kept runs are replayed by every `cargo test`.
     Bug::ResetUndetected,
     Bug::PinnedBlockGivenBack,
+    // Found by a search of seeds from 60 000 000 000 (60 000 002 286), not by the hunt from 0
+    // within 8 000 000 steps; its kept run is replayed by every `cargo test`.
+    Bug::CrossedWritesUnseen,
 ];
 
 /// The simulation's pool.

@@ -31,8 +31,12 @@
 //! etcd read the witness after that write, so it must show it (a read sent before a claim
 //! landed, answered by an etcd restored without the claim at a revision bumped past it; and a
 //! second claim sent with the first, landing on an etcd restored without it at the very
-//! revision the restore reused: both found by the simulation). Writes outside transactions (a node's `seen` key, once per start) are
-//! not witnessed.
+//! revision the restore reused: both found by the simulation). Two writes of this daemon's
+//! that landed on the wrong sides of each other, one numbered after the other at a revision
+//! below it, landed on two etcds (on one, the numbers rise with the revision): a reset too
+//! (two claims sent together, the second landing below the first on an etcd restored from a
+//! backup taken between them, with its data copied: found by the simulation). Writes outside
+//! transactions (a node's `seen` key, once per start) are not witnessed.
 
 use std::sync::Mutex;
 
@@ -296,11 +300,36 @@ impl Witness {
     pub(crate) fn answered(&self, marked: &Marked, t: &mut pb::TxnResponse) -> Shown {
         let revision = t.header.as_ref().map_or(0, |h| h.revision);
         let since = self.landed_before(marked, revision);
-        match Witness::judged(marked, since, t) {
+        match Witness::judged(marked, since, t).or_else(|| self.crossed(marked, t, revision)) {
             None => Shown::Fine,
             Some(why) if marked.guarded && !t.succeeded => Shown::Refused(why),
             Some(why) => Shown::Reset(why),
         }
+    }
+
+    /// A write of this daemon's that landed (guarded by the witness, which it put) at
+    /// `revision` on the wrong side of the last one known to have landed: numbered after it
+    /// and below its revision, or numbered before it and past it. On one etcd the numbers
+    /// only rise with the revision (each write's compare refuses a witness numbered at or past
+    /// its own), so the two landed on two etcds: it was restored from a backup between them.
+    fn crossed(&self, marked: &Marked, t: &pb::TxnResponse, revision: i64) -> Option<String> {
+        if !(marked.guarded && t.succeeded && marked.then.put)
+            || crate::bugs::on(crate::bugs::Bug::CrossedWritesUnseen)
+        {
+            return None;
+        }
+        let s = self.state.lock().expect("witness lock");
+        if s.written == 0 || s.instance != marked.instance {
+            return None;
+        }
+        let crossed = (marked.number > s.number && revision < s.written)
+            || (marked.number < s.number && revision > s.written);
+        crossed.then(|| {
+            format!(
+                "this node's write landed at revision {revision}, on the wrong side of its write known to have landed at revision {} (etcd restored from an older backup between them?)",
+                s.written
+            )
+        })
     }
 
     /// The last write to judge the witness by (its revision and number): the last known to

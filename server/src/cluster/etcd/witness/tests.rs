@@ -361,3 +361,97 @@ fn a_witness_older_than_the_last_write_or_another_daemons_is_a_reset() {
     );
     assert_eq!(parse(b"n1-i3"), None);
 }
+
+/// A witness with a name's write at revision 20, and two writes sent together after it;
+/// the answers of those, each at a revision, with the witness as the name's write left it.
+fn two_writes() -> (Witness, Marked, Marked, impl Fn(i64) -> pb::TxnResponse) {
+    let w = Witness::default();
+    w.set(b"/p/witness/n1".to_vec(), b"i1".to_vec());
+    let write = || request::txn([], [op::put("k", "v", 0)], []);
+    let mut name = write();
+    let m0 = w.mark(&mut name);
+    let mut a0 = answer(
+        true,
+        20,
+        vec![put_answer(), range_answer(vec![]), put_answer()],
+    );
+    assert_eq!(w.answered(&m0, &mut a0), Shown::Fine);
+    w.wrote(&m0, &a0);
+    let (mut first, mut second) = (write(), write());
+    let (m1, m2) = (w.mark(&mut first), w.mark(&mut second));
+    assert!(m1.guarded && m2.guarded && m1.number < m2.number);
+    let old = KeyValue {
+        key: b"/p/witness/n1".to_vec(),
+        mod_revision: 20,
+        value: value_of(b"i1", m0.number),
+        ..Default::default()
+    };
+    let shown = move |rev| {
+        answer(
+            true,
+            rev,
+            vec![put_answer(), range_answer(vec![old.clone()]), put_answer()],
+        )
+    };
+    (w, m1, m2, shown)
+}
+
+/// Two writes sent together: the one numbered first lands at revision 30; etcd is restored
+/// from a backup taken before it (its data copied: the revision back at 24); the one numbered
+/// second lands at 25. On one etcd a write numbered later lands later (its witness compare
+/// refuses it over a later number), so the second's answer shows the reset, though its
+/// witness, read at 25, is the one both were sent over.
+#[test]
+fn a_write_numbered_later_that_lands_below_an_earlier_one_is_a_reset() {
+    let (w, m1, m2, shown) = two_writes();
+    let mut a1 = shown(30);
+    assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
+    w.wrote(&m1, &a1);
+    let mut a2 = shown(25);
+    let Shown::Reset(why) = w.answered(&m2, &mut a2) else {
+        panic!("a reset: a write numbered after one that landed at 30 landed at 25")
+    };
+    assert!(why.contains("revision 30") && why.contains("25"), "{why}");
+
+    // The other way round: the second landed at 25, the first, numbered before it, at 30.
+    let (w, m1, m2, shown) = two_writes();
+    let mut a2 = shown(25);
+    assert_eq!(w.answered(&m2, &mut a2), Shown::Fine);
+    w.wrote(&m2, &a2);
+    let mut a1 = shown(30);
+    assert!(
+        matches!(w.answered(&m1, &mut a1), Shown::Reset(_)),
+        "a write numbered before one that landed at 25 landed at 30"
+    );
+
+    // In order, both are fine; the first, answered after the second, refused by its
+    // witness compare, is no write that landed.
+    let (w, m1, m2, shown) = two_writes();
+    let mut a1 = shown(25);
+    assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
+    w.wrote(&m1, &a1);
+    let first = KeyValue {
+        key: b"/p/witness/n1".to_vec(),
+        mod_revision: 25,
+        value: value_of(b"i1", m1.number),
+        ..Default::default()
+    };
+    let mut a2 = answer(
+        true,
+        30,
+        vec![put_answer(), range_answer(vec![first]), put_answer()],
+    );
+    assert_eq!(w.answered(&m2, &mut a2), Shown::Fine);
+    let (w, m1, m2, shown) = two_writes();
+    let mut a2 = shown(30);
+    assert_eq!(w.answered(&m2, &mut a2), Shown::Fine);
+    w.wrote(&m2, &a2);
+    let second = KeyValue {
+        key: b"/p/witness/n1".to_vec(),
+        mod_revision: 30,
+        value: value_of(b"i1", m2.number),
+        ..Default::default()
+    };
+    let mut a1 = answer(false, 30, vec![range_answer(vec![second])]);
+    assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
+}
