@@ -128,6 +128,9 @@ pub struct Swarm {
     /// Departed nodes are released by the daemon that leads it, and nodes are wiped more
     /// often; a node gone when the run winds down stays gone (it departed for good).
     pub departures: bool,
+    /// Conditioned writes are now and then parked until a rival's write touches what they
+    /// are conditioned on (`crate::rivals`): races made, not waited for.
+    pub races: bool,
 }
 
 impl Swarm {
@@ -147,6 +150,7 @@ impl Swarm {
             pins: false,
             set_aside: false,
             departures: false,
+            races: false,
         }
     }
 
@@ -187,7 +191,9 @@ impl Swarm {
         // run kept before replays 0 to 7 there (none set aside), 0 to 3 (no pins), or 0 or 1
         // (no renames either).
         // Its fifth bit the departures': a run kept before replays 0 to 15 there (none).
-        let bits = c.pick(32);
+        // Its sixth the races' (`crate::rivals`): a run kept before replays 0 to 31 (none), and
+        // a seed draws the same five bits as before.
+        let bits = c.pick(64);
         let subnet = bits & 1 == 1;
         let renames = bits >> 1 & 1 == 1;
         let pins = subnet && bits >> 2 & 1 == 1;
@@ -197,6 +203,7 @@ impl Swarm {
         // With pins too (the fifth bit: every run with pins kept before replays without):
         // owners going and coming back, and the pin keepers' turns.
         let departures = bits >> 4 & 1 == 1;
+        let races = bits >> 5 & 1 == 1;
         if pins {
             weights.push((Kind::Migrate, 20));
         }
@@ -226,22 +233,33 @@ impl Swarm {
             pins,
             set_aside,
             departures,
+            races,
         }
     }
 
-    /// The kind of step `pick` (within `total`) names.
-    fn kind(&self, mut pick: u32) -> Kind {
-        for (k, w) in &self.weights {
-            if pick < *w {
-                return *k;
+    /// The kind of step `pick` (within [`Swarm::total`]) names.
+    fn kind(&self, mut pick: u32, rivals: bool) -> Kind {
+        for (k, w) in self.weights_now(rivals) {
+            if pick < w {
+                return k;
             }
             pick -= w;
         }
         Kind::Tick
     }
 
-    fn total(&self) -> u32 {
-        self.weights.iter().map(|(_, w)| w).sum()
+    fn total(&self, rivals: bool) -> u32 {
+        self.weights_now(rivals).map(|(_, w)| w).sum()
+    }
+
+    /// The weights, with the steps that make rivals' writes ten times as common while a write
+    /// is parked for one (`rivals`).
+    fn weights_now(&self, rivals: bool) -> impl Iterator<Item = (Kind, u32)> + '_ {
+        self.weights.iter().map(move |(k, w)| match (rivals, k) {
+            (false, _) | (true, Kind::Deliver | Kind::Tick | Kind::Wait | Kind::Del) => (*k, *w),
+            (true, Kind::Add) => (*k, w * 2),
+            (true, _) => (*k, w * 10),
+        })
     }
 }
 
@@ -253,8 +271,11 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
     };
     let pending = w.net.len();
     let faults = w.swarm.faults;
-    let total = w.swarm.total();
-    let kind = w.swarm.kind(w.choices.pick(total));
+    // While a write is parked, the steps that make rivals' writes (the operator's commands,
+    // faults, time for the nodes' timers, other nodes' ADDs) are ten times as common.
+    let rivals = w.swarm.races && w.net.parked() > 0;
+    let total = w.swarm.total(rivals);
+    let kind = w.swarm.kind(w.choices.pick(total), rivals);
     match kind {
         Kind::Deliver => {
             if pending == 0 {
@@ -277,6 +298,9 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
                     hold.as_millis()
                 ));
                 w.net.hold(i, Instant::now() + hold);
+                return Ok(tick);
+            }
+            if w.swarm.races && w.choices.pick(4) == 3 && park(w, i) {
                 return Ok(tick);
             }
             if faults == 0 || w.choices.pick(100) >= faults {
@@ -645,4 +669,24 @@ fn asked_for(w: &mut World, i: usize) -> std::net::IpAddr {
             std::net::IpAddr::from([10, 70, 0, host as u8])
         }
     }
+}
+
+/// Parks the `i`th request on its way, if it is a conditioned write never held: until a
+/// rival's write touches what it is conditioned on, or for a while (within its caller's
+/// deadline, or past it); whether it did (`crate::rivals`).
+fn park(w: &mut World, i: usize) -> bool {
+    let Some(on) = w.net.conditioned(i) else {
+        return false;
+    };
+    let ms = match w.choices.pick(3) {
+        0 => 600 + u64::from(w.choices.pick(4400)),
+        _ => 20 + u64::from(w.choices.pick(400)),
+    };
+    let what = w.net.describe(i);
+    w.note(format!(
+        "{what} parked on its way until a rival's write touches what it is conditioned on, or for {ms} ms"
+    ));
+    w.net
+        .park(i, on, Instant::now() + Duration::from_millis(ms));
+    true
 }

@@ -10,10 +10,19 @@ impl World {
     /// Delivers the `i`th request on its way as `fate` says, and checks what it did to the
     /// store.
     pub fn deliver(&mut self, i: usize, fate: Fate) -> Result<(), String> {
-        let Some(req) = self.net.take(i) else {
+        let Some(mut req) = self.net.take(i) else {
             return Ok(());
         };
+        let shared = &self.shared;
+        req.wire.drop_condition(&mut self.conditions, |path| {
+            shared.resource_version_at(path)
+        });
         let (from, awaited, sent) = (req.from, req.awaited(), req.sent);
+        // What it writes, for the writes parked on it (`crate::rivals`).
+        let written = match self.swarm.races && matches!(fate, Fate::Answer | Fate::Lose) {
+            true => req.wire.written(),
+            false => crate::rivals::Keys::default(),
+        };
         let who = match from {
             f if command_of(f).is_some() => "the operator".to_string(),
             s => self
@@ -57,6 +66,9 @@ impl World {
         let delivered = self
             .net
             .watches(|ws| shared.deliver(req, fate, now, wall, limbo, ws, &user));
+        if self.net.rival_landed(&written) > 0 {
+            self.note("the writes parked on what it wrote arrive next".to_string());
+        }
         if let Some(why) = &delivered.denied {
             return Err(format!(
                 "the apiserver refused a request by deploy/cluster-kubernetes's RBAC or admission policies: {why}"

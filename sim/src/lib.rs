@@ -8,6 +8,9 @@
 //! # Layout
 //! - [`choice`]: where a run's decisions come from (seeded, replayed, depth-first), and
 //!   shrinking;
+//! - [`conditions`]: the conditions of the stores' writes, named, and one dropped on purpose;
+//!   [`dropped`]: searches with one dropped; `rivals`: races made on purpose (a conditioned
+//!   write parked until a rival's write touches what it is conditioned on);
 //! - [`etcd`]: etcd in memory (keys, revisions, transactions, leases on simulated time);
 //! - [`store`]: the shared store (that etcd, or the apiserver's rules of `ipool-testkit`), what
 //!   a delivered request does to it, its blocks for the checker;
@@ -27,6 +30,7 @@
 
 pub mod check;
 pub mod choice;
+pub mod conditions;
 pub mod daemon;
 pub mod etcd;
 pub mod net;
@@ -39,6 +43,7 @@ mod actions;
 mod deliver;
 mod departed;
 mod drain;
+pub mod dropped;
 mod excuses;
 mod fixed;
 mod hearing;
@@ -47,6 +52,7 @@ mod labels;
 mod nodes;
 mod operator;
 mod quiet;
+mod rivals;
 pub mod settled;
 mod store_check;
 mod world;
@@ -206,6 +212,13 @@ pub struct Options {
     /// Nodes are labelled (a zone each), labels change, and the operator sets the pool's
     /// nodeSelector (`crate::labels`; issue 54, item 1).
     pub labels: bool,
+    /// The run's swarm may make races on purpose (`rivals`): in the seeds' groups of
+    /// `search::options`, where no hunt of `cargo test` finds its path (the hunts' seeds run as
+    /// they did).
+    pub races: bool,
+    /// A condition of the stores' writes that the store ignores (`conditions`): what the
+    /// simulation must find within its minute (issue 54, item 4).
+    pub dropped: Option<String>,
 }
 
 impl Options {
@@ -224,6 +237,8 @@ impl Options {
             crowded: false,
             cronjob: false,
             labels: false,
+            races: false,
+            dropped: None,
         }
     }
 
@@ -322,6 +337,10 @@ pub struct Outcome {
     pub picks: Vec<u32>,
     /// How many options each pick had.
     pub options: Vec<u32>,
+    /// The stores' conditions its writes met (`conditions`).
+    pub conditions: std::collections::BTreeSet<String>,
+    /// Writes whose condition [`Options::dropped`] was taken out.
+    pub dropped_in: u64,
 }
 
 /// Runs one simulation with `choices`.

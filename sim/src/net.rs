@@ -46,6 +46,46 @@ pub enum Wire {
     },
 }
 
+impl Wire {
+    /// Records its conditions in `c`, and takes out the one `c` drops (`crate::conditions`);
+    /// `current` finds the `resourceVersion` the apiserver holds now for a path.
+    pub fn drop_condition(
+        &mut self,
+        c: &mut crate::conditions::Conditions,
+        current: impl Fn(&str) -> Option<String>,
+    ) {
+        match self {
+            Wire::Etcd(Call::Txn(t)) => c.apply_txn(t),
+            Wire::Api {
+                method, path, body, ..
+            } => c.apply_api(method, path, body, current),
+            _ => {}
+        }
+    }
+
+    /// What it is conditioned on, if it is a conditioned write (`crate::rivals`).
+    pub fn conditioned_on(&self) -> crate::rivals::Keys {
+        match self {
+            Wire::Etcd(Call::Txn(t)) => crate::rivals::txn_conditioned_on(t),
+            Wire::Api {
+                method, path, body, ..
+            } => crate::rivals::api_conditioned_on(method, path, body),
+            _ => crate::rivals::Keys::default(),
+        }
+    }
+
+    /// What it writes, if it is delivered (`crate::rivals`).
+    pub fn written(&self) -> crate::rivals::Keys {
+        match self {
+            Wire::Etcd(c) => crate::rivals::call_writes(c),
+            Wire::Api {
+                method, path, body, ..
+            } => crate::rivals::api_writes(method, path, body),
+            Wire::EtcdWatch(_) => crate::rivals::Keys::default(),
+        }
+    }
+}
+
 /// What comes back.
 #[derive(Debug)]
 pub enum Back {
@@ -132,6 +172,9 @@ struct State {
     /// Requests held on the way (in a socket, at a slow member) until their time: then they
     /// are the next to arrive, their callers most likely gone.
     held: Vec<(Instant, Request)>,
+    /// Conditioned writes parked until a rival's write touches what they are conditioned on
+    /// (`crate::rivals`), or until their time.
+    parked: Vec<(Instant, crate::rivals::Keys, Request)>,
     next: u64,
     /// Senders whose connection is cut.
     cut: BTreeSet<usize>,
@@ -193,6 +236,57 @@ impl Net {
         }
     }
 
+    /// Parks the `i`th request on its way until a write touching `on` is delivered, or until
+    /// `until` (`crate::rivals`).
+    pub fn park(&self, i: usize, on: crate::rivals::Keys, until: Instant) {
+        let mut s = self.lock();
+        if let Some(mut r) = s.pending.remove(i) {
+            r.held = true;
+            s.parked.push((until, on, r));
+        }
+    }
+
+    /// A write touching `written` was delivered: the requests parked on it arrive next (oldest
+    /// first); how many.
+    pub fn rival_landed(&self, written: &crate::rivals::Keys) -> usize {
+        let mut s = self.lock();
+        if s.parked.is_empty() || written.is_empty() {
+            return 0;
+        }
+        let (mut met, rest): (Vec<_>, Vec<_>) =
+            s.parked.drain(..).partition(|(_, on, _)| on.meets(written));
+        s.parked = rest;
+        met.sort_by_key(|(_, _, r)| r.id);
+        let n = met.len();
+        for (_, _, r) in met.into_iter().rev() {
+            s.pending.push_front(r);
+        }
+        n
+    }
+
+    /// What the `i`th request on its way is conditioned on, if it is a conditioned write
+    /// never held or parked.
+    pub fn conditioned(&self, i: usize) -> Option<crate::rivals::Keys> {
+        let s = self.lock();
+        let r = s.pending.get(i).filter(|r| !r.held)?;
+        Some(r.wire.conditioned_on()).filter(|k| !k.is_empty())
+    }
+
+    /// The `i`th request on its way, in words.
+    pub fn describe(&self, i: usize) -> String {
+        match self.lock().pending.get(i).map(|r| &r.wire) {
+            Some(Wire::Etcd(c)) => crate::actions::describe_call(c),
+            Some(Wire::Api { method, path, .. }) => format!("{method} {path}"),
+            Some(Wire::EtcdWatch(_)) => "a watch".into(),
+            None => "?".into(),
+        }
+    }
+
+    /// Writes parked for a rival (`crate::rivals`).
+    pub fn parked(&self) -> usize {
+        self.lock().parked.len()
+    }
+
     /// The `i`th request on its way is an operator's write, never held yet.
     pub fn operators_unheld(&self, i: usize) -> bool {
         self.lock()
@@ -204,6 +298,9 @@ impl Net {
     /// Requests held until `now` or before arrive next (oldest hold first).
     pub fn release_held(&self, now: Instant) {
         let mut s = self.lock();
+        let (due, parked): (Vec<_>, Vec<_>) = s.parked.drain(..).partition(|(t, _, _)| *t <= now);
+        s.parked = parked;
+        s.held.extend(due.into_iter().map(|(t, _, r)| (t, r)));
         if s.held.iter().all(|(t, _)| *t > now) {
             return;
         }
@@ -273,6 +370,7 @@ impl Net {
             .pending
             .iter()
             .chain(s.held.iter().map(|(_, r)| r))
+            .chain(s.parked.iter().map(|(_, _, r)| r))
             .filter(|r| r.from == from)
             .map(|r| r.sent)
             .min();

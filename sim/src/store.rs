@@ -99,6 +99,26 @@ impl Shared {
         }
     }
 
+    /// The `resourceVersion` the apiserver holds now for the object `path` names (None on
+    /// etcd, or when it holds none).
+    pub fn resource_version_at(&self, path: &str) -> Option<String> {
+        let Shared::Api { objects, .. } = self else {
+            return None;
+        };
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let (r, ns, n) = match parts.as_slice() {
+            ["apis", _, _, "namespaces", ns, r, n, ..] => (*r, *ns, *n),
+            ["apis", _, _, r, n, ..] => (*r, "", *n),
+            ["api", _, "namespaces", ns, r, n, ..] => (*r, *ns, *n),
+            ["api", _, r, n, ..] => (*r, "", *n),
+            _ => return None,
+        };
+        let key = (r.to_string(), ns.to_string(), n.to_string());
+        objects.objects.get(&key)?["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string)
+    }
+
     /// Forgets the history watches are made from (etcd's compaction; the apiserver's history
     /// of changes moved past).
     pub fn compact(&mut self) {

@@ -224,6 +224,8 @@ pub(crate) struct World {
     pub apiserver_stepped_back: bool,
     /// While the quiet period watches for them: the writes delivered, renewals aside.
     pub idle_writes: Option<Vec<String>>,
+    /// The stores' conditions met, and the one dropped (`crate::conditions`).
+    pub conditions: crate::conditions::Conditions,
 }
 
 impl World {
@@ -234,6 +236,7 @@ impl World {
                 choices.frame();
                 let mut sw = crate::actions::Swarm::pick(&mut choices);
                 choices.end_frame(crate::choice::SETUP);
+                sw.races &= opts.races;
                 if opts.labels {
                     sw.weights.push((crate::actions::Kind::Labels, 6));
                 }
@@ -264,6 +267,7 @@ impl World {
         };
         let id = 0xc1u64 << 32 | opts.seed & 0xffff_ffff;
         let mut shared = Shared::new(opts.store, id, swarm.watch);
+        let dropped = opts.dropped.clone();
         crate::operator::seed_pool(&mut shared, &opts.pool(opts.block_v4()), wall.now_ms());
         if swarm.two_pools {
             crate::operator::seed_pool(&mut shared, &opts.second_pool(), wall.now_ms());
@@ -316,6 +320,10 @@ impl World {
             dels: BTreeMap::new(),
             owners_gone: BTreeMap::new(),
             idle_writes: None,
+            conditions: crate::conditions::Conditions {
+                dropped,
+                ..Default::default()
+            },
         };
         w.blocks = w.shared.blocks();
         w.store_version = w.shared.version();
@@ -530,6 +538,8 @@ impl World {
             trace: self.trace.clone(),
             picks: self.choices.picks(),
             options: self.choices.log.iter().map(|(_, n)| *n).collect(),
+            conditions: self.conditions.met.clone(),
+            dropped_in: self.conditions.dropped_in,
         }
     }
 }

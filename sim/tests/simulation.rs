@@ -7,7 +7,9 @@
 //!   search from seed 0 within its budget;
 //! - every schedule of the smallest cluster to depth 3, on both stores;
 //! - the failing runs kept in tests/found/ fail with their switch, and pass without it;
-//! - a run replays exactly from its picks.
+//! - a run replays exactly from its picks;
+//! - a run with races made on purpose parks conditioned writes until a rival's write lands
+//!   (issue 54, item 4).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -178,4 +180,24 @@ fn a_run_replays_exactly_from_its_picks() {
     };
     assert!(k.to_text().contains("1 0 999 0*3 4 0*2"), "{}", k.to_text());
     assert_eq!(Kept::parse(&k.to_text()), Ok(k));
+}
+
+/// Races made on purpose (issue 54, item 4): seed 16's run parks conditioned writes, and
+/// some arrive right after a rival's write touched what they were conditioned on; it passes
+/// (the conditions hold). Without races the same seed parks none.
+#[test]
+fn a_run_with_races_parks_writes_until_a_rival_lands() {
+    let mut o = search::options(16, 5000, &[]);
+    assert!(o.races, "seed 16 is of a group whose runs may make races");
+    o.trace = true;
+    let count = |out: &ipool_sim::Outcome, what: &str| {
+        out.trace.iter().filter(|l| l.contains(what)).count()
+    };
+    let out = run(&o, Choices::seeded(16));
+    assert!(out.failure.is_none(), "{:?}", out.failure.map(|f| f.what));
+    assert!(count(&out, "parked on its way until a rival") > 0);
+    assert!(count(&out, "the writes parked on what it wrote arrive next") > 0);
+    o.races = false;
+    let out = run(&o, Choices::seeded(16));
+    assert_eq!(count(&out, "parked on its way until a rival"), 0);
 }

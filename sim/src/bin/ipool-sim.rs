@@ -9,7 +9,10 @@
 //! - `walk`: every schedule of the smallest cluster to a depth;
 //! - `keep`: `hunt`, then each failing run shrunk and written to sim/tests/found/ (the
 //!   regression traces `cargo test` replays);
-//! - `bench`: the row of docs/performance.md, as JSON (`ipool-bench` runs it).
+//! - `bench`: the row of docs/performance.md, as JSON (`ipool-bench` runs it);
+//! - `conditions`: the conditions of the stores' writes a search meets;
+//! - `races`: each of them dropped in turn, and the seeds searched until a run fails: the
+//!   table of docs/simulation.md (issue 54, item 4).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +58,9 @@ enum Command {
         /// (SEED is then taken from the file and may be 0).
         #[arg(long)]
         picks: Option<PathBuf>,
+        /// A condition of the stores' writes dropped (as `conditions` names it).
+        #[arg(long)]
+        condition: Option<String>,
     },
     /// Puts back each closed path in turn and searches from seed 0 until it is found.
     Hunt {
@@ -84,6 +90,31 @@ enum Command {
         secs: u64,
         #[arg(long, default_value_t = 4)]
         depth: usize,
+    },
+    /// Lists the conditions of the stores' writes that SECS seconds of seeds from FIRST meet,
+    /// with how many runs met each.
+    Conditions {
+        #[arg(long, default_value_t = 0)]
+        first: u64,
+        #[arg(long, default_value_t = 30)]
+        secs: u64,
+        #[arg(long, default_value_t = 5000)]
+        steps: u64,
+    },
+    /// Drops each condition in turn (those met in CONDITIONS_SECS of seeds, or each
+    /// --condition) and runs seeds from FIRST for up to SECS seconds until one fails.
+    Races {
+        #[arg(long, default_value_t = 0)]
+        first: u64,
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        #[arg(long, default_value_t = 30)]
+        conditions_secs: u64,
+        #[arg(long, default_value_t = 5000)]
+        steps: u64,
+        /// A condition by its name (as `conditions` prints it); may be repeated.
+        #[arg(long = "condition")]
+        conditions: Vec<String>,
     },
     /// Hunts each closed path, shrinks the failing run, writes it to DIR.
     Keep {
@@ -147,6 +178,59 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Conditions { first, secs, steps } => {
+            let (met, runs) = ipool_sim::dropped::met(first, steps, Duration::from_secs(secs));
+            println!(
+                "{} conditions met in {runs} runs from seed {first}:",
+                met.len()
+            );
+            for (c, n) in met {
+                println!("{n:>6}  {c}");
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Races {
+            first,
+            secs,
+            conditions_secs,
+            steps,
+            conditions,
+        } => {
+            let conditions = match conditions.is_empty() {
+                false => conditions,
+                true => ipool_sim::dropped::met(first, steps, Duration::from_secs(conditions_secs))
+                    .0
+                    .into_keys()
+                    .collect(),
+            };
+            println!(
+                "| condition dropped | found by seed | its step | runs | time | what failed |"
+            );
+            println!("|---|---|---|---|---|---|");
+            let mut missed = 0;
+            for c in &conditions {
+                let h = ipool_sim::dropped::hunt(c, first, steps, Duration::from_secs(secs));
+                let time = format!("{:.1} s", h.elapsed.as_secs_f64());
+                match &h.found {
+                    Some((seed, step, what)) => {
+                        let what: String = what.chars().take(90).collect();
+                        println!("| `{c}` | {seed} | {step} | {} | {time} | {what} |", h.runs)
+                    }
+                    None => {
+                        missed += 1;
+                        println!(
+                            "| `{c}` | not found | | {} ({} with it dropped) | {time} | |",
+                            h.runs, h.dropped_in
+                        )
+                    }
+                }
+            }
+            println!("{missed} of {} not found", conditions.len());
+            match missed {
+                0 => ExitCode::SUCCESS,
+                _ => ExitCode::FAILURE,
+            }
+        }
         Command::Search {
             first,
             secs,
@@ -173,10 +257,14 @@ fn main() -> ExitCode {
             bugs,
             tail,
             picks,
+            condition,
         } => {
             let (seed, o, out) = match picks {
                 None => {
-                    let (o, out) = search::run_seed(seed, steps, &bugs, true);
+                    let mut o = search::options(seed, steps, &bugs);
+                    o.trace = true;
+                    o.dropped = condition;
+                    let out = ipool_sim::run(&o, Choices::seeded(seed));
                     (seed, o, out)
                 }
                 Some(path) => {
