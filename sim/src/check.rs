@@ -18,12 +18,16 @@
 //! release without `--force` on a node that was cut off past its fence while its pods ran,
 //! its pods of before are excused (docs/cluster-mode.md: release-node is for nodes that are gone); after etcd
 //! is restored from an older backup, the pods of before are excused (docs/cluster-mode.md: "What an
-//! operator must never do"). Each excuse is in the trace.
+//! operator must never do"), but not a pod whose fixed address its block's node knew pinned
+//! ([`kept`]: the nodes keep such pins and make them again). Each excuse is in the trace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+
+mod kept;
+pub use kept::Kept;
 
 /// A pod as the kubelet knows it.
 #[derive(Clone, Debug)]
@@ -48,6 +52,11 @@ pub type StoreBlock = (IpNet, String, String);
 pub struct Checker {
     /// Live pods by container.
     pub pods: BTreeMap<String, Pod>,
+    /// Pods of before an etcd restore whose pinned addresses their nodes keep, until their
+    /// pins are back in the store (`kept`).
+    pub kept: Vec<Kept>,
+    /// Pods excused by an etcd restore whose addresses no pod of another owner may get.
+    pub protected: BTreeSet<String>,
 }
 
 impl Checker {
@@ -85,7 +94,7 @@ impl Checker {
         for ip in &ips {
             let window = excuse(*ip);
             for (c, p) in self.holders(*ip, container, owner.as_deref()) {
-                if p.excused.is_none() && window.is_none() {
+                if !self.may_take(c, p.excused.is_some(), owner.as_deref()) && window.is_none() {
                     return Err(format!(
                         "{ip} handed out to {container} on {node} (slot {slot}) while {c} on {} (slot {}) holds it since {} ms",
                         p.node, p.slot, p.at
@@ -136,42 +145,37 @@ impl Checker {
     /// The first DEL of `container` was called: its addresses may go to others from now.
     pub fn deleting(&mut self, container: &str) {
         self.pods.remove(container);
+        self.protected.remove(container);
     }
 
     /// Slot `slot`'s node was wiped: its pods are gone with it.
     pub fn wiped(&mut self, slot: usize) {
         self.pods.retain(|_, p| p.slot != slot);
+        let pods = &self.pods;
+        self.protected.retain(|c| pods.contains_key(c));
     }
 
     /// The pods of `node` until now are the operator's doing (`why`).
     pub fn excuse(&mut self, node: &str, why: &str) {
-        for p in self.pods.values_mut().filter(|p| p.node == node) {
-            p.excused.get_or_insert_with(|| why.to_string());
-        }
+        self.excuse_where(|p| p.node == node, why);
     }
 
     /// The pods of slot `slot` until now are the operator's doing (`why`).
     pub fn excuse_slot(&mut self, slot: usize, why: &str) {
-        for p in self.pods.values_mut().filter(|p| p.slot == slot) {
-            p.excused.get_or_insert_with(|| why.to_string());
-        }
+        self.excuse_where(|p| p.slot == slot, why);
     }
 
     /// The pods of slot `slot` that got their addresses by `at` (simulated ms) are excused.
     pub fn excuse_slot_before(&mut self, slot: usize, at: u64, why: &str) {
-        for p in self
-            .pods
-            .values_mut()
-            .filter(|p| p.slot == slot && p.at <= at)
-        {
-            p.excused.get_or_insert_with(|| why.to_string());
-        }
+        self.excuse_where(|p| p.slot == slot && p.at <= at, why);
     }
 
-    /// Every pod until now is excused (`why`).
-    pub fn excuse_all(&mut self, why: &str) {
-        for p in self.pods.values_mut() {
+    /// The pods `which` picks are excused (`why`), protected from other owners no more.
+    fn excuse_where(&mut self, which: impl Fn(&Pod) -> bool, why: &str) {
+        for (c, p) in self.pods.iter_mut().filter(|(_, p)| which(p)) {
             p.excused.get_or_insert_with(|| why.to_string());
+            self.protected.remove(c);
+            self.kept.retain(|k| &k.container != c);
         }
     }
 

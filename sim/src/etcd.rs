@@ -220,6 +220,11 @@ impl Etcd {
         self.backup = Some((self.data.clone(), leases));
     }
 
+    /// Whether the last backup has `key`: None without a backup.
+    pub fn backed_up(&self, key: &[u8]) -> Option<bool> {
+        self.backup.as_ref().map(|(d, _)| d.kv.contains_key(key))
+    }
+
     /// Restores the last backup (if any) at `now`: the keys, the revision and the leases as
     /// they were (each lease's TTL starting again, as etcd's lessor does when a restored member
     /// leads). How: [`Restore`].

@@ -235,3 +235,55 @@ impl ipool_server::cluster::pin::hold::Migrations for Migrating {
         Ok(true)
     }
 }
+
+/// etcd's backup lacks a pin (made since) whose holder is not the node of the block it lies
+/// in: a pod that moved, which a restore from the backup leaves on an address only the nodes'
+/// memory keeps (docs/cluster-mode.md, a store reset).
+pub(crate) fn moved_since_backup(w: &World) -> bool {
+    let crate::store::Shared::Etcd(e) = &w.shared else {
+        return false;
+    };
+    let blocks = w.shared.blocks();
+    e.keys()
+        .filter(|(k, _)| k.starts_with(b"/ipool/v1/pins/"))
+        .filter(|(k, _)| e.backed_up(k) == Some(false))
+        .filter_map(|(_, kv)| serde_json::from_slice::<Pin>(&kv.value).ok())
+        .any(|pin| {
+            let node = blocks
+                .iter()
+                .find(|(b, _, _)| b.contains(&pin.address))
+                .map(|(_, o, _)| o);
+            pin.holders.iter().any(|h| Some(&h.node) != node)
+        })
+}
+
+/// etcd was restored from an older backup, its blocks `before`: the pods of before are
+/// excused, but those whose pinned addresses their blocks' nodes knew (`check::Kept`).
+pub(crate) fn restored(w: &mut World, before: &[crate::check::StoreBlock]) {
+    let (after, slots) = (w.shared.blocks(), &w.slots);
+    // A pin the node of its block knew, its daemon the name's only one.
+    let knows = |node: &str, pool: &str, ip, owner: &str| {
+        let mut d = slots
+            .iter()
+            .filter(|s| s.name == node)
+            .filter_map(|s| s.daemon.as_ref());
+        match (d.next(), d.next()) {
+            (Some(d), None) => d
+                .node
+                .pin_at(pool, ip)
+                .is_some_and(|p| p.owner.to_string() == owner),
+            _ => false,
+        }
+    };
+    w.checker
+        .restored("etcd restored from an older backup", before, &after, knows);
+}
+
+/// A daemon of slot `i`'s name stopped or started: the pins its node kept since a restore
+/// and not yet made again are the restore's doing (`check::Kept`).
+pub(crate) fn node_changed(w: &mut World, i: usize) {
+    if !w.checker.kept.is_empty() {
+        let pins = w.shared.pins();
+        w.checker.kept_node_changed(&w.slots[i].name, &pins);
+    }
+}

@@ -53,6 +53,11 @@ impl World {
                 _ => {}
             }
         }
+        if !self.checker.kept.is_empty() {
+            let pins = self.shared.pins();
+            self.checker
+                .kept_blocks_gone(&self.blocks, &after, by, &pins);
+        }
         let r = self.checker.store_changed(
             &self.blocks,
             &after,

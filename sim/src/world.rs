@@ -237,6 +237,13 @@ impl World {
                 let mut sw = crate::actions::Swarm::pick(&mut choices);
                 choices.end_frame(crate::choice::SETUP);
                 sw.races &= opts.races;
+                // With pins on etcd: restores made on purpose (`operator::backup_or_restore`),
+                // five times as often.
+                let on_purpose = sw.races && sw.pins && opts.store == crate::StoreKind::Etcd;
+                sw.weights
+                    .iter_mut()
+                    .filter(|(k, _)| on_purpose && *k == crate::actions::Kind::Restore)
+                    .for_each(|(_, w)| *w *= 5);
                 if opts.labels {
                     sw.weights.push((crate::actions::Kind::Labels, 6));
                 }
@@ -386,6 +393,7 @@ impl World {
     }
 
     fn start_daemon(&mut self, i: usize) -> Result<(), String> {
+        crate::fixed::node_changed(self, i);
         self.next_daemon += 1;
         let s = &self.slots[i];
         let instance = s.instance_id();
@@ -423,6 +431,7 @@ impl World {
     pub fn kill(&mut self, i: usize) {
         if let Some(d) = self.slots[i].daemon.take() {
             d.kill();
+            crate::fixed::node_changed(self, i);
             self.slots[i].disk = crate::daemon::crashed(&self.slots[i].disk);
             // ADDs it never answered: the kubelet DELs them once the daemon is back.
             let lost: Vec<String> = self
