@@ -24,7 +24,8 @@
 //!   of departed nodes (a leading daemon's, or the CronJob's); `labels`: node labels and the
 //!   pool's nodeSelector; `identity`: who each request on the Kubernetes API is, held to
 //!   deploy/'s RBAC and admission policies;
-//! - [`check`]: the invariants, asked after every step;
+//! - [`check`]: the invariants, asked after every step (and what an etcd restore excuses:
+//!   not the pinned addresses the nodes keep);
 //! - `quiet`: the quiet period that ends each run, and [`settled`]: the liveness rules judged
 //!   after it (nothing stranded, no block of a gone node, no stuck ADD or pool, no idle writes).
 
@@ -146,6 +147,10 @@ pub const NOT_YET: &[Bug] = &[
     // Found by a search of seeds from 60 000 000 000 (60 000 002 286), not by the hunt from 0
     // within 8 000 000 steps; its kept run is replayed by every `cargo test`.
     Bug::CrossedWritesUnseen,
+    // Found by a search of seeds from 74 000 000 000 (74 000 007 208, a run of the race groups
+    // with pins on etcd, whose restores are made on purpose), not by the hunt from 0, whose
+    // seeds of those groups are few; its kept run is replayed by every `cargo test`.
+    Bug::UnreadWriteBelow,
 ];
 
 /// The simulation's pool.

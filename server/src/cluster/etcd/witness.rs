@@ -35,7 +35,11 @@
 //! that landed on the wrong sides of each other, one numbered after the other at a revision
 //! below it, landed on two etcds (on one, the numbers rise with the revision): a reset too
 //! (two claims sent together, the second landing below the first on an etcd restored from a
-//! backup taken between them, with its data copied: found by the simulation). Writes outside
+//! backup taken between them, with its data copied: found by the simulation). So did a write
+//! that landed below the last one known to have landed and past the witness that one's read
+//! showed: on one etcd that read would have shown it (two writes sent together, the second
+//! landing first, the first on an etcd restored from a backup taken before the second, below
+//! it: found by the simulation with restores made on purpose). Writes outside
 //! transactions (a node's `seen` key, once per start) are not witnessed.
 
 use std::sync::Mutex;
@@ -66,6 +70,9 @@ struct State {
     written: i64,
     /// The number of that write (see [`number`]).
     number: u64,
+    /// A write that read the witness: the revision it landed at, and the witness's revision
+    /// as its read showed it (before its own put).
+    read: (i64, i64),
 }
 
 /// The numbers of this process's witnessed writes.
@@ -182,8 +189,7 @@ impl Witness {
             *s = State {
                 key: Some(key),
                 instance,
-                written: 0,
-                number: 0,
+                ..State::default()
             };
         }
     }
@@ -193,6 +199,7 @@ impl Witness {
         let mut s = self.state.lock().expect("witness lock");
         s.written = 0;
         s.number = 0;
+        s.read = (0, 0);
     }
 
     /// The revision of the last witnessed write.
@@ -300,7 +307,15 @@ impl Witness {
     pub(crate) fn answered(&self, marked: &Marked, t: &mut pb::TxnResponse) -> Shown {
         let revision = t.header.as_ref().map_or(0, |h| h.revision);
         let since = self.landed_before(marked, revision);
-        match Witness::judged(marked, since, t).or_else(|| self.crossed(marked, t, revision)) {
+        let (wrong, read) = Witness::judged(marked, since, t);
+        let shown = wrong.or_else(|| self.crossed(marked, t, revision));
+        if let (None, Some(read), true) = (&shown, read, t.succeeded && marked.then.put) {
+            let mut s = self.state.lock().expect("witness lock");
+            if revision > s.written {
+                s.read = (revision, read);
+            }
+        }
+        match shown {
             None => Shown::Fine,
             Some(why) if marked.guarded && !t.succeeded => Shown::Refused(why),
             Some(why) => Shown::Reset(why),
@@ -312,6 +327,9 @@ impl Witness {
     /// and below its revision, or numbered before it and past it. On one etcd the numbers
     /// only rise with the revision (each write's compare refuses a witness numbered at or past
     /// its own), so the two landed on two etcds: it was restored from a backup between them.
+    /// Or below it and past the witness that one's read showed: on one etcd its read would
+    /// have shown this write's put (a write numbered before it, landing below it on an etcd
+    /// restored, its data copied, from a backup taken before it).
     fn crossed(&self, marked: &Marked, t: &pb::TxnResponse, revision: i64) -> Option<String> {
         if !(marked.guarded && t.succeeded && marked.then.put)
             || crate::bugs::on(crate::bugs::Bug::CrossedWritesUnseen)
@@ -322,8 +340,10 @@ impl Witness {
         if s.written == 0 || s.instance != marked.instance {
             return None;
         }
+        let unread = s.read.0 == s.written && s.read.1 < revision && revision < s.written;
         let crossed = (marked.number > s.number && revision < s.written)
-            || (marked.number < s.number && revision > s.written);
+            || (marked.number < s.number && revision > s.written)
+            || (unread && !crate::bugs::on(crate::bugs::Bug::UnreadWriteBelow));
         crossed.then(|| {
             format!(
                 "this node's write landed at revision {revision}, on the wrong side of its write known to have landed at revision {} (etcd restored from an older backup between them?)",
@@ -354,7 +374,13 @@ impl Witness {
         }
     }
 
-    fn judged(marked: &Marked, since: (i64, u64), t: &mut pb::TxnResponse) -> Option<String> {
+    /// What is wrong with the witness the branch that ran read, if anything, and the
+    /// witness's revision as it read it (0: none), if it read it.
+    fn judged(
+        marked: &Marked,
+        since: (i64, u64),
+        t: &mut pb::TxnResponse,
+    ) -> (Option<String>, Option<i64>) {
         let added = match t.succeeded {
             true => marked.then,
             false => marked.otherwise,
@@ -363,13 +389,17 @@ impl Witness {
             t.responses.pop();
         }
         if !added.read {
-            return None;
+            return (None, None);
         }
         let kv = match t.responses.pop().and_then(|o| o.response) {
             Some(Response::ResponseRange(g)) => g.kvs.into_iter().next(),
             _ => None,
         };
-        judge(since.0, since.1, &marked.instance, kv.as_ref())
+        let read = kv.as_ref().map_or(0, |kv| kv.mod_revision);
+        (
+            judge(since.0, since.1, &marked.instance, kv.as_ref()),
+            Some(read),
+        )
     }
 
     /// The branch that ran put the witness: the last witnessed write is at the answer's

@@ -455,3 +455,40 @@ fn a_write_numbered_later_that_lands_below_an_earlier_one_is_a_reset() {
     let mut a1 = answer(false, 30, vec![range_answer(vec![second])]);
     assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
 }
+
+/// Two writes sent together: the one numbered second lands first, at revision 30, its read
+/// showing the witness as both were sent over (revision 20); etcd is restored from a backup
+/// taken before it (its data copied: the revision back at 24); the one numbered first lands
+/// at 25. Numbers and revisions agree, but on one etcd the second's read at 30 would have
+/// shown the first's put at 25: the first landed on another etcd, a reset. Answered the
+/// other way (the first's put shown by the second's read), both are fine.
+#[test]
+fn a_write_landing_below_one_whose_read_did_not_show_it_is_a_reset() {
+    let (w, m1, m2, shown) = two_writes();
+    let mut a2 = shown(30);
+    assert_eq!(w.answered(&m2, &mut a2), Shown::Fine);
+    w.wrote(&m2, &a2);
+    let mut a1 = shown(25);
+    let Shown::Reset(why) = w.answered(&m1, &mut a1) else {
+        panic!("a reset: the write that landed at 30 read no write at 25")
+    };
+    assert!(why.contains("revision 30") && why.contains("25"), "{why}");
+
+    // On one etcd: the first lands at 25, the second at 30 reads it; answered second first.
+    let (w, m1, m2, shown) = two_writes();
+    let first = KeyValue {
+        key: b"/p/witness/n1".to_vec(),
+        mod_revision: 25,
+        value: value_of(b"i1", m1.number),
+        ..Default::default()
+    };
+    let mut a2 = answer(
+        true,
+        30,
+        vec![put_answer(), range_answer(vec![first]), put_answer()],
+    );
+    assert_eq!(w.answered(&m2, &mut a2), Shown::Fine);
+    w.wrote(&m2, &a2);
+    let mut a1 = shown(25);
+    assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
+}
