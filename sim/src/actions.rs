@@ -630,6 +630,13 @@ fn doom_pods_of_gone_owners(w: &mut World) {
 /// node's, another node's, or none), in a block its node is giving back, or in one another
 /// node owns, a third of the time each: where the paths are, not only where a pick lands.
 fn asked_for(w: &mut World, i: usize) -> std::net::IpAddr {
+    // In a run with races and pins, half the time a pinned address of this node's block
+    // that a pod on another node holds, when there is one: the race with a pin lost.
+    if w.swarm.races && w.swarm.pins && w.choices.chance(1, 2) {
+        if let Some(ip) = crate::fixed::hosted_elsewhere(w, i) {
+            return ip;
+        }
+    }
     let v4 = |n: &ipnet::IpNet| matches!(n, ipnet::IpNet::V4(_));
     // `ipoolctl status`'s line: "... here: 10.70.0.32/28 (RETURNING, 0 held here), ...".
     let returning: Vec<ipnet::IpNet> = w.slots[i]

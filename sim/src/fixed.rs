@@ -287,3 +287,28 @@ pub(crate) fn node_changed(w: &mut World, i: usize) {
         w.checker.kept_node_changed(&w.slots[i].name, &pins);
     }
 }
+
+/// An IPv4 address of a block of slot `i`'s node's (as the store has them) that a pod with
+/// a fixed address holds on another node (picked), if there is one.
+pub(crate) fn hosted_elsewhere(w: &mut World, i: usize) -> Option<IpAddr> {
+    let me = &w.slots[i].name;
+    let mine: Vec<ipnet::IpNet> = w
+        .shared
+        .blocks()
+        .into_iter()
+        .filter(|(_, o, _)| o == me)
+        .map(|(b, _, _)| b)
+        .collect();
+    let held: Vec<IpAddr> = w
+        .checker
+        .pods
+        .values()
+        .filter(|p| p.owner.is_some() && &p.node != me)
+        .flat_map(|p| p.ips.iter().copied())
+        .filter(|ip| ip.is_ipv4() && mine.iter().any(|b| b.contains(ip)))
+        .collect();
+    match held.len() {
+        0 => None,
+        n => Some(held[w.choices.pick(n as u32) as usize]),
+    }
+}
