@@ -364,6 +364,25 @@ fn a_witness_older_than_the_last_write_or_another_daemons_is_a_reset() {
 
 /// A witness with a name's write at revision 20, and two writes sent together after it;
 /// the answers of those, each at a revision, with the witness as the name's write left it.
+/// The witness as write `number` of instance i1 put it at revision `rev`.
+fn put_by(rev: i64, number: u64) -> KeyValue {
+    KeyValue {
+        key: b"/p/witness/n1".to_vec(),
+        mod_revision: rev,
+        value: value_of(b"i1", number),
+        ..Default::default()
+    }
+}
+
+/// A write's answer at `rev` whose read showed `shown`.
+fn landed(rev: i64, shown: KeyValue) -> pb::TxnResponse {
+    answer(
+        true,
+        rev,
+        vec![put_answer(), range_answer(vec![shown]), put_answer()],
+    )
+}
+
 fn two_writes() -> (Witness, Marked, Marked, impl Fn(i64) -> pb::TxnResponse) {
     let w = Witness::default();
     w.set(b"/p/witness/n1".to_vec(), b"i1".to_vec());
@@ -380,19 +399,8 @@ fn two_writes() -> (Witness, Marked, Marked, impl Fn(i64) -> pb::TxnResponse) {
     let (mut first, mut second) = (write(), write());
     let (m1, m2) = (w.mark(&mut first), w.mark(&mut second));
     assert!(m1.guarded && m2.guarded && m1.number < m2.number);
-    let old = KeyValue {
-        key: b"/p/witness/n1".to_vec(),
-        mod_revision: 20,
-        value: value_of(b"i1", m0.number),
-        ..Default::default()
-    };
-    let shown = move |rev| {
-        answer(
-            true,
-            rev,
-            vec![put_answer(), range_answer(vec![old.clone()]), put_answer()],
-        )
-    };
+    let old = put_by(20, m0.number);
+    let shown = move |rev| landed(rev, old.clone());
     (w, m1, m2, shown)
 }
 
@@ -430,29 +438,13 @@ fn a_write_numbered_later_that_lands_below_an_earlier_one_is_a_reset() {
     let mut a1 = shown(25);
     assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
     w.wrote(&m1, &a1);
-    let first = KeyValue {
-        key: b"/p/witness/n1".to_vec(),
-        mod_revision: 25,
-        value: value_of(b"i1", m1.number),
-        ..Default::default()
-    };
-    let mut a2 = answer(
-        true,
-        30,
-        vec![put_answer(), range_answer(vec![first]), put_answer()],
-    );
+    let mut a2 = landed(30, put_by(25, m1.number));
     assert_eq!(w.answered(&m2, &mut a2), Shown::Fine);
     let (w, m1, m2, shown) = two_writes();
     let mut a2 = shown(30);
     assert_eq!(w.answered(&m2, &mut a2), Shown::Fine);
     w.wrote(&m2, &a2);
-    let second = KeyValue {
-        key: b"/p/witness/n1".to_vec(),
-        mod_revision: 30,
-        value: value_of(b"i1", m2.number),
-        ..Default::default()
-    };
-    let mut a1 = answer(false, 30, vec![range_answer(vec![second])]);
+    let mut a1 = answer(false, 30, vec![range_answer(vec![put_by(30, m2.number)])]);
     assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
 }
 
@@ -476,17 +468,7 @@ fn a_write_landing_below_one_whose_read_did_not_show_it_is_a_reset() {
 
     // On one etcd: the first lands at 25, the second at 30 reads it; answered second first.
     let (w, m1, m2, shown) = two_writes();
-    let first = KeyValue {
-        key: b"/p/witness/n1".to_vec(),
-        mod_revision: 25,
-        value: value_of(b"i1", m1.number),
-        ..Default::default()
-    };
-    let mut a2 = answer(
-        true,
-        30,
-        vec![put_answer(), range_answer(vec![first]), put_answer()],
-    );
+    let mut a2 = landed(30, put_by(25, m1.number));
     assert_eq!(w.answered(&m2, &mut a2), Shown::Fine);
     w.wrote(&m2, &a2);
     let mut a1 = shown(25);
