@@ -152,6 +152,10 @@ pub const NOT_YET: &[Bug] = &[
     // with pins on etcd, whose restores are made on purpose), not by the hunt from 0, whose
     // seeds of those groups are few; its kept run is replayed by every `cargo test`.
     Bug::UnreadWriteBelow,
+    // Found at 1 731 s of session 37's 30-minute search (seed 81 000 011 726, a run of the
+    // race groups: a claim parked across a restore), not by the hunt from 0; its kept run is
+    // replayed by every `cargo test`.
+    Bug::OtherWriteAtLastRevision,
 ];
 
 /// The simulation's pool.

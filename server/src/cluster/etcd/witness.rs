@@ -39,7 +39,11 @@
 //! that landed below the last one known to have landed and past the witness that one's read
 //! showed: on one etcd that read would have shown it (two writes sent together, the second
 //! landing first, the first on an etcd restored from a backup taken before the second, below
-//! it: found by the simulation with restores made on purpose). Writes outside
+//! it: found by the simulation with restores made on purpose). And a witness at the revision
+//! of the last write known to have landed that another write of this daemon's put: no two
+//! writes share a revision on one etcd (a write sent with the last, its answer lost, that
+//! landed on an etcd restored from a backup taken just before the last, at the revision the
+//! restore reused: found by the simulation). Writes outside
 //! transactions (a node's `seen` key, once per start) are not witnessed.
 
 use std::sync::Mutex;
@@ -462,6 +466,17 @@ fn judge(before: i64, known: u64, instance: &[u8], kv: Option<&KeyValue>) -> Opt
             "this node's last write (revision {before}) is gone from etcd: its witness is an earlier write of this node's, at revision {} (restored from an older backup, which a write sent before it landed on late?)",
             kv.mod_revision
         )),
+        // No two writes share a revision on one etcd.
+        Some((_, n))
+            if kv.mod_revision == before
+                && n != known
+                && !unnumbered()
+                && !crate::bugs::on(crate::bugs::Bug::OtherWriteAtLastRevision) =>
+        {
+            Some(format!(
+                "this node's last write (revision {before}) is gone from etcd: another write of this node's is at its revision (restored from an older backup, its data copied, which a write sent with it landed on late?)"
+            ))
+        }
         _ => None,
     }
 }

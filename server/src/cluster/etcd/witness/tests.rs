@@ -69,6 +69,7 @@ fn writes_put_the_witness_and_reads_read_it_once_one_was_witnessed() {
     assert_eq!(a.responses.len(), 1, "the witness's answer taken out");
     w.wrote(&m, &a);
     assert_eq!(w.written(), 9);
+    let first = m.number;
     // From now on every branch reads it, the writes are guarded on it, and a range is a
     // transaction.
     let mut t = txn();
@@ -88,7 +89,7 @@ fn writes_put_the_witness_and_reads_read_it_once_one_was_witnessed() {
     let mut a = answer(
         false,
         12,
-        vec![range_answer(vec![]), range_answer(vec![kv(9)])],
+        vec![range_answer(vec![]), range_answer(vec![put_by(9, first)])],
     );
     assert_eq!(w.answered(&m, &mut a), Shown::Fine);
     assert_eq!(a.responses.len(), 1);
@@ -336,7 +337,11 @@ fn a_write_answered_at_the_revision_of_one_that_landed_meanwhile_is_judged_by_it
 fn a_witness_older_than_the_last_write_or_another_daemons_is_a_reset() {
     let i1 = b"i1".as_slice();
     assert_eq!(judge(0, 0, i1, None), None);
-    assert_eq!(judge(9, 5, i1, Some(&kv(9))), None);
+    assert_eq!(judge(9, 5, i1, Some(&put_by(9, 5))), None);
+    // Another write at the revision of the last: no two writes share one.
+    assert!(judge(9, 5, i1, Some(&put_by(9, 6)))
+        .unwrap()
+        .contains("another write"));
     assert_eq!(judge(9, 5, i1, Some(&kv(12))), None);
     assert!(judge(9, 5, i1, Some(&kv(8)))
         .unwrap()
@@ -473,4 +478,67 @@ fn a_write_landing_below_one_whose_read_did_not_show_it_is_a_reset() {
     w.wrote(&m2, &a2);
     let mut a1 = shown(25);
     assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
+}
+
+/// A write refused by its witness compare (the witness moved on past it) is no write that
+/// landed: whatever its number and its answer's revision, nothing crossed.
+#[test]
+fn a_refused_write_answered_past_the_last_one_landed_is_no_reset() {
+    let (w, m1, m2, shown) = two_writes();
+    let mut a2 = shown(30);
+    assert_eq!(w.answered(&m2, &mut a2), Shown::Fine);
+    w.wrote(&m2, &a2);
+    let mut a1 = answer(false, 35, vec![range_answer(vec![put_by(30, m2.number)])]);
+    assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
+}
+
+/// Writes sent before any of the node's landed compare no witness, so on one etcd they land
+/// in any order: one numbered later landing below one numbered earlier is no reset.
+#[test]
+fn unguarded_writes_landing_in_either_order_are_no_reset() {
+    let w = Witness::default();
+    w.set(b"/p/witness/n1".to_vec(), b"i1".to_vec());
+    let write = || request::txn([], [op::put("k", "v", 0)], []);
+    let (mut first, mut second) = (write(), write());
+    let (ma, mb) = (w.mark(&mut first), w.mark(&mut second));
+    assert!(!ma.guarded && !mb.guarded && ma.number < mb.number);
+    // The second landed at 25, the first at 30 (its read showing the second's put).
+    let mut aa = landed(30, put_by(25, mb.number));
+    assert_eq!(w.answered(&ma, &mut aa), Shown::Fine);
+    w.wrote(&ma, &aa);
+    let mut ab = answer(
+        true,
+        25,
+        vec![put_answer(), range_answer(vec![]), put_answer()],
+    );
+    assert_eq!(w.answered(&mb, &mut ab), Shown::Fine);
+}
+
+/// Two writes sent together: the first lands at revision 30; etcd is restored (its data
+/// copied) from a backup taken just before it, and the second lands on the restored etcd at
+/// 30 again, its answer lost. The node's next write reads the witness at 30, put by the
+/// second: on one etcd no two writes share a revision, so a witness at the revision of the
+/// last write known to have landed, put by another write, shows a reset.
+#[test]
+fn another_write_at_the_revision_of_the_last_one_landed_is_a_reset() {
+    let (w, m1, m2, shown) = two_writes();
+    let mut a1 = shown(30);
+    assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
+    w.wrote(&m1, &a1);
+    let mut next = request::txn([], [op::put("k", "v", 0)], []);
+    let m3 = w.mark(&mut next);
+    let mut a3 = landed(31, put_by(30, m2.number));
+    assert!(
+        matches!(w.answered(&m3, &mut a3), Shown::Reset(_)),
+        "the witness at 30 is the second write's, not the first's"
+    );
+    // Its own write at 30 shown: fine.
+    let (w, m1, _, shown) = two_writes();
+    let mut a1 = shown(30);
+    assert_eq!(w.answered(&m1, &mut a1), Shown::Fine);
+    w.wrote(&m1, &a1);
+    let mut next = request::txn([], [op::put("k", "v", 0)], []);
+    let m3 = w.mark(&mut next);
+    let mut a3 = landed(31, put_by(30, m1.number));
+    assert_eq!(w.answered(&m3, &mut a3), Shown::Fine);
 }
