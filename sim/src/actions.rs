@@ -272,8 +272,10 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
     let pending = w.net.len();
     let faults = w.swarm.faults;
     // While a write is parked, the steps that make rivals' writes (the operator's commands,
-    // faults, time for the nodes' timers, other nodes' ADDs) are ten times as common.
-    let rivals = w.swarm.races && w.net.parked() > 0;
+    // faults, time for the nodes' timers, other nodes' ADDs) are ten times as common; where
+    // the write provoked its rival (`crate::provoke`), time moves as in any run, so that the
+    // rival's requests arrive before their deadlines.
+    let rivals = w.swarm.races && w.net.parked() > 0 && !w.opts.provoke;
     let total = w.swarm.total(rivals);
     let kind = w.swarm.kind(w.choices.pick(total), rivals);
     match kind {
@@ -300,8 +302,13 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
                 w.net.hold(i, Instant::now() + hold);
                 return Ok(tick);
             }
-            if w.swarm.races && w.choices.pick(4) == 3 && park(w, i) {
-                return Ok(tick);
+            if w.swarm.races && w.choices.pick(4) == 3 {
+                if let Some(on) = park(w, i) {
+                    if w.opts.provoke {
+                        crate::provoke::rival(w, &on)?;
+                    }
+                    return Ok(tick);
+                }
             }
             if faults == 0 || w.choices.pick(100) >= faults {
                 w.deliver(i, Fate::Answer)?;
@@ -680,11 +687,9 @@ fn asked_for(w: &mut World, i: usize) -> std::net::IpAddr {
 
 /// Parks the `i`th request on its way, if it is a conditioned write never held: until a
 /// rival's write touches what it is conditioned on, or for a while (within its caller's
-/// deadline, or past it); whether it did (`crate::rivals`).
-fn park(w: &mut World, i: usize) -> bool {
-    let Some(on) = w.net.conditioned(i) else {
-        return false;
-    };
+/// deadline, or past it); what it is parked on, if it was (`crate::rivals`).
+fn park(w: &mut World, i: usize) -> Option<crate::rivals::Keys> {
+    let on = w.net.conditioned(i)?;
     let ms = match w.choices.pick(3) {
         0 => 600 + u64::from(w.choices.pick(4400)),
         _ => 20 + u64::from(w.choices.pick(400)),
@@ -694,6 +699,6 @@ fn park(w: &mut World, i: usize) -> bool {
         "{what} parked on its way until a rival's write touches what it is conditioned on, or for {ms} ms"
     ));
     w.net
-        .park(i, on, Instant::now() + Duration::from_millis(ms));
-    true
+        .park(i, on.clone(), Instant::now() + Duration::from_millis(ms));
+    Some(on)
 }

@@ -44,9 +44,18 @@ pub struct Hunt {
     pub elapsed: Duration,
 }
 
-/// Runs the seeds from `first` of `condition`'s store with it dropped, until one fails or
+/// Which seeds a hunt runs: all, or only those whose runs may provoke rivals
+/// (`crate::provoke`), provoking them or (to measure what provoking adds) waiting for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seeds {
+    All,
+    Provoking,
+    ProvokingWaited,
+}
+
+/// Runs the `seeds` from `first` of `condition`'s store with it dropped, until one fails or
 /// `time` is spent.
-pub fn hunt(condition: &str, first: u64, steps: u64, time: Duration) -> Hunt {
+pub fn hunt(condition: &str, first: u64, steps: u64, time: Duration, seeds: Seeds) -> Hunt {
     let t = Instant::now();
     let store = store_of(condition);
     let mut h = Hunt {
@@ -59,11 +68,12 @@ pub fn hunt(condition: &str, first: u64, steps: u64, time: Duration) -> Hunt {
     let mut seed = first;
     while t.elapsed() < time {
         let mut o = options(seed, steps, &[]);
-        if o.store != store {
+        if o.store != store || (seeds != Seeds::All && !o.provoke) {
             seed += 1;
             continue;
         }
         o.dropped = Some(condition.to_string());
+        o.provoke &= seeds != Seeds::ProvokingWaited;
         let out = run(&o, Choices::seeded(seed));
         h.runs += 1;
         h.dropped_in += u64::from(out.dropped_in > 0);

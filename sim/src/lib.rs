@@ -10,7 +10,8 @@
 //!   shrinking;
 //! - [`conditions`]: the conditions of the stores' writes, named, and one dropped on purpose;
 //!   [`dropped`]: searches with one dropped; `rivals`: races made on purpose (a conditioned
-//!   write parked until a rival's write touches what it is conditioned on);
+//!   write parked until a rival's write touches what it is conditioned on); `provoke`: the
+//!   rival started at once (the command or fault that writes the parked write's keys);
 //! - [`etcd`]: etcd in memory (keys, revisions, transactions, leases on simulated time);
 //! - [`store`]: the shared store (that etcd, or the apiserver's rules of `ipool-testkit`), what
 //!   a delivered request does to it, its blocks for the checker;
@@ -52,6 +53,7 @@ mod identity;
 mod labels;
 mod nodes;
 mod operator;
+mod provoke;
 mod quiet;
 mod rivals;
 pub mod settled;
@@ -226,6 +228,9 @@ pub struct Options {
     /// `search::options`, where no hunt of `cargo test` finds its path (the hunts' seeds run as
     /// they did).
     pub races: bool,
+    /// In a run with races, a write parked for a rival provokes one at once (`provoke`), in
+    /// the race groups of `search::options` that hold no kept run with races.
+    pub provoke: bool,
     /// A condition of the stores' writes that the store ignores (`conditions`): what the
     /// simulation must find within its minute (issue 54, item 4).
     pub dropped: Option<String>,
@@ -248,6 +253,7 @@ impl Options {
             cronjob: false,
             labels: false,
             races: false,
+            provoke: false,
             dropped: None,
         }
     }

@@ -201,3 +201,26 @@ fn a_run_with_races_parks_writes_until_a_rival_lands() {
     let out = run(&o, Choices::seeded(16));
     assert_eq!(count(&out, "parked on its way until a rival"), 0);
 }
+
+/// A run of the groups that provoke rivals (`provoke`): a parked write starts the command or
+/// fault that writes what it is conditioned on, and the write arrives right after it.
+#[test]
+fn a_run_that_provokes_rivals_lands_parked_writes_right_after_them() {
+    let mut o = search::options(17, 5000, &[]);
+    assert!(o.provoke, "seed 17 is of a group whose runs provoke rivals");
+    o.trace = true;
+    let count = |out: &ipool_sim::Outcome, what: &str| {
+        out.trace.iter().filter(|l| l.contains(what)).count()
+    };
+    let out = run(&o, Choices::seeded(17));
+    assert!(out.failure.is_none(), "{:?}", out.failure.map(|f| f.what));
+    let (provoked, landed) = (
+        count(&out, "a rival provoked"),
+        count(&out, "the writes parked on what it wrote arrive next"),
+    );
+    assert!(provoked >= 10, "{provoked} rivals provoked");
+    assert!(landed >= 5, "{landed} parked writes arrived after a rival");
+    o.provoke = false;
+    let out = run(&o, Choices::seeded(17));
+    assert_eq!(count(&out, "a rival provoked"), 0);
+}

@@ -115,6 +115,12 @@ enum Command {
         /// A condition by its name (as `conditions` prints it); may be repeated.
         #[arg(long = "condition")]
         conditions: Vec<String>,
+        /// Only the seeds whose runs may provoke rivals (the race groups 4, 6, 7 and 15).
+        #[arg(long)]
+        provoked: bool,
+        /// With --provoked: the same seeds, their rivals waited for, not provoked.
+        #[arg(long, requires = "provoked")]
+        waited: bool,
     },
     /// Hunts each closed path, shrinks the failing run, writes it to DIR.
     Keep {
@@ -195,7 +201,14 @@ fn main() -> ExitCode {
             conditions_secs,
             steps,
             conditions,
+            provoked,
+            waited,
         } => {
+            let seeds = match (provoked, waited) {
+                (false, _) => ipool_sim::dropped::Seeds::All,
+                (true, false) => ipool_sim::dropped::Seeds::Provoking,
+                (true, true) => ipool_sim::dropped::Seeds::ProvokingWaited,
+            };
             let conditions = match conditions.is_empty() {
                 false => conditions,
                 true => ipool_sim::dropped::met(first, steps, Duration::from_secs(conditions_secs))
@@ -209,7 +222,7 @@ fn main() -> ExitCode {
             println!("|---|---|---|---|---|---|");
             let mut missed = 0;
             for c in &conditions {
-                let h = ipool_sim::dropped::hunt(c, first, steps, Duration::from_secs(secs));
+                let h = ipool_sim::dropped::hunt(c, first, steps, Duration::from_secs(secs), seeds);
                 let time = format!("{:.1} s", h.elapsed.as_secs_f64());
                 match &h.found {
                     Some((seed, step, what)) => {
