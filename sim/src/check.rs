@@ -66,7 +66,7 @@ impl Checker {
         self.pods
             .iter()
             .filter(|(c, p)| c.as_str() != container && p.ips.contains(&ip))
-            .filter(|(_, p)| !crate::fixed::may_share(owner, p.owner.as_deref()))
+            .filter(|(_, p)| !crate::owners::may_share(owner, p.owner.as_deref()))
             .collect()
     }
 
@@ -114,7 +114,7 @@ impl Checker {
                 (_, Some(_)) => {}
                 (Some(_), None) if hosted.contains(ip) => {}
                 // Set aside by the pool: in no block, ever (rule 13 checks it is its chooser's).
-                (None, None) if set_aside && hosted.contains(ip) && crate::fixed::set_aside(*ip) => {}
+                (None, None) if set_aside && hosted.contains(ip) && crate::owners::set_aside(*ip) => {}
                 (Some((b, o, _)), None) => {
                     return Err(format!(
                         "{ip} handed out to {container} on {node} (slot {slot}) from block {b}, which the store shows as {o}'s"

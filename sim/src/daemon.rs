@@ -122,7 +122,7 @@ pub struct Setting {
     /// (`ipool_server::service::fixed`), as ipoold does in cluster mode.
     pub pins: bool,
     /// The pool sets `crate::SET_ASIDE` aside, and the first ordinals choose their addresses
-    /// there (`crate::fixed::chosen`).
+    /// there (`crate::owners::chosen`).
     pub set_aside: bool,
     /// `[cluster]`'s numbers and `[defaults]`, as TOML.
     pub tuning: String,
@@ -310,7 +310,7 @@ impl Daemon {
         cluster.start(&ipam);
         let holds = setting
             .pins
-            .then(|| Holds::new(node.clone()).with_migrations(Arc::new(crate::fixed::Migrating)));
+            .then(|| Holds::new(node.clone()).with_migrations(Arc::new(crate::owners::Migrating)));
         let maintenance = ipool_server::ipam::spawn_maintenance(ipam.clone());
         Ok(Daemon {
             id,
@@ -330,7 +330,7 @@ impl Daemon {
     /// A turn of its pin keeper, as ipoold's runs every 30 s (`k8s::pin_keeper`): a hold no
     /// attachment here uses, seen so for its grace, let go; an unheld pin of its blocks whose
     /// owner `owners` says is gone, seen so for `pin_ttl_secs`, ended.
-    pub(crate) fn keep_pins(&mut self, owners: crate::fixed::GoneOwners) {
+    pub(crate) fn keep_pins(&mut self, owners: crate::owners::GoneOwners) {
         let Some(holds) = self.holds.clone() else {
             return;
         };
@@ -396,9 +396,9 @@ impl Daemon {
             let reply = match (fixed, &holds) {
                 (Some((owner, _)), Some(holds)) => {
                     let fixed = ipool_server::service::fixed::FixedFor {
-                        chosen: crate::fixed::chosen(&owner, set_aside),
-                        instance: crate::fixed::instance(&owner),
-                        migration: crate::fixed::instance(&owner).map(|_| "m".to_string()),
+                        chosen: crate::owners::chosen(&owner, set_aside),
+                        instance: crate::owners::instance(&owner),
+                        migration: crate::owners::instance(&owner).map(|_| "m".to_string()),
                         owner,
                     };
                     ipool_server::service::fixed::add(&ipam, holds, req, fixed).await

@@ -31,7 +31,7 @@ impl World {
                 .map_or("?".into(), |x| format!("{} (slot {s})", x.name)),
         };
         let what = match &req.wire {
-            crate::net::Wire::Etcd(c) => crate::actions::describe_call(c),
+            crate::net::Wire::Etcd(c) => crate::describe::describe_call(c),
             crate::net::Wire::EtcdWatch(c) => format!(
                 "watch {} from revision {}",
                 String::from_utf8_lossy(&c.key).replace("/ipool/v1/", ""),
@@ -61,7 +61,9 @@ impl World {
         }
         let now = Instant::now();
         let wall = self.wall.now_ms();
-        let user = self.user_of(from);
+        let cronjob = command_of(from).is_some_and(|op| self.cronjob_ops.contains(&op));
+        let node = self.slots.get(from).map_or("?", |s| s.name.as_str());
+        let user = crate::identity::user_of(from, cronjob, node);
         let (shared, limbo) = (&mut self.shared, &mut self.limbo);
         let delivered = self
             .net

@@ -16,7 +16,7 @@ use crate::world::{OpDone, World};
 use crate::StoreKind;
 
 /// The Nodes as listed when the look began, and the pins' owners gone then.
-struct Listed(BTreeSet<String>, crate::fixed::GoneOwners);
+struct Listed(BTreeSet<String>, crate::owners::GoneOwners);
 
 #[async_trait::async_trait]
 impl Directory for Listed {
@@ -93,7 +93,7 @@ pub(crate) fn look(w: &mut World, me: Option<usize>, after: u64) {
         None => w.operator_store_elsewhere(false),
     };
     let (ops, kind) = (w.ops.clone(), w.opts.store);
-    let owners = crate::fixed::GoneOwners(w.owners_gone.clone());
+    let owners = crate::owners::GoneOwners(w.owners_gone.clone());
     tokio::spawn(async move {
         let place = match kind {
             StoreKind::Etcd => "etcd",

@@ -74,10 +74,10 @@ impl World {
                             }
                             let chosen = owner
                                 .as_ref()
-                                .and_then(|o| crate::fixed::chosen(o, self.opts.set_aside));
+                                .and_then(|o| crate::owners::chosen(o, self.opts.set_aside));
                             if let Some(ip) = ips.iter().find(|ip| {
                                 self.opts.set_aside
-                                    && crate::fixed::set_aside(**ip)
+                                    && crate::owners::set_aside(**ip)
                                     && chosen != Some(**ip)
                             }) {
                                 return Err(format!(
@@ -194,7 +194,7 @@ impl World {
         };
         let pins = self.shared.pins();
         let uid = format!("uid-{container}");
-        let held = crate::fixed::pinned_for(&pins, owner, node, &uid, ips);
+        let held = crate::owners::pinned_for(&pins, owner, node, &uid, ips);
         if held.is_empty() && excuses.iter().all(Option::is_none) {
             return Err(format!(
                 "ADD {container} on {node} of {owner}'s pod answered with {ips:?}, though no pin in the store keeps one of them for it there: {pins:?}"

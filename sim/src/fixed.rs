@@ -11,41 +11,13 @@ use std::net::IpAddr;
 use ipool_server::cluster::pin::{Pin, PinOwner};
 
 use crate::nodes::{add, add_pod};
+use crate::owners::{owner, GoneOwners, ORDINALS, VMS};
 use crate::world::World;
-
-/// How many owners there are: the StatefulSet's ordinals, then the VMs.
-const ORDINALS: u32 = 4;
-const VMS: u32 = 2;
-
-/// Owner `k` of the run's.
-fn owner(k: u32) -> PinOwner {
-    match k < ORDINALS {
-        true => PinOwner::StatefulSet {
-            namespace: "sim".into(),
-            name: "db".into(),
-            ordinal: k,
-        },
-        false => PinOwner::VirtualMachine {
-            namespace: "sim".into(),
-            name: format!("vm{}", k - ORDINALS),
-        },
-    }
-}
 
 /// Why `owner` is gone, if it is (its StatefulSet scaled down past its ordinal, its VM
 /// deleted), as the apiserver would say.
 pub(crate) fn owner_gone(w: &World, owner: &PinOwner) -> Option<String> {
     w.owners_gone.get(&owner.to_string()).cloned()
-}
-
-/// The owners gone as the apiserver shows them when a keeper's turn or a look begins.
-pub(crate) struct GoneOwners(pub std::collections::BTreeMap<String, String>);
-
-#[async_trait::async_trait]
-impl ipool_server::k8s::pin_keeper::Owners for GoneOwners {
-    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
-        Ok(self.0.get(&owner.to_string()).cloned())
-    }
 }
 
 /// The controllers' part: an owner goes (its StatefulSet scaled down below the ordinal, its
@@ -105,14 +77,6 @@ pub(crate) fn keep_pins_on(w: &mut World, i: usize) {
     }
 }
 
-/// The name of `owner`'s pod whose sandbox is `container`, as its controller names it.
-pub(crate) fn pod_name(owner: &PinOwner, container: &str) -> String {
-    match owner {
-        PinOwner::StatefulSet { name, ordinal, .. } => format!("{name}-{ordinal}"),
-        PinOwner::VirtualMachine { name, .. } => format!("virt-launcher-{name}-{container}"),
-    }
-}
-
 /// The slots of `owner`'s pods that run (answered, not excused) and of those on their way.
 fn pods_of(w: &World, owner: &PinOwner) -> (Vec<usize>, usize) {
     let shown = owner.to_string();
@@ -163,77 +127,6 @@ pub(crate) fn migrate(w: &mut World) {
     let t = targets[w.choices.pick(targets.len() as u32) as usize];
     w.note(format!("{o} migrates from {source} to {}", w.slots[t].name));
     add_pod(w, t, Vec::new(), Some(o));
-}
-
-/// The address `owner` chose (`ipool.io/ips-by-ordinal`) in a run whose pool sets
-/// [`crate::SET_ASIDE`] aside: the StatefulSet's first [`crate::CHOSEN`] ordinals, each the
-/// range's next address from its second.
-pub(crate) fn chosen(owner: &PinOwner, set_aside: bool) -> Option<IpAddr> {
-    let PinOwner::StatefulSet { ordinal, .. } = owner else {
-        return None;
-    };
-    if !set_aside || *ordinal >= crate::CHOSEN {
-        return None;
-    }
-    let range: ipnet::Ipv4Net = crate::SET_ASIDE.parse().expect("a CIDR");
-    Some(IpAddr::V4(
-        (u32::from(range.network()) + 1 + ordinal).into(),
-    ))
-}
-
-/// Whether `ip` lies in the range the pool sets aside (`crate::SET_ASIDE`).
-pub(crate) fn set_aside(ip: IpAddr) -> bool {
-    let range: ipnet::IpNet = crate::SET_ASIDE.parse().expect("a CIDR");
-    range.contains(&ip)
-}
-
-/// The addresses of `ips` that the store's `pins` keep for `owner` with `node`'s pod `uid`
-/// among their holders (an ADD of that pod answered with them, served where they are).
-pub(crate) fn pinned_for(
-    pins: &[Pin],
-    owner: &PinOwner,
-    node: &str,
-    uid: &str,
-    ips: &[IpAddr],
-) -> Vec<IpAddr> {
-    ips.iter()
-        .copied()
-        .filter(|ip| {
-            pins.iter().any(|p| {
-                p.address == *ip
-                    && p.owner == *owner
-                    && p.holders.iter().any(|h| h.node == node && h.uid == uid)
-            })
-        })
-        .collect()
-}
-
-/// Whether two pods of these owners may hold one address: two launchers of one VM.
-pub(crate) fn may_share(a: Option<&str>, b: Option<&str>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => a == b && a.starts_with("VirtualMachine/"),
-        _ => false,
-    }
-}
-
-/// A VM's instance (one per VM: the simulation never makes one again under its name).
-pub(crate) fn instance(owner: &PinOwner) -> Option<String> {
-    match owner {
-        PinOwner::VirtualMachine { name, .. } => Some(format!("vmi-{name}")),
-        PinOwner::StatefulSet { .. } => None,
-    }
-}
-
-/// KubeVirt as the simulation plays it: a second launcher pod of a VM is made only by
-/// [`migrate`], so each is the target of a migration KubeVirt shows (every launcher carries
-/// the label; the first one's ADD never asks).
-pub(crate) struct Migrating;
-
-#[async_trait::async_trait]
-impl ipool_server::cluster::pin::hold::Migrations for Migrating {
-    async fn under_way(&self, _owner: &PinOwner, _migration: &str) -> Result<bool, String> {
-        Ok(true)
-    }
 }
 
 /// etcd's backup lacks a pin (made since) whose holder is not the node of the block it lies

@@ -10,16 +10,8 @@ use ipnet::IpNet;
 use tokio::time::Instant;
 
 use crate::check::StoreBlock;
+use crate::watch::HeardGone;
 use crate::world::World;
-
-/// Block `block` of slot `slot`'s node: its daemon `daemon` was told at `at` that it is no
-/// longer the node's.
-pub(crate) struct HeardGone {
-    pub slot: usize,
-    pub daemon: u64,
-    pub block: IpNet,
-    pub at: Instant,
-}
 
 /// How long after a watch's news a daemon's pick may still be one it made before them: the
 /// news are taken in by its watch task at once, and the pick's time is the engine's clock,

@@ -12,7 +12,6 @@ use std::sync::{Arc, OnceLock};
 use ipool_testkit::access::{Access, UserInfo};
 
 use crate::net::command_of;
-use crate::world::World;
 
 /// The namespace deploy/ runs ipool in.
 const NAMESPACE: &str = "ipool-system";
@@ -25,19 +24,13 @@ pub(crate) fn deployed() -> Arc<Access> {
         .clone()
 }
 
-impl World {
-    /// Who request sender `from` is.
-    pub(crate) fn user_of(&self, from: usize) -> UserInfo {
-        match command_of(from) {
-            Some(op) if self.cronjob_ops.contains(&op) => {
-                UserInfo::service_account(NAMESPACE, "ipool-operator")
-            }
-            Some(_) => UserInfo::admin(),
-            None => {
-                let node = self.slots.get(from).map_or("?", |s| s.name.as_str());
-                UserInfo::pod_on_node(NAMESPACE, "ipool", &format!("ipool-{node}"), node)
-            }
-        }
+/// Who request sender `from` is: an operator's command (`cronjob`: the CronJob's), else
+/// the daemon of `node`.
+pub(crate) fn user_of(from: usize, cronjob: bool, node: &str) -> UserInfo {
+    match command_of(from) {
+        Some(_) if cronjob => UserInfo::service_account(NAMESPACE, "ipool-operator"),
+        Some(_) => UserInfo::admin(),
+        None => UserInfo::pod_on_node(NAMESPACE, "ipool", &format!("ipool-{node}"), node),
     }
 }
 

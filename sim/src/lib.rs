@@ -21,8 +21,11 @@
 //!   when the driver says (delayed, cut, replayed, compacted away); `hearing`: those steps,
 //!   and what a node was told;
 //! - [`daemon`]: a simulated node's daemon, wired as ipoold is, on a state dir that survives it;
-//! - `world`: the run; `actions` and `operator`: what a step can do; `departed`: the release
-//!   of departed nodes (a leading daemon's, or the CronJob's); `labels`: node labels and the
+//! - `world`: the run's state; `driver`: the run (steps, wind-down, quiet); `lifecycle`: a
+//!   daemon started or killed; `describe`: an etcd call in words; `owners`: the owners of
+//!   fixed addresses; `actions` and `operator`: what a step can do; `swarm`: each run's mix
+//!   of steps; `departed`: the release of departed nodes (a leading daemon's, or the
+//!   CronJob's); `labels`: node labels and the
 //!   pool's nodeSelector; `identity`: who each request on the Kubernetes API is, held to
 //!   deploy/'s RBAC and admission policies;
 //! - [`check`]: the invariants, asked after every step (and what an etcd restore excuses:
@@ -44,20 +47,25 @@ pub mod watch;
 mod actions;
 mod deliver;
 mod departed;
+mod describe;
 mod drain;
+mod driver;
 pub mod dropped;
 mod excuses;
 mod fixed;
 mod hearing;
 mod identity;
 mod labels;
+mod lifecycle;
 mod nodes;
 mod operator;
+mod owners;
 mod provoke;
 mod quiet;
 mod rivals;
 pub mod settled;
 mod store_check;
+mod swarm;
 mod world;
 
 pub use ipool_server::bugs::Bug;
@@ -361,5 +369,5 @@ pub struct Outcome {
 
 /// Runs one simulation with `choices`.
 pub fn run(opts: &Options, choices: Choices) -> Outcome {
-    world::run(opts, choices)
+    driver::run(opts, choices)
 }

@@ -275,7 +275,7 @@ impl Net {
     /// The `i`th request on its way, in words.
     pub fn describe(&self, i: usize) -> String {
         match self.lock().pending.get(i).map(|r| &r.wire) {
-            Some(Wire::Etcd(c)) => crate::actions::describe_call(c),
+            Some(Wire::Etcd(c)) => crate::describe::describe_call(c),
             Some(Wire::Api { method, path, .. }) => format!("{method} {path}"),
             Some(Wire::EtcdWatch(_)) => "a watch".into(),
             None => "?".into(),

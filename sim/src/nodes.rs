@@ -81,7 +81,7 @@ pub(crate) fn add_pod(
             "ADD {c} on {}: a pod of {o}, its address fixed",
             w.slots[i].name
         ));
-        let pod = crate::fixed::pod_name(&o, &c);
+        let pod = crate::owners::pod_name(&o, &c);
         (o, pod)
     });
     if let Some(d) = w.slots[i].daemon.as_mut() {

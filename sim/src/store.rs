@@ -601,3 +601,5 @@ pub enum HalfDone {
     AddCidr(IpNet),
     RemoveCidr(IpNet),
 }
+
+mod seed;

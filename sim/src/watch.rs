@@ -23,7 +23,6 @@ use serde_json::json;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::etcd::Etcd;
-use crate::store::Shared;
 
 /// What an etcd watch's client reads.
 pub type EtcdStream = UnboundedReceiver<Result<pb::WatchResponse, EtcdError>>;
@@ -43,6 +42,15 @@ enum Target {
         selector: String,
         feed: UnboundedSender<Result<Bytes, String>>,
     },
+}
+
+/// Block `block` of slot `slot`'s node: its daemon `daemon` was told at `at` that it is no
+/// longer the node's.
+pub(crate) struct HeardGone {
+    pub slot: usize,
+    pub daemon: u64,
+    pub block: IpNet,
+    pub at: tokio::time::Instant,
 }
 
 /// An open watch.
@@ -171,87 +179,6 @@ impl Watches {
         self.open.get(i).map(|o| o.from)
     }
 
-    /// Watch `i` hears everything since it last heard (etcd: a progress notification when
-    /// there is nothing); one behind the history kept is told so and ends.
-    pub fn hear(&mut self, i: usize, shared: &Shared) -> Heard {
-        let mut heard = Heard {
-            events: 0,
-            gone: Vec::new(),
-        };
-        let Some(o) = self.open.get_mut(i) else {
-            return heard;
-        };
-        let ended = match (&o.target, shared) {
-            (Target::Etcd { key, end, id, feed }, Shared::Etcd(e)) => {
-                if (o.after as i64) < e.compacted() {
-                    let _ = feed.send(Ok(compacted(e, *id)));
-                    true
-                } else {
-                    let events = e.events_after(key, end, o.after as i64);
-                    heard.events = events.len();
-                    heard.gone = events
-                        .iter()
-                        .filter(|ev| ev.r#type == EventType::Delete as i32)
-                        .filter_map(|ev| index_block(&ev.kv.as_ref()?.key))
-                        .collect();
-                    o.after = e.revision() as u64;
-                    let answer = pb::WatchResponse {
-                        header: e.header(),
-                        watch_id: *id,
-                        events,
-                        ..Default::default()
-                    };
-                    let ended = feed.send(Ok(answer)).is_err();
-                    if ended {
-                        heard.gone.clear();
-                    }
-                    ended
-                }
-            }
-            (
-                Target::Api {
-                    resource,
-                    ns,
-                    selector,
-                    feed,
-                },
-                Shared::Api {
-                    objects, oldest, ..
-                },
-            ) => {
-                if o.after + 1 < *oldest {
-                    let _ = feed.send(Ok(expired()));
-                    true
-                } else {
-                    let lines: Vec<serde_json::Value> = objects
-                        .events
-                        .iter()
-                        .filter(|ev| ev.0 > o.after)
-                        .filter_map(|ev| watch_event(ev, resource, ns, selector))
-                        .collect();
-                    heard.events = lines.len();
-                    heard.gone = lines
-                        .iter()
-                        .filter(|l| l["type"] == "DELETED" && resource == "ipblocks")
-                        .filter_map(|l| l["object"]["spec"]["cidr"].as_str()?.parse().ok())
-                        .collect();
-                    o.after = objects.rv;
-                    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
-                    let ended = !body.is_empty() && feed.send(Ok(Bytes::from(body))).is_err();
-                    if ended {
-                        heard.gone.clear();
-                    }
-                    ended
-                }
-            }
-            _ => true,
-        };
-        if ended {
-            self.open.remove(i);
-        }
-        heard
-    }
-
     /// Breaks watch `i`'s stream mid-way (its connection dropped).
     pub fn cut(&mut self, i: usize) {
         if i >= self.open.len() {
@@ -299,6 +226,8 @@ fn expired() -> Bytes {
         "reason": "Expired", "code": 410}});
     Bytes::from(format!("{gone}\n"))
 }
+
+mod hear;
 
 #[cfg(test)]
 mod tests;

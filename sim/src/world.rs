@@ -159,7 +159,7 @@ pub(crate) struct World {
     pub opts: Options,
     pub choices: Choices,
     /// What this run may do.
-    pub swarm: crate::actions::Swarm,
+    pub swarm: crate::swarm::Swarm,
     pub net: Net,
     pub shared: Shared,
     pub wall: Wall,
@@ -202,7 +202,7 @@ pub(crate) struct World {
     /// The daemon instance that last held each node name in the store.
     pub holders: BTreeMap<String, String>,
     /// Blocks a daemon's watch told it are no longer its node's (see `crate::hearing`).
-    pub heard_gone: Vec<crate::hearing::HeardGone>,
+    pub heard_gone: Vec<crate::watch::HeardGone>,
     /// Events the watches heard.
     pub heard: u64,
     /// ADDs refused: container, why.
@@ -231,10 +231,10 @@ pub(crate) struct World {
 impl World {
     pub fn new(mut opts: Options, mut choices: Choices) -> World {
         let swarm = match opts.exhaustive {
-            true => crate::actions::Swarm::all(),
+            true => crate::swarm::Swarm::all(),
             false => {
                 choices.frame();
-                let mut sw = crate::actions::Swarm::pick(&mut choices);
+                let mut sw = crate::swarm::Swarm::pick(&mut choices);
                 choices.end_frame(crate::choice::SETUP);
                 sw.races &= opts.races;
                 // With pins on etcd: restores made on purpose (`operator::backup_or_restore`),
@@ -242,13 +242,13 @@ impl World {
                 let on_purpose = sw.races && sw.pins && opts.store == crate::StoreKind::Etcd;
                 sw.weights
                     .iter_mut()
-                    .filter(|(k, _)| on_purpose && *k == crate::actions::Kind::Restore)
+                    .filter(|(k, _)| on_purpose && *k == crate::swarm::Kind::Restore)
                     .for_each(|(_, w)| *w *= 5);
                 if opts.labels {
-                    sw.weights.push((crate::actions::Kind::Labels, 6));
+                    sw.weights.push((crate::swarm::Kind::Labels, 6));
                 }
                 if opts.cronjob {
-                    sw.weights.push((crate::actions::Kind::NodeObject, 3));
+                    sw.weights.push((crate::swarm::Kind::NodeObject, 3));
                 }
                 sw
             }
@@ -275,9 +275,9 @@ impl World {
         let id = 0xc1u64 << 32 | opts.seed & 0xffff_ffff;
         let mut shared = Shared::new(opts.store, id, swarm.watch);
         let dropped = opts.dropped.clone();
-        crate::operator::seed_pool(&mut shared, &opts.pool(opts.block_v4()), wall.now_ms());
+        shared.seed_pool(&opts.pool(opts.block_v4()), wall.now_ms());
         if swarm.two_pools {
-            crate::operator::seed_pool(&mut shared, &opts.second_pool(), wall.now_ms());
+            shared.seed_pool(&opts.second_pool(), wall.now_ms());
         }
         let slots = (0..opts.nodes)
             .map(|i| Slot::new(format!("n{i}"), Arc::new(MemStore::new()), 1, None))
@@ -374,79 +374,6 @@ impl World {
         }
     }
 
-    /// Starts slot `i`'s daemon on its state dir.
-    pub fn start(&mut self, i: usize) -> Result<(), String> {
-        self.start_daemon(i).map_err(|e| {
-            use ipool_server::store::Store;
-            match self.slots[i].disk.load() {
-                Ok(snap) => format!(
-                    "{e} (its state dir: blocks {:?}, networks {:?})",
-                    snap.blocks,
-                    snap.networks
-                        .iter()
-                        .map(|n| n.describe_ranges())
-                        .collect::<Vec<_>>()
-                ),
-                Err(_) => e,
-            }
-        })
-    }
-
-    fn start_daemon(&mut self, i: usize) -> Result<(), String> {
-        crate::fixed::node_changed(self, i);
-        self.next_daemon += 1;
-        let s = &self.slots[i];
-        let instance = s.instance_id();
-        let d = Daemon::start(
-            self.next_daemon,
-            &self.setting,
-            &s.name.clone(),
-            &instance,
-            s.disk.clone(),
-            &self.net,
-            i,
-            &self.wall,
-            s.renamed,
-        )?;
-        let held = d.held();
-        let now = self.ms();
-        let s = &mut self.slots[i];
-        s.daemon = Some(d);
-        s.gone = false;
-        s.unaware = false;
-        s.aware_at = Some(now);
-        s.serving_since = None;
-        s.syncs = [(0, now); 2];
-        s.trouble_at = now;
-        s.streak = [0; 2];
-        crate::labels::tell(self, i);
-        self.note(format!(
-            "{} (slot {i}) started, instance {instance}",
-            self.slots[i].name
-        ));
-        self.checker.held_by(i, &held)
-    }
-
-    /// Kills slot `i`'s daemon (-9); its state dir keeps what was durable.
-    pub fn kill(&mut self, i: usize) {
-        if let Some(d) = self.slots[i].daemon.take() {
-            d.kill();
-            crate::fixed::node_changed(self, i);
-            self.slots[i].disk = crate::daemon::crashed(&self.slots[i].disk);
-            // ADDs it never answered: the kubelet DELs them once the daemon is back.
-            let lost: Vec<String> = self
-                .adding
-                .iter()
-                .filter(|(_, a)| a.slot == i)
-                .map(|(c, _)| c.clone())
-                .collect();
-            for c in lost {
-                self.adding.remove(&c);
-                self.owed.insert(c, i);
-            }
-        }
-    }
-
     /// With a trace: each daemon's blocks, as `ipoolctl status` shows them, when they change.
     pub(crate) fn trace_blocks(&mut self) {
         for i in 0..self.slots.len() {
@@ -483,51 +410,6 @@ impl World {
         self.op_seq
     }
 
-    /// Runs the simulation's steps; the first failure ends it.
-    pub async fn run(&mut self) -> Result<(), Failure> {
-        for i in 0..self.slots.len() {
-            self.start(i).map_err(|e| self.failure(e))?;
-        }
-        if self.opts.exhaustive {
-            crate::actions::boot(self)
-                .await
-                .map_err(|e| self.failure(e))?;
-        }
-        while self.step < self.opts.steps {
-            self.step += 1;
-            self.refused.clear();
-            self.net.release_held(Instant::now());
-            let wait = match self.opts.exhaustive {
-                true => crate::actions::act_small(self),
-                false => {
-                    self.choices.frame();
-                    let wait = crate::actions::act(self);
-                    self.choices.end_frame(crate::choice::STEP);
-                    wait
-                }
-            }
-            .map_err(|e| self.failure(e))?;
-            tokio::time::sleep(wait).await;
-            // What was answered during the wait is checked against the store as it was then
-            // (a lease that ran out meanwhile is gone from then on).
-            self.drain().map_err(|e| self.failure(e))?;
-            self.shared.expire(Instant::now());
-            self.store_check("a lease's expiry", None, None)
-                .map_err(|e| self.failure(e))?;
-            self.liveness().map_err(|e| self.failure(e))?;
-            if self.opts.trace {
-                self.trace_blocks();
-            }
-        }
-        crate::actions::wind_down(self)
-            .await
-            .map_err(|e| self.failure(e))?;
-        if self.opts.exhaustive {
-            return Ok(());
-        }
-        crate::quiet::quiet(self).await.map_err(|e| self.failure(e))
-    }
-
     pub fn failure(&self, what: String) -> Failure {
         Failure {
             step: self.step,
@@ -551,30 +433,4 @@ impl World {
             dropped_in: self.conditions.dropped_in,
         }
     }
-}
-
-/// Runs one simulation.
-pub fn run(opts: &Options, choices: Choices) -> Outcome {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
-    let opts = opts.clone();
-    ipool_server::bugs::set(&opts.bugs);
-    let out = rt.block_on(async move {
-        let mut w = World::new(opts, choices);
-        let r = w.run().await;
-        let out = w.outcome(r.err());
-        for s in w.slots.iter_mut() {
-            if let Some(d) = s.daemon.take() {
-                d.kill();
-            }
-        }
-        out
-    });
-    rt.shutdown_background();
-    ipool_server::cluster::vocab::set_wall_clock(None);
-    ipool_server::bugs::set(&[]);
-    out
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::store::Shared;
 use ipool_server::cluster::etcd::client::Call;
 use ipool_server::cluster::etcd::request;
 use ipool_testkit::apiserver::Objects;
