@@ -79,12 +79,27 @@ impl Next {
     }
 }
 
-/// Work a source needs done outside the engine's lock (claiming a block, say). Its output is
-/// the source's own: the engine hands it back to the source that made it ([`Source::land`]).
-pub type Claim = Pin<Box<dyn Future<Output = Landed> + Send>>;
+/// Work a source needs done outside the engine's lock (claiming a block, say). It leaves its
+/// result with the source that started it, which takes it in when the engine, the work done,
+/// calls [`Source::land`] under the lock: a result of a source since replaced (the range set
+/// rebuilt) goes with that source.
+pub type Claim = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// What a [`Claim`] brought back, for its source to take.
-pub type Landed = Box<dyn std::any::Any + Send>;
+/// What a source took in when the engine called [`Source::land`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Landing {
+    /// No work of its own had finished (the work done was a source's it replaced).
+    Nothing,
+    /// Its work's result taken in; what it did, for the log (a block that lands is not
+    /// recorded yet).
+    Took(String),
+}
+
+/// A source's work that failed: why, for the log and the set's last error. The source
+/// decides when to try again.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct WorkFailed(pub String);
 
 pub trait Source: Send {
     /// The ranges, for status and error messages (e.g. "10.1.0.1-10.1.0.254").
@@ -131,10 +146,9 @@ pub trait Source: Send {
     fn start_claim(&mut self) -> Option<Claim> {
         None
     }
-    /// A claim's result, back under the engine's lock: what landed, for the log (a block that
-    /// lands is not recorded yet), or why the work failed.
-    fn land(&mut self, _landed: Landed) -> Result<String, String> {
-        Err("this source starts no claims, yet one landed".into())
+    /// Takes in the result its work left, back under the engine's lock (see [`Claim`]).
+    fn land(&mut self) -> Result<Landing, WorkFailed> {
+        Ok(Landing::Nothing)
     }
     /// The block `ip` comes from when the store does not hold it yet: the change set that takes
     /// `ip` records it.

@@ -47,7 +47,7 @@ use tokio::time::Instant;
 use super::heard::Cursor;
 use super::node::{ClusterNode, NotServing};
 use super::vocab::KeyRevision;
-use super::work::{Done, Work};
+use super::work::Work;
 
 mod block;
 mod land;
@@ -57,7 +57,7 @@ use crate::error::Refusal;
 use crate::metrics::BlockStateLabels;
 use crate::model::SubnetMode;
 use crate::range::{Family, OccupyError, Range};
-use crate::source::{Claim, Landed, Next, Source};
+use crate::source::{Claim, Landing, Next, Source, WorkFailed};
 pub use block::BlockState;
 use block::Owned;
 
@@ -76,13 +76,10 @@ const EXHAUSTED_RETRY: Duration = Duration::from_secs(10);
 /// The first wait before a sync looks again at blocks in doubt.
 const DOUBT_FIRST: Duration = Duration::from_secs(1);
 
-/// Source ids, each source its own: a source takes the results of its own work only.
-static SOURCE_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
 pub struct ClusterSource {
-    /// Results of work another source started (the one this replaced, when the range set was
-    /// rebuilt) are not taken: their etcd call may have raced this source's own.
-    id: u64,
+    /// Where its work leaves its result (its own: work another source started, the one this
+    /// replaced when the range set was rebuilt, is never taken here).
+    inbox: super::work::Inbox,
     /// The pool's reservations as last looked at (each new one held here is reported once).
     reserved_seen: Arc<Vec<crate::cluster::ippool::Reserved>>,
     /// The network addressed as one subnet (`addressing = "subnet"`), else by block.
@@ -152,7 +149,7 @@ impl ClusterSource {
         let threshold = node.settings().claim_ahead.max(min_idle);
         let heard = node.heard().now();
         ClusterSource {
-            id: SOURCE_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            inbox: super::work::Inbox::default(),
             reserved_seen: Arc::default(),
             subnet: None,
             excluded: Vec::new(),
@@ -821,22 +818,14 @@ impl Source for ClusterSource {
             self.pool.clone(),
             self.family,
             self.cidrs.clone(),
-            self.id,
+            self.inbox.clone(),
             work,
         ))
     }
-    fn land(&mut self, landed: Landed) -> Result<String, String> {
-        let done = *landed
-            .downcast::<Done>()
-            .map_err(|_| "a claim of another kind of source landed here".to_string())?;
-        if done.source != self.id {
-            // Started by the source this one replaced: its call may have raced this one's own
-            // (a give-back against a sync); the next sync says what holds.
-            return Ok(format!(
-                "ignored the result of {:?}, started before the range set was rebuilt",
-                done.work
-            ));
-        }
+    fn land(&mut self) -> Result<Landing, WorkFailed> {
+        let Some(done) = self.inbox.lock().expect("inbox").take() else {
+            return Ok(Landing::Nothing);
+        };
         self.in_flight = false;
         // What the watches said meanwhile comes first: a block they say is gone, listed by a
         // sync that started before, stays unconfirmed (see `synced_with`); and one the result
@@ -848,7 +837,7 @@ impl Source for ClusterSource {
             self.heard_gone(net);
         }
         self.count_blocks();
-        result
+        result.map(Landing::Took).map_err(WorkFailed)
     }
     fn unrecorded(&self, ip: IpAddr) -> Option<String> {
         self.block_of(ip)

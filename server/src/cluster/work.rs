@@ -1,5 +1,6 @@
-//! The etcd work a [`ClusterSource`](super::source::ClusterSource) hands the engine as a
-//! [`Claim`]: run outside the engine's lock, its [`Done`] lands back in the source.
+//! The store work a [`ClusterSource`](super::source::ClusterSource) hands the engine as a
+//! [`Claim`]: run outside the engine's lock, its [`Done`] left in the source's [`Inbox`],
+//! which the source takes in when the engine calls its `land`.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use super::pin::{Pin, PinCreated};
 use super::vocab::{Block, Claimed, ClusterError, KeyRevision, Owner, Pool, PoolPhase, Settled};
 use crate::metrics::ClusterMetrics;
 use crate::range::Family;
-use crate::source::{Claim, Landed};
+use crate::source::Claim;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Work {
@@ -70,31 +71,31 @@ pub enum Outcome {
 
 /// What lands.
 pub struct Done {
-    /// The source that started the work (see `ClusterSource`'s id): only it takes the result.
-    pub source: u64,
     pub work: Work,
     pub result: Result<Outcome, String>,
 }
 
+/// Where a source's work leaves its [`Done`] (one piece of work at a time per source): the
+/// source's own, so that a source replaced meanwhile (its range set rebuilt) takes its
+/// work's result with it, and the source that replaced it never takes it for its own (their
+/// store calls may have raced; the next sync says what holds).
+pub type Inbox = Arc<std::sync::Mutex<Option<Done>>>;
+
 /// The claim that does `work` for `node`'s range set of `pool` (one family, its `cidrs`),
-/// started by source `source`.
+/// its result left in `inbox`.
 pub fn run(
     node: Arc<ClusterNode>,
     pool: String,
     family: Family,
     cidrs: Vec<IpNet>,
-    source: u64,
+    inbox: Inbox,
     work: Work,
 ) -> Claim {
     Box::pin(async move {
         let result = execute(&node, &pool, family, &cidrs, &work)
             .await
             .map_err(|e| e.to_string());
-        Box::new(Done {
-            source,
-            work,
-            result,
-        }) as Landed
+        *inbox.lock().expect("inbox") = Some(Done { work, result });
     })
 }
 

@@ -391,14 +391,14 @@ impl Ipam {
         for c in claims {
             let ipam = self.clone();
             tokio::spawn(async move {
-                let result = c.claim.await;
-                ipam.land(&c.network, &c.set, result);
+                c.claim.await;
+                ipam.land(&c.network, &c.set);
             });
         }
     }
 
     /// A claim's result, back under the lock: the source takes it, and waiting ADDs wake.
-    fn land(&self, network: &str, set: &str, landed: crate::source::Landed) {
+    fn land(&self, network: &str, set: &str) {
         let now = self.now();
         let mut st = self.lock();
         let Some(p) = st.networks.get_mut(network).and_then(|n| n.pool_by_id(set)) else {
@@ -411,15 +411,23 @@ impl Ipam {
         // the set's new source, which decides whether to take it (a cluster source takes only
         // its own: the next sync says what the other's call did).
         let knew = p.source.knows_its_addresses().is_ok();
-        let result = p.source.land(landed);
+        let result = p.source.land();
         if !knew && p.source.knows_its_addresses().is_ok() {
             // Its addresses are known now: what was checked against the ranges is checked
             // again (before anything is handed out from them).
             self.ranges_moved();
         }
         let landed = match result {
-            Ok(what) => {
+            Ok(crate::source::Landing::Took(what)) => {
                 tracing::info!(network, set, %what, "claim landed");
+                true
+            }
+            Ok(crate::source::Landing::Nothing) => {
+                tracing::info!(
+                    network,
+                    set,
+                    "the work of a source since replaced finished: the next sync says what holds"
+                );
                 true
             }
             Err(e) => {

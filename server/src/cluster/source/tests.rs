@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::*;
 use crate::cluster::node::Identity;
 use crate::cluster::vocab::{Block, KeyRevision, Owner};
-use crate::cluster::work::{Outcome, Synced};
+use crate::cluster::work::{Done, Outcome, Synced};
 use crate::config::ClusterSettings;
 use crate::range::RangeSpec;
 
@@ -93,12 +93,12 @@ pub(super) fn land(
     work: Work,
     result: Result<Outcome, String>,
 ) -> Result<String, String> {
-    let source = s.id;
-    s.land(Box::new(Done {
-        source,
-        work,
-        result,
-    }))
+    *s.inbox.lock().expect("inbox") = Some(Done { work, result });
+    match s.land() {
+        Ok(Landing::Took(what)) => Ok(what),
+        Ok(Landing::Nothing) => Err("nothing landed".into()),
+        Err(WorkFailed(why)) => Err(why),
+    }
 }
 
 /// The work the source starts now, if it starts any (its claim is dropped: nothing runs).
@@ -388,13 +388,13 @@ fn a_result_of_a_replaced_source_is_not_taken() {
     s.restore_block("10.0.0.16/28").expect("recorded");
     assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
     assert!(s.in_flight);
+    // The old source's give-back finished: its result is left with the old source.
     let old = source(&n);
-    let stale = Done {
-        source: old.id,
+    *old.inbox.lock().expect("inbox") = Some(Done {
         work: Work::GiveBack(net("10.0.0.16/28"), rev(8)),
         result: Ok(Outcome::GaveBack(true)),
-    };
-    assert!(s.land(Box::new(stale)).is_ok());
+    });
+    assert_eq!(s.land(), Ok(Landing::Nothing));
     assert!(s.in_flight, "this source's own sync is still on its way");
     assert!(s.blocks.contains_key(&net("10.0.0.16/28")));
     assert_eq!(s.start_claim().map(|_| ()), None, "one request at a time");

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::range::{OccupyError, Range};
-use crate::source::{Claim, Landed, Next, Source, Sources};
+use crate::source::{Claim, Landing, Next, Source, Sources, WorkFailed};
 
 const NET: &str = r#"
     [[network]]
@@ -56,6 +56,8 @@ struct BlockSource {
     taken: BTreeSet<IpAddr>,
     in_flight: bool,
     failed: Option<String>,
+    /// Where its claim leaves the block it claimed.
+    inbox: Arc<Mutex<Option<Result<String, String>>>>,
 }
 
 fn v4(ip: IpAddr) -> Option<u32> {
@@ -168,7 +170,7 @@ impl Source for BlockSource {
             return None;
         }
         self.in_flight = true;
-        let backend = self.backend.clone();
+        let (backend, inbox) = (self.backend.clone(), self.inbox.clone());
         let base = v4(self.range.subnet.network()).unwrap_or_default();
         Some(Box::pin(async move {
             let claimed: Result<String, String> = async {
@@ -186,22 +188,24 @@ impl Source for BlockSource {
                 Ok(BlockSource::name(base + i * BLOCK))
             }
             .await;
-            Box::new(claimed) as Landed
+            *inbox.lock().expect("inbox") = Some(claimed);
         }))
     }
-    fn land(&mut self, landed: Landed) -> Result<String, String> {
+    fn land(&mut self) -> Result<Landing, WorkFailed> {
+        let Some(claimed) = self.inbox.lock().expect("inbox").take() else {
+            return Ok(Landing::Nothing);
+        };
         self.in_flight = false;
-        let claimed = *landed
-            .downcast::<Result<String, String>>()
-            .map_err(|_| "not this source's claim".to_string())?;
         match claimed {
             Ok(block) => {
                 self.failed = None;
-                self.add_block(&block, false).map(|()| block)
+                self.add_block(&block, false)
+                    .map(|()| Landing::Took(block))
+                    .map_err(WorkFailed)
             }
             Err(why) => {
                 self.failed = Some(why.clone());
-                Err(why)
+                Err(WorkFailed(why))
             }
         }
     }
@@ -234,6 +238,7 @@ fn open(store: &Arc<MemStore>, backend: &Arc<Backend>, cni: &str) -> Ipam {
             taken: BTreeSet::new(),
             in_flight: false,
             failed: None,
+            inbox: Arc::default(),
         })
     });
     let (load, serve) = (store.clone(), store.clone());
