@@ -95,6 +95,26 @@ pub enum Landing {
     Took(String),
 }
 
+/// Why a source does not take a block in (one the store holds for it, at start; one its work
+/// brought).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BlockRefused {
+    /// The source claims no blocks (a range set of ranges).
+    #[error("the store holds block {0}, but this range set's source claims no blocks")]
+    NotClaiming(String),
+    /// What names the block is no block CIDR.
+    #[error("{0:?} is not a block CIDR")]
+    Malformed(String),
+    /// The block lies outside what the source serves, or holds nothing it could hand out.
+    #[error("{0}")]
+    Outside(String),
+}
+
+/// Why a claiming source does not know yet which addresses it holds.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotListedYet(pub String);
+
 /// A source's work that failed: why, for the log and the set's last error. The source
 /// decides when to try again.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -156,10 +176,8 @@ pub trait Source: Send {
         None
     }
     /// Gives back a block the store holds, at start.
-    fn restore_block(&mut self, block: &str) -> Result<(), String> {
-        Err(format!(
-            "the store holds block {block}, but this range set's source claims no blocks"
-        ))
+    fn restore_block(&mut self, block: &str) -> Result<(), BlockRefused> {
+        Err(BlockRefused::NotClaiming(block.to_string()))
     }
     /// The blocks the store holds for this source (dropped with it).
     fn recorded_blocks(&self) -> Vec<String> {
@@ -193,7 +211,7 @@ pub trait Source: Send {
     }
     /// Ok once the source knows which addresses it holds (a claiming source: after its first
     /// sync); a quarantine of live pods' addresses waits for it.
-    fn knows_its_addresses(&self) -> Result<(), String> {
+    fn knows_its_addresses(&self) -> Result<(), NotListedYet> {
         Ok(())
     }
     /// Recorded blocks the source no longer has (it gave them back): from now on they count as

@@ -57,7 +57,7 @@ use crate::error::Refusal;
 use crate::metrics::BlockStateLabels;
 use crate::model::SubnetMode;
 use crate::range::{Family, OccupyError, Range};
-use crate::source::{Claim, Landing, Next, Source, WorkFailed};
+use crate::source::{BlockRefused, Claim, Landing, Next, NotListedYet, Source, WorkFailed};
 pub use block::BlockState;
 use block::Owned;
 
@@ -299,9 +299,14 @@ impl ClusterSource {
             .sum()
     }
 
-    fn add_block(&mut self, net: IpNet, recorded: bool, state: BlockState) -> Result<(), String> {
+    fn add_block(
+        &mut self,
+        net: IpNet,
+        recorded: bool,
+        state: BlockState,
+    ) -> Result<(), BlockRefused> {
         if !self.cidrs.iter().any(|c| c.contains(&net)) {
-            return Err(format!(
+            return Err(BlockRefused::Outside(format!(
                 "block {net} is in none of cluster pool {:?}'s {} CIDRs ({})",
                 self.pool,
                 match self.family {
@@ -309,7 +314,7 @@ impl ClusterSource {
                     Family::V6 => "IPv6",
                 },
                 self.describe
-            ));
+            )));
         }
         match self.blocks.get_mut(&net) {
             Some(b) => {
@@ -837,17 +842,17 @@ impl Source for ClusterSource {
             self.heard_gone(net);
         }
         self.count_blocks();
-        result.map(Landing::Took).map_err(WorkFailed)
+        result.map(Landing::Took)
     }
     fn unrecorded(&self, ip: IpAddr) -> Option<String> {
         self.block_of(ip)
             .filter(|b| !b.recorded)
             .map(|b| b.net().to_string())
     }
-    fn restore_block(&mut self, block: &str) -> Result<(), String> {
+    fn restore_block(&mut self, block: &str) -> Result<(), BlockRefused> {
         let net: IpNet = block
             .parse()
-            .map_err(|_| format!("{block:?} is not a block CIDR"))?;
+            .map_err(|_| BlockRefused::Malformed(block.to_string()))?;
         self.add_block(net, true, BlockState::Unconfirmed)
     }
     fn recorded_blocks(&self) -> Vec<String> {
@@ -880,13 +885,13 @@ impl Source for ClusterSource {
     fn demand(&mut self) {
         self.demanded = true;
     }
-    fn knows_its_addresses(&self) -> Result<(), String> {
+    fn knows_its_addresses(&self) -> Result<(), NotListedYet> {
         match self.synced {
             Some(_) => Ok(()),
-            None => Err(format!(
+            None => Err(NotListedYet(format!(
                 "this node's blocks of cluster pool {:?} are not listed yet",
                 self.pool
-            )),
+            ))),
         }
     }
     fn degraded(&self) -> Option<String> {

@@ -524,7 +524,7 @@ fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String, Stri
             net.pools[t]
                 .source
                 .restore_block(&block)
-                .map_err(Error::InvalidConfig)?;
+                .map_err(|e| Error::InvalidConfig(e.to_string()))?;
             if Some(t) != same {
                 moved.push((p.id.clone(), net.pools[t].id.clone(), block));
             }

@@ -295,7 +295,7 @@ fn rebuild(
             continue;
         }
         let why = match restored {
-            Some(Err(e)) => e,
+            Some(Err(e)) => e.to_string(),
             _ => "no range set of that id".to_string(),
         };
         tracing::warn!(%network, %set, %block, %why, "dropping a claimed block the pools cannot take back");

@@ -7,6 +7,7 @@ use ipnet::IpNet;
 use crate::cluster::vocab::KeyRevision;
 use crate::model::SubnetMode;
 use crate::range::{to_u128, Range, RangeAllocator, RangeSpec};
+use crate::source::BlockRefused;
 
 /// Where a block stands between this node and etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,7 +121,7 @@ pub(super) fn block_range(
     net: IpNet,
     cidr: &IpNet,
     subnet: Option<&SubnetMode>,
-) -> Result<Range, String> {
+) -> Result<Range, BlockRefused> {
     let Some(mode) = subnet else {
         return Range::from_spec(&RangeSpec {
             subnet: net.to_string(),
@@ -128,7 +129,7 @@ pub(super) fn block_range(
             range_end: None,
             gateway: None,
         })
-        .map_err(|e| format!("block {net}: {e}"));
+        .map_err(|e| BlockRefused::Outside(format!("block {net}: {e}")));
     };
     let range = Range {
         subnet: *cidr,
@@ -140,8 +141,8 @@ pub(super) fn block_range(
     // its own would be.
     match range.size() > 0 && to_u128(range.start) <= to_u128(range.end) {
         true => Ok(range),
-        false => Err(format!(
+        false => Err(BlockRefused::Outside(format!(
             "block {net} of {cidr} holds no address to hand out as one subnet"
-        )),
+        ))),
     }
 }

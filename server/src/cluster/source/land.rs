@@ -11,10 +11,10 @@ use super::super::vocab::KeyRevision;
 use super::super::work::{Done, Outcome, Synced, Work};
 use super::{BlockState, ClusterSource, Owned, DOUBT_FIRST, EXHAUSTED_RETRY};
 use crate::metrics::ClusterMetrics;
-use crate::source::Next;
+use crate::source::{Next, WorkFailed};
 impl ClusterSource {
     /// Takes in what a claim did (or why it failed).
-    pub(super) fn landed(&mut self, done: Done) -> Result<String, String> {
+    pub(super) fn landed(&mut self, done: Done) -> Result<String, WorkFailed> {
         let outcome = match done.result {
             Ok(o) => o,
             Err(why) => {
@@ -33,7 +33,7 @@ impl ClusterSource {
                     Work::Sync { .. } | Work::Claim { .. } | Work::Reclaim(_) => {}
                 }
                 self.failed_now(&done.work, why.clone());
-                return Err(why);
+                return Err(WorkFailed(why));
             }
         };
         self.failed = None;
@@ -59,11 +59,12 @@ impl ClusterSource {
                 let net = b.block;
                 let r = self.add_block(net, false, BlockState::Confirmed(b.revision));
                 r.map(|()| format!("claimed block {net} of cluster pool {pool:?}"))
+                    .map_err(|e| WorkFailed(e.to_string()))
             }
             (_, Outcome::PoolFull(why)) => {
                 self.exhausted = Some(why.clone());
                 self.claim_retry_at = Some(Instant::now() + super::super::jitter(EXHAUSTED_RETRY));
-                Err(why)
+                Err(WorkFailed(why))
             }
             (_, Outcome::PoolChanged) => Ok(format!(
                 "cluster pool {pool:?} changed since it was read: read again before claiming"
@@ -72,7 +73,7 @@ impl ClusterSource {
             // after a wait, as after a failure, and say why meanwhile.
             (work, Outcome::PoolNotReady(why)) => {
                 self.failed_now(&work, why.clone());
-                Err(why)
+                Err(WorkFailed(why))
             }
             (Work::Reclaim(net), Outcome::Reclaimed(revision)) => {
                 if let Some(b) = self.blocks.get_mut(&net) {
@@ -88,7 +89,7 @@ impl ClusterSource {
                 if let Some(b) = self.blocks.get_mut(&net) {
                     b.state = BlockState::Lost(format!("{holder} owns it"));
                 }
-                Err(why)
+                Err(WorkFailed(why))
             }
             (Work::GiveBack(net, _), Outcome::GaveBack(ours)) => {
                 if ours {
@@ -100,7 +101,7 @@ impl ClusterSource {
                     if let Some(b) = self.blocks.get_mut(&net) {
                         b.state = BlockState::Reclaiming;
                     }
-                    return Err(format!("block {net} of cluster pool {pool:?} was given back while an address of it came to be held here: claiming it back"));
+                    return Err(WorkFailed(format!("block {net} of cluster pool {pool:?} was given back while an address of it came to be held here: claiming it back")));
                 }
                 self.drop_block(net);
                 Ok(match ours {
@@ -108,7 +109,7 @@ impl ClusterSource {
                     false => format!("block {net} of cluster pool {pool:?} was no longer this node's in {}; dropped", self.node.store_name()),
                 })
             }
-            (work, outcome) => Err(format!("{work:?} cannot end in {outcome:?}")),
+            (work, outcome) => Err(WorkFailed(format!("{work:?} cannot end in {outcome:?}"))),
         }
     }
 

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::range::{OccupyError, Range};
-use crate::source::{Claim, Landing, Next, Source, Sources, WorkFailed};
+use crate::source::{BlockRefused, Claim, Landing, Next, Source, Sources, WorkFailed};
 
 const NET: &str = r#"
     [[network]]
@@ -214,8 +214,8 @@ impl Source for BlockSource {
             .filter(|b| !b.recorded)
             .map(|b| BlockSource::name(b.first))
     }
-    fn restore_block(&mut self, block: &str) -> Result<(), String> {
-        self.add_block(block, true)
+    fn restore_block(&mut self, block: &str) -> Result<(), BlockRefused> {
+        self.add_block(block, true).map_err(BlockRefused::Outside)
     }
     fn recorded_blocks(&self) -> Vec<String> {
         self.blocks
