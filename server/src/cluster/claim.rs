@@ -149,7 +149,7 @@ async fn view_of<S: BlockStore + ?Sized>(
     v4: bool,
     node: &str,
 ) -> Result<View, ClusterError> {
-    let mut sets = pool.carve().map_err(ClusterError::Refused)?;
+    let mut sets = pool.carve().map_err(ClusterError::from)?;
     sets.retain(|s| s.cidr().addr().is_ipv4() == v4);
     let listed_at = Instant::now();
     // Read in pages: no answer grows with the pool.

@@ -6,6 +6,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::cidrset::CidrSet;
+use super::vocab::ClusterError;
 use crate::range::Family;
 
 /// A cluster pool.
@@ -113,6 +114,25 @@ impl std::fmt::Display for PoolChange {
     }
 }
 
+/// Why a pool, or a change of one, is refused: what to fix, in words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidPool(pub String);
+
+/// A pool refused is a request the store refuses.
+impl From<InvalidPool> for ClusterError {
+    fn from(e: InvalidPool) -> ClusterError {
+        ClusterError::Refused(e.0)
+    }
+}
+
+/// A name or selector that Kubernetes' rules refuse, said as the pool's.
+impl From<String> for InvalidPool {
+    fn from(why: String) -> InvalidPool {
+        InvalidPool(why)
+    }
+}
+
 impl PoolSpec {
     /// The block size for `cidr`'s family.
     pub fn block_for(&self, cidr: &IpNet) -> u8 {
@@ -124,12 +144,12 @@ impl PoolSpec {
 
     /// Each CIDR carved, the excluded ranges occupied, and every block of a CIDR on its way in
     /// or out too: nothing is claimed there.
-    pub fn carve(&self) -> Result<Vec<CidrSet>, String> {
+    pub fn carve(&self) -> Result<Vec<CidrSet>, InvalidPool> {
         self.cidrs
             .iter()
             .map(|c| {
                 let mut set = CidrSet::new(*c, self.block_for(c))
-                    .map_err(|e| format!("pool {:?}: {e}", self.name))?;
+                    .map_err(|e| InvalidPool(format!("pool {:?}: {e}", self.name)))?;
                 for x in self.exclude.iter().chain(self.changing()) {
                     set.occupy(*x);
                 }
@@ -210,34 +230,34 @@ impl PoolSpec {
     /// The pool after `change`, checked on its own ([`PoolSpec::validate`]); an error names
     /// what is wrong. A CIDR removed takes the excluded ranges inside it along. Overlaps with
     /// other pools and blocks standing in a CIDR are the store's to check.
-    pub fn changed(&self, change: &PoolChange) -> Result<PoolSpec, String> {
+    pub fn changed(&self, change: &PoolChange) -> Result<PoolSpec, InvalidPool> {
         let mut next = self.clone();
         let name = &self.name;
         match change {
             PoolChange::AddCidr(c) => {
                 if c.trunc() != *c {
-                    return Err(format!(
+                    return Err(InvalidPool(format!(
                         "pool {name:?}: {c} has host bits set (did you mean {}?)",
                         c.trunc()
-                    ));
+                    )));
                 }
                 if self.cidrs.contains(c) {
-                    return Err(format!("pool {name:?} has CIDR {c} already"));
+                    return Err(InvalidPool(format!("pool {name:?} has CIDR {c} already")));
                 }
                 next.cidrs.push(*c);
             }
             PoolChange::RemoveCidr(c) => {
                 if !self.cidrs.contains(c) {
                     let has: Vec<String> = self.cidrs.iter().map(|c| c.to_string()).collect();
-                    return Err(format!(
+                    return Err(InvalidPool(format!(
                         "pool {name:?} has no CIDR {c} (its CIDRs: {})",
                         has.join(", ")
-                    ));
+                    )));
                 }
                 if self.cidrs.len() == 1 {
-                    return Err(format!(
+                    return Err(InvalidPool(format!(
                         "pool {name:?}: {c} is its only CIDR (add another first, or delete the pool)"
-                    ));
+                    )));
                 }
                 next.cidrs.retain(|x| x != c);
                 next.exclude.retain(|x| !c.contains(x));
@@ -249,9 +269,9 @@ impl PoolSpec {
             PoolChange::Enable => next.disabled = false,
             PoolChange::Reserve(r) => {
                 if r.reason.chars().count() > MAX_REASON {
-                    return Err(format!(
+                    return Err(InvalidPool(format!(
                         "pool {name:?}: the reason of a reservation is at most {MAX_REASON} characters"
-                    ));
+                    )));
                 }
                 let cidr = r.cidr.trunc();
                 next.reserved.retain(|x| x.cidr != cidr);
@@ -275,9 +295,9 @@ impl PoolSpec {
                 let has = self.cidrs.iter().find(|c| Family::of(&c.addr()) == *family);
                 match has {
                     Some(c) if *now != *prefix => {
-                        return Err(format!(
+                        return Err(InvalidPool(format!(
                             "pool {name:?}: its {of} blocks are /{now} and stay so while it has {of} CIDRs ({c}: blocks are claimed in it at that size); a block size is set for a family the pool has no CIDR of yet"
-                        ))
+                        )))
                     }
                     _ => *now = *prefix,
                 }
@@ -286,7 +306,9 @@ impl PoolSpec {
                 let before = next.reserved.len();
                 next.reserved.retain(|x| x.cidr != c.trunc());
                 if next.reserved.len() == before {
-                    return Err(format!("pool {name:?} has no reservation of {c}"));
+                    return Err(InvalidPool(format!(
+                        "pool {name:?} has no reservation of {c}"
+                    )));
                 }
             }
         }
@@ -296,51 +318,54 @@ impl PoolSpec {
 
     /// Checks the pool on its own: a name, CIDRs that carve, no two overlapping, excluded
     /// ranges inside them.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidPool> {
         ipool_proto::names::check_name("pool name", &self.name)?;
         if self.cidrs.is_empty() {
-            return Err(format!("pool {:?} has no CIDR", self.name));
+            return Err(InvalidPool(format!("pool {:?} has no CIDR", self.name)));
         }
         for (block, max, family) in [(self.block_v4, 30, "IPv4"), (self.block_v6, 126, "IPv6")] {
             if block > max {
-                return Err(format!(
+                return Err(InvalidPool(format!(
                     "pool {:?}: {family} blocks of /{block} leave no address to hand out (the network, gateway and broadcast addresses are not): at most /{max}",
                     self.name
-                ));
+                )));
             }
         }
         self.carve()?;
         for (i, a) in self.cidrs.iter().enumerate() {
             for b in &self.cidrs[i + 1..] {
                 if a.contains(b) || b.contains(a) {
-                    return Err(format!("pool {:?}: CIDRs {a} and {b} overlap", self.name));
+                    return Err(InvalidPool(format!(
+                        "pool {:?}: CIDRs {a} and {b} overlap",
+                        self.name
+                    )));
                 }
             }
         }
         if let Some(x) = self.changing().find(|x| !self.cidrs.contains(x)) {
-            return Err(format!(
+            return Err(InvalidPool(format!(
                 "pool {:?}: CIDR {x} is marked changing but is none of its CIDRs",
                 self.name
-            ));
+            )));
         }
         if self.reserved.len() > MAX_RESERVED {
-            return Err(format!(
+            return Err(InvalidPool(format!(
                 "pool {:?}: at most {MAX_RESERVED} reservations (reserve a range rather than its addresses one by one)",
                 self.name
-            ));
+            )));
         }
         for r in &self.reserved {
             if let Some(a) = self.adding.iter().find(|a| a.contains(&r.cidr)) {
-                return Err(format!(
+                return Err(InvalidPool(format!(
                     "pool {:?}: reserved {} lies in CIDR {a}, which is still being added",
                     self.name, r.cidr
-                ));
+                )));
             }
             if !self.cidrs.iter().any(|c| c.contains(&r.cidr)) {
-                return Err(format!(
+                return Err(InvalidPool(format!(
                     "pool {:?}: reserved {} is in none of its CIDRs",
                     self.name, r.cidr
-                ));
+                )));
             }
         }
         if let Some(sel) = &self.node_selector {
@@ -349,10 +374,10 @@ impl PoolSpec {
         }
         for x in &self.exclude {
             if !self.cidrs.iter().any(|c| c.contains(x) || x.contains(c)) {
-                return Err(format!(
+                return Err(InvalidPool(format!(
                     "pool {:?}: excluded range {x} is in none of its CIDRs",
                     self.name
-                ));
+                )));
             }
         }
         Ok(())

@@ -20,7 +20,7 @@ impl PoolStore for EtcdStore {
     /// creations interleave: the creation is conditioned on no pool having been written since
     /// the listing it checked.
     async fn create_pool(&self, spec: &PoolSpec) -> Result<(), ClusterError> {
-        spec.validate().map_err(ClusterError::Refused)?;
+        spec.validate().map_err(ClusterError::from)?;
         let key = self.pool_key(&spec.name);
         let value = serde_json::to_vec(spec).expect("a pool serializes");
         for _ in 0..CREATE_ATTEMPTS {
@@ -129,7 +129,7 @@ impl PoolStore for EtcdStore {
                 return Err(ClusterError::NotFound(format!("no pool {name:?}")));
             };
             let spec = parse_pool(name, key.clone(), &kv.value)?;
-            let next = spec.changed(change).map_err(ClusterError::Refused)?;
+            let next = spec.changed(change).map_err(ClusterError::from)?;
             let mut when = vec![cmp::mod_revision(key.clone(), cmp::Equal, kv.mod_revision)];
             match change {
                 PoolChange::AddCidr(c) => {

@@ -75,6 +75,6 @@ fn pools_are_checked() {
         ),
     ] {
         let e = bad.validate().unwrap_err();
-        assert!(e.contains(needle), "{e}");
+        assert!(e.0.contains(needle), "{e}");
     }
 }

@@ -29,7 +29,7 @@ fn a_familys_block_size_is_set_only_while_the_pool_has_no_cidr_of_it() {
         .expect("carved at /116");
     let e = dual.changed(&v6(120)).unwrap_err();
     assert!(
-        e.contains("IPv6 blocks are /116") && e.contains("fd00::/100"),
+        e.0.contains("IPv6 blocks are /116") && e.0.contains("fd00::/100"),
         "{e}"
     );
     assert_eq!(
@@ -42,10 +42,11 @@ fn a_familys_block_size_is_set_only_while_the_pool_has_no_cidr_of_it() {
             prefix: 28,
         })
         .unwrap_err();
-    assert!(e.contains("IPv4 blocks are /26"), "{e}");
+    assert!(e.0.contains("IPv4 blocks are /26"), "{e}");
     assert!(pool()
         .changed(&v6(127))
         .unwrap_err()
+        .0
         .contains("at most /126"));
 }
 
@@ -67,7 +68,7 @@ fn a_change_is_checked_and_applied() {
         ),
     ] {
         let e = p.changed(&change).unwrap_err();
-        assert!(e.contains(needle), "{change}: {e}");
+        assert!(e.0.contains(needle), "{change}: {e}");
     }
     // A CIDR removed takes its excluded ranges along; the last one stays.
     let shrunk = p
@@ -77,7 +78,7 @@ fn a_change_is_checked_and_applied() {
     let e = shrunk
         .changed(&PoolChange::RemoveCidr(net("10.0.0.0/24")))
         .unwrap_err();
-    assert!(e.contains("only CIDR"), "{e}");
+    assert!(e.0.contains("only CIDR"), "{e}");
     // Reserved: an address or a range, inside the pool; ended by its exact range; a
     // CIDR removed takes its reservations along.
     let r = |c: &str, why: &str| {
@@ -95,13 +96,13 @@ fn a_change_is_checked_and_applied() {
     assert_eq!(again.reserved.len(), 1);
     assert_eq!(again.reserved[0].reason, "the load balancer");
     let e = p.changed(&r("10.9.0.5/32", "")).unwrap_err();
-    assert!(e.contains("in none of its CIDRs"), "{e}");
+    assert!(e.0.contains("in none of its CIDRs"), "{e}");
     let e = p.changed(&r("10.0.0.5/32", &"x".repeat(300))).unwrap_err();
-    assert!(e.contains("at most 256"), "{e}");
+    assert!(e.0.contains("at most 256"), "{e}");
     let e = held
         .changed(&PoolChange::Unreserve(net("10.0.0.4/30")))
         .unwrap_err();
-    assert!(e.contains("no reservation of 10.0.0.4/30"), "{e}");
+    assert!(e.0.contains("no reservation of 10.0.0.4/30"), "{e}");
     let ended = held
         .changed(&PoolChange::Unreserve(net("10.0.0.5/32")))
         .unwrap();
@@ -142,5 +143,5 @@ fn nothing_is_claimed_in_a_cidr_on_its_way_in_or_out() {
     p.adding = std::mem::take(&mut p.removing);
     assert_eq!(p.serving_cidrs().count(), 1);
     p.adding = vec![net("10.7.0.0/24")];
-    assert!(p.validate().unwrap_err().contains("none of its CIDRs"));
+    assert!(p.validate().unwrap_err().0.contains("none of its CIDRs"));
 }

@@ -236,7 +236,7 @@ pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), S
             other => return Err(format!("spec.nodeSelector: {other} is not a string")),
         },
     };
-    pool.validate()?;
+    pool.validate().map_err(|e| e.0)?;
     let phase = match obj.data["status"]["phase"].as_str() {
         Some("Ready") => PoolPhase::Ready,
         Some("Deleting") => PoolPhase::Deleting,

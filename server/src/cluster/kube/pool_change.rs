@@ -53,7 +53,7 @@ impl KubeStore {
                 | PoolChange::Unreserve(_)
                 | PoolChange::SetNodeSelector(_)
                 | PoolChange::SetBlockSize { .. } => {
-                    let next = spec.changed(change).map_err(ClusterError::Refused)?;
+                    let next = spec.changed(change).map_err(ClusterError::from)?;
                     self.write_spec(&obj, &next).await?.map(|_| next)
                 }
                 PoolChange::AddCidr(c) => self.add_cidr(&obj, &spec, c).await?,
@@ -157,7 +157,7 @@ impl KubeStore {
             false => {
                 let mut m = spec
                     .changed(&PoolChange::AddCidr(*cidr))
-                    .map_err(ClusterError::Refused)?;
+                    .map_err(ClusterError::from)?;
                 m.adding.push(*cidr);
                 m
             }
@@ -192,7 +192,7 @@ impl KubeStore {
             // Withdrawn as a removal takes a CIDR out (what lies in it goes along), checked.
             Some(_) => marked
                 .changed(&PoolChange::RemoveCidr(*cidr))
-                .map_err(ClusterError::Refused)?,
+                .map_err(ClusterError::from)?,
             None => {
                 let mut next = marked.clone();
                 next.adding.retain(|c| c != cidr);
@@ -213,7 +213,7 @@ impl KubeStore {
         let name = &spec.name;
         // Checked before anything is written (its only CIDR, say).
         spec.changed(&PoolChange::RemoveCidr(*cidr))
-            .map_err(ClusterError::Refused)?;
+            .map_err(ClusterError::from)?;
         let mut marked = spec.clone();
         if !marked.removing.contains(cidr) {
             marked.adding.retain(|c| c != cidr);
@@ -251,7 +251,7 @@ impl KubeStore {
             }
             None => marked
                 .changed(&PoolChange::RemoveCidr(*cidr))
-                .map_err(ClusterError::Refused)?,
+                .map_err(ClusterError::from)?,
         };
         self.unmark(&marked_obj, next, clash, cidr).await.map(Some)
     }

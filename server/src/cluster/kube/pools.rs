@@ -100,7 +100,7 @@ impl PoolStore for KubeStore {
             ipool_proto::names::MAX_KUBE_LABELLED_NAME,
         )
         .map_err(ClusterError::Refused)?;
-        spec.validate().map_err(ClusterError::Refused)?;
+        spec.validate().map_err(ClusterError::from)?;
         self.token().await;
         let created = match self
             .pools
