@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 
 use ipool_server::cluster::departed::{sweep, Directory, Outcome, Thresholds};
 use ipool_server::cluster::pin::PinOwner;
+use ipool_server::cluster::vocab::LookupFailed;
 
 use crate::world::{OpDone, World};
 use crate::StoreKind;
@@ -20,15 +21,15 @@ struct Listed(BTreeSet<String>, crate::owners::GoneOwners);
 
 #[async_trait::async_trait]
 impl Directory for Listed {
-    async fn names(&self) -> Result<BTreeSet<String>, String> {
+    async fn names(&self) -> Result<BTreeSet<String>, LookupFailed> {
         Ok(self.0.clone())
     }
 
-    async fn exists(&self, name: &str) -> Result<bool, String> {
+    async fn exists(&self, name: &str) -> Result<bool, LookupFailed> {
         Ok(self.0.contains(name))
     }
 
-    async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
+    async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, LookupFailed> {
         use ipool_server::k8s::pin_keeper::Owners;
         self.1.gone(owner).await
     }

@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 
 use ipool_server::cluster::pin::{Pin, PinOwner};
+use ipool_server::cluster::vocab::LookupFailed;
 
 /// How many owners there are: the StatefulSet's ordinals, then the VMs.
 pub(crate) const ORDINALS: u32 = 4;
@@ -31,7 +32,7 @@ pub(crate) struct GoneOwners(pub std::collections::BTreeMap<String, String>);
 
 #[async_trait::async_trait]
 impl ipool_server::k8s::pin_keeper::Owners for GoneOwners {
-    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
+    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, LookupFailed> {
         Ok(self.0.get(&owner.to_string()).cloned())
     }
 }
@@ -110,7 +111,7 @@ pub(crate) struct Migrating;
 
 #[async_trait::async_trait]
 impl ipool_server::cluster::pin::hold::Migrations for Migrating {
-    async fn under_way(&self, _owner: &PinOwner, _migration: &str) -> Result<bool, String> {
+    async fn under_way(&self, _owner: &PinOwner, _migration: &str) -> Result<bool, LookupFailed> {
         Ok(true)
     }
 }

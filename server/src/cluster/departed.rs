@@ -28,7 +28,7 @@ use super::datastore::Datastore;
 use super::node::ClusterNode;
 use super::pin::PinOwner;
 use super::release::{not_gone, release_node, Released};
-use super::vocab::{ClusterError, NodeSeen};
+use super::vocab::{ClusterError, LookupFailed, NodeSeen};
 
 pub mod pins;
 
@@ -39,11 +39,11 @@ pub const ROLE: &str = "release-departed";
 #[async_trait::async_trait]
 pub trait Directory: Send + Sync {
     /// The Nodes' names now (one list).
-    async fn names(&self) -> Result<BTreeSet<String>, String>;
+    async fn names(&self) -> Result<BTreeSet<String>, LookupFailed>;
     /// Whether Node `name` exists now (a read of it: false only when it is not found).
-    async fn exists(&self, name: &str) -> Result<bool, String>;
+    async fn exists(&self, name: &str) -> Result<bool, LookupFailed>;
     /// Why `owner` (a StatefulSet's ordinal, a VM) is gone, if it is; None: it is there.
-    async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, String>;
+    async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, LookupFailed>;
 }
 
 /// How a look judges: the release's threshold, and how long a pin's owner stays gone before

@@ -177,6 +177,20 @@ impl ClusterError {
 }
 
 /// Blocks as listed: those with an owner, and keys that name none.
+/// A lookup of what lives beside the store (a Node, a pin's owner, a VM's migration, on the
+/// Kubernetes API) that could not be answered: why. Whoever asked leaves things as they are and
+/// asks again later.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LookupFailed(pub String);
+
+/// The apiserver's error, in words.
+impl From<String> for LookupFailed {
+    fn from(why: String) -> LookupFailed {
+        LookupFailed(why)
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing {
     pub blocks: Vec<Block>,

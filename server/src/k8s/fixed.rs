@@ -154,7 +154,11 @@ impl KubeVirt {
 
 #[async_trait::async_trait]
 impl Migrations for KubeVirt {
-    async fn under_way(&self, owner: &PinOwner, migration: &str) -> Result<bool, String> {
+    async fn under_way(
+        &self,
+        owner: &PinOwner,
+        migration: &str,
+    ) -> Result<bool, crate::cluster::vocab::LookupFailed> {
         let PinOwner::VirtualMachine { namespace, name } = owner else {
             return Ok(false);
         };

@@ -11,6 +11,7 @@ use kube::api::{Api, ListParams};
 
 use crate::cluster::departed::Directory;
 use crate::cluster::pin::PinOwner;
+use crate::cluster::vocab::LookupFailed;
 
 /// The Nodes of the cluster `client` reaches.
 pub struct Nodes {
@@ -29,7 +30,7 @@ impl Nodes {
 
 #[async_trait::async_trait]
 impl Directory for Nodes {
-    async fn names(&self) -> Result<BTreeSet<String>, String> {
+    async fn names(&self) -> Result<BTreeSet<String>, LookupFailed> {
         let listed = self
             .api
             .list_metadata(&ListParams::default().match_any())
@@ -42,14 +43,14 @@ impl Directory for Nodes {
             .collect())
     }
 
-    async fn exists(&self, name: &str) -> Result<bool, String> {
+    async fn exists(&self, name: &str) -> Result<bool, LookupFailed> {
         match self.api.get_opt(name).await {
             Ok(n) => Ok(n.is_some()),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(LookupFailed(e.to_string())),
         }
     }
 
-    async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
+    async fn owner_gone(&self, owner: &PinOwner) -> Result<Option<String>, LookupFailed> {
         super::pin_keeper::owner_gone(&self.client, owner).await
     }
 }

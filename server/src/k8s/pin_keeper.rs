@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::cluster::pin::hold::Holds;
 use crate::cluster::pin::{Pin, PinOwner};
+use crate::cluster::vocab::LookupFailed;
 use crate::ipam::Ipam;
 
 /// How often the pins are looked at (at most).
@@ -51,12 +52,12 @@ impl Unused {
 #[async_trait::async_trait]
 pub trait Owners: Send + Sync {
     /// Why `owner` is gone, if it is; an error when it cannot be told.
-    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, String>;
+    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, LookupFailed>;
 }
 
 #[async_trait::async_trait]
 impl Owners for kube::Client {
-    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, String> {
+    async fn gone(&self, owner: &PinOwner) -> Result<Option<String>, LookupFailed> {
         owner_gone(self, owner).await
     }
 }
@@ -177,7 +178,10 @@ pub async fn end_gone_owners(
 }
 
 /// Why `owner` is gone, if it is; an error when the apiserver cannot say.
-pub async fn owner_gone(client: &kube::Client, owner: &PinOwner) -> Result<Option<String>, String> {
+pub async fn owner_gone(
+    client: &kube::Client,
+    owner: &PinOwner,
+) -> Result<Option<String>, LookupFailed> {
     let get = |group: &str, version: &str, kind: &str, plural: &str, ns: &str, name: &str| {
         let ar = ApiResource {
             group: group.into(),

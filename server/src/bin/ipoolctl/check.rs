@@ -86,7 +86,7 @@ async fn read_and_check(
             let names = Nodes::new(c.clone())
                 .names()
                 .await
-                .map_err(|e| apiserver_failed("listing the Nodes", e))?;
+                .map_err(|e| apiserver_failed("listing the Nodes", e.to_string()))?;
             let pods = ipool_server::k8s::nodes::pod_ips(c)
                 .await
                 .map_err(|e| apiserver_failed("listing the pods", e))?;

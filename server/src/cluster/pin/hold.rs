@@ -37,7 +37,11 @@ const ATTEMPTS: usize = 4;
 pub trait Migrations: Send + Sync {
     /// Whether the migration of uid `migration` (the one a target launcher pod is labelled
     /// with) is of `owner`'s instance, and not over.
-    async fn under_way(&self, owner: &PinOwner, migration: &str) -> Result<bool, String>;
+    async fn under_way(
+        &self,
+        owner: &PinOwner,
+        migration: &str,
+    ) -> Result<bool, crate::cluster::vocab::LookupFailed>;
 }
 
 /// The pins of this node's pods.
