@@ -74,11 +74,9 @@ impl PinOwner {
     }
 
     /// `StatefulSet/ns/web/3` or `VirtualMachine/ns/vm1` back to an owner.
-    pub fn parse(s: &str) -> Result<PinOwner, String> {
+    pub fn parse(s: &str) -> Result<PinOwner, MalformedOwner> {
         let parts: Vec<&str> = s.split('/').collect();
-        let bad = || {
-            format!("pin owner {s:?} is neither StatefulSet/<namespace>/<name>/<ordinal> nor VirtualMachine/<namespace>/<name>")
-        };
+        let bad = || MalformedOwner(s.to_string());
         let named = |ns: &str, name: &str| !ns.is_empty() && !name.is_empty();
         match parts.as_slice() {
             ["StatefulSet", ns, name, ordinal] if named(ns, name) => Ok(PinOwner::StatefulSet {
@@ -92,6 +90,23 @@ impl PinOwner {
             }),
             _ => Err(bad()),
         }
+    }
+}
+
+/// A pin owner's name that names none.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("pin owner {0:?} is neither StatefulSet/<namespace>/<name>/<ordinal> nor VirtualMachine/<namespace>/<name>")]
+pub struct MalformedOwner(pub String);
+
+/// A write of a pin that would change what never changes: what differs.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a pin's pool, address, owner and block never change ({0})")]
+pub struct PinChanged(pub String);
+
+/// The store refuses such a write.
+impl From<PinChanged> for super::vocab::ClusterError {
+    fn from(e: PinChanged) -> super::vocab::ClusterError {
+        super::vocab::ClusterError::Refused(e.to_string())
     }
 }
 
@@ -176,7 +191,7 @@ impl Pin {
 
     /// Refused: `new` is not a change of this pin's holders (a pin's pool, address, owner and
     /// block never change).
-    pub fn check_change(&self, new: &Pin) -> Result<(), String> {
+    pub fn check_change(&self, new: &Pin) -> Result<(), PinChanged> {
         let same = self.pool == new.pool
             && self.address == new.address
             && self.owner == new.owner
@@ -185,10 +200,10 @@ impl Pin {
             && self.set_aside == new.set_aside;
         match same {
             true => Ok(()),
-            false => Err(format!(
-                "a pin's pool, address, owner and block never change ({} of {} is not {} of {})",
+            false => Err(PinChanged(format!(
+                "{} of {} is not {} of {}",
                 new.address, new.owner, self.address, self.owner
-            )),
+            ))),
         }
     }
 

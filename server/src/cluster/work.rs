@@ -72,7 +72,7 @@ pub enum Outcome {
 /// What lands.
 pub struct Done {
     pub work: Work,
-    pub result: Result<Outcome, String>,
+    pub result: Result<Outcome, ClusterError>,
 }
 
 /// Where a source's work leaves its [`Done`] (one piece of work at a time per source): the
@@ -92,9 +92,7 @@ pub fn run(
     work: Work,
 ) -> Claim {
     Box::pin(async move {
-        let result = execute(&node, &pool, family, &cidrs, &work)
-            .await
-            .map_err(|e| e.to_string());
+        let result = execute(&node, &pool, family, &cidrs, &work).await;
         *inbox.lock().expect("inbox") = Some(Done { work, result });
     })
 }

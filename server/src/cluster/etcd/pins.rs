@@ -129,7 +129,7 @@ impl EtcdStore {
         pin: &Pin,
         also: Vec<ipool_proto::etcd::etcdserverpb::Compare>,
     ) -> Result<Option<PinRead>, ClusterError> {
-        read.pin.check_change(pin).map_err(ClusterError::Refused)?;
+        read.pin.check_change(pin)?;
         let key = self.pin_key(pin);
         let value = serde_json::to_vec(pin).expect("serializes");
         let mut when = vec![cmp::mod_revision(

@@ -232,7 +232,7 @@ impl PinStore for KubeStore {
     }
 
     async fn write_pin(&self, read: &PinRead, pin: &Pin) -> Result<Option<PinRead>, ClusterError> {
-        read.pin.check_change(pin).map_err(ClusterError::Refused)?;
+        read.pin.check_change(pin)?;
         let mut obj = new_pin(pin);
         obj.metadata.resource_version = Some(read.version.clone());
         self.token().await;

@@ -77,7 +77,7 @@ fn owners_round_trip_through_their_keys_and_bad_keys_are_named() {
         "Deployment/ns/d",
     ] {
         let e = PinOwner::parse(bad).unwrap_err();
-        assert!(e.contains(&format!("{bad:?}")), "{e}");
+        assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
     }
 }
 

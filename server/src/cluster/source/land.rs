@@ -17,7 +17,8 @@ impl ClusterSource {
     pub(super) fn landed(&mut self, done: Done) -> Result<String, WorkFailed> {
         let outcome = match done.result {
             Ok(o) => o,
-            Err(why) => {
+            Err(e) => {
+                let why = e.to_string();
                 match &done.work {
                     // The delete may have been applied or not: the next sync says.
                     Work::GiveBack(net, revision) => {

@@ -93,6 +93,8 @@ pub(super) fn land(
     work: Work,
     result: Result<Outcome, String>,
 ) -> Result<String, String> {
+    // A failure as the store's answer no (its words as they are).
+    let result = result.map_err(crate::cluster::vocab::ClusterError::Refused);
     *s.inbox.lock().expect("inbox") = Some(Done { work, result });
     match s.land() {
         Ok(Landing::Took(what)) => Ok(what),
