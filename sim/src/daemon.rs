@@ -286,7 +286,8 @@ impl Daemon {
             instance.to_string(),
             metrics.clone(),
             conn,
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         // Its Node's name (ipoold's --node-name), the store's or another.
         node.set_k8s_node(&setting.k8s_node(name));
         let (cluster, sources) = ClusterNetworks::new(node.clone(), &config);

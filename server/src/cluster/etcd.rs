@@ -56,15 +56,19 @@ impl Tls {
     pub fn read(
         ca: Option<&std::path::Path>,
         cert_key: Option<(&std::path::Path, &std::path::Path)>,
-    ) -> Result<Tls, String> {
-        let read = |what: &str, p: &std::path::Path| {
-            std::fs::read(p).map_err(|e| format!("reading {what} {}: {e}", p.display()))
+    ) -> Result<Tls, TlsUnreadable> {
+        let read = |what: &'static str, p: &std::path::Path| {
+            std::fs::read(p).map_err(|source| TlsUnreadable {
+                what,
+                path: p.to_path_buf(),
+                source,
+            })
         };
         Ok(Tls(client::TlsFiles {
             ca: ca.map(|p| read("the etcd CA", p)).transpose()?,
             identity: cert_key
                 .map(|(c, k)| {
-                    Ok::<_, String>((
+                    Ok::<_, TlsUnreadable>((
                         read("the etcd client certificate", c)?,
                         read("the etcd client key", k)?,
                     ))
@@ -72,6 +76,16 @@ impl Tls {
                 .transpose()?,
         }))
     }
+}
+
+/// A TLS file that could not be read: which, where, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("reading {what} {}: {source}", path.display())]
+pub struct TlsUnreadable {
+    pub what: &'static str,
+    pub path: std::path::PathBuf,
+    #[source]
+    pub source: std::io::Error,
 }
 
 /// The pools and blocks in one etcd.

@@ -123,6 +123,19 @@ pub struct ClusterNode {
     metrics: Arc<Metrics>,
 }
 
+/// Why a node cannot start in cluster mode (its settings, its name, its TLS files): what to
+/// fix, in words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidNode(pub String);
+
+/// A check of the settings' or the name's, in its words.
+impl From<String> for InvalidNode {
+    fn from(why: String) -> InvalidNode {
+        InvalidNode(why)
+    }
+}
+
 impl ClusterNode {
     /// Reads the TLS files (an unreadable one is an error now, not at the first claim).
     /// `instance` says which daemon this is (the same across restarts on one state dir).
@@ -131,7 +144,7 @@ impl ClusterNode {
         name: String,
         instance: String,
         metrics: Arc<Metrics>,
-    ) -> Result<Arc<ClusterNode>, String> {
+    ) -> Result<Arc<ClusterNode>, InvalidNode> {
         ClusterNode::with_connector(settings, name, instance, metrics, connector())
     }
 
@@ -142,7 +155,7 @@ impl ClusterNode {
         instance: String,
         metrics: Arc<Metrics>,
         connector: Connector,
-    ) -> Result<Arc<ClusterNode>, String> {
+    ) -> Result<Arc<ClusterNode>, InvalidNode> {
         settings.validate()?;
         ipool_proto::names::check_name("node name", &name)?;
         if settings.datastore == crate::config::cluster::DatastoreKind::Kubernetes {
@@ -162,7 +175,8 @@ impl ClusterNode {
                 .cert_file
                 .as_deref()
                 .zip(settings.key_file.as_deref()),
-        )?;
+        )
+        .map_err(|e| InvalidNode(e.to_string()))?;
         let tls = settings
             .etcd_endpoints
             .iter()

@@ -189,7 +189,7 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<(StoreHandle, &'static s
                 cacert.as_deref(),
                 cert_key.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
             )
-            .map_err(|e| fail(e, EXIT_USAGE))?;
+            .map_err(|e| fail(e.to_string(), EXIT_USAGE))?;
             let https = endpoints.iter().any(|e| e.starts_with("https://"));
             let store = EtcdStore::connect(&endpoints, &prefix, timeout, https.then_some(&tls))
                 .await

@@ -95,7 +95,7 @@ impl EtcdStore {
                     parse_write(&e.value),
                 )),
                 Err(why) => out.malformed.push(MalformedKey {
-                    why,
+                    why: why.to_string(),
                     key,
                     block: None,
                 }),
@@ -242,7 +242,7 @@ impl BlockStore for EtcdStore {
             let key = String::from_utf8_lossy(&item.key).into_owned();
             match parse_block_key(&root, &key) {
                 Err(why) => out.malformed.push(MalformedKey {
-                    why,
+                    why: why.to_string(),
                     key,
                     block: None,
                 }),
@@ -442,11 +442,21 @@ impl BlockStore for EtcdStore {
 }
 
 /// `<pool>/<block>` under `root`.
-pub(super) fn parse_block_key<'a>(root: &str, key: &'a str) -> Result<(&'a str, IpNet), String> {
+pub(super) fn parse_block_key<'a>(
+    root: &str,
+    key: &'a str,
+) -> Result<(&'a str, IpNet), BadBlockKey> {
     let rest = key.strip_prefix(root).unwrap_or(key);
-    let (pool, part) = rest
-        .split_once('/')
-        .ok_or_else(|| "no pool in the key".to_string())?;
-    let block = parse_block_part(part).ok_or_else(|| "no block in the key".to_string())?;
+    let (pool, part) = rest.split_once('/').ok_or(BadBlockKey::NoPool)?;
+    let block = parse_block_part(part).ok_or(BadBlockKey::NoBlock)?;
     Ok((pool, block))
+}
+
+/// What a block's key lacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub(super) enum BadBlockKey {
+    #[error("no pool in the key")]
+    NoPool,
+    #[error("no block in the key")]
+    NoBlock,
 }

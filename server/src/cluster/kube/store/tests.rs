@@ -40,6 +40,9 @@ fn a_node_name_too_long_for_a_label_is_refused_at_start_naming_the_way_out() {
     let e = ClusterNode::new(settings.clone(), long, "i".into(), Default::default())
         .err()
         .expect("refused");
-    assert!(e.contains("at most 63") && e.contains("node_name"), "{e}");
+    assert!(
+        e.0.contains("at most 63") && e.0.contains("node_name"),
+        "{e}"
+    );
     assert!(ClusterNode::new(settings, "n1".into(), "i".into(), Default::default()).is_ok());
 }
