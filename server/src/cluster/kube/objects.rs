@@ -6,7 +6,7 @@ use kube::api::{DynamicObject, ObjectMeta};
 use serde_json::{json, Value};
 
 use super::{resource, NODE_LABEL, POOL_LABEL};
-use crate::cluster::ippool::{PoolSpec, Reserved};
+use crate::cluster::ippool::{InvalidPool, PoolSpec, Reserved};
 use crate::cluster::vocab::{Block, KeyRevision, MalformedKey, Owner, PoolPhase};
 
 /// `10.0.0.0/26` as an object name: `10-0-0-0-26`; `fd00::/122`: every group, in hex,
@@ -180,9 +180,9 @@ pub(super) fn with_phase(obj: &DynamicObject, phase: PoolPhase) -> DynamicObject
 }
 
 /// The pool an object says, and its phase; else what is wrong with it.
-pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), String> {
+pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), InvalidPool> {
     let spec = &obj.data["spec"];
-    let nets = |key: &str| -> Result<Vec<IpNet>, String> {
+    let nets = |key: &str| -> Result<Vec<IpNet>, InvalidPool> {
         match &spec[key] {
             Value::Null => Ok(Vec::new()),
             Value::Array(items) => items
@@ -190,17 +190,17 @@ pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), S
                 .map(|v| {
                     v.as_str()
                         .and_then(|s| s.parse().ok())
-                        .ok_or_else(|| format!("spec.{key}: {v} is not a CIDR"))
+                        .ok_or_else(|| InvalidPool(format!("spec.{key}: {v} is not a CIDR")))
                 })
                 .collect(),
-            other => Err(format!("spec.{key}: {other} is not a list")),
+            other => Err(InvalidPool(format!("spec.{key}: {other} is not a list"))),
         }
     };
-    let size = |key: &str| -> Result<u8, String> {
+    let size = |key: &str| -> Result<u8, InvalidPool> {
         spec[key]
             .as_u64()
             .and_then(|v| u8::try_from(v).ok())
-            .ok_or_else(|| format!("spec.{key}: {} is not a prefix length", spec[key]))
+            .ok_or_else(|| InvalidPool(format!("spec.{key}: {} is not a prefix length", spec[key])))
     };
     let pool = PoolSpec {
         name: obj.metadata.name.clone().unwrap_or_default(),
@@ -211,7 +211,11 @@ pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), S
         disabled: match &spec["disabled"] {
             Value::Null => false,
             Value::Bool(b) => *b,
-            other => return Err(format!("spec.disabled: {other} is not true or false")),
+            other => {
+                return Err(InvalidPool(format!(
+                    "spec.disabled: {other} is not true or false"
+                )))
+            }
         },
         adding: nets("cidrsAdding")?,
         removing: nets("cidrsRemoving")?,
@@ -223,20 +227,24 @@ pub(super) fn parse_pool(obj: &DynamicObject) -> Result<(PoolSpec, PoolPhase), S
                     let cidr = r["cidr"]
                         .as_str()
                         .and_then(|s| s.parse().ok())
-                        .ok_or_else(|| format!("spec.reserved: {r} has no CIDR"))?;
+                        .ok_or_else(|| InvalidPool(format!("spec.reserved: {r} has no CIDR")))?;
                     let reason = r["reason"].as_str().unwrap_or_default().to_string();
                     Ok(Reserved { cidr, reason })
                 })
-                .collect::<Result<_, String>>()?,
-            other => return Err(format!("spec.reserved: {other} is not a list")),
+                .collect::<Result<_, InvalidPool>>()?,
+            other => return Err(InvalidPool(format!("spec.reserved: {other} is not a list"))),
         },
         node_selector: match &spec["nodeSelector"] {
             Value::Null => None,
             Value::String(s) => Some(s.clone()),
-            other => return Err(format!("spec.nodeSelector: {other} is not a string")),
+            other => {
+                return Err(InvalidPool(format!(
+                    "spec.nodeSelector: {other} is not a string"
+                )))
+            }
         },
     };
-    pool.validate().map_err(|e| e.0)?;
+    pool.validate()?;
     let phase = match obj.data["status"]["phase"].as_str() {
         Some("Ready") => PoolPhase::Ready,
         Some("Deleting") => PoolPhase::Deleting,

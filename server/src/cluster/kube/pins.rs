@@ -119,7 +119,7 @@ impl KubeStore {
         let (spec, phase) = objects::parse_pool(&obj).map_err(|why| ClusterError::Malformed {
             what: "pool",
             key: format!("ippools/{}", pin.pool),
-            why,
+            why: why.to_string(),
         })?;
         let made = hash(obj.metadata.uid.as_deref().unwrap_or("")) == pin.block_id;
         let stands = made && spec.exclude.contains(&pin.block) && pin.block.contains(&pin.address);
@@ -272,7 +272,7 @@ impl PinStore for KubeStore {
         let (spec, phase) = objects::parse_pool(&obj).map_err(|why| ClusterError::Malformed {
             what: "pool",
             key: format!("ippools/{pool}"),
-            why,
+            why: why.to_string(),
         })?;
         if phase != PoolPhase::Ready {
             return Ok(Err(NotSetAside::NotNow(format!(

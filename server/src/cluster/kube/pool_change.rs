@@ -38,7 +38,7 @@ impl KubeStore {
             let (spec, phase) = parse_pool(&obj).map_err(|why| ClusterError::Malformed {
                 what: "pool",
                 key: format!("ippools/{name}"),
-                why,
+                why: why.to_string(),
             })?;
             if phase != PoolPhase::Ready {
                 return Err(ClusterError::Refused(format!(

@@ -28,7 +28,7 @@ impl KubeStore {
                     }
                     Err(why) => malformed.push(MalformedKey {
                         key: format!("ippools/{name}"),
-                        why,
+                        why: why.to_string(),
                         block: None,
                     }),
                 }
@@ -209,7 +209,7 @@ impl PoolStore for KubeStore {
             Err(why) => Err(ClusterError::Malformed {
                 what: "pool",
                 key: format!("ippools/{name}"),
-                why,
+                why: why.to_string(),
             }),
         }
     }
