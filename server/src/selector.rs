@@ -27,24 +27,29 @@ enum Requirement {
 
 impl NodeSelector {
     /// Parses `text`; the error names the requirement that is wrong and why.
-    pub fn parse(text: &str) -> Result<NodeSelector, String> {
+    pub fn parse(text: &str) -> Result<NodeSelector, BadSelector> {
         if text.chars().count() > MAX_SELECTOR {
-            return Err(format!(
+            return Err(BadSelector(format!(
                 "node selector is longer than {MAX_SELECTOR} characters"
-            ));
+            )));
         }
         let mut out = Vec::new();
         for part in split_top(text)? {
             let part = part.trim();
             if part.is_empty() {
-                return Err(format!("node selector {text:?} has an empty requirement"));
+                return Err(BadSelector(format!(
+                    "node selector {text:?} has an empty requirement"
+                )));
             }
-            out.push(requirement(part).map_err(|e| format!("node selector {text:?}: {e}"))?);
+            out.push(
+                requirement(part)
+                    .map_err(|e| BadSelector(format!("node selector {text:?}: {e}")))?,
+            );
         }
         if out.is_empty() {
-            return Err(
+            return Err(BadSelector(
                 "node selector is empty (leave it out to let every node use the pool)".into(),
-            );
+            ));
         }
         Ok(NodeSelector(out))
     }
@@ -81,15 +86,35 @@ impl fmt::Display for NodeSelector {
     }
 }
 
+/// A node selector that Kubernetes' rules refuse: where, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadSelector(pub String);
+
+/// A label key's prefix refused by the name rules, in their words.
+impl From<String> for BadSelector {
+    fn from(why: String) -> BadSelector {
+        BadSelector(why)
+    }
+}
+
 /// The requirements of `text`: split at the commas outside parentheses.
-fn split_top(text: &str) -> Result<Vec<&str>, String> {
+fn split_top(text: &str) -> Result<Vec<&str>, BadSelector> {
     let (mut parts, mut depth, mut start) = (Vec::new(), 0, 0);
     for (i, c) in text.char_indices() {
         match c {
             '(' if depth == 0 => depth = 1,
-            '(' => return Err(format!("node selector {text:?}: nested parentheses")),
+            '(' => {
+                return Err(BadSelector(format!(
+                    "node selector {text:?}: nested parentheses"
+                )))
+            }
             ')' if depth == 1 => depth = 0,
-            ')' => return Err(format!("node selector {text:?}: a ')' without its '('")),
+            ')' => {
+                return Err(BadSelector(format!(
+                    "node selector {text:?}: a ')' without its '('"
+                )))
+            }
             ',' if depth == 0 => {
                 parts.push(&text[start..i]);
                 start = i + 1;
@@ -98,13 +123,15 @@ fn split_top(text: &str) -> Result<Vec<&str>, String> {
         }
     }
     if depth != 0 {
-        return Err(format!("node selector {text:?}: a '(' without its ')'"));
+        return Err(BadSelector(format!(
+            "node selector {text:?}: a '(' without its ')'"
+        )));
     }
     parts.push(&text[start..]);
     Ok(parts)
 }
 
-fn requirement(part: &str) -> Result<Requirement, String> {
+fn requirement(part: &str) -> Result<Requirement, BadSelector> {
     if let Some(key) = part.strip_prefix('!') {
         return Ok(Requirement::Absent(key_of(key)?));
     }
@@ -127,14 +154,18 @@ fn requirement(part: &str) -> Result<Requirement, String> {
                     .strip_prefix('(')
                     .and_then(|l| l.strip_suffix(')'))
                     .ok_or_else(|| {
-                        format!("{part:?}: {op} takes a list in parentheses: {key} {op} (a,b)")
+                        BadSelector(format!(
+                            "{part:?}: {op} takes a list in parentheses: {key} {op} (a,b)"
+                        ))
                     })?;
                 let values = inner
                     .split(',')
                     .map(value_of)
                     .collect::<Result<BTreeSet<_>, _>>()?;
                 if values.is_empty() || inner.trim().is_empty() {
-                    return Err(format!("{part:?}: {op} needs at least one value"));
+                    return Err(BadSelector(format!(
+                        "{part:?}: {op} needs at least one value"
+                    )));
                 }
                 let key = key_of(key)?;
                 return Ok(match not {
@@ -143,16 +174,16 @@ fn requirement(part: &str) -> Result<Requirement, String> {
                 });
             }
         }
-        return Err(format!(
+        return Err(BadSelector(format!(
             "{part:?} is not a requirement (key=value, key!=value, key in (a,b), key notin (a,b), key, !key)"
-        ));
+        )));
     }
     Ok(Requirement::Exists(key_of(part)?))
 }
 
 /// A label key: an optional DNS-subdomain prefix and '/', then a name of at most 63
 /// characters (alphanumerics, '-', '_', '.', beginning and ending alphanumeric).
-fn key_of(key: &str) -> Result<String, String> {
+fn key_of(key: &str) -> Result<String, BadSelector> {
     let key = key.trim();
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
@@ -162,21 +193,21 @@ fn key_of(key: &str) -> Result<String, String> {
         ipool_proto::names::check_kube_name("label key prefix", p, 253)?;
     }
     if name.is_empty() || !label_text(name) {
-        return Err(format!(
+        return Err(BadSelector(format!(
             "label key {key:?}: its name must be 1 to 63 characters of [A-Za-z0-9-_.], beginning and ending alphanumeric"
-        ));
+        )));
     }
     Ok(key.to_string())
 }
 
 /// A label value: empty, or at most 63 characters of [A-Za-z0-9-_.], beginning and ending
 /// alphanumeric.
-fn value_of(value: &str) -> Result<String, String> {
+fn value_of(value: &str) -> Result<String, BadSelector> {
     let value = value.trim();
     if !value.is_empty() && !label_text(value) {
-        return Err(format!(
+        return Err(BadSelector(format!(
             "label value {value:?}: at most 63 characters of [A-Za-z0-9-_.], beginning and ending alphanumeric"
-        ));
+        )));
     }
     Ok(value.to_string())
 }

@@ -283,7 +283,11 @@ impl PoolSpec {
             PoolChange::SetNodeSelector(sel) => {
                 // Kept in its normal form.
                 next.node_selector = match sel {
-                    Some(s) => Some(crate::selector::NodeSelector::parse(s)?.to_string()),
+                    Some(s) => Some(
+                        crate::selector::NodeSelector::parse(s)
+                            .map_err(|e| InvalidPool(e.0))?
+                            .to_string(),
+                    ),
                     None => None,
                 };
             }

@@ -62,7 +62,7 @@ fn bad_selectors_are_refused_naming_what_is_wrong() {
         ("Bad_Prefix/x=1", "label key prefix"),
     ] {
         let e = NodeSelector::parse(s).unwrap_err();
-        assert!(e.contains(says), "{s}: {e}");
+        assert!(e.0.contains(says), "{s}: {e}");
     }
 }
 

@@ -22,7 +22,7 @@ pub(super) struct Policy {
     disabled: bool,
     reserved: Arc<Vec<Reserved>>,
     /// The pool's nodeSelector, parsed, or why it cannot be (None: every node may use it).
-    selector: Option<Result<NodeSelector, String>>,
+    selector: Option<Result<NodeSelector, crate::selector::BadSelector>>,
     /// The pool as read, while it is Ready and not forgotten: what claims are conditioned on.
     ready: Option<Pool>,
 }
