@@ -45,9 +45,9 @@ pub(super) fn ip_key(network: &str, ip: &IpAddr) -> Vec<u8> {
 }
 
 /// The ops of a change set, in order.
-pub(super) fn encode(changes: &[Change]) -> Result<Vec<Op>, String> {
-    fn json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, String> {
-        serde_json::to_vec(v).map_err(|e| format!("encoding a record: {e}"))
+pub(super) fn encode(changes: &[Change]) -> Result<Vec<Op>, CodecError> {
+    fn json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, CodecError> {
+        Ok(serde_json::to_vec(v)?)
     }
     changes
         .iter()
@@ -144,16 +144,19 @@ fn tree_byte(idx: usize) -> u8 {
     u8::try_from(idx).expect("tree indexes are below 7")
 }
 
-pub(super) fn decode_entry(mut b: &[u8]) -> Result<Vec<Op>, String> {
-    fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+pub(super) fn decode_entry(mut b: &[u8]) -> Result<Vec<Op>, CodecError> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], CodecError> {
         if b.len() < n {
-            return Err(format!("truncated: wanted {n} bytes, {} left", b.len()));
+            return Err(CodecError::Truncated {
+                wanted: n,
+                left: b.len(),
+            });
         }
         let (head, rest) = b.split_at(n);
         *b = rest;
         Ok(head)
     }
-    fn bytes(b: &mut &[u8]) -> Result<Vec<u8>, String> {
+    fn bytes(b: &mut &[u8]) -> Result<Vec<u8>, CodecError> {
         let len = take(b, 4)?;
         let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
         Ok(take(b, len)?.to_vec())
@@ -163,7 +166,7 @@ pub(super) fn decode_entry(mut b: &[u8]) -> Result<Vec<Op>, String> {
         let h = take(&mut b, 2)?;
         let idx = usize::from(h[1]);
         if idx >= TREES.len() {
-            return Err(format!("unknown tree index {idx}"));
+            return Err(CodecError::UnknownTree(idx));
         }
         match h[0] {
             0 => {
@@ -171,10 +174,23 @@ pub(super) fn decode_entry(mut b: &[u8]) -> Result<Vec<Op>, String> {
                 ops.push(Op::Put(idx, k, bytes(&mut b)?));
             }
             1 => ops.push(Op::Del(idx, bytes(&mut b)?)),
-            t => return Err(format!("unknown op tag {t}")),
+            t => return Err(CodecError::UnknownOp(t)),
         }
     }
     Ok(ops)
+}
+
+/// Why a change set could not be encoded, or an entry decoded.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CodecError {
+    #[error("encoding a record: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("truncated: wanted {wanted} bytes, {left} left")]
+    Truncated { wanted: usize, left: usize },
+    #[error("unknown tree index {0}")]
+    UnknownTree(usize),
+    #[error("unknown op tag {0}")]
+    UnknownOp(u8),
 }
 
 /// Decodes one log record's payload, naming the record in the error.
