@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::codec::{Op, META};
+use super::trees::SledFailed;
 use super::Trees;
 
 /// In `meta`: every change set up to this sequence number is in sled's trees (u64 big-endian).
@@ -35,7 +36,7 @@ pub(super) struct Progress {
     /// The newest checkpoint that is durable.
     pub checkpointed: u64,
     /// Why sled failed, if it did: the store has failed with it.
-    pub failed: Option<String>,
+    pub failed: Option<SledFailed>,
     closing: bool,
     /// The thread is between taking work and reporting it done.
     busy: bool,
@@ -114,20 +115,20 @@ impl Applier {
     }
 
     /// Waits until a checkpoint covers `seq`; the error is sled's failure.
-    pub(super) fn wait_checkpoint(&self, seq: u64) -> Result<(), String> {
+    pub(super) fn wait_checkpoint(&self, seq: u64) -> Result<(), SledFailed> {
         self.want_checkpoint(seq);
         self.wait_for(|p| (p.checkpointed >= seq).then_some(()))
     }
 
     /// Waits until every change set handed over is in the trees (or sled failed).
-    pub(super) fn drain(&self) -> Result<u64, String> {
+    pub(super) fn drain(&self) -> Result<u64, SledFailed> {
         self.wait_for(|p| (p.queue.is_empty() && !p.busy).then_some(p.applied))
     }
 
     /// Waits until `done` has an answer, or sled failed. A test's hold on the thread ends
     /// here: whoever waits needs its work (the log cannot go on, a load or a close needs the
     /// trees complete).
-    fn wait_for<T>(&self, done: impl Fn(&Progress) -> Option<T>) -> Result<T, String> {
+    fn wait_for<T>(&self, done: impl Fn(&Progress) -> Option<T>) -> Result<T, SledFailed> {
         let mut p = lock(&self.shared);
         p.paused = false;
         self.shared.1.notify_all();
@@ -244,7 +245,7 @@ impl Progress {
 }
 
 /// Records a checkpoint at `seq` (everything up to it is in the trees) and makes it durable.
-pub(super) fn checkpoint_at(trees: &Trees, seq: u64) -> Result<u64, String> {
+pub(super) fn checkpoint_at(trees: &Trees, seq: u64) -> Result<u64, SledFailed> {
     trees
         .materialize(&[Op::Put(
             META,

@@ -89,7 +89,7 @@ impl Live {
     /// The store's failure: its own, or the applier's (sled's).
     fn check(&self) -> Result<(), StoreError> {
         if let Some(why) = applier::lock(self.applier.shared()).failed.clone() {
-            self.failure.set(why);
+            self.failure.set(why.0);
         }
         match self.failure.get() {
             Some(why) => Err(self.failed(why)),
@@ -193,8 +193,8 @@ impl Live {
             self.applier
                 .wait_checkpoint(w.last_in[other])
                 .map_err(|e| {
-                    self.failure.set(e.clone());
-                    self.failed(e)
+                    self.failure.set(e.0.clone());
+                    self.failed(e.0)
                 })?;
         }
         w.active = other;
@@ -209,8 +209,8 @@ impl Live {
     ) -> Result<Snapshot, StoreError> {
         self.check()?;
         self.applier.drain().map_err(|e| {
-            self.failure.set(e.clone());
-            self.failed(e)
+            self.failure.set(e.0.clone());
+            self.failed(e.0)
         })?;
         read_trees(&self.trees, each_attachment)
     }
@@ -261,12 +261,12 @@ impl Drop for Live {
         }
         let closed = self
             .flush()
-            .and_then(|_| self.applier.drain().map_err(|e| self.failed(e)));
+            .and_then(|_| self.applier.drain().map_err(|e| self.failed(e.0)));
         self.applier.stop();
         let closed = closed.and_then(|applied| {
             applier::checkpoint_at(&self.trees, applied)
                 .map(|_| ())
-                .map_err(|e| self.failed(e))
+                .map_err(|e| self.failed(e.0))
         });
         if let Err(e) = closed {
             tracing::warn!(error = %e, "closing the store: the final checkpoint failed; the next start replays the log");

@@ -126,27 +126,32 @@ impl Trees {
     }
 
     /// Applies `ops` to their trees, one single-key operation each.
-    pub(super) fn materialize(&self, ops: &[Op]) -> Result<(), String> {
+    pub(super) fn materialize(&self, ops: &[Op]) -> Result<(), SledFailed> {
         for op in ops {
             let done = match op {
                 Op::Put(idx, k, v) => self.tree(*idx).insert(k.as_slice(), v.as_slice()),
                 Op::Del(idx, k) => self.tree(*idx).remove(k.as_slice()),
             };
-            done.map_err(|e| format!("writing into sled at {}: {e}", self.path.display()))?;
+            done.map_err(|e| {
+                SledFailed(format!("writing into sled at {}: {e}", self.path.display()))
+            })?;
         }
         release_garbage();
         Ok(())
     }
 
     /// Flushes sled and syncs its data file: everything in its trees is durable.
-    pub(super) fn sync(&self) -> Result<(), String> {
+    pub(super) fn sync(&self) -> Result<(), SledFailed> {
         self.db
             .flush()
-            .map_err(|e| format!("flushing sled at {}: {e}", self.path.display()))?;
+            .map_err(|e| SledFailed(format!("flushing sled at {}: {e}", self.path.display())))?;
         release_garbage();
-        self.data_file
-            .sync_data()
-            .map_err(|e| format!("fdatasync of sled's file in {}: {e}", self.path.display()))
+        self.data_file.sync_data().map_err(|e| {
+            SledFailed(format!(
+                "fdatasync of sled's file in {}: {e}",
+                self.path.display()
+            ))
+        })
     }
 
     /// A u64 in `meta` (0 when absent).
@@ -162,3 +167,9 @@ impl Trees {
         }
     }
 }
+
+/// sled failed (a write into its trees, a flush, a sync): what, and where. The applier stops
+/// on it, and every waiter is told.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct SledFailed(pub String);
