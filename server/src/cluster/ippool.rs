@@ -6,7 +6,6 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::cidrset::CidrSet;
-use super::vocab::ClusterError;
 use crate::range::Family;
 
 /// A cluster pool.
@@ -118,13 +117,6 @@ impl std::fmt::Display for PoolChange {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct InvalidPool(pub String);
-
-/// A pool refused is a request the store refuses.
-impl From<InvalidPool> for ClusterError {
-    fn from(e: InvalidPool) -> ClusterError {
-        ClusterError::Refused(e.0)
-    }
-}
 
 /// A name or selector that Kubernetes' rules refuse, said as the pool's.
 impl From<String> for InvalidPool {

@@ -6,7 +6,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::etcd::client::EtcdError;
-use super::ippool::PoolSpec;
+use super::ippool::{InvalidPool, PoolSpec};
 
 /// Default block sizes, as Calico's.
 pub const DEFAULT_BLOCK_V4: u8 = 26;
@@ -153,6 +153,13 @@ pub enum ClusterError {
         error: Box<ClusterError>,
         note: String,
     },
+}
+
+/// A pool refused is a request the store refuses.
+impl From<InvalidPool> for ClusterError {
+    fn from(e: InvalidPool) -> ClusterError {
+        ClusterError::Refused(e.0)
+    }
 }
 
 impl ClusterError {
