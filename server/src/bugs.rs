@@ -266,6 +266,13 @@ pub enum Bug {
     /// share a revision on one etcd (found by the simulation's 30-minute search, session 37,
     /// seed 81 000 011 726).
     OtherWriteAtLastRevision,
+    /// A node deleted a void pin of an address set aside (its pool gone, or no longer setting
+    /// the address aside as it did) that another node held: deploy/'s admission policy refuses
+    /// that on the Kubernetes API, and the holder's pod may still use the address. Met when a
+    /// pin's creation, sent by an ADD that gave up, landed after its pool was deleted (found by
+    /// the simulation holding the daemons to deploy/'s policies, session 39, seed
+    /// 97 000 000 961).
+    VoidSetAsidePinDeletedUnderOthers,
 }
 
 impl Bug {
@@ -315,6 +322,7 @@ impl Bug {
         Bug::UnrecordedHolderUnknown,
         Bug::WitnessJudgedWhenSent,
         Bug::VoidPinDeletedUnderOthers,
+        Bug::VoidSetAsidePinDeletedUnderOthers,
         Bug::IndexDroppedByRevision,
         Bug::IndexDroppedUnderItsBlock,
         Bug::OthersPinsReasserted,
@@ -374,6 +382,7 @@ impl Bug {
             Bug::UnrecordedHolderUnknown => "unrecorded-holder-unknown",
             Bug::WitnessJudgedWhenSent => "witness-judged-when-sent",
             Bug::VoidPinDeletedUnderOthers => "void-pin-deleted-under-others",
+            Bug::VoidSetAsidePinDeletedUnderOthers => "void-set-aside-pin-deleted-under-others",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",
             Bug::IndexDroppedUnderItsBlock => "index-dropped-under-its-block",
             Bug::OthersPinsReasserted => "others-pins-reasserted",

@@ -551,6 +551,26 @@ impl Holds {
                 ),
             });
         }
+        // Not this node's alone to delete while another holds it (deploy/'s admission policy
+        // refuses it, and the holder's pod may still use the address): it ends once they let
+        // go, as where a pin's block no longer stands.
+        let me = self.node.name();
+        let others: Vec<Holder> = (read.pin.holders.iter())
+            .filter(|h| h.node != me)
+            .cloned()
+            .collect();
+        if !others.is_empty()
+            && !crate::bugs::on(crate::bugs::Bug::VoidSetAsidePinDeletedUnderOthers)
+        {
+            let why = self.held_why(&read.pin, &others).await?;
+            return Err(Refused::HeldElsewhere {
+                pool: read.pin.pool.clone(),
+                why: format!(
+                    "the pin of {} is void (its pool no longer sets {} aside as it did) and {why}: it ends once they let go, and the pod then gets a new address",
+                    read.pin.owner, read.pin.address
+                ),
+            });
+        }
         self.delete(read).await?;
         tracing::warn!(owner = %read.pin.owner, address = %read.pin.address, pool = %read.pin.pool, "a pin of an address set aside whose pool no longer sets it aside as it did (made anew, or its CIDR removed) was void, and is deleted");
         Ok(true)
