@@ -305,7 +305,7 @@ pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
         w.drain()?;
-        if w.net.is_empty() && w.owed.is_empty() && w.adding.is_empty() && w.op.is_none() {
+        if w.net.is_empty() && w.owed.is_empty() && w.adding.is_empty() && !w.operating() {
             break;
         }
     }

@@ -17,7 +17,7 @@ impl World {
         req.wire.drop_condition(&mut self.conditions, |path| {
             shared.resource_version_at(path)
         });
-        let (from, awaited, sent) = (req.from, req.awaited(), req.sent);
+        let (from, awaited, sent, writes) = (req.from, req.awaited(), req.sent, req.writes());
         // What it writes, for the writes parked on it (`crate::rivals`).
         let written = match self.swarm.races && matches!(fate, Fate::Answer | Fate::Lose) {
             true => req.wire.written(),
@@ -64,6 +64,7 @@ impl World {
         let cronjob = command_of(from).is_some_and(|op| self.cronjob_ops.contains(&op));
         let node = self.slots.get(from).map_or("?", |s| s.name.as_str());
         let user = crate::identity::user_of(from, cronjob, node);
+        let version_before = self.shared.version();
         let (shared, limbo) = (&mut self.shared, &mut self.limbo);
         let delivered = self
             .net
@@ -79,6 +80,8 @@ impl World {
         // A renewal whose caller gave up is one the daemon never learns of: it renews nothing.
         let renewed = delivered.renewed && awaited;
         let (ms, timeout) = (self.ms(), self.setting.timeout.as_millis() as u64);
+        let (revision, sent_ms) = (self.shared.version(), self.ms_of(sent));
+        let etcd = matches!(self.shared, crate::store::Shared::Etcd(_));
         if let Some(s) = self.slots.get_mut(from) {
             if renewed {
                 // As far as the name's lease goes: a name taken on a lease granted earlier
@@ -93,7 +96,21 @@ impl World {
                 // An answer with the store's header shows a reset: any answer when the
                 // cluster id changed, else an answer that read the node's witness.
                 (Fate::Answer, true) => {
-                    let shows = delivered.keys || self.restore_shows_id;
+                    if etcd && revision > version_before {
+                        s.written.push((revision, ms));
+                    }
+                    // Not a read's answer at a revision below each write of the node's the
+                    // restore lost, to a request sent before the node heard any of them land:
+                    // etcd may have read it before those writes (found by the simulation:
+                    // seed 97 000 002 530, a read sent before a claim's answer, answered by an
+                    // etcd restored with its data copied, revision back below the claim's). A
+                    // write's answer shows it: its number is past theirs.
+                    let blind = !writes
+                        && !s.lost_writes.is_empty()
+                        && s.lost_writes
+                            .iter()
+                            .all(|(rev, at)| sent_ms < *at && revision < *rev);
+                    let shows = (delivered.keys && !blind) || self.restore_shows_id;
                     if s.unaware && delivered.headed && shows {
                         s.unaware = false;
                         s.aware_at = Some(ms);

@@ -131,6 +131,11 @@ pub(crate) fn look(w: &mut World, me: Option<usize>, after: u64) {
                     .map_err(|e| e.to_string())
             }
         };
-        ops.lock().expect("ops").push(OpDone { what, result });
+        ops.lock().expect("ops").push(OpDone {
+            what,
+            result,
+            seq: op,
+            second: false,
+        });
     });
 }

@@ -156,22 +156,32 @@ impl World {
                 }
             }
         }
+        self.told.settle(&self.net.commands_writing());
         let ops: Vec<OpDone> = std::mem::take(&mut *self.ops.lock().expect("ops"));
         for o in ops {
-            if self.op.as_ref().is_some_and(|o| o.forced) {
-                self.force_ends();
+            match o.second {
+                true => self.second_op = false,
+                false => {
+                    if self.op.as_ref().is_some_and(|o| o.forced) {
+                        self.force_ends();
+                    }
+                    self.op = None;
+                }
             }
-            self.op = None;
+            self.told.end(o.seq, &o.what, &o.result);
             self.note(format!("operator: {} -> {:?}", o.what, o.result));
             // Nodes a look of the departed could not judge (no Node name recorded): it says
             // release-node releases them.
-            if let Ok(said) = &o.result {
+            if let (Ok(said), false) = (&o.result, o.second) {
                 self.unknown_nodes = said
                     .split("; ")
                     .filter_map(|s| s.split_once(": unknown ("))
                     .map(|(n, _)| n.to_string())
                     .collect();
             }
+        }
+        if !self.told.is_empty() {
+            self.told.check(crate::POOL, &self.shared.pools())?;
         }
         Ok(())
     }

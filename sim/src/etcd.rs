@@ -220,6 +220,11 @@ impl Etcd {
         self.backup = Some((self.data.clone(), leases));
     }
 
+    /// The revision of the last backup, if any.
+    pub fn backup_revision(&self) -> Option<i64> {
+        self.backup.as_ref().map(|(d, _)| d.revision)
+    }
+
     /// Whether the last backup has `key`: None without a backup.
     pub fn backed_up(&self, key: &[u8]) -> Option<bool> {
         self.backup.as_ref().map(|(d, _)| d.kv.contains_key(key))

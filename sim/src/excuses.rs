@@ -373,10 +373,11 @@ impl World {
         let now = self.ms();
         let timeout = self.setting.timeout.as_millis() as u64;
         let families = if self.opts.dual_stack { 2 } else { 1 };
-        let pool_op = self
-            .op
-            .as_ref()
-            .is_some_and(|o| o.release_of.is_none() && !o.departed);
+        let pool_op = self.second_op
+            || self
+                .op
+                .as_ref()
+                .is_some_and(|o| o.release_of.is_none() && !o.departed);
         let resync = self.swarm.resync_secs * 1200;
         for i in 0..self.slots.len() {
             let Some(d) = &self.slots[i].daemon else {

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use ipool_server::cluster::pin::{Pin, PinOwner};
 
-use crate::nodes::{add, add_pod};
+use crate::nodes::{add, add_pod, del_pod};
 use crate::owners::{owner, GoneOwners, ORDINALS, VMS};
 use crate::world::World;
 
@@ -110,6 +110,37 @@ pub(crate) fn add_fixed(w: &mut World, i: usize) {
 /// A VM's live migration: a second launcher pod on another node while the first runs.
 pub(crate) fn migrate(w: &mut World) {
     let o = owner(ORDINALS + w.choices.pick(VMS));
+    migrate_owner(w, o);
+}
+
+/// A rival of a write of `o`'s pin (`crate::provoke`), which writes that pin too: one of its
+/// pods deleted (its hold let go), a VM's migration (a second hold), an ADD of its next pod
+/// on a node (the pin taken over), or a pin keeper's turn on a node.
+pub(crate) fn rival_of_owner(w: &mut World, o: &PinOwner) -> Result<(), String> {
+    let shown = o.to_string();
+    let pods: Vec<(String, usize)> = (w.checker.pods.iter())
+        .filter(|(_, p)| p.owner.as_deref() == Some(shown.as_str()) && p.excused.is_none())
+        .map(|(c, p)| (c.clone(), p.slot))
+        .filter(|(c, slot)| w.slots[*slot].daemon.is_some() && !w.dels.contains_key(c))
+        .collect();
+    match w.choices.pick(3) {
+        0 if !pods.is_empty() => {
+            let (c, slot) = pods[w.choices.pick(pods.len() as u32) as usize].clone();
+            del_pod(w, &c, slot);
+        }
+        1 if o.is_vm() => migrate_owner(w, o.clone()),
+        1 | 2 if pods_of(w, o) == (Vec::new(), 0) && owner_gone(w, o).is_none() => {
+            if let Some(i) = crate::nodes::running(w) {
+                add_pod(w, i, Vec::new(), Some(o.clone()));
+            }
+        }
+        _ => keep_pins(w),
+    }
+    Ok(())
+}
+
+/// `o`'s live migration, if it is a VM with one launcher pod running.
+fn migrate_owner(w: &mut World, o: PinOwner) {
     let (live, adding) = pods_of(w, &o);
     let ([from], 0) = (live.as_slice(), adding) else {
         return;

@@ -92,7 +92,11 @@ fn select(w: &mut World) {
         Some(s) => format!("pool set-node-selector {POOL} {s}"),
         None => format!("pool set-node-selector {POOL} (none)"),
     };
-    crate::operator::command(w, what, move |s| async move {
+    let told = format!("{sel:?}");
+    let change = crate::told::Change::of(vec![crate::told::Field::Selector], move |_| {
+        vec![(crate::told::Field::Selector, told.clone())]
+    });
+    crate::operator::command(w, what, change, move |s| async move {
         s.change_pool(POOL, &PoolChange::SetNodeSelector(sel))
             .await
             .map(|_| "set".to_string())

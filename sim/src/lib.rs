@@ -66,6 +66,7 @@ mod rivals;
 pub mod settled;
 mod store_check;
 mod swarm;
+mod told;
 mod world;
 
 pub use ipool_server::bugs::Bug;

@@ -46,6 +46,8 @@ impl World {
         s.gone = false;
         s.unaware = false;
         s.aware_at = Some(now);
+        s.written.clear();
+        s.lost_writes.clear();
         s.serving_since = None;
         s.syncs = [(0, now); 2];
         s.trouble_at = now;

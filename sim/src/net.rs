@@ -282,6 +282,21 @@ impl Net {
         }
     }
 
+    /// The operator's commands with a write on its way (pending, held or parked): one that
+    /// failed may still land.
+    pub fn commands_writing(&self) -> BTreeSet<usize> {
+        let s = self.lock();
+        let held = s.held.iter().map(|(_, r)| r);
+        let parked = s.parked.iter().map(|(_, _, r)| r);
+        s.pending
+            .iter()
+            .chain(held)
+            .chain(parked)
+            .filter(|r| r.writes())
+            .filter_map(|r| command_of(r.from))
+            .collect()
+    }
+
     /// Writes parked for a rival (`crate::rivals`).
     pub fn parked(&self) -> usize {
         self.lock().parked.len()

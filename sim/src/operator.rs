@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::etcd::Restore;
 use crate::nodes::node_slot;
 use crate::store::{HalfDone, Shared};
+use crate::told::{Change, Field};
 use crate::world::{OpDone, World};
 use crate::{StoreKind, POOL};
 
@@ -84,14 +85,28 @@ pub(crate) fn pool_op(w: &mut World) {
         true => 8,
         false => 4,
     });
-    // What kind 7 reserves, or unreserves when it is reserved: an address, a few, a block's
-    // worth, or one in the CIDR the pool grows by.
-    let reserve = [
-        "10.70.0.3/32",
-        "10.70.0.8/29",
-        "10.70.0.16/28",
-        "10.70.4.5/32",
-    ][match kind {
+    run_pool_op(w, kind, false);
+}
+
+/// A second operator's pool command, run beside the one under way (`crate::provoke`: a rival
+/// of a pool write parked on its way): the pool deleted, made again if gone, a spare pool, or
+/// (in runs whose pools change) grown, shrunk, disabled and enabled, an address reserved. Not
+/// the move, whose `--force` is the first operator's alone.
+pub(crate) fn pool_op_beside(w: &mut World) {
+    if w.second_op {
+        return;
+    }
+    let kinds: &[u32] = match w.swarm.pool_changes {
+        true => &[0, 1, 2, 4, 5, 6, 7],
+        false => &[0, 1, 2],
+    };
+    let kind = kinds[w.choices.pick(kinds.len() as u32) as usize];
+    run_pool_op(w, kind, true);
+}
+
+fn run_pool_op(w: &mut World, kind: u32, second: bool) {
+    // What kind 7 reserves, or unreserves when it is reserved.
+    let reserve = RESERVE[match kind {
         7 => w.choices.pick(4) as usize,
         _ => 0,
     }];
@@ -125,7 +140,13 @@ pub(crate) fn pool_op(w: &mut World) {
             Some(w.opts.pool(size)),
         ),
     };
-    w.note(format!("operator: {what}"));
+    w.note(format!(
+        "{}: {what}",
+        match second {
+            true => "a second operator",
+            false => "operator",
+        }
+    ));
     let forced = kind == 3;
     if forced {
         for n in &names {
@@ -134,11 +155,15 @@ pub(crate) fn pool_op(w: &mut World) {
             w.force_starts(n);
         }
     }
-    w.command(crate::world::Op {
-        forced,
-        release_of: None,
-        departed: false,
-    });
+    let seq = match second {
+        true => w.second_command(),
+        false => w.command(crate::world::Op {
+            forced,
+            release_of: None,
+            departed: false,
+        }),
+    };
+    w.told.start(seq, changes(kind, reserve));
     let place = match w.opts.store {
         StoreKind::Etcd => "etcd",
         StoreKind::Kube => "the Kubernetes API",
@@ -206,8 +231,77 @@ pub(crate) fn pool_op(w: &mut World) {
                 r.map_err(|e| e.to_string())
             }
         };
-        ops.lock().expect("ops").push(OpDone { what, result });
+        ops.lock().expect("ops").push(OpDone {
+            what,
+            result,
+            seq,
+            second,
+        });
     });
+}
+
+/// What pool command `kind` (of [`pool_op`]) may change of the pool, and leaves as it says
+/// (`crate::told`); `reserve`, what kind 7 reserves or unreserves.
+fn changes(kind: u32, reserve: &'static str) -> Change {
+    let growth: ipnet::IpNet = GROWTH.parse().expect("a CIDR");
+    let reserved: ipnet::IpNet = reserve.parse().expect("a CIDR");
+    match kind {
+        // A spare pool, made and deleted: not this one.
+        2 => Change::none(),
+        0 => Change::whole(|said| match said {
+            "deleted" => vec![(Field::Exists, "no".into())],
+            _ => Vec::new(),
+        }),
+        // Made if gone (or found standing), or moved: there.
+        1 | 3 => Change::whole(|_| vec![(Field::Exists, "yes".into())]),
+        4 => Change::of(vec![Field::Cidr(growth)], move |_| {
+            vec![(Field::Cidr(growth), "yes".into())]
+        }),
+        // Its reservations in the CIDR go along.
+        5 => {
+            let inside = reserve_in(growth);
+            let mut fields = vec![Field::Cidr(growth)];
+            fields.extend(inside.iter().map(|r| Field::Reserved(*r)));
+            Change::of(fields, move |_| {
+                let mut after = vec![(Field::Cidr(growth), "no".to_string())];
+                after.extend(
+                    inside
+                        .iter()
+                        .map(|r| (Field::Reserved(*r), "no".to_string())),
+                );
+                after
+            })
+        }
+        6 => Change::of(vec![Field::Disabled], |_| {
+            vec![(Field::Disabled, "no".into())]
+        }),
+        7 => Change::of(vec![Field::Reserved(reserved)], move |said| {
+            let now = match said {
+                "reserved" => "yes",
+                _ => "no",
+            };
+            vec![(Field::Reserved(reserved), now.into())]
+        }),
+        _ => Change::all(),
+    }
+}
+
+/// What kind 7 may reserve: an address, a few, a block's worth, or one in the CIDR the pool
+/// grows by.
+const RESERVE: [&str; 4] = [
+    "10.70.0.3/32",
+    "10.70.0.8/29",
+    "10.70.0.16/28",
+    "10.70.4.5/32",
+];
+
+/// The ranges kind 7 may reserve inside `cidr`.
+fn reserve_in(cidr: ipnet::IpNet) -> Vec<ipnet::IpNet> {
+    RESERVE
+        .iter()
+        .map(|r| r.parse::<ipnet::IpNet>().expect("a CIDR"))
+        .filter(|r| cidr.contains(r))
+        .collect()
 }
 
 /// A pool command run again on a pool it left half done, as its error told the operator to:
@@ -226,7 +320,11 @@ pub(crate) fn finish_pool(w: &mut World, name: String, how: HalfDone) {
             format!("pool remove-cidr {name} {c} again (it is still marked on its way out)")
         }
     };
-    command(w, what, move |s| async move {
+    let change = match name == POOL {
+        true => Change::all(),
+        false => Change::none(),
+    };
+    command(w, what, change, move |s| async move {
         match how {
             HalfDone::Delete => s.delete_pool(&name).await.map(|()| "deleted".to_string()),
             HalfDone::Create => match s.get_pool(&name).await {
@@ -248,24 +346,31 @@ pub(crate) fn finish_pool(w: &mut World, name: String, how: HalfDone) {
 
 /// An operator's command `what` (no release, nothing forced): noted, run through the
 /// operator's own store connection by `run`, and its outcome taken in when it ends.
-pub(crate) fn command<F, Fut>(w: &mut World, what: String, run: F)
+/// What it may change of the pool is `change` (`crate::told`).
+pub(crate) fn command<F, Fut>(w: &mut World, what: String, change: Change, run: F)
 where
     F: FnOnce(StoreHandle) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<String, ClusterError>> + Send + 'static,
 {
     w.note(format!("operator: {what}"));
-    w.command(crate::world::Op {
+    let seq = w.command(crate::world::Op {
         forced: false,
         release_of: None,
         departed: false,
     });
+    w.told.start(seq, change);
     let (store, ops) = (w.operator_store_elsewhere(false), w.ops.clone());
     tokio::spawn(async move {
         let result = match store.await {
             Err(e) => Err(e),
             Ok(s) => run(s).await.map_err(|e| e.to_string()),
         };
-        ops.lock().expect("ops").push(OpDone { what, result });
+        ops.lock().expect("ops").push(OpDone {
+            what,
+            result,
+            seq,
+            second: false,
+        });
     });
 }
 
@@ -351,7 +456,7 @@ fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for:
         }
     );
     w.note(format!("operator: {what}"));
-    w.command(crate::world::Op {
+    let seq = w.command(crate::world::Op {
         forced: force,
         release_of: Some(name.clone()),
         departed: false,
@@ -376,7 +481,12 @@ fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for:
             .map(|r| format!("{} block(s) given back", r.blocks.len()))
             .map_err(|e| e.to_string()),
         };
-        ops.lock().expect("ops").push(OpDone { what, result });
+        ops.lock().expect("ops").push(OpDone {
+            what,
+            result,
+            seq,
+            second: false,
+        });
     });
 }
 
@@ -433,6 +543,10 @@ pub(crate) fn backup_or_restore(w: &mut World) -> Result<(), String> {
         }),
     };
     let before = w.shared.blocks();
+    let backed_up_at = match &w.shared {
+        Shared::Etcd(e) => e.backup_revision().unwrap_or_default() as u64,
+        Shared::Api { .. } => 0,
+    };
     if let Shared::Etcd(e) = &mut w.shared {
         match how {
             None => {
@@ -447,8 +561,16 @@ pub(crate) fn backup_or_restore(w: &mut World) -> Result<(), String> {
                     // Its members restart: every watch breaks.
                     w.net.watches(|ws| ws.cut_from(None));
                     crate::fixed::restored(w, &before);
+                    w.told.forget();
                     for s in w.slots.iter_mut().filter(|s| s.daemon.is_some()) {
                         s.unaware = true;
+                    }
+                    for s in w.slots.iter_mut() {
+                        let written = std::mem::take(&mut s.written);
+                        s.lost_writes = written
+                            .into_iter()
+                            .filter(|(rev, _)| *rev > backed_up_at)
+                            .collect();
                     }
                     w.restored_at = Some(w.ms());
                     w.restore_shows_id = matches!(how, Restore::NewCluster(_));

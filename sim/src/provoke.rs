@@ -3,15 +3,18 @@
 //! it starts, there and then, a command or fault whose writes touch what the parked write is
 //! conditioned on. Which one follows from the key:
 //! - a pool's: a pool command of the operator's (deleted, made again, moved, grown, shrunk,
-//!   disabled, an address reserved);
+//!   disabled, an address reserved), or of a second operator's while the first's is under way
+//!   (whose lost update `crate::told` judges);
 //! - a node's (its Lease or `alive`, `seen`, its index of blocks): release-node of that node
 //!   (`--absent-for 0`, with `--force` or without), its daemon killed and started again (the
 //!   new instance takes the name back while the old one's write is on its way), or a look of
 //!   the release of departed nodes;
 //! - a block's: the same of the node that owns it, or an ADD on another node asking for an
 //!   address in it;
-//! - a pin's: a pin keeper's turn, a VM's migration, a pod of a fixed address added, or (in
-//!   runs with departures) an owner gone or back.
+//! - a pin's: two times in three, one of its own owner's (its pod's DEL, its VM's migration,
+//!   its next pod's ADD, a keeper's turn where it is held); else a pin keeper's turn, a VM's
+//!   migration, a pod of a fixed address added, or (in runs with departures) an owner gone or
+//!   back.
 //!
 //! A rival that cannot be made now (one operator command at a time, a node down) leaves the
 //! write parked until its time, as in the other race runs.
@@ -19,6 +22,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use ipool_server::cluster::pin::PinOwner;
 
 use crate::rivals::Keys;
 use crate::world::World;
@@ -31,7 +35,8 @@ pub enum Target {
     Node(String),
     /// A block: its last key part or object name (`10.70.0.16-28`, `10-70-0-16-28`).
     Block(String),
-    Pin,
+    /// A pin, a mark of its or its owner's record: the key, which names its address or owner.
+    Pin(String),
 }
 
 /// What the keys of a conditioned write name: etcd's (`/ipool/v1/nodes/n1/alive`) or the
@@ -50,10 +55,12 @@ pub fn targets(on: &Keys) -> Vec<Target> {
             },
             ["ipool", "v1", "nodes", node, ..] => Some(Target::Node(node.to_string())),
             ["ipool", "v1", "blocks", .., block] => Some(Target::Block(block.to_string())),
-            ["ipool", "v1", "pins" | "pin-owners" | "pins-gone", ..] => Some(Target::Pin),
+            ["ipool", "v1", "pins" | "pin-owners" | "pins-gone", ..] => {
+                Some(Target::Pin(key.to_string()))
+            }
             [.., "ippools", _] => Some(Target::Pool),
             [.., "ipblocks", name] => Some(Target::Block(name.to_string())),
-            [.., "ippins", _] => Some(Target::Pin),
+            [.., "ippins", _] => Some(Target::Pin(key.to_string())),
             [.., "leases", name] => name
                 .strip_prefix("ipool-")
                 .map(|n| Target::Node(n.to_string())),
@@ -82,9 +89,13 @@ pub(crate) fn rival(w: &mut World, on: &Keys) -> Result<(), String> {
     }
     let t = targets[w.choices.pick(targets.len() as u32) as usize].clone();
     match t {
+        // One operator's command at a time; a second operator's beside it.
         Target::Pool => {
             w.note("a rival provoked: a pool command".into());
-            crate::operator::pool_op(w);
+            match w.op.is_some() {
+                true => crate::operator::pool_op_beside(w),
+                false => crate::operator::pool_op(w),
+            }
             Ok(())
         }
         Target::Node(name) => match slot_of(w, &name) {
@@ -108,8 +119,15 @@ pub(crate) fn rival(w: &mut World, on: &Keys) -> Result<(), String> {
         }
         // A pool's deletion is conditioned on its set-aside pins in every run; pods of fixed
         // addresses are added only where the run's daemons serve them.
-        Target::Pin if !w.swarm.pins => Ok(()),
-        Target::Pin => {
+        Target::Pin(_) if !w.swarm.pins => Ok(()),
+        Target::Pin(key) => {
+            // The pin's own owner, two times in three where the store has it: its pod's DEL,
+            // a migration, its next pod's ADD, a keeper's turn where it is held.
+            let owner = pin_owner(&w.shared.pins(), &key);
+            if let Some(o) = owner.filter(|_| w.choices.pick(3) > 0) {
+                w.note(format!("a rival provoked: {o}'s pin"));
+                return crate::fixed::rival_of_owner(w, &o);
+            }
             w.note("a rival provoked: a pin's".into());
             match w.choices.pick(4) {
                 0 => crate::fixed::keep_pins(w),
@@ -124,6 +142,19 @@ pub(crate) fn rival(w: &mut World, on: &Keys) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// The owner of the pin `key` names (by its address, or its owner's record), among `pins`.
+pub fn pin_owner(pins: &[ipool_server::cluster::pin::Pin], key: &str) -> Option<PinOwner> {
+    use ipool_server::cluster::pin::address_name;
+    let last = key.rsplit('/').next().unwrap_or_default();
+    pins.iter()
+        .find(|p| {
+            last == p.address.to_string()
+                || last.ends_with(&address_name(&p.address))
+                || key.ends_with(&format!("/{}", p.owner))
+        })
+        .map(|p| p.owner.clone())
 }
 
 /// The slot of the node named `name` in the store (not a second daemon under its name).

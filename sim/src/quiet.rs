@@ -52,7 +52,7 @@ impl World {
                 .into_iter()
                 .find_map(|p| Some((p.half_done()?, p.name)));
             if let Some((how, name)) = half_done {
-                if self.op.is_none() && self.ms() >= next_redo {
+                if !self.operating() && self.ms() >= next_redo {
                     next_redo = self.ms() + LOOK_EVERY_MS;
                     crate::operator::finish_pool(self, name, how);
                 }
@@ -60,11 +60,11 @@ impl World {
             // A node the look could not judge: the operator runs release-node, as it says.
             let unknown = std::mem::take(&mut self.unknown_nodes);
             if let Some(i) = (0..self.opts.nodes).find(|i| unknown.contains(&self.slots[*i].name)) {
-                if self.op.is_none() {
+                if !self.operating() {
                     crate::operator::release_absent(self, i);
                 }
             }
-            if self.ms() >= next_look && self.op.is_none() {
+            if self.ms() >= next_look && !self.operating() {
                 next_look = self.ms() + LOOK_EVERY_MS;
                 if self.swarm.departures {
                     let me = (0..self.slots.len()).find(|i| self.slots[*i].daemon.is_some());

@@ -417,6 +417,7 @@ impl Shared {
                             spec.reserved.iter().map(|r| r.cidr).collect(),
                         ]
                         .concat(),
+                        reserved: spec.reserved.iter().map(|r| r.cidr).collect(),
                         adding: spec.adding.clone(),
                         removing: spec.removing.clone(),
                         name,
@@ -450,6 +451,7 @@ impl Shared {
                         block_v4: spec["blockSizeV4"].as_u64().unwrap_or(32) as u8,
                         block_v6: spec["blockSizeV6"].as_u64().unwrap_or(128) as u8,
                         kept_out: [nets(&spec["exclude"]), nets(&spec["reserved"])].concat(),
+                        reserved: nets(&spec["reserved"]),
                         disabled: spec["disabled"].as_bool().unwrap_or(false),
                         node_selector: spec["nodeSelector"].as_str().map(str::to_string),
                         adding: nets(&spec["cidrsAdding"]),
@@ -559,6 +561,8 @@ pub struct PoolNow {
     pub block_v6: u8,
     /// Excluded and reserved ranges.
     pub kept_out: Vec<IpNet>,
+    /// Reserved ranges.
+    pub reserved: Vec<IpNet>,
     pub disabled: bool,
     /// The nodes that may claim from it (a label selector; None: every node).
     pub node_selector: Option<String>,

@@ -49,6 +49,11 @@ pub(crate) struct Slot {
     pub unaware: bool,
     /// When (ms) it last heard etcd after not having heard it since a restore (or started).
     pub aware_at: Option<u64>,
+    /// Its writes that landed on etcd, their answers heard: the revision each landed at, and
+    /// when (ms) it was answered (since the last restore).
+    pub written: Vec<(u64, u64)>,
+    /// Those of them the last restore lost (landed after its backup).
+    pub lost_writes: Vec<(u64, u64)>,
     /// Since when (ms) its daemon serves without a break, if it does.
     pub serving_since: Option<u64>,
     /// Per family (IPv4, IPv6): its syncs so far, and when (ms) the count last moved.
@@ -77,6 +82,8 @@ impl Slot {
             holding: false,
             took_name: None,
             unaware: false,
+            written: Vec::new(),
+            lost_writes: Vec::new(),
             aware_at: None,
             serving_since: None,
             syncs: [(0, 0); 2],
@@ -153,6 +160,10 @@ pub(crate) struct Op {
 pub(crate) struct OpDone {
     pub what: String,
     pub result: Result<String, String>,
+    /// The command's number.
+    pub seq: usize,
+    /// A second operator's command, run beside the one under way (`crate::provoke`).
+    pub second: bool,
 }
 
 pub(crate) struct World {
@@ -169,6 +180,10 @@ pub(crate) struct World {
     pub ops: Arc<Mutex<Vec<OpDone>>>,
     /// An operator command is running (one at a time), forced or not.
     pub op: Option<Op>,
+    /// A second operator's pool command is running beside it (`crate::provoke`).
+    pub second_op: bool,
+    /// The pool as the operators were told it (`crate::told`).
+    pub told: crate::told::Told,
     /// Commands so far (the one under way is the last).
     pub op_seq: usize,
     /// Every command, by number: its requests may arrive after it ended.
@@ -294,6 +309,8 @@ impl World {
             done: Arc::default(),
             ops: Arc::default(),
             op: None,
+            second_op: false,
+            told: crate::told::Told::default(),
             op_seq: 0,
             commands: BTreeMap::new(),
             limbo: Vec::new(),
@@ -408,6 +425,26 @@ impl World {
         self.commands.insert(self.op_seq, op.clone());
         self.op = Some(op);
         self.op_seq
+    }
+
+    /// Starts a second operator's pool command beside the one under way: its number.
+    pub fn second_command(&mut self) -> usize {
+        self.op_seq += 1;
+        self.commands.insert(
+            self.op_seq,
+            Op {
+                forced: false,
+                release_of: None,
+                departed: false,
+            },
+        );
+        self.second_op = true;
+        self.op_seq
+    }
+
+    /// An operator's command is under way (a second operator's too).
+    pub fn operating(&self) -> bool {
+        self.op.is_some() || self.second_op
     }
 
     pub fn failure(&self, what: String) -> Failure {

@@ -48,7 +48,7 @@ fn pins_and_their_marks_are_a_pins_rival() {
         "/ipool/v1/pins-gone/p/10.70.0.5",
         "/apis/ipool.io/v1alpha1/ippins/p-10-70-0-5",
     ] {
-        assert_eq!(targets(&keys(&[k])), vec![Target::Pin], "{k}");
+        assert_eq!(targets(&keys(&[k])), vec![Target::Pin(k.into())], "{k}");
     }
 }
 
