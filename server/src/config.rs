@@ -18,7 +18,9 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::error::Error;
-use crate::model::{check_apart, validate_ranges, NetworkDef, Origin, RouteSpec, Sticky, Tuning};
+use crate::model::{
+    check_apart, validate_ranges, Invalid, NetworkDef, Origin, RouteSpec, Sticky, Tuning,
+};
 use crate::range::RangeSpec;
 
 /// The configuration ipoold runs on when no `--config` is given.
@@ -307,12 +309,10 @@ impl DaemonConfig {
         let cfg: DaemonConfig = toml::Value::Table(doc)
             .try_into()
             .map_err(|e: toml::de::Error| Error::InvalidConfig(e.to_string()))?;
-        cfg.defaults
-            .validate("[defaults]")
-            .map_err(Error::InvalidConfig)?;
-        cfg.check_bounds().map_err(Error::InvalidConfig)?;
+        cfg.defaults.validate("[defaults]")?;
+        cfg.check_bounds()?;
         if let Some(c) = &cfg.cluster {
-            c.validate().map_err(Error::InvalidConfig)?;
+            c.validate()?;
         }
         let mut seen = std::collections::HashSet::new();
         for n in &cfg.networks {
@@ -357,14 +357,14 @@ impl DaemonConfig {
         }
         let defs = cfg.network_defs()?;
         for (i, d) in defs.iter().enumerate() {
-            let sets = d.current_ranges().map_err(Error::InvalidConfig)?;
-            check_apart(&d.name, &sets, &defs[..i]).map_err(Error::InvalidConfig)?;
+            let sets = d.current_ranges()?;
+            check_apart(&d.name, &sets, &defs[..i])?;
         }
         Ok(cfg)
     }
 
     /// Every duration within what timers and clocks can add without overflowing.
-    fn check_bounds(&self) -> Result<(), String> {
+    fn check_bounds(&self) -> Result<(), Invalid> {
         let secs = [
             ("[cni] gc_grace_secs", self.cni.gc_grace_secs),
             ("[store] checkpoint_secs", self.store.checkpoint_secs),
@@ -375,10 +375,10 @@ impl DaemonConfig {
         }
         if let Some(k) = &self.kubernetes {
             if k.pod_get_timeout_ms < 100 {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "[kubernetes] pod_get_timeout_ms must be at least 100 (it is {})",
                     k.pod_get_timeout_ms
-                ));
+                )));
             }
             at_most(
                 "[kubernetes] gc_grace_secs",
@@ -393,10 +393,10 @@ impl DaemonConfig {
                 "10 minutes",
             )?;
             if !(10..=600).contains(&k.read_timeout_secs) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "[kubernetes] read_timeout_secs must be within 10..=600 (it is {})",
                     k.read_timeout_secs
-                ));
+                )));
             }
         }
         at_most(
@@ -458,9 +458,7 @@ impl NetworkSpec {
     fn def(&self, defaults: &Tuning) -> Result<NetworkDef, Error> {
         ipool_proto::names::check_name("network name", &self.name).map_err(Error::InvalidConfig)?;
         let tuning = self.tuning.apply(defaults);
-        tuning
-            .validate(&format!("network {:?}", self.name))
-            .map_err(Error::InvalidConfig)?;
+        tuning.validate(&format!("network {:?}", self.name))?;
         let origin = match (self.ranges_from, self.ranges.is_empty()) {
             (Some(from), true) => {
                 if self.subnet_file.is_some() && from != RangesFrom::Flannel {
@@ -532,7 +530,7 @@ impl NetworkSpec {
                         self.name
                     )));
                 }
-                validate_ranges(&self.name, &self.ranges).map_err(Error::InvalidConfig)?;
+                validate_ranges(&self.name, &self.ranges)?;
                 Origin::Config
             }
         };
@@ -549,8 +547,7 @@ impl NetworkSpec {
             self.gateway.as_ref(),
             &self.exclude,
             addressing::Spelling::Toml,
-        )
-        .map_err(Error::InvalidConfig)?;
+        )?;
         Ok(NetworkDef {
             name: self.name.clone(),
             range_sets: self.ranges.clone(),

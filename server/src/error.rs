@@ -35,6 +35,12 @@ pub enum Error {
     Refused { refusal: Refusal, message: String },
 }
 
+impl From<crate::model::Invalid> for Error {
+    fn from(e: crate::model::Invalid) -> Error {
+        Error::InvalidConfig(e.0)
+    }
+}
+
 /// Why an ADD was refused, where an operator can act on it (an Event's `reason` on the pod).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Refusal {

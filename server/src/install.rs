@@ -74,18 +74,24 @@ pub fn install_file(src: &Path, dest: &Path, mode: u32) -> io::Result<Outcome> {
         .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", dest.display())))
 }
 
+/// Why a conflist template cannot be used (not JSON, not a conflist, no `ipool` IPAM, a
+/// socket other than ipoold's).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadTemplate(pub String);
+
 /// The conflist ipoold writes from `template`: it must be a JSON object, a conflist (`name`,
 /// `plugins`) with an `ipool` IPAM; every `ipool` IPAM's `socket` (when it names one) must be
 /// `socket`, the one ipoold serves. Returned as written (pretty JSON).
-pub fn render_conflist(template: &str, socket: &Path) -> Result<String, String> {
+pub fn render_conflist(template: &str, socket: &Path) -> Result<String, BadTemplate> {
     let v: serde_json::Value = serde_json::from_str(template)
-        .map_err(|e| format!("the conflist template is not JSON: {e}"))?;
+        .map_err(|e| BadTemplate(format!("the conflist template is not JSON: {e}")))?;
     let plugins = v
         .get("plugins")
         .and_then(|p| p.as_array())
-        .ok_or("the conflist template has no \"plugins\" list")?;
+        .ok_or_else(|| BadTemplate("the conflist template has no \"plugins\" list".into()))?;
     if v.get("name").and_then(|n| n.as_str()).is_none() {
-        return Err("the conflist template has no \"name\"".into());
+        return Err(BadTemplate("the conflist template has no \"name\"".into()));
     }
     let ipams: Vec<&serde_json::Value> = plugins
         .iter()
@@ -93,23 +99,23 @@ pub fn render_conflist(template: &str, socket: &Path) -> Result<String, String> 
         .filter(|i| i.get("type").and_then(|t| t.as_str()) == Some("ipool"))
         .collect();
     if ipams.is_empty() {
-        return Err(
+        return Err(BadTemplate(
             "no plugin of the conflist template has \"ipam\": {\"type\": \"ipool\"}".into(),
-        );
+        ));
     }
     for i in ipams {
         if let Some(s) = i.get("socket").and_then(|s| s.as_str()) {
             if Path::new(s) != socket {
-                return Err(format!(
+                return Err(BadTemplate(format!(
                     "the conflist template's ipam socket is {s}, but ipoold serves {}",
                     socket.display()
-                ));
+                )));
             }
         }
     }
     serde_json::to_string_pretty(&v)
         .map(|s| s + "\n")
-        .map_err(|e| e.to_string())
+        .map_err(|e| BadTemplate(e.to_string()))
 }
 
 pub mod chain;

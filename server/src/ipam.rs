@@ -15,6 +15,7 @@
 //!   addresses asynchronously
 //! - [`add`] — ADD
 //! - [`declare`] — the network a CNI config declares, and those it takes the place of
+//! - `diverged` — memory and the store disagree (a change not followed, a record not placed)
 //! - [`release`] — DEL, CNI GC, and releasing attachments for every other reason
 //! - [`status`] — CNI CHECK and STATUS, pool numbers
 //! - [`sticky`] — reservations for pods that went away
@@ -49,6 +50,7 @@ mod add;
 mod attachments;
 mod declare;
 mod declare_pool;
+mod diverged;
 mod events;
 mod fixed;
 mod leak;
@@ -123,8 +125,8 @@ struct Shared {
     pool_networks: watch::Sender<u64>,
 }
 
-/// Why no ADD may be served yet, given [`Ipam::ranges_version`]; Ok when they may.
-pub type AddGate = Arc<dyn Fn(u64) -> Result<(), String> + Send + Sync>;
+/// Why no ADD may be served yet, given [`Ipam::ranges_version`]; None when they may.
+pub type AddGate = Arc<dyn Fn(u64) -> Option<String> + Send + Sync>;
 
 /// What the daemon's health depends on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -215,7 +217,7 @@ struct Claiming {
 
 /// Checks an attachment key's names by the CNI spec's rules.
 pub fn validate_key(key: &AttachmentKey) -> Result<(), Error> {
-    key.validate().map_err(Error::InvalidRequest)
+    key.validate().map_err(|e| Error::InvalidRequest(e.0))
 }
 
 /// Checks a network name by the CNI spec's rules.
@@ -308,7 +310,7 @@ impl Ipam {
     /// Why ADDs may not be served yet, if they may not.
     fn gate_closed(&self) -> Option<String> {
         let gate = self.shared.add_gate.read().expect("gate lock");
-        gate.as_ref().and_then(|g| g(self.ranges_version()).err())
+        gate.as_ref().and_then(|g| g(self.ranges_version()))
     }
 
     /// The metrics, shared.

@@ -3,6 +3,7 @@
 //! Nothing below the engine knows of it: these drive [`crate::ipam::Ipam`] through its API.
 //!
 //! # Layout
+//! - [`annotation`]: an annotation that cannot be read;
 //! - `client`: the Kubernetes client;
 //! - [`cri`]: the node's container runtime, asked over its CRI socket (`[kubernetes] cri_socket`);
 //! - [`events`]: why an ADD was refused, on the pod;
@@ -15,6 +16,7 @@
 //! - [`pods`]: the pods on this node;
 //! - [`selection`]: which cluster pools a pod's ADD may use, most specific first.
 
+pub mod annotation;
 mod client;
 pub mod cri;
 pub mod events;

@@ -8,6 +8,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::range::{parse_set, Range, RangeSpec};
 
+/// A network definition, its ranges or its tuning that is not valid: the message names the
+/// table or network and the bad value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
 /// Engine time in milliseconds: Unix time when the daemon started, then advanced by the
 /// monotonic clock (see [`crate::clock`]).
 pub type Millis = u64;
@@ -29,11 +35,11 @@ impl AttachmentKey {
     }
 
     /// Checks the three names by the CNI spec's rules.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         use ipool_proto::names::{check_ifname, check_name};
-        check_name("network name", &self.network)?;
-        check_name("container ID", &self.container_id)?;
-        check_ifname("interface name", &self.ifname)
+        check_name("network name", &self.network).map_err(Invalid)?;
+        check_name("container ID", &self.container_id).map_err(Invalid)?;
+        check_ifname("interface name", &self.ifname).map_err(Invalid)
     }
 }
 
@@ -175,8 +181,8 @@ fn default_sticky_ttl() -> u64 {
 
 impl Tuning {
     /// Checks the values; `what` names the table in the message.
-    pub fn validate(&self, what: &str) -> Result<(), String> {
-        let bad = |m: String| Err(format!("{what}: {m}"));
+    pub fn validate(&self, what: &str) -> Result<(), Invalid> {
+        let bad = |m: String| Err(Invalid(format!("{what}: {m}")));
         if self.max_idle < self.min_idle {
             return bad(format!(
                 "max_idle ({}) is below min_idle ({})",
@@ -198,7 +204,7 @@ impl Tuning {
         if self.sticky != Sticky::None && self.sticky_ttl_secs == 0 {
             return bad("sticky_ttl_secs must be at least 1 when sticky is on".into());
         }
-        let bounded = || -> Result<(), String> {
+        let bounded = || -> Result<(), Invalid> {
             at_most("min_idle", self.min_idle, MAX_COUNT, "16 Mi addresses")?;
             at_most("max_idle", self.max_idle, MAX_COUNT, "16 Mi addresses")?;
             at_most(
@@ -210,7 +216,7 @@ impl Tuning {
             at_most("cooldown_secs", self.cooldown_secs, MAX_SECS, "a year")?;
             at_most("sticky_ttl_secs", self.sticky_ttl_secs, MAX_SECS, "a year")
         };
-        bounded().map_err(|e| format!("{what}: {e}"))
+        bounded().map_err(|e| Invalid(format!("{what}: {e}")))
     }
 }
 
@@ -226,9 +232,11 @@ pub fn at_most<T: PartialOrd + std::fmt::Display>(
     v: T,
     max: T,
     meaning: &str,
-) -> Result<(), String> {
+) -> Result<(), Invalid> {
     if v > max {
-        return Err(format!("{what} must be at most {max} ({meaning}), not {v}"));
+        return Err(Invalid(format!(
+            "{what} must be at most {max} ({meaning}), not {v}"
+        )));
     }
     Ok(())
 }
@@ -437,12 +445,12 @@ impl SubnetMode {
 
 impl NetworkDef {
     /// The validated ranges, one list per range set.
-    pub fn ranges(&self) -> Result<Vec<Vec<Range>>, String> {
+    pub fn ranges(&self) -> Result<Vec<Vec<Range>>, Invalid> {
         validate_ranges(&self.name, &self.range_sets)
     }
 
     /// The current range sets, validated; none while the ranges are not known yet.
-    pub fn current_ranges(&self) -> Result<Vec<RangeSet>, String> {
+    pub fn current_ranges(&self) -> Result<Vec<RangeSet>, Invalid> {
         match self.range_sets.is_empty() {
             true => Ok(Vec::new()),
             false => self.ranges(),
@@ -453,15 +461,19 @@ impl NetworkDef {
     /// ones, validated: no overlap among the current ones, each retiring set valid on its own
     /// (a retiring set may overlap a current one: what it holds there belongs to the current
     /// one).
-    pub fn all_ranges(&self) -> Result<(Vec<RangeSet>, Vec<RangeSet>), String> {
+    pub fn all_ranges(&self) -> Result<(Vec<RangeSet>, Vec<RangeSet>), Invalid> {
         let current = self.current_ranges()?;
         let retiring = self
             .retiring
             .iter()
             .enumerate()
             .map(|(i, set)| {
-                parse_set(set)
-                    .map_err(|e| format!("network {:?}: retiring ranges[{i}]: {e}", self.name))
+                parse_set(set).map_err(|e| {
+                    Invalid(format!(
+                        "network {:?}: retiring ranges[{i}]: {e}",
+                        self.name
+                    ))
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((current, retiring))
@@ -542,17 +554,17 @@ pub fn check_apart<'a>(
     name: &str,
     sets: &[RangeSet],
     others: impl IntoIterator<Item = &'a NetworkDef>,
-) -> Result<(), String> {
+) -> Result<(), Invalid> {
     for other in others.into_iter().filter(|d| d.name != name) {
         let Ok((current, retiring)) = other.all_ranges() else {
             continue;
         };
         for b in current.iter().chain(&retiring).flatten() {
             if let Some(a) = sets.iter().flatten().find(|a| overlaps(a, b)) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "network {name:?}: subnet {} overlaps subnet {} of network {:?} (an address handed out in both would be on two pods)",
                     a.subnet, b.subnet, other.name
-                ));
+                )));
             }
         }
     }
@@ -560,27 +572,27 @@ pub fn check_apart<'a>(
 }
 
 /// Parses and checks range sets: each valid, no two subnets overlapping.
-pub fn validate_ranges(network: &str, sets: &[Vec<RangeSpec>]) -> Result<Vec<Vec<Range>>, String> {
+pub fn validate_ranges(network: &str, sets: &[Vec<RangeSpec>]) -> Result<Vec<Vec<Range>>, Invalid> {
     if sets.is_empty() {
-        return Err(format!(
+        return Err(Invalid(format!(
             "network {network:?} declares no ranges (set ipam.ranges or ipam.subnet)"
-        ));
+        )));
     }
     let parsed = sets
         .iter()
         .enumerate()
         .map(|(i, set)| {
-            parse_set(set).map_err(|e| format!("network {network:?}: ranges[{i}]: {e}"))
+            parse_set(set).map_err(|e| Invalid(format!("network {network:?}: ranges[{i}]: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let all: Vec<&Range> = parsed.iter().flatten().collect();
     for (i, a) in all.iter().enumerate() {
         for b in &all[i + 1..] {
             if overlaps(a, b) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "network {network:?}: subnets {} and {} overlap",
                     a.subnet, b.subnet
-                ));
+                )));
             }
         }
     }

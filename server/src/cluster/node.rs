@@ -130,6 +130,12 @@ pub struct ClusterNode {
 pub struct InvalidNode(pub String);
 
 /// A check of the settings' or the name's, in its words.
+impl From<crate::model::Invalid> for InvalidNode {
+    fn from(e: crate::model::Invalid) -> InvalidNode {
+        InvalidNode(e.0)
+    }
+}
+
 impl From<String> for InvalidNode {
     fn from(why: String) -> InvalidNode {
         InvalidNode(why)

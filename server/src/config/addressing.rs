@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use crate::model::SubnetMode;
+use crate::model::{Invalid, SubnetMode};
 
 /// `addressing`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -73,52 +73,57 @@ pub fn subnet_mode(
     gateway: Option<&Gateways>,
     exclude: &[String],
     spelling: Spelling,
-) -> Result<Option<SubnetMode>, String> {
+) -> Result<Option<SubnetMode>, Invalid> {
     let (gw_key, ex_key) = (spelling.key("gateway"), spelling.key("exclude"));
     if addressing.unwrap_or_default() == Addressing::Block {
         if gateway.is_some() || !exclude.is_empty() {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "network {network:?}: {gw_key} and {ex_key} go with {} (with block addressing each block's first address is its gateway)",
                 spelling.subnet()
-            ));
+            )));
         }
         return Ok(None);
     }
     let mut gateways: Vec<IpAddr> = Vec::new();
     for g in gateway.map(Gateways::list).unwrap_or_default() {
-        let ip: IpAddr = g
-            .trim()
-            .parse()
-            .map_err(|_| format!("network {network:?}: {gw_key} {g:?} is not an IP address"))?;
+        let ip: IpAddr = g.trim().parse().map_err(|_| {
+            Invalid(format!(
+                "network {network:?}: {gw_key} {g:?} is not an IP address"
+            ))
+        })?;
         if gateways.contains(&ip) {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "network {network:?}: {gw_key} {ip} is listed twice"
-            ));
+            )));
         }
         gateways.push(ip);
     }
     if exclude.len() > MAX_EXCLUDED {
-        return Err(format!(
+        return Err(Invalid(format!(
             "network {network:?}: {ex_key} lists {} entries, at most {MAX_EXCLUDED}",
             exclude.len()
-        ));
+        )));
     }
     let exclude = exclude
         .iter()
-        .map(|x| excluded(x).map_err(|e| format!("network {network:?}: {ex_key} {x:?}: {e}")))
-        .collect::<Result<Vec<IpNet>, String>>()?;
+        .map(|x| {
+            excluded(x).ok_or_else(|| {
+                Invalid(format!(
+                    "network {network:?}: {ex_key} {x:?}: not a CIDR or an IP address"
+                ))
+            })
+        })
+        .collect::<Result<Vec<IpNet>, Invalid>>()?;
     Ok(Some(SubnetMode { gateways, exclude }))
 }
 
-/// One excluded entry: a CIDR, or an address.
-fn excluded(x: &str) -> Result<IpNet, String> {
+/// One excluded entry: a CIDR, or an address (None: neither).
+fn excluded(x: &str) -> Option<IpNet> {
     let x = x.trim();
     if let Ok(net) = x.parse::<IpNet>() {
-        return Ok(net.trunc());
+        return Some(net.trunc());
     }
-    x.parse::<IpAddr>()
-        .map(IpNet::from)
-        .map_err(|_| "not a CIDR or an IP address".to_string())
+    x.parse::<IpAddr>().map(IpNet::from).ok()
 }
 
 #[cfg(test)]

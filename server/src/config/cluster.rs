@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::model::Invalid;
+
 /// How ipoold reaches etcd and claims blocks.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -150,20 +152,22 @@ impl ClusterSettings {
     }
 
     /// Every value usable; each error names the key and the bad value.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         for (k, v) in &self.node_labels {
             crate::selector::NodeSelector::parse(&format!("{k}={v}"))
-                .map_err(|e| format!("[cluster] node_labels: {e}"))?;
+                .map_err(|e| Invalid(format!("[cluster] node_labels: {e}")))?;
         }
         match self.datastore {
             DatastoreKind::Etcd if self.etcd_endpoints.is_empty() => {
-                return Err("[cluster] etcd_endpoints is empty: name at least one etcd client URL, e.g. \"https://10.0.0.10:2379\" (or set datastore = \"kubernetes\")".into());
+                return Err(Invalid("[cluster] etcd_endpoints is empty: name at least one etcd client URL, e.g. \"https://10.0.0.10:2379\" (or set datastore = \"kubernetes\")".into()));
             }
             DatastoreKind::Kubernetes if !self.etcd_endpoints.is_empty() => {
-                return Err("[cluster] etcd_endpoints are for datastore = \"etcd\"; with datastore = \"kubernetes\" pools and blocks live in the cluster's API".into());
+                return Err(Invalid("[cluster] etcd_endpoints are for datastore = \"etcd\"; with datastore = \"kubernetes\" pools and blocks live in the cluster's API".into()));
             }
             DatastoreKind::Etcd if self.kubeconfig.is_some() => {
-                return Err("[cluster] kubeconfig is for datastore = \"kubernetes\"".into());
+                return Err(Invalid(
+                    "[cluster] kubeconfig is for datastore = \"kubernetes\"".into(),
+                ));
             }
             _ => {}
         }
@@ -176,9 +180,9 @@ impl ClusterSettings {
             && !ns.starts_with('-')
             && !ns.ends_with('-');
         if self.datastore == DatastoreKind::Kubernetes && !dns_label {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "[cluster] lease_namespace {ns:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
-            ));
+            )));
         }
         for e in &self.etcd_endpoints {
             check_endpoint(e)?;
@@ -188,73 +192,75 @@ impl ClusterSettings {
             .iter()
             .any(|e| e.starts_with("https://"));
         if self.cert_file.is_some() != self.key_file.is_some() {
-            return Err("[cluster] cert_file and key_file go together".into());
+            return Err(Invalid(
+                "[cluster] cert_file and key_file go together".into(),
+            ));
         }
         if !https && (self.ca_file.is_some() || self.cert_file.is_some()) {
-            return Err(
+            return Err(Invalid(
                 "[cluster] ca_file/cert_file are for https:// etcd endpoints; these are http://"
                     .into(),
-            );
+            ));
         }
         if !self.prefix.starts_with('/') || self.prefix.len() < 2 {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "[cluster] prefix {:?} must start with '/' and name something",
                 self.prefix
-            ));
+            )));
         }
         if let Some(n) = &self.node_name {
             ipool_proto::names::check_name("node name", n)
-                .map_err(|e| format!("[cluster] node_name: {e}"))?;
+                .map_err(|e| Invalid(format!("[cluster] node_name: {e}")))?;
         }
         if !(self.store_timeout_ms >= 100 && self.store_timeout_ms <= 60_000) {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "[cluster] store_timeout_ms must be within 100..=60000 (it is {})",
                 self.store_timeout_ms
-            ));
+            )));
         }
         if !(self.store_rate.is_finite() && self.store_rate > 0.0) || self.store_burst == 0 {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "[cluster] store_rate must be above 0 and store_burst at least 1 (they are {} and {})",
                 self.store_rate, self.store_burst
-            ));
+            )));
         }
         if !(1..=86_400).contains(&self.resync_secs) {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "[cluster] resync_secs must be within 1..=86400 (it is {})",
                 self.resync_secs
-            ));
+            )));
         }
         if !(5..=3600).contains(&self.heartbeat_ttl_secs) {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "[cluster] heartbeat_ttl_secs must be within 5..=3600 (it is {})",
                 self.heartbeat_ttl_secs
-            ));
+            )));
         }
         if let Some(f) = self.fence_secs {
             if !(1..=self.heartbeat_ttl_secs).contains(&f) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "[cluster] fence_secs must be within 1..=heartbeat_ttl_secs ({}): a node must stop handing out before its lease can be gone (it is {f})",
                     self.heartbeat_ttl_secs
-                ));
+                )));
             }
         }
         if self.pin_ttl_secs > crate::model::MAX_SECS {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "[cluster] pin_ttl_secs is at most a year (it is {})",
                 self.pin_ttl_secs
-            ));
+            )));
         }
         if self.release_departed_after_secs > crate::model::MAX_SECS {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "[cluster] release_departed_after_secs is at most a year (it is {})",
                 self.release_departed_after_secs
-            ));
+            )));
         }
         if self.block_hold_down_secs > crate::model::MAX_SECS {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "[cluster] block_hold_down_secs is at most a year (it is {})",
                 self.block_hold_down_secs
-            ));
+            )));
         }
         Ok(())
     }
@@ -262,18 +268,20 @@ impl ClusterSettings {
 
 /// `http(s)://IP:PORT`: etcd's client URL with an address, not a host name (a static binary
 /// in a scratch image cannot resolve names).
-pub fn check_endpoint(e: &str) -> Result<(), String> {
+pub fn check_endpoint(e: &str) -> Result<(), Invalid> {
     let rest = e
         .strip_prefix("http://")
         .or_else(|| e.strip_prefix("https://"))
         .ok_or_else(|| {
-            format!("etcd endpoint {e:?}: give a URL, http://IP:PORT or https://IP:PORT")
+            Invalid(format!(
+                "etcd endpoint {e:?}: give a URL, http://IP:PORT or https://IP:PORT"
+            ))
         })?;
     let rest = rest.trim_end_matches('/');
     if rest.parse::<std::net::SocketAddr>().is_err() {
-        return Err(format!(
+        return Err(Invalid(format!(
             "etcd endpoint {e:?}: the host must be an IP address with a port (e.g. https://10.0.0.10:2379 or https://[fd00::10]:2379); names cannot be resolved in ipool's image"
-        ));
+        )));
     }
     Ok(())
 }

@@ -95,7 +95,7 @@ impl IpamSection {
             return Ok(None);
         }
         let routes = self.routes.clone().unwrap_or_default();
-        validate_ranges(name, &range_sets).map_err(Error::InvalidConfig)?;
+        validate_ranges(name, &range_sets)?;
         validate_routes(name, &routes)?;
         Ok(Some(NetworkDef {
             name: name.to_string(),
@@ -128,8 +128,7 @@ impl IpamSection {
             self.gateway.as_ref(),
             &self.exclude,
             Spelling::Cni,
-        )
-        .map_err(Error::InvalidConfig)?;
+        )?;
         Ok(NetworkDef {
             name: name.to_string(),
             range_sets: Vec::new(),

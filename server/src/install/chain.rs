@@ -81,9 +81,12 @@ enum Answer {
     CannotRun(String),
 }
 
+/// A plugin that ran and gave no answer to `VERSION` (why).
+struct Silent(String);
+
 /// What `plugin` answers to `VERSION`: its supported versions; Err when it runs but gives no
 /// answer.
-fn versions_of(plugin: &Path) -> Result<Answer, String> {
+fn versions_of(plugin: &Path) -> Result<Answer, Silent> {
     let spawned = Command::new(plugin)
         .env_clear()
         .env("CNI_COMMAND", "VERSION")
@@ -102,23 +105,29 @@ fn versions_of(plugin: &Path) -> Result<Answer, String> {
     }
     let started = std::time::Instant::now();
     loop {
-        match child.try_wait().map_err(|e| e.to_string())? {
+        match child.try_wait().map_err(|e| Silent(e.to_string()))? {
             Some(_) => break,
             None if started.elapsed() > VERSION_TIMEOUT => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("no answer within {VERSION_TIMEOUT:?}"));
+                return Err(Silent(format!("no answer within {VERSION_TIMEOUT:?}")));
             }
             None => std::thread::sleep(Duration::from_millis(10)),
         }
     }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|_| format!("not JSON: {}", String::from_utf8_lossy(&out.stdout).trim()))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Silent(e.to_string()))?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|_| {
+        Silent(format!(
+            "not JSON: {}",
+            String::from_utf8_lossy(&out.stdout).trim()
+        ))
+    })?;
     let list = v
         .get("supportedVersions")
         .and_then(|s| s.as_array())
-        .ok_or_else(|| format!("no supportedVersions in {v}"))?;
+        .ok_or_else(|| Silent(format!("no supportedVersions in {v}")))?;
     Ok(Answer::Versions(
         list.iter()
             .filter_map(|s| s.as_str().map(str::to_string))
@@ -153,7 +162,7 @@ pub fn common_version(conflist: &serde_json::Value, bin_dir: &Path) -> Result<Ch
             dir: dir.clone(),
             why,
         };
-        let versions = match versions_of(&bin_dir.join(t)).map_err(no_version)? {
+        let versions = match versions_of(&bin_dir.join(t)).map_err(|s| no_version(s.0))? {
             Answer::Versions(v) => v,
             Answer::CannotRun(why) if parse_version(&declared).is_some() => {
                 assumed.push(format!("{t} (cannot be run here: {why})"));

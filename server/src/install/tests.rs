@@ -91,6 +91,6 @@ fn a_conflist_template_must_name_ipool_on_the_daemons_socket() {
         ),
     ] {
         let e = render_conflist(t, sock).unwrap_err();
-        assert!(e.contains(needle), "{t}: {e}");
+        assert!(e.0.contains(needle), "{t}: {e}");
     }
 }

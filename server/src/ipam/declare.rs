@@ -98,7 +98,7 @@ impl Ipam {
                 )))
             }
         };
-        let sets = d.ranges().map_err(Error::InvalidConfig)?;
+        let sets = d.ranges()?;
         let displaced = displaced_by(st, name, d);
         check_apart(
             name,
@@ -108,7 +108,7 @@ impl Ipam {
                 .filter(|n| !displaced.contains(&n.def.name))
                 .map(|n| &n.def),
         )
-        .map_err(Error::InvalidConfig)?;
+        .map_err(|e| Error::InvalidConfig(e.0))?;
         let mut net = Network::new(d.clone(), &self.shared.sources, now)?;
         let mut changes = vec![Change::PutNetwork(d.clone())];
         for other in displaced.iter().filter_map(|n| st.networks.get(n)) {

@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 
+use super::diverged::Diverged;
 use super::{Lease, Pending, Step};
 use crate::error::Refusal;
 use crate::model::{Millis, Tuning};
@@ -311,7 +312,7 @@ impl RangeSetPool {
     }
 
     /// Takes what `pick` picked into use. Fails only if the pool changed since the pick.
-    pub(super) fn take(&mut self, pick: &Pick) -> Result<(), String> {
+    pub(super) fn take(&mut self, pick: &Pick) -> Result<(), Diverged> {
         let ip = pick.ip;
         let taken = match pick.from {
             From::Idle => self.pool.take(ip, ()).map(|_| ()),
@@ -328,13 +329,13 @@ impl RangeSetPool {
                     From::Fixed => self.source.occupy_fixed(ip),
                     _ => self.source.occupy(ip),
                 };
-                occupied.map_err(|e| e.to_string())?;
+                occupied.map_err(|e| Diverged(e.to_string()))?;
                 self.pool
                     .admit(ip, Since::Never)
                     .and_then(|()| self.pool.take(ip, ()).map(|_| ()))
             }
         };
-        taken.map_err(|e| format!("taking {ip}: {e}"))
+        taken.map_err(|e| Diverged(format!("taking {ip}: {e}")))
     }
 
     /// What taking `pick` changes in the store besides the attachment, added to `out`: an idle

@@ -87,7 +87,7 @@ impl Ipam {
         }
         let parsed = match range_sets.is_empty() {
             true => Vec::new(),
-            false => validate_ranges(network, &range_sets).map_err(Error::InvalidConfig)?,
+            false => validate_ranges(network, &range_sets)?,
         };
         let now = self.now();
         let (summary, seq, ended) = {
@@ -119,8 +119,7 @@ impl Ipam {
                     "network {network:?} does not take its addresses from cluster pool {pool:?} (it was declared anew)"
                 )));
             }
-            check_apart(network, &parsed, st.networks.values().map(|n| &n.def))
-                .map_err(Error::InvalidConfig)?;
+            check_apart(network, &parsed, st.networks.values().map(|n| &n.def))?;
             let same = match (old.def.range_sets.is_empty(), range_sets.is_empty()) {
                 (true, true) => true,
                 (false, false) => old.def.same_addresses(&NetworkDef {
@@ -290,7 +289,7 @@ impl Ipam {
         let mut changes = vec![Change::PutNetwork(net.def.clone())];
         for (ip, key, fixed) in &held {
             net.restore_in_use(*ip, key, *fixed)
-                .map_err(Error::InvalidConfig)?;
+                .map_err(|e| Error::InvalidConfig(e.0))?;
         }
         let mut ended = Vec::new();
         for r in reservations.values().filter(|r| r.key.network == name) {
@@ -301,7 +300,7 @@ impl Ipam {
             if stays {
                 for ip in &r.addresses {
                     net.restore_reserved(*ip, &r.key)
-                        .map_err(Error::InvalidConfig)?;
+                        .map_err(|e| Error::InvalidConfig(e.0))?;
                 }
             } else {
                 // Its addresses in the new ranges go idle, cooling, as when it expires.

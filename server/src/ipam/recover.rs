@@ -394,7 +394,7 @@ fn restore_attachments(state: &mut State) -> Result<(), Error> {
         let fixed = rec.k8s().is_some_and(|m| m.fixed.is_some());
         for ip in rec.addresses() {
             net.restore_in_use(*ip, &rec.key(), fixed)
-                .map_err(Error::InvalidConfig)?;
+                .map_err(|e| Error::InvalidConfig(e.0))?;
         }
     }
     Ok(())
@@ -413,7 +413,7 @@ fn restore_reserved(
     };
     for ip in &r.addresses {
         net.restore_reserved(*ip, &r.key)
-            .map_err(Error::InvalidConfig)?;
+            .map_err(|e| Error::InvalidConfig(e.0))?;
     }
     Ok(())
 }

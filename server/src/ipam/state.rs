@@ -6,6 +6,7 @@ use std::fmt::Display;
 use std::net::IpAddr;
 
 use super::attachments::Attachments;
+use super::diverged::Diverged;
 use super::range_set::RangeSetPool;
 use super::{AddReply, Ipam, Lease, ALL_NETWORKS};
 use crate::error::Error;
@@ -47,7 +48,7 @@ pub(super) struct Network {
 
 impl Network {
     pub(super) fn new(def: NetworkDef, sources: &Sources, now: Millis) -> Result<Network, Error> {
-        let (current, retiring) = def.all_ranges().map_err(Error::InvalidConfig)?;
+        let (current, retiring) = def.all_ranges()?;
         let n = current.len();
         let pools = current
             .into_iter()
@@ -102,11 +103,11 @@ impl Network {
         ip: IpAddr,
         holder: &dyn Display,
         fixed: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), Diverged> {
         let p = self.restore_slot(ip, "attachment", holder, fixed)?;
         p.pool
             .restore_in_use(ip, ())
-            .map_err(|e| format!("attachment {holder}: {e}"))
+            .map_err(|e| Diverged(format!("attachment {holder}: {e}")))
     }
 
     /// Puts `ip`, reserved by `holder` in the store, back into reserved.
@@ -114,11 +115,11 @@ impl Network {
         &mut self,
         ip: IpAddr,
         holder: &dyn Display,
-    ) -> Result<(), String> {
+    ) -> Result<(), Diverged> {
         let p = self.restore_slot(ip, "reservation", holder, false)?;
         p.pool
             .restore_reserved(ip)
-            .map_err(|e| format!("reservation {holder}: {e}"))
+            .map_err(|e| Diverged(format!("reservation {holder}: {e}")))
     }
 
     /// The pool that holds `ip`, with `ip` taken from its source.
@@ -128,23 +129,24 @@ impl Network {
         what: &str,
         holder: &dyn Display,
         fixed: bool,
-    ) -> Result<&mut RangeSetPool, String> {
+    ) -> Result<&mut RangeSetPool, Diverged> {
         let set = self
             .set_of(ip)
             .or_else(|| self.hosting_set(ip).filter(|_| fixed));
         let set = set.ok_or_else(|| {
-            format!(
+            Diverged(format!(
                 "{what} {holder} holds {ip}, which is outside the ranges of network {:?} ({})",
                 self.def.name,
                 self.def.describe_ranges()
-            )
+            ))
         })?;
         let p = &mut self.pools[set];
         let occupied = match fixed {
             true => p.source.occupy_fixed(ip),
             false => p.source.occupy(ip),
         };
-        occupied.map_err(|e| format!("{what} {holder}: {e} (held twice in the store)"))?;
+        occupied
+            .map_err(|e| Diverged(format!("{what} {holder}: {e} (held twice in the store)")))?;
         Ok(p)
     }
 
@@ -211,7 +213,7 @@ impl Ipam {
         &self,
         st: &mut State,
         changes: &[Change],
-        apply: impl FnOnce(&mut State) -> Result<(), String>,
+        apply: impl FnOnce(&mut State) -> Result<(), Diverged>,
     ) -> Result<Seq, Error> {
         self.serving(st)?;
         let seq = match self.shared.store.append(changes) {

@@ -52,6 +52,11 @@ impl PoolStatus {
     }
 }
 
+/// Why an ADD on a network could not be served now (CNI STATUS, and the daemon's readiness).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotReady(pub String);
+
 impl Ipam {
     /// Confirms the attachment exists and holds every address in `addresses`.
     pub fn check(&self, key: &AttachmentKey, addresses: &[IpAddr]) -> Result<(), Error> {
@@ -80,35 +85,35 @@ impl Ipam {
 
     /// Ok when an ADD on `network` could be served now; else the reason.
     /// `declared` is the network a CNI config would declare if the daemon does not know it.
-    pub fn status(&self, network: &str, declared: Option<&NetworkDef>) -> Result<(), String> {
+    pub fn status(&self, network: &str, declared: Option<&NetworkDef>) -> Result<(), NotReady> {
         let mut st = self.lock();
         self.notice_store_failure(&mut st);
-        self.serving(&st).map_err(|e| e.to_string())?;
+        self.serving(&st).map_err(|e| NotReady(e.to_string()))?;
         if let Some(why) = self.gate_closed() {
-            return Err(why);
+            return Err(NotReady(why));
         }
         let now = self.now();
         let Some(net) = st.networks.get(network) else {
             return match declared {
                 Some(_) => Ok(()),
-                None => Err(format!(
+                None => Err(NotReady(format!(
                     "network {network:?} is unknown to ipoold and the config declares no ranges"
-                )),
+                ))),
             };
         };
         if let Some(d) = declared {
             let fixed = net.def.origin.ranges_at_runtime();
             let held = st.attachments.iter().any(|a| a.network() == network);
             if !net.def.same_addresses(d) && (fixed || held) {
-                return Err(format!(
+                return Err(NotReady(format!(
                     "network {network:?} is defined with ranges {}, the config asks for {}",
                     net.def.describe_ranges(),
                     d.describe_ranges()
-                ));
+                )));
             }
         }
         if let Some(why) = net.no_ranges() {
-            return Err(why);
+            return Err(NotReady(why));
         }
         // The network serves an ADD when each group of range sets it takes an address from
         // (a set of no cluster pool alone; a family of its cluster pools, tried in order) has
@@ -122,11 +127,11 @@ impl Ipam {
                         why.clear();
                         break;
                     }
-                    Err(w) => why.push(w),
+                    Err(w) => why.push(w.0),
                 }
             }
             if !why.is_empty() {
-                return Err(why.join("; "));
+                return Err(NotReady(why.join("; ")));
             }
         }
         Ok(())
@@ -195,31 +200,35 @@ impl Ipam {
 }
 
 /// Ok when range set `p` of `network` could serve an ADD now; else why not.
-fn set_ready(p: &super::range_set::RangeSetPool, network: &str, now: Millis) -> Result<(), String> {
+fn set_ready(
+    p: &super::range_set::RangeSetPool,
+    network: &str,
+    now: Millis,
+) -> Result<(), NotReady> {
     if let Some(why) = p.source.refused() {
-        return Err(format!(
+        return Err(NotReady(format!(
             "{} cannot serve an ADD: {why}",
             p.describe(network)
-        ));
+        )));
     }
     if let Some((_, why)) = p.source.held_back().and_then(Next::why_not) {
-        return Err(format!(
+        return Err(NotReady(format!(
             "{} cannot serve an ADD: {why}",
             p.describe(network)
-        ));
+        )));
     }
     let next = p.source.next();
     let usable = |ip| p.source.withheld(ip).is_none();
     if let Next::Unavailable(why) | Next::Refused(_, why) = &next {
         if p.pool.fallback(usable).is_err() {
-            return Err(format!(
+            return Err(NotReady(format!(
                 "{} cannot serve an ADD: {why}",
                 p.describe(network)
-            ));
+            )));
         }
     }
     p.pool
         .plan(now, next == Next::Exhausted, usable)
         .map(|_| ())
-        .map_err(|e| format!("{} cannot serve an ADD: {e}", p.describe(network)))
+        .map_err(|e| NotReady(format!("{} cannot serve an ADD: {e}", p.describe(network))))
 }

@@ -27,6 +27,12 @@ pub struct Runtime {
     client: tokio::sync::Mutex<Option<RuntimeServiceClient<Channel>>>,
 }
 
+/// The runtime did not answer the CRI (not reachable, an error, no answer in time): the
+/// message names its socket.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CriUnanswered(pub String);
+
 impl Runtime {
     pub fn new(path: PathBuf, timeout: Duration) -> Runtime {
         Runtime {
@@ -66,7 +72,7 @@ impl Runtime {
     }
 
     /// The runtime's name and version, if it answers the CRI.
-    pub async fn answers(&self) -> Result<String, String> {
+    pub async fn answers(&self) -> Result<String, CriUnanswered> {
         let mut c = self.connect().await?;
         let req = ipool_proto::cri::VersionRequest {
             version: "v1".into(),
@@ -78,15 +84,19 @@ impl Runtime {
             }
             Ok(Err(status)) => {
                 *self.client.lock().await = None;
-                Err(format!("{}: {}", self.path.display(), status.message()))
+                Err(CriUnanswered(format!(
+                    "{}: {}",
+                    self.path.display(),
+                    status.message()
+                )))
             }
             Err(_) => {
                 *self.client.lock().await = None;
-                Err(format!(
+                Err(CriUnanswered(format!(
                     "{}: no answer within {:?}",
                     self.path.display(),
                     self.timeout
-                ))
+                )))
             }
         }
     }
@@ -95,7 +105,7 @@ impl Runtime {
         &self.path
     }
 
-    async fn connect(&self) -> Result<RuntimeServiceClient<Channel>, String> {
+    async fn connect(&self) -> Result<RuntimeServiceClient<Channel>, CriUnanswered> {
         let mut client = self.client.lock().await;
         if let Some(c) = client.as_ref() {
             return Ok(c.clone());
@@ -112,7 +122,7 @@ impl Runtime {
                 }
             }))
             .await
-            .map_err(|e| format!("connecting to {}: {e}", self.path.display()))?;
+            .map_err(|e| CriUnanswered(format!("connecting to {}: {e}", self.path.display())))?;
         let c = RuntimeServiceClient::new(channel);
         *client = Some(c.clone());
         Ok(c)
@@ -120,7 +130,7 @@ impl Runtime {
 
     /// The pods whose sandboxes the runtime runs, ready (one list). Err: it did not answer
     /// (nothing may be let go on that).
-    pub async fn ready_sandboxes(&self) -> Result<Vec<SandboxPod>, String> {
+    pub async fn ready_sandboxes(&self) -> Result<Vec<SandboxPod>, CriUnanswered> {
         let mut c = self.connect().await?;
         let req = ListPodSandboxRequest {
             filter: Some(PodSandboxFilter {
@@ -135,15 +145,19 @@ impl Runtime {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(status)) => {
                 *self.client.lock().await = None;
-                return Err(format!("{}: {}", self.path.display(), status.message()));
+                return Err(CriUnanswered(format!(
+                    "{}: {}",
+                    self.path.display(),
+                    status.message()
+                )));
             }
             Err(_) => {
                 *self.client.lock().await = None;
-                return Err(format!(
+                return Err(CriUnanswered(format!(
                     "{}: no answer within {:?}",
                     self.path.display(),
                     self.timeout
-                ));
+                )));
             }
         };
         Ok(listed

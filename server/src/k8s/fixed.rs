@@ -8,6 +8,7 @@
 use ipool_proto::names::{check_name, shown};
 use k8s_openapi::api::core::v1::Pod;
 
+use super::annotation::BadAnnotation;
 use crate::cluster::pin::hold::Migrations;
 use crate::cluster::pin::PinOwner;
 
@@ -48,7 +49,7 @@ impl Fixed {
 /// The fixed address `pod`'s annotation asks for (`who` names the pod in errors): None without
 /// the annotation or with "false"; an error for a value that is neither "true", "false" nor a
 /// list of network names, or for a pod that is neither a StatefulSet's nor a VM's.
-pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, String> {
+pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, BadAnnotation> {
     let md = &pod.metadata;
     let Some(value) = md.annotations.as_ref().and_then(|a| a.get(FIXED)) else {
         return Ok(None);
@@ -64,10 +65,10 @@ pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, String> {
                 .map(str::to_string)
                 .collect();
             let bad = |why: String| {
-                format!(
+                BadAnnotation(format!(
                     "{who}: annotation {FIXED}={} is neither \"true\", \"false\" nor a list of network names: {why}",
                     shown(value)
-                )
+                ))
             };
             if names.is_empty() {
                 return Err(bad("it names no network".into()));
@@ -98,19 +99,19 @@ pub fn fixed(pod: &Pod, who: &str) -> Result<Option<Fixed>, String> {
         });
     let owner = match (statefulset, vm) {
         (Some(s), _) => PinOwner::of_statefulset_pod(namespace, &s.name, name).ok_or_else(|| {
-            format!(
+            BadAnnotation(format!(
                 "{who}: annotation {FIXED}: the pod's name is not its StatefulSet {:?}'s name and an ordinal",
                 s.name
-            )
+            ))
         })?,
         (None, Some(vm)) => PinOwner::VirtualMachine {
             namespace: namespace.to_string(),
             name: vm.clone(),
         },
         (None, None) => {
-            return Err(format!(
+            return Err(BadAnnotation(format!(
                 "{who}: annotation {FIXED} is for a StatefulSet's pods and a KubeVirt VM's launcher pods (label {VM_LABEL}, controlled by that VirtualMachineInstance); this pod is neither"
-            ))
+            )))
         }
     };
     let address = match md.annotations.as_ref().and_then(|a| a.get(IPS_BY_ORDINAL)) {
@@ -188,13 +189,18 @@ fn under_way(m: &kube::api::DynamicObject, migration: &str, vm: &str) -> bool {
 }
 
 /// The address `list` ([`IPS_BY_ORDINAL`]) gives `owner`'s ordinal.
-fn by_ordinal(owner: &PinOwner, list: &str, who: &str) -> Result<std::net::IpAddr, String> {
+fn by_ordinal(owner: &PinOwner, list: &str, who: &str) -> Result<std::net::IpAddr, BadAnnotation> {
     let PinOwner::StatefulSet { ordinal, .. } = owner else {
-        return Err(format!(
+        return Err(BadAnnotation(format!(
             "{who}: annotation {IPS_BY_ORDINAL} is for a StatefulSet's pods (a VM keeps the address its first launcher got)"
-        ));
+        )));
     };
-    let bad = |why: String| format!("{who}: annotation {IPS_BY_ORDINAL}={}: {why}", shown(list));
+    let bad = |why: String| {
+        BadAnnotation(format!(
+            "{who}: annotation {IPS_BY_ORDINAL}={}: {why}",
+            shown(list)
+        ))
+    };
     let mut addresses: Vec<std::net::IpAddr> = Vec::new();
     for entry in list.split(',').map(str::trim) {
         let ip = entry

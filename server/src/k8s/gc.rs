@@ -177,7 +177,7 @@ pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
 async fn runtime_keeps(
     ipam: &Ipam,
     runtime: Option<&Runtime>,
-    ready: &mut Option<Result<Vec<SandboxPod>, String>>,
+    ready: &mut Option<Result<Vec<SandboxPod>, super::cri::CriUnanswered>>,
     c: &Candidate,
 ) -> bool {
     let Some(rt) = runtime else {

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use ipool_proto::names::shown;
 use k8s_openapi::api::core::v1::Pod;
 
+use super::annotation::BadAnnotation;
 use crate::model::{at_most, PodMeta, MAX_SECS};
 
 pub const STICKY: &str = "ipool.io/sticky";
@@ -23,15 +24,15 @@ pub struct PodInfo {
     /// The cluster pools its annotation chooses (`ipool.io/pool(s)`, see
     /// [`super::selection`]); or why the annotation cannot be read (an error only for an ADD on
     /// a network of cluster pools).
-    pub pools: Result<Option<crate::model::PoolChoice>, String>,
+    pub pools: Result<Option<crate::model::PoolChoice>, BadAnnotation>,
     /// The address that follows it from node to node (`ipool.io/fixed`, see [`super::fixed`]);
     /// or why the annotation cannot be read (an error only for an ADD on a network of cluster
     /// pools).
-    pub fixed: Result<Option<super::fixed::Fixed>, String>,
+    pub fixed: Result<Option<super::fixed::Fixed>, BadAnnotation>,
 }
 
 /// Reads `pod`; an annotation that cannot be read is an error naming it and its value.
-pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
+pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, BadAnnotation> {
     let md = &pod.metadata;
     let who = format!(
         "pod {}/{}",
@@ -52,10 +53,10 @@ pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
         Some("true") => true,
         Some("false") => false,
         Some(v) => {
-            return Err(format!(
+            return Err(BadAnnotation(format!(
                 "{who}: annotation {STICKY}={} is neither \"true\" nor \"false\"",
                 shown(v)
-            ))
+            )))
         }
     };
     let sticky_ttl_secs = match annotation(STICKY_TTL) {
@@ -67,10 +68,10 @@ pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
                 .ok()
                 .filter(|s| *s > 0)
                 .ok_or_else(|| {
-                    format!(
+                    BadAnnotation(format!(
                         "{who}: annotation {STICKY_TTL}={} is not a number of seconds (at least 1)",
                         shown(v)
-                    )
+                    ))
                 })?;
             at_most(
                 &format!("{who}: annotation {STICKY_TTL}"),
@@ -89,11 +90,11 @@ pub fn pod_info(pod: &Pod, sticky_kinds: &[String]) -> Result<PodInfo, String> {
             .filter(|a| !a.is_empty())
             .map(|a| {
                 a.parse::<IpAddr>().map_err(|_| {
-                    format!(
+                    BadAnnotation(format!(
                         "{who}: annotation {IPS}={}: {} is not an IP address",
                         shown(v),
                         shown(a)
-                    )
+                    ))
                 })
             })
             .collect::<Result<_, _>>()?,

@@ -58,7 +58,9 @@ impl Directory for Nodes {
 /// Every pod bound to a node, not finished and not on the host's network, with its
 /// `status.podIPs` (listed in pages of 500): what `ipoolctl cluster check` sets against the
 /// blocks.
-pub async fn pod_ips(client: kube::Client) -> Result<Vec<crate::cluster::check::PodIps>, String> {
+pub async fn pod_ips(
+    client: kube::Client,
+) -> Result<Vec<crate::cluster::check::PodIps>, kube::Error> {
     use k8s_openapi::api::core::v1::Pod;
     let api: Api<Pod> = Api::all(client);
     let mut found = Vec::new();
@@ -68,7 +70,7 @@ pub async fn pod_ips(client: kube::Client) -> Result<Vec<crate::cluster::check::
         if let Some(t) = &token {
             lp = lp.continue_token(t);
         }
-        let page = api.list(&lp).await.map_err(|e| e.to_string())?;
+        let page = api.list(&lp).await?;
         for p in &page.items {
             let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
                 continue;

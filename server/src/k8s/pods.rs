@@ -25,6 +25,19 @@ use crate::model;
 /// Pods per page of the watch's lists.
 const LIST_PAGE: u32 = 50;
 
+/// What the lookup of this node in the apiserver found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum NodeLookup {
+    Found,
+    /// Not there: why ADDs are not served, and what to do.
+    Unknown(String),
+}
+
+/// A pod's GET the apiserver did not answer (an error, or nothing within the deadline).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PodGetFailed(pub String);
+
 /// A handle on the pods of this node (cheap to clone).
 #[derive(Clone)]
 pub struct Pods(Arc<Inner>);
@@ -46,7 +59,7 @@ struct Inner {
     /// quarantined against; 0: not yet. ADDs wait for it (see [`Pods::ready`]).
     quarantined: std::sync::atomic::AtomicU64,
     /// Whether the apiserver knows this node: None until it said.
-    node_found: Mutex<Option<Result<(), String>>>,
+    node_found: Mutex<Option<NodeLookup>>,
     /// The namespaces' choices of cluster pools, once watched ([`Pods::watch_namespaces`]).
     namespaces: std::sync::OnceLock<super::selection::Namespaces>,
     /// Refused ADDs, recorded on their pods.
@@ -161,8 +174,8 @@ impl Pods {
         let mut wait = Duration::from_secs(1);
         loop {
             let found = match tokio::time::timeout(deadline, api.get_opt(&self.0.node)).await {
-                Ok(Ok(Some(_))) => Ok(()),
-                Ok(Ok(None)) => Err(format!(
+                Ok(Ok(Some(_))) => NodeLookup::Found,
+                Ok(Ok(None)) => NodeLookup::Unknown(format!(
                     "node {:?} does not exist in the apiserver: --node-name (NODE_NAME) must be the node's name as `kubectl get nodes` shows it",
                     self.0.node
                 )),
@@ -180,10 +193,12 @@ impl Pods {
                 }
             };
             self.answered();
-            let ok = found.is_ok();
+            let ok = found == NodeLookup::Found;
             match &found {
-                Ok(()) => tracing::info!(node = %self.0.node, "this node is in the apiserver"),
-                Err(why) => {
+                NodeLookup::Found => {
+                    tracing::info!(node = %self.0.node, "this node is in the apiserver")
+                }
+                NodeLookup::Unknown(why) => {
                     tracing::error!(%why, "ADDs are not served and the pod GC does not run")
                 }
             }
@@ -199,7 +214,7 @@ impl Pods {
     pub fn node_found(&self) -> bool {
         matches!(
             *self.0.node_found.lock().expect("not poisoned"),
-            Some(Ok(()))
+            Some(NodeLookup::Found)
         )
     }
 
@@ -233,8 +248,8 @@ impl Pods {
     /// address a running pod holds could look free (a lost store, ranges that just came).
     pub fn ready(&self, ranges_version: u64) -> Result<(), Error> {
         match &*self.0.node_found.lock().expect("not poisoned") {
-            Some(Ok(())) => {}
-            Some(Err(why)) => return Err(Error::Busy(why.clone())),
+            Some(NodeLookup::Found) => {}
+            Some(NodeLookup::Unknown(why)) => return Err(Error::Busy(why.clone())),
             None => {
                 return Err(Error::Busy(format!(
                     "looking up node {} in the apiserver (apiserver: {})",
@@ -285,17 +300,20 @@ impl Pods {
     }
 
     /// The pod as the apiserver has it now (None: not found), within the configured deadline.
-    pub async fn get_live(&self, namespace: &str, name: &str) -> Result<Option<Pod>, String> {
+    pub async fn get_live(&self, namespace: &str, name: &str) -> Result<Option<Pod>, PodGetFailed> {
         let api: Api<Pod> = Api::namespaced(self.0.client.clone(), namespace);
         let deadline = Duration::from_millis(self.0.settings.pod_get_timeout_ms);
         let got = match tokio::time::timeout(deadline, api.get_opt(name)).await {
             Ok(Ok(pod)) => Ok(pod),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {} ms", deadline.as_millis())),
+            Ok(Err(e)) => Err(PodGetFailed(e.to_string())),
+            Err(_) => Err(PodGetFailed(format!(
+                "no answer within {} ms",
+                deadline.as_millis()
+            ))),
         };
         match &got {
             Ok(_) => self.answered(),
-            Err(e) => self.failed(e),
+            Err(e) => self.failed(&e.0),
         }
         got
     }
@@ -354,7 +372,7 @@ impl Pods {
                 self.0.node
             )));
         }
-        pod_info(&pod, &self.0.settings.sticky_kinds).map_err(Error::InvalidRequest)
+        pod_info(&pod, &self.0.settings.sticky_kinds).map_err(|e| Error::InvalidRequest(e.0))
     }
 
     /// The cluster pools namespace `ns` chooses (None: none, or the namespaces are not

@@ -16,6 +16,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 
+use super::annotation::BadAnnotation;
 use crate::error::Error;
 use crate::model::PoolChoice;
 
@@ -27,14 +28,14 @@ pub const POOLS: &str = "ipool.io/pools";
 pub fn chosen(
     annotations: Option<&BTreeMap<String, String>>,
     who: &str,
-) -> Result<Option<PoolChoice>, String> {
+) -> Result<Option<PoolChoice>, BadAnnotation> {
     let get = |k: &str| annotations.and_then(|a| a.get(k));
     let (key, value) = match (get(POOL), get(POOLS)) {
         (None, None) => return Ok(None),
         (Some(_), Some(_)) => {
-            return Err(format!(
+            return Err(BadAnnotation(format!(
                 "{who} has both annotations {POOL} and {POOLS}: keep one"
-            ))
+            )))
         }
         (Some(v), None) => (POOL, v),
         (None, Some(v)) => (POOLS, v),
@@ -46,20 +47,22 @@ pub fn chosen(
         .map(str::to_string)
         .collect();
     if names.is_empty() || (key == POOL && names.len() > 1) {
-        return Err(format!(
+        return Err(BadAnnotation(format!(
             "{who}: annotation {key}={} names {} (one pool for {POOL}, a list \"a,b\" for {POOLS})",
             shown(value),
             match names.len() {
                 0 => "no pool".to_string(),
                 n => format!("{n} pools"),
             }
-        ));
+        )));
     }
     for (i, n) in names.iter().enumerate() {
         ipool_proto::names::check_name("pool name", n)
-            .map_err(|e| format!("{who}: annotation {key}: {e}"))?;
+            .map_err(|e| BadAnnotation(format!("{who}: annotation {key}: {e}")))?;
         if names[..i].contains(n) {
-            return Err(format!("{who}: annotation {key} names {n:?} twice"));
+            return Err(BadAnnotation(format!(
+                "{who}: annotation {key} names {n:?} twice"
+            )));
         }
     }
     Ok(Some(PoolChoice {
@@ -144,7 +147,7 @@ impl Namespaces {
                 }
             }
         };
-        chosen(annotations.as_ref(), &who).map_err(Error::InvalidRequest)
+        chosen(annotations.as_ref(), &who).map_err(|e| Error::InvalidRequest(e.0))
     }
 }
 

@@ -103,28 +103,41 @@ pub fn parse(path: &Path, text: &str) -> Seen {
     Seen::Ranges { sets, routes }
 }
 
+/// Why flannel's subnet file cannot be read (it names the file).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+struct SubnetFileUnreadable(String);
+
 /// Reads the subnet file: None when it is not there.
-fn read(path: &Path) -> Result<Option<String>, String> {
+fn read(path: &Path) -> Result<Option<String>, SubnetFileUnreadable> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+        Err(e) => {
+            return Err(SubnetFileUnreadable(format!(
+                "cannot open {}: {e}",
+                path.display()
+            )))
+        }
     };
     let meta = file
         .metadata()
-        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+        .map_err(|e| SubnetFileUnreadable(format!("cannot stat {}: {e}", path.display())))?;
     if !meta.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
+        return Err(SubnetFileUnreadable(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
     }
     let mut text = String::new();
     file.take(MAX_FILE + 1)
         .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(|e| SubnetFileUnreadable(format!("cannot read {}: {e}", path.display())))?;
     if text.len() as u64 > MAX_FILE {
-        return Err(format!(
+        return Err(SubnetFileUnreadable(format!(
             "{} is larger than {MAX_FILE} bytes",
             path.display()
-        ));
+        )));
     }
     Ok(Some(text))
 }
@@ -137,7 +150,7 @@ pub fn look(path: &Path) -> Seen {
             "flannel's subnet file {} is missing (is flannel running on this node?)",
             path.display()
         )),
-        Err(e) => Seen::Bad(e),
+        Err(e) => Seen::Bad(e.0),
     }
 }
 

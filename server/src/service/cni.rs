@@ -107,7 +107,7 @@ impl CniService {
                     if self.ipam.takes_cluster_pools(&key.network, ipam.as_ref()) =>
                 {
                     match &i.pools {
-                        Err(why) => return Err(crate::error::Error::InvalidRequest(why.clone())),
+                        Err(why) => return Err(crate::error::Error::InvalidRequest(why.0.clone())),
                         Ok(Some(c)) => Some(c.clone()),
                         Ok(None) => {
                             let ns = pod.as_ref().map(|p| p.namespace.as_str()).unwrap_or("");
@@ -271,7 +271,7 @@ impl CniService {
             .map_err(Status::from)?;
         let (available, reason) = match self.ipam.status(&r.network, declared.as_ref()) {
             Ok(()) => (true, String::new()),
-            Err(why) => (false, why),
+            Err(why) => (false, why.0),
         };
         tracing::debug!(op = "STATUS", network = %r.network, available, reason = %reason);
         Ok(Response::new(pb::StatusResponse { available, reason }))

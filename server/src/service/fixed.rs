@@ -41,7 +41,7 @@ pub(super) fn fixed_for(
         Ok(Some(f)) if f.covers(network) => f,
         Ok(_) => return Ok(None),
         Err(why) if ipam.takes_cluster_pools(network, section) => {
-            return Err(Error::InvalidRequest(why.clone()))
+            return Err(Error::InvalidRequest(why.0.clone()))
         }
         Err(_) => return Ok(None),
     };

@@ -225,7 +225,7 @@ fn open_logs(
             ));
         }
         let f = wal::open(p).map_err(|e| open_err(p, e))?;
-        let h = Header::read(&f).map_err(|e| corrupt(p, e))?;
+        let h = Header::read(&f).map_err(|e| corrupt(p, e.0))?;
         if h.store_id != id {
             return Err(corrupt(
                 p,

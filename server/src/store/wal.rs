@@ -46,6 +46,11 @@ const FORMAT: u32 = 1;
 /// A store's identity: written in sled's `meta` and in both log files' headers.
 pub type StoreId = [u8; 16];
 
+/// Why a log's header cannot be taken: not an ipool log, damaged, or of another format.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadHeader(pub String);
+
 /// What a log file's header says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Header {
@@ -67,22 +72,26 @@ impl Header {
     }
 
     /// Reads the header of `file`; the error says what is wrong with it.
-    pub(super) fn read(file: &File) -> Result<Header, String> {
+    pub(super) fn read(file: &File) -> Result<Header, BadHeader> {
         let mut b = [0u8; 40];
         file.read_exact_at(&mut b, 0)
-            .map_err(|e| format!("its header cannot be read: {e}"))?;
+            .map_err(|e| BadHeader(format!("its header cannot be read: {e}")))?;
         if &b[..8] != MAGIC {
-            return Err("it has no write-ahead log header (not an ipool log, or damaged)".into());
+            return Err(BadHeader(
+                "it has no write-ahead log header (not an ipool log, or damaged)".into(),
+            ));
         }
         let sum = u32::from_be_bytes(b[36..40].try_into().expect("4 bytes"));
         if crc32fast::hash(&b[..36]) != sum {
-            return Err("its header is damaged (checksum mismatch)".into());
+            return Err(BadHeader(
+                "its header is damaged (checksum mismatch)".into(),
+            ));
         }
         let format = u32::from_be_bytes(b[8..12].try_into().expect("4 bytes"));
         if format != FORMAT {
-            return Err(format!(
+            return Err(BadHeader(format!(
                 "its format is {format}; this ipoold reads format {FORMAT}"
-            ));
+            )));
         }
         Ok(Header {
             capacity: u64::from_be_bytes(b[12..20].try_into().expect("8 bytes")),

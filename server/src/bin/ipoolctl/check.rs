@@ -89,7 +89,7 @@ async fn read_and_check(
                 .map_err(|e| apiserver_failed("listing the Nodes", e.to_string()))?;
             let pods = ipool_server::k8s::nodes::pod_ips(c)
                 .await
-                .map_err(|e| apiserver_failed("listing the pods", e))?;
+                .map_err(|e| apiserver_failed("listing the pods", e.to_string()))?;
             Some(Apiserver { nodes: names, pods })
         }
     };

@@ -366,7 +366,7 @@ async fn daemon(args: Args) -> anyhow::Result<()> {
             // hands out no running pod's address.
             let gate = pods.clone();
             ipam.set_add_gate(std::sync::Arc::new(move |ranges_version| {
-                gate.ready(ranges_version).map_err(|e| e.to_string())
+                gate.ready(ranges_version).err().map(|e| e.to_string())
             }));
             tokio::spawn(k8s::gc::run(ipam.clone(), pods.clone()));
             if let Some(cl) = &cluster {

@@ -4,7 +4,7 @@ fn ok(
     addressing: Option<Addressing>,
     gw: Option<Gateways>,
     exclude: &[&str],
-) -> Result<Option<SubnetMode>, String> {
+) -> Result<Option<SubnetMode>, Invalid> {
     let exclude: Vec<String> = exclude.iter().map(|s| s.to_string()).collect();
     subnet_mode("n", addressing, gw.as_ref(), &exclude, Spelling::Toml)
 }
@@ -20,7 +20,7 @@ fn a_cni_configs_errors_name_its_keys_as_it_writes_them() {
     )
     .unwrap_err();
     assert!(
-        e.contains("ipam.gateway and ipam.exclude go with \"addressing\": \"subnet\""),
+        e.0.contains("ipam.gateway and ipam.exclude go with \"addressing\": \"subnet\""),
         "{e}"
     );
     let e = subnet_mode(
@@ -31,7 +31,7 @@ fn a_cni_configs_errors_name_its_keys_as_it_writes_them() {
         Spelling::Cni,
     )
     .unwrap_err();
-    assert!(e.contains("ipam.exclude \"x\""), "{e}");
+    assert!(e.0.contains("ipam.exclude \"x\""), "{e}");
 }
 
 /// While a network holds addresses of a family, that family's gateways stay exactly as
@@ -70,9 +70,9 @@ fn block_addressing_takes_no_gateway_or_exclude() {
     assert_eq!(ok(None, None, &[]), Ok(None));
     assert_eq!(ok(Some(Addressing::Block), None, &[]), Ok(None));
     let e = ok(None, Some(Gateways::One("10.0.0.1".into())), &[]).unwrap_err();
-    assert!(e.contains("go with addressing = \"subnet\""), "{e}");
+    assert!(e.0.contains("go with addressing = \"subnet\""), "{e}");
     let e = ok(Some(Addressing::Block), None, &["10.0.0.1"]).unwrap_err();
-    assert!(e.contains("go with addressing"), "{e}");
+    assert!(e.0.contains("go with addressing"), "{e}");
 }
 
 #[test]
@@ -148,7 +148,7 @@ fn bad_values_are_named() {
     )
     .unwrap_err();
     assert!(
-        e.contains("gateway \"10.0.0.300\" is not an IP address"),
+        e.0.contains("gateway \"10.0.0.300\" is not an IP address"),
         "{e}"
     );
     let e = ok(
@@ -157,7 +157,7 @@ fn bad_values_are_named() {
         &[],
     )
     .unwrap_err();
-    assert!(e.contains("listed twice"), "{e}");
+    assert!(e.0.contains("listed twice"), "{e}");
     let e = ok(Some(Addressing::Subnet), None, &["10.0.0.0/33"]).unwrap_err();
-    assert!(e.contains("exclude \"10.0.0.0/33\": not a CIDR"), "{e}");
+    assert!(e.0.contains("exclude \"10.0.0.0/33\": not a CIDR"), "{e}");
 }

@@ -425,14 +425,14 @@ async fn status_says_why_an_add_cannot_be_served() {
         "would be declared"
     );
     let e = rig.ipam.status("t", None).expect_err("unknown, no ranges");
-    assert!(e.contains("unknown"), "{e}");
+    assert!(e.0.contains("unknown"), "{e}");
     rig.ipam
         .add(req("t", "a", r#"{"subnet":"10.5.0.0/30"}"#))
         .await
         .expect("add");
     let e = rig.ipam.status("t", None).expect_err("exhausted");
     assert!(
-        e.contains("10.5.0.1-10.5.0.2") && e.contains("1 in use"),
+        e.0.contains("10.5.0.1-10.5.0.2") && e.0.contains("1 in use"),
         "{e}"
     );
     rig.ipam.del(&key("t", "a")).await.expect("del");

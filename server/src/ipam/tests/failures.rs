@@ -55,7 +55,7 @@ async fn a_failed_flush_stops_changes_until_the_store_is_reopened() {
         "retryable: {status}"
     );
     let why = rig.ipam.status("n", None).expect_err("STATUS says why");
-    assert!(why.contains("store"), "{why}");
+    assert!(why.0.contains("store"), "{why}");
     assert!(!health.borrow().serving(), "health is NOT_SERVING");
     let del = rig.ipam.del(&key("n", "a")).await.expect_err("no change");
     assert_eq!(tonic::Status::from(del).code(), tonic::Code::Unavailable);
@@ -85,7 +85,7 @@ async fn a_failure_the_store_meets_on_its_own_is_noticed() {
     rig.ipam.add(req("n", "a", V4)).await.expect("add");
     rig.store.fail_now("flushing sled: No space left on device");
     let why = rig.ipam.status("n", None).expect_err("STATUS says why");
-    assert!(why.contains("No space left on device"), "{why}");
+    assert!(why.0.contains("No space left on device"), "{why}");
     assert!(!health.borrow().serving());
     let (_, reason) = rig.ipam.store_failure().expect("a failure");
     assert!(reason.contains("No space"), "{reason}");

@@ -156,7 +156,7 @@ async fn adds_wait_for_ranges_that_arrive_later() {
         .expect("changed");
     assert_eq!(none.retiring, "[10.1.0.0/24]");
     let why = rig.ipam.status("n", None).expect_err("no ranges");
-    assert!(why.contains("no ranges yet"), "{why}");
+    assert!(why.0.contains("no ranges yet"), "{why}");
 
     let ipam = rig.ipam.clone();
     let waiting = tokio::spawn(async move { ipam.add(req("n", "b", "")).await });
@@ -290,7 +290,7 @@ async fn runtime_ranges_are_the_networks_own() {
         .ipam
         .status("n", declared.as_ref())
         .expect_err("status names the conflict");
-    assert!(why.contains("10.2.0.0/24"), "{why}");
+    assert!(why.0.contains("10.2.0.0/24"), "{why}");
     let ipam = rig.reopen().expect("reopen");
     let b = ipam.add(req("n", "b", "")).await.expect("add");
     assert_eq!(ips(&b), vec![ip("10.2.0.2")]);
@@ -364,7 +364,7 @@ async fn a_config_network_with_ranges_from_the_node() {
     assert!(matches!(e, Error::Busy(_)), "{e}");
     assert!(e.to_string().contains("node n1 has no podCIDRs yet"), "{e}");
     let why = rig.ipam.status("pods", None).expect_err("status");
-    assert!(why.contains("node n1 has no podCIDRs yet"), "{why}");
+    assert!(why.0.contains("node n1 has no podCIDRs yet"), "{why}");
     assert_eq!(
         rig.ipam.awaiting("pods").as_deref(),
         Some("network \"pods\" has no ranges yet: node n1 has no podCIDRs yet")

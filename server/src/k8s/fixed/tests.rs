@@ -100,13 +100,13 @@ fn ips_by_ordinal_gives_each_ordinal_its_address_and_names_what_is_wrong() {
     );
     let e = with("web-3", "10.0.0.240,10.0.0.241").unwrap_err();
     assert!(
-        e.contains("none for ordinal 3") && e.contains("pod db/x"),
+        e.0.contains("none for ordinal 3") && e.0.contains("pod db/x"),
         "{e}"
     );
     let e = with("web-0", "10.0.0.240,ten").unwrap_err();
-    assert!(e.contains("\"ten\" is not an IP address"), "{e}");
+    assert!(e.0.contains("\"ten\" is not an IP address"), "{e}");
     let e = with("web-0", "10.0.0.240,10.0.0.240").unwrap_err();
-    assert!(e.contains("listed twice"), "{e}");
+    assert!(e.0.contains("listed twice"), "{e}");
     let vmi = json!([{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
         "name": "a", "uid": "i1", "controller": true}]);
     let vm = pod(
@@ -115,22 +115,22 @@ fn ips_by_ordinal_gives_each_ordinal_its_address_and_names_what_is_wrong() {
         "labels": {VM_LABEL: "a"}, "ownerReferences": vmi}}),
     );
     let e = fixed(&vm, "p").unwrap_err();
-    assert!(e.contains("for a StatefulSet's pods"), "{e}");
+    assert!(e.0.contains("for a StatefulSet's pods"), "{e}");
 }
 
 #[test]
 fn a_bad_value_or_a_pod_of_neither_kind_is_an_error_naming_it() {
     let e = fixed(&sts_pod("web-0", "yes please"), "pod db/web-0").unwrap_err();
     assert!(
-        e.contains("pod db/web-0") && e.contains("yes please"),
+        e.0.contains("pod db/web-0") && e.0.contains("yes please"),
         "{e}"
     );
     let e = fixed(&sts_pod("web-0", ","), "p").unwrap_err();
-    assert!(e.contains("names no network"), "{e}");
+    assert!(e.0.contains("names no network"), "{e}");
     let e = fixed(&sts_pod("other-0", "true"), "p").unwrap_err();
-    assert!(e.contains("StatefulSet \"web\""), "{e}");
+    assert!(e.0.contains("StatefulSet \"web\""), "{e}");
     let lone =
         pod(json!({"metadata": {"namespace": "a", "name": "x", "annotations": {FIXED: "true"}}}));
     let e = fixed(&lone, "p").unwrap_err();
-    assert!(e.contains("neither"), "{e}");
+    assert!(e.0.contains("neither"), "{e}");
 }

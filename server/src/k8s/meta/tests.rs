@@ -74,7 +74,7 @@ fn malformed_annotations_are_named() {
         let p = pod(json!({"metadata": {"namespace": "a", "name": "p", "annotations": {k: v}}}));
         let e = pod_info(&p, &[]).expect_err(v);
         assert!(
-            e.contains("pod a/p") && e.contains(k) && e.contains(needle),
+            e.0.contains("pod a/p") && e.0.contains(k) && e.0.contains(needle),
             "{e}"
         );
     }

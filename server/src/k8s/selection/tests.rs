@@ -41,6 +41,9 @@ fn an_annotation_that_cannot_name_pools_is_refused_saying_why() {
         (&[(POOL, "bad/name")][..], "pool name"),
     ] {
         let e = chosen(Some(&ann(pairs)), "pod a/p").unwrap_err();
-        assert!(e.contains(says) && e.contains("pod a/p"), "{pairs:?}: {e}");
+        assert!(
+            e.0.contains(says) && e.0.contains("pod a/p"),
+            "{pairs:?}: {e}"
+        );
     }
 }

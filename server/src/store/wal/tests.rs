@@ -55,10 +55,11 @@ fn a_new_file_has_its_header_and_no_records() {
 fn a_damaged_or_missing_header_is_named() {
     let (_d, f) = file_with(&[], 4096);
     f.write_all_at(b"X", 30).expect("write");
-    assert!(Header::read(&f).expect_err("damaged").contains("damaged"));
+    assert!(Header::read(&f).expect_err("damaged").0.contains("damaged"));
     f.write_all_at(&[0; 8], 0).expect("write");
     assert!(Header::read(&f)
         .expect_err("no header")
+        .0
         .contains("no write-ahead log header"));
 }
 
