@@ -401,11 +401,25 @@ fn park(w: &mut World, i: usize) -> Option<crate::rivals::Keys> {
         0 => 600 + u64::from(w.choices.pick(4400)),
         _ => 20 + u64::from(w.choices.pick(400)),
     };
+    // Where rivals are provoked, one time in two until a second rival's write: the first may
+    // only make way for the one that does harm (a block released, then claimed elsewhere).
+    let rivals = match w.opts.provoke {
+        true => 1 + w.choices.pick(2) as u8,
+        false => 1,
+    };
     let what = w.net.describe(i);
     w.note(format!(
-        "{what} parked on its way until a rival's write touches what it is conditioned on, or for {ms} ms"
+        "{what} parked on its way until {} rival's write touches what it is conditioned on, or for {ms} ms",
+        match rivals {
+            1 => "a",
+            _ => "a second",
+        }
     ));
-    w.net
-        .park(i, on.clone(), Instant::now() + Duration::from_millis(ms));
+    w.net.park(
+        i,
+        on.clone(),
+        Instant::now() + Duration::from_millis(ms),
+        rivals,
+    );
     Some(on)
 }

@@ -45,12 +45,25 @@ pub struct Hunt {
 }
 
 /// Which seeds a hunt runs: all, or only those whose runs may provoke rivals
-/// (`crate::provoke`), provoking them or (to measure what provoking adds) waiting for them.
+/// (`crate::provoke`) and whose setup exercises the condition (races on; pins on, for a pin's),
+/// provoking them or (to measure what provoking adds) waiting for them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Seeds {
     All,
     Provoking,
     ProvokingWaited,
+}
+
+/// Whether seed `seed`'s run (races allowed by its options or not: `races`) can exercise
+/// `condition`: its setup makes races, and, for a condition of pins, pins (and addresses set
+/// aside, for theirs). Read from the setup's picks alone, so that a seed found replays as
+/// any other (`ipool-sim replay SEED --condition ...`).
+fn exercises(condition: &str, races: bool, seed: u64) -> bool {
+    let mut c = Choices::seeded(seed);
+    c.frame();
+    let sw = crate::swarm::Swarm::pick(&mut c);
+    let pins = condition.contains("pin") || condition.contains("set-aside");
+    races && sw.races && (!pins || sw.pins) && (!condition.contains("set-aside") || sw.set_aside)
 }
 
 /// Runs the `seeds` from `first` of `condition`'s store with it dropped, until one fails or
@@ -68,7 +81,11 @@ pub fn hunt(condition: &str, first: u64, steps: u64, time: Duration, seeds: Seed
     let mut seed = first;
     while t.elapsed() < time {
         let mut o = options(seed, steps, &[]);
-        if o.store != store || (seeds != Seeds::All && !o.provoke) {
+        let skip = match seeds {
+            Seeds::All => false,
+            _ => !o.provoke || !exercises(condition, o.races, seed),
+        };
+        if o.store != store || skip {
             seed += 1;
             continue;
         }

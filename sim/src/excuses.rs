@@ -379,6 +379,9 @@ impl World {
                 .as_ref()
                 .is_some_and(|o| o.release_of.is_none() && !o.departed);
         let resync = self.swarm.resync_secs * 1200;
+        // While the pool is gone no node has a block of it to list (its source reads the
+        // pool until it is made again): found at seed 5 212, a second operator's deletion.
+        let pool_gone = !self.shared.pools().iter().any(|p| p.name == crate::POOL);
         for i in 0..self.slots.len() {
             let Some(d) = &self.slots[i].daemon else {
                 continue;
@@ -406,7 +409,7 @@ impl World {
                 s.trouble(now);
             }
             for (f, &count) in counts.iter().enumerate().take(families) {
-                if count != s.syncs[f].0 {
+                if count != s.syncs[f].0 || pool_gone {
                     s.syncs[f] = (count, now);
                     s.streak[f] = 0;
                 }

@@ -174,7 +174,8 @@ struct State {
     held: Vec<(Instant, Request)>,
     /// Conditioned writes parked until a rival's write touches what they are conditioned on
     /// (`crate::rivals`), or until their time.
-    parked: Vec<(Instant, crate::rivals::Keys, Request)>,
+    /// Each with the rivals' writes it waits for still (one or two).
+    parked: Vec<(Instant, crate::rivals::Keys, Request, u8)>,
     next: u64,
     /// Senders whose connection is cut.
     cut: BTreeSet<usize>,
@@ -238,11 +239,13 @@ impl Net {
 
     /// Parks the `i`th request on its way until a write touching `on` is delivered, or until
     /// `until` (`crate::rivals`).
-    pub fn park(&self, i: usize, on: crate::rivals::Keys, until: Instant) {
+    /// `rivals`: how many rivals' writes it waits for (the second may be the one that does
+    /// harm: a block released, then claimed by another node).
+    pub fn park(&self, i: usize, on: crate::rivals::Keys, until: Instant, rivals: u8) {
         let mut s = self.lock();
         if let Some(mut r) = s.pending.remove(i) {
             r.held = true;
-            s.parked.push((until, on, r));
+            s.parked.push((until, on, r, rivals.max(1)));
         }
     }
 
@@ -253,12 +256,17 @@ impl Net {
         if s.parked.is_empty() || written.is_empty() {
             return 0;
         }
-        let (mut met, rest): (Vec<_>, Vec<_>) =
-            s.parked.drain(..).partition(|(_, on, _)| on.meets(written));
-        s.parked = rest;
-        met.sort_by_key(|(_, _, r)| r.id);
+        let mut met = Vec::new();
+        for (until, on, r, left) in std::mem::take(&mut s.parked) {
+            match (on.meets(written), left) {
+                (true, 0 | 1) => met.push(r),
+                (true, _) => s.parked.push((until, on, r, left - 1)),
+                (false, _) => s.parked.push((until, on, r, left)),
+            }
+        }
+        met.sort_by_key(|r| r.id);
         let n = met.len();
-        for (_, _, r) in met.into_iter().rev() {
+        for r in met.into_iter().rev() {
             s.pending.push_front(r);
         }
         n
@@ -287,7 +295,7 @@ impl Net {
     pub fn commands_writing(&self) -> BTreeSet<usize> {
         let s = self.lock();
         let held = s.held.iter().map(|(_, r)| r);
-        let parked = s.parked.iter().map(|(_, _, r)| r);
+        let parked = s.parked.iter().map(|(_, _, r, _)| r);
         s.pending
             .iter()
             .chain(held)
@@ -313,9 +321,10 @@ impl Net {
     /// Requests held until `now` or before arrive next (oldest hold first).
     pub fn release_held(&self, now: Instant) {
         let mut s = self.lock();
-        let (due, parked): (Vec<_>, Vec<_>) = s.parked.drain(..).partition(|(t, _, _)| *t <= now);
+        let (due, parked): (Vec<_>, Vec<_>) =
+            s.parked.drain(..).partition(|(t, _, _, _)| *t <= now);
         s.parked = parked;
-        s.held.extend(due.into_iter().map(|(t, _, r)| (t, r)));
+        s.held.extend(due.into_iter().map(|(t, _, r, _)| (t, r)));
         if s.held.iter().all(|(t, _)| *t > now) {
             return;
         }
@@ -385,7 +394,7 @@ impl Net {
             .pending
             .iter()
             .chain(s.held.iter().map(|(_, r)| r))
-            .chain(s.parked.iter().map(|(_, _, r)| r))
+            .chain(s.parked.iter().map(|(_, _, r, _)| r))
             .filter(|r| r.from == from)
             .map(|r| r.sent)
             .min();
