@@ -211,12 +211,12 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
         r.register(
             "ipool_cluster_store_up",
             "1 while the last call to the cluster store (etcd, or the apiserver) succeeded.",
-            c.etcd_up.clone(),
+            c.store_up.clone(),
         );
         r.register(
             "ipool_cluster_etcd_up",
             "Deprecated: ipool_cluster_store_up, under its old name.",
-            c.etcd_up.clone(),
+            c.store_up.clone(),
         );
         r.register(
             "ipool_cluster_blocks",
@@ -251,12 +251,12 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
         r.register(
             "ipool_cluster_store_resets",
             "Times the cluster store was found restored from an older backup or made anew.",
-            c.etcd_resets.clone(),
+            c.store_resets.clone(),
         );
         r.register(
             "ipool_cluster_etcd_resets",
             "Deprecated: ipool_cluster_store_resets, under its old name.",
-            c.etcd_resets.clone(),
+            c.store_resets.clone(),
         );
         r.register(
             "ipool_cluster_pool_disabled",
@@ -321,12 +321,12 @@ pub fn registry(ipam: &Ipam, kubernetes: bool, cluster: bool) -> Registry {
         r.register(
             "ipool_cluster_store_call_duration_seconds",
             "Calls to the cluster store (etcd, or the apiserver) by operation.",
-            c.etcd_seconds.clone(),
+            c.store_seconds.clone(),
         );
         r.register(
             "ipool_cluster_etcd_call_duration_seconds",
             "Deprecated: ipool_cluster_store_call_duration_seconds, under its old name.",
-            c.etcd_seconds.clone(),
+            c.store_seconds.clone(),
         );
     }
     r.register_collector(Box::new(PoolCollector(ipam.clone())));

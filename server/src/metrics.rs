@@ -95,7 +95,7 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 /// Cluster mode's numbers (registered only with `[cluster]`).
 #[derive(Debug)]
 pub struct ClusterMetrics {
-    pub etcd_up: Gauge,
+    pub store_up: Gauge,
     pub blocks: Family<BlockStateLabels, Gauge>,
     pub claims: Family<PoolResultLabels, Counter>,
     pub conflicts: Family<PoolKindLabels, Counter>,
@@ -104,11 +104,11 @@ pub struct ClusterMetrics {
     /// the store answers means blocks changed in the store are not seen (docs/cluster-mode.md: a sync is
     /// never delayed by a claim's backoff).
     pub syncs: Family<PoolFamilyLabels, Counter>,
-    pub etcd_seconds: HistogramFamily<OpLabels>,
+    pub store_seconds: HistogramFamily<OpLabels>,
     pub node_name_taken: Gauge,
     pub fenced: Gauge,
     pub malformed_keys: Gauge,
-    pub etcd_resets: Counter,
+    pub store_resets: Counter,
     /// 1 while a pool, as this node last read it, is disabled.
     pub pool_disabled: Family<PoolLabels, Gauge>,
     /// A pool's reservations, as this node last read it.
@@ -135,20 +135,20 @@ pub struct ClusterMetrics {
 impl Default for ClusterMetrics {
     fn default() -> Self {
         ClusterMetrics {
-            etcd_up: Gauge::default(),
+            store_up: Gauge::default(),
             blocks: Family::default(),
             claims: Family::default(),
             conflicts: Family::default(),
             give_backs: Family::default(),
             syncs: Family::default(),
             // 100 us .. ~3.3 s
-            etcd_seconds: Family::new_with_constructor(|| {
+            store_seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(100e-6, 2.0, 16))
             }),
             node_name_taken: Gauge::default(),
             fenced: Gauge::default(),
             malformed_keys: Gauge::default(),
-            etcd_resets: Counter::default(),
+            store_resets: Counter::default(),
             pool_disabled: Family::default(),
             pool_reservations: Family::default(),
             pool_capacity_blocks: Family::default(),
@@ -258,11 +258,11 @@ impl ClusterMetrics {
             .inc_by(n);
     }
 
-    pub fn etcd_call(&self, op: &str, took: Duration, ok: bool) {
-        self.etcd_seconds
+    pub fn store_call(&self, op: &str, took: Duration, ok: bool) {
+        self.store_seconds
             .get_or_create(&OpLabels { op: op.into() })
             .observe(took.as_secs_f64());
-        self.etcd_up.set(i64::from(ok));
+        self.store_up.set(i64::from(ok));
     }
 }
 

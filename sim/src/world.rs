@@ -402,7 +402,7 @@ impl World {
                 .iter()
                 .map(|l| l.split("; ").next().unwrap_or_default().to_string())
                 .collect();
-            let resets = d.node.metrics().cluster.etcd_resets.get();
+            let resets = d.node.metrics().cluster.store_resets.get();
             let line = format!(
                 "{} (slot {i}): {}{}",
                 self.slots[i].name,

@@ -1,11 +1,11 @@
-//! This node in cluster mode: its name and the daemon instance that holds it, its etcd
-//! connection (made when first needed, again after a failure), the limiter every etcd request
-//! goes through (`store_rate`), whether etcd answers, the pools it read, its index of blocks
+//! This node in cluster mode: its name and the daemon instance that holds it, its store
+//! connection (made when first needed, again after a failure), the limiter every store request
+//! goes through (`store_rate`), whether the store answers, the pools it read, its index of blocks
 //! made complete once, and the heartbeat that holds its name and fences it.
 //!
 //! The node *serves* (its sources may hand out addresses) only while this daemon holds the
-//! node's name in etcd and renewed its heartbeat within `fence_secs`. Each time it starts to
-//! serve again (name taken, fence lifted, etcd found reset), the serving [`epoch`] moves on,
+//! node's name in the store and renewed its heartbeat within `fence_secs`. Each time it starts
+//! to serve again (name taken, fence lifted, the store found reset), the serving [`epoch`] moves on,
 //! and a source hands out nothing until it has synced its blocks within the new epoch.
 //!
 //! [`epoch`]: ClusterNode::serving
@@ -34,7 +34,7 @@ use super::vocab::{ClusterError, Heartbeat};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 
-/// Whether this daemon holds its node's name in etcd.
+/// Whether this daemon holds its node's name in the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Identity {
     /// Not yet: the heartbeat's first start is on its way (None), or failed (why).
@@ -50,13 +50,13 @@ pub enum Identity {
 struct Beat {
     identity: Identity,
     /// When the last renewal that succeeded was sent (a fence counts from there: the lease's
-    /// TTL counts from etcd's receipt, which is later).
+    /// TTL counts from the store's receipt, which is later).
     renewed: Option<Instant>,
     /// Moves on each time the node starts to serve again.
     epoch: u64,
-    /// etcd resets (see `EtcdClient::resets`) taken into the epoch.
+    /// Store resets (etcd: see `EtcdClient::resets`) taken into the epoch.
     resets: u64,
-    /// Since when the name is in doubt (an etcd reset seen: the restored etcd may show it
+    /// Since when the name is in doubt (a store reset seen: the restored store may show it
     /// held by another daemon, or by none); a renewal sent after that settles it.
     doubt: Option<Instant>,
     /// The watch of the node's name key is on (etcd; see [`Watched::NameWatch`]).
@@ -86,11 +86,11 @@ pub struct ClusterNode {
     conn: tokio::sync::Mutex<Option<StoreHandle>>,
     /// The connection in use, for the checks made without waiting (see `serving`).
     current: Mutex<Option<StoreHandle>>,
-    /// Every etcd request goes through it (`store_rate`, `store_burst`).
+    /// Every store request goes through it (`store_rate`, `store_burst`).
     limiter: Arc<Limiter>,
     /// The node's index of its blocks is complete (made so once, at start).
     index: tokio::sync::OnceCell<()>,
-    /// Since when, and why, etcd does not answer (None: the last call succeeded).
+    /// Since when, and why, the store does not answer (None: the last call succeeded).
     down: Mutex<Option<(Instant, String)>>,
     /// Ready pools as last read (with the revision a claim is conditioned on).
     /// Each pool's reservations and whether it is disabled, as last read (of any phase; kept
@@ -111,7 +111,7 @@ pub struct ClusterNode {
     malformed: Mutex<HashMap<(String, bool), std::collections::BTreeMap<String, String>>>,
     /// The identity's changes, for health.
     identity_changes: tokio::sync::watch::Sender<Identity>,
-    /// Wakes the heartbeat to renew at once (an etcd reset seen).
+    /// Wakes the heartbeat to renew at once (a store reset seen).
     renew_now: tokio::sync::Notify,
     /// What the store's watches said (`[cluster] watch`).
     heard: Heard,
@@ -269,7 +269,7 @@ impl ClusterNode {
         Duration::from_secs(self.settings.fence())
     }
 
-    /// When the etcd rate limit (`store_rate`) made a request wait within the last minute:
+    /// When the store's rate limit (`store_rate`) made a request wait within the last minute:
     /// what status says about it.
     pub fn rate_note(&self) -> Option<String> {
         let (ago, took) = self.limiter.last_wait(Duration::from_secs(60))?;
@@ -345,7 +345,8 @@ impl ClusterNode {
         Ok(s)
     }
 
-    /// Runs `f` against etcd: timed (`op`), and etcd counted up or down by its outcome.
+    /// Runs `f` against the store: timed (`op`), and the store counted up or down by its
+    /// outcome.
     pub async fn call<T, F, Fut>(&self, op: &str, f: F) -> Result<T, ClusterError>
     where
         F: FnOnce(StoreHandle) -> Fut,
@@ -360,7 +361,7 @@ impl ClusterNode {
             self.check_resets(&s);
         }
         let reached = !matches!(&r, Err(e) if e.is_unreachable());
-        self.metrics.cluster.etcd_call(op, t.elapsed(), reached);
+        self.metrics.cluster.store_call(op, t.elapsed(), reached);
         let mut down = self.down.lock().expect("down lock");
         match (&r, reached) {
             (Err(e), false) => {
@@ -378,7 +379,7 @@ impl ClusterNode {
         r
     }
 
-    /// An etcd found reset (restored from a backup, made anew): the pools are read again, and
+    /// A store found reset (restored from a backup, made anew): the pools are read again, and
     /// no source serves before it has synced in the new epoch.
     fn check_resets(&self, store: &StoreHandle) {
         let (resets, why) = store.resets();
@@ -403,12 +404,12 @@ impl ClusterNode {
             self.identity_changes.send_modify(|_| {});
             self.forget_pools();
             self.pins_reset();
-            self.metrics.cluster.etcd_resets.inc();
+            self.metrics.cluster.store_resets.inc();
             tracing::error!(node = %self.name, why = why.as_deref().unwrap_or_default(), "the store was reset: every block is synced again before anything more is handed out");
         }
     }
 
-    /// Why this node is degraded (etcd unreachable), if it is.
+    /// Why this node is degraded (the store unreachable), if it is.
     pub fn degraded(&self) -> Option<String> {
         self.down
             .lock()

@@ -20,7 +20,7 @@ pub enum Work {
     /// listed that is not in `trusted` as listed: the blocks the source holds as confirmed,
     /// with their keys as it last read or wrote them. Any other (restored after a restart,
     /// given back with no answer, or not known here at all) may have a give-back of it on its
-    /// way, sent before, that etcd could still apply.
+    /// way, sent before, that the store could still apply.
     Sync {
         epoch: u64,
         trusted: Vec<(IpNet, KeyRevision)>,
@@ -34,7 +34,7 @@ pub enum Work {
     },
     /// Claim the next free block, inside the source's ranges.
     Claim { cidrs: Vec<IpNet> },
-    /// Claim back a block the store holds but etcd does not list as this node's.
+    /// Claim back a block the store holds but does not list as this node's.
     Reclaim(IpNet),
     /// Give back an empty block (its key as last read or written).
     GiveBack(IpNet, KeyRevision),

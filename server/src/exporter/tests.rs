@@ -32,7 +32,7 @@ async fn exported() -> BTreeSet<String> {
     ClusterMetrics::pool_counter(&c.give_backs, "p", 1);
     c.synced("p", "4");
     c.pool_read("p", true, 2, [("4", 16), ("6", 0)]);
-    c.etcd_call("txn", Duration::from_millis(1), true);
+    c.store_call("txn", Duration::from_millis(1), true);
     c.blocks
         .get_or_create(&BlockStateLabels {
             pool: "p".into(),

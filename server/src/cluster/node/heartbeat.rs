@@ -12,7 +12,7 @@ use crate::cluster::vocab::{Acquired, Alive, ClusterError, Heartbeat};
 impl ClusterNode {
     /// Keeps this node's heartbeat until aborted: takes the node's name (or waits for
     /// another daemon's lease to go), renews both leases every third of the TTL, and starts
-    /// over when the lease is gone. etcd failures are retried.
+    /// over when the lease is gone. The store's failures are retried.
     pub async fn heartbeat(self: Arc<Self>) {
         let ttl = self.settings.heartbeat_ttl_secs;
         let every = Duration::from_secs(ttl / 3).max(Duration::from_secs(1));
@@ -103,7 +103,7 @@ impl ClusterNode {
         Ok(true)
     }
 
-    /// Renews `beat` until its lease is gone (or, etcd silent, surely gone).
+    /// Renews `beat` until its lease is gone (or, the store silent, surely gone).
     async fn keep(&self, beat: &Heartbeat, every: Duration) {
         let ttl = Duration::from_secs(self.settings.heartbeat_ttl_secs);
         let mut last_ok = Instant::now();
@@ -114,7 +114,7 @@ impl ClusterNode {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                // An etcd reset seen: the name is checked at once.
+                // A store reset seen: the name is checked at once.
                 _ = self.renew_now.notified() => {}
             }
             let sent = Instant::now();

@@ -1,4 +1,4 @@
-//! A block this node holds, and where it stands between this node and etcd.
+//! A block this node holds, and where it stands between this node and the store.
 
 use tokio::time::Instant;
 
@@ -9,7 +9,7 @@ use crate::model::SubnetMode;
 use crate::range::{to_u128, Range, RangeAllocator, RangeSpec};
 use crate::source::BlockRefused;
 
-/// Where a block stands between this node and etcd.
+/// Where a block stands between this node and the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BlockState {
     /// The store holds it; no sync has said yet whose it is (a give-back of it may be on its
@@ -17,12 +17,12 @@ pub enum BlockState {
     Unconfirmed,
     /// This node's, as of the last sync or its claim: its key as last read or written.
     Confirmed(KeyRevision),
-    /// etcd does not list it as this node's, and addresses held here are in it: to be
+    /// The store does not list it as this node's, and addresses held here are in it: to be
     /// claimed back.
     Reclaiming,
     /// Being given back (it was empty).
     Returning(KeyRevision),
-    /// A give-back whose outcome is not known (etcd did not answer, and may still apply it):
+    /// A give-back whose outcome is not known (the store did not answer, and may still apply it):
     /// the next sync settles it.
     Unsettled(KeyRevision),
     /// Another node owns it, or it cannot be this node's: why.
