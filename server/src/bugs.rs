@@ -273,6 +273,11 @@ pub enum Bug {
     /// the simulation holding the daemons to deploy/'s policies, session 39, seed
     /// 97 000 000 961).
     VoidSetAsidePinDeletedUnderOthers,
+    /// A source whose pool was read and found gone waited for it as for a pool on its way: an
+    /// ADD never passed on to the network's next pool, which claims only once an ADD gets to
+    /// it, and the network served nothing while that pool had free blocks (found by the
+    /// simulation's rule L4, session 39, seed 100 176: the first of two pools deleted).
+    GonePoolAwaited,
 }
 
 impl Bug {
@@ -323,6 +328,7 @@ impl Bug {
         Bug::WitnessJudgedWhenSent,
         Bug::VoidPinDeletedUnderOthers,
         Bug::VoidSetAsidePinDeletedUnderOthers,
+        Bug::GonePoolAwaited,
         Bug::IndexDroppedByRevision,
         Bug::IndexDroppedUnderItsBlock,
         Bug::OthersPinsReasserted,
@@ -383,6 +389,7 @@ impl Bug {
             Bug::WitnessJudgedWhenSent => "witness-judged-when-sent",
             Bug::VoidPinDeletedUnderOthers => "void-pin-deleted-under-others",
             Bug::VoidSetAsidePinDeletedUnderOthers => "void-set-aside-pin-deleted-under-others",
+            Bug::GonePoolAwaited => "gone-pool-awaited",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",
             Bug::IndexDroppedUnderItsBlock => "index-dropped-under-its-block",
             Bug::OthersPinsReasserted => "others-pins-reasserted",

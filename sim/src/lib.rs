@@ -171,6 +171,10 @@ pub const NOT_YET: &[Bug] = &[
     // refused the DELETE), not by the hunt from 0; its kept run is replayed by every `cargo
     // test`.
     Bug::VoidSetAsidePinDeletedUnderOthers,
+    // Found by L4 at seed 100 176 of session 39's races (the first of a network's two pools
+    // deleted by a second operator's late write), not by the hunt from 0; its kept run is
+    // replayed by every `cargo test`.
+    Bug::GonePoolAwaited,
 ];
 
 /// The simulation's pool.

@@ -1,20 +1,20 @@
 //! [`ClusterSource`]: a range set's addresses from the blocks this node owns in a cluster
-//! pool. Addresses are handed out from owned blocks with no etcd call; everything that talks
-//! to etcd is a [`Claim`] the engine runs outside its lock ([`work`](super::work)).
+//! pool. Addresses are handed out from owned blocks with no store call; everything that talks
+//! to the store is a [`Claim`] the engine runs outside its lock ([`work`](super::work)).
 //!
-//! Each block has a state ([`BlockState`]); only a *confirmed* block (etcd listed it as this
+//! Each block has a state ([`BlockState`]); only a *confirmed* block (the store listed it as this
 //! node's at the last sync, or this node just claimed it) hands anything out, by any path:
 //! a new address, an idle or cooling one, a requested one, a sticky pod's. And the source as a
 //! whole hands out nothing while the node does not serve (its name not held, or fenced:
 //! [`ClusterNode::serving`]) or before it synced in the node's current serving epoch.
 //!
-//! 1. a sync (this node's blocks of the pool, as etcd lists them) before anything else, again
+//! 1. a sync (this node's blocks of the pool, as the store lists them) before anything else, again
 //!    every `resync_secs`, after each new epoch, and after a give-back whose outcome is not
 //!    known; every block it lists that is not confirmed here as listed (restored from the
 //!    store, a give-back not answered, or not known here: a give-back of it may still reach
-//!    etcd) is settled by it, its key written again, so that such a give-back cannot apply
+//!    the store) is settled by it, its key written again, so that such a give-back cannot apply
 //!    once it serves;
-//! 2. blocks the store holds but etcd does not list as this node's, with addresses still held
+//! 2. blocks the store holds but does not list as this node's, with addresses still held
 //!    here, are claimed back one by one (another node owning one: it is lost, and hands
 //!    nothing more out);
 //! 3. a new block when the free addresses fall below the threshold (`claim_ahead`, or the
@@ -23,7 +23,7 @@
 //!    when that would bring the free addresses below the threshold); nothing can be placed in
 //!    it meanwhile, and one found holding something when the give-back lands is claimed back.
 //!
-//! Each etcd request goes through the node's limiter (`store_rate`); a failure is retried with a
+//! Each store request goes through the node's limiter (`store_rate`); a failure is retried with a
 //! jittered backoff, and the resyncs are jittered too.
 //! By block (the default), each block is a host-local range: its first address is the gateway,
 //! the network (and for IPv4 the broadcast) address is never handed out. As one subnet
@@ -69,7 +69,7 @@ fn max_prefix(ip: IpAddr) -> u8 {
     }
 }
 
-/// The longest wait between retries after etcd failed.
+/// The longest wait between retries after the store failed.
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a pool with no free block is left alone before the next try.
 const EXHAUSTED_RETRY: Duration = Duration::from_secs(10);
@@ -197,10 +197,15 @@ impl ClusterSource {
         let pool = &self.pool;
         let store = self.node.store_name();
         if self.synced == Some(epoch) {
-            // Not before the pool was read: its reservations and whether it is disabled.
-            return match self.node.pool_known(pool) {
-                true => None,
-                false => Some(Next::Pending(format!(
+            // Not before the pool was read: its reservations and whether it is disabled. One
+            // read and found gone is no pool on its way: an ADD passes on to the network's
+            // next pool (which claims only once an ADD gets to it).
+            return match (self.node.pool_known(pool), self.node.pool_gone(pool)) {
+                (true, _) => None,
+                (false, true) if !crate::bugs::on(crate::bugs::Bug::GonePoolAwaited) => Some(
+                    Next::Unavailable(format!("cluster pool {pool:?} does not exist in {store}")),
+                ),
+                (false, _) => Some(Next::Pending(format!(
                     "reading cluster pool {pool:?} in {store} (its reservations)"
                 ))),
             };
@@ -505,7 +510,7 @@ impl ClusterSource {
         }
     }
 
-    /// What to do next against etcd, if anything: nothing while the node does not serve.
+    /// What to do next against the store, if anything: nothing while the node does not serve.
     fn next_work(&mut self) -> Option<Work> {
         let epoch = self.node.serving().ok()?;
         self.take_in_watched();

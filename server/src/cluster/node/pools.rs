@@ -19,6 +19,8 @@ pub(super) struct Policy {
     read: u64,
     /// The read found the pool.
     known: bool,
+    /// The read found no pool: deleted (or not made yet), not one on its way.
+    gone: bool,
     disabled: bool,
     reserved: Arc<Vec<Reserved>>,
     /// The pool's nodeSelector, parsed, or why it cannot be (None: every node may use it).
@@ -65,6 +67,7 @@ impl ClusterNode {
             if read >= now.read {
                 now.read = read;
                 now.known = pool.is_some();
+                now.gone = pool.is_none();
                 now.ready = pool.filter(|p| p.phase == PoolPhase::Ready).cloned();
                 now.disabled = pool.is_some_and(|p| p.spec.disabled);
                 // Parsed when it was read; one that does not parse (written by hand, or by a
@@ -132,6 +135,15 @@ impl ClusterNode {
             .expect("policy lock")
             .get(name)
             .is_some_and(|p| p.known)
+    }
+
+    /// Whether pool `name` was read and found not there (no I/O).
+    pub fn pool_gone(&self, name: &str) -> bool {
+        self.policy
+            .lock()
+            .expect("policy lock")
+            .get(name)
+            .is_some_and(|p| p.gone)
     }
 
     /// Whether pool `name`, as last read, is disabled (no I/O).

@@ -207,3 +207,25 @@ fn a_networks_later_pool_claims_its_first_block_only_once_an_add_wants_one() {
     s.demand();
     assert!(matches!(next_work(&mut s), Some(super::Work::Claim { .. })));
 }
+
+/// A pool read and found gone is no pool on its way: its source is unavailable, saying so, so
+/// that an ADD passes on to the network's next pool (found by the simulation's rule L4, seed
+/// 100 176: the first of a network's two pools deleted, every ADD then waited for it to be
+/// read, and the second pool, which claims only when an ADD gets to it, was never asked).
+#[test]
+fn a_pool_read_and_found_gone_is_unavailable_not_awaited() {
+    let n = node("");
+    let mut s = source(&n);
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    n.as_read("p", Some(&pool_p(&[])));
+    assert_eq!(s.next(), Next::Ready(ip("10.0.0.2")));
+    n.as_read("p", None);
+    match s.next() {
+        Next::Unavailable(why) => assert!(why.contains("does not exist"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // Made again: it serves once read.
+    n.as_read("p", Some(&pool_p(&[])));
+    assert_eq!(s.next(), Next::Ready(ip("10.0.0.2")));
+}
