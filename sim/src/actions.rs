@@ -195,7 +195,7 @@ pub(crate) async fn boot(w: &mut World) -> Result<(), String> {
             }
             added = true;
         }
-        if added && w.adding.is_empty() && w.net.is_empty() {
+        if added && w.kubelet.adding.is_empty() && w.net.is_empty() {
             w.note("booted: both nodes serve, each with a pod".into());
             return Ok(());
         }
@@ -259,8 +259,8 @@ pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
     }
     doom_pods_of_gone_owners(w);
     // DELs never answered (their daemon killed meanwhile): the kubelet makes them again.
-    for (c, s) in std::mem::take(&mut w.dels) {
-        w.owed.entry(c).or_insert(s);
+    for (c, s) in std::mem::take(&mut w.kubelet.dels) {
+        w.kubelet.owed.entry(c).or_insert(s);
     }
     w.net.release_all();
     // A node gone in a run with departures departed for good; but one node stays (none left
@@ -292,12 +292,13 @@ pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
         // An ADD answered during the wind-down, of an owner gone meanwhile: its pod too.
         doom_pods_of_gone_owners(w);
         if let Some((c, s)) = w
+            .kubelet
             .owed
             .iter()
             .find(|(_, s)| w.slots[**s].daemon.is_some())
             .map(|(c, s)| (c.clone(), *s))
         {
-            w.owed.remove(&c);
+            w.kubelet.owed.remove(&c);
             let done = w.done.clone();
             if let Some(d) = w.slots[s].daemon.as_mut() {
                 d.del(&c, &done);
@@ -305,7 +306,11 @@ pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
         w.drain()?;
-        if w.net.is_empty() && w.owed.is_empty() && w.adding.is_empty() && !w.operating() {
+        if w.net.is_empty()
+            && w.kubelet.owed.is_empty()
+            && w.kubelet.adding.is_empty()
+            && !w.operating()
+        {
             break;
         }
     }
@@ -336,7 +341,7 @@ fn doom_pods_of_gone_owners(w: &mut World) {
     for (c, slot) in doomed {
         w.note(format!("{c}, a pod of an owner gone, deleted"));
         w.checker.deleting(&c);
-        w.owed.insert(c, slot);
+        w.kubelet.owed.insert(c, slot);
     }
 }
 

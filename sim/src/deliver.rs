@@ -61,7 +61,7 @@ impl World {
         }
         let now = Instant::now();
         let wall = self.wall.now_ms();
-        let cronjob = command_of(from).is_some_and(|op| self.cronjob_ops.contains(&op));
+        let cronjob = command_of(from).is_some_and(|op| self.operator.cronjob.contains(&op));
         let node = self.slots.get(from).map_or("?", |s| s.name.as_str());
         let user = crate::identity::user_of(from, cronjob, node);
         let version_before = self.shared.version();
@@ -110,7 +110,7 @@ impl World {
                         && s.lost_writes
                             .iter()
                             .all(|(rev, at)| sent_ms < *at && revision < *rev);
-                    let shows = (delivered.keys && !blind) || self.restore_shows_id;
+                    let shows = (delivered.keys && !blind) || self.resets.shows_id;
                     if s.unaware && delivered.headed && shows {
                         s.unaware = false;
                         s.aware_at = Some(ms);
@@ -129,12 +129,13 @@ impl World {
         // name the store may give another daemon of that name: what it gives back is the
         // restore's doing.
         let doubtful = self.slots.get(from).is_some_and(|s| {
-            self.restored_at
+            self.resets
+                .restored_at
                 .is_some_and(|r| s.renewed_at.is_none_or(|t| t < r))
         });
-        self.doubtful_writer = doubtful;
+        self.resets.doubtful_writer = doubtful;
         let r = self.store_check(&who, command_of(from), Some(sent));
-        self.doubtful_writer = false;
+        self.resets.doubtful_writer = false;
         r
     }
 }

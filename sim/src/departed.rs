@@ -13,7 +13,8 @@ use ipool_server::cluster::departed::{sweep, Directory, Outcome, Thresholds};
 use ipool_server::cluster::pin::PinOwner;
 use ipool_server::cluster::vocab::LookupFailed;
 
-use crate::world::{OpDone, World};
+use crate::commands::OpDone;
+use crate::world::World;
 use crate::StoreKind;
 
 /// The Nodes as listed when the look began, and the pins' owners gone then.
@@ -37,7 +38,7 @@ impl Directory for Listed {
 
 /// One look of the leader's, one command at a time with the operator's.
 pub(crate) fn departed(w: &mut World) {
-    if w.op.is_some() {
+    if w.operator.running.is_some() {
         return;
     }
     if w.opts.cronjob {
@@ -81,19 +82,19 @@ pub(crate) fn look(w: &mut World, me: Option<usize>, after: u64) {
     let what = format!("{who} releases departed nodes (after {after} s; Nodes {nodes:?})");
     let role = if me.is_some() { "leader" } else { "cronjob" };
     w.note(format!("{role}: {what}"));
-    let op = w.command(crate::world::Op {
+    let op = w.command(crate::commands::Op {
         forced: false,
         release_of: None,
         departed: true,
     });
     if me.is_none() {
-        w.cronjob_ops.insert(op);
+        w.operator.cronjob.insert(op);
     }
     let store = match me {
         Some(_) => w.leader_store(),
         None => w.operator_store_elsewhere(false),
     };
-    let (ops, kind) = (w.ops.clone(), w.opts.store);
+    let (ops, kind) = (w.operator.done.clone(), w.opts.store);
     let owners = crate::owners::GoneOwners(w.owners_gone.clone());
     tokio::spawn(async move {
         let place = match kind {

@@ -5,8 +5,10 @@ use std::net::IpAddr;
 
 use ipool_server::cluster::pin::PinOwner;
 
+use crate::commands::OpDone;
 use crate::daemon::Done;
-use crate::world::{Adding, OpDone, World};
+use crate::kubelet::Adding;
+use crate::world::World;
 
 impl World {
     /// Whether `ip` is one no node hands out whatever the interleaving, by the daemons' config:
@@ -50,7 +52,9 @@ impl World {
                     decided,
                     reserved,
                 } => {
-                    let Some(Adding { slot, syncs, owner }) = self.adding.remove(&container) else {
+                    let Some(Adding { slot, syncs, owner }) =
+                        self.kubelet.adding.remove(&container)
+                    else {
                         continue;
                     };
                     let alive = self.slots[slot]
@@ -59,7 +63,7 @@ impl World {
                         .is_some_and(|d| d.id == daemon);
                     match (result, alive) {
                         (Ok(ips), true) => {
-                            self.adds_ok += 1;
+                            self.kubelet.adds_ok += 1;
                             let node = self.slots[slot].name.clone();
                             if let Some(ip) = reserved.first() {
                                 return Err(format!(
@@ -134,11 +138,11 @@ impl World {
                                 ));
                             }
                             self.note(format!("ADD {container} failed: {e}"));
-                            self.refused.push((container.clone(), e));
-                            self.owed.insert(container, slot);
+                            self.kubelet.refused.push((container.clone(), e));
+                            self.kubelet.owed.insert(container, slot);
                         }
                         (Ok(_), false) => {
-                            self.owed.insert(container, slot);
+                            self.kubelet.owed.insert(container, slot);
                         }
                     }
                 }
@@ -147,41 +151,43 @@ impl World {
                     container,
                     ok,
                 } => {
-                    self.dels.remove(&container);
+                    self.kubelet.dels.remove(&container);
                     if !ok {
                         if let Some(slot) = self.slot_of_daemon(daemon) {
-                            self.owed.insert(container, slot);
+                            self.kubelet.owed.insert(container, slot);
                         }
                     }
                 }
             }
         }
-        self.told.settle(&self.net.commands_writing());
-        let ops: Vec<OpDone> = std::mem::take(&mut *self.ops.lock().expect("ops"));
+        self.operator.told.settle(&self.net.commands_writing());
+        let ops: Vec<OpDone> = std::mem::take(&mut *self.operator.done.lock().expect("ops"));
         for o in ops {
             match o.second {
-                true => self.second_op = false,
+                true => self.operator.second = false,
                 false => {
-                    if self.op.as_ref().is_some_and(|o| o.forced) {
+                    if self.operator.running.as_ref().is_some_and(|o| o.forced) {
                         self.force_ends();
                     }
-                    self.op = None;
+                    self.operator.running = None;
                 }
             }
-            self.told.end(o.seq, &o.what, &o.result);
+            self.operator.told.end(o.seq, &o.what, &o.result);
             self.note(format!("operator: {} -> {:?}", o.what, o.result));
             // Nodes a look of the departed could not judge (no Node name recorded): it says
             // release-node releases them.
             if let (Ok(said), false) = (&o.result, o.second) {
-                self.unknown_nodes = said
+                self.operator.unknown_nodes = said
                     .split("; ")
                     .filter_map(|s| s.split_once(": unknown ("))
                     .map(|(n, _)| n.to_string())
                     .collect();
             }
         }
-        if !self.told.is_empty() {
-            self.told.check(crate::POOL, &self.shared.pools())?;
+        if !self.operator.told.is_empty() {
+            self.operator
+                .told
+                .check(crate::POOL, &self.shared.pools())?;
         }
         Ok(())
     }

@@ -19,7 +19,7 @@ impl World {
         }
         while self.step < self.opts.steps {
             self.step += 1;
-            self.refused.clear();
+            self.kubelet.refused.clear();
             self.net.release_held(Instant::now());
             let wait = match self.opts.exhaustive {
                 true => crate::actions::act_small(self),

@@ -102,7 +102,8 @@ impl World {
     fn unaware_at(&self, slot: usize, t: Instant) -> bool {
         let s = &self.slots[slot];
         let t = self.ms_of(t);
-        self.restored_at
+        self.resets
+            .restored_at
             .is_some_and(|r| r <= t && (s.unaware || s.aware_at.is_none_or(|a| a > t)))
     }
 
@@ -122,7 +123,7 @@ impl World {
     ) -> Result<Option<String>, String> {
         let s = &self.slots[slot];
         let ms = self.ms_of(decided);
-        if self.restored_at.is_some_and(|r| ms < r) {
+        if self.resets.restored_at.is_some_and(|r| ms < r) {
             // Picked before etcd went back in time, answered after.
             return Ok(Some(
                 "etcd restored from an older backup after this pick".into(),
@@ -138,6 +139,7 @@ impl World {
             return Ok(None);
         }
         let since_restore = self
+            .resets
             .restored_at
             .is_some_and(|r| s.renewed_at.is_none_or(|t| t < r));
         if self.unaware_at(slot, decided) || since_restore {
@@ -373,9 +375,10 @@ impl World {
         let now = self.ms();
         let timeout = self.setting.timeout.as_millis() as u64;
         let families = if self.opts.dual_stack { 2 } else { 1 };
-        let pool_op = self.second_op
+        let pool_op = self.operator.second
             || self
-                .op
+                .operator
+                .running
                 .as_ref()
                 .is_some_and(|o| o.release_of.is_none() && !o.departed);
         let resync = self.swarm.resync_secs * 1200;

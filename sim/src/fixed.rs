@@ -51,7 +51,7 @@ pub(crate) fn owner_goes_or_comes(w: &mut World) {
             // Its node's daemon is down: the kubelet makes the DEL once it is back.
             false => {
                 w.checker.deleting(&c);
-                w.owed.insert(c, slot);
+                w.kubelet.owed.insert(c, slot);
             }
         }
     }
@@ -88,6 +88,7 @@ fn pods_of(w: &World, owner: &PinOwner) -> (Vec<usize>, usize) {
         .map(|p| p.slot)
         .collect();
     let adding = w
+        .kubelet
         .adding
         .values()
         .filter(|a| a.owner.as_ref() == Some(owner))
@@ -121,7 +122,7 @@ pub(crate) fn rival_of_owner(w: &mut World, o: &PinOwner) -> Result<(), String> 
     let pods: Vec<(String, usize)> = (w.checker.pods.iter())
         .filter(|(_, p)| p.owner.as_deref() == Some(shown.as_str()) && p.excused.is_none())
         .map(|(c, p)| (c.clone(), p.slot))
-        .filter(|(c, slot)| w.slots[*slot].daemon.is_some() && !w.dels.contains_key(c))
+        .filter(|(c, slot)| w.slots[*slot].daemon.is_some() && !w.kubelet.dels.contains_key(c))
         .collect();
     match w.choices.pick(3) {
         0 if !pods.is_empty() => {

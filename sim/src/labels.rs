@@ -84,7 +84,7 @@ fn relabel(w: &mut World) {
 }
 
 fn select(w: &mut World) {
-    if w.op.is_some() {
+    if w.operator.running.is_some() {
         return;
     }
     let sel = SELECTORS[w.choices.pick(SELECTORS.len() as u32) as usize].map(str::to_string);

@@ -21,13 +21,14 @@
 //!   when the driver says (delayed, cut, replayed, compacted away); `hearing`: those steps,
 //!   and what a node was told;
 //! - [`daemon`]: a simulated node's daemon, wired as ipoold is, on a state dir that survives it;
-//! - `world`: the run's state; `driver`: the run (steps, wind-down, quiet); `lifecycle`: a
-//!   daemon started or killed; `describe`: an etcd call in words; `owners`: the owners of
-//!   fixed addresses; `actions` and `operator`: what a step can do; `swarm`: each run's mix
-//!   of steps; `departed`: the release of departed nodes (a leading daemon's, or the
-//!   CronJob's); `labels`: node labels and the
-//!   pool's nodeSelector; `identity`: who each request on the Kubernetes API is, held to
-//!   deploy/'s RBAC and admission policies;
+//! - `world`: the run's state (`commands`: the operators' commands; `kubelet`: the ADDs and
+//!   DELs on their way and owed; `resets`: the stores gone back in time; `told`: the pool as the operators were told it); `driver`: the run (steps,
+//!   wind-down, quiet); `lifecycle`: a daemon started or killed; `describe`: an etcd call in
+//!   words; `owners`: the owners of fixed addresses; `actions` and `operator`: what a step can
+//!   do; `swarm`: each run's mix of steps; `departed`: the release of departed nodes (a
+//!   leading daemon's, or the CronJob's); `labels`: node labels and the pool's nodeSelector;
+//!   `identity`: who each request on the Kubernetes API is, held to deploy/'s RBAC and
+//!   admission policies;
 //! - [`check`]: the invariants, asked after every step (and what an etcd restore excuses:
 //!   not the pinned addresses the nodes keep);
 //! - `quiet`: the quiet period that ends each run, and [`settled`]: the liveness rules judged
@@ -45,6 +46,7 @@ pub mod store;
 pub mod watch;
 
 mod actions;
+mod commands;
 mod deliver;
 mod departed;
 mod describe;
@@ -55,6 +57,7 @@ mod excuses;
 mod fixed;
 mod hearing;
 mod identity;
+mod kubelet;
 mod labels;
 mod lifecycle;
 mod nodes;
@@ -62,6 +65,7 @@ mod operator;
 mod owners;
 mod provoke;
 mod quiet;
+mod resets;
 mod rivals;
 pub mod settled;
 mod store_check;

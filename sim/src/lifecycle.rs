@@ -68,14 +68,15 @@ impl World {
             self.slots[i].disk = crate::daemon::crashed(&self.slots[i].disk);
             // ADDs it never answered: the kubelet DELs them once the daemon is back.
             let lost: Vec<String> = self
+                .kubelet
                 .adding
                 .iter()
                 .filter(|(_, a)| a.slot == i)
                 .map(|(c, _)| c.clone())
                 .collect();
             for c in lost {
-                self.adding.remove(&c);
-                self.owed.insert(c, i);
+                self.kubelet.adding.remove(&c);
+                self.kubelet.owed.insert(c, i);
             }
         }
     }

@@ -58,12 +58,12 @@ pub(crate) fn add_pod(
     requested: Vec<std::net::IpAddr>,
     owner: Option<PinOwner>,
 ) {
-    w.next_container += 1;
-    let c = format!("c{}", w.next_container);
+    w.kubelet.next_container += 1;
+    let c = format!("c{}", w.kubelet.next_container);
     let syncs = w.pool_sync_counts(i).unwrap_or([0; 4]);
-    w.adding.insert(
+    w.kubelet.adding.insert(
         c.clone(),
-        crate::world::Adding {
+        crate::kubelet::Adding {
             slot: i,
             syncs,
             owner: owner.clone(),
@@ -110,8 +110,8 @@ pub(crate) fn del_pod(w: &mut World, c: &str, slot: usize) {
 }
 
 fn del(w: &mut World, c: &str, slot: usize) {
-    w.owed.remove(c);
-    w.dels.insert(c.to_string(), slot);
+    w.kubelet.owed.remove(c);
+    w.kubelet.dels.insert(c.to_string(), slot);
     w.checker.deleting(c);
     w.note(format!("DEL {c} on {}", w.slots[slot].name));
     let done = w.done.clone();
@@ -123,6 +123,7 @@ fn del(w: &mut World, c: &str, slot: usize) {
 /// A DEL: one owed first (the kubelet retries them), else a random live pod's.
 pub(crate) fn del_some(w: &mut World) {
     let owed: Vec<(String, usize)> = w
+        .kubelet
         .owed
         .iter()
         .filter(|(_, s)| w.slots[**s].daemon.is_some())
@@ -214,8 +215,8 @@ pub(crate) fn wipe(w: &mut World) -> Result<(), String> {
     w.slots[i].instance += 1;
     w.slots[i].gone = true;
     w.checker.wiped(i);
-    w.owed.retain(|_, s| *s != i);
-    w.dels.retain(|_, s| *s != i);
+    w.kubelet.owed.retain(|_, s| *s != i);
+    w.kubelet.dels.retain(|_, s| *s != i);
     Ok(())
 }
 
@@ -263,7 +264,7 @@ pub(crate) fn twin(w: &mut World) -> Result<(), String> {
             ));
             w.kill(t);
             w.checker.wiped(t);
-            w.owed.retain(|_, s| *s != t);
+            w.kubelet.owed.retain(|_, s| *s != t);
             return Ok(());
         }
         return Ok(());

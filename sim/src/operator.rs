@@ -15,11 +15,12 @@ use ipool_server::cluster::vocab::ClusterError;
 
 use tokio::time::Instant;
 
+use crate::commands::OpDone;
 use crate::etcd::Restore;
 use crate::nodes::node_slot;
 use crate::store::{HalfDone, Shared};
 use crate::told::{Change, Field};
-use crate::world::{OpDone, World};
+use crate::world::World;
 use crate::{StoreKind, POOL};
 
 impl World {
@@ -50,7 +51,7 @@ impl World {
         let conn = crate::daemon::connector(
             self.opts.store,
             self.net.clone(),
-            crate::net::operator(self.op_seq),
+            crate::net::operator(self.operator.seq),
             Arc::new(AtomicBool::new(true)),
             manager,
         );
@@ -78,7 +79,7 @@ impl World {
 /// gone; a spare pool made and deleted; or the pool moved to another block size at once, every
 /// node's blocks forced away first (`release-node --force` on live nodes: the operator's doing).
 pub(crate) fn pool_op(w: &mut World) {
-    if w.op.is_some() {
+    if w.operator.running.is_some() {
         return;
     }
     let kind = w.choices.pick(match w.swarm.pool_changes {
@@ -93,7 +94,7 @@ pub(crate) fn pool_op(w: &mut World) {
 /// (in runs whose pools change) grown, shrunk, disabled and enabled, an address reserved. Not
 /// the move, whose `--force` is the first operator's alone.
 pub(crate) fn pool_op_beside(w: &mut World) {
-    if w.second_op {
+    if w.operator.second {
         return;
     }
     let kinds: &[u32] = match w.swarm.pool_changes {
@@ -157,18 +158,18 @@ fn run_pool_op(w: &mut World, kind: u32, second: bool) {
     }
     let seq = match second {
         true => w.second_command(),
-        false => w.command(crate::world::Op {
+        false => w.command(crate::commands::Op {
             forced,
             release_of: None,
             departed: false,
         }),
     };
-    w.told.start(seq, changes(kind, reserve));
+    w.operator.told.start(seq, changes(kind, reserve));
     let place = match w.opts.store {
         StoreKind::Etcd => "etcd",
         StoreKind::Kube => "the Kubernetes API",
     };
-    let (store, ops) = (w.operator_store_elsewhere(false), w.ops.clone());
+    let (store, ops) = (w.operator_store_elsewhere(false), w.operator.done.clone());
     tokio::spawn(async move {
         let result = match store.await {
             Err(e) => Err(e),
@@ -353,13 +354,13 @@ where
     Fut: std::future::Future<Output = Result<String, ClusterError>> + Send + 'static,
 {
     w.note(format!("operator: {what}"));
-    let seq = w.command(crate::world::Op {
+    let seq = w.command(crate::commands::Op {
         forced: false,
         release_of: None,
         departed: false,
     });
-    w.told.start(seq, change);
-    let (store, ops) = (w.operator_store_elsewhere(false), w.ops.clone());
+    w.operator.told.start(seq, change);
+    let (store, ops) = (w.operator_store_elsewhere(false), w.operator.done.clone());
     tokio::spawn(async move {
         let result = match store.await {
             Err(e) => Err(e),
@@ -406,7 +407,7 @@ async fn move_pool(
 /// past its fence; with `--force` on a live one (the operator's error: excused); or looking
 /// where the daemons keep no names.
 pub(crate) fn release(w: &mut World) {
-    if w.op.is_some() {
+    if w.operator.running.is_some() {
         return;
     }
     let i = node_slot(w);
@@ -423,7 +424,7 @@ pub(crate) fn release(w: &mut World) {
 
 /// release-node on slot `i`'s node, forced or not (`--absent-for 0`): the exhaustive walk's.
 pub(crate) fn release_one(w: &mut World, i: usize, force: bool) {
-    if w.op.is_none() {
+    if w.operator.running.is_none() {
         release_as(w, i, force, false, 0);
     }
 }
@@ -456,14 +457,14 @@ fn release_as(w: &mut World, i: usize, force: bool, elsewhere: bool, absent_for:
         }
     );
     w.note(format!("operator: {what}"));
-    let seq = w.command(crate::world::Op {
+    let seq = w.command(crate::commands::Op {
         forced: force,
         release_of: Some(name.clone()),
         departed: false,
     });
     let (store, ops, kind, pins) = (
         w.operator_store_elsewhere(elsewhere),
-        w.ops.clone(),
+        w.operator.done.clone(),
         w.opts.store,
         known_pins(w),
     );
@@ -504,7 +505,7 @@ impl World {
             .max()
             .copied()
             .unwrap_or(0);
-        if self.restored_at.is_some_and(|r| r >= renewed) {
+        if self.resets.restored_at.is_some_and(|r| r >= renewed) {
             return Some("release-node after etcd was restored from an older backup that lacks the node's renewals");
         }
         (at.saturating_sub(renewed) > crate::FENCE_MS)
@@ -519,7 +520,7 @@ pub(crate) fn jump_clock(w: &mut World) {
         // The apiserver's replicas' clocks too (what stamps managedFields).
         *skew_secs += secs / 2;
         if secs < 0 {
-            w.apiserver_stepped_back = true;
+            w.resets.apiserver_stepped_back = true;
         }
     }
     w.note(format!("the wall clock jumps {secs} s"));
@@ -561,7 +562,7 @@ pub(crate) fn backup_or_restore(w: &mut World) -> Result<(), String> {
                     // Its members restart: every watch breaks.
                     w.net.watches(|ws| ws.cut_from(None));
                     crate::fixed::restored(w, &before);
-                    w.told.forget();
+                    w.operator.told.forget();
                     for s in w.slots.iter_mut().filter(|s| s.daemon.is_some()) {
                         s.unaware = true;
                     }
@@ -572,8 +573,8 @@ pub(crate) fn backup_or_restore(w: &mut World) -> Result<(), String> {
                             .filter(|(rev, _)| *rev > backed_up_at)
                             .collect();
                     }
-                    w.restored_at = Some(w.ms());
-                    w.restore_shows_id = matches!(how, Restore::NewCluster(_));
+                    w.resets.restored_at = Some(w.ms());
+                    w.resets.shows_id = matches!(how, Restore::NewCluster(_));
                     return w.store_check(crate::world::RESTORE, None, None);
                 }
             }

@@ -92,7 +92,7 @@ pub(crate) fn rival(w: &mut World, on: &Keys) -> Result<(), String> {
         // One operator's command at a time; a second operator's beside it.
         Target::Pool => {
             w.note("a rival provoked: a pool command".into());
-            match w.op.is_some() {
+            match w.operator.running.is_some() {
                 true => crate::operator::pool_op_beside(w),
                 false => crate::operator::pool_op(w),
             }
@@ -167,7 +167,7 @@ fn slot_of(w: &World, name: &str) -> Option<usize> {
 fn of_node(w: &mut World, i: usize) -> Result<(), String> {
     let name = w.slots[i].name.clone();
     match w.choices.pick(4) {
-        0 | 1 if w.op.is_none() => {
+        0 | 1 if w.operator.running.is_none() => {
             let force = w.choices.chance(1, 2);
             w.note(format!("a rival provoked: release-node {name}"));
             crate::operator::release_one(w, i, force);

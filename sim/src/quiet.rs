@@ -58,7 +58,7 @@ impl World {
                 }
             }
             // A node the look could not judge: the operator runs release-node, as it says.
-            let unknown = std::mem::take(&mut self.unknown_nodes);
+            let unknown = std::mem::take(&mut self.operator.unknown_nodes);
             if let Some(i) = (0..self.opts.nodes).find(|i| unknown.contains(&self.slots[*i].name)) {
                 if !self.operating() {
                     crate::operator::release_absent(self, i);
@@ -216,12 +216,12 @@ impl World {
             }
             let name = self.slots[i].name.clone();
             let before = self.free_blocks(&name);
-            self.refused.clear();
+            self.kubelet.refused.clear();
             crate::nodes::add(self, i);
-            let c = format!("c{}", self.next_container);
+            let c = format!("c{}", self.kubelet.next_container);
             self.note(format!("quiet: a trial ADD {c} on {}", self.slots[i].name));
             for _ in 0..200 {
-                if !self.adding.contains_key(&c) {
+                if !self.kubelet.adding.contains_key(&c) {
                     break;
                 }
                 while !self.net.is_empty() {
@@ -232,7 +232,7 @@ impl World {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 self.drain()?;
             }
-            if let Some((_, why)) = self.refused.iter().find(|(r, _)| *r == c) {
+            if let Some((_, why)) = self.kubelet.refused.iter().find(|(r, _)| *r == c) {
                 let room = self.room(&before, &name);
                 settled::add_refused(&name, why, room.as_ref())?;
             }
@@ -270,7 +270,7 @@ pub(crate) async fn quiet(w: &mut World) -> Result<(), String> {
     w.settle(IDLE_MS).await?;
     let writes = w.idle_writes.take().unwrap_or_default();
     let mut picture = w.picture();
-    if w.apiserver_stepped_back {
+    if w.resets.apiserver_stepped_back {
         // A departed node's Lease stamped before the apiserver's clock stepped back looks
         // renewed until the clock has caught up (as long as the step, an hour here): its
         // release waits that long (docs/simulation.md, L2), longer than the quiet.
@@ -387,7 +387,7 @@ pub(crate) async fn quiet(w: &mut World) -> Result<(), String> {
     settled::stuck_deleting(&picture)?;
     // The marks that time a gone owner's pin are written at each look until the apiserver's
     // stamps show pin_ttl_secs passed: after its clock stepped back, for as long as the step.
-    let writes: Vec<String> = match w.apiserver_stepped_back {
+    let writes: Vec<String> = match w.resets.apiserver_stepped_back {
         true => writes
             .into_iter()
             .filter(|x| !x.contains("/ippins/"))

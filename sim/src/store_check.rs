@@ -24,8 +24,10 @@ impl World {
         self.track_holders();
         self.stale_writes(by, sent)?;
         let after = self.shared.blocks();
-        let op = command.and_then(|c| self.commands.get(&c)).cloned();
-        let forced = op.as_ref().is_some_and(|o| o.forced) || self.doubtful_writer;
+        let op = command
+            .and_then(|c| self.operator.commands.get(&c))
+            .cloned();
+        let forced = op.as_ref().is_some_and(|o| o.forced) || self.resets.doubtful_writer;
         let overlaps = self.opts.store == crate::StoreKind::Kube;
         // The nodes the operator's command (under way, or ended: a request of it may arrive
         // late) took a block from.
@@ -64,7 +66,7 @@ impl World {
             by,
             |_| forced,
             overlaps,
-            self.doubtful_writer,
+            self.resets.doubtful_writer,
         );
         self.owned_again(&after);
         self.blocks = after;
@@ -82,7 +84,8 @@ impl World {
         // restored etcd may give again to other writes (without --bump-revision): the
         // restore's doing.
         let before_restore = |t: Instant| {
-            self.restored_at
+            self.resets
+                .restored_at
                 .is_some_and(|r| t.saturating_duration_since(self.started).as_millis() as u64 <= r)
         };
         if let Some(sent) = sent.filter(|t| !before_restore(*t)) {

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::check::{Checker, StoreBlock};
 use crate::choice::Choices;
+use crate::commands::Op;
 use crate::daemon::{Daemon, Done, Setting, Wall};
 use crate::net::{Back, Net};
 use crate::store::{Holder, Shared};
@@ -134,38 +135,6 @@ pub(crate) const RESTORE: &str = "etcd's restore";
 /// How many snapshots are kept: enough for any ADD's pick to lie within them.
 const SNAPSHOTS: usize = 512;
 
-/// An ADD on its way.
-pub(crate) struct Adding {
-    pub slot: usize,
-    /// Its node's syncs taken in when it was sent (per pool and family,
-    /// `World::pool_sync_counts`).
-    pub syncs: [u64; 4],
-    /// The owner of its fixed address, if it has one.
-    pub owner: Option<ipool_server::cluster::pin::PinOwner>,
-}
-
-/// An operator's command.
-#[derive(Clone)]
-pub(crate) struct Op {
-    /// `--force`.
-    pub forced: bool,
-    /// The node it releases, if it is release-node.
-    pub release_of: Option<String>,
-    /// The release of departed nodes, as the daemon that leads it runs it: without
-    /// `--force`, of any node whose Node is gone.
-    pub departed: bool,
-}
-
-/// What an operator's command came to.
-pub(crate) struct OpDone {
-    pub what: String,
-    pub result: Result<String, String>,
-    /// The command's number.
-    pub seq: usize,
-    /// A second operator's command, run beside the one under way (`crate::provoke`).
-    pub second: bool,
-}
-
 pub(crate) struct World {
     pub opts: Options,
     pub choices: Choices,
@@ -177,41 +146,24 @@ pub(crate) struct World {
     pub setting: Setting,
     pub slots: Vec<Slot>,
     pub done: Arc<Mutex<Vec<Done>>>,
-    pub ops: Arc<Mutex<Vec<OpDone>>>,
-    /// An operator command is running (one at a time), forced or not.
-    pub op: Option<Op>,
-    /// A second operator's pool command is running beside it (`crate::provoke`).
-    pub second_op: bool,
-    /// The pool as the operators were told it (`crate::told`).
-    pub told: crate::told::Told,
-    /// Commands so far (the one under way is the last).
-    pub op_seq: usize,
-    /// Every command, by number: its requests may arrive after it ended.
-    pub commands: BTreeMap<usize, Op>,
+    /// The operators' commands: under way, done, and what they were told.
+    pub operator: crate::commands::Operators,
     pub limbo: Vec<tokio::sync::oneshot::Sender<Back>>,
     pub checker: Checker,
     pub trace: Vec<String>,
     pub step: u64,
     pub started: Instant,
-    pub next_container: u64,
     pub next_daemon: u64,
-    /// ADDs on their way: container -> slot.
-    pub adding: BTreeMap<String, Adding>,
-    /// DELs owed (an ADD failed or was not answered, a DEL failed): container -> slot.
-    pub owed: BTreeMap<String, usize>,
-    pub adds_ok: u64,
+    /// The kubelets' ADDs and DELs: on their way, owed, refused.
+    pub kubelet: crate::kubelet::Kubelet,
     pub store_version: u64,
     pub blocks: Vec<StoreBlock>,
     pub snapshots: std::collections::VecDeque<Snapshot>,
     /// Each block's revision, and when it was last written.
     pub written: BTreeMap<ipnet::IpNet, (u64, Instant)>,
     pub forced: Vec<Forced>,
-    /// The request being checked came from a daemon whose name etcd's restore put in doubt.
-    pub doubtful_writer: bool,
-    /// When (ms) etcd was last restored from a backup.
-    pub restored_at: Option<u64>,
-    /// The last restore made etcd a new cluster (every answer shows its id).
-    pub restore_shows_id: bool,
+    /// The stores gone back in time: etcd restored from a backup, the apiserver's clock.
+    pub resets: crate::resets::Resets,
     /// The names held, as the trace last said.
     pub last_names: Option<String>,
     /// The daemon instance that last held each node name in the store.
@@ -220,23 +172,12 @@ pub(crate) struct World {
     pub heard_gone: Vec<crate::watch::HeardGone>,
     /// Events the watches heard.
     pub heard: u64,
-    /// ADDs refused: container, why.
-    pub refused: Vec<(String, String)>,
     /// Owners of fixed addresses that are gone (deleted, scaled down), and why.
     pub owners_gone: BTreeMap<String, String>,
-    /// DELs sent and not answered yet: container -> slot (a daemon killed meanwhile never
-    /// answers them; the kubelet makes them again).
-    pub dels: BTreeMap<String, usize>,
-    /// The nodes the last look of the departed could not judge (they recorded no Node name).
-    pub unknown_nodes: Vec<String>,
     /// Each node's zone as the run changed it (`crate::labels`; the first zones otherwise).
     pub zones: BTreeMap<String, &'static str>,
-    /// The operator's commands that are the CronJob's looks (`crate::identity`).
-    pub cronjob_ops: std::collections::BTreeSet<usize>,
     /// The nodes whose Node object is deleted while their machine runs (`crate::nodes`).
     pub nodes_deleted: std::collections::BTreeSet<String>,
-    /// The apiserver's clock stepped back (its stamps of before lie ahead of it a while).
-    pub apiserver_stepped_back: bool,
     /// While the quiet period watches for them: the writes delivered, renewals aside.
     pub idle_writes: Option<Vec<String>>,
     /// The stores' conditions met, and the one dropped (`crate::conditions`).
@@ -307,41 +248,26 @@ impl World {
             setting,
             slots,
             done: Arc::default(),
-            ops: Arc::default(),
-            op: None,
-            second_op: false,
-            told: crate::told::Told::default(),
-            op_seq: 0,
-            commands: BTreeMap::new(),
+            operator: crate::commands::Operators::default(),
             limbo: Vec::new(),
             checker: Checker::default(),
             trace: Vec::new(),
             step: 0,
             started: Instant::now(),
-            next_container: 0,
+            kubelet: crate::kubelet::Kubelet::default(),
             next_daemon: 0,
-            adding: BTreeMap::new(),
-            owed: BTreeMap::new(),
-            adds_ok: 0,
             store_version: 0,
             blocks: Vec::new(),
             snapshots: std::collections::VecDeque::new(),
             written: BTreeMap::new(),
             forced: Vec::new(),
-            restored_at: None,
-            restore_shows_id: false,
-            doubtful_writer: false,
+            resets: crate::resets::Resets::default(),
             last_names: None,
             holders: BTreeMap::new(),
             heard_gone: Vec::new(),
             heard: 0,
-            refused: Vec::new(),
-            apiserver_stepped_back: false,
-            unknown_nodes: Vec::new(),
             zones: BTreeMap::new(),
-            cronjob_ops: Default::default(),
             nodes_deleted: Default::default(),
-            dels: BTreeMap::new(),
             owners_gone: BTreeMap::new(),
             idle_writes: None,
             conditions: crate::conditions::Conditions {
@@ -421,30 +347,30 @@ impl World {
 
     /// Starts an operator's command: its number.
     pub fn command(&mut self, op: Op) -> usize {
-        self.op_seq += 1;
-        self.commands.insert(self.op_seq, op.clone());
-        self.op = Some(op);
-        self.op_seq
+        self.operator.seq += 1;
+        self.operator.commands.insert(self.operator.seq, op.clone());
+        self.operator.running = Some(op);
+        self.operator.seq
     }
 
     /// Starts a second operator's pool command beside the one under way: its number.
     pub fn second_command(&mut self) -> usize {
-        self.op_seq += 1;
-        self.commands.insert(
-            self.op_seq,
+        self.operator.seq += 1;
+        self.operator.commands.insert(
+            self.operator.seq,
             Op {
                 forced: false,
                 release_of: None,
                 departed: false,
             },
         );
-        self.second_op = true;
-        self.op_seq
+        self.operator.second = true;
+        self.operator.seq
     }
 
     /// An operator's command is under way (a second operator's too).
     pub fn operating(&self) -> bool {
-        self.op.is_some() || self.second_op
+        self.operator.running.is_some() || self.operator.second
     }
 
     pub fn failure(&self, what: String) -> Failure {
@@ -459,7 +385,7 @@ impl World {
         Outcome {
             steps: self.step,
             requests: self.net.sent(),
-            adds: self.adds_ok,
+            adds: self.kubelet.adds_ok,
             heard: self.heard,
             sim_ms: self.ms(),
             failure,
