@@ -109,6 +109,11 @@ impl Etcd {
         })
     }
 
+    /// Whether `key` is there now.
+    pub fn has_key(&self, key: &[u8]) -> bool {
+        self.data.kv.contains_key(key)
+    }
+
     /// The keys now (for the checker).
     pub fn keys(&self) -> impl Iterator<Item = (&Vec<u8>, &KeyValue)> {
         self.data.kv.iter()

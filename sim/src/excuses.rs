@@ -384,7 +384,7 @@ impl World {
         let resync = self.swarm.resync_secs * 1200;
         // While the pool is gone no node has a block of it to list (its source reads the
         // pool until it is made again): found at seed 5 212, a second operator's deletion.
-        let pool_gone = !self.shared.pools().iter().any(|p| p.name == crate::POOL);
+        let pool_gone = !self.shared.has_pool(crate::POOL);
         for i in 0..self.slots.len() {
             let Some(d) = &self.slots[i].daemon else {
                 continue;

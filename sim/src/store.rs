@@ -399,6 +399,17 @@ impl Shared {
         }
     }
 
+    /// Whether pool `name` is in the store now (nothing parsed: asked at every step).
+    pub fn has_pool(&self, name: &str) -> bool {
+        match self {
+            Shared::Etcd(e) => e.has_key(format!("/ipool/v1/pools/{name}").as_bytes()),
+            Shared::Api { objects, .. } => objects
+                .objects
+                .keys()
+                .any(|k| k.0 == "ippools" && k.2 == name),
+        }
+    }
+
     /// Each pool as the store has it now (for the liveness rules, `crate::settled`).
     pub fn pools(&self) -> Vec<PoolNow> {
         match self {

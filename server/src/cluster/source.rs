@@ -200,15 +200,17 @@ impl ClusterSource {
             // Not before the pool was read: its reservations and whether it is disabled. One
             // read and found gone is no pool on its way: an ADD passes on to the network's
             // next pool (which claims only once an ADD gets to it).
-            return match (self.node.pool_known(pool), self.node.pool_gone(pool)) {
-                (true, _) => None,
-                (false, true) if !crate::bugs::on(crate::bugs::Bug::GonePoolAwaited) => Some(
-                    Next::Unavailable(format!("cluster pool {pool:?} does not exist in {store}")),
-                ),
-                (false, _) => Some(Next::Pending(format!(
-                    "reading cluster pool {pool:?} in {store} (its reservations)"
-                ))),
-            };
+            if self.node.pool_known(pool) {
+                return None;
+            }
+            if self.node.pool_gone(pool) && !crate::bugs::on(crate::bugs::Bug::GonePoolAwaited) {
+                return Some(Next::Unavailable(format!(
+                    "cluster pool {pool:?} does not exist in {store}"
+                )));
+            }
+            return Some(Next::Pending(format!(
+                "reading cluster pool {pool:?} in {store} (its reservations)"
+            )));
         }
         Some(match (&self.failed, self.in_flight) {
             (Some(why), false) => Next::Unavailable(format!(

@@ -3,11 +3,14 @@ use super::*;
 fn pool(reserved: &[&str], disabled: bool) -> PoolNow {
     PoolNow {
         name: "p".into(),
-        cidrs: vec!["10.70.0.0/24".parse().unwrap()],
+        cidrs: vec!["10.70.0.0/24".parse().expect("a CIDR")],
         block_v4: 28,
         block_v6: 124,
         kept_out: Vec::new(),
-        reserved: reserved.iter().map(|r| r.parse().unwrap()).collect(),
+        reserved: reserved
+            .iter()
+            .map(|r| r.parse().expect("a CIDR"))
+            .collect(),
         disabled,
         node_selector: None,
         adding: Vec::new(),
@@ -18,7 +21,7 @@ fn pool(reserved: &[&str], disabled: bool) -> PoolNow {
 }
 
 fn x() -> IpNet {
-    "10.70.0.3/32".parse().unwrap()
+    "10.70.0.3/32".parse().expect("a CIDR")
 }
 
 fn reserve(told: &mut Told, seq: usize) {

@@ -188,6 +188,13 @@ impl Holds {
         Ok(deleted)
     }
 
+    /// The holders of `pin` on other nodes than this one.
+    fn held_elsewhere(&self, pin: &Pin) -> Vec<Holder> {
+        let me = self.node.name();
+        let others = pin.holders.iter().filter(|h| h.node != me);
+        others.cloned().collect()
+    }
+
     async fn pin_of(&self, owner: &PinOwner) -> Result<Option<PinRead>, ClusterError> {
         let o = owner.clone();
         self.node
@@ -294,14 +301,7 @@ impl Holds {
                 // Not this node's alone to delete while another holds it (deploy/'s admission
                 // policy refuses it, and the holder's pod may still use the address): its own
                 // hold taken back; the pin ends once its holders let go, and the pod is told.
-                let me = self.node.name();
-                let others: Vec<Holder> = written
-                    .pin
-                    .holders
-                    .iter()
-                    .filter(|h| h.node != me)
-                    .cloned()
-                    .collect();
+                let others = self.held_elsewhere(&written.pin);
                 let shared = !others.is_empty()
                     && !crate::bugs::on(crate::bugs::Bug::VoidPinDeletedUnderOthers);
                 if shared {
@@ -554,11 +554,7 @@ impl Holds {
         // Not this node's alone to delete while another holds it (deploy/'s admission policy
         // refuses it, and the holder's pod may still use the address): it ends once they let
         // go, as where a pin's block no longer stands.
-        let me = self.node.name();
-        let others: Vec<Holder> = (read.pin.holders.iter())
-            .filter(|h| h.node != me)
-            .cloned()
-            .collect();
+        let others = self.held_elsewhere(&read.pin);
         if !others.is_empty()
             && !crate::bugs::on(crate::bugs::Bug::VoidSetAsidePinDeletedUnderOthers)
         {
