@@ -278,6 +278,11 @@ pub enum Bug {
     /// it, and the network served nothing while that pool had free blocks (found by the
     /// simulation's rule L4, session 39, seed 100 176: the first of two pools deleted).
     GonePoolAwaited,
+    /// The pod GC let go of the address of a pod gone from the apiserver without asking the
+    /// container runtime: a pod force-deleted while its sandbox runs lost its address to the
+    /// next pod (the runtime's check, issue 41; put back under the simulation's pod GC,
+    /// session 40).
+    GcIgnoresRuntime,
 }
 
 impl Bug {
@@ -329,6 +334,7 @@ impl Bug {
         Bug::VoidPinDeletedUnderOthers,
         Bug::VoidSetAsidePinDeletedUnderOthers,
         Bug::GonePoolAwaited,
+        Bug::GcIgnoresRuntime,
         Bug::IndexDroppedByRevision,
         Bug::IndexDroppedUnderItsBlock,
         Bug::OthersPinsReasserted,
@@ -390,6 +396,7 @@ impl Bug {
             Bug::VoidPinDeletedUnderOthers => "void-pin-deleted-under-others",
             Bug::VoidSetAsidePinDeletedUnderOthers => "void-set-aside-pin-deleted-under-others",
             Bug::GonePoolAwaited => "gone-pool-awaited",
+            Bug::GcIgnoresRuntime => "gc-ignores-runtime",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",
             Bug::IndexDroppedUnderItsBlock => "index-dropped-under-its-block",
             Bug::OthersPinsReasserted => "others-pins-reasserted",

@@ -24,7 +24,8 @@ use ipool_server::cluster::pin::hold::Holds;
 use ipool_server::cluster::pin::PinOwner;
 use ipool_server::cluster::vocab::ClusterError;
 use ipool_server::config::DaemonConfig;
-use ipool_server::ipam::{AddRequest, Ipam, Setup};
+use ipool_server::ipam::{AddRequest, Ipam, Setup, Suspects};
+use ipool_server::k8s::gc::Held;
 use ipool_server::model::PodMeta;
 use ipool_server::model::{ClockAnchor, Millis};
 use ipool_server::node_ranges::cluster::ClusterNetworks;
@@ -34,6 +35,9 @@ use tokio::time::Instant;
 
 use crate::net::{ApiWire, EtcdWire, Net};
 use crate::StoreKind;
+
+mod kubernetes;
+use kubernetes::Keeper;
 
 /// The network the simulated pods are on.
 pub const NETWORK: &str = "pods";
@@ -246,6 +250,9 @@ pub struct Daemon {
     /// Its pin keeper's memory (`k8s::pin_keeper`): holds seen unused, owners seen gone,
     /// since when; lost with the daemon, as ipoold's is.
     keeper: Arc<tokio::sync::Mutex<Keeper>>,
+    /// Its pod GC's memory (`k8s::gc`): what it has seen gone, since when; lost with the
+    /// daemon, as ipoold's is.
+    collector: Arc<tokio::sync::Mutex<Suspects<Held>>>,
     /// The pool sets addresses aside for the first ordinals (`Setting::set_aside`).
     set_aside: bool,
     maintenance: JoinHandle<()>,
@@ -320,36 +327,13 @@ impl Daemon {
             cluster,
             holds,
             keeper: Arc::default(),
+            collector: Arc::default(),
             set_aside: setting.set_aside,
             maintenance,
             calls: Vec::new(),
             alive,
             clock,
         })
-    }
-
-    /// A turn of its pin keeper, as ipoold's runs every 30 s (`k8s::pin_keeper`): a hold no
-    /// attachment here uses, seen so for its grace, let go; an unheld pin of its blocks whose
-    /// owner `owners` says is gone, seen so for `pin_ttl_secs`, ended.
-    pub(crate) fn keep_pins(&mut self, owners: crate::owners::GoneOwners) {
-        let Some(holds) = self.holds.clone() else {
-            return;
-        };
-        let (ipam, keeper) = (self.ipam.clone(), self.keeper.clone());
-        self.calls.push(tokio::spawn(async move {
-            use ipool_server::k8s::pin_keeper;
-            let mut k = keeper.lock().await;
-            let Keeper { unused, gone_since } = &mut *k;
-            let ttl = Duration::from_secs(holds.node().settings().pin_ttl_secs);
-            pin_keeper::let_go_unused(&ipam, &holds, unused).await;
-            pin_keeper::end_gone_owners(&ipam, &holds, &owners, ttl, gone_since).await;
-        }));
-        self.calls.retain(|c| !c.is_finished());
-    }
-
-    /// Its pin keeper is in a turn now.
-    pub fn keeper_busy(&self) -> bool {
-        self.keeper.try_lock().is_err()
     }
 
     /// Kills it (-9): nothing more is sent, every task of its own ends.
@@ -519,11 +503,4 @@ fn key(container: &str) -> AttachmentKey {
 /// A state dir after a crash: what was durable.
 pub fn crashed(disk: &MemStore) -> Arc<MemStore> {
     Arc::new(disk.crashed())
-}
-
-/// A pin keeper's memory.
-#[derive(Default)]
-pub struct Keeper {
-    unused: ipool_server::k8s::pin_keeper::Unused,
-    gone_since: ipool_server::k8s::pin_keeper::GoneSince,
 }

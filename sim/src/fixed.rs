@@ -83,9 +83,13 @@ fn pods_of(w: &World, owner: &PinOwner) -> (Vec<usize>, usize) {
     let live = w
         .checker
         .pods
-        .values()
-        .filter(|p| p.owner.as_deref() == Some(shown.as_str()) && p.excused.is_none())
-        .map(|p| p.slot)
+        .iter()
+        .filter(|(c, p)| {
+            p.owner.as_deref() == Some(shown.as_str())
+                && p.excused.is_none()
+                && !w.pod_gc.replaced(c)
+        })
+        .map(|(_, p)| p.slot)
         .collect();
     let adding = w
         .kubelet

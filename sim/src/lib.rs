@@ -63,6 +63,7 @@ mod lifecycle;
 mod nodes;
 mod operator;
 mod owners;
+mod pod_gc;
 mod provoke;
 mod quiet;
 mod resets;
@@ -179,6 +180,10 @@ pub const NOT_YET: &[Bug] = &[
     // deleted by a second operator's late write), not by the hunt from 0; its kept run is
     // replayed by every `cargo test`.
     Bug::GonePoolAwaited,
+    // Put back under the pod GC of session 40 (`pod_gc`): found at seed 856 within 7 s of
+    // the runs that have it (`ipool-sim search --pod-gc`), but the hunt from 0 would run 850
+    // seeds first, a minute of `cargo test`; its kept run is replayed by every `cargo test`.
+    Bug::GcIgnoresRuntime,
 ];
 
 /// The simulation's pool.
@@ -245,6 +250,9 @@ pub struct Options {
     /// Nodes are labelled (a zone each), labels change, and the operator sets the pool's
     /// nodeSelector (`crate::labels`; issue 54, item 1).
     pub labels: bool,
+    /// ipoold's pod GC checks now and then, pods' sandboxes end without a DEL, pods are
+    /// force-deleted while their sandboxes run (`pod_gc`; issue 54, item 1).
+    pub pod_gc: bool,
     /// The run's swarm may make races on purpose (`rivals`): in the seeds' groups of
     /// `search::options`, where no hunt of `cargo test` finds its path (the hunts' seeds run as
     /// they did).
@@ -273,6 +281,7 @@ impl Options {
             crowded: false,
             cronjob: false,
             labels: false,
+            pod_gc: false,
             races: false,
             provoke: false,
             dropped: None,

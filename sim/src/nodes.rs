@@ -82,6 +82,7 @@ pub(crate) fn add_pod(
             w.slots[i].name
         ));
         let pod = crate::owners::pod_name(&o, &c);
+        w.pod_gc.name(&c, &pod);
         (o, pod)
     });
     if let Some(d) = w.slots[i].daemon.as_mut() {

@@ -80,6 +80,10 @@ impl World {
                         (false, None) => {}
                     }
                 }
+                // Every running daemon's pod GC checks.
+                if self.opts.pod_gc {
+                    crate::pod_gc::quiet_turn(self);
+                }
                 // Every running daemon's keeper takes a turn.
                 if self.swarm.pins {
                     for i in 0..self.slots.len() {

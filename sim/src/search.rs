@@ -15,7 +15,8 @@ use crate::{run, Bug, Options, Outcome, StoreKind};
 /// (40 to 43, 104 to 107, ...: none of the kept runs' seeds either) the release of departed
 /// nodes is the CronJob's ([`Options::cronjob`]), and in half of those (40 to 43, 168 to 171,
 /// ...) nodes are labelled and the pool gets a nodeSelector ([`Options::labels`]); in six
-/// groups the swarm may make races on purpose ([`Options::races`]).
+/// groups the swarm may make races on purpose ([`Options::races`]); in half of three of those
+/// the pod GC checks and pods end without a DEL ([`Options::pod_gc`]).
 pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
     let store = match seed % 2 {
         0 => StoreKind::Etcd,
@@ -30,6 +31,9 @@ pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
     }
     o.cronjob = (seed / 4) % 16 == 10;
     o.labels = o.cronjob && (seed / 64).is_multiple_of(2);
+    // The pod GC and the runtime's part in half of groups 6, 7 and 15 (those of the kept
+    // runs replay as they were kept: none is of these halves).
+    o.pod_gc = matches!((seed / 4) % 16, 6 | 7 | 15) && matches!((seed / 64) % 4, 1 | 2);
     // Races made on purpose where the swarm picks them (a quarter of these groups' runs):
     // groups 3, 4, 6, 7 (crowded), 10 (the CronJob's) and 15, in which no hunt of `cargo
     // test` finds its closed path, so the hunts' seeds run as they did before races were made.
@@ -72,10 +76,25 @@ pub struct Report {
 /// Runs seeds `first`, `first + 1`, ... (`steps` steps each, `bugs` put back) until one fails
 /// or the budget is spent.
 pub fn search(first: u64, steps: u64, bugs: &[Bug], budget: Budget) -> Report {
+    search_where(first, steps, bugs, budget, |_| true)
+}
+
+/// [`search`] over the seeds whose set-up `wanted` says (the others passed over).
+pub fn search_where(
+    first: u64,
+    steps: u64,
+    bugs: &[Bug],
+    budget: Budget,
+    wanted: impl Fn(&Options) -> bool,
+) -> Report {
     let t = Instant::now();
     let mut r = Report::default();
     let mut seed = first;
     while t.elapsed() < budget.time && r.steps < budget.steps {
+        if !wanted(&options(seed, steps, bugs)) {
+            seed += 1;
+            continue;
+        }
         let (_, out) = run_seed(seed, steps, bugs, false);
         r.runs += 1;
         r.steps += out.steps;

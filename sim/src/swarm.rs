@@ -44,6 +44,9 @@ pub enum Kind {
     /// A node's Node object deleted while its machine runs, or made again under its name
     /// (the CronJob's runs).
     NodeObject,
+    /// The pods' part: a check of a daemon's pod GC, a sandbox gone without a DEL, a pod
+    /// force-deleted while its sandbox runs (`crate::pod_gc`).
+    PodGc,
 }
 
 /// Each kind of step with its weight out of 1000 in a run that allows everything: deliveries

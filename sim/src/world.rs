@@ -182,6 +182,8 @@ pub(crate) struct World {
     pub idle_writes: Option<Vec<String>>,
     /// The stores' conditions met, and the one dropped (`crate::conditions`).
     pub conditions: crate::conditions::Conditions,
+    /// The pods as the apiserver and the runtimes have them (`crate::pod_gc`).
+    pub pod_gc: crate::pod_gc::state::PodGc,
 }
 
 impl World {
@@ -205,6 +207,9 @@ impl World {
                 }
                 if opts.cronjob {
                     sw.weights.push((crate::swarm::Kind::NodeObject, 3));
+                }
+                if opts.pod_gc {
+                    sw.weights.push((crate::swarm::Kind::PodGc, 12));
                 }
                 sw
             }
@@ -274,6 +279,7 @@ impl World {
                 dropped,
                 ..Default::default()
             },
+            pod_gc: Default::default(),
         };
         w.blocks = w.shared.blocks();
         w.store_version = w.shared.version();

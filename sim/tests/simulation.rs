@@ -224,3 +224,33 @@ fn a_run_that_provokes_rivals_lands_parked_writes_right_after_them() {
     let out = run(&o, Choices::seeded(17));
     assert_eq!(count(&out, "a rival provoked"), 0);
 }
+
+/// The pod GC and the runtime's part (issue 54, item 1): seed 88's run loses sandboxes without
+/// their DELs and force-deletes pods while their sandboxes run, and passes: every address of a
+/// pod gone without a DEL came back by the pod GC's checks (L1 holds at the end), and none of
+/// a pod whose sandbox still ran was handed out. Without the pod GC the same seed does none of it.
+#[test]
+fn a_run_with_the_pod_gc_gets_back_what_pods_left_without_a_del() {
+    let mut o = search::options(88, 5000, &[]);
+    assert!(o.pod_gc, "seed 88 is of the runs that have the pod GC");
+    o.trace = true;
+    let count = |out: &ipool_sim::Outcome, what: &str| {
+        out.trace.iter().filter(|l| l.contains(what)).count()
+    };
+    let out = run(&o, Choices::seeded(88));
+    assert!(out.failure.is_none(), "{:?}", out.failure.map(|f| f.what));
+    let (vanished, forced, checks) = (
+        count(&out, "gone without a DEL"),
+        count(
+            &out,
+            "force-deleted from the apiserver while its sandbox runs",
+        ),
+        count(&out, "pod GC checks"),
+    );
+    assert!(vanished >= 3, "{vanished} sandboxes gone without a DEL");
+    assert!(forced >= 2, "{forced} pods force-deleted");
+    assert!(checks >= 10, "{checks} checks of a pod GC");
+    o.pod_gc = false;
+    let out = run(&o, Choices::seeded(88));
+    assert_eq!(count(&out, "pod GC checks"), 0);
+}

@@ -17,20 +17,72 @@
 //! runtime does not answer about.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::cri::{runs, Runtime, SandboxPod};
+use super::cri::{runs, CriUnanswered, Runtime, SandboxPod};
 use super::meta::{finished, node_of, pod_ips, runtime_uid, same_pod};
+use super::pods::PodGetFailed;
 use super::Pods;
 use crate::ipam::{netns_gone, Ipam, LivePod, Quarantine, Suspects};
 use crate::model::{Millis, Pod};
 use crate::store::AttachmentKey;
+
+type KubePod = k8s_openapi::api::core::v1::Pod;
 
 /// What the GC may release.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Held {
     Attachment(AttachmentKey),
     Quarantine(crate::model::ReservationKey),
+}
+
+/// The apiserver as a GC check asks it: the watch cache of this node's pods, and a pod as it
+/// is now. ipoold's is [`Pods`]; the simulation's answers as its world has the pods.
+#[async_trait::async_trait]
+pub trait PodLookup: Send + Sync {
+    /// This node's name, as its pods are bound to it.
+    fn node(&self) -> &str;
+    /// `[kubernetes] gc_grace_secs`.
+    fn grace_secs(&self) -> u64;
+    /// The pod `namespace/name` in the watch cache.
+    fn cached(&self, namespace: &str, name: &str) -> Option<Arc<KubePod>>;
+    /// The pod as the apiserver has it now (None: not found).
+    async fn get_live(&self, namespace: &str, name: &str) -> Result<Option<KubePod>, PodGetFailed>;
+}
+
+#[async_trait::async_trait]
+impl PodLookup for Pods {
+    fn node(&self) -> &str {
+        Pods::node(self)
+    }
+
+    fn grace_secs(&self) -> u64 {
+        self.settings().gc_grace_secs
+    }
+
+    fn cached(&self, namespace: &str, name: &str) -> Option<Arc<KubePod>> {
+        Pods::cached(self, namespace, name)
+    }
+
+    async fn get_live(&self, namespace: &str, name: &str) -> Result<Option<KubePod>, PodGetFailed> {
+        Pods::get_live(self, namespace, name).await
+    }
+}
+
+/// The container runtime as a GC check asks it: the pods whose sandboxes it runs, ready.
+/// ipoold's is [`Runtime`] (its CRI socket); the simulation's answers as its world has them.
+#[async_trait::async_trait]
+pub trait Sandboxes: Send + Sync {
+    /// Err: it did not answer (nothing may be let go on that).
+    async fn ready_sandboxes(&self) -> Result<Vec<SandboxPod>, CriUnanswered>;
+}
+
+#[async_trait::async_trait]
+impl Sandboxes for Runtime {
+    async fn ready_sandboxes(&self) -> Result<Vec<SandboxPod>, CriUnanswered> {
+        Runtime::ready_sandboxes(self).await
+    }
 }
 
 /// A thing the GC judges, with its pod.
@@ -113,7 +165,8 @@ pub async fn run(ipam: Ipam, pods: Pods) {
         if std::mem::take(&mut paused) {
             tracing::info!("pod GC resumed");
         }
-        self::check(&ipam, &pods, runtime.as_ref(), &mut suspects).await;
+        let runtime = runtime.as_ref().map(|r| r as &dyn Sandboxes);
+        self::check(&ipam, &pods, runtime, &mut suspects).await;
     }
 }
 
@@ -176,13 +229,16 @@ pub async fn quarantine(ipam: &Ipam, pods: &Pods) -> bool {
 /// answer (logged and counted either way). `ready`: its list, asked once per check.
 async fn runtime_keeps(
     ipam: &Ipam,
-    runtime: Option<&Runtime>,
-    ready: &mut Option<Result<Vec<SandboxPod>, super::cri::CriUnanswered>>,
+    runtime: Option<&dyn Sandboxes>,
+    ready: &mut Option<Result<Vec<SandboxPod>, CriUnanswered>>,
     c: &Candidate,
 ) -> bool {
     let Some(rt) = runtime else {
         return false;
     };
+    if crate::bugs::on(crate::bugs::Bug::GcIgnoresRuntime) {
+        return false;
+    }
     if ready.is_none() {
         *ready = Some(rt.ready_sandboxes().await);
     }
@@ -202,14 +258,15 @@ async fn runtime_keeps(
     }
 }
 
-/// One GC check.
+/// One GC check: `pods` as the apiserver has them, `runtime` the node's container runtime if
+/// it can be asked.
 pub async fn check(
     ipam: &Ipam,
-    pods: &Pods,
-    runtime: Option<&Runtime>,
+    pods: &dyn PodLookup,
+    runtime: Option<&dyn Sandboxes>,
     suspects: &mut Suspects<Held>,
 ) {
-    let grace = pods.settings().gc_grace_secs.saturating_mul(1000);
+    let grace = pods.grace_secs().saturating_mul(1000);
     let now = ipam.now();
     let attachments = ipam.pod_attachments().into_iter().map(|a| Candidate {
         held: Held::Attachment(a.key),

@@ -43,6 +43,9 @@ enum Command {
         /// A closed path to put back (server::bugs), by name; may be repeated.
         #[arg(long = "bug", value_parser = bug)]
         bugs: Vec<Bug>,
+        /// Only the seeds whose runs have the pod GC and the runtime's part.
+        #[arg(long)]
+        pod_gc: bool,
     },
     /// Runs SEED, printing its trace.
     Replay {
@@ -249,12 +252,13 @@ fn main() -> ExitCode {
             secs,
             steps,
             bugs,
+            pod_gc,
         } => {
             let budget = Budget {
                 time: Duration::from_secs(secs),
                 steps: u64::MAX,
             };
-            let r = search::search(first, steps, &bugs, budget);
+            let r = search::search_where(first, steps, &bugs, budget, |o| o.pod_gc || !pod_gc);
             println!("{}", search::summary(&r));
             match r.failure {
                 None => ExitCode::SUCCESS,
