@@ -56,13 +56,13 @@ impl Ipam {
         let net = st.networks.get(network)?;
         addresses.iter().find_map(|ip| {
             let p = &net.pools[net.set_of(*ip)?];
-            if !p.source.one_subnet() {
+            if !p.source.blocks().is_some_and(|b| b.one_subnet()) {
                 return None;
             }
             Some(FixedSite {
-                pool: p.source.pool_name()?.to_string(),
+                pool: p.source.blocks().and_then(|b| b.pool_name())?.to_string(),
                 address: *ip,
-                block: p.source.block_holding(*ip)?,
+                block: p.source.blocks().and_then(|b| b.block_holding(*ip))?,
             })
         })
     }
@@ -125,8 +125,8 @@ impl Ipam {
         st.networks.values().find_map(|net| {
             net.pools
                 .iter()
-                .filter(|p| p.source.one_subnet())
-                .find_map(|p| p.source.block_holding(ip))
+                .filter(|p| p.source.blocks().is_some_and(|b| b.one_subnet()))
+                .find_map(|p| p.source.blocks().and_then(|b| b.block_holding(ip)))
         })
     }
 }

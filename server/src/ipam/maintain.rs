@@ -58,8 +58,20 @@ impl Ipam {
         let mut forgotten = Vec::new();
         for (name, net) in st.networks.iter_mut() {
             for (set, p) in net.pools.iter_mut().enumerate() {
-                let recorded = p.source.record().into_iter().map(|b| (b, true));
-                let forgot = p.source.forget().into_iter().map(|b| (b, false));
+                let recorded = p
+                    .source
+                    .blocks_mut()
+                    .map(|b| b.record())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|b| (b, true));
+                let forgot = p
+                    .source
+                    .blocks_mut()
+                    .map(|b| b.forget())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|b| (b, false));
                 forgotten.extend(
                     recorded
                         .chain(forgot)
@@ -72,17 +84,18 @@ impl Ipam {
                 );
                 // Idle addresses where the source hands nothing out any more (a block another
                 // node owns now, say) leave the pool.
-                let withheld: Vec<IpAddr> = match p.source.may_withhold()
-                    && !crate::bugs::on(crate::bugs::Bug::LostIdleServed)
-                {
-                    true => p
-                        .pool
-                        .idle_addresses()
-                        .map(|(ip, _)| ip)
-                        .filter(|ip| p.source.withheld(*ip).is_some())
-                        .collect(),
-                    false => Vec::new(),
-                };
+                let withheld: Vec<IpAddr> =
+                    match p.source.blocks().is_some_and(|b| b.may_withhold())
+                        && !crate::bugs::on(crate::bugs::Bug::LostIdleServed)
+                    {
+                        true => p
+                            .pool
+                            .idle_addresses()
+                            .map(|(ip, _)| ip)
+                            .filter(|ip| p.source.blocks().and_then(|b| b.withheld(*ip)).is_some())
+                            .collect(),
+                        false => Vec::new(),
+                    };
                 if p.retiring {
                     if !withheld.is_empty() {
                         work.push(Work {
@@ -96,7 +109,7 @@ impl Ipam {
                     }
                     continue;
                 }
-                if let Some(claim) = p.source.start_claim() {
+                if let Some(claim) = p.source.blocks_mut().and_then(|b| b.start_claim()) {
                     claims.push(super::Claiming {
                         network: name.clone(),
                         set: p.id.clone(),

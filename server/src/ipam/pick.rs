@@ -55,7 +55,11 @@ pub(super) fn pick_addresses(
     for (set, ip) in wanted.iter().enumerate() {
         let Some(ip) = ip else { continue };
         let group = groups.iter().find(|g| g.contains(&set));
-        let pool = net.pools[set].source.pool_name().unwrap_or_default();
+        let pool = net.pools[set]
+            .source
+            .blocks()
+            .and_then(|b| b.pool_name())
+            .unwrap_or_default();
         match (group, choice) {
             (None, Some(c)) => {
                 return Err(Error::InvalidConfig(format!(
@@ -89,7 +93,7 @@ pub(super) fn pick_addresses(
                 picks.push(p);
                 continue;
             }
-            if let Some(why) = net.pools[set].source.refused() {
+            if let Some(why) = net.pools[set].source.blocks().and_then(|b| b.refused()) {
                 return Err(Error::InvalidConfig(format!(
                     "requested address {ip}: {why}"
                 )));
@@ -130,7 +134,7 @@ pub(super) fn groups(net: &Network, choice: Option<&PoolChoice>) -> Vec<Vec<usiz
     let mut of_family = Vec::new();
     for set in 0..net.current {
         let p = &net.pools[set];
-        let Some(pool) = p.source.pool_name() else {
+        let Some(pool) = p.source.blocks().and_then(|b| b.pool_name()) else {
             groups.push(vec![(0, set)]);
             continue;
         };
@@ -173,7 +177,7 @@ fn pick_in_group(
     let mut refused = Vec::new();
     let mut failed: Vec<Error> = Vec::new();
     for &set in sets {
-        if let Some(why) = net.pools[set].source.refused() {
+        if let Some(why) = net.pools[set].source.blocks().and_then(|b| b.refused()) {
             refused.push(why);
             continue;
         }
@@ -182,14 +186,21 @@ fn pick_in_group(
             Ok(Step::Wait(ms)) => return Ok(Step::Wait(ms)),
             Ok(Step::Pending(mut pending)) => {
                 let p = &mut net.pools[set];
-                p.source.demand();
+                if let Some(b) = p.source.blocks_mut() {
+                    b.demand();
+                }
                 pending
                     .claims
-                    .extend(p.source.start_claim().map(|claim| Claiming {
-                        network: key.network.clone(),
-                        set: p.id.clone(),
-                        claim,
-                    }));
+                    .extend(
+                        p.source
+                            .blocks_mut()
+                            .and_then(|b| b.start_claim())
+                            .map(|claim| Claiming {
+                                network: key.network.clone(),
+                                set: p.id.clone(),
+                                claim,
+                            }),
+                    );
                 return Ok(Step::Pending(pending));
             }
             Err(e) => failed.push(pick_error(net, set, &key.network, e, now)),
@@ -252,7 +263,7 @@ fn pick_error(net: &mut Network, set: usize, network: &str, e: PickError, now: M
                 p.pool.cooling(now),
                 p.pool.reserved()
             );
-            if let Some(detail) = p.source.detail() {
+            if let Some(detail) = p.source.blocks().and_then(|b| b.detail()) {
                 msg.push_str("; ");
                 msg.push_str(&detail);
             }

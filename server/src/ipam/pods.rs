@@ -114,7 +114,11 @@ impl Ipam {
             // blocks before the first sync) would find the live pods' addresses in none: wait.
             for net in st.networks.values() {
                 for p in &net.pools[..net.current] {
-                    if let Err(why) = p.source.knows_its_addresses() {
+                    if let Err(why) = p
+                        .source
+                        .blocks()
+                        .map_or(Ok(()), |b| b.knows_its_addresses())
+                    {
                         return Err(Error::Busy(format!(
                             "the live pods' addresses are quarantined once {why}"
                         )));

@@ -141,7 +141,7 @@ impl RangeSetPool {
             ip,
             from: From::Idle,
         };
-        match self.source.held_back() {
+        match self.source.blocks().and_then(|b| b.held_back()) {
             Some(Next::Pending(why)) if may_wait => return Ok(Step::Pending(Pending::new(why))),
             Some(n) => {
                 if let Some((refusal, why)) = n.why_not() {
@@ -153,7 +153,8 @@ impl RangeSetPool {
         let next = self.source.next();
         let source = &self.source;
         let lost_idle_served = crate::bugs::on(crate::bugs::Bug::LostIdleServed);
-        let usable = |ip| lost_idle_served || source.withheld(ip).is_none();
+        let usable =
+            |ip| lost_idle_served || source.blocks().and_then(|b| b.withheld(ip)).is_none();
         if let Plan::Idle(ip) = self.pool.plan(now, next == Next::Exhausted, usable)? {
             return Ok(Step::Done(idle(ip)));
         }
@@ -209,8 +210,9 @@ impl RangeSetPool {
         // Settle for a cooling address.
         let source = &self.source;
         match (
-            self.pool
-                .fallback(|ip| lost_idle_served || source.withheld(ip).is_none()),
+            self.pool.fallback(|ip| {
+                lost_idle_served || source.blocks().and_then(|b| b.withheld(ip)).is_none()
+            }),
             why,
         ) {
             (Ok(ip), _) => Ok(Step::Done(idle(ip))),
@@ -222,14 +224,19 @@ impl RangeSetPool {
     /// Picks the requested address `ip`: from idle (even if cooling: it was asked for by
     /// name), or straight from the source. Nothing is picked where the source hands nothing
     /// out now.
-    /// `fixed`: the address is fixed for the requester's pod (see [`Source::can_occupy_fixed`]).
+    /// `fixed`: the address is fixed for the requester's pod (see [`crate::source::BlockSource::can_occupy_fixed`]).
     pub(super) fn pick_requested(
         &mut self,
         set: usize,
         ip: IpAddr,
         fixed: bool,
     ) -> Result<Pick, ClaimError> {
-        if let Some((refusal, why)) = self.source.held_back().and_then(Next::why_not) {
+        if let Some((refusal, why)) = self
+            .source
+            .blocks()
+            .and_then(|b| b.held_back())
+            .and_then(Next::why_not)
+        {
             return Err(ClaimError::Unavailable(refusal, why));
         }
         self.pick_to_hold(set, ip, Hold::Requested { fixed })
@@ -244,8 +251,8 @@ impl RangeSetPool {
     /// Whether `ip` may be handed out now to the pod it is fixed for (`fixed`), or to anyone.
     fn withheld(&self, ip: IpAddr, fixed: bool) -> Option<String> {
         match fixed {
-            true => self.source.withheld_fixed(ip),
-            false => self.source.withheld(ip),
+            true => self.source.blocks().and_then(|b| b.withheld_fixed(ip)),
+            false => self.source.blocks().and_then(|b| b.withheld(ip)),
         }
     }
 
@@ -273,7 +280,10 @@ impl RangeSetPool {
         self.source_calls += 1;
         let can = match (keep, fixed) {
             (true, _) => self.source.can_hold(ip),
-            (false, true) => self.source.can_occupy_fixed(ip),
+            (false, true) => match self.source.blocks() {
+                Some(b) => b.can_occupy_fixed(ip),
+                None => self.source.can_occupy(ip),
+            },
             (false, false) => self.source.can_occupy(ip),
         };
         if let Err(e) = can {
@@ -303,7 +313,8 @@ impl RangeSetPool {
     /// source holds everything back).
     /// `fixed`: as in [`RangeSetPool::pick_requested`].
     pub(super) fn pick_reserved(&self, set: usize, ip: IpAddr, fixed: bool) -> Option<Pick> {
-        let serves = self.source.held_back().is_none() && self.withheld(ip, fixed).is_none();
+        let serves = self.source.blocks().and_then(|b| b.held_back()).is_none()
+            && self.withheld(ip, fixed).is_none();
         (serves && self.pool.is_reserved(ip)).then_some(Pick {
             set,
             ip,
@@ -326,7 +337,10 @@ impl RangeSetPool {
             From::Source | From::Claimed | From::Fixed => {
                 let occupied = match pick.from {
                     From::Source => self.source.take_next(ip),
-                    From::Fixed => self.source.occupy_fixed(ip),
+                    From::Fixed => match self.source.blocks_mut() {
+                        Some(b) => b.occupy_fixed(ip),
+                        None => self.source.occupy(ip),
+                    },
                     _ => self.source.occupy(ip),
                 };
                 occupied.map_err(|e| Diverged(e.to_string()))?;
@@ -361,7 +375,7 @@ impl RangeSetPool {
 
     /// Records the block `ip` comes from, if the store does not hold it yet.
     pub(super) fn block_change(&self, network: &str, ip: IpAddr, out: &mut Vec<Change>) {
-        if let Some(block) = self.source.unrecorded(ip) {
+        if let Some(block) = self.source.blocks().and_then(|b| b.unrecorded(ip)) {
             let change = Change::PutBlock {
                 network: network.to_string(),
                 set: self.id.clone(),

@@ -24,6 +24,7 @@ use crate::model::{
 };
 use crate::pool::Since;
 use crate::range::{parse_set, RangeSpec};
+use crate::source::BlockRefused;
 use crate::store::Change;
 
 /// What a change of a network's ranges did.
@@ -409,9 +410,21 @@ impl Ipam {
         // A claim started before the set was rebuilt (new ranges, a store recovery) lands in
         // the set's new source, which decides whether to take it (a cluster source takes only
         // its own: the next sync says what the other's call did).
-        let knew = p.source.knows_its_addresses().is_ok();
-        let result = p.source.land();
-        if !knew && p.source.knows_its_addresses().is_ok() {
+        let knew = p
+            .source
+            .blocks()
+            .map_or(Ok(()), |b| b.knows_its_addresses())
+            .is_ok();
+        let result = p
+            .source
+            .blocks_mut()
+            .map_or(Ok(crate::source::Landing::Nothing), |b| b.land());
+        if !knew
+            && p.source
+                .blocks()
+                .map_or(Ok(()), |b| b.knows_its_addresses())
+                .is_ok()
+        {
             // Its addresses are known now: what was checked against the ranges is checked
             // again (before anything is handed out from them).
             self.ranges_moved();
@@ -502,9 +515,14 @@ fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String, Stri
     let mut moved = Vec::new();
     for p in &old.pools {
         let same = net.pools.iter().position(|n| n.id == p.id);
-        for block in p.source.recorded_blocks() {
+        for block in p
+            .source
+            .blocks()
+            .map(|b| b.recorded_blocks())
+            .unwrap_or_default()
+        {
             let covering = |n: &super::range_set::RangeSetPool| {
-                n.source.grows()
+                n.source.blocks().is_some_and(|b| b.grows())
                     && block
                         .parse::<ipnet::IpNet>()
                         .is_ok_and(|b| n.source.covers(b.network()))
@@ -520,10 +538,11 @@ fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String, Stri
             let Some(t) = target else {
                 continue;
             };
-            net.pools[t]
-                .source
-                .restore_block(&block)
-                .map_err(|e| Error::InvalidConfig(e.to_string()))?;
+            match net.pools[t].source.blocks_mut() {
+                Some(b) => b.restore_block(&block),
+                None => Err(BlockRefused::NotClaiming(block.clone())),
+            }
+            .map_err(|e| Error::InvalidConfig(e.to_string()))?;
             if Some(t) != same {
                 moved.push((p.id.clone(), net.pools[t].id.clone(), block));
             }
@@ -560,7 +579,9 @@ pub(super) fn forget_set(network: &str, p: &super::range_set::RangeSetPool) -> V
     }];
     changes.extend(
         p.source
-            .recorded_blocks()
+            .blocks()
+            .map(|b| b.recorded_blocks())
+            .unwrap_or_default()
             .into_iter()
             .map(|block| Change::PutBlock {
                 network: network.to_string(),

@@ -22,7 +22,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{Millis, Origin};
 use crate::pool::Since;
-use crate::source::Sources;
+use crate::source::{BlockRefused, Sources};
 use crate::store::{Change, Committer, Snapshot, Store, StoreError};
 
 /// What the engine needs besides its store.
@@ -290,7 +290,10 @@ fn rebuild(
             .get_mut(&network)
             .filter(|_| !reset.contains(&network))
             .and_then(|net| net.pool_by_id(&set))
-            .map(|p| p.source.restore_block(&block));
+            .map(|p| match p.source.blocks_mut() {
+                Some(b) => b.restore_block(&block),
+                None => Err(BlockRefused::NotClaiming(block.clone())),
+            });
         if let Some(Ok(())) = restored {
             continue;
         }

@@ -280,7 +280,9 @@ fn plan_release(
         // address: a restart could not place it).
         let fixed = record.k8s().is_some_and(|m| m.fixed.is_some());
         let goes_back = |set: usize, ip: IpAddr| {
-            fixed || !net.is_current(set) || net.pools[set].source.hosts(ip)
+            fixed
+                || !net.is_current(set)
+                || net.pools[set].source.blocks().is_some_and(|b| b.hosts(ip))
         };
         let (kept, held): (Vec<_>, Vec<_>) = match sticky {
             Some(_) => held

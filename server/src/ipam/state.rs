@@ -80,7 +80,7 @@ impl Network {
     pub(super) fn hosting_set(&self, ip: IpAddr) -> Option<usize> {
         self.pools[..self.current]
             .iter()
-            .position(|p| p.source.one_subnet() && p.source.covers(ip))
+            .position(|p| p.source.blocks().is_some_and(|b| b.one_subnet()) && p.source.covers(ip))
     }
 
     /// Why an ADD cannot be served for want of ranges, when the network has none yet.
@@ -97,7 +97,7 @@ impl Network {
     }
 
     /// Puts `ip`, held by `holder` in the store, back into use (rebuilding the pools). `fixed`:
-    /// the address is fixed for the holder's pod (see [`crate::source::Source::occupy_fixed`]).
+    /// the address is fixed for the holder's pod (see [`crate::source::BlockSource::occupy_fixed`]).
     pub(super) fn restore_in_use(
         &mut self,
         ip: IpAddr,
@@ -142,7 +142,10 @@ impl Network {
         })?;
         let p = &mut self.pools[set];
         let occupied = match fixed {
-            true => p.source.occupy_fixed(ip),
+            true => match p.source.blocks_mut() {
+                Some(b) => b.occupy_fixed(ip),
+                None => p.source.occupy(ip),
+            },
             false => p.source.occupy(ip),
         };
         occupied

@@ -31,14 +31,14 @@ pub struct PoolStatus {
     pub source_errors: u64,
     pub bucket_waits: u64,
     pub free_in_source: u128,
-    /// The source claims more when it runs low ([`crate::source::Source::grows`]).
+    /// The source claims more when it runs low ([`crate::source::BlockSource::grows`]).
     pub grows: bool,
     pub min_idle: usize,
     pub max_idle: usize,
     pub bucket_tokens: f64,
-    /// The source's [`crate::source::Source::degraded`].
+    /// The source's [`crate::source::BlockSource::degraded`].
     pub degraded: Option<String>,
-    /// The source's [`crate::source::Source::detail`].
+    /// The source's [`crate::source::BlockSource::detail`].
     pub detail: Option<String>,
 }
 
@@ -187,12 +187,12 @@ impl Ipam {
                     source_errors: p.source_errors,
                     bucket_waits: p.bucket_waits,
                     free_in_source: p.source.free(),
-                    grows: p.source.grows(),
+                    grows: p.source.blocks().is_some_and(|b| b.grows()),
                     min_idle: p.pool.config().min_idle,
                     max_idle: p.pool.config().max_idle,
                     bucket_tokens: p.bucket.level(now),
-                    degraded: p.source.degraded(),
-                    detail: p.source.detail(),
+                    degraded: p.source.blocks().and_then(|b| b.degraded()),
+                    detail: p.source.blocks().and_then(|b| b.detail()),
                 })
             })
             .collect()
@@ -205,20 +205,25 @@ fn set_ready(
     network: &str,
     now: Millis,
 ) -> Result<(), NotReady> {
-    if let Some(why) = p.source.refused() {
+    if let Some(why) = p.source.blocks().and_then(|b| b.refused()) {
         return Err(NotReady(format!(
             "{} cannot serve an ADD: {why}",
             p.describe(network)
         )));
     }
-    if let Some((_, why)) = p.source.held_back().and_then(Next::why_not) {
+    if let Some((_, why)) = p
+        .source
+        .blocks()
+        .and_then(|b| b.held_back())
+        .and_then(Next::why_not)
+    {
         return Err(NotReady(format!(
             "{} cannot serve an ADD: {why}",
             p.describe(network)
         )));
     }
     let next = p.source.next();
-    let usable = |ip| p.source.withheld(ip).is_none();
+    let usable = |ip| p.source.blocks().and_then(|b| b.withheld(ip)).is_none();
     if let Next::Unavailable(why) | Next::Refused(_, why) = &next {
         if p.pool.fallback(usable).is_err() {
             return Err(NotReady(format!(

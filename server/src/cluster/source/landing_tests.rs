@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::tests::{block, epoch, ip, land, mine, net, node, rev, source, synced, trusted};
 use super::*;
 use crate::cluster::work::Outcome;
+use crate::source::BlockSource;
 
 /// A block confirmed when a sync was sent, whose give-back began before the sync landed: it
 /// stays being given back (the give-back may apply at any moment), and nothing is handed out

@@ -8,6 +8,7 @@
 use super::tests::{block, ip, land, net, node, source, synced};
 use super::*;
 use crate::cluster::work::Outcome;
+use crate::source::BlockSource;
 
 /// A serving node's source, `blocks` (at revision 7) synced as its own when given.
 fn serving(blocks: &[&str]) -> (Arc<ClusterNode>, ClusterSource) {

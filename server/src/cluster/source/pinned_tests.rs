@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::tests::*;
 use crate::cluster::pin::{Holder, Pin, PinOwner};
 use crate::model::SubnetMode;
+use crate::source::BlockSource;
 use crate::source::{Next, Source};
 
 fn subnet() -> Option<SubnetMode> {

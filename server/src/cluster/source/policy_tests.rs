@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::tests::*;
 use crate::cluster::node::ClusterNode;
 use crate::config::ClusterSettings;
+use crate::source::BlockSource;
 use crate::source::{Next, Source};
 
 #[test]

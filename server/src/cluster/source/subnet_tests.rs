@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::tests::*;
 use crate::model::SubnetMode;
+use crate::source::BlockSource;
 use crate::source::{Next, Source};
 
 fn mode(gateway: Option<&str>, exclude: &[&str]) -> Option<SubnetMode> {

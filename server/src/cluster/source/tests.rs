@@ -9,6 +9,7 @@ use crate::cluster::vocab::{Block, KeyRevision, Owner};
 use crate::cluster::work::{Done, Outcome, Synced};
 use crate::config::ClusterSettings;
 use crate::range::RangeSpec;
+use crate::source::{BlockSource, Landing, WorkFailed};
 
 pub(super) fn net(s: &str) -> IpNet {
     s.parse().expect("test CIDR")

@@ -8,6 +8,7 @@ use super::tests::{block, ip, land, mine, net, next_work, node, source, synced};
 use super::*;
 use crate::cluster::datastore::Watched;
 use crate::cluster::work::Outcome;
+use crate::source::BlockSource;
 
 fn gone(pool: &str, cidr: &str) -> Watched {
     Watched::BlockGone {

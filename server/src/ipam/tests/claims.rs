@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::range::{OccupyError, Range};
-use crate::source::{BlockRefused, Claim, Landing, Next, Source, Sources, WorkFailed};
+use crate::source::{BlockRefused, BlockSource, Claim, Landing, Next, Source, Sources, WorkFailed};
 
 const NET: &str = r#"
     [[network]]
@@ -49,7 +49,7 @@ struct Block {
 const BLOCK: u32 = 16;
 
 /// Hands out the addresses of the /28 blocks it claimed (but each block's first and last).
-struct BlockSource {
+struct FakeBlocks {
     range: Range,
     backend: Arc<Backend>,
     blocks: Vec<Block>,
@@ -67,7 +67,7 @@ fn v4(ip: IpAddr) -> Option<u32> {
     }
 }
 
-impl BlockSource {
+impl FakeBlocks {
     fn block_of(&self, ip: IpAddr) -> Option<&Block> {
         let n = v4(ip)?;
         self.blocks
@@ -113,7 +113,7 @@ impl BlockSource {
     }
 }
 
-impl Source for BlockSource {
+impl Source for FakeBlocks {
     fn describe(&self) -> String {
         format!("blocks of {}", self.range.subnet)
     }
@@ -165,6 +165,15 @@ impl Source for BlockSource {
         None
     }
     fn set_cursor(&mut self, _cursor: Option<IpAddr>) {}
+    fn blocks(&self) -> Option<&dyn BlockSource> {
+        Some(self)
+    }
+    fn blocks_mut(&mut self) -> Option<&mut dyn BlockSource> {
+        Some(self)
+    }
+}
+
+impl BlockSource for FakeBlocks {
     fn start_claim(&mut self) -> Option<Claim> {
         if self.in_flight || self.free() > 0 || matches!(self.next(), Next::Exhausted) {
             return None;
@@ -185,7 +194,7 @@ impl Source for BlockSource {
                     return Err(why);
                 }
                 let i = backend.next_block.fetch_add(1, Ordering::SeqCst) as u32;
-                Ok(BlockSource::name(base + i * BLOCK))
+                Ok(FakeBlocks::name(base + i * BLOCK))
             }
             .await;
             *inbox.lock().expect("inbox") = Some(claimed);
@@ -212,7 +221,7 @@ impl Source for BlockSource {
     fn unrecorded(&self, ip: IpAddr) -> Option<String> {
         self.block_of(ip)
             .filter(|b| !b.recorded)
-            .map(|b| BlockSource::name(b.first))
+            .map(|b| FakeBlocks::name(b.first))
     }
     fn restore_block(&mut self, block: &str) -> Result<(), BlockRefused> {
         self.add_block(block, true).map_err(BlockRefused::Outside)
@@ -221,7 +230,7 @@ impl Source for BlockSource {
         self.blocks
             .iter()
             .filter(|b| b.recorded)
-            .map(|b| BlockSource::name(b.first))
+            .map(|b| FakeBlocks::name(b.first))
             .collect()
     }
 }
@@ -231,7 +240,7 @@ fn open(store: &Arc<MemStore>, backend: &Arc<Backend>, cni: &str) -> Ipam {
     let config = DaemonConfig::parse(&format!("{NET}\n[cni]\n{cni}")).expect("config");
     let backend = backend.clone();
     let sources = Sources::new(move |_, mut ranges| {
-        Box::new(BlockSource {
+        Box::new(FakeBlocks {
             range: ranges.remove(0),
             backend: backend.clone(),
             blocks: Vec::new(),

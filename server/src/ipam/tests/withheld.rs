@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::range::{OccupyError, Range};
-use crate::source::{LocalSource, Next, Source, Sources};
+use crate::source::{BlockSource, LocalSource, Next, Source, Sources};
 
 /// What both test sources leave to the range they wrap.
 macro_rules! passed_to_inner {
@@ -79,13 +79,22 @@ impl Source for Withholding {
     fn vacate(&mut self, ip: IpAddr) -> bool {
         self.inner.vacate(ip)
     }
+    fn blocks(&self) -> Option<&dyn BlockSource> {
+        Some(self)
+    }
+    fn blocks_mut(&mut self) -> Option<&mut dyn BlockSource> {
+        Some(self)
+    }
+    passed_to_inner!();
+}
+
+impl BlockSource for Withholding {
     fn withheld(&self, ip: IpAddr) -> Option<String> {
         self.why(ip)
     }
     fn may_withhold(&self) -> bool {
         true
     }
-    passed_to_inner!();
 }
 
 const CONFIG: &str = r#"
