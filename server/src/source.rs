@@ -20,7 +20,7 @@ use crate::model::NetworkDef;
 use crate::range::{OccupyError, Range, RangeAllocator};
 
 mod blocks;
-pub use blocks::{BlockRefused, BlockSource, Claim, Landing, NotListedYet, WorkFailed};
+pub use blocks::{BlockId, BlockRefused, BlockSource, Claim, Landing, NotListedYet, WorkFailed};
 
 /// Makes the source of a network's range set (given its ranges): where the network's
 /// addresses come from. The default makes a [`LocalSource`] for every set.

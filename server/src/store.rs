@@ -101,7 +101,7 @@ pub enum Change {
         cursor: Option<IpAddr>,
     },
     /// A block of addresses a range set's source claimed (`held`), or gave back. `block` is
-    /// written as the source writes it (see [`crate::source::Source::unrecorded`]).
+    /// written as the source writes it (see [`crate::source::BlockSource::unrecorded`]).
     PutBlock {
         network: String,
         set: String,

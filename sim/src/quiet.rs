@@ -176,7 +176,9 @@ impl World {
             .collect();
         live.is_empty()
             || live.iter().any(|d| {
-                d.ipam.block_holding(pin.address) == Some((pin.block.to_string(), pin.block_id))
+                d.ipam
+                    .block_holding(pin.address)
+                    .is_some_and(|b| b.net == pin.block && b.created == pin.block_id)
             })
     }
 

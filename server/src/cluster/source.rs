@@ -129,9 +129,9 @@ pub struct ClusterSource {
     /// The pool had no free block (why, with its counts).
     exhausted: Option<String>,
     /// Recorded blocks dropped, for the engine to strike from the store.
-    forget: Vec<String>,
+    forget: Vec<IpNet>,
     /// Blocks that took over addresses held here, for the engine to write as held.
-    record: Vec<String>,
+    record: Vec<IpNet>,
     /// Pinned addresses outside this node's blocks, in use here by the pods they are pinned
     /// for (see `pinned`).
     hosted: std::collections::BTreeSet<IpAddr>,
@@ -338,7 +338,7 @@ impl ClusterSource {
                 self.widest = self.widest.min(net.prefix_len());
                 // Dropped, then this node's again before the engine struck it from the store:
                 // striking it now would strike the record its addresses are about to get.
-                self.forget.retain(|b| *b != net.to_string());
+                self.forget.retain(|b| *b != net);
             }
         }
         self.confirmed_now(net);
@@ -383,7 +383,7 @@ impl ClusterSource {
         if moved > 0 {
             if !block.recorded {
                 block.recorded = true;
-                self.record.push(net.to_string());
+                self.record.push(net);
             }
             tracing::warn!(pool = %self.pool, block = %net, moved, "a block of this node's over fixed addresses hosted here: the block holds them from now on");
         }
@@ -414,7 +414,7 @@ impl ClusterSource {
                 if !moved.is_empty() && !block.recorded {
                     // Written as held before the other is struck (one change set).
                     block.recorded = true;
-                    self.record.push(net.to_string());
+                    self.record.push(net);
                 }
             }
             tracing::warn!(pool = %self.pool, block = %net, other = %k, moved = moved.len(), "a block of another size over addresses held here (the pool made anew with other block sizes?): this node's block takes over what it can hold");
@@ -449,7 +449,7 @@ impl ClusterSource {
     fn drop_block(&mut self, net: IpNet) {
         if let Some(b) = self.blocks.remove(&net) {
             if b.recorded {
-                self.forget.push(net.to_string());
+                self.forget.push(net);
             }
         }
     }

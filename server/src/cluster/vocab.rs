@@ -127,9 +127,10 @@ pub enum Claimed {
     PoolChanged,
 }
 
-/// An etcd failure, or a refusal.
+/// A store's failure (etcd's or the Kubernetes API's), or a refusal.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// etcd's (`datastore = "etcd"`).
     #[error("etcd: {0}")]
     Etcd(#[from] EtcdError),
     /// The Kubernetes API's (`datastore = "kubernetes"`).
@@ -140,7 +141,9 @@ pub enum ClusterError {
     NotFound(String),
     #[error("{0}")]
     Refused(String),
-    #[error("etcd holds a malformed {what} at {key}: {why}")]
+    /// What the store holds cannot be read: its kind, where (an etcd key, an object's name),
+    /// and why.
+    #[error("the store holds a malformed {what} at {key}: {why}")]
     Malformed {
         what: &'static str,
         key: String,
@@ -163,7 +166,7 @@ impl From<InvalidPool> for ClusterError {
 }
 
 impl ClusterError {
-    /// etcd cannot be used: it did not answer, or it refuses this client (credentials,
+    /// The store cannot be used: it did not answer, or it refuses this client (credentials,
     /// permissions), as opposed to answering a request no.
     pub fn is_unreachable(&self) -> bool {
         match self {

@@ -16,7 +16,7 @@ pub struct FixedSite {
     pub pool: String,
     pub address: IpAddr,
     /// The block, and its identity in the store (its creation revision).
-    pub block: (String, i64),
+    pub block: crate::source::BlockId,
 }
 
 /// The fixed address an attachment holds: its owner (as recorded), its pod and its
@@ -120,7 +120,7 @@ impl Ipam {
 
     /// The block of this node's that `ip` lies in, with its identity, in a source of one
     /// subnet of any network.
-    pub fn block_holding(&self, ip: IpAddr) -> Option<(String, i64)> {
+    pub fn block_holding(&self, ip: IpAddr) -> Option<crate::source::BlockId> {
         let st = self.lock();
         st.networks.values().find_map(|net| {
             net.pools

@@ -78,7 +78,7 @@ impl Ipam {
                         .map(|(block, held)| Change::PutBlock {
                             network: name.clone(),
                             set: p.id.clone(),
-                            block,
+                            block: block.to_string(),
                             held,
                         }),
                 );

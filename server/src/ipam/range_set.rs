@@ -379,7 +379,7 @@ impl RangeSetPool {
             let change = Change::PutBlock {
                 network: network.to_string(),
                 set: self.id.clone(),
-                block,
+                block: block.to_string(),
                 held: true,
             };
             // Two addresses of one change set may come from the same new block.

@@ -522,10 +522,7 @@ fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String, Stri
             .unwrap_or_default()
         {
             let covering = |n: &super::range_set::RangeSetPool| {
-                n.source.blocks().is_some_and(|b| b.grows())
-                    && block
-                        .parse::<ipnet::IpNet>()
-                        .is_ok_and(|b| n.source.covers(b.network()))
+                n.source.blocks().is_some_and(|b| b.grows()) && n.source.covers(block.network())
             };
             let current = same.filter(|i| net.is_current(*i));
             let target = match current {
@@ -539,12 +536,12 @@ fn inherit(net: &mut Network, old: &Network) -> Result<Vec<(String, String, Stri
                 continue;
             };
             match net.pools[t].source.blocks_mut() {
-                Some(b) => b.restore_block(&block),
-                None => Err(BlockRefused::NotClaiming(block.clone())),
+                Some(b) => b.restore_block(block),
+                None => Err(BlockRefused::NotClaiming(block.to_string())),
             }
             .map_err(|e| Error::InvalidConfig(e.to_string()))?;
             if Some(t) != same {
-                moved.push((p.id.clone(), net.pools[t].id.clone(), block));
+                moved.push((p.id.clone(), net.pools[t].id.clone(), block.to_string()));
             }
         }
         let Some(n) = net.pool_by_id(&p.id) else {
@@ -586,7 +583,7 @@ pub(super) fn forget_set(network: &str, p: &super::range_set::RangeSetPool) -> V
             .map(|block| Change::PutBlock {
                 network: network.to_string(),
                 set: p.id.clone(),
-                block,
+                block: block.to_string(),
                 held: false,
             }),
     );

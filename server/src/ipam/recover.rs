@@ -290,9 +290,10 @@ fn rebuild(
             .get_mut(&network)
             .filter(|_| !reset.contains(&network))
             .and_then(|net| net.pool_by_id(&set))
-            .map(|p| match p.source.blocks_mut() {
-                Some(b) => b.restore_block(&block),
-                None => Err(BlockRefused::NotClaiming(block.clone())),
+            .map(|p| match (p.source.blocks_mut(), block.parse()) {
+                (Some(b), Ok(net)) => b.restore_block(net),
+                (Some(_), Err(_)) => Err(BlockRefused::Malformed(block.clone())),
+                (None, _) => Err(BlockRefused::NotClaiming(block.clone())),
             });
         if let Some(Ok(())) = restored {
             continue;

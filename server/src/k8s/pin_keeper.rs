@@ -142,7 +142,7 @@ pub async fn end_gone_owners(
             p.set_aside
                 || ipam
                     .block_holding(p.address)
-                    .is_some_and(|(b, id)| b == p.block.to_string() && id == p.block_id)
+                    .is_some_and(|b| b.net == p.block && b.created == p.block_id)
         })
         .collect();
     gone_since.retain(|o, _| mine.iter().any(|p| &p.owner == o));

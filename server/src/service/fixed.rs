@@ -72,18 +72,14 @@ pub(super) fn fixed_for(
 }
 
 /// Where a pin of an address an ADD took from a block of this node's is made.
-fn in_block(site: crate::ipam::FixedSite) -> Result<PinSite, Refused> {
-    let (block, block_id) = site.block;
-    let block = block
-        .parse()
-        .map_err(|_| Refused::Store(format!("block {block:?} is not a CIDR")))?;
-    Ok(PinSite {
+fn in_block(site: crate::ipam::FixedSite) -> PinSite {
+    PinSite {
         pool: site.pool,
         address: site.address,
-        block,
-        block_id,
+        block: site.block.net,
+        block_id: site.block.created,
         set_aside: false,
-    })
+    }
 }
 
 fn refused(owner: &PinOwner, e: Refused) -> Error {
@@ -176,7 +172,7 @@ pub async fn add(
             let reply = ipam.add(req).await?;
             let ips: Vec<_> = reply.leases.iter().map(|l| l.ip).collect();
             let site = match ipam.fixed_site(&network, &ips) {
-                Some(site) => in_block(site),
+                Some(site) => Ok(in_block(site)),
                 None => Err(Refused::Invalid(format!(
                     "none of {ips:?} lies in a block of this node's of a cluster pool of one subnet"
                 ))),

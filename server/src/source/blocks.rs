@@ -12,6 +12,8 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 
+use ipnet::IpNet;
+
 use super::{Next, Source};
 use crate::range::OccupyError;
 
@@ -57,6 +59,14 @@ pub struct NotListedYet(pub String);
 #[error("{0}")]
 pub struct WorkFailed(pub String);
 
+/// A block as its source knows it: its CIDR, and its identity in the store (the revision it
+/// was created at: a block deleted and made again over the same CIDR is another).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockId {
+    pub net: IpNet,
+    pub created: i64,
+}
+
 /// A source that claims its addresses in blocks (see the module).
 pub trait BlockSource: Source {
     /// A claim to run, if the source wants more addresses now and has no claim in flight. The
@@ -72,15 +82,15 @@ pub trait BlockSource: Source {
     }
     /// The block `ip` comes from when the store does not hold it yet: the change set that takes
     /// `ip` records it.
-    fn unrecorded(&self, _ip: IpAddr) -> Option<String> {
+    fn unrecorded(&self, _ip: IpAddr) -> Option<IpNet> {
         None
     }
     /// Gives back a block the store holds, at start.
-    fn restore_block(&mut self, block: &str) -> Result<(), BlockRefused> {
+    fn restore_block(&mut self, block: IpNet) -> Result<(), BlockRefused> {
         Err(BlockRefused::NotClaiming(block.to_string()))
     }
     /// The blocks the store holds for this source (dropped with it).
-    fn recorded_blocks(&self) -> Vec<String> {
+    fn recorded_blocks(&self) -> Vec<IpNet> {
         Vec::new()
     }
     /// Why nothing may be handed out now, not even an address the source handed out before
@@ -116,12 +126,12 @@ pub trait BlockSource: Source {
     }
     /// Recorded blocks the source no longer has (it gave them back): from now on they count as
     /// unrecorded, and the engine writes them as not held.
-    fn forget(&mut self) -> Vec<String> {
+    fn forget(&mut self) -> Vec<IpNet> {
         Vec::new()
     }
     /// Blocks that came to hold addresses without one being taken from them (another block's,
     /// taken over): the engine writes them as held, before what [`BlockSource::forget`] returns.
-    fn record(&mut self) -> Vec<String> {
+    fn record(&mut self) -> Vec<IpNet> {
         Vec::new()
     }
     /// Why the source works in a reduced way now (its backend unreachable: it serves what it
@@ -169,7 +179,7 @@ pub trait BlockSource: Source {
     /// Where `ip` lies in the source's backend, for a record kept there (a pin names its
     /// block): the block and the block's identity (the store's creation revision). None: in no
     /// block of the source's.
-    fn block_holding(&self, _ip: IpAddr) -> Option<(String, i64)> {
+    fn block_holding(&self, _ip: IpAddr) -> Option<BlockId> {
         None
     }
     /// Whether the source's addresses make one subnet across nodes (an address can be served

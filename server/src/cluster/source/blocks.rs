@@ -12,7 +12,9 @@ use super::{BlockState, ClusterSource};
 use crate::cluster::work::{self, Work};
 use crate::error::Refusal;
 use crate::range::OccupyError;
-use crate::source::{BlockRefused, BlockSource, Claim, Landing, Next, NotListedYet, WorkFailed};
+use crate::source::{
+    BlockId, BlockRefused, BlockSource, Claim, Landing, Next, NotListedYet, WorkFailed,
+};
 
 impl BlockSource for ClusterSource {
     fn can_occupy_fixed(&self, ip: IpAddr) -> Result<(), OccupyError> {
@@ -24,9 +26,12 @@ impl BlockSource for ClusterSource {
     fn withheld_fixed(&self, ip: IpAddr) -> Option<String> {
         self.withheld_fixed_why(ip)
     }
-    fn block_holding(&self, ip: IpAddr) -> Option<(String, i64)> {
+    fn block_holding(&self, ip: IpAddr) -> Option<BlockId> {
         self.block_of(ip).and_then(|b| match b.state {
-            BlockState::Confirmed(r) => Some((b.net().to_string(), r.create)),
+            BlockState::Confirmed(r) => Some(BlockId {
+                net: b.net(),
+                created: r.create,
+            }),
             _ => None,
         })
     }
@@ -107,28 +112,23 @@ impl BlockSource for ClusterSource {
         self.count_blocks();
         result.map(Landing::Took)
     }
-    fn unrecorded(&self, ip: IpAddr) -> Option<String> {
-        self.block_of(ip)
-            .filter(|b| !b.recorded)
-            .map(|b| b.net().to_string())
+    fn unrecorded(&self, ip: IpAddr) -> Option<IpNet> {
+        self.block_of(ip).filter(|b| !b.recorded).map(|b| b.net())
     }
-    fn restore_block(&mut self, block: &str) -> Result<(), BlockRefused> {
-        let net: IpNet = block
-            .parse()
-            .map_err(|_| BlockRefused::Malformed(block.to_string()))?;
-        self.add_block(net, true, BlockState::Unconfirmed)
+    fn restore_block(&mut self, block: IpNet) -> Result<(), BlockRefused> {
+        self.add_block(block, true, BlockState::Unconfirmed)
     }
-    fn recorded_blocks(&self) -> Vec<String> {
+    fn recorded_blocks(&self) -> Vec<IpNet> {
         self.blocks
             .values()
             .filter(|b| b.recorded)
-            .map(|b| b.net().to_string())
+            .map(|b| b.net())
             .collect()
     }
-    fn forget(&mut self) -> Vec<String> {
+    fn forget(&mut self) -> Vec<IpNet> {
         std::mem::take(&mut self.forget)
     }
-    fn record(&mut self) -> Vec<String> {
+    fn record(&mut self) -> Vec<IpNet> {
         std::mem::take(&mut self.record)
     }
     fn held_back(&self) -> Option<Next> {

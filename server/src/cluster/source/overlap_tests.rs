@@ -59,7 +59,7 @@ fn lost_then_claimed(old: &str, held: &[&str], new: &str) -> (Arc<ClusterNode>, 
 fn restarted(n: &Arc<ClusterNode>, s: &ClusterSource, held: &[&str]) -> ClusterSource {
     let mut again = source(n);
     for b in s.recorded_blocks() {
-        again.restore_block(&b).expect("a recorded block");
+        again.restore_block(b).expect("a recorded block");
     }
     for h in held {
         again
@@ -74,8 +74,8 @@ fn a_bigger_block_over_a_lost_one_takes_its_addresses_over() {
     let held = ["10.0.0.18", "10.0.0.19"];
     let (n, mut s) = lost_then_claimed("10.0.0.16/28", &held, "10.0.0.0/27");
     // The engine writes the new block as held and strikes the old one, in one change set.
-    assert_eq!(s.record(), vec!["10.0.0.0/27".to_string()]);
-    assert_eq!(s.forget(), vec!["10.0.0.16/28".to_string()]);
+    assert_eq!(s.record(), vec![net("10.0.0.0/27")]);
+    assert_eq!(s.forget(), vec![net("10.0.0.16/28")]);
     let next = s.peek_next_n(40);
     assert!(!next.is_empty());
     for h in held {
@@ -115,8 +115,8 @@ fn a_smaller_block_inside_a_lost_one_hands_out_nothing_held_here() {
 fn after_a_restart_the_block_confirmed_takes_over_what_was_restored_into_old_ones() {
     let (n, mut s) = serving(&[]);
     // Recorded before the restart: the new /26 and an old /27 inside it, both holding.
-    s.restore_block("10.0.0.0/26").expect("restored");
-    s.restore_block("10.0.0.0/27").expect("restored");
+    s.restore_block(net("10.0.0.0/26")).expect("restored");
+    s.restore_block(net("10.0.0.0/27")).expect("restored");
     for h in ["10.0.0.2", "10.0.0.3", "10.0.0.40"] {
         s.occupy(ip(h)).expect("held");
     }
@@ -134,8 +134,8 @@ fn after_a_restart_the_block_confirmed_takes_over_what_was_restored_into_old_one
 #[test]
 fn a_block_claimed_back_takes_over_too() {
     let (n, mut s) = serving(&[]);
-    s.restore_block("10.0.0.0/26").expect("restored");
-    s.restore_block("10.0.0.0/27").expect("restored");
+    s.restore_block(net("10.0.0.0/26")).expect("restored");
+    s.restore_block(net("10.0.0.0/27")).expect("restored");
     s.occupy(ip("10.0.0.2")).expect("held, in the /27");
     s.occupy(ip("10.0.0.40")).expect("held, in the /26");
     // The store lists neither: both are claimed back; the /26 is won back.
@@ -190,7 +190,7 @@ fn a_block_dropped_and_claimed_again_before_the_engine_struck_it_is_not_struck()
     assert!(s.blocks.is_empty());
     // Claimed again before the engine's pass.
     claim_lands(&mut s, "10.0.0.16/28");
-    assert_eq!(s.forget(), Vec::<String>::new());
+    assert_eq!(s.forget(), Vec::<IpNet>::new());
 }
 
 /// A sync's outcome: `mine` this node's, `orphaned` of a pool gone or made anew.

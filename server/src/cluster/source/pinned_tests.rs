@@ -70,7 +70,13 @@ fn a_pinned_address_goes_to_its_pod_only_and_its_block_stays() {
     assert!(s.can_occupy_fixed(a).is_ok());
     assert!(s.withheld_fixed(a).is_none());
     assert!(s.withheld(a).is_some() && s.can_occupy(a).is_err());
-    assert_eq!(s.block_holding(a), Some(("10.0.0.0/28".into(), 7)));
+    assert_eq!(
+        s.block_holding(a),
+        Some(crate::source::BlockId {
+            net: net("10.0.0.0/28"),
+            created: 7,
+        })
+    );
     // Both blocks empty, the hold-down past: the pinned one is not given back.
     match next_work(&mut s) {
         Some(crate::cluster::work::Work::GiveBack(b, _)) => assert_eq!(b, net("10.0.0.16/28")),
@@ -165,7 +171,13 @@ fn a_block_claimed_over_a_hosted_address_takes_it_over() {
     assert!(!s.peek_next_n(40).contains(&a), "never offered");
     assert!(s.can_occupy(a).is_err(), "held");
     assert!(!s.hosts(a), "in its block now");
-    assert_eq!(s.block_holding(a), Some(("10.0.0.32/28".into(), 11)));
+    assert_eq!(
+        s.block_holding(a),
+        Some(crate::source::BlockId {
+            net: net("10.0.0.32/28"),
+            created: 11,
+        })
+    );
     assert_eq!(s.free(), 14 + 16 - 1, "less the one held");
     assert!(s.vacate(a));
     assert!(s.can_occupy(a).is_ok(), "released into its block");

@@ -279,7 +279,7 @@ fn a_block_etcd_gives_to_another_node_serves_nothing_and_goes_once_empty() {
     let n = node("");
     n.pretend_renewed(Duration::ZERO);
     let mut s = source(&n);
-    s.restore_block("10.0.0.0/28").expect("recorded");
+    s.restore_block(net("10.0.0.0/28")).expect("recorded");
     s.occupy(ip("10.0.0.3")).expect("in use");
     assert!(s
         .withheld(ip("10.0.0.3"))
@@ -301,7 +301,7 @@ fn a_block_etcd_gives_to_another_node_serves_nothing_and_goes_once_empty() {
     // Its last address released: nothing here holds it any more; it is forgotten.
     assert!(s.vacate(ip("10.0.0.3")));
     assert!(!s.contains(ip("10.0.0.5")));
-    assert_eq!(s.forget(), vec!["10.0.0.0/28".to_string()]);
+    assert_eq!(s.forget(), vec![net("10.0.0.0/28")]);
 }
 
 #[test]
@@ -309,10 +309,10 @@ fn an_empty_block_etcd_no_longer_lists_is_dropped_at_the_sync() {
     let n = node("");
     n.pretend_renewed(Duration::ZERO);
     let mut s = source(&n);
-    s.restore_block("10.0.0.0/28").expect("recorded");
+    s.restore_block(net("10.0.0.0/28")).expect("recorded");
     synced(&mut s, &n, &[block("10.0.0.16/28", 9)]);
     assert!(!s.contains(ip("10.0.0.2")));
-    assert_eq!(s.forget(), vec!["10.0.0.0/28".to_string()]);
+    assert_eq!(s.forget(), vec![net("10.0.0.0/28")]);
     assert_eq!(s.next(), Next::Ready(ip("10.0.0.18")));
 }
 
@@ -325,7 +325,7 @@ fn a_block_in_doubt_serves_only_after_a_sync_settled_it() {
     let n = node("");
     n.pretend_renewed(Duration::ZERO);
     let mut s = source(&n);
-    s.restore_block("10.0.0.16/28").expect("recorded");
+    s.restore_block(net("10.0.0.16/28")).expect("recorded");
     let doubt = net("10.0.0.16/28");
     match next_work(&mut s) {
         Some(Work::Sync { trusted, .. }) => assert_eq!(trusted, vec![]),
@@ -388,7 +388,7 @@ fn a_result_of_a_replaced_source_is_not_taken() {
     let n = node("");
     n.pretend_renewed(Duration::ZERO);
     let mut s = source(&n);
-    s.restore_block("10.0.0.16/28").expect("recorded");
+    s.restore_block(net("10.0.0.16/28")).expect("recorded");
     assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
     assert!(s.in_flight);
     // The old source's give-back finished: its result is left with the old source.
@@ -475,9 +475,9 @@ fn a_block_whose_pool_is_being_deleted_is_neither_served_nor_given_back() {
     let n = node("");
     n.pretend_renewed(Duration::ZERO);
     let mut s = source(&n);
-    s.restore_block("10.0.0.0/28").expect("recorded");
+    s.restore_block(net("10.0.0.0/28")).expect("recorded");
     s.occupy(ip("10.0.0.3")).expect("in use");
-    s.restore_block("10.0.0.16/28").expect("recorded");
+    s.restore_block(net("10.0.0.16/28")).expect("recorded");
     let e = epoch(&n);
     assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));
     let doubt = Synced {
@@ -515,7 +515,7 @@ fn a_block_whose_pool_is_being_deleted_is_neither_served_nor_given_back() {
     )
     .expect_err("not ready");
     assert_eq!(next_work(&mut s), None);
-    assert_eq!(s.forget(), Vec::<String>::new());
+    assert_eq!(s.forget(), Vec::<IpNet>::new());
     // The next sync comes within a couple of seconds, not a resync_secs.
     assert!(s
         .next_sync
@@ -539,7 +539,7 @@ fn a_block_of_a_pool_that_is_gone_is_given_back_once_empty() {
     let n = node("");
     n.pretend_renewed(Duration::ZERO);
     let mut s = source(&n);
-    s.restore_block("10.0.0.0/28").expect("recorded");
+    s.restore_block(net("10.0.0.0/28")).expect("recorded");
     s.occupy(ip("10.0.0.3")).expect("in use");
     let e = epoch(&n);
     assert!(matches!(next_work(&mut s), Some(Work::Sync { .. })));

@@ -86,6 +86,10 @@ impl FakeBlocks {
         format!("{}/28", Ipv4Addr::from(first))
     }
 
+    fn net(first: u32) -> ipnet::IpNet {
+        FakeBlocks::name(first).parse().expect("a /28")
+    }
+
     fn add_block(&mut self, block: &str, recorded: bool) -> Result<(), String> {
         let first: Ipv4Addr = block
             .strip_suffix("/28")
@@ -218,19 +222,20 @@ impl BlockSource for FakeBlocks {
             }
         }
     }
-    fn unrecorded(&self, ip: IpAddr) -> Option<String> {
+    fn unrecorded(&self, ip: IpAddr) -> Option<ipnet::IpNet> {
         self.block_of(ip)
             .filter(|b| !b.recorded)
-            .map(|b| FakeBlocks::name(b.first))
+            .map(|b| FakeBlocks::net(b.first))
     }
-    fn restore_block(&mut self, block: &str) -> Result<(), BlockRefused> {
-        self.add_block(block, true).map_err(BlockRefused::Outside)
+    fn restore_block(&mut self, block: ipnet::IpNet) -> Result<(), BlockRefused> {
+        self.add_block(&block.to_string(), true)
+            .map_err(BlockRefused::Outside)
     }
-    fn recorded_blocks(&self) -> Vec<String> {
+    fn recorded_blocks(&self) -> Vec<ipnet::IpNet> {
         self.blocks
             .iter()
             .filter(|b| b.recorded)
-            .map(|b| FakeBlocks::name(b.first))
+            .map(|b| FakeBlocks::net(b.first))
             .collect()
     }
 }
