@@ -37,7 +37,14 @@ impl Sources {
     }
 
     pub fn make(&self, def: &NetworkDef, ranges: Vec<Range>) -> Box<dyn Source> {
-        (self.0)(def, ranges)
+        let mut source = (self.0)(def, ranges);
+        let has_blocks = source.blocks().is_some();
+        debug_assert_eq!(
+            has_blocks,
+            source.blocks_mut().is_some(),
+            "a source's blocks() and blocks_mut() must agree"
+        );
+        source
     }
 }
 

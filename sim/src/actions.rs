@@ -166,10 +166,7 @@ pub(crate) fn act(w: &mut World) -> Result<Duration, String> {
             crate::labels::step(w);
             Ok(tick)
         }
-        Kind::PodGc => {
-            crate::pod_gc::step(w);
-            Ok(tick)
-        }
+        Kind::PodGc => crate::pod_gc::step(w).map(|()| tick),
         Kind::NodeObject => {
             crate::nodes::delete_or_remake_node(w);
             Ok(tick)
@@ -262,7 +259,7 @@ pub(crate) async fn wind_down(w: &mut World) -> Result<(), String> {
         w.note(format!("the Node of {name} made again by its kubelet"));
     }
     doom_pods_of_gone_owners(w);
-    crate::pod_gc::wind_down(w);
+    crate::pod_gc::wind_down(w)?;
     // DELs never answered (their daemon killed meanwhile): the kubelet makes them again.
     for (c, s) in std::mem::take(&mut w.kubelet.dels) {
         w.kubelet.owed.entry(c).or_insert(s);

@@ -39,6 +39,10 @@ use crate::StoreKind;
 mod kubernetes;
 use kubernetes::Keeper;
 
+/// Where the simulated pods' network namespaces would be: a directory no machine has, so that
+/// no check of ipoold's (the pod GC's) ever sees one, whatever the host running the simulation.
+pub const NETNS_DIR: &str = "/nonexistent-ipool-sim/netns";
+
 /// The network the simulated pods are on.
 pub const NETWORK: &str = "pods";
 /// The network's name in the config of a daemon started with it renamed (`Swarm::renames`).
@@ -370,7 +374,7 @@ impl Daemon {
                     name,
                     uid: format!("uid-{container}"),
                 },
-                netns: format!("/var/run/netns/{container}"),
+                netns: format!("{NETNS_DIR}/{container}"),
                 ipam: None,
                 requested,
                 // The pod's own (its fixed address's owner is recorded there).

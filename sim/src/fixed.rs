@@ -2,7 +2,7 @@
 //! one StatefulSet and two VMs own them, and their ADDs and DELs take the pins' path as
 //! ipoold's do (`ipool_server::service::fixed`). Kubernetes' part is played as it runs them:
 //! a StatefulSet has at most one pod of an ordinal (a new one once the old one's DEL was
-//! called, or its node is gone); a VM has one launcher pod, and two during a live migration,
+//! called, its node is gone, or it was force-deleted: `crate::pod_gc`); a VM has one launcher pod, and two during a live migration,
 //! on two nodes. The checker lets two pods hold one address only when they are two launchers
 //! of one VM; it checks every fixed address handed out against the pins in the store.
 

@@ -180,10 +180,6 @@ pub const NOT_YET: &[Bug] = &[
     // deleted by a second operator's late write), not by the hunt from 0; its kept run is
     // replayed by every `cargo test`.
     Bug::GonePoolAwaited,
-    // Put back under the pod GC of session 40 (`pod_gc`): found at seed 856 within 7 s of
-    // the runs that have it (`ipool-sim search --pod-gc`), but the hunt from 0 would run 850
-    // seeds first, a minute of `cargo test`; its kept run is replayed by every `cargo test`.
-    Bug::GcIgnoresRuntime,
 ];
 
 /// The simulation's pool.

@@ -83,6 +83,8 @@ pub(crate) fn add_pod(
         ));
         let pod = crate::owners::pod_name(&o, &c);
         w.pod_gc.name(&c, &pod);
+        // The controller deleted a pod of that name left Failed before it made this one.
+        w.pod_gc.failed.retain(|_, (name, _)| *name != pod);
         (o, pod)
     });
     if let Some(d) = w.slots[i].daemon.as_mut() {

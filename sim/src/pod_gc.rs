@@ -11,9 +11,9 @@
 //!
 //! The checker holds an address in use while its pod's sandbox runs, whatever the apiserver
 //! says; a pod gone without a DEL holds nothing from then on, and L1 wants its address back by
-//! the end of the quiet. The sandboxes' network namespaces are not looked at: the simulated
-//! ones are never seen (`/var/run/netns/<container>` does not exist), so the GC judges by the
-//! apiserver and the runtime alone, the harder case.
+//! the end of the quiet. The sandboxes' network namespaces are never seen (they are under
+//! [`crate::daemon::NETNS_DIR`], which no machine has), so the GC judges by the apiserver and
+//! the runtime alone, the harder case.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,7 +30,8 @@ pub(crate) mod state;
 /// The simulated pods' namespace.
 const NAMESPACE: &str = "sim";
 
-/// The daemons' `[kubernetes] gc_grace_secs` here.
+/// The grace the simulated GC checks with (ipoold's `[kubernetes] gc_grace_secs`; the
+/// daemons here have no `[kubernetes]` table, so no sticky pod's reservation is made).
 pub(crate) const GRACE_SECS: u64 = 4;
 
 /// A pod object as the apiserver would serve it (what the GC reads of it).
@@ -152,10 +153,13 @@ impl Sandboxes for RuntimeView {
 
 /// A check of slot `i`'s pod GC. `faults`: its watch cache may be behind (kept as it was, one
 /// time in two), and its GET and the runtime may not answer (one time in eight each).
-pub(crate) fn check_on(w: &mut World, i: usize, faults: bool) {
-    let Some(id) = w.slots[i].daemon.as_ref().map(|d| d.id) else {
-        return;
+pub(crate) fn check_on(w: &mut World, i: usize, faults: bool) -> Result<(), String> {
+    let Some(d) = w.slots[i].daemon.as_ref() else {
+        return Ok(());
     };
+    let id = d.id;
+    // What the GC's last check let go of: never a pod's whose sandbox runs.
+    w.checker.held_by(i, &d.held())?;
     let node = w.setting.k8s_node(&w.slots[i].name);
     let pods = w.apiserver_pods();
     let behind = faults && w.choices.pick(2) == 0 && w.pod_gc.caches.contains_key(&id);
@@ -201,6 +205,7 @@ pub(crate) fn check_on(w: &mut World, i: usize, faults: bool) {
     if let Some(d) = w.slots[i].daemon.as_mut() {
         d.collect(Arc::new(view), Arc::new(RuntimeView(runtime)));
     }
+    Ok(())
 }
 
 /// A pod that runs, not being deleted, on a slot picked among those that have one.
@@ -210,6 +215,9 @@ fn live_pod(w: &mut World, force_deleted: bool) -> Option<(String, usize)> {
         .pods
         .iter()
         .filter(|(c, _)| w.pod_gc.force_deleted.contains(*c) == force_deleted)
+        // A VM's launcher is not force-deleted: its VMI made again under its name is not
+        // simulated (the world's KubeVirt would take the next launcher for a migration's).
+        .filter(|(c, _)| !w.pod_name(c).starts_with("virt-launcher-"))
         .filter(|(c, _)| !w.kubelet.dels.contains_key(*c) && !w.kubelet.owed.contains_key(*c))
         .map(|(c, p)| (c.clone(), p.slot))
         .collect();
@@ -241,11 +249,11 @@ fn vanish(w: &mut World, c: &str, slot: usize) {
 
 /// A step of the pods' part: a GC check (half the time), a sandbox gone without its DEL, a
 /// pod force-deleted while its sandbox runs, or the sandbox of one force-deleted ending.
-pub(crate) fn step(w: &mut World) {
+pub(crate) fn step(w: &mut World) -> Result<(), String> {
     match w.choices.pick(8) {
         0..=3 => {
             if let Some(i) = crate::nodes::running(w) {
-                check_on(w, i, true);
+                check_on(w, i, true)?;
             }
         }
         4 => {
@@ -264,17 +272,23 @@ pub(crate) fn step(w: &mut World) {
         }
         _ => {
             if let Some((c, slot)) = live_pod(w, true) {
-                end_sandbox(w, &c, slot, true);
+                end_sandbox(w, &c, slot, true)?;
             }
         }
     }
+    Ok(())
 }
 
 /// The sandbox of `c` (force-deleted) ends: the kubelet's DEL, or (`may_vanish`, one time in
 /// two) none.
-fn end_sandbox(w: &mut World, c: &str, slot: usize, may_vanish: bool) {
+fn end_sandbox(w: &mut World, c: &str, slot: usize, may_vanish: bool) -> Result<(), String> {
+    // Its address was kept while the sandbox ran, whatever the apiserver said.
+    if let Some(d) = &w.slots[slot].daemon {
+        w.checker.held_by(slot, &d.held())?;
+    }
     if may_vanish && w.choices.pick(2) == 0 {
-        return vanish(w, c, slot);
+        vanish(w, c, slot);
+        return Ok(());
     }
     w.pod_gc.force_deleted.remove(c);
     match w.slots[slot].daemon.is_some() {
@@ -284,11 +298,12 @@ fn end_sandbox(w: &mut World, c: &str, slot: usize, may_vanish: bool) {
             w.kubelet.owed.insert(c.to_string(), slot);
         }
     }
+    Ok(())
 }
 
 /// The wind-down: the kubelet ends the sandboxes of the pods force-deleted, with their DELs
 /// (it kills a sandbox whose pod the apiserver no longer has).
-pub(crate) fn wind_down(w: &mut World) {
+pub(crate) fn wind_down(w: &mut World) -> Result<(), String> {
     let pods: Vec<(String, usize)> = w
         .pod_gc
         .force_deleted
@@ -296,14 +311,16 @@ pub(crate) fn wind_down(w: &mut World) {
         .filter_map(|c| Some((c.clone(), w.checker.pods.get(c)?.slot)))
         .collect();
     for (c, slot) in pods {
-        end_sandbox(w, &c, slot, false);
+        end_sandbox(w, &c, slot, false)?;
     }
     w.pod_gc.force_deleted.clear();
+    Ok(())
 }
 
 /// The quiet's turn: a check of every running daemon's GC, its cache caught up.
-pub(crate) fn quiet_turn(w: &mut World) {
+pub(crate) fn quiet_turn(w: &mut World) -> Result<(), String> {
     for i in 0..w.slots.len() {
-        check_on(w, i, false);
+        check_on(w, i, false)?;
     }
+    Ok(())
 }

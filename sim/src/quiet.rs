@@ -38,7 +38,7 @@ impl World {
     /// `ms` of quiet: every request delivered, departed nodes looked at, pins kept.
     async fn settle(&mut self, ms: u64) -> Result<(), String> {
         let end = self.ms() + ms;
-        let (mut next_look, mut next_redo) = (self.ms(), self.ms());
+        let (mut next_look, mut next_redo, mut next_gc) = (self.ms(), self.ms(), self.ms());
         while self.ms() < end {
             self.net.release_held(Instant::now());
             while !self.net.is_empty() {
@@ -64,6 +64,11 @@ impl World {
                     crate::operator::release_absent(self, i);
                 }
             }
+            // Every running daemon's pod GC checks, whatever the operator does.
+            if self.opts.pod_gc && self.ms() >= next_gc {
+                next_gc = self.ms() + LOOK_EVERY_MS;
+                crate::pod_gc::quiet_turn(self)?;
+            }
             if self.ms() >= next_look && !self.operating() {
                 next_look = self.ms() + LOOK_EVERY_MS;
                 if self.swarm.departures {
@@ -79,10 +84,6 @@ impl World {
                         }
                         (false, None) => {}
                     }
-                }
-                // Every running daemon's pod GC checks.
-                if self.opts.pod_gc {
-                    crate::pod_gc::quiet_turn(self);
                 }
                 // Every running daemon's keeper takes a turn.
                 if self.swarm.pins {

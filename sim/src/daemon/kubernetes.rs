@@ -38,6 +38,10 @@ impl Daemon {
     /// code): an attachment whose pod `pods` shows gone, seen so for the grace, confirmed by a
     /// live GET and not kept by `runtime` (a ready sandbox, or no answer), released.
     pub(crate) fn collect(&mut self, pods: Arc<dyn PodLookup>, runtime: Arc<dyn Sandboxes>) {
+        // ipoold's GC checks one at a time: a check is not queued behind another.
+        if self.collector.try_lock().is_err() {
+            return;
+        }
         let (ipam, collector) = (self.ipam.clone(), self.collector.clone());
         self.calls.push(tokio::spawn(async move {
             let mut suspects = collector.lock().await;
