@@ -121,7 +121,7 @@ impl World {
                 _ => s.trouble(ms),
             }
         }
-        if renewed && self.shared.version() == self.store_version {
+        if renewed && self.shared.version() == self.seen.version {
             // A lease renewed: no revision, but a holder's term.
             self.snapshot();
         }

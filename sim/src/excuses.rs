@@ -323,9 +323,9 @@ impl World {
         if self.opts.trace {
             let names: Vec<String> = held.iter().map(|(n, h)| format!("{n}: {h}")).collect();
             let line = format!("names held: {}", names.join(", "));
-            if self.last_names.as_ref() != Some(&line) {
+            if self.seen.last_names.as_ref() != Some(&line) {
                 self.note(line.clone());
-                self.last_names = Some(line);
+                self.seen.last_names = Some(line);
             }
         }
         let holding: Vec<usize> = (0..self.slots.len())
@@ -353,7 +353,7 @@ impl World {
                 // Not a daemon's (release-node's own hold on the Kubernetes API).
                 continue;
             };
-            let before = self.holders.insert(name.clone(), holder.clone());
+            let before = self.seen.holders.insert(name.clone(), holder.clone());
             let Some(before) = before.filter(|b| *b != holder) else {
                 continue;
             };

@@ -55,6 +55,7 @@ pub(crate) fn hear(w: &mut World) {
     for block in heard.gone {
         // Told late, of a block its node owns again: nothing to stop.
         let owned = w
+            .seen
             .blocks
             .iter()
             .any(|(b, o, _)| overlap(b, &block) && *o == who);

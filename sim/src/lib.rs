@@ -68,6 +68,7 @@ mod provoke;
 mod quiet;
 mod resets;
 mod rivals;
+mod seen;
 pub mod settled;
 mod store_check;
 mod swarm;

@@ -17,10 +17,10 @@ impl World {
         sent: Option<Instant>,
     ) -> Result<(), String> {
         let v = self.shared.version();
-        if v == self.store_version {
+        if v == self.seen.version {
             return Ok(());
         }
-        self.store_version = v;
+        self.seen.version = v;
         self.track_holders();
         self.stale_writes(by, sent)?;
         let after = self.shared.blocks();
@@ -34,6 +34,7 @@ impl World {
         let from: std::collections::BTreeSet<String> = match &op {
             None => Default::default(),
             Some(_) => self
+                .seen
                 .blocks
                 .iter()
                 .filter(|(b, o, _)| !after.iter().any(|(a, ao, _)| a == b && ao == o))
@@ -45,6 +46,7 @@ impl World {
                 Some(o) if o.forced => self.forced_gave_back(node),
                 Some(o) if o.release_of.as_ref() == Some(node) || o.departed => {
                     let taken: Vec<IpNet> = self
+                        .seen
                         .blocks
                         .iter()
                         .filter(|(b, o, _)| o == node && !after.iter().any(|(a, _, _)| a == b))
@@ -58,10 +60,10 @@ impl World {
         if !self.checker.kept.is_empty() {
             let pins = self.shared.pins();
             self.checker
-                .kept_blocks_gone(&self.blocks, &after, by, &pins);
+                .kept_blocks_gone(&self.seen.blocks, &after, by, &pins);
         }
         let r = self.checker.store_changed(
-            &self.blocks,
+            &self.seen.blocks,
             &after,
             by,
             |_| forced,
@@ -69,7 +71,7 @@ impl World {
             self.resets.doubtful_writer,
         );
         self.owned_again(&after);
-        self.blocks = after;
+        self.seen.blocks = after;
         self.snapshot();
         r
     }
@@ -89,7 +91,7 @@ impl World {
                 .is_some_and(|r| t.saturating_duration_since(self.started).as_millis() as u64 <= r)
         };
         if let Some(sent) = sent.filter(|t| !before_restore(*t)) {
-            for (net, (_, at)) in &self.written {
+            for (net, (_, at)) in &self.seen.written {
                 if !revs.contains_key(net) && *at > sent {
                     return Err(format!(
                         "block {net} deleted by a request of {by} sent at {} ms, though the block was written after that, at {} ms: a give-back on what its sender read applied after a write changed it",
@@ -104,8 +106,8 @@ impl World {
             true => self.started,
             false => now,
         };
-        let written = std::mem::take(&mut self.written);
-        self.written = revs
+        let written = std::mem::take(&mut self.seen.written);
+        self.seen.written = revs
             .into_iter()
             .map(|(net, rev)| match written.get(&net) {
                 Some((r, at)) if *r == rev => (net, (rev, *at)),

@@ -12,12 +12,13 @@ use std::time::Duration;
 use ipool_server::store::MemStore;
 use tokio::time::Instant;
 
-use crate::check::{Checker, StoreBlock};
+use crate::check::Checker;
 use crate::choice::Choices;
 use crate::commands::Op;
 use crate::daemon::{Daemon, Done, Setting, Wall};
 use crate::net::{Back, Net};
-use crate::store::{Holder, Shared};
+use crate::seen::Snapshot;
+use crate::store::Shared;
 use crate::{Failure, Options, Outcome};
 
 /// A daemon's place: a node name and a state dir, its daemon running or not.
@@ -118,22 +119,8 @@ pub(crate) struct Forced {
     pub until: Option<[u64; 4]>,
 }
 
-/// The store as it was from `at` on (until the next): its blocks and its names' holders.
-pub(crate) struct Snapshot {
-    pub at: Instant,
-    pub blocks: Vec<StoreBlock>,
-    pub holders: Vec<Holder>,
-    /// The Kubernetes API's blocks' records of their pool, and the pool's now.
-    pub pool_revisions: Option<crate::store::PoolRevisions>,
-    /// Each pool's CIDRs.
-    pub pool_cidrs: BTreeMap<String, Vec<ipnet::IpNet>>,
-}
-
 /// Who changed the store when etcd was restored from a backup.
 pub(crate) const RESTORE: &str = "etcd's restore";
-
-/// How many snapshots are kept: enough for any ADD's pick to lie within them.
-const SNAPSHOTS: usize = 512;
 
 pub(crate) struct World {
     pub opts: Options,
@@ -156,18 +143,11 @@ pub(crate) struct World {
     pub next_daemon: u64,
     /// The kubelets' ADDs and DELs: on their way, owed, refused.
     pub kubelet: crate::kubelet::Kubelet,
-    pub store_version: u64,
-    pub blocks: Vec<StoreBlock>,
-    pub snapshots: std::collections::VecDeque<Snapshot>,
-    /// Each block's revision, and when it was last written.
-    pub written: BTreeMap<ipnet::IpNet, (u64, Instant)>,
+    /// The store as the checker last saw it, and as it was before.
+    pub seen: crate::seen::Seen,
     pub forced: Vec<Forced>,
     /// The stores gone back in time: etcd restored from a backup, the apiserver's clock.
     pub resets: crate::resets::Resets,
-    /// The names held, as the trace last said.
-    pub last_names: Option<String>,
-    /// The daemon instance that last held each node name in the store.
-    pub holders: BTreeMap<String, String>,
     /// Blocks a daemon's watch told it are no longer its node's (see `crate::hearing`).
     pub heard_gone: Vec<crate::watch::HeardGone>,
     /// Events the watches heard.
@@ -261,14 +241,9 @@ impl World {
             started: Instant::now(),
             kubelet: crate::kubelet::Kubelet::default(),
             next_daemon: 0,
-            store_version: 0,
-            blocks: Vec::new(),
-            snapshots: std::collections::VecDeque::new(),
-            written: BTreeMap::new(),
+            seen: Default::default(),
             forced: Vec::new(),
             resets: crate::resets::Resets::default(),
-            last_names: None,
-            holders: BTreeMap::new(),
             heard_gone: Vec::new(),
             heard: 0,
             zones: BTreeMap::new(),
@@ -281,34 +256,27 @@ impl World {
             },
             pod_gc: Default::default(),
         };
-        w.blocks = w.shared.blocks();
-        w.store_version = w.shared.version();
+        w.seen.blocks = w.shared.blocks();
+        w.seen.version = w.shared.version();
         w.snapshot();
         w
     }
 
     /// Keeps the store as it is now.
     pub fn snapshot(&mut self) {
-        if self.snapshots.len() == SNAPSHOTS {
-            self.snapshots.pop_front();
-        }
-        self.snapshots.push_back(Snapshot {
+        let shared = &self.shared;
+        self.seen.keep(Snapshot {
             at: Instant::now(),
-            blocks: self.blocks.clone(),
-            holders: self.shared.holders(),
-            pool_revisions: self.shared.pool_revisions(),
-            pool_cidrs: self.shared.pool_cidrs(),
+            blocks: self.seen.blocks.clone(),
+            holders: shared.holders(),
+            pool_revisions: shared.pool_revisions(),
+            pool_cidrs: shared.pool_cidrs(),
         });
     }
 
     /// The store as it was at `t` (the oldest kept, if `t` is older).
     pub fn snapshot_at(&self, t: Instant) -> &Snapshot {
-        self.snapshots
-            .iter()
-            .rev()
-            .find(|s| s.at <= t)
-            .or(self.snapshots.front())
-            .expect("a snapshot from the start")
+        self.seen.at(t)
     }
 
     /// Simulated milliseconds since the start.
