@@ -283,6 +283,18 @@ pub enum Bug {
     /// next pod (the runtime's check, issue 41; put back under the simulation's pod GC,
     /// session 40).
     GcIgnoresRuntime,
+    /// A pin's hold was let go (a DEL, the keeper's let-go of an unused hold) and a pin nobody
+    /// held was ended through its owner's first pin only: on the Kubernetes API an owner may
+    /// have a second pin (a creation sent by an ADD that gave up, landed long after, void)
+    /// whose name sorts first. The hold on the owner's real pin stayed, and the pin the keeper
+    /// judged was not the one it read, so it ended neither: the owner gone, the address was
+    /// kept for good and its block never went back (found by the simulation's rule L3 at seed
+    /// 102 000 018 835 of session 40's 30-minute search).
+    OwnersFirstPinOnly,
+    /// The pin keeper left void pins nobody holds (made in a block that no longer stands as it
+    /// was) in a block of its node's: the node kept the address out, and the block from going
+    /// back, for good once the pin's owner was gone (nobody's ADD came to find it void).
+    VoidPinsKept,
 }
 
 impl Bug {
@@ -335,6 +347,8 @@ impl Bug {
         Bug::VoidSetAsidePinDeletedUnderOthers,
         Bug::GonePoolAwaited,
         Bug::GcIgnoresRuntime,
+        Bug::OwnersFirstPinOnly,
+        Bug::VoidPinsKept,
         Bug::IndexDroppedByRevision,
         Bug::IndexDroppedUnderItsBlock,
         Bug::OthersPinsReasserted,
@@ -397,6 +411,8 @@ impl Bug {
             Bug::VoidSetAsidePinDeletedUnderOthers => "void-set-aside-pin-deleted-under-others",
             Bug::GonePoolAwaited => "gone-pool-awaited",
             Bug::GcIgnoresRuntime => "gc-ignores-runtime",
+            Bug::OwnersFirstPinOnly => "owners-first-pin-only",
+            Bug::VoidPinsKept => "void-pins-kept",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",
             Bug::IndexDroppedUnderItsBlock => "index-dropped-under-its-block",
             Bug::OthersPinsReasserted => "others-pins-reasserted",

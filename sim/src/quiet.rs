@@ -112,6 +112,8 @@ impl World {
             .collect();
         let mut serving: BTreeMap<String, BTreeSet<ipnet::IpNet>> = BTreeMap::new();
         let mut held = Vec::new();
+        let stored = self.shared.pins();
+        let mut void_known = Vec::new();
         for s in &self.slots {
             let Some(d) = &s.daemon else { continue };
             if !holders.contains(&(s.name.clone(), s.instance_id())) {
@@ -126,8 +128,23 @@ impl World {
                     .into_iter()
                     .map(|(c, ips)| (s.name.clone(), c, ips)),
             );
+            let void = |p: &ipool_server::cluster::pin::Pin| {
+                !p.set_aside
+                    && stored.contains(p)
+                    && d.ipam
+                        .block_holding(p.address)
+                        .is_some_and(|b| b.net != p.block || b.created != p.block_id)
+            };
+            void_known.extend(
+                d.node
+                    .pins_unheld()
+                    .into_iter()
+                    .filter(void)
+                    .map(|p| (s.name.clone(), p)),
+            );
         }
         Picture {
+            void_known,
             blocks: self.shared.blocks(),
             serving,
             held,
@@ -154,8 +171,8 @@ impl World {
 
     /// Whether `pin` still keeps its address: set aside, or made in a block that stands as
     /// made (one of a gone node's, which no daemon can say, counts; one of a live node's
-    /// whose engine holds the address in a block claimed anew since does not: the address
-    /// is free there, and the pin is left to the listings).
+    /// whose engine holds the address in a block claimed anew since does not: it pins
+    /// nothing, and whether that node ends it is L3's void-pin rule).
     fn pin_counts(&self, pin: &ipool_server::cluster::pin::Pin) -> bool {
         if pin.set_aside {
             return true;
@@ -307,6 +324,7 @@ pub(crate) async fn quiet(w: &mut World) -> Result<(), String> {
             p.holders.iter().all(|h| !gone.contains(&h.node)) && !theirs.contains(&p.block)
         });
     }
+    settled::void_pins_kept(&picture)?;
     settled::pins_of_gone_owners(&picture).map_err(|e| {
         let books: Vec<String> = w
             .slots

@@ -10,7 +10,8 @@
 //!   goes back once they are gone), and every address a daemon holds is a pod's that runs;
 //! - L2 (a node gone): no block belongs to a node no daemon holds the name of, but one a pin
 //!   of an owner that is not gone keeps;
-//! - L3 (a pin of a gone owner): no pin remains whose owner is gone;
+//! - L3 (a pin of a gone owner): no pin remains whose owner is gone, nor a void pin nobody
+//!   holds that a live node keeps in a block of its own;
 //! - L4 (a stuck ADD): an ADD on every live node succeeds while its pool has a free block;
 //! - L5 (a pool half made, half deleted or half changed): no pool stays Pending, marked
 //!   Deleting or with a CIDR marked on its way in or out once the operator ran the command
@@ -39,6 +40,9 @@ pub struct Picture {
     pub pods: BTreeSet<String>,
     /// The store's pins, each with why its owner is gone, if it is.
     pub pins: Vec<(Pin, Option<String>)>,
+    /// The store's pins nobody holds that a live node knows, void in a block of its own (made
+    /// in the block its address lay in before the node claimed it): node, pin.
+    pub void_known: Vec<(String, Pin)>,
     /// The pools the store shows Pending, marked Deleting, or with a CIDR marked on its way in
     /// or out.
     pub deleting: Vec<String>,
@@ -94,6 +98,18 @@ pub fn pins_of_gone_owners(p: &Picture) -> Result<(), String> {
             pin.holders.iter().map(|h| &h.node).collect::<Vec<_>>()
         )),
         _ => Ok(()),
+    }
+}
+
+/// L3, void pins: no pin nobody holds stays known to a live node, void in a block of its
+/// own: the node keeps its address out, and the block from going back, for nothing.
+pub fn void_pins_kept(p: &Picture) -> Result<(), String> {
+    match p.void_known.first() {
+        Some((node, pin)) => Err(format!(
+            "L3: the pin of {} for {}, void (made in block {} as it no longer stands), held by nobody, stays in {node}'s block: its address and the block are kept for nothing",
+            pin.address, pin.owner, pin.block
+        )),
+        None => Ok(()),
     }
 }
 

@@ -210,6 +210,16 @@ pub trait PinStore: Send + Sync {
     async fn pins(&self, pool: Option<&str>) -> Result<Vec<PinRead>, ClusterError>;
     /// The pin of `owner`, if it has one.
     async fn pin_of(&self, owner: &PinOwner) -> Result<Option<PinRead>, ClusterError>;
+    /// Every pin of `owner`: on the Kubernetes API it may have two for a while (creators that
+    /// raced, one not yet withdrawn; a creation that landed late, void), in the order
+    /// [`PinStore::pin_of`] picks them.
+    async fn pins_of(&self, owner: &PinOwner) -> Result<Vec<PinRead>, ClusterError> {
+        Ok(self.pin_of(owner).await?.into_iter().collect())
+    }
+    /// The pin stored where `pin` is (its address; on etcd, in its pool and block), whoever's
+    /// it is now: a pin judged by itself is read again so, not through its owner (on the
+    /// Kubernetes API an owner may have a second pin, a creation that landed late).
+    async fn pin_at(&self, pin: &Pin) -> Result<Option<PinRead>, ClusterError>;
     /// Creates `pin` unless its address or its owner is pinned already; where the store can
     /// condition it on its block (etcd), only while the block is the one `pin.block_id`
     /// names.

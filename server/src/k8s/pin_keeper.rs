@@ -6,7 +6,13 @@
 //!   hold's `since_ms` is its writer's wall clock: shown, never compared;
 //! - a pin made in a block of this node's, held by nobody, whose owner is gone (its
 //!   StatefulSet deleted or scaled below the ordinal, its VirtualMachine and instance deleted),
-//!   is deleted once the owner has been gone `[cluster] pin_ttl_secs`: the address is free.
+//!   is deleted once the owner has been gone `[cluster] pin_ttl_secs`: the address is free;
+//! - a pin held by nobody, void in a block of this node's (made in the block its address lay
+//!   in before this node claimed it: a creation that landed late, a forced release), is
+//!   deleted once the store confirms it: it pins nothing, and would keep the block here.
+//!
+//! Each pin is read again at its address before it ends: on the Kubernetes API an owner may
+//! have two pins for a while (one pin per owner is not one write there).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -126,7 +132,9 @@ pub async fn let_go_unused(ipam: &Ipam, holds: &Holds, unused: &mut Unused) {
 }
 
 /// Unheld pins of this node's blocks, and of addresses set aside that this node knows (it
-/// held them; no block is theirs), whose owner is gone: deleted after `ttl`.
+/// held them; no block is theirs), whose owner is gone: deleted after `ttl`. And unheld pins
+/// void in a block of this node's (made in the block its address lay in before the node's
+/// claim of it): deleted, whoever their owner.
 pub async fn end_gone_owners(
     ipam: &Ipam,
     holds: &Holds,
@@ -134,17 +142,21 @@ pub async fn end_gone_owners(
     ttl: Duration,
     gone_since: &mut GoneSince,
 ) {
-    let mine: Vec<Pin> = holds
-        .node()
-        .pins_unheld()
-        .into_iter()
-        .filter(|p| {
-            p.set_aside
-                || ipam
-                    .block_holding(p.address)
-                    .is_some_and(|b| b.net == p.block && b.created == p.block_id)
-        })
-        .collect();
+    let (mut mine, mut void) = (Vec::new(), Vec::new());
+    for p in holds.node().pins_unheld() {
+        if p.set_aside {
+            mine.push(p);
+            continue;
+        }
+        match ipam.block_holding(p.address) {
+            Some(b) if b.net == p.block && b.created == p.block_id => mine.push(p),
+            Some(_) => void.push(p),
+            None => {}
+        }
+    }
+    if !crate::bugs::on(crate::bugs::Bug::VoidPinsKept) {
+        end_void(holds, void).await;
+    }
     gone_since.retain(|o, _| mine.iter().any(|p| &p.owner == o));
     for pin in mine {
         let gone = match owners.gone(&pin.owner).await {
@@ -172,6 +184,22 @@ pub async fn end_gone_owners(
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!(owner = %pin.owner, error = %e, "ending the pin of a gone owner failed (tried again later)")
+            }
+        }
+    }
+}
+
+/// Void pins nobody holds, in this node's blocks: each ended once the store confirms its
+/// block no longer stands as the pin was made in.
+async fn end_void(holds: &Holds, void: Vec<Pin>) {
+    for pin in void {
+        match holds.end_void(&pin).await {
+            Ok(true) => {
+                tracing::warn!(owner = %pin.owner, address = %pin.address, block = %pin.block, "a void pin nobody held ended (made in a block as it no longer stands: a creation that landed late, or a block released by force and claimed again): it pinned nothing, and kept this node's block from going back")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(owner = %pin.owner, address = %pin.address, error = %e, "ending a void pin failed (tried again later)")
             }
         }
     }

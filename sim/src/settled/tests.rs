@@ -23,6 +23,7 @@ fn a_settled_cluster_keeps_every_rule() {
     let p = settled();
     stranded(&p).expect("nothing stranded");
     pins_of_gone_owners(&p).expect("no pin");
+    void_pins_kept(&p).expect("no void pin");
     stuck_deleting(&p).expect("no deletion");
     idle_writes(&[], 20_000).expect("nothing written");
     add_refused("n0", "exhausted", None).expect("no room, refused rightly");
@@ -103,6 +104,20 @@ fn a_pin_of_a_gone_owner_fails() {
         .push((pin, Some("StatefulSet sim/db is deleted".into())));
     let e = pins_of_gone_owners(&p).expect_err("its owner is gone");
     assert!(e.starts_with("L3:") && e.contains("10.70.0.5"), "{e}");
+}
+
+#[test]
+fn a_void_pin_a_live_node_keeps_in_its_block_fails() {
+    let mut p = settled();
+    void_pins_kept(&p).expect("no void pin");
+    let mut void = pin();
+    void.holders.clear();
+    p.void_known.push(("n0".into(), void));
+    let e = void_pins_kept(&p).expect_err("kept for nothing");
+    assert!(
+        e.starts_with("L3:") && e.contains("void") && e.contains("n0"),
+        "{e}"
+    );
 }
 
 #[test]

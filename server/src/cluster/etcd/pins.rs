@@ -183,6 +183,10 @@ impl PinStore for EtcdStore {
             .filter(|p| &p.pin.owner == owner))
     }
 
+    async fn pin_at(&self, pin: &Pin) -> Result<Option<PinRead>, ClusterError> {
+        self.read_pin_key(&self.pin_key(pin)).await
+    }
+
     async fn create_pin(&self, pin: &Pin) -> Result<PinCreated, ClusterError> {
         let key = self.pin_key(pin);
         let owner_key = self.pin_owner_key(&pin.owner);

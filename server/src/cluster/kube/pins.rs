@@ -178,10 +178,20 @@ impl PinStore for KubeStore {
     /// The owner's pin; of two (creators that raced, one not yet withdrawn), the one whose
     /// name sorts first.
     async fn pin_of(&self, owner: &PinOwner) -> Result<Option<PinRead>, ClusterError> {
+        Ok(self.pins_of(owner).await?.into_iter().next())
+    }
+
+    async fn pins_of(&self, owner: &PinOwner) -> Result<Vec<PinRead>, ClusterError> {
         let mut pins = self.list_pins(Some(owner_selector(owner))).await?;
         pins.retain(|p| &p.pin.owner == owner);
         pins.sort_by_key(|p| address_name(&p.pin.address));
-        Ok(pins.into_iter().next())
+        Ok(pins)
+    }
+
+    async fn pin_at(&self, pin: &Pin) -> Result<Option<PinRead>, ClusterError> {
+        self.token().await;
+        let obj = self.pins.get_opt(&address_name(&pin.address)).await?;
+        obj.as_ref().map(parse_pin).transpose()
     }
 
     async fn create_pin(&self, pin: &Pin) -> Result<PinCreated, ClusterError> {

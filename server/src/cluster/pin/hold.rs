@@ -18,6 +18,10 @@
 //! DEL ([`Holds::let_go`]): before the engine releases the address, this node's hold for the
 //! pod is removed from the pin (conditioned on the pin as read); a failure fails the DEL,
 //! which the runtime retries, with nothing released.
+//!
+//! How holds and pins end (a DEL, an ADD undone, the pin keeper's turns): [`end`].
+
+mod end;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -199,6 +203,20 @@ impl Holds {
         let o = owner.clone();
         self.node
             .call("pin_of", |s| async move { s.pin_of(&o).await })
+            .await
+    }
+
+    async fn pins_of(&self, owner: &PinOwner) -> Result<Vec<PinRead>, ClusterError> {
+        let o = owner.clone();
+        self.node
+            .call("pins_of", |s| async move { s.pins_of(&o).await })
+            .await
+    }
+
+    async fn pin_at(&self, pin: &Pin) -> Result<Option<PinRead>, ClusterError> {
+        let p = pin.clone();
+        self.node
+            .call("pin_at", |s| async move { s.pin_at(&p).await })
             .await
     }
 
@@ -570,59 +588,5 @@ impl Holds {
         self.delete(read).await?;
         tracing::warn!(owner = %read.pin.owner, address = %read.pin.address, pool = %read.pin.pool, "a pin of an address set aside whose pool no longer sets it aside as it did (made anew, or its CIDR removed) was void, and is deleted");
         Ok(true)
-    }
-
-    /// Undoes a pin this node just made for the pod of uid `uid` whose ADD then failed: deleted
-    /// while that pod is its only holder (else this node's hold ends, as at a DEL).
-    pub async fn withdraw(&self, owner: &PinOwner, uid: &str) -> Result<(), Refused> {
-        let me = self.node.name().to_string();
-        if let Some(read) = self.pin_of(owner).await? {
-            if let [only] = read.pin.holders.as_slice() {
-                if only.node == me && only.uid == uid && self.delete(&read).await? {
-                    return Ok(());
-                }
-            }
-        }
-        self.let_go(owner, uid).await
-    }
-
-    /// Ends this node's hold of `owner`'s pin for the pod of uid `uid` (its DEL). Nothing to do
-    /// when the pin is gone or not held here by that pod.
-    pub async fn let_go(&self, owner: &PinOwner, uid: &str) -> Result<(), Refused> {
-        let me = self.node.name().to_string();
-        for _ in 0..ATTEMPTS {
-            let Some(read) = self.pin_of(owner).await? else {
-                return Ok(());
-            };
-            let mut pin = read.pin.clone();
-            let before = pin.holders.len();
-            pin.holders.retain(|h| !(h.node == me && h.uid == uid));
-            if pin.holders.len() == before {
-                self.node.pin_known(&read.pin);
-                return Ok(());
-            }
-            if let Some(written) = self.write(&read, &pin).await? {
-                self.node.pin_known(&written.pin);
-                return Ok(());
-            }
-        }
-        Err(Refused::Store(format!(
-            "the pin of {owner} kept changing while this node let go of it"
-        )))
-    }
-
-    /// Deletes the pin `pin` names if, read now, it is still that pin and nobody holds it (its
-    /// owner gone). True: deleted.
-    pub async fn end_unheld(&self, pin: &Pin) -> Result<bool, Refused> {
-        let Some(read) = self.pin_of(&pin.owner).await? else {
-            self.node.pin_gone(pin);
-            return Ok(false);
-        };
-        let same = read.pin.address == pin.address && read.pin.block_id == pin.block_id;
-        if !same || !read.pin.holders.is_empty() {
-            self.node.pin_known(&read.pin);
-            return Ok(false);
-        }
-        Ok(self.delete(&read).await?)
     }
 }

@@ -1,0 +1,120 @@
+//! How holds and pins end: a DEL lets go of its pod's hold ([`Holds::let_go`]), an ADD undone
+//! withdraws the pin it made ([`Holds::withdraw`]), and the pin keeper lets go of holds no
+//! attachment uses and ends pins nobody holds ([`Holds::end_unheld`], [`Holds::end_void`]).
+//! Each works on the pin it judged, read again at its address: on the Kubernetes API an owner
+//! may have two pins for a while (one pin per owner is not one write there), and the one a
+//! lookup by owner finds first need not be it.
+
+use super::{Holds, Refused, ATTEMPTS};
+use crate::cluster::pin::{Pin, PinOwner, PinRead};
+
+impl Holds {
+    /// Undoes a pin this node just made for the pod of uid `uid` whose ADD then failed: deleted
+    /// while that pod is its only holder (else this node's hold ends, as at a DEL).
+    pub async fn withdraw(&self, owner: &PinOwner, uid: &str) -> Result<(), Refused> {
+        let me = self.node.name().to_string();
+        for read in self.pins_of(owner).await? {
+            let only_this =
+                matches!(read.pin.holders.as_slice(), [only] if only.node == me && only.uid == uid);
+            if only_this && self.delete(&read).await? {
+                continue;
+            }
+            self.let_go_of(read, &me, uid).await?;
+        }
+        Ok(())
+    }
+
+    /// Ends this node's hold for the pod of uid `uid` on each of `owner`'s pins that has it
+    /// (its DEL; the keeper's let-go of a hold nothing uses). Nothing to do when none has.
+    pub async fn let_go(&self, owner: &PinOwner, uid: &str) -> Result<(), Refused> {
+        let me = self.node.name().to_string();
+        let mut pins = self.pins_of(owner).await?;
+        if crate::bugs::on(crate::bugs::Bug::OwnersFirstPinOnly) {
+            pins.truncate(1);
+        }
+        for read in pins {
+            self.let_go_of(read, &me, uid).await?;
+        }
+        Ok(())
+    }
+
+    /// Ends hold (`me`, `uid`) on the pin `read`, read again at its address while it changes.
+    async fn let_go_of(&self, mut read: PinRead, me: &str, uid: &str) -> Result<(), Refused> {
+        for _ in 0..ATTEMPTS {
+            let mut pin = read.pin.clone();
+            let before = pin.holders.len();
+            pin.holders.retain(|h| !(h.node == me && h.uid == uid));
+            if pin.holders.len() == before {
+                self.node.pin_known(&read.pin);
+                return Ok(());
+            }
+            if let Some(written) = self.write(&read, &pin).await? {
+                self.node.pin_known(&written.pin);
+                return Ok(());
+            }
+            match self.pin_at(&read.pin).await? {
+                Some(again) if again.pin.owner == read.pin.owner => read = again,
+                _ => {
+                    self.node.pin_gone(&read.pin);
+                    return Ok(());
+                }
+            }
+        }
+        Err(Refused::Store(format!(
+            "the pin of {} kept changing while this node let go of it",
+            read.pin.owner
+        )))
+    }
+
+    /// Deletes the pin `pin` names if, read now at its address, it is still that pin and
+    /// nobody holds it (its owner gone). True: deleted.
+    pub async fn end_unheld(&self, pin: &Pin) -> Result<bool, Refused> {
+        let Some(read) = self.unheld_as_known(pin).await? else {
+            return Ok(false);
+        };
+        Ok(self.delete(&read).await?)
+    }
+
+    /// Deletes the pin `pin` names if, read now at its address, it is still that pin, nobody
+    /// holds it, and it is void: its block no longer stands as it was made in (a creation
+    /// that landed after its block was released, a block released by force and claimed
+    /// again). It pins nothing, whoever its owner is, yet the node whose block now holds its
+    /// address would keep the address out and the block from going back for as long as it
+    /// stood. True: deleted.
+    pub async fn end_void(&self, pin: &Pin) -> Result<bool, Refused> {
+        let Some(read) = self.unheld_as_known(pin).await? else {
+            return Ok(false);
+        };
+        let p = read.pin.clone();
+        let stands = self
+            .node
+            .call("pin_block", |s| async move { s.pin_block_stands(&p).await })
+            .await?;
+        match stands {
+            true => Ok(false),
+            false => Ok(self.delete(&read).await?),
+        }
+    }
+
+    /// The pin stored at `pin`'s address, if it is still that pin (made in the same block)
+    /// and nobody holds it; what is read is known here either way.
+    async fn unheld_as_known(&self, pin: &Pin) -> Result<Option<PinRead>, Refused> {
+        let read = match crate::bugs::on(crate::bugs::Bug::OwnersFirstPinOnly) {
+            true => self.pin_of(&pin.owner).await?,
+            false => self.pin_at(pin).await?,
+        };
+        let Some(read) = read else {
+            self.node.pin_gone(pin);
+            return Ok(None);
+        };
+        let same = read.pin.address == pin.address
+            && read.pin.owner == pin.owner
+            && read.pin.block == pin.block
+            && read.pin.block_id == pin.block_id;
+        if !same || !read.pin.holders.is_empty() {
+            self.node.pin_known(&read.pin);
+            return Ok(None);
+        }
+        Ok(Some(read))
+    }
+}
