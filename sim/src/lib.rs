@@ -189,6 +189,10 @@ pub const NOT_YET: &[Bug] = &[
     // test`'s share), by L3's void-pin rule of session 41; its kept run is replayed by every
     // `cargo test`.
     Bug::VoidPinsKept,
+    // Found by the checker at seed 103 000 002 216 of session 41's search (etcd restored with
+    // its data copied, a pool change given up on landing late), not by the hunt from 0; its
+    // kept run is replayed by every `cargo test`.
+    Bug::PoolChangeOnRevisionOnly,
 ];
 
 /// The simulation's pool.

@@ -131,6 +131,13 @@ impl PoolStore for EtcdStore {
             let spec = parse_pool(name, key.clone(), &kv.value)?;
             let next = spec.changed(change).map_err(ClusterError::from)?;
             let mut when = vec![cmp::mod_revision(key.clone(), cmp::Equal, kv.mod_revision)];
+            // And on its value as read: an etcd restored from a backup with its data copied
+            // (no `--bump-revision`) numbers its writes again from the backup's revision, so
+            // that a change sent before it and landing late can find the pool at the revision
+            // it read, written since with another content (an acknowledged change lost).
+            if !crate::bugs::on(crate::bugs::Bug::PoolChangeOnRevisionOnly) {
+                when.push(cmp::value(key.clone(), cmp::Equal, kv.value.clone()));
+            }
             match change {
                 PoolChange::AddCidr(c) => {
                     let listed = self.pools().await?;
