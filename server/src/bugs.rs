@@ -302,6 +302,12 @@ pub enum Bug {
     /// since had written it: the CIDR acknowledged was lost (found by the simulation's
     /// checker at seed 103 000 002 216 of session 41's search).
     PoolChangeOnRevisionOnly,
+    /// A pin's change or deletion on etcd was conditioned on the pin's mod revision alone:
+    /// after a restore with its data copied, an unpin given up on, landing late, deleted the
+    /// pin another node's pod had taken over since on the same revision (found by review, in
+    /// session 41, after `pool-change-on-revision-only`; shown by
+    /// `cluster_late::a_pin_change_from_before_a_restore_spares_a_later_write_on_the_same_revision`).
+    PinChangeOnRevisionOnly,
 }
 
 impl Bug {
@@ -357,6 +363,7 @@ impl Bug {
         Bug::OwnersFirstPinOnly,
         Bug::VoidPinsKept,
         Bug::PoolChangeOnRevisionOnly,
+        Bug::PinChangeOnRevisionOnly,
         Bug::IndexDroppedByRevision,
         Bug::IndexDroppedUnderItsBlock,
         Bug::OthersPinsReasserted,
@@ -422,6 +429,7 @@ impl Bug {
             Bug::OwnersFirstPinOnly => "owners-first-pin-only",
             Bug::VoidPinsKept => "void-pins-kept",
             Bug::PoolChangeOnRevisionOnly => "pool-change-on-revision-only",
+            Bug::PinChangeOnRevisionOnly => "pin-change-on-revision-only",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",
             Bug::IndexDroppedUnderItsBlock => "index-dropped-under-its-block",
             Bug::OthersPinsReasserted => "others-pins-reasserted",

@@ -193,6 +193,10 @@ pub const NOT_YET: &[Bug] = &[
     // its data copied, a pool change given up on landing late), not by the hunt from 0; its
     // kept run is replayed by every `cargo test`.
     Bug::PoolChangeOnRevisionOnly,
+    // Found by review after the last (session 41), shown by a test with a real etcd restored
+    // (`cluster_late::a_pin_change_from_before_a_restore_*`); no run of the simulation has met
+    // it yet: a late unpin across a restore that reuses its revision.
+    Bug::PinChangeOnRevisionOnly,
 ];
 
 /// The simulation's pool.

@@ -58,20 +58,13 @@ impl Ipam {
         let mut forgotten = Vec::new();
         for (name, net) in st.networks.iter_mut() {
             for (set, p) in net.pools.iter_mut().enumerate() {
-                let recorded = p
+                let (recorded, forgot) = p
                     .source
                     .blocks_mut()
-                    .map(|b| b.record())
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|b| (b, true));
-                let forgot = p
-                    .source
-                    .blocks_mut()
-                    .map(|b| b.forget())
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|b| (b, false));
+                    .map(|b| (b.record(), b.forget()))
+                    .unwrap_or_default();
+                let recorded = recorded.into_iter().map(|b| (b, true));
+                let forgot = forgot.into_iter().map(|b| (b, false));
                 forgotten.extend(
                     recorded
                         .chain(forgot)

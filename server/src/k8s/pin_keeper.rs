@@ -7,6 +7,8 @@
 //! - a pin made in a block of this node's, held by nobody, whose owner is gone (its
 //!   StatefulSet deleted or scaled below the ordinal, its VirtualMachine and instance deleted),
 //!   is deleted once the owner has been gone `[cluster] pin_ttl_secs`: the address is free;
+//! - of an owner's two pins (a creation that landed late, its block standing), the one held
+//!   by nobody that a lookup by owner does not find first (or whose twin is held) is deleted;
 //! - a pin held by nobody, void in a block of this node's (made in the block its address lay
 //!   in before this node claimed it: a creation that landed late, a forced release), is
 //!   deleted once the store confirms it: it pins nothing, and would keep the block here.
@@ -15,6 +17,7 @@
 //! have two pins for a while (one pin per owner is not one write there).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -31,8 +34,9 @@ const EVERY: Duration = Duration::from_secs(30);
 /// attachment yet.
 pub const HOLD_GRACE: Duration = Duration::from_secs(120);
 
-/// A hold of this node's: the pin's owner and the pod's UID.
-type HoldKey = (PinOwner, String);
+/// A hold of this node's: the pin's owner, the pod's UID, and the pin's address (an owner
+/// may have two pins for a while on the Kubernetes API, the same pod holding both).
+type HoldKey = (PinOwner, String, IpAddr);
 
 /// Since when this keeper has seen each of this node's holds unused, by its own monotonic
 /// clock.
@@ -102,11 +106,14 @@ pub async fn let_go_unused(ipam: &Ipam, holds: &Holds, unused: &mut Unused) {
                         || h.since_ms + HOLD_GRACE.as_millis() as u64
                             <= crate::cluster::vocab::now_ms()
                 })
-                .map(|h| (pin.owner.clone(), h.uid.clone()))
+                .map(|h| (pin.owner.clone(), h.uid.clone(), pin.address))
         })
         .collect();
-    for (owner, uid) in unused.due(Instant::now(), seen, HOLD_GRACE) {
-        let Some(pin) = pins.iter().find(|p| p.owner == owner) else {
+    for (owner, uid, address) in unused.due(Instant::now(), seen, HOLD_GRACE) {
+        let Some(pin) = pins
+            .iter()
+            .find(|p| p.owner == owner && p.address == address)
+        else {
             continue;
         };
         // Not while an ADD or a DEL of this node's works on a pin; looked at again in the
@@ -120,7 +127,7 @@ pub async fn let_go_unused(ipam: &Ipam, holds: &Holds, unused: &mut Unused) {
             .iter()
             .find(|h| h.uid == uid)
             .map(|h| h.pod.clone());
-        match holds.let_go(&owner, &uid).await {
+        match holds.let_go(&owner, &uid, |p| p.address == address).await {
             Ok(()) => {
                 tracing::info!(owner = %owner, address = %pin.address, pod = ?pod, "a pin held here for a pod whose address is no longer held here (released without a DEL): let go")
             }
@@ -156,6 +163,22 @@ pub async fn end_gone_owners(
     }
     if !crate::bugs::on(crate::bugs::Bug::VoidPinsKept) {
         end_void(holds, void).await;
+    }
+    // Of an owner's two pins (a creation that landed late, its block standing), the one no
+    // pod of the owner takes ends whether the owner is gone or not.
+    let (second, mut mine): (Vec<Pin>, Vec<Pin>) = mine
+        .into_iter()
+        .partition(|p| holds.node().pins_known_of(&p.owner) > 1);
+    for pin in second {
+        match holds.end_second(&pin).await {
+            Ok(true) => {
+                tracing::warn!(owner = %pin.owner, address = %pin.address, "a second pin of an owner, held by nobody, ended (a creation that landed late): its address is free")
+            }
+            Ok(false) => mine.push(pin),
+            Err(e) => {
+                tracing::warn!(owner = %pin.owner, address = %pin.address, error = %e, "ending an owner's second pin failed (tried again later)")
+            }
+        }
     }
     gone_since.retain(|o, _| mine.iter().any(|p| &p.owner == o));
     for pin in mine {

@@ -159,7 +159,7 @@ pub async fn add(
         (Before::Serve { address, how, .. }, Some(chose)) if address != chose => {
             // A hold taken for this ADD is given up again (one it had stays).
             if how != "held" {
-                if let Err(undo) = holds.let_go(&owner, &uid).await {
+                if let Err(undo) = holds.let_go(&owner, &uid, |p| p.address == address).await {
                     tracing::warn!(%owner, error = %undo, "giving up the pin's hold of an ADD that failed failed");
                 }
             }
@@ -228,8 +228,8 @@ async fn serve(
     };
     let undone = match how {
         Some("held") => Ok(()),
-        Some(_) => holds.let_go(owner, uid).await,
-        None => holds.withdraw(owner, uid).await,
+        Some(_) => holds.let_go(owner, uid, |p| p.address == address).await,
+        None => holds.withdraw(owner, uid, address).await,
     };
     if let Err(undo) = undone {
         tracing::warn!(%owner, error = %undo, "giving up the pin's hold of an ADD that failed failed");
@@ -271,7 +271,10 @@ async fn before_del(ipam: &Ipam, holds: Option<&Holds>, key: &AttachmentKey) -> 
             return Ok(());
         }
     };
-    holds.let_go(&owner, &held.uid).await.map_err(|e| {
+    // Each of the owner's pins this pod holds here, but where another attachment here holds
+    // the address (a late creation's pin of another sandbox's address: that one's to let go).
+    let others = |p: &crate::cluster::pin::Pin| !ipam.held_by_other(key, p.address);
+    holds.let_go(&owner, &held.uid, others).await.map_err(|e| {
         Error::Busy(format!(
             "the pin of {owner} could not be let go for pod {} ({e}); nothing was released",
             held.pod

@@ -76,6 +76,35 @@ fn late_void_pin(api: &FakeApi, address: &str) -> String {
     first
 }
 
+/// A second pin of the owner of the pin of `owner_of`, as a creation that landed late while
+/// its block still stood would make it: in the block of the pin of `block_of`, as made (its
+/// block id), held by nobody, at the address of that block whose name sorts last. Its address.
+fn late_second_pin(api: &FakeApi, block_of: &str, owner_of: &str) -> String {
+    let name = |a: &str| a.replace(['.', ':'], "-");
+    let mut obj = api
+        .get("ippins", "", &name(block_of))
+        .expect("the pin's object");
+    let theirs = api
+        .get("ippins", "", &name(owner_of))
+        .expect("the owner's pin");
+    let ip: std::net::Ipv4Addr = block_of.parse().expect("an IPv4 address");
+    let block = ipnet::Ipv4Net::new(ip, 28).expect("a /28").trunc();
+    let last = block
+        .hosts()
+        .map(|h| h.to_string())
+        .max_by_key(|h| name(h))
+        .expect("an address in the block");
+    assert_ne!(last, block_of);
+    obj["metadata"] = json!({"name": name(&last), "uid": "late-second", "labels": obj["metadata"]["labels"].clone()});
+    obj["metadata"]["labels"]["ipool.io/pin-owner"] =
+        theirs["metadata"]["labels"]["ipool.io/pin-owner"].clone();
+    obj["spec"]["owner"] = theirs["spec"]["owner"].clone();
+    obj["spec"]["address"] = json!(last);
+    obj["spec"]["holders"] = json!([]);
+    api.put_custom("ippins", obj);
+    last
+}
+
 struct Cluster<'a> {
     api: &'a FakeApi,
     daemons: Vec<Daemon>,
@@ -454,10 +483,13 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     // owner finds first; and a void pin in a block of the node's, which would keep that block
     // from going back, for good once its owner is gone.
     let late = store.api().map(|api| late_void_pin(api, &y));
+    // And a second pin of web-1's, which runs (its pin held by n2), made in a block that
+    // stands: it ends too, the owner being there or not (no pod of it would take it).
+    let second = store.api().map(|api| late_second_pin(api, &y, &x));
     api.put("statefulsets", web(2));
     eventually(30, "web-2's pin ends", || {
         let p = pins(&store);
-        let left = |a: &String| *a == y || Some(a) == late.as_ref();
+        let left = |a: &String| *a == y || Some(a) == late.as_ref() || Some(a) == second.as_ref();
         match p.iter().any(|(a, _, _)| left(a)) {
             false => Ok(()),
             true => Err((p, c.daemons[1].log())),

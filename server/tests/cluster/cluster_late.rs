@@ -99,3 +99,88 @@ fn a_give_back_of_a_block_never_used_sent_before_a_restart_never_applies_after_i
         late.block
     );
 }
+
+/// A pin's change sent before etcd was restored from a backup with its data copied (which
+/// numbers writes again from the backup's revision), applied after it, must not apply to the
+/// pin as written since on the very revision it names: an `ipoolctl cluster unpin` of the pin
+/// as its pod had left it, landing late, would delete the pin another node's pod holds now,
+/// and the node whose block holds the address would hand it to a second pod. A change is
+/// conditioned on the pin's value as read, not on its revision alone.
+#[test]
+#[ignore = "needs etcd-server (apt-get install etcd-server); CI runs it with --include-ignored"]
+fn a_pin_change_from_before_a_restore_spares_a_later_write_on_the_same_revision() {
+    use ipool_server::cluster::datastore::PinStore;
+    use ipool_server::cluster::pin::{Holder, Pin, PinCreated, PinOwner, PinRead};
+    let mut etcd = Etcd::start();
+    etcd.create_pool(&[
+        "pn",
+        "--cidr",
+        "10.73.0.0/24",
+        "--block-size",
+        "28",
+        "--exclude",
+        "10.73.0.240/28",
+    ]);
+    let url = etcd.client_url.clone();
+    let holder = |node: &str| Holder {
+        node: node.into(),
+        pod: "db/web-0".into(),
+        uid: format!("uid-{node}"),
+        since_ms: 1,
+        instance: None,
+    };
+    // The owner's chosen address, set aside by the pool: pinned, held by n1's pod.
+    let made: PinRead = with_store(&url, |s| async move {
+        let ip = "10.73.0.241".parse().unwrap();
+        let (range, id) = s.set_aside_site("pn", ip).await.unwrap().unwrap();
+        let pin = Pin {
+            pool: "pn".into(),
+            address: ip,
+            owner: PinOwner::StatefulSet {
+                namespace: "db".into(),
+                name: "web".into(),
+                ordinal: 0,
+            },
+            block: range,
+            block_id: id,
+            set_aside: true,
+            holders: vec![holder("n1")],
+        };
+        match s.create_pin(&pin).await.unwrap() {
+            PinCreated::Created(r) => r,
+            other => panic!("{other:?}"),
+        }
+    });
+    let backup = etcd.back_up();
+    // n1's pod goes (its hold let go); an unpin of the pin as then read is held on its way.
+    let let_go = |url: String, node: &'static str| {
+        let made = made.clone();
+        with_store(&url, move |s| async move {
+            let mut pin = made.pin.clone();
+            pin.holders = match node {
+                "" => vec![],
+                n => vec![holder(n)],
+            };
+            s.write_pin(&made, &pin).await.unwrap().expect("written")
+        })
+    };
+    let held = let_go(url.clone(), "");
+    // Restored: the pod starts on n2, which takes the pin over, one write since the backup as
+    // before, so it lands on the revision the held unpin names.
+    etcd.restore(&backup);
+    let now = let_go(url.clone(), "n2");
+    assert_eq!(now.version, held.version, "the same revision");
+    // The held unpin arrives: it deletes nothing, and n2 keeps its hold.
+    with_store(&url, move |s| async move {
+        assert!(
+            !s.delete_pin(&held).await.unwrap(),
+            "an unpin from before the restore deleted the pin n2's pod holds"
+        );
+        let left = s
+            .pin_of(&now.pin.owner)
+            .await
+            .unwrap()
+            .expect("the pin stands");
+        assert_eq!(left.pin.holders, vec![holder("n2")]);
+    });
+}

@@ -20,38 +20,6 @@ fn addr(cidr: &str) -> IpAddr {
     cidr.split('/').next().unwrap().parse().unwrap()
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    let ok = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .expect("cp");
-    assert!(ok.success());
-}
-
-/// A copy of etcd's data directory, taken while etcd is stopped (a backup); etcd runs again.
-fn back_up(etcd: &mut Etcd) -> tempfile::TempDir {
-    etcd.stop();
-    let backup = tempfile::tempdir().unwrap();
-    copy_dir(&etcd.dir.path().join("data"), backup.path());
-    etcd.spawn();
-    backup
-}
-
-/// etcd's data directory replaced by `backup` (etcd stopped).
-fn put_back(etcd: &Etcd, backup: &tempfile::TempDir) {
-    std::fs::remove_dir_all(etcd.dir.path().join("data")).unwrap();
-    copy_dir(&backup.path().join("data"), &etcd.dir.path().join("data"));
-}
-
-/// etcd restored from `backup`: stopped, its data put back, started again.
-fn restore(etcd: &mut Etcd, backup: &tempfile::TempDir) {
-    etcd.stop();
-    put_back(etcd, backup);
-    etcd.spawn();
-}
-
 /// etcd restored from a backup older than some of a node's claims: the node notices (the
 /// revision went back), hands nothing out before it synced again, and a block etcd no longer
 /// lists as its own (won by another node since) serves it nothing.
@@ -71,7 +39,7 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
     let conf = d.conf("1.0.0", "pods", "");
     assert!(add_within(10, "ADD", "r0", &conf).ok);
     // The backup.
-    let backup = back_up(&mut etcd);
+    let backup = etcd.back_up();
     let before: Vec<IpNet> = etcd.owners().into_keys().collect();
     // Three more blocks claimed after it.
     for k in 1..40 {
@@ -85,7 +53,7 @@ fn an_etcd_restored_from_an_older_backup_is_noticed_and_synced_again() {
         .collect();
     assert!(newer.len() >= 2, "{before:?} {after:?}");
     // Restored: etcd knows nothing of the newer blocks, its revision is back where it was.
-    restore(&mut etcd, &backup);
+    etcd.restore(&backup);
     // Another node wins, at once, one of the blocks etcd now says is free.
     let taken = newer[0];
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -158,7 +126,7 @@ fn a_give_back_from_before_a_restore_spares_a_later_write_on_the_same_revision()
         assert!(matches!(won, Claimed::Won(_)), "{won:?}");
     });
     // The backup.
-    let backup = back_up(&mut etcd);
+    let backup = etcd.back_up();
     // The node settles the block; a give-back of that write is sent and held on its way.
     let held: Block = with_store(&url, |s| async move {
         let (s, b) = mine(s).await;
@@ -168,7 +136,7 @@ fn a_give_back_from_before_a_restore_spares_a_later_write_on_the_same_revision()
         Block { revision: at, ..b }
     });
     // Restored: etcd's revision is back where the backup had it.
-    restore(&mut etcd, &backup);
+    etcd.restore(&backup);
     with_store(&url, |s| async move {
         // The node syncs and settles the block again: one write since the backup, as before,
         // so it lands on the revision the held give-back names.
@@ -213,7 +181,7 @@ fn a_stale_index_entry_removed_late_spares_the_entry_made_again_on_its_revision(
         ipool_server::cluster::etcd::DEFAULT_PREFIX
     );
     // The backup, before the claim.
-    let backup = back_up(&mut etcd);
+    let backup = etcd.back_up();
     let claim_and_read = |url: String, prefix: String| {
         with_store(&url, |s| async move {
             let rev = s.get_pool("ix").await.unwrap().unwrap().revision;
@@ -232,7 +200,7 @@ fn a_stale_index_entry_removed_late_spares_the_entry_made_again_on_its_revision(
     let held = claim_and_read(url.clone(), prefix.clone());
     // Restored: the node claims the block again, one write since the backup as before, so
     // its entry lands on the revision the held removal names.
-    restore(&mut etcd, &backup);
+    etcd.restore(&backup);
     let again = claim_and_read(url.clone(), prefix);
     assert_eq!(
         (&again.0, again.1),
@@ -281,7 +249,7 @@ fn a_stale_index_entry_removed_late_spares_the_entry_of_a_block_restored() {
         )
     });
     // The backup has the block and its entry.
-    let backup = back_up(&mut etcd);
+    let backup = etcd.back_up();
     // The block key gone behind ipool's back: the entry is stale, and its removal, judged on
     // the block being gone, is held on its way.
     let key = block_key.clone();
@@ -292,7 +260,7 @@ fn a_stale_index_entry_removed_late_spares_the_entry_of_a_block_restored() {
             .unwrap();
     });
     // Restored: the block and its entry are back.
-    restore(&mut etcd, &backup);
+    etcd.restore(&backup);
     with_store(&url, |s| async move {
         let judged = block_as_judged(block_key, 0);
         let dropped = s
@@ -464,7 +432,7 @@ fn pins_lost_by_a_restored_etcd_are_made_again_before_their_blocks_serve() {
     let plain = pod("n1", "plain", "p0", json!({}));
     add(&daemons[0], "p0", &plain);
     assert!(run(&daemons[0], "DEL", "p0", &plain).ok);
-    let backup = back_up(&mut etcd);
+    let backup = etcd.back_up();
     // After it: web-0 pinned in n1's block, then moved to n2.
     let web0 = json!({"annotations": {"ipool.io/fixed": "true"},
         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s1", "controller": true}]});
@@ -477,7 +445,7 @@ fn pins_lost_by_a_restored_etcd_are_made_again_before_their_blocks_serve() {
     // hear it, other writes carry its revision past every one they have seen (as the other
     // nodes' would): only their witnesses show them the restore.
     etcd.stop();
-    put_back(&etcd, &backup);
+    etcd.put_back(&backup);
     let signal = |sig: &str| {
         for d in &daemons {
             let pid = d.pid().to_string();

@@ -196,6 +196,30 @@ impl Etcd {
         }
     }
 
+    /// A copy of etcd's data directory, taken while etcd is stopped (a backup); etcd runs
+    /// again.
+    pub fn back_up(&mut self) -> tempfile::TempDir {
+        self.stop();
+        let backup = tempfile::tempdir().unwrap();
+        copy_dir(&self.dir.path().join("data"), backup.path());
+        self.spawn();
+        backup
+    }
+
+    /// etcd's data directory replaced by `backup` (etcd stopped): its data copied, so that
+    /// its revision goes back to the backup's and writes are numbered again from there.
+    pub fn put_back(&self, backup: &tempfile::TempDir) {
+        std::fs::remove_dir_all(self.dir.path().join("data")).unwrap();
+        copy_dir(&backup.path().join("data"), &self.dir.path().join("data"));
+    }
+
+    /// etcd restored from `backup`: stopped, its data put back, started again.
+    pub fn restore(&mut self, backup: &tempfile::TempDir) {
+        self.stop();
+        self.put_back(backup);
+        self.spawn();
+    }
+
     /// `ipoolctl cluster` against this etcd.
     pub fn ctl(&self, args: &[&str]) -> std::process::Output {
         Command::new(super::ipoolctl_bin())
@@ -268,4 +292,14 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp");
+    assert!(ok.success());
 }

@@ -6,7 +6,7 @@
 
 use super::nodes::SEEN_TTL_SECS;
 use super::pins::revision_of;
-use super::request::{self, cmp, op};
+use super::request::{self, op};
 use super::EtcdStore;
 use crate::cluster::pin::{Pin, PinRead};
 use crate::cluster::vocab::ClusterError;
@@ -34,9 +34,8 @@ impl EtcdStore {
             stale = Some(kv.lease);
         }
         let lease = self.client().lease_grant(SEEN_TTL_SECS).await?.id;
-        let pin_key = self.pin_key(&read.pin);
         let txn = request::txn(
-            [cmp::mod_revision(pin_key, cmp::Equal, version)],
+            self.as_read(read)?,
             [op::put(key, version.to_string(), lease)],
             [],
         );

@@ -11,8 +11,9 @@
 //! conditioned instead on the pool's key as read, made at `blockId` and excluding the range
 //! (a deletion of the pool, or a removal of the CIDR holding the range, is conditioned in turn
 //! on no such pin). A
-//! change or a deletion is conditioned on the pin's key as read (its mod revision); a
-//! deletion takes the owner's key with it.
+//! change or a deletion is conditioned on the pin's key as read (its mod revision and its
+//! value: an etcd restored with its data copied numbers writes again); a deletion takes the
+//! owner's key with it.
 
 use super::blocks::PAGE;
 use super::request::{self, cmp, op};
@@ -21,6 +22,7 @@ use crate::cluster::datastore::PinStore;
 use crate::cluster::ippool::NotSetAside;
 use crate::cluster::pin::{Pin, PinCreated, PinOwner, PinRead};
 use crate::cluster::vocab::ClusterError;
+use ipool_proto::etcd::etcdserverpb::Compare;
 use ipool_proto::etcd::mvccpb::KeyValue;
 
 impl EtcdStore {
@@ -108,10 +110,35 @@ impl EtcdStore {
                 ),
             });
         }
-        Ok(PinRead {
-            pin,
-            version: kv.mod_revision.to_string(),
-        })
+        // A value this version would not write the same (an older one's) is compared by its
+        // revision alone: a value compare on bytes it cannot make again would never pass.
+        let exact = serde_json::to_vec(&pin).is_ok_and(|v| v == kv.value);
+        let version = match exact {
+            true => kv.mod_revision.to_string(),
+            false => format!("{}{REVISION_ONLY}", kv.mod_revision),
+        };
+        Ok(PinRead { pin, version })
+    }
+
+    /// What a change of the pin `read` names is conditioned on: its key's mod revision, and
+    /// its value as read. An etcd restored from a backup with its data copied (no
+    /// `--bump-revision`) numbers its writes again from the backup's revision, so that a
+    /// change sent before the restore and landing after it (an `ipoolctl cluster unpin` given
+    /// up on) can find another pin written since on the revision it read.
+    pub(super) fn as_read(&self, read: &PinRead) -> Result<Vec<Compare>, ClusterError> {
+        let key = self.pin_key(&read.pin);
+        let mut when = vec![cmp::mod_revision(
+            key.clone(),
+            cmp::Equal,
+            revision_of(read)?,
+        )];
+        if !read.version.ends_with(REVISION_ONLY)
+            && !crate::bugs::on(crate::bugs::Bug::PinChangeOnRevisionOnly)
+        {
+            let value = serde_json::to_vec(&read.pin).expect("serializes");
+            when.push(cmp::value(key, cmp::Equal, value));
+        }
+        Ok(when)
     }
 
     async fn read_pin_key(&self, key: &str) -> Result<Option<PinRead>, ClusterError> {
@@ -132,11 +159,7 @@ impl EtcdStore {
         read.pin.check_change(pin)?;
         let key = self.pin_key(pin);
         let value = serde_json::to_vec(pin).expect("serializes");
-        let mut when = vec![cmp::mod_revision(
-            key.clone(),
-            cmp::Equal,
-            revision_of(read)?,
-        )];
+        let mut when = self.as_read(read)?;
         when.extend(also);
         let txn = request::txn(when, [op::put(key, value, 0)], []);
         let r = self.client().txn(txn).await?;
@@ -147,9 +170,14 @@ impl EtcdStore {
     }
 }
 
+/// Marks the version of a pin whose value this version would not write the same: its changes
+/// are conditioned on its revision alone.
+const REVISION_ONLY: &str = "r";
+
 /// A version this store wrote: etcd's mod revision.
 pub(super) fn revision_of(read: &PinRead) -> Result<i64, ClusterError> {
-    read.version.parse().map_err(|_| {
+    let digits = read.version.strip_suffix(REVISION_ONLY);
+    digits.unwrap_or(&read.version).parse().map_err(|_| {
         ClusterError::Refused(format!(
             "pin version {:?} is not an etcd revision (read from another store?)",
             read.version
@@ -244,11 +272,7 @@ impl PinStore for EtcdStore {
     async fn delete_pin(&self, read: &PinRead) -> Result<bool, ClusterError> {
         let key = self.pin_key(&read.pin);
         let txn = request::txn(
-            [cmp::mod_revision(
-                key.clone(),
-                cmp::Equal,
-                revision_of(read)?,
-            )],
+            self.as_read(read)?,
             [
                 op::delete(key),
                 op::delete(self.pin_owner_key(&read.pin.owner)),

@@ -280,6 +280,12 @@ impl ClusterNode {
         self.known_pins(|p| p.holders.is_empty())
     }
 
+    /// How many pins of `owner` are known here (more than one: a second pin, on the
+    /// Kubernetes API, of a creation that landed late).
+    pub fn pins_known_of(&self, owner: &crate::cluster::pin::PinOwner) -> usize {
+        self.known_pins(|p| &p.owner == owner).len()
+    }
+
     fn known_pins(&self, keep: impl Fn(&Pin) -> bool) -> Vec<Pin> {
         let book = self.pins.lock().expect("pins lock");
         book.pools

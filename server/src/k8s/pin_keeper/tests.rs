@@ -6,7 +6,7 @@ fn hold(ordinal: u32, uid: &str) -> HoldKey {
         name: "web".into(),
         ordinal,
     };
-    (owner, uid.to_string())
+    (owner, uid.to_string(), "10.0.0.1".parse().unwrap())
 }
 
 /// A hold is let go once the keeper has seen it unused for the grace, by its own clock:

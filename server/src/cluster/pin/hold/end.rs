@@ -5,15 +5,26 @@
 //! may have two pins for a while (one pin per owner is not one write there), and the one a
 //! lookup by owner finds first need not be it.
 
+use std::net::IpAddr;
+
 use super::{Holds, Refused, ATTEMPTS};
 use crate::cluster::pin::{Pin, PinOwner, PinRead};
 
 impl Holds {
-    /// Undoes a pin this node just made for the pod of uid `uid` whose ADD then failed: deleted
-    /// while that pod is its only holder (else this node's hold ends, as at a DEL).
-    pub async fn withdraw(&self, owner: &PinOwner, uid: &str) -> Result<(), Refused> {
+    /// Undoes the pin of `address` this node just made for the pod of uid `uid` whose ADD then
+    /// failed: deleted while that pod is its only holder (else this node's hold ends, as at a
+    /// DEL).
+    pub async fn withdraw(
+        &self,
+        owner: &PinOwner,
+        uid: &str,
+        address: IpAddr,
+    ) -> Result<(), Refused> {
         let me = self.node.name().to_string();
         for read in self.pins_of(owner).await? {
+            if read.pin.address != address {
+                continue;
+            }
             let only_this =
                 matches!(read.pin.holders.as_slice(), [only] if only.node == me && only.uid == uid);
             if only_this && self.delete(&read).await? {
@@ -25,12 +36,20 @@ impl Holds {
     }
 
     /// Ends this node's hold for the pod of uid `uid` on each of `owner`'s pins that has it
-    /// (its DEL; the keeper's let-go of a hold nothing uses). Nothing to do when none has.
-    pub async fn let_go(&self, owner: &PinOwner, uid: &str) -> Result<(), Refused> {
+    /// and that `which` picks (its DEL: those whose address no other attachment here holds;
+    /// an ADD undone, or the keeper: the one it judged). Nothing to do when none has.
+    pub async fn let_go(
+        &self,
+        owner: &PinOwner,
+        uid: &str,
+        which: impl Fn(&Pin) -> bool,
+    ) -> Result<(), Refused> {
         let me = self.node.name().to_string();
         let mut pins = self.pins_of(owner).await?;
         if crate::bugs::on(crate::bugs::Bug::OwnersFirstPinOnly) {
             pins.truncate(1);
+        } else {
+            pins.retain(|r| which(&r.pin));
         }
         for read in pins {
             self.let_go_of(read, &me, uid).await?;
@@ -94,6 +113,28 @@ impl Holds {
             true => Ok(false),
             false => Ok(self.delete(&read).await?),
         }
+    }
+
+    /// Deletes the pin `pin` names if, read now at its address, it is still that pin, nobody
+    /// holds it, and its owner has another pin that is held or that a lookup by owner finds
+    /// first: of an owner's two pins (on the Kubernetes API, a creation that landed late in a
+    /// block still standing), the one no pod of the owner takes. True: deleted.
+    pub async fn end_second(&self, pin: &Pin) -> Result<bool, Refused> {
+        let pins = self.pins_of(&pin.owner).await?;
+        let at = |same: bool| {
+            pins.iter()
+                .position(|r| (r.pin.address == pin.address) == same)
+        };
+        let (Some(this), Some(other)) = (at(true), at(false)) else {
+            return Ok(false);
+        };
+        if other > this && pins[other].pin.holders.is_empty() {
+            return Ok(false);
+        }
+        let Some(read) = self.unheld_as_known(pin).await? else {
+            return Ok(false);
+        };
+        Ok(self.delete(&read).await?)
     }
 
     /// The pin stored at `pin`'s address, if it is still that pin (made in the same block)
