@@ -11,7 +11,8 @@
 //!   by nobody that a lookup by owner does not find first (or whose twin is held) is deleted;
 //! - a pin held by nobody, void in a block of this node's (made in the block its address lay
 //!   in before this node claimed it: a creation that landed late, a forced release), is
-//!   deleted once the store confirms it: it pins nothing, and would keep the block here.
+//!   deleted once the store confirms its block does not stand as made: it pins nothing, and
+//!   would keep the block here.
 //!
 //! Each pin is read again at its address before it ends: on the Kubernetes API an owner may
 //! have two pins for a while (one pin per owner is not one write there).
@@ -213,7 +214,7 @@ pub async fn end_gone_owners(
 }
 
 /// Void pins nobody holds, in this node's blocks: each ended once the store confirms its
-/// block no longer stands as the pin was made in.
+/// block no longer stands as the pin was made in (another, or none).
 async fn end_void(holds: &Holds, void: Vec<Pin>) {
     for pin in void {
         match holds.end_void(&pin).await {
