@@ -206,6 +206,15 @@ impl Holds {
             .await
     }
 
+    /// Whether `pin`'s block stands as the pin was made in (for an address set aside, its
+    /// pool), as the store says now.
+    async fn block_stands(&self, pin: &Pin) -> Result<bool, ClusterError> {
+        let p = pin.clone();
+        self.node
+            .call("pin_block", |s| async move { s.pin_block_stands(&p).await })
+            .await
+    }
+
     async fn pins_of(&self, owner: &PinOwner) -> Result<Vec<PinRead>, ClusterError> {
         let o = owner.clone();
         self.node
@@ -310,11 +319,7 @@ impl Holds {
                 continue;
             };
             // A pin counts only while its block stands as it was made in.
-            let p = written.pin.clone();
-            let stands = self
-                .node
-                .call("pin_block", |s| async move { s.pin_block_stands(&p).await })
-                .await?;
+            let stands = self.block_stands(&written.pin).await?;
             if !stands {
                 // Not this node's alone to delete while another holds it (deploy/'s admission
                 // policy refuses it, and the holder's pod may still use the address): its own
@@ -555,11 +560,7 @@ impl Holds {
         if pinnable {
             return Ok(false);
         }
-        let p = read.pin.clone();
-        let stands = self
-            .node
-            .call("pin_block", |s| async move { s.pin_block_stands(&p).await })
-            .await?;
+        let stands = self.block_stands(&read.pin).await?;
         if stands {
             return Err(Refused::Held {
                 pool: read.pin.pool.clone(),

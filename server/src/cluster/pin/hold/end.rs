@@ -104,12 +104,7 @@ impl Holds {
         let Some(read) = self.unheld_as_known(pin).await? else {
             return Ok(false);
         };
-        let p = read.pin.clone();
-        let stands = self
-            .node
-            .call("pin_block", |s| async move { s.pin_block_stands(&p).await })
-            .await?;
-        match stands {
+        match self.block_stands(&read.pin).await? {
             true => Ok(false),
             false => Ok(self.delete(&read).await?),
         }
