@@ -295,6 +295,36 @@ pub enum Bug {
     /// was) in a block of its node's: the node kept the address out, and the block from going
     /// back, for good once the pin's owner was gone (nobody's ADD came to find it void).
     VoidPinsKept,
+    /// The pin keeper left an owner's second pin nobody holds (a creation an ADD gave up on,
+    /// landed late in a block that still stands) while the owner lived: its address was kept
+    /// out, and its block from going back, for as long as the owner lived (found by a review
+    /// of finding 34, session 41; judged by the simulation's L3 second-pin rule since session
+    /// 42).
+    SecondPinsKept,
+    /// On the Kubernetes API another node took over, or shared as a migration's target, a
+    /// hold of a pin whose node had never confirmed it: the pin's creation, sent by an ADD
+    /// that gave up before its daemon was killed, landed 8 s later, after the daemon started
+    /// again and had handed the address to another pod, unaware; once that node was gone, a
+    /// pod of the pin's owner on another node got the address too (found by the simulation
+    /// at seed 106 000 006 223 of session 42's search).
+    LatePinTakenOver,
+    /// The pin keeper left a pin held by its node alone whose address the node's engine held
+    /// for another pod (the pin's creation landed after its ADD had failed, once the address
+    /// had gone to that pod): the hold, its address in use, was never let go, and the owner's
+    /// pods were refused everywhere for as long as that pod ran (session 42, by reading
+    /// finding 37; judged by the simulation's L3 rule on misheld pins).
+    MisheldPinsKept,
+    /// On the Kubernetes API a takeover measured a node's absence by the apiserver's stamps
+    /// alone: after the apiserver's clock stepped forward 15 s, a node that had renewed its
+    /// Lease 5 s before looked away past its fence, and a pod of a VM made again took over
+    /// its hold while the old launcher ran there (found by the simulation at seed
+    /// 35 000 002 239 of session 42, with VMs' instances made again).
+    AwayByStampsOnly,
+    /// The release of departed nodes left an owner's second pin nobody held in a departed
+    /// node's block while the owner lived (its pods took the other): the block, kept for the
+    /// pin, was stranded for as long as the owner lived (found by the simulation's L3
+    /// second-pin rule at seed 36 000 001 237 of session 42's search).
+    DepartedSecondPinsKept,
     /// A pool's change (ipoolctl's add-cidr, set-node-selector, ...) was conditioned on the
     /// pool's mod revision alone: etcd restored from a backup with its data copied numbered
     /// its writes again from the backup's revision, and a set-node-selector given up on,
@@ -362,6 +392,11 @@ impl Bug {
         Bug::GcIgnoresRuntime,
         Bug::OwnersFirstPinOnly,
         Bug::VoidPinsKept,
+        Bug::SecondPinsKept,
+        Bug::LatePinTakenOver,
+        Bug::MisheldPinsKept,
+        Bug::AwayByStampsOnly,
+        Bug::DepartedSecondPinsKept,
         Bug::PoolChangeOnRevisionOnly,
         Bug::PinChangeOnRevisionOnly,
         Bug::IndexDroppedByRevision,
@@ -428,6 +463,11 @@ impl Bug {
             Bug::GcIgnoresRuntime => "gc-ignores-runtime",
             Bug::OwnersFirstPinOnly => "owners-first-pin-only",
             Bug::VoidPinsKept => "void-pins-kept",
+            Bug::SecondPinsKept => "second-pins-kept",
+            Bug::LatePinTakenOver => "late-pin-taken-over",
+            Bug::MisheldPinsKept => "misheld-pins-kept",
+            Bug::AwayByStampsOnly => "away-by-stamps-only",
+            Bug::DepartedSecondPinsKept => "departed-second-pins-kept",
             Bug::PoolChangeOnRevisionOnly => "pool-change-on-revision-only",
             Bug::PinChangeOnRevisionOnly => "pin-change-on-revision-only",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",

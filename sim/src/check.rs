@@ -27,6 +27,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 mod kept;
+#[cfg(test)]
+mod tests;
 pub use kept::Kept;
 
 /// A pod as the kubelet knows it.
@@ -43,6 +45,8 @@ pub struct Pod {
     pub excused: Option<String>,
     /// The owner of its fixed address (`crate::fixed`), if it has one.
     pub owner: Option<String>,
+    /// A VM launcher's instance (its VMI's uid).
+    pub instance: Option<String>,
 }
 
 /// A block as the store lists it: its CIDR, its owner, its pool.
@@ -61,19 +65,30 @@ pub struct Checker {
 
 impl Checker {
     /// Who holds `ip` now, besides `container` and the pods that may share it with a pod of
-    /// `owner` (two launchers of one VM, migrating).
-    fn holders(&self, ip: IpAddr, container: &str, owner: Option<&str>) -> Vec<(&String, &Pod)> {
+    /// `owner` of VM instance `instance` (two launchers of one VM's instance, migrating).
+    fn holders(
+        &self,
+        ip: IpAddr,
+        container: &str,
+        (owner, instance): (Option<&str>, Option<&str>),
+    ) -> Vec<(&String, &Pod)> {
         self.pods
             .iter()
             .filter(|(c, p)| c.as_str() != container && p.ips.contains(&ip))
-            .filter(|(_, p)| !crate::owners::may_share(owner, p.owner.as_deref()))
+            .filter(|(_, p)| {
+                !crate::owners::may_share(
+                    (owner, instance),
+                    (p.owner.as_deref(), p.instance.as_deref()),
+                )
+            })
             .collect()
     }
 
     /// An ADD of `container` on slot `slot` (node `node`) answered with `ips` at `at`, the
     /// store's blocks as they are; `excuse` says why a hand-out of an address is the
     /// operator's doing, if it is, and `excused` why the pod's addresses are (see the module).
-    /// A pod with a fixed address (`owner`) may be served those of `hosted` outside its node's
+    /// A pod with a fixed address (`owner`, with its VM instance if it is a launcher) may be
+    /// served those of `hosted` outside its node's
     /// blocks (the store's pins keep them for it, held here), and outside every block if the
     /// pool sets them aside.
     #[allow(clippy::too_many_arguments)]
@@ -87,13 +102,15 @@ impl Checker {
         blocks: &[StoreBlock],
         excuse: impl Fn(IpAddr) -> Option<String>,
         mut excused: Option<String>,
-        owner: Option<String>,
+        owned: Option<(String, Option<String>)>,
         hosted: &[IpAddr],
         set_aside: bool,
     ) -> Result<(), String> {
+        let (owner, instance) = owned.unzip();
+        let instance = instance.flatten();
         for ip in &ips {
             let window = excuse(*ip);
-            for (c, p) in self.holders(*ip, container, owner.as_deref()) {
+            for (c, p) in self.holders(*ip, container, (owner.as_deref(), instance.as_deref())) {
                 if !self.may_take(c, p.excused.is_some(), owner.as_deref()) && window.is_none() {
                     return Err(format!(
                         "{ip} handed out to {container} on {node} (slot {slot}) while {c} on {} (slot {}) holds it since {} ms",
@@ -137,6 +154,7 @@ impl Checker {
                 at,
                 excused,
                 owner,
+                instance,
             },
         );
         Ok(())
@@ -153,6 +171,17 @@ impl Checker {
         self.pods.retain(|_, p| p.slot != slot);
         let pods = &self.pods;
         self.protected.retain(|c| pods.contains_key(c));
+    }
+
+    /// The pods `containers` are the operator's doing (`why`).
+    pub fn excuse_pods(&mut self, containers: &[String], why: &str) {
+        for c in containers {
+            if let Some(p) = self.pods.get_mut(c) {
+                p.excused.get_or_insert_with(|| why.to_string());
+            }
+            self.protected.remove(c);
+            self.kept.retain(|k| &k.container != c);
+        }
     }
 
     /// The pods of `node` until now are the operator's doing (`why`).

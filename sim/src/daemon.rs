@@ -320,6 +320,8 @@ impl Daemon {
         )
         .map_err(|e| format!("the engine does not start: {e}"))?;
         cluster.start(&ipam);
+        // As ipoold does: the holds of pins it confirms are those its engine holds.
+        node.set_attachments(ipam.holds_for_weakly());
         let holds = setting
             .pins
             .then(|| Holds::new(node.clone()).with_migrations(Arc::new(crate::owners::Migrating)));
@@ -352,12 +354,13 @@ impl Daemon {
 
     /// An ADD of `container` (a pod of its own), asking for the addresses `requested` (CNI
     /// args' `IP=`: none, or one), its outcome pushed to `done`. `fixed`: the pod's address
-    /// is fixed for that owner (`ipool.io/fixed`), and the pod is named `pod`.
+    /// is fixed for that owner (`ipool.io/fixed`), the pod is named `pod`, and a VM's
+    /// launcher is of `instance`.
     pub fn add(
         &mut self,
         container: &str,
         requested: Vec<IpAddr>,
-        fixed: Option<(PinOwner, String)>,
+        fixed: Option<(PinOwner, String, Option<String>)>,
         done: &Arc<Mutex<Vec<Done>>>,
     ) {
         let (ipam, done, id) = (self.ipam.clone(), done.clone(), self.id);
@@ -366,7 +369,9 @@ impl Daemon {
         let container = container.to_string();
         self.calls.push(tokio::spawn(async move {
             let before = node.pool_reserved(crate::POOL);
-            let name = fixed.as_ref().map_or(container.clone(), |(_, p)| p.clone());
+            let name = fixed
+                .as_ref()
+                .map_or(container.clone(), |(_, p, _)| p.clone());
             let req = AddRequest {
                 key: key(&container),
                 pod: Pod {
@@ -383,11 +388,11 @@ impl Daemon {
                 fixed: false,
             };
             let reply = match (fixed, &holds) {
-                (Some((owner, _)), Some(holds)) => {
+                (Some((owner, _, instance)), Some(holds)) => {
                     let fixed = ipool_server::service::fixed::FixedFor {
                         chosen: crate::owners::chosen(&owner, set_aside),
-                        instance: crate::owners::instance(&owner),
-                        migration: crate::owners::instance(&owner).map(|_| "m".to_string()),
+                        migration: instance.as_ref().map(|_| "m".to_string()),
+                        instance,
                         owner,
                     };
                     ipool_server::service::fixed::add(&ipam, holds, req, fixed).await

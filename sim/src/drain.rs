@@ -52,8 +52,12 @@ impl World {
                     decided,
                     reserved,
                 } => {
-                    let Some(Adding { slot, syncs, owner }) =
-                        self.kubelet.adding.remove(&container)
+                    let Some(Adding {
+                        slot,
+                        syncs,
+                        owner,
+                        instance,
+                    }) = self.kubelet.adding.remove(&container)
                     else {
                         continue;
                     };
@@ -114,6 +118,16 @@ impl World {
                                 &ips,
                                 &excuses,
                             )?;
+                            let past = self.force_deleted_past_fence(owner.as_ref(), &ips);
+                            if !past.is_empty() {
+                                self.note(format!(
+                                    "excused: {past:?}, force-deleted on a node past its fence, whose owner's next pod {container} takes the fixed address over"
+                                ));
+                            }
+                            self.checker.excuse_pods(
+                                &past,
+                                "force-deleted while its sandbox ran, on a node past its fence: its owner's next pod took its fixed address over (Kubernetes' force deletion is the operator's word that it no longer runs; docs/cluster-mode.md)",
+                            );
                             self.checker.added(
                                 slot,
                                 &node,
@@ -123,7 +137,7 @@ impl World {
                                 &blocks,
                                 excuse,
                                 named,
-                                owner.map(|o| o.to_string()),
+                                owner.map(|o| (o.to_string(), instance)),
                                 &hosted,
                                 set_aside,
                             )?;
@@ -217,6 +231,36 @@ impl World {
             ));
         }
         Ok(held)
+    }
+
+    /// The pods of `owner` holding one of `ips` that were force-deleted from the apiserver
+    /// while their sandboxes run (`crate::pod_gc`), on a node whose name no daemon has renewed
+    /// for longer than its fence: a pod of the owner may take their pinned address over (its
+    /// node judged gone), as for a StatefulSet's pod or a VM's instance made again.
+    fn force_deleted_past_fence(&self, owner: Option<&PinOwner>, ips: &[IpAddr]) -> Vec<String> {
+        let Some(owner) = owner.map(|o| o.to_string()) else {
+            return Vec::new();
+        };
+        let now = self.ms();
+        let renewed = |node: &str| {
+            self.slots
+                .iter()
+                .filter(|s| s.name == node)
+                .flat_map(|s| s.renewals.iter().copied())
+                .max()
+                .unwrap_or(0)
+        };
+        self.checker
+            .pods
+            .iter()
+            .filter(|(c, p)| {
+                self.pod_gc.force_deleted.contains(*c)
+                    && p.owner.as_deref() == Some(owner.as_str())
+                    && p.ips.iter().any(|ip| ips.contains(ip))
+                    && now.saturating_sub(renewed(&p.node)) > crate::FENCE_MS
+            })
+            .map(|(c, _)| c.clone())
+            .collect()
     }
 
     /// The slot whose running daemon is incarnation `daemon`.

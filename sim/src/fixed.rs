@@ -78,7 +78,7 @@ pub(crate) fn keep_pins_on(w: &mut World, i: usize) {
 }
 
 /// The slots of `owner`'s pods that run (answered, not excused) and of those on their way.
-fn pods_of(w: &World, owner: &PinOwner) -> (Vec<usize>, usize) {
+pub(crate) fn pods_of(w: &World, owner: &PinOwner) -> (Vec<usize>, usize) {
     let shown = owner.to_string();
     let live = w
         .checker

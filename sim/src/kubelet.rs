@@ -13,6 +13,8 @@ pub(crate) struct Adding {
     pub syncs: [u64; 4],
     /// The owner of its fixed address, if it has one.
     pub owner: Option<ipool_server::cluster::pin::PinOwner>,
+    /// A VM launcher's instance (its VMI's uid).
+    pub instance: Option<String>,
 }
 
 /// The kubelets' side of the run.

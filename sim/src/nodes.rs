@@ -61,12 +61,14 @@ pub(crate) fn add_pod(
     w.kubelet.next_container += 1;
     let c = format!("c{}", w.kubelet.next_container);
     let syncs = w.pool_sync_counts(i).unwrap_or([0; 4]);
+    let instance = owner.as_ref().and_then(|o| w.pod_gc.instance(o));
     w.kubelet.adding.insert(
         c.clone(),
         crate::kubelet::Adding {
             slot: i,
             syncs,
             owner: owner.clone(),
+            instance: instance.clone(),
         },
     );
     let done = w.done.clone();
@@ -85,7 +87,7 @@ pub(crate) fn add_pod(
         w.pod_gc.name(&c, &pod);
         // The controller deleted a pod of that name left Failed before it made this one.
         w.pod_gc.failed.retain(|_, (name, _)| *name != pod);
-        (o, pod)
+        (o, pod, instance)
     });
     if let Some(d) = w.slots[i].daemon.as_mut() {
         d.add(&c, requested, fixed, &done);

@@ -88,25 +88,36 @@ pub(crate) fn pinned_for(
         .collect()
 }
 
-/// Whether two pods of these owners may hold one address: two launchers of one VM.
-pub(crate) fn may_share(a: Option<&str>, b: Option<&str>) -> bool {
+/// Whether two pods of these owners, of these VM instances, may hold one address: two
+/// launchers of one VM's instance (a live migration; an instance made again under the VM's
+/// name is another VM as far as its address goes, until the old launcher is gone).
+pub(crate) fn may_share(
+    (a, a_instance): (Option<&str>, Option<&str>),
+    (b, b_instance): (Option<&str>, Option<&str>),
+) -> bool {
     match (a, b) {
-        (Some(a), Some(b)) => a == b && a.starts_with("VirtualMachine/"),
+        (Some(a), Some(b)) => {
+            a == b && a.starts_with("VirtualMachine/") && a_instance == b_instance
+        }
         _ => false,
     }
 }
 
-/// A VM's instance (one per VM: the simulation never makes one again under its name).
-pub(crate) fn instance(owner: &PinOwner) -> Option<String> {
-    match owner {
-        PinOwner::VirtualMachine { name, .. } => Some(format!("vmi-{name}")),
-        PinOwner::StatefulSet { .. } => None,
+/// A VM's instance (its VirtualMachineInstance's uid): the first one's, or, once KubeVirt
+/// made it again under the VM's name `made_again` times (`crate::pod_gc::remake_vmi`), that
+/// one's.
+pub(crate) fn instance(owner: &PinOwner, made_again: u32) -> Option<String> {
+    match (owner, made_again) {
+        (PinOwner::VirtualMachine { name, .. }, 0) => Some(format!("vmi-{name}")),
+        (PinOwner::VirtualMachine { name, .. }, n) => Some(format!("vmi-{name}-{n}")),
+        (PinOwner::StatefulSet { .. }, _) => None,
     }
 }
 
-/// KubeVirt as the simulation plays it: a second launcher pod of a VM is made only by
-/// `crate::fixed::migrate`, so each is the target of a migration KubeVirt shows (every launcher carries
-/// the label; the first one's ADD never asks).
+/// KubeVirt as the simulation plays it: a second launcher pod of a VM's instance is made only
+/// by `crate::fixed::migrate`, so each is the target of a migration KubeVirt shows (every
+/// launcher carries the label; the first one's ADD never asks). A launcher of an instance
+/// made again is no migration's: the label does not make it one, its instance's uid differs.
 pub(crate) struct Migrating;
 
 #[async_trait::async_trait]

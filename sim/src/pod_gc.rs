@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use ipool_server::cluster::pin::PinOwner;
 use ipool_server::k8s::cri::{CriUnanswered, SandboxPod};
 use ipool_server::k8s::gc::{PodLookup, Sandboxes};
 use ipool_server::k8s::pods::PodGetFailed;
@@ -215,9 +216,10 @@ fn live_pod(w: &mut World, force_deleted: bool) -> Option<(String, usize)> {
         .pods
         .iter()
         .filter(|(c, _)| w.pod_gc.force_deleted.contains(*c) == force_deleted)
-        // A VM's launcher is not force-deleted: its VMI made again under its name is not
-        // simulated (the world's KubeVirt would take the next launcher for a migration's).
-        .filter(|(c, _)| !w.pod_name(c).starts_with("virt-launcher-"))
+        // A VM's launcher is force-deleted only with its VMI made again (`remake_vmi`): the
+        // world's KubeVirt would take the next launcher of the same instance for a
+        // migration's target.
+        .filter(|(c, _)| force_deleted || !w.pod_name(c).starts_with("virt-launcher-"))
         .filter(|(c, _)| !w.kubelet.dels.contains_key(*c) && !w.kubelet.owed.contains_key(*c))
         .map(|(c, p)| (c.clone(), p.slot))
         .collect();
@@ -248,8 +250,13 @@ fn vanish(w: &mut World, c: &str, slot: usize) {
 }
 
 /// A step of the pods' part: a GC check (half the time), a sandbox gone without its DEL, a
-/// pod force-deleted while its sandbox runs, or the sandbox of one force-deleted ending.
+/// pod force-deleted while its sandbox runs, or the sandbox of one force-deleted ending; in
+/// the runs that make VMs' instances again, one step in four that.
 pub(crate) fn step(w: &mut World) -> Result<(), String> {
+    if w.opts.remade_vmis && w.choices.pick(4) == 0 {
+        remake_vmi(w);
+        return Ok(());
+    }
     match w.choices.pick(8) {
         0..=3 => {
             if let Some(i) = crate::nodes::running(w) {
@@ -277,6 +284,46 @@ pub(crate) fn step(w: &mut World) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// KubeVirt makes a VM's instance again under its name: its launcher pod (picked among the
+/// VMs' that run alone, their VMs not gone) is force-deleted while its sandbox runs (a node
+/// cut off, a remediation), the VirtualMachineInstance goes with it, and the VM's controller
+/// makes a new one (another uid) with a launcher the scheduler puts on a node it picks
+/// (possibly the same), whose ADD is sent now. That launcher is no migration's target: it may
+/// not share the address with the old one, which still runs (the checker: `may_share`).
+pub(crate) fn remake_vmi(w: &mut World) {
+    let launchers: Vec<(String, usize, PinOwner)> = w
+        .checker
+        .pods
+        .iter()
+        .filter(|(c, p)| {
+            p.excused.is_none()
+                && !w.pod_gc.force_deleted.contains(*c)
+                && !w.kubelet.dels.contains_key(*c)
+                && !w.kubelet.owed.contains_key(*c)
+        })
+        .filter_map(|(c, p)| {
+            let owner = PinOwner::parse(p.owner.as_deref()?).ok()?;
+            owner.is_vm().then(|| (c.clone(), p.slot, owner))
+        })
+        .filter(|(_, _, o)| crate::fixed::owner_gone(w, o).is_none())
+        .filter(|(_, _, o)| crate::fixed::pods_of(w, o).0.len() == 1)
+        .collect();
+    if launchers.is_empty() {
+        return;
+    }
+    let (c, slot, owner) = launchers[w.choices.pick(launchers.len() as u32) as usize].clone();
+    let Some(i) = crate::nodes::running(w) else {
+        return;
+    };
+    w.note(format!(
+        "{c}, {owner}'s launcher on {}, force-deleted while its sandbox runs: KubeVirt makes its instance again, with a launcher on {}",
+        w.slots[slot].name, w.slots[i].name
+    ));
+    w.pod_gc.force_deleted.insert(c);
+    *w.pod_gc.vmis.entry(owner.to_string()).or_default() += 1;
+    crate::nodes::add_pod(w, i, Vec::new(), Some(owner));
 }
 
 /// The sandbox of `c` (force-deleted) ends: the kubelet's DEL, or (`may_vanish`, one time in

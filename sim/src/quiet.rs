@@ -114,6 +114,7 @@ impl World {
         let mut held = Vec::new();
         let stored = self.shared.pins();
         let mut void_known = Vec::new();
+        let mut misheld = Vec::new();
         for s in &self.slots {
             let Some(d) = &s.daemon else { continue };
             if !holders.contains(&(s.name.clone(), s.instance_id())) {
@@ -142,9 +143,23 @@ impl World {
                     .filter(void)
                     .map(|p| (s.name.clone(), p)),
             );
+            // Held by this node alone, its address another pod's here.
+            for p in &stored {
+                if p.holders.is_empty() || p.holders.iter().any(|h| h.node != s.name) {
+                    continue;
+                }
+                let other = d.held_anywhere().into_iter().find(|(c, ips)| {
+                    ips.contains(&p.address)
+                        && !p.holders.iter().any(|h| h.uid == format!("uid-{c}"))
+                });
+                if let Some((c, _)) = other {
+                    misheld.push((s.name.clone(), p.clone(), c));
+                }
+            }
         }
         Picture {
             void_known,
+            misheld,
             blocks: self.shared.blocks(),
             serving,
             held,
@@ -325,6 +340,8 @@ pub(crate) async fn quiet(w: &mut World) -> Result<(), String> {
         });
     }
     settled::void_pins_kept(&picture)?;
+    settled::second_pins(&picture)?;
+    settled::misheld_pins(&picture)?;
     settled::pins_of_gone_owners(&picture).map_err(|e| {
         let books: Vec<String> = w
             .slots

@@ -16,7 +16,8 @@ use crate::{run, Bug, Options, Outcome, StoreKind};
 /// nodes is the CronJob's ([`Options::cronjob`]), and in half of those (40 to 43, 168 to 171,
 /// ...) nodes are labelled and the pool gets a nodeSelector ([`Options::labels`]); in six
 /// groups the swarm may make races on purpose ([`Options::races`]); in half of three of those
-/// the pod GC checks and pods end without a DEL ([`Options::pod_gc`]).
+/// the pod GC checks and pods end without a DEL ([`Options::pod_gc`]), and in half of those
+/// VMs' instances are made again under their names ([`Options::remade_vmis`]).
 pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
     let store = match seed % 2 {
         0 => StoreKind::Etcd,
@@ -34,6 +35,9 @@ pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
     // The pod GC and the runtime's part in half of groups 6, 7 and 15 (those of the kept
     // runs replay as they were kept: none is of these halves).
     o.pod_gc = matches!((seed / 4) % 16, 6 | 7 | 15) && matches!((seed / 64) % 4, 1 | 2);
+    // VM instances made again in half of those (the kept run with the pod GC, seed 856, is
+    // not of this half).
+    o.remade_vmis = o.pod_gc && (seed / 256).is_multiple_of(2);
     // Races made on purpose where the swarm picks them (a quarter of these groups' runs):
     // groups 3, 4, 6, 7 (crowded), 10 (the CronJob's) and 15, in which no hunt of `cargo
     // test` finds its closed path, so the hunts' seeds run as they did before races were made.

@@ -11,7 +11,8 @@
 //! - L2 (a node gone): no block belongs to a node no daemon holds the name of, but one a pin
 //!   of an owner that is not gone keeps;
 //! - L3 (a pin of a gone owner): no pin remains whose owner is gone, nor a void pin nobody
-//!   holds that a live node keeps in a block of its own;
+//!   holds that a live node keeps in a block of its own, nor an owner's second pin, nor a pin
+//!   held by a live node alone whose address it gives another pod;
 //! - L4 (a stuck ADD): an ADD on every live node succeeds while its pool has a free block;
 //! - L5 (a pool half made, half deleted or half changed): no pool stays Pending, marked
 //!   Deleting or with a CIDR marked on its way in or out once the operator ran the command
@@ -46,6 +47,9 @@ pub struct Picture {
     /// The pools the store shows Pending, marked Deleting, or with a CIDR marked on its way in
     /// or out.
     pub deleting: Vec<String>,
+    /// The store's pins held by a live node alone whose daemon holds their address for a pod
+    /// none of their holds is of: node, the pin, that pod's container.
+    pub misheld: Vec<(String, Pin, String)>,
 }
 
 /// L1 and L2: no block of a gone node, none its node does not serve, no address held for a
@@ -108,6 +112,48 @@ pub fn void_pins_kept(p: &Picture) -> Result<(), String> {
         Some((node, pin)) => Err(format!(
             "L3: the pin of {} for {}, void (made in block {} as it no longer stands), held by nobody, stays in {node}'s block: its address and the block are kept for nothing",
             pin.address, pin.owner, pin.block
+        )),
+        None => Ok(()),
+    }
+}
+
+/// L3, second pins: no owner that is not gone has two pins that count, one of them held by
+/// nobody. Its pods take one (an owner has one address); the other keeps its address out, and
+/// its block from going back, for nothing, for as long as the owner lives. (Two held: two of
+/// its pods run, each on its own, as after an operator's error; each ends with its pod.)
+pub fn second_pins(p: &Picture) -> Result<(), String> {
+    let mut seen: BTreeMap<String, &Pin> = BTreeMap::new();
+    for (pin, _) in p.pins.iter().filter(|(_, gone)| gone.is_none()) {
+        let Some(first) = seen.insert(pin.owner.to_string(), pin) else {
+            continue;
+        };
+        if !first.holders.is_empty() && !pin.holders.is_empty() {
+            continue;
+        }
+        return Err(format!(
+            "L3: {} has two pins, {} (block {}, held by {:?}) and {} (block {}, held by {:?}): the one its pods do not take keeps its address out for nothing",
+            pin.owner,
+            first.address,
+            first.block,
+            first.holders.iter().map(|h| &h.node).collect::<Vec<_>>(),
+            pin.address,
+            pin.block,
+            pin.holders.iter().map(|h| &h.node).collect::<Vec<_>>()
+        ));
+    }
+    Ok(())
+}
+
+/// L3, misheld pins: no pin held by a live node alone stays while its address is another
+/// pod's there (a creation that landed after its ADD had failed): the owner's pods are refused
+/// everywhere for as long as that pod runs.
+pub fn misheld_pins(p: &Picture) -> Result<(), String> {
+    match p.misheld.first() {
+        Some((node, pin, container)) => Err(format!(
+            "L3: the pin of {} for {} stays held by {node} for {:?}, though {node} gives the address to {container}: the owner's pods are refused for as long as {container} runs",
+            pin.address,
+            pin.owner,
+            pin.holders.iter().map(|h| &h.uid).collect::<Vec<_>>()
         )),
         None => Ok(()),
     }

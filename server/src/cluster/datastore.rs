@@ -129,6 +129,17 @@ pub trait NameStore: Send + Sync {
     async fn node_away(&self, node: &str, _me: &str) -> Result<NodeState, ClusterError> {
         self.node_state(node).await
     }
+    /// Says which holds of pins `beat`'s daemon confirms now ([`NodeState::confirms`]), for
+    /// its next renewal to carry (the apiserver: an annotation of its Lease, no request of its
+    /// own). Default (etcd): nothing is kept; there a creation sent before the daemon's last
+    /// landed write cannot land.
+    async fn confirm_holds(
+        &self,
+        _beat: &Heartbeat,
+        _holds: Vec<String>,
+    ) -> Result<(), ClusterError> {
+        Ok(())
+    }
     /// Says how many addresses `beat`'s node has in use now, for `ipoolctl cluster nodes`
     /// (etcd: a key on the heartbeat's `seen` lease; the apiserver: an annotation its next
     /// renewal writes, no request of its own).

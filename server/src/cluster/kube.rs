@@ -106,6 +106,8 @@ pub struct KubeStore {
     /// Leases this process holds, as its last write left them: renewed on that
     /// resourceVersion, without a read (one only after a conflict).
     held: Arc<Mutex<HashMap<String, k8s_openapi::api::coordination::v1::Lease>>>,
+    /// The holds of pins each held Lease's next renewal confirms (its annotation's value).
+    confirms: Arc<Mutex<HashMap<String, String>>>,
     field_manager: String,
     /// The watches' blocks and pools: over a client whose read deadline is longer than a
     /// watch lasts (see [`KubeStore::with_watch_client`]).
@@ -147,6 +149,7 @@ impl KubeStore {
             urgent: false,
             observed: Arc::default(),
             held: Arc::default(),
+            confirms: Arc::default(),
             field_manager: field_manager.to_string(),
         };
         store.token().await;

@@ -156,6 +156,16 @@ pub struct Holder {
     pub instance: Option<String>,
 }
 
+impl Holder {
+    /// This hold of the pin of `address`, as its node confirms it
+    /// ([`NodeState::confirms`](crate::cluster::vocab::NodeState::confirms)): the address,
+    /// the pod's uid and when the hold was taken (two creations of one pod's pin, one of them
+    /// sent by an ADD that gave up, are two holds).
+    pub fn key(&self, address: IpAddr) -> String {
+        format!("{address} {} {}", self.uid, self.since_ms)
+    }
+}
+
 /// A pin, as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pin {

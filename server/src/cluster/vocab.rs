@@ -303,6 +303,22 @@ pub struct NodeState {
     pub judged: Option<String>,
     /// Its Node's name, as its daemon recorded it ([`Alive::k8s_node`]); None: not recorded.
     pub k8s_node: Option<String>,
+    /// The holds of pins its daemon confirmed at its last renewal ([`Holder::key`]: its pod of
+    /// that uid had that address there, and the pin was known there as landed), where the
+    /// store keeps them (the Kubernetes API: an annotation of its Lease). Another node takes
+    /// over only a confirmed hold of a node gone: a pin whose creation landed late, after its
+    /// ADD had failed and the node had handed the address to another pod unaware of it, is
+    /// confirmed by nobody. None: the store needs none (etcd: a creation sent before its
+    /// daemon's last landed write cannot land, see `etcd::witness`).
+    ///
+    /// [`Holder::key`]: crate::cluster::pin::Holder::key
+    pub confirms: Option<Vec<String>>,
+    /// How long the process that read it has seen the node's record unchanged, by its own
+    /// monotonic clock (the Kubernetes API: the Lease's resourceVersion, as client-go's leader
+    /// election judges a lease); None: not measured. A takeover of the node's holds takes no
+    /// absence longer: a step of the store's clock forward makes every stamp before it look
+    /// old, a live node's too, until its next renewal.
+    pub watched_secs: Option<i64>,
 }
 
 /// A node's name as a listing of every node's shows it (`ipoolctl cluster nodes`): for

@@ -29,6 +29,10 @@ pub struct FixedHeld {
     pub addresses: Vec<IpAddr>,
 }
 
+/// Whether the attachment of the pod of a uid holds an address here
+/// ([`Ipam::holds_for_weakly`]).
+pub type HoldsFor = std::sync::Arc<dyn Fn(IpAddr, &str) -> bool + Send + Sync>;
+
 impl Ipam {
     /// Whether `network` (as the config names it, else as the CNI config `ipam` declares it)
     /// takes its addresses from cluster pools addressed as one subnet.
@@ -107,6 +111,26 @@ impl Ipam {
             pod: format!("{}/{}", pod.namespace, pod.name),
             uid: pod.uid,
             addresses: a.addresses().to_vec(),
+        })
+    }
+
+    /// Whether the attachment of the pod of uid `uid` holds `ip` here now, in any network.
+    pub fn holds_for(&self, ip: IpAddr, uid: &str) -> bool {
+        let st = self.lock();
+        st.networks
+            .keys()
+            .filter_map(|n| st.attachments.holder_of(n, ip))
+            .any(|a| a.pod().uid == uid)
+    }
+
+    /// [`Ipam::holds_for`], asked without keeping the engine alive: for the cluster node,
+    /// which the engine's sources keep (a strong handle would make a cycle, and neither would
+    /// ever be dropped). False once the engine is gone.
+    pub fn holds_for_weakly(&self) -> HoldsFor {
+        let weak = std::sync::Arc::downgrade(&self.shared);
+        std::sync::Arc::new(move |ip, uid| {
+            weak.upgrade()
+                .is_some_and(|shared| Ipam { shared }.holds_for(ip, uid))
         })
     }
 

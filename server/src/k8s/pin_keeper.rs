@@ -1,4 +1,6 @@
 //! The pins of this node, kept (see [`crate::cluster::pin`]):
+//! - a pin held by this node alone whose address another pod here has (its creation landed
+//!   after its ADD had failed: a pod of the owner must not get that address) is deleted;
 //! - a hold of this node's that no attachment here uses any more (its pod released by the pod
 //!   GC, the CNI GC or a reboot, which do not run a DEL) is let go, so that the pod can take
 //!   its address on another node; only once this keeper has seen it unused for [`HOLD_GRACE`]
@@ -87,6 +89,7 @@ pub async fn run(ipam: Ipam, holds: Holds, client: kube::Client) {
     loop {
         tokio::time::sleep(crate::cluster::jitter(every)).await;
         let_go_unused(&ipam, &holds, &mut unused).await;
+        end_misheld(&ipam, &holds).await;
         end_gone_owners(&ipam, &holds, &client, ttl, &mut gone_since).await;
     }
 }
@@ -139,6 +142,44 @@ pub async fn let_go_unused(ipam: &Ipam, holds: &Holds, unused: &mut Unused) {
     }
 }
 
+/// Pins held by this node alone whose address its engine holds for another pod than theirs (a
+/// creation that landed after its ADD had failed, once the address had gone to that pod):
+/// deleted at once (no ADD of the pin's pod can get that address here while the other pod
+/// has it, and kept, the pin would give it to the owner's next pod).
+pub async fn end_misheld(ipam: &Ipam, holds: &Holds) {
+    if crate::bugs::on(crate::bugs::Bug::MisheldPinsKept) {
+        return;
+    }
+    let me = holds.node().name().to_string();
+    let attached = |ip: IpAddr, uid: &str| ipam.holds_for(ip, uid);
+    let misheld = |pin: &Pin| {
+        !pin.holders.is_empty()
+            && pin.holders.iter().all(|h| h.node == me)
+            && ipam.holds_anywhere(pin.address)
+            && !pin.holders.iter().any(|h| attached(pin.address, &h.uid))
+    };
+    for pin in holds.node().pins_held_here() {
+        if !misheld(&pin) {
+            continue;
+        }
+        // Not while an ADD or a DEL of this node's works on a pin; looked at again in the
+        // turn.
+        let _turn = holds.turn().await;
+        if !misheld(&pin) {
+            continue;
+        }
+        match holds.end_misheld(&pin, attached).await {
+            Ok(true) => {
+                tracing::warn!(owner = %pin.owner, address = %pin.address, "a pin held here for a pod that never got its address here, which another pod has (its creation landed after its ADD had failed): ended, the owner's next pod gets a new address")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(owner = %pin.owner, address = %pin.address, error = %e, "ending a pin whose address another pod has failed (tried again later)")
+            }
+        }
+    }
+}
+
 /// Unheld pins of this node's blocks, and of addresses set aside that this node knows (it
 /// held them; no block is theirs), whose owner is gone: deleted after `ttl`. And unheld pins
 /// void in a block of this node's (made in the block its address lay in before the node's
@@ -167,9 +208,10 @@ pub async fn end_gone_owners(
     }
     // Of an owner's two pins (a creation that landed late, its block standing), the one no
     // pod of the owner takes ends whether the owner is gone or not.
-    let (second, mut mine): (Vec<Pin>, Vec<Pin>) = mine
-        .into_iter()
-        .partition(|p| holds.node().pins_known_of(&p.owner) > 1);
+    let (second, mut mine): (Vec<Pin>, Vec<Pin>) = mine.into_iter().partition(|p| {
+        holds.node().pins_known_of(&p.owner) > 1
+            && !crate::bugs::on(crate::bugs::Bug::SecondPinsKept)
+    });
     for pin in second {
         match holds.end_second(&pin).await {
             Ok(true) => {

@@ -431,10 +431,43 @@ fn fixed_addresses_follow_their_pods(store: Backend) {
     // A node that dies holding a pin: the pod's ADD elsewhere waits for its fence.
     let r = c.add(0, "x1", &args);
     let x = ip_of(&r);
+    // On the Kubernetes API, a hold of a node gone moves only as its node confirmed it (its
+    // Lease's annotation, written by its renewals).
+    let confirmed = store.api().map(|api| {
+        eventually(30, "n1 confirms its hold of web-1's pin", || {
+            let lease = api
+                .get("leases", "ipool-system", "ipool-n1")
+                .expect("n1's Lease");
+            let holds = lease["metadata"]["annotations"]["ipool.io/holds"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            match holds.contains(&format!("\"{x} ")) {
+                true => Ok(lease),
+                false => Err(holds),
+            }
+        })
+    });
     c.daemons[0].kill9();
     let args = c.pod(1, &web1, "x2", meta1);
     let early = c.refused(1, "x2", &args, 11);
     assert!(early.stdout.contains("n1"), "{}", early.stdout);
+    if let (Some(api), Some(lease)) = (store.api(), confirmed) {
+        // Had n1 not confirmed it (a pin whose creation landed after its ADD had failed, its
+        // address given to another pod there), the hold would stay past n1's fence.
+        let mut unsaid = lease.clone();
+        unsaid["metadata"]["annotations"]["ipool.io/holds"] = json!("[]");
+        api.put_custom("leases", unsaid);
+        let waits = eventually(30, "n2's ADD past n1's fence, unconfirmed", || {
+            let r = c.refused(1, "x2", &args, 11);
+            match r.stdout.contains("has not confirmed its hold") {
+                true => Ok(r),
+                false => Err(r),
+            }
+        });
+        assert!(waits.stdout.contains("released"), "{}", waits.stdout);
+        api.put_custom("leases", lease);
+    }
     let taken = c.add(1, "x2", &args);
     assert_eq!(ip_of(&taken), x);
     assert_eq!(holders_of(&store, &x), vec!["n2".to_string()]);

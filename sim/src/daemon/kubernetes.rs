@@ -24,6 +24,7 @@ impl Daemon {
             let Keeper { unused, gone_since } = &mut *k;
             let ttl = Duration::from_secs(holds.node().settings().pin_ttl_secs);
             pin_keeper::let_go_unused(&ipam, &holds, unused).await;
+            pin_keeper::end_misheld(&ipam, &holds).await;
             pin_keeper::end_gone_owners(&ipam, &holds, &owners, ttl, gone_since).await;
         }));
         self.calls.retain(|c| !c.is_finished());

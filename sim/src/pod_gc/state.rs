@@ -21,12 +21,21 @@ pub(crate) struct PodGc {
     /// Each daemon's watch cache of its node's pods (by the daemon's id: a daemon started
     /// again lists them afresh), as it last caught up.
     pub caches: BTreeMap<u64, BTreeMap<String, Arc<Pod>>>,
+    /// How many times KubeVirt made each VM's instance again under its name (by the VM's
+    /// owner key; none: its first).
+    pub vmis: BTreeMap<String, u32>,
 }
 
 impl PodGc {
     /// Records the pod name of `container`, a pod of a fixed address's owner.
     pub(crate) fn name(&mut self, container: &str, name: &str) {
         self.names.insert(container.to_string(), name.to_string());
+    }
+
+    /// The instance (VMI uid) of `owner`'s pods made now, if it is a VM.
+    pub(crate) fn instance(&self, owner: &ipool_server::cluster::pin::PinOwner) -> Option<String> {
+        let again = self.vmis.get(&owner.to_string()).copied().unwrap_or(0);
+        crate::owners::instance(owner, again)
     }
 
     /// `container`'s pod was force-deleted: it runs as far as the checker knows, but its

@@ -24,6 +24,8 @@ fn a_settled_cluster_keeps_every_rule() {
     stranded(&p).expect("nothing stranded");
     pins_of_gone_owners(&p).expect("no pin");
     void_pins_kept(&p).expect("no void pin");
+    second_pins(&p).expect("no pin");
+    misheld_pins(&p).expect("no pin");
     stuck_deleting(&p).expect("no deletion");
     idle_writes(&[], 20_000).expect("nothing written");
     add_refused("n0", "exhausted", None).expect("no room, refused rightly");
@@ -116,6 +118,61 @@ fn a_void_pin_a_live_node_keeps_in_its_block_fails() {
     let e = void_pins_kept(&p).expect_err("kept for nothing");
     assert!(
         e.starts_with("L3:") && e.contains("void") && e.contains("n0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_owners_second_pin_fails() {
+    let mut p = settled();
+    let first = pin();
+    p.pins.push((first.clone(), None));
+    second_pins(&p).expect("one pin");
+    let mut other = pin();
+    other.owner = PinOwner::StatefulSet {
+        namespace: "sim".into(),
+        name: "web".into(),
+        ordinal: 0,
+    };
+    other.address = "10.70.0.6".parse().unwrap();
+    p.pins.push((other, None));
+    second_pins(&p).expect("another owner's pin");
+    let mut second = first.clone();
+    second.address = "10.70.0.9".parse().unwrap();
+    second.holders.clear();
+    // Both held: two of its pods run (an operator's error), each ends with its pod.
+    let held = |mut p: Pin| {
+        p.holders = vec![Holder {
+            node: "n0".into(),
+            pod: "sim/db-0".into(),
+            uid: "uid-c1".into(),
+            since_ms: 1,
+            instance: None,
+        }];
+        p
+    };
+    let mut both = settled();
+    both.pins.push((held(first), None));
+    both.pins.push((held(second.clone()), None));
+    second_pins(&both).expect("both held");
+    p.pins.push((second.clone(), Some("gone".into())));
+    second_pins(&p).expect("a gone owner's pins are L3's other rule");
+    p.pins.push((second, None));
+    let e = second_pins(&p).expect_err("two pins of one owner");
+    assert!(
+        e.starts_with("L3:") && e.contains("10.70.0.5") && e.contains("10.70.0.9"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_pin_held_for_a_pod_whose_address_another_has_fails() {
+    let mut p = settled();
+    misheld_pins(&p).expect("no pin");
+    p.misheld.push(("n0".into(), pin(), "c1".into()));
+    let e = misheld_pins(&p).expect_err("misheld");
+    assert!(
+        e.starts_with("L3:") && e.contains("10.70.0.5") && e.contains("c1"),
         "{e}"
     );
 }

@@ -83,6 +83,8 @@ pub(crate) fn start(cluster: &Cluster, ipam: &Ipam) {
     let node = cluster.node();
     tracing::info!(node = %node.name(), instance = %node.instance(), store = node.store_name(), networks = cluster.networks(), "cluster mode");
     cluster.start(ipam);
+    // The holds of pins this node confirms at each renewal are those its engine holds.
+    node.set_attachments(ipam.holds_for_weakly());
     tokio::spawn(report_in_use(node.clone(), ipam.clone()));
 }
 

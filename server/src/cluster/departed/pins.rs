@@ -4,8 +4,11 @@
 //! does, for the blocks of every node whose daemon does not hold its name: a pin nobody holds
 //! whose owner (a StatefulSet's ordinal, a VM) has been gone `pin_ttl_secs`, as the store
 //! measures the time ([`PinStore::owner_gone_for`]), is deleted, conditioned on the pin as
-//! read; its block then goes back at the node's release. A pin someone holds is its holder's
-//! to let go of, at its pod's DEL or by its keeper.
+//! read; its block then goes back at the node's release. So is, whether its owner is gone or
+//! not, an owner's second pin there (on the Kubernetes API, a creation that landed late): one
+//! nobody holds while the owner's other pin is held, or sorts first (what a lookup by owner
+//! finds, which the owner's next pod takes). A pin someone holds is its holder's to let go of,
+//! at its pod's DEL or by its keeper.
 //!
 //! [`PinStore::owner_gone_for`]: crate::cluster::datastore::PinStore::owner_gone_for
 
@@ -53,6 +56,7 @@ pub async fn end_gone(
         .filter(|b| away.contains(&b.owner.node))
         .collect();
     let mut out = Vec::new();
+    let all: Vec<Pin> = pins.iter().map(|r| r.pin.clone()).collect();
     for read in pins {
         let p = &read.pin;
         let kept = p.set_aside
@@ -63,9 +67,35 @@ pub async fn end_gone(
         if !kept || !p.holders.is_empty() {
             continue;
         }
+        if second(p, &all) && !crate::bugs::on(crate::bugs::Bug::DepartedSecondPinsKept) {
+            out.push(match store.delete_pin(&read).await {
+                Ok(true) => PinOutcome::Ended {
+                    pin: read.pin.clone(),
+                    why: format!("a second pin of {}, whose pods take the other", p.owner),
+                },
+                Ok(false) => PinOutcome::Waiting {
+                    pin: read.pin.clone(),
+                    why: "the pin changed while it was being ended".into(),
+                },
+                Err(e) => PinOutcome::Failed {
+                    pin: read.pin.clone(),
+                    why: e.to_string(),
+                },
+            });
+            continue;
+        }
         out.push(judge(store, read, ttl, dir).await);
     }
     out
+}
+
+/// Whether `pin`, held by nobody, is its owner's second of `all`: another of the owner's is
+/// held, or sorts first by name (what a lookup by owner finds).
+fn second(pin: &Pin, all: &[Pin]) -> bool {
+    let name = crate::cluster::pin::address_name(&pin.address);
+    all.iter()
+        .filter(|o| o.owner == pin.owner && o.address != pin.address)
+        .any(|o| !o.holders.is_empty() || crate::cluster::pin::address_name(&o.address) < name)
 }
 
 /// One pin nobody holds: ended, kept, or not judged.

@@ -241,6 +241,8 @@ impl NameStore for EtcdStore {
             unproven: None,
             judged,
             k8s_node,
+            confirms: None,
+            watched_secs: None,
         })
     }
 

@@ -41,6 +41,8 @@ const RENEW: &str = "ipool.io/renew-secs";
 const CHECKED: &str = "ipool.io/absence-checked-by";
 /// The daemon's last report of its node's addresses in use (`model::InUse` as JSON).
 const IN_USE: &str = "ipool.io/in-use";
+/// The holds of pins the daemon confirmed at this renewal (`NodeState::confirms`, as JSON).
+const HOLDS: &str = "ipool.io/holds";
 /// The name of the node's Node object, as its daemon knows it ([`Alive::k8s_node`]).
 const NODE_NAME: &str = "ipool.io/k8s-node";
 /// The holder release-node writes while it gives a node's blocks back.
@@ -105,7 +107,8 @@ impl KubeStore {
         });
         let now = MicroTime(Timestamp::now());
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if spec.holder_identity.as_deref() != Some(me.instance.as_str()) {
+        let new_holder = spec.holder_identity.as_deref() != Some(me.instance.as_str());
+        if new_holder {
             spec.acquire_time = Some(now.clone());
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
             spec.holder_identity = Some(me.instance.clone());
@@ -113,6 +116,10 @@ impl KubeStore {
         spec.renew_time = Some(now);
         spec.lease_duration_seconds = Some(i32::try_from(ttl).unwrap_or(i32::MAX));
         let notes = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        // A daemon newly holding it confirms nothing yet (its renewals say what it does).
+        if new_holder {
+            notes.remove(HOLDS);
+        }
         // A daemon's own: release-node, holding the Lease for a while, leaves the daemon's
         // record as it was (its fence, its renewals, its Node), which a later release judges.
         if me.instance != RELEASER {
@@ -261,6 +268,15 @@ impl NameStore for KubeStore {
             if let Some(s) = l.spec.as_mut() {
                 s.renew_time = Some(MicroTime(Timestamp::now()));
             }
+            let confirms = (self.confirms.lock().expect("confirms lock"))
+                .get(&beat.alive_key)
+                .cloned();
+            if let Some(holds) = confirms {
+                l.metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(HOLDS.into(), holds);
+            }
             self.token().await;
             let written = self.leases.replace(&beat.alive_key, &self.post(), &l).await;
             let mut held = self.held.lock().expect("held lock");
@@ -378,6 +394,9 @@ impl NameStore for KubeStore {
             unproven: None,
             judged: checked.metadata.resource_version.clone(),
             k8s_node: node_name(&checked),
+            // The release judges the node, not its holds.
+            confirms: None,
+            watched_secs: None,
         })
     }
 
@@ -387,6 +406,20 @@ impl NameStore for KubeStore {
 
     async fn nodes_seen(&self) -> Result<Vec<NodeSeen>, ClusterError> {
         self.leases_seen().await
+    }
+
+    /// Kept for the held Lease's next renewal to write (no request of its own).
+    async fn confirm_holds(
+        &self,
+        beat: &Heartbeat,
+        holds: Vec<String>,
+    ) -> Result<(), ClusterError> {
+        let value = serde_json::to_string(&holds).expect("serializes");
+        self.confirms
+            .lock()
+            .expect("confirms lock")
+            .insert(beat.alive_key.clone(), value);
+        Ok(())
     }
 
     /// An annotation on the held Lease, written by its next renewal (no request of its own).

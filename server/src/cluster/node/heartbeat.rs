@@ -120,9 +120,12 @@ impl ClusterNode {
             let sent = Instant::now();
             let b = beat.clone();
             let (check, news) = self.name_check(checked);
+            let holds = self.holds_to_confirm();
             let r = self
                 .call("heartbeat", |s| async move {
-                    s.urgent().renew_heartbeat(&b, check).await
+                    let s = s.urgent();
+                    s.confirm_holds(&b, holds).await?;
+                    s.renew_heartbeat(&b, check).await
                 })
                 .await;
             match r {

@@ -24,7 +24,13 @@ pub(super) struct PinBook {
     /// This node's own writes so far (each stamps what it wrote).
     writes: u64,
     pools: HashMap<String, PoolPins>,
+    /// Whether the engine holds an address for the pod of a uid here
+    /// ([`ClusterNode::set_attachments`]).
+    attachments: Option<Attachments>,
 }
+
+/// Whether this node's engine holds an address for the pod of a uid (in any network).
+pub type Attachments = Arc<dyn Fn(IpAddr, &str) -> bool + Send + Sync>;
 
 #[derive(Default)]
 struct PoolPins {
@@ -59,6 +65,51 @@ const ASSERTING: u64 = u64::MAX - 1;
 pub struct PinListing(u64);
 
 impl ClusterNode {
+    /// Tells this node how to ask its engine whether it holds an address for a pod (for the
+    /// holds it confirms, [`ClusterNode::holds_to_confirm`]). Until it is told, it confirms
+    /// none.
+    pub fn set_attachments(&self, attachments: Attachments) {
+        self.pins.lock().expect("pins lock").attachments = Some(attachments);
+    }
+
+    /// The holds of pins this node confirms now ([`Holder::key`]): those of its own, known as
+    /// landed (not a write on its way or unanswered), whose pod holds the address here. A pin
+    /// whose creation landed late (its ADD had failed, the address went to another pod) is
+    /// not: another node may take over only a confirmed hold of a node gone
+    /// ([`NodeState::confirms`]).
+    ///
+    /// [`Holder::key`]: crate::cluster::pin::Holder::key
+    /// [`NodeState::confirms`]: crate::cluster::vocab::NodeState::confirms
+    pub fn holds_to_confirm(&self) -> Vec<String> {
+        let me = self.name();
+        let (held, attached) = {
+            let book = self.pins.lock().expect("pins lock");
+            let held: Vec<(IpAddr, crate::cluster::pin::Holder)> = book
+                .pools
+                .values()
+                .flat_map(|p| p.by_address.values())
+                .filter(|(_, stamp)| *stamp != WRITING)
+                .flat_map(|(pin, _)| {
+                    pin.holders
+                        .iter()
+                        .filter(|h| h.node == me)
+                        .map(|h| (pin.address, h.clone()))
+                })
+                .collect();
+            (held, book.attachments.clone())
+        };
+        let Some(attached) = attached else {
+            return Vec::new();
+        };
+        let mut keys: Vec<String> = held
+            .into_iter()
+            .filter(|(ip, h)| attached(*ip, &h.uid))
+            .map(|(ip, h)| h.key(ip))
+            .collect();
+        keys.sort();
+        keys
+    }
+
     /// A listing of pins is being sent now.
     pub fn pins_listing(&self) -> PinListing {
         PinListing(self.pins.lock().expect("pins lock").writes)

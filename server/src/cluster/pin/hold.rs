@@ -21,6 +21,7 @@
 //!
 //! How holds and pins end (a DEL, an ADD undone, the pin keeper's turns): [`end`].
 
+mod confirm;
 mod end;
 
 use std::net::IpAddr;
@@ -29,7 +30,6 @@ use std::sync::Arc;
 use super::{verdict, Holder, Pin, PinCreated, PinOwner, PinRead, Verdict};
 use crate::cluster::ippool::NotSetAside;
 use crate::cluster::node::ClusterNode;
-use crate::cluster::release::not_gone;
 use crate::cluster::vocab::{now_ms, ClusterError};
 
 /// Writes that find the pin changed since it was read, before the ADD or DEL gives up.
@@ -266,6 +266,15 @@ impl Holds {
                 // StatefulSet's pod would.
                 judged = Verdict::HeldBy(pin.holders.clone());
             }
+            if judged == Verdict::Migration {
+                // Shared only with a hold its node confirms (see `unconfirmed`).
+                if let Some(why) = self.unconfirmed(&pin, &pin.holders[0]).await? {
+                    return Err(Refused::Held {
+                        pool: pin.pool,
+                        why,
+                    });
+                }
+            }
             let how = match judged {
                 Verdict::Held => {
                     self.node.pin_known(&pin);
@@ -282,7 +291,7 @@ impl Holds {
                     let mut kept = Vec::new();
                     for h in holders {
                         let stale = h.node == me && !holds_here(&pin.pool, pin.address);
-                        if stale || self.gone(&h.node).await?.is_none() {
+                        if stale || self.kept_hold(&pin, &h).await?.is_none() {
                             continue;
                         }
                         kept.push(h);
@@ -376,23 +385,13 @@ impl Holds {
             .map_err(|n| Refused::Store(n.why))
     }
 
-    /// Why `node` is not gone (None: gone, its holds may be dropped).
-    async fn gone(&self, node: &str) -> Result<Option<String>, ClusterError> {
-        let (n, me) = (node.to_string(), self.node.name().to_string());
-        let state = self
-            .node
-            .call("node_away", |s| async move { s.node_away(&n, &me).await })
-            .await?;
-        Ok(not_gone(&state, self.node.store_name(), node, 0))
-    }
-
     async fn held_why(&self, pin: &Pin, holders: &[Holder]) -> Result<String, ClusterError> {
         let mut why = Vec::new();
         for h in holders {
             let alive = match h.node == self.node.name() {
                 true => "this node, which still holds the address".to_string(),
                 false => self
-                    .gone(&h.node)
+                    .kept_hold(pin, h)
                     .await?
                     .unwrap_or_else(|| "gone".to_string()),
             };

@@ -45,7 +45,7 @@ fn restored(knew: bool, after: &[StoreBlock]) -> Checker {
         &before,
         none,
         None,
-        Some(OWNER.into()),
+        Some((OWNER.into(), None)),
         &[ip("10.0.0.5")],
         false,
     )
@@ -156,7 +156,7 @@ fn a_pod_of_its_own_owner_may_take_it_as_the_world_takes_an_excused_pod_for_gone
         &blocks,
         |_| None,
         None,
-        Some(OWNER.into()),
+        Some((OWNER.into(), None)),
         &[],
         false,
     );

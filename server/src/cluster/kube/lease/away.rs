@@ -2,10 +2,13 @@
 //! node's pins): with reads only (the admission policy keeps each daemon to its own Lease, and
 //! `node_state`'s measurement is a write). The apiserver's clock comes from the reader's own
 //! Lease: the time of its own last renewal, as the apiserver stamped it, is at most now; the
-//! other node's away is measured up to then, never longer than it has been.
+//! other node's away is measured up to then. How long this process has seen that node's
+//! Lease unchanged, by its own monotonic clock, is said beside (`NodeState::watched_secs`): a
+//! takeover takes no absence longer (a step of the apiserver's clock forward makes a live
+//! node look away until its next renewal).
 
 use super::{
-    alive_of, annotation, duration_secs, holder, node_name, written_at, FENCE, IN_USE, RENEW,
+    alive_of, annotation, duration_secs, holder, node_name, written_at, FENCE, HOLDS, IN_USE, RENEW,
 };
 use crate::cluster::kube::{KubeStore, FIELD_MANAGER};
 use crate::cluster::vocab::{ClusterError, Listing, NodeSeen, NodeState, Seen};
@@ -53,6 +56,18 @@ impl KubeStore {
             unproven: None,
             judged: theirs.metadata.resource_version.clone(),
             k8s_node: node_name(&theirs),
+            // None said (a daemon of an older version, or one that confirmed nothing yet):
+            // none confirmed.
+            watched_secs: Some(self.unchanged_secs(&name, &theirs)),
+            confirms: Some(
+                theirs
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(HOLDS))
+                    .and_then(|v| serde_json::from_str(v).ok())
+                    .unwrap_or_default(),
+            ),
         })
     }
 

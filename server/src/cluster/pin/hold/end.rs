@@ -1,6 +1,7 @@
 //! How holds and pins end: a DEL lets go of its pod's hold ([`Holds::let_go`]), an ADD undone
 //! withdraws the pin it made ([`Holds::withdraw`]), and the pin keeper lets go of holds no
-//! attachment uses and ends pins nobody holds ([`Holds::end_unheld`], [`Holds::end_void`]).
+//! attachment uses, ends pins nobody holds ([`Holds::end_unheld`], [`Holds::end_void`]) and
+//! pins held here whose address another pod here has ([`Holds::end_misheld`]).
 //! Each works on the pin it judged, read again at its address: on the Kubernetes API an owner
 //! may have two pins for a while (one pin per owner is not one write there), and the one a
 //! lookup by owner finds first need not be it.
@@ -129,6 +130,39 @@ impl Holds {
         let Some(read) = self.unheld_as_known(pin).await? else {
             return Ok(false);
         };
+        Ok(self.delete(&read).await?)
+    }
+
+    /// Deletes the pin `pin` names if, read now at its address, it is still that pin, held by
+    /// this node alone, and the engine here holds its address for none of its holds' pods
+    /// (`attached`: whether the pod of a uid holds an address here) while it holds it for
+    /// another pod: a pin whose creation landed after its ADD had failed (its daemon killed,
+    /// say), once the address had gone to another pod. Kept, it would let the owner's next pod
+    /// take that pod's address, here or, once its hold was let go, anywhere. True: deleted.
+    pub async fn end_misheld(
+        &self,
+        pin: &Pin,
+        attached: impl Fn(IpAddr, &str) -> bool,
+    ) -> Result<bool, Refused> {
+        let Some(read) = self.pin_at(pin).await? else {
+            self.node.pin_gone(pin);
+            return Ok(false);
+        };
+        let me = self.node.name();
+        let same = read.pin.owner == pin.owner
+            && read.pin.block == pin.block
+            && read.pin.block_id == pin.block_id;
+        let mine_only =
+            !read.pin.holders.is_empty() && read.pin.holders.iter().all(|h| h.node == me);
+        let unused = !read
+            .pin
+            .holders
+            .iter()
+            .any(|h| attached(read.pin.address, &h.uid));
+        if !(same && mine_only && unused) {
+            self.node.pin_known(&read.pin);
+            return Ok(false);
+        }
         Ok(self.delete(&read).await?)
     }
 
