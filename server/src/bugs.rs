@@ -489,15 +489,16 @@ impl Bug {
         Bug::ALL.iter().copied().find(|b| b.name() == name)
     }
 
+    /// Its bit in the set of switches put back (128 at most; a unit test holds it).
     #[cfg(feature = "sim")]
-    fn bit(self) -> u64 {
-        1 << (self as u8)
+    fn bit(self) -> u128 {
+        1u128 << (self as u8)
     }
 }
 
 #[cfg(feature = "sim")]
 thread_local! {
-    static ON: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static ON: std::cell::Cell<u128> = const { std::cell::Cell::new(0) };
 }
 
 /// Whether `bug` is put back on this thread.

@@ -254,3 +254,22 @@ fn a_run_with_the_pod_gc_gets_back_what_pods_left_without_a_del() {
     let out = run(&o, Choices::seeded(88));
     assert_eq!(count(&out, "pod GC checks"), 0);
 }
+
+/// Each switch has a bit of its own: put back alone, it turns on no other (with more than 64
+/// switches a 64-bit set aliased the 65th onto the first, session 42).
+#[test]
+fn each_switch_put_back_alone_turns_on_no_other() {
+    for b in Bug::ALL {
+        ipool_server::bugs::set(&[*b]);
+        for o in Bug::ALL {
+            assert_eq!(
+                ipool_server::bugs::on(*o),
+                o == b,
+                "{} put back: {}",
+                b.name(),
+                o.name()
+            );
+        }
+    }
+    ipool_server::bugs::set(&[]);
+}
