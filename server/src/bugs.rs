@@ -325,6 +325,11 @@ pub enum Bug {
     /// pin, was stranded for as long as the owner lived (found by the simulation's L3
     /// second-pin rule at seed 36 000 001 237 of session 42's search).
     DepartedSecondPinsKept,
+    /// A takeover's write of its hold that landed was still known, if the read after it
+    /// failed, as a write on its way, which no listing corrects: the node kept the pin as it
+    /// wrote it (another node's hold in it, let go since) and its keeper never ended it as
+    /// misheld (found by L3's misheld-pin rule at seed 110 000 005 290 of session 42's search).
+    LandedHoldKeptWriting,
     /// A pool's change (ipoolctl's add-cidr, set-node-selector, ...) was conditioned on the
     /// pool's mod revision alone: etcd restored from a backup with its data copied numbered
     /// its writes again from the backup's revision, and a set-node-selector given up on,
@@ -397,6 +402,7 @@ impl Bug {
         Bug::MisheldPinsKept,
         Bug::AwayByStampsOnly,
         Bug::DepartedSecondPinsKept,
+        Bug::LandedHoldKeptWriting,
         Bug::PoolChangeOnRevisionOnly,
         Bug::PinChangeOnRevisionOnly,
         Bug::IndexDroppedByRevision,
@@ -468,6 +474,7 @@ impl Bug {
             Bug::MisheldPinsKept => "misheld-pins-kept",
             Bug::AwayByStampsOnly => "away-by-stamps-only",
             Bug::DepartedSecondPinsKept => "departed-second-pins-kept",
+            Bug::LandedHoldKeptWriting => "landed-hold-kept-writing",
             Bug::PoolChangeOnRevisionOnly => "pool-change-on-revision-only",
             Bug::PinChangeOnRevisionOnly => "pin-change-on-revision-only",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",

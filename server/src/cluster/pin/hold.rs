@@ -327,6 +327,11 @@ impl Holds {
             let Some(written) = self.write(&read, &pin).await? else {
                 continue;
             };
+            // Landed: known as written (a read below that fails leaves it so, not as a write
+            // on its way, which no listing would ever correct).
+            if !crate::bugs::on(crate::bugs::Bug::LandedHoldKeptWriting) {
+                self.node.pin_known(&written.pin);
+            }
             // A pin counts only while its block stands as it was made in.
             let stands = self.block_stands(&written.pin).await?;
             if !stands {
