@@ -330,6 +330,13 @@ pub enum Bug {
     /// wrote it (another node's hold in it, let go since) and its keeper never ended it as
     /// misheld (found by L3's misheld-pin rule at seed 110 000 005 290 of session 42's search).
     LandedHoldKeptWriting,
+    /// The keeper ended as misheld a pin held by its node alone whose address a pod of the
+    /// pin's own owner had there (a VM's launcher whose hold an operator's forced release had
+    /// taken out): the pin ended while another launcher of the VM, its hold taken over past its
+    /// node's fence, still used the address on a third node, and the block's node handed it
+    /// out (found by the simulation at seed 120 000 012 094 of session 43's runs about
+    /// restores).
+    MisheldOwnPodEnded,
     /// A pool's change (ipoolctl's add-cidr, set-node-selector, ...) was conditioned on the
     /// pool's mod revision alone: etcd restored from a backup with its data copied numbered
     /// its writes again from the backup's revision, and a set-node-selector given up on,
@@ -403,6 +410,7 @@ impl Bug {
         Bug::AwayByStampsOnly,
         Bug::DepartedSecondPinsKept,
         Bug::LandedHoldKeptWriting,
+        Bug::MisheldOwnPodEnded,
         Bug::PoolChangeOnRevisionOnly,
         Bug::PinChangeOnRevisionOnly,
         Bug::IndexDroppedByRevision,
@@ -475,6 +483,7 @@ impl Bug {
             Bug::AwayByStampsOnly => "away-by-stamps-only",
             Bug::DepartedSecondPinsKept => "departed-second-pins-kept",
             Bug::LandedHoldKeptWriting => "landed-hold-kept-writing",
+            Bug::MisheldOwnPodEnded => "misheld-own-pod-ended",
             Bug::PoolChangeOnRevisionOnly => "pool-change-on-revision-only",
             Bug::PinChangeOnRevisionOnly => "pin-change-on-revision-only",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",

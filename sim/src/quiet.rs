@@ -143,14 +143,18 @@ impl World {
                     .filter(void)
                     .map(|p| (s.name.clone(), p)),
             );
-            // Held by this node alone, its address another pod's here.
+            // Held by this node alone, its address another owner's pod's here (a pod of the
+            // pin's own owner keeps it rightly: the owner's pods are not refused for it).
             for p in &stored {
                 if p.holders.is_empty() || p.holders.iter().any(|h| h.node != s.name) {
                     continue;
                 }
+                let owner = p.owner.to_string();
                 let other = d.held_anywhere().into_iter().find(|(c, ips)| {
                     ips.contains(&p.address)
                         && !p.holders.iter().any(|h| h.uid == format!("uid-{c}"))
+                        && self.checker.pods.get(c).and_then(|pod| pod.owner.as_ref())
+                            != Some(&owner)
                 });
                 if let Some((c, _)) = other {
                     misheld.push((s.name.clone(), p.clone(), c));

@@ -17,7 +17,9 @@ use crate::{run, Bug, Options, Outcome, StoreKind};
 /// ...) nodes are labelled and the pool gets a nodeSelector ([`Options::labels`]); in six
 /// groups the swarm may make races on purpose ([`Options::races`]); in half of three of those
 /// the pod GC checks and pods end without a DEL ([`Options::pod_gc`]), and in half of those
-/// VMs' instances are made again under their names ([`Options::remade_vmis`]).
+/// VMs' instances are made again under their names ([`Options::remade_vmis`]); in the first
+/// quarter of group 15 on etcd (no pod GC there, no kept run before) the runs are about
+/// restores that lose a moved pod's pin ([`Options::moved_restores`]).
 pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
     let store = match seed % 2 {
         0 => StoreKind::Etcd,
@@ -45,6 +47,10 @@ pub fn options(seed: u64, steps: u64, bugs: &[Bug]) -> Options {
     // Rivals provoked, not waited for, in those groups but 3 and 10, whose kept runs with
     // races replay as they were kept.
     o.provoke = matches!((seed / 4) % 16, 4 | 6 | 7 | 15);
+    // Restores that lose a moved pod's pin, on etcd, in the first quarter of group 15 (no
+    // pod GC there, and no kept run).
+    o.moved_restores =
+        store == StoreKind::Etcd && (seed / 4) % 16 == 15 && (seed / 64).is_multiple_of(4);
     o.bugs = bugs.to_vec();
     o
 }

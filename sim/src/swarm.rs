@@ -219,6 +219,36 @@ impl Swarm {
         }
     }
 
+    /// A run about restores that lose the pins of pods that moved (`Options::moved_restores`):
+    /// pins, races (so restores are made on purpose) and a subnet (pins need one), few faults
+    /// of the network, and none of the faults that would excuse the moved pod or restart its
+    /// block's node before its next listing (kills, wipes, cuts, leaps, clock steps, twins,
+    /// releases, pool changes): restores and migrations ten times as common.
+    pub(crate) fn focus_on_restores(&mut self) {
+        self.subnet = true;
+        self.pins = true;
+        self.races = true;
+        self.faults = self.faults.min(2);
+        for (k, w) in self.weights.iter_mut() {
+            match k {
+                Kind::Kill
+                | Kind::Wipe
+                | Kind::Cut
+                | Kind::Leap
+                | Kind::Clock
+                | Kind::Twin
+                | Kind::Release
+                | Kind::Pool
+                | Kind::Departed => *w = 0,
+                Kind::Restore | Kind::Migrate => *w = (*w).max(2) * 10,
+                _ => {}
+            }
+        }
+        if !self.weights.iter().any(|(k, _)| *k == Kind::Migrate) {
+            self.weights.push((Kind::Migrate, 200));
+        }
+    }
+
     /// The kind of step `pick` (within [`Swarm::total`]) names.
     pub(crate) fn kind(&self, mut pick: u32, rivals: bool) -> Kind {
         for (k, w) in self.weights_now(rivals) {

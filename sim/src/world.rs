@@ -175,6 +175,9 @@ impl World {
                 let mut sw = crate::swarm::Swarm::pick(&mut choices);
                 choices.end_frame(crate::choice::SETUP);
                 sw.races &= opts.races;
+                if opts.moved_restores {
+                    sw.focus_on_restores();
+                }
                 // With pins on etcd: restores made on purpose (`operator::backup_or_restore`),
                 // five times as often.
                 let on_purpose = sw.races && sw.pins && opts.store == crate::StoreKind::Etcd;

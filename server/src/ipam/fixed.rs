@@ -134,6 +134,16 @@ impl Ipam {
         })
     }
 
+    /// Whether an attachment of a pod that is not of `owner` (the owner of a fixed address,
+    /// as the pod's ADD named it: "VirtualMachine/ns/vm") holds `ip` here now, in any network.
+    pub fn holds_for_another_owner(&self, ip: IpAddr, owner: &str) -> bool {
+        let st = self.lock();
+        st.networks
+            .keys()
+            .filter_map(|n| st.attachments.holder_of(n, ip))
+            .any(|a| a.k8s().and_then(|k| k.fixed.as_deref()) != Some(owner))
+    }
+
     /// Whether any attachment holds `ip` here now, in any network.
     pub fn holds_anywhere(&self, ip: IpAddr) -> bool {
         let st = self.lock();

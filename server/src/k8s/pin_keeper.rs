@@ -152,10 +152,17 @@ pub async fn end_misheld(ipam: &Ipam, holds: &Holds) {
     }
     let me = holds.node().name().to_string();
     let attached = |ip: IpAddr, uid: &str| ipam.holds_for(ip, uid);
+    // Another owner's pod has the address here. A pod of the pin's own owner (a VM's launcher
+    // whose hold an operator's forced release took out) is no misheld pin: ended, it would
+    // leave the owner's other pods, elsewhere, on an address no pin keeps.
+    let others = |pin: &Pin| match crate::bugs::on(crate::bugs::Bug::MisheldOwnPodEnded) {
+        true => ipam.holds_anywhere(pin.address),
+        false => ipam.holds_for_another_owner(pin.address, &pin.owner.to_string()),
+    };
     let misheld = |pin: &Pin| {
         !pin.holders.is_empty()
             && pin.holders.iter().all(|h| h.node == me)
-            && ipam.holds_anywhere(pin.address)
+            && others(pin)
             && !pin.holders.iter().any(|h| attached(pin.address, &h.uid))
     };
     for pin in holds.node().pins_held_here() {

@@ -46,6 +46,9 @@ enum Command {
         /// Only the seeds whose runs have the pod GC and the runtime's part.
         #[arg(long)]
         pod_gc: bool,
+        /// Only the seeds whose runs are about restores that lose a moved pod's pin.
+        #[arg(long)]
+        moved_restores: bool,
     },
     /// Runs SEED, printing its trace.
     Replay {
@@ -253,12 +256,15 @@ fn main() -> ExitCode {
             steps,
             bugs,
             pod_gc,
+            moved_restores,
         } => {
             let budget = Budget {
                 time: Duration::from_secs(secs),
                 steps: u64::MAX,
             };
-            let r = search::search_where(first, steps, &bugs, budget, |o| o.pod_gc || !pod_gc);
+            let r = search::search_where(first, steps, &bugs, budget, |o| {
+                (o.pod_gc || !pod_gc) && (o.moved_restores || !moved_restores)
+            });
             println!("{}", search::summary(&r));
             match r.failure {
                 None => ExitCode::SUCCESS,

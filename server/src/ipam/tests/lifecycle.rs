@@ -332,6 +332,30 @@ async fn a_fixed_pods_addresses_go_back_at_once() {
     assert_eq!(counts(&ipam), vec![(0, 0, 0), (0, 0, 0)]);
 }
 
+/// An address is held here for another owner only by a pod that is not of that owner (what
+/// the pin keeper asks before it ends a pin as misheld: a pod of the pin's own owner, a VM's
+/// launcher whose hold was taken out, is no reason to end it; session 43's finding 42).
+#[tokio::test]
+async fn an_address_is_held_for_another_owner_only_by_a_pod_not_of_it() {
+    let rig = Rig::new(STICKY);
+    let mut r = pod_req("c1", "web-0");
+    r.k8s = Some(crate::model::PodMeta {
+        owner: "StatefulSet/web".into(),
+        sticky: false,
+        sticky_ttl_secs: None,
+        fixed: Some("StatefulSet/db/web/0".into()),
+    });
+    let fixed = ips(&rig.ipam.add(r).await.expect("add"));
+    let plain = ips(&rig.ipam.add(pod_req("c2", "other")).await.expect("add"));
+    let owner = "StatefulSet/db/web/0";
+    assert!(!rig.ipam.holds_for_another_owner(fixed[0], owner));
+    assert!(rig
+        .ipam
+        .holds_for_another_owner(fixed[0], "StatefulSet/db/web/1"));
+    assert!(rig.ipam.holds_for_another_owner(plain[0], owner));
+    assert!(!rig.ipam.holds_for_another_owner(ip("10.5.0.250"), owner));
+}
+
 /// A store an older ipoold wrote (no record of host-local's take-over at all): every network
 /// it knew is recorded as taken over when it is first opened, once (what host-local left of
 /// them is history); a network first known later is due until the take-over says it is done.
