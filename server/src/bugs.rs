@@ -337,6 +337,12 @@ pub enum Bug {
     /// out (found by the simulation at seed 120 000 012 094 of session 43's runs about
     /// restores).
     MisheldOwnPodEnded,
+    /// The answer to a pin's making again after a store reset, sent before a second reset and
+    /// answered after it, took the pin as made again: the node's next listing of the store
+    /// restored a second time dropped it, and the node handed its address out while a VM's
+    /// other launcher, whose daemon had restarted knowing only the store, used it (found by
+    /// the simulation at seed 123 000 322 364 of session 43's runs about restores).
+    AssertedBeforeReset,
     /// A pool's change (ipoolctl's add-cidr, set-node-selector, ...) was conditioned on the
     /// pool's mod revision alone: etcd restored from a backup with its data copied numbered
     /// its writes again from the backup's revision, and a set-node-selector given up on,
@@ -411,6 +417,7 @@ impl Bug {
         Bug::DepartedSecondPinsKept,
         Bug::LandedHoldKeptWriting,
         Bug::MisheldOwnPodEnded,
+        Bug::AssertedBeforeReset,
         Bug::PoolChangeOnRevisionOnly,
         Bug::PinChangeOnRevisionOnly,
         Bug::IndexDroppedByRevision,
@@ -484,6 +491,7 @@ impl Bug {
             Bug::DepartedSecondPinsKept => "departed-second-pins-kept",
             Bug::LandedHoldKeptWriting => "landed-hold-kept-writing",
             Bug::MisheldOwnPodEnded => "misheld-own-pod-ended",
+            Bug::AssertedBeforeReset => "asserted-before-reset",
             Bug::PoolChangeOnRevisionOnly => "pool-change-on-revision-only",
             Bug::PinChangeOnRevisionOnly => "pin-change-on-revision-only",
             Bug::IndexDroppedByRevision => "index-dropped-by-revision",

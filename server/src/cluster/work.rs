@@ -355,6 +355,8 @@ async fn sync(
 /// one it names and not this node's) is left to the listings, which show what the node
 /// whose block it is made.
 async fn assert_pin(node: &ClusterNode, pin: Pin, mine: &[Block]) -> Result<(), ClusterError> {
+    // Its answers count only if the store is not found reset again meanwhile.
+    let resets = node.pins_resets();
     let site = mine
         .iter()
         .find(|b| !pin.set_aside && b.block.contains(&pin.address));
@@ -373,13 +375,13 @@ async fn assert_pin(node: &ClusterNode, pin: Pin, mine: &[Block]) -> Result<(), 
     match created {
         PinCreated::Created(read) => {
             tracing::warn!(owner = %pin.owner, address = %pin.address, holders = %pin.holders_shown(), "a pin the store lost (reset) made again");
-            node.pin_known(&read.pin);
+            node.pin_asserted(&read.pin, resets);
         }
         PinCreated::OwnerHas(read) | PinCreated::AddressTaken(read)
             if read.pin.owner == pin.owner && read.pin.address == pin.address =>
         {
             if holds_kept(&pin, &read.pin, node.name()) {
-                node.pin_known(&read.pin);
+                node.pin_asserted(&read.pin, resets);
                 return Ok(());
             }
             // Made again by another node, from what it knew: this node's holds put back.
@@ -400,16 +402,16 @@ async fn assert_pin(node: &ClusterNode, pin: Pin, mine: &[Block]) -> Result<(), 
             // Not written (changed since): the next sync tries again.
             if let Some(written) = written {
                 tracing::warn!(owner = %pin.owner, address = %pin.address, "a pin the store lost (reset), made again elsewhere, holds this node's pod again");
-                node.pin_known(&written.pin);
+                node.pin_asserted(&written.pin, resets);
             }
         }
         PinCreated::OwnerHas(read) | PinCreated::AddressTaken(read) => {
             tracing::warn!(owner = %pin.owner, address = %pin.address, theirs = %read.pin.owner, their_address = %read.pin.address, "a pin known from before the store's reset conflicts with one the store has now: the store's stands");
-            node.pin_unasserted(&pin);
+            node.pin_unasserted_since(&pin, resets);
         }
         PinCreated::BlockChanged => {
             tracing::warn!(owner = %pin.owner, address = %pin.address, block = %pin.block, "a pin known from before the store's reset names a block that is no longer the one it was made in, nor this node's: left to the node whose block it is");
-            node.pin_unasserted(&pin);
+            node.pin_unasserted_since(&pin, resets);
         }
     }
     Ok(())

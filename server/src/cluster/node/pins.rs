@@ -23,6 +23,8 @@ use crate::cluster::pin::Pin;
 pub(super) struct PinBook {
     /// This node's own writes so far (each stamps what it wrote).
     writes: u64,
+    /// The store resets seen so far ([`ClusterNode::pins_reset`]).
+    resets: u64,
     pools: HashMap<String, PoolPins>,
     /// Whether the engine holds an address for the pod of a uid here
     /// ([`ClusterNode::set_attachments`]).
@@ -155,6 +157,7 @@ impl ClusterNode {
             return;
         }
         let mut book = self.pins.lock().expect("pins lock");
+        book.resets += 1;
         let mut kept = 0;
         for p in book.pools.values_mut() {
             for (_, stamp) in p.by_address.values_mut() {
@@ -166,6 +169,30 @@ impl ClusterNode {
         }
         if kept > 0 {
             tracing::warn!(node = %self.name(), pins = kept, "the store was reset: the pins known here are made again where it lacks them before their blocks serve");
+        }
+    }
+
+    /// The store resets seen so far: a pin's making again that began at `resets` is judged
+    /// by [`ClusterNode::pin_asserted`] and [`ClusterNode::pin_unasserted_since`].
+    pub fn pins_resets(&self) -> u64 {
+        self.pins.lock().expect("pins lock").resets
+    }
+
+    /// The answer to a pin's making again after a reset, begun when `resets` resets had been
+    /// seen: known as it says, unless the store was found reset again since (its answer tells
+    /// of the store before that reset, which may have lost the pin again: it stays to be
+    /// made again).
+    pub fn pin_asserted(&self, pin: &Pin, resets: u64) {
+        if self.pins_resets() == resets || crate::bugs::on(crate::bugs::Bug::AssertedBeforeReset) {
+            self.pin_known(pin);
+        }
+    }
+
+    /// [`ClusterNode::pin_unasserted`], for a making again begun when `resets` resets had
+    /// been seen: nothing, if the store was found reset again since.
+    pub fn pin_unasserted_since(&self, pin: &Pin, resets: u64) {
+        if self.pins_resets() == resets || crate::bugs::on(crate::bugs::Bug::AssertedBeforeReset) {
+            self.pin_unasserted(pin);
         }
     }
 

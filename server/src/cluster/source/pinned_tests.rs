@@ -219,6 +219,33 @@ fn pins_known_before_a_reset_stay_until_the_store_has_them_with_this_nodes_holds
     assert!(n.pin_at("p", a).is_none());
 }
 
+/// The answer to a pin's making again, begun before a second reset and answered after it,
+/// tells of the store before that reset: the pin stays to be made again, and a listing of the
+/// store restored a second time does not drop it (found by the simulation,
+/// `asserted-before-reset`, seed 123 000 322 364).
+#[test]
+fn a_making_again_answered_after_a_second_reset_leaves_the_pin_to_be_made_again() {
+    let n = node("");
+    let mut s = source(&n).subnet_mode(subnet());
+    n.pretend_renewed(Duration::ZERO);
+    synced(&mut s, &n, &[block("10.0.0.0/28", 7)]);
+    let a = ip("10.0.0.5");
+    let held = pin("10.0.0.5", "10.0.0.0/28", 7, Some("n1"));
+    n.pin_known(&held);
+    n.pins_reset();
+    let begun = n.pins_resets();
+    n.pins_reset();
+    n.pin_asserted(&held, begun);
+    n.pin_unasserted_since(&held, begun);
+    n.pins_listed("p", n.pins_listing(), Vec::new());
+    assert!(n.pin_at("p", a).is_some(), "kept through the second reset");
+    assert_eq!(n.pins_to_assert("p"), vec![held.clone()]);
+    assert!(!s.peek_next_n(20).contains(&a), "its address stays out");
+    // Begun after the last reset: as it says.
+    n.pin_asserted(&held, n.pins_resets());
+    assert!(n.pins_to_assert("p").is_empty());
+}
+
 /// After a reset, a node makes again only the pins it hosts or holds: one it knew from a
 /// listing alone (in another node's block, held by another node) it leaves to the listings.
 /// Made again, it raced the hand-outs of the block's node, started afresh after a wipe and
