@@ -304,7 +304,14 @@ pub(crate) async fn quiet(w: &mut World) -> Result<(), String> {
     for _ in 0..SETTLING_ROUNDS {
         w.idle_writes = Some(Vec::new());
         w.settle(window).await?;
-        if w.idle_writes.take().is_some_and(|x| x.is_empty()) {
+        // A keeper's hold waiting out its grace is work under way too (its let-go read a
+        // pin changed since its book knew it, whose own hold then waits a grace of its own).
+        let waiting = w
+            .slots
+            .iter()
+            .filter_map(|s| s.daemon.as_ref())
+            .any(|d| d.keeper_waiting());
+        if w.idle_writes.take().is_some_and(|x| x.is_empty()) && !waiting {
             break;
         }
     }

@@ -58,6 +58,11 @@ impl Unused {
             .filter(|k| now.duration_since(*self.since.entry(k.clone()).or_insert(now)) >= grace)
             .collect()
     }
+
+    /// Whether a hold seen unused is waiting out its grace.
+    pub fn waiting(&self) -> bool {
+        !self.since.is_empty()
+    }
 }
 
 /// Who says whether a pin's owner is gone: the apiserver ([`owner_gone`]), or the

@@ -35,6 +35,12 @@ impl Daemon {
         self.keeper.try_lock().is_err()
     }
 
+    /// Its pin keeper has work under way: a turn, or a hold seen unused waiting out its
+    /// grace (its let-go is a write to come).
+    pub fn keeper_waiting(&self) -> bool {
+        self.keeper.try_lock().map_or(true, |k| k.unused.waiting())
+    }
+
     /// A check of its pod GC, as ipoold's runs every few seconds (`k8s::gc::check`, its own
     /// code): an attachment whose pod `pods` shows gone, seen so for the grace, confirmed by a
     /// live GET and not kept by `runtime` (a ready sandbox, or no answer), released.
