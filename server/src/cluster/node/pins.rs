@@ -183,24 +183,27 @@ impl ClusterNode {
     /// of the store before that reset, which may have lost the pin again: it stays to be
     /// made again).
     pub fn pin_asserted(&self, pin: &Pin, resets: u64) {
-        if self.pins_resets() == resets || crate::bugs::on(crate::bugs::Bug::AssertedBeforeReset) {
-            self.pin_known(pin);
-        }
+        self.pin_stamped_since(pin, 0, Some(resets));
     }
 
     /// [`ClusterNode::pin_unasserted`], for a making again begun when `resets` resets had
     /// been seen: nothing, if the store was found reset again since.
     pub fn pin_unasserted_since(&self, pin: &Pin, resets: u64) {
-        if self.pins_resets() == resets || crate::bugs::on(crate::bugs::Bug::AssertedBeforeReset) {
-            self.pin_unasserted(pin);
-        }
+        self.unasserted_since(pin, Some(resets));
     }
 
     /// A pin known from before a reset that this node cannot make again (the store has
     /// another there, or its block is not this node's as it was made in): known as listings
     /// say from now on.
     pub fn pin_unasserted(&self, pin: &Pin) {
+        self.unasserted_since(pin, None);
+    }
+
+    fn unasserted_since(&self, pin: &Pin, resets: Option<u64>) {
         let mut book = self.pins.lock().expect("pins lock");
+        if reset_since(&book, resets) {
+            return;
+        }
         if let Some(p) = book.pools.get_mut(&pin.pool) {
             if let Some((known, stamp)) = p.by_address.get_mut(&pin.address) {
                 if known.owner == pin.owner && *stamp == ASSERTING {
@@ -259,7 +262,16 @@ impl ClusterNode {
     }
 
     fn pin_stamped(&self, pin: &Pin, writing: u64) {
+        self.pin_stamped_since(pin, writing, None);
+    }
+
+    /// [`ClusterNode::pin_stamped`], unless the store was found reset since `resets` resets
+    /// had been seen (judged under the book's lock, with the stamp).
+    fn pin_stamped_since(&self, pin: &Pin, writing: u64, resets: Option<u64>) {
         let mut book = self.pins.lock().expect("pins lock");
+        if reset_since(&book, resets) {
+            return;
+        }
         book.writes += 1;
         let stamp = book.writes.max(writing);
         let p = book.pools.entry(pin.pool.clone()).or_default();
@@ -376,6 +388,12 @@ impl ClusterNode {
 }
 
 /// Whether `stored` keeps every hold of node `me`'s that `known` has.
+/// Whether the store was found reset since `resets` resets had been seen (never, for None).
+fn reset_since(book: &PinBook, resets: Option<u64>) -> bool {
+    resets.is_some_and(|r| r != book.resets)
+        && !crate::bugs::on(crate::bugs::Bug::AssertedBeforeReset)
+}
+
 pub(crate) fn holds_kept(known: &Pin, stored: &Pin, me: &str) -> bool {
     known.holders.iter().filter(|h| h.node == me).all(|h| {
         stored
